@@ -1,0 +1,58 @@
+"""One error hierarchy for onebuild.
+
+User errors (bad input: files, models, options) exit with code 2 and print one line; the CLI
+catches `OneBuildError` and prints `str(error)` without a traceback.
+"""
+
+
+class OneBuildError(Exception):
+    """Base class of every error onebuild reports to users."""
+
+    exit_code = 1
+
+
+class UserError(OneBuildError):
+    """The input is wrong: a file, a model, an option. Fixable by the user."""
+
+    exit_code = 2
+
+
+class ModelError(UserError):
+    """An input model is malformed, unsupported or has shapes onebuild cannot resolve."""
+
+
+class UnsupportedOpsError(ModelError):
+    """The model uses operators onebuild does not implement (all of them are listed)."""
+
+    def __init__(self, source: str, unsupported: list[tuple[str, str]]):
+        self.unsupported = unsupported
+        listing = ", ".join(f"{op} (node '{name}')" for op, name in unsupported)
+        kinds = sorted({op for op, _ in unsupported})
+        super().__init__(
+            f"{source}: {len(unsupported)} node(s) use unsupported operators "
+            f"{', '.join(kinds)}: {listing}"
+        )
+
+
+class DynamicValueError(ModelError):
+    """A value that must be known at compile time depends on run-time inputs."""
+
+    def __init__(self, message: str, graph_inputs: list[str]):
+        self.graph_inputs = graph_inputs
+        super().__init__(message)
+
+
+class FormatError(UserError):
+    """A file onebuild reads (IR file, npz, .tvn, nnpackage) is corrupt or not of its format."""
+
+
+class IRError(OneBuildError):
+    """The graph violates an IR invariant (a bug in a pass or importer, not user input)."""
+
+
+class ExecutionError(OneBuildError):
+    """A kernel failed while executing a node."""
+
+
+class PassError(OneBuildError):
+    """An optimization pass failed; the message names the passes that ran before it."""

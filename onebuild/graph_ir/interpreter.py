@@ -1,0 +1,132 @@
+"""The numpy reference interpreter: ground truth for every numeric check in onebuild.
+
+Each node runs its registered kernel. Intermediate arrays are freed after their last use, so peak
+memory is the live set, not the whole trace. An optional observer sees every computed value
+(graph inputs included) as `observer(value, array)`; calibration builds on it.
+"""
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from ..errors import ExecutionError, UserError
+from .ir import Graph, Node, Value
+from .ops import OPS
+
+Observer = Callable[[Value, np.ndarray], None]
+
+
+def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray], batched: bool) -> None:
+    """Raise a one-line UserError unless `feeds` has every input with the right shape."""
+    given = ", ".join(sorted(feeds)) or "none"
+    for value in graph.inputs:
+        if value.name not in feeds:
+            raise UserError(
+                f"missing input '{value.name}' ({value.dtype}{list(value.shape)}); "
+                f"inputs given: {given}"
+            )
+        array = np.asarray(feeds[value.name])
+        shape = array.shape[1:] if batched else array.shape
+        if batched and array.ndim == 0:
+            shape = None
+        if shape != value.shape:
+            want = f"[N, {', '.join(map(str, value.shape))}]" if batched else list(value.shape)
+            raise UserError(
+                f"input '{value.name}' has shape {list(array.shape)}, expected {want}"
+            )
+        if not np.can_cast(array.dtype, value.dtype, "same_kind"):
+            raise UserError(f"input '{value.name}' has dtype {array.dtype}, expected {value.dtype}")
+
+
+class Interpreter:
+    """Runs one graph; build once, call `run` or `run_batch` many times."""
+
+    def __init__(self, graph: Graph, observer: Observer | None = None):
+        self.graph = graph
+        self.observer = observer
+        self._kernels = []
+        for node in graph.nodes:
+            opdef = OPS.get(node.op)
+            if opdef is None:
+                raise ExecutionError(f"node '{node.name}': no kernel for op '{node.op}'")
+            self._kernels.append(opdef.kernel)
+        self._release = self._release_schedule(graph)
+
+    @staticmethod
+    def _release_schedule(graph: Graph) -> list[list[int]]:
+        """For each node, the ids of values whose last reader it is (never graph outputs)."""
+        last_use: dict[int, int] = {}
+        for position, node in enumerate(graph.nodes):
+            for value in node.inputs:
+                if value is not None and not value.is_const:
+                    last_use[id(value)] = position
+        keep = {id(v) for v in graph.outputs}
+        schedule: list[list[int]] = [[] for _ in graph.nodes]
+        for value_id, position in last_use.items():
+            if value_id not in keep:
+                schedule[position].append(value_id)
+        return schedule
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference: feeds keyed by input name, outputs keyed by output name."""
+        check_feeds(self.graph, feeds, batched=False)
+        env: dict[int, np.ndarray] = {}
+        for value in self.graph.inputs:
+            array = np.asarray(feeds[value.name]).astype(value.dtype, copy=False)
+            env[id(value)] = array
+            if self.observer:
+                self.observer(value, array)
+        for node, kernel, release in zip(self.graph.nodes, self._kernels, self._release):
+            args = [self._read(env, v) for v in node.inputs]
+            try:
+                results = kernel(node.attrs, *args)
+            except Exception as error:
+                raise ExecutionError(
+                    f"while executing node '{node.name}' ({node.op}): {error}"
+                ) from error
+            self._store(env, node, results)
+            for value_id in release:
+                env.pop(value_id, None)
+        return {v.name: self._read(env, v) for v in self.graph.outputs}
+
+    def run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run each sample of `[N, *input_shape]` arrays; outputs are stacked the same way."""
+        check_feeds(self.graph, feeds, batched=True)
+        count = {np.asarray(feeds[v.name]).shape[0] for v in self.graph.inputs}
+        if len(count) > 1:
+            raise UserError(f"inputs have different sample counts {sorted(count)}")
+        samples = count.pop() if count else 1
+        results = [
+            self.run({v.name: feeds[v.name][i] for v in self.graph.inputs}) for i in range(samples)
+        ]
+        return {v.name: np.stack([r[v.name] for r in results]) for v in self.graph.outputs}
+
+    @staticmethod
+    def _read(env: dict[int, np.ndarray], value: Value | None) -> np.ndarray | None:
+        if value is None:
+            return None
+        if value.is_const:
+            return value.numpy()
+        return env[id(value)]
+
+    def _store(self, env: dict[int, np.ndarray], node: Node, results) -> None:
+        if len(results) != len(node.outputs):
+            raise ExecutionError(
+                f"while executing node '{node.name}' ({node.op}): kernel returned "
+                f"{len(results)} outputs, node declares {len(node.outputs)}"
+            )
+        for value, array in zip(node.outputs, results):
+            array = np.asarray(array)
+            if array.shape != value.shape or array.dtype != value.dtype:
+                raise ExecutionError(
+                    f"while executing node '{node.name}' ({node.op}): output '{value.name}' is "
+                    f"{array.dtype}{list(array.shape)}, declared {value.dtype}{list(value.shape)}"
+                )
+            env[id(value)] = array
+            if self.observer:
+                self.observer(value, array)
+
+
+def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Convenience: one inference of `graph`."""
+    return Interpreter(graph).run(feeds)

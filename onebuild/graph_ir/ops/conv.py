@@ -1,0 +1,189 @@
+"""Convolution and matrix products, BLAS-backed.
+
+Conv lowers to one batched GEMM over an im2col matrix built from a strided window view (one copy);
+depthwise convolution accumulates shifted slices instead, which beats many tiny GEMMs.
+Canonical attributes: `strides`, `dilations`, `pads` (all begins, then all ends), `group`, and
+optionally a fused activation `clip`.
+"""
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .elementwise import apply_clip
+from .registry import Attrs, TensorType, register
+
+
+def window_view(
+    x: np.ndarray, kernel: tuple[int, ...], strides: tuple[int, ...], dilations: tuple[int, ...]
+) -> np.ndarray:
+    """A zero-copy view [N, C, *out, *kernel] of the sliding windows of a padded [N, C, *spatial]."""
+    spatial = x.shape[2:]
+    out = tuple(
+        (size - d * (k - 1) - 1) // s + 1
+        for size, k, s, d in zip(spatial, kernel, strides, dilations)
+    )
+    st = x.strides
+    return as_strided(
+        x,
+        shape=x.shape[:2] + out + tuple(kernel),
+        strides=st[:2]
+        + tuple(st[2 + i] * s for i, s in enumerate(strides))
+        + tuple(st[2 + i] * d for i, d in enumerate(dilations)),
+        writeable=False,
+    )
+
+
+def pad_spatial(x: np.ndarray, pads: list[int], value: float = 0.0) -> np.ndarray:
+    nd = len(pads) // 2
+    if not any(pads):
+        return x
+    widths = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
+    return np.pad(x, widths, constant_values=value)
+
+
+def conv_output_size(size: int, k: int, stride: int, dilation: int, pad_total: int) -> int:
+    return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
+
+
+def _conv_type(attrs: Attrs, types) -> list[TensorType]:
+    x, w = types[0], types[1]
+    nd = len(x.shape) - 2
+    pads = attrs["pads"]
+    if w.shape[1] * attrs["group"] != x.shape[1]:
+        raise ValueError(
+            f"input has {x.shape[1]} channels but weight expects {w.shape[1]} x group "
+            f"{attrs['group']}"
+        )
+    spatial = tuple(
+        conv_output_size(
+            x.shape[2 + i], w.shape[2 + i], attrs["strides"][i], attrs["dilations"][i],
+            pads[i] + pads[i + nd],
+        )
+        for i in range(nd)
+    )
+    if min(spatial, default=1) < 1:
+        raise ValueError(f"output spatial size {list(spatial)} is empty")
+    return [TensorType(x.dtype, (x.shape[0], w.shape[0], *spatial))]
+
+
+@register("Conv", _conv_type)
+def conv(attrs, x, w, b=None):
+    group, nd = attrs["group"], x.ndim - 2
+    strides, dilations = tuple(attrs["strides"]), tuple(attrs["dilations"])
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    mg = m // group
+    kernel = w.shape[2:]
+    xp = pad_spatial(x, attrs["pads"])
+    if cg == 1 and mg == 1 and group > 1:
+        y = _depthwise(xp, w, kernel, strides, dilations)
+    else:
+        if all(k == 1 for k in kernel) and all(s == 1 for s in strides):
+            out = xp.shape[2:]
+            cols = xp.reshape(n, group, cg, -1)
+        else:
+            view = window_view(xp, kernel, strides, dilations)
+            out = view.shape[2 : 2 + nd]
+            # [N, C, *out, *k] -> [N, C, *k, *out] -> [N, G, Cg*K, P]
+            order = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+            cols = view.transpose(order).reshape(n, group, cg * int(np.prod(kernel)), -1)
+        weights = w.reshape(group, mg, -1)
+        y = np.matmul(weights, cols).reshape(n, m, *out)
+    if b is not None:
+        y += b.reshape((1, -1) + (1,) * nd)
+    return apply_clip(attrs, y.astype(x.dtype, copy=False))
+
+
+def _depthwise(xp, w, kernel, strides, dilations):
+    nd = len(kernel)
+    view = window_view(xp, kernel, strides, dilations)
+    y = np.zeros(view.shape[: 2 + nd], dtype=np.result_type(xp, w))
+    flat_w = w.reshape(w.shape[0], -1)
+    for index, offset in enumerate(np.ndindex(*kernel)):
+        tap = flat_w[:, index].reshape((1, -1) + (1,) * nd)
+        y += view[(Ellipsis, *offset)] * tap
+    return y
+
+
+def _conv_transpose_type(attrs: Attrs, types) -> list[TensorType]:
+    x, w = types[0], types[1]
+    nd = len(x.shape) - 2
+    pads, strides, dil = attrs["pads"], attrs["strides"], attrs["dilations"]
+    spatial = tuple(
+        strides[i] * (x.shape[2 + i] - 1)
+        + attrs["output_padding"][i]
+        + (w.shape[2 + i] - 1) * dil[i]
+        + 1
+        - pads[i]
+        - pads[i + nd]
+        for i in range(nd)
+    )
+    return [TensorType(x.dtype, (x.shape[0], w.shape[1] * attrs["group"], *spatial))]
+
+
+@register("ConvTranspose", _conv_transpose_type)
+def conv_transpose(attrs, x, w, b=None):
+    group, nd = attrs["group"], x.ndim - 2
+    strides, dil, pads = attrs["strides"], attrs["dilations"], attrs["pads"]
+    n, c = x.shape[:2]
+    mg, kernel = w.shape[1], w.shape[2:]
+    cg = c // group
+    k_total = int(np.prod(kernel))
+    # cols[n, g, mg*K, P] = W[g]^T @ x[n, g]
+    weights = w.reshape(group, cg, mg * k_total).transpose(0, 2, 1)
+    cols = np.matmul(weights, x.reshape(n, group, cg, -1))
+    cols = cols.reshape(n, group * mg, *kernel, *x.shape[2:])
+    full = [
+        strides[i] * (x.shape[2 + i] - 1) + (kernel[i] - 1) * dil[i] + 1 + attrs["output_padding"][i]
+        for i in range(nd)
+    ]
+    y = np.zeros((n, group * mg, *full), dtype=cols.dtype)
+    for offset in np.ndindex(*kernel):
+        target = tuple(
+            slice(o * d, o * d + s * (size - 1) + 1, s)
+            for o, d, s, size in zip(offset, dil, strides, x.shape[2:])
+        )
+        y[(slice(None), slice(None), *target)] += cols[(slice(None), slice(None), *offset)]
+    crop = tuple(slice(pads[i], full[i] - pads[i + nd]) for i in range(nd))
+    y = y[(slice(None), slice(None), *crop)]
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nd)
+    return np.ascontiguousarray(y.astype(x.dtype, copy=False))
+
+
+def _gemm_type(attrs: Attrs, types) -> list[TensorType]:
+    a, b = types[0].shape, types[1].shape
+    m, ka = (a[1], a[0]) if attrs.get("transA") else a
+    kb, n = (b[1], b[0]) if attrs.get("transB") else b
+    if ka != kb:
+        raise ValueError(f"inner dimensions differ: A is {list(a)}, B is {list(b)}")
+    return [TensorType(types[0].dtype, (m, n))]
+
+
+@register("Gemm", _gemm_type)
+def gemm(attrs, a, b, c=None):
+    a = a.T if attrs.get("transA") else a
+    b = b.T if attrs.get("transB") else b
+    y = a @ b
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    if alpha != 1.0:
+        y = y * np.asarray(alpha, y.dtype)
+    if c is not None:
+        y = y + (c * np.asarray(beta, c.dtype) if beta != 1.0 else c)
+    return apply_clip(attrs, y.astype(a.dtype, copy=False))
+
+
+def _matmul_type(attrs: Attrs, types) -> list[TensorType]:
+    a, b = types[0].shape, types[1].shape
+    a2 = a if len(a) > 1 else (1, *a)
+    b2 = b if len(b) > 1 else (*b, 1)
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"inner dimensions differ: {list(a)} @ {list(b)}")
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    shape = (*batch, *a[-2:-1], *(b[-1:] if len(b) > 1 else ()))
+    return [TensorType(types[0].dtype, shape)]
+
+
+@register("MatMul", _matmul_type)
+def matmul(attrs, a, b):
+    return apply_clip(attrs, np.matmul(a, b))

@@ -1,0 +1,156 @@
+"""Elementwise operators: arithmetic, activations, comparisons.
+
+Add, Conv, Gemm and MatMul may carry a fused activation, the attribute `clip = [lo, hi]`
+(Relu is [0, inf], Relu6 is [0, 6]); `apply_clip` applies it.
+"""
+
+import numpy as np
+
+from .registry import (
+    Attrs,
+    TensorType,
+    broadcast,
+    register,
+    same_as_input,
+    with_dtype,
+)
+
+
+def apply_clip(attrs: Attrs, y: np.ndarray) -> np.ndarray:
+    """Apply a fused `clip` activation in place where the node has one."""
+    bounds = attrs.get("clip")
+    if bounds is None:
+        return y
+    lo, hi = bounds
+    return np.clip(y, lo, hi, out=y if y.flags.writeable else None)
+
+
+def _same_dtype(x: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return x if x.dtype == like.dtype else x.astype(like.dtype)
+
+
+@register("Add", broadcast)
+def add(attrs, a, b):
+    return apply_clip(attrs, _same_dtype(np.add(a, b), a))
+
+
+@register("Sub", broadcast)
+def sub(attrs, a, b):
+    return _same_dtype(np.subtract(a, b), a)
+
+
+@register("Mul", broadcast)
+def mul(attrs, a, b):
+    return _same_dtype(np.multiply(a, b), a)
+
+
+@register("Div", broadcast)
+def div(attrs, a, b):
+    """Float division; integer division truncates toward zero (as C and onnxruntime do)."""
+    if np.issubdtype(a.dtype, np.integer):
+        q = np.floor_divide(a, b)
+        inexact = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+        return _same_dtype(q + inexact, a)
+    return _same_dtype(np.divide(a, b), a)
+
+
+@register("Pow", broadcast)
+def pow_(attrs, a, b):
+    if np.issubdtype(a.dtype, np.integer):
+        return np.power(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
+    return _same_dtype(np.power(a, b.astype(a.dtype)), a)
+
+
+@register("Max", broadcast)
+def maximum(attrs, *xs):
+    return _same_dtype(np.maximum.reduce(np.broadcast_arrays(*xs)), xs[0])
+
+
+@register("Min", broadcast)
+def minimum(attrs, *xs):
+    return _same_dtype(np.minimum.reduce(np.broadcast_arrays(*xs)), xs[0])
+
+
+@register("PRelu", broadcast)
+def prelu(attrs, x, slope):
+    return _same_dtype(np.where(x < 0, x * slope, x), x)
+
+
+@register("Equal", with_dtype(np.bool_))
+def equal(attrs, a, b):
+    return np.equal(a, b)
+
+
+@register("Less", with_dtype(np.bool_))
+def less(attrs, a, b):
+    return np.less(a, b)
+
+
+@register("Greater", with_dtype(np.bool_))
+def greater(attrs, a, b):
+    return np.greater(a, b)
+
+
+def _where_type(attrs, types):
+    return [TensorType(types[1].dtype, broadcast(attrs, types)[0].shape)]
+
+
+@register("Where", _where_type)
+def where(attrs, cond, a, b):
+    return np.where(cond, a, b)
+
+
+def _unary(name: str, fn):
+    @register(name, same_as_input)
+    def kernel(attrs, x):
+        return _same_dtype(fn(x), x)
+
+    kernel.__name__ = name.lower()
+    return kernel
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+_unary("Sqrt", np.sqrt)
+_unary("Neg", np.negative)
+_unary("Abs", np.abs)
+_unary("Exp", np.exp)
+_unary("Log", np.log)
+_unary("Floor", np.floor)
+_unary("Ceil", np.ceil)
+_unary("Reciprocal", np.reciprocal)
+_unary("Tanh", np.tanh)
+_unary("Sigmoid", _sigmoid)
+_unary("Not", np.logical_not)
+
+
+@register("Relu", same_as_input)
+def relu(attrs, x):
+    return np.maximum(x, np.zeros((), x.dtype))
+
+
+@register("LeakyRelu", same_as_input)
+def leaky_relu(attrs, x):
+    return _same_dtype(np.where(x < 0, x * attrs.get("alpha", 0.01), x), x)
+
+
+@register("HardSigmoid", same_as_input)
+def hard_sigmoid(attrs, x):
+    return _same_dtype(np.clip(x * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
+
+
+@register("HardSwish", same_as_input)
+def hard_swish(attrs, x):
+    return _same_dtype(x * np.clip(x / 6.0 + 0.5, 0, 1), x)
+
+
+@register("Clip", same_as_input)
+def clip(attrs, x, lo=None, hi=None):
+    """Clip to [lo, hi]; an omitted bound is unbounded."""
+    if lo is not None:
+        x = np.maximum(x, lo.astype(x.dtype))
+    if hi is not None:
+        x = np.minimum(x, hi.astype(x.dtype))
+    return x

@@ -1,0 +1,59 @@
+"""Normalizations: BatchNormalization (inference), LRN, Softmax, LogSoftmax, LayerNormalization."""
+
+import numpy as np
+
+from .registry import normalize_axis, register, same_as_input
+
+
+def _channel_shape(x: np.ndarray) -> tuple[int, ...]:
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+@register("BatchNormalization", same_as_input)
+def batch_normalization(attrs, x, scale, bias, mean, var):
+    """Inference form: y = (x - mean) / sqrt(var + epsilon) * scale + bias, per channel."""
+    factor = scale / np.sqrt(var + np.asarray(attrs.get("epsilon", 1e-5), var.dtype))
+    shift = bias - mean * factor
+    shape = _channel_shape(x)
+    return (x * factor.reshape(shape) + shift.reshape(shape)).astype(x.dtype, copy=False)
+
+
+@register("LRN", same_as_input)
+def lrn(attrs, x):
+    """Local response normalization across channels (window `size`, centered as ONNX defines)."""
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    before, after = (size - 1) // 2, size // 2  # floor and ceil of (size - 1) / 2
+    squares = np.square(x, dtype=np.float64)
+    widths = [(0, 0), (before + 1, after)] + [(0, 0)] * (x.ndim - 2)
+    csum = np.cumsum(np.pad(squares, widths), axis=1)
+    channels = x.shape[1]
+    window = csum[:, size : size + channels] - csum[:, :channels]
+    return (x / (bias + alpha / size * window) ** beta).astype(x.dtype)
+
+
+@register("Softmax", same_as_input)
+def softmax(attrs, x):
+    axis = attrs.get("axis", -1)
+    shifted = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
+
+
+@register("LogSoftmax", same_as_input)
+def log_softmax(attrs, x):
+    axis = attrs.get("axis", -1)
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype)
+
+
+@register("LayerNormalization", same_as_input)
+def layer_normalization(attrs, x, scale, bias=None):
+    axis = normalize_axis(attrs.get("axis", -1), x.ndim)
+    axes = tuple(range(axis, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = np.square(x - mean).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + attrs.get("epsilon", 1e-5)) * scale
+    if bias is not None:
+        y = y + bias
+    return y.astype(x.dtype, copy=False)

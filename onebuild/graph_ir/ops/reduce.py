@@ -1,0 +1,59 @@
+"""Reductions over canonical `axes` (non-negative, sorted) with `keepdims`."""
+
+import numpy as np
+
+from .registry import Attrs, TensorType, register
+
+
+def _reduce_type(attrs: Attrs, types) -> list[TensorType]:
+    x = types[0]
+    axes = set(attrs["axes"])
+    if attrs.get("keepdims", 1):
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return [TensorType(x.dtype, shape)]
+
+
+def _reduction(name: str, fn, empty):
+    @register(name, _reduce_type)
+    def kernel(attrs, x):
+        axes, keep = tuple(attrs["axes"]), bool(attrs.get("keepdims", 1))
+        if x.size == 0 or any(x.shape[a] == 0 for a in axes):
+            shape = _reduce_type(attrs, [TensorType(x.dtype, x.shape)])[0].shape
+            return np.full(shape, empty(x.dtype), dtype=x.dtype)
+        return np.asarray(fn(x, axis=axes, keepdims=keep)).astype(x.dtype, copy=False)
+
+    kernel.__name__ = name
+    return kernel
+
+
+def _lowest(dt):
+    return -np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).min
+
+
+def _highest(dt):
+    return np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
+
+
+_reduction("ReduceMean", np.mean, lambda dt: np.nan)
+_reduction("ReduceMax", np.max, _lowest)
+_reduction("ReduceMin", np.min, _highest)
+_reduction("ReduceSum", np.sum, lambda dt: 0)
+_reduction("ReduceProd", np.prod, lambda dt: 1)
+
+
+def _arg_type(attrs: Attrs, types) -> list[TensorType]:
+    return [TensorType(np.dtype(np.int64), _reduce_type(attrs, types)[0].shape)]
+
+
+@register("ArgMax", _arg_type)
+def arg_max(attrs, x):
+    (axis,) = attrs["axes"]
+    if attrs.get("select_last_index"):
+        flipped = np.flip(x, axis=axis)
+        index = x.shape[axis] - 1 - np.argmax(flipped, axis=axis)
+    else:
+        index = np.argmax(x, axis=axis)
+    index = index.astype(np.int64)
+    return np.expand_dims(index, axis) if attrs.get("keepdims", 1) else index

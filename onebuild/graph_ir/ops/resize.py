@@ -1,0 +1,121 @@
+"""Resize as separable interpolation: each resized axis is one (out x in) weight matrix.
+
+Nearest, linear and cubic (with antialias and exclude_outside) are all per-axis linear maps, so
+one matrix per axis covers every mode; tf_crop_and_resize marks out-of-range output coordinates,
+which take `extrapolation_value`. Canonical attributes: `sizes` and `scales` (full rank), `roi`
+(2 x rank or None), `mode`, `coordinate_transformation_mode`, `nearest_mode`, `cubic_coeff_a`,
+`exclude_outside`, `extrapolation_value`, `antialias`.
+"""
+
+import math
+
+import numpy as np
+
+from .registry import Attrs, TensorType, register
+
+
+def source_coordinates(
+    mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float]
+) -> np.ndarray:
+    """Input coordinate of each output index under a coordinate transformation mode."""
+    o = np.arange(out_len, dtype=np.float64)
+    if mode == "align_corners":
+        return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+    if mode == "asymmetric":
+        return o / scale
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if out_len > 1:
+            return start * (in_len - 1) + o * (end - start) * (in_len - 1) / (out_len - 1)
+        return np.full(out_len, (end - start) * (in_len - 1) / 2 + start * (in_len - 1))
+    if mode == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if out_len > 1 else np.full(out_len, -0.5)
+    if mode == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = in_len / 2 * (1 - out_len / (scale * in_len))
+        return offset + (o + 0.5) / scale - 0.5
+    raise ValueError(f"unknown coordinate_transformation_mode '{mode}'")
+
+
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _taps(attrs: Attrs, ratio: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from floor, weights[out, taps]) for the interpolation mode."""
+    mode = attrs.get("mode", "nearest")
+    if mode == "nearest":
+        rule = attrs.get("nearest_mode", "round_prefer_floor")
+        upper = {
+            "round_prefer_floor": ratio > 0.5,
+            "round_prefer_ceil": ratio >= 0.5,
+            "floor": np.zeros_like(ratio, dtype=bool),
+            "ceil": np.ones_like(ratio, dtype=bool),
+        }[rule] | (ratio == 1.0)
+        return np.array([0, 1]), np.stack([~upper, upper], axis=1).astype(np.float64)
+    antialias = attrs.get("antialias") and scale < 1
+    s = min(scale, 1.0) if antialias else 1.0
+    reach = 1 if mode == "linear" else 2
+    start = int(math.floor(-reach / s) + 1)
+    offsets = np.arange(start, 2 - start)
+    distance = (offsets[None, :] - ratio[:, None]) * s
+    if mode == "linear":
+        weights = np.clip(1 - np.abs(distance), 0, 1)
+    else:
+        weights = _cubic(distance, attrs.get("cubic_coeff_a", -0.75))
+    if antialias:
+        weights /= weights.sum(axis=1, keepdims=True)
+    return offsets, weights
+
+
+def interpolation_matrix(attrs: Attrs, axis: int, in_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(weights [out, in], out-of-range mask [out]) for one axis."""
+    out_len, scale = attrs["sizes"][axis], attrs["scales"][axis]
+    roi = attrs.get("roi")
+    rank = len(attrs["sizes"])
+    bounds = (roi[axis], roi[axis + rank]) if roi else (0.0, 1.0)
+    coord_mode = attrs.get("coordinate_transformation_mode", "half_pixel")
+    x = source_coordinates(coord_mode, out_len, in_len, scale, bounds)
+    base = np.floor(x)
+    ratio = x - base
+    integral = ratio == 0
+    base[integral] -= 1  # the reference prefers the left neighbour: ratio in (0, 1]
+    ratio[integral] = 1.0
+    offsets, weights = _taps(attrs, ratio, scale)
+    index = base[:, None].astype(np.int64) + offsets[None, :]
+    if attrs.get("exclude_outside"):
+        weights = np.where((index < 0) | (index >= in_len), 0.0, weights)
+        weights /= weights.sum(axis=1, keepdims=True)
+    matrix = np.zeros((out_len, in_len))
+    rows = np.broadcast_to(np.arange(out_len)[:, None], index.shape)
+    np.add.at(matrix, (rows, np.clip(index, 0, in_len - 1)), weights)
+    outside = (x < 0) | (x > in_len - 1) if coord_mode == "tf_crop_and_resize" else None
+    return matrix, outside
+
+
+def _resize_type(attrs: Attrs, types) -> list[TensorType]:
+    return [TensorType(types[0].dtype, tuple(attrs["sizes"]))]
+
+
+@register("Resize", _resize_type)
+def resize(attrs, x):
+    y = x.astype(np.float64)
+    outside = np.zeros(attrs["sizes"], dtype=bool)
+    for axis, in_len in enumerate(x.shape):
+        if attrs["sizes"][axis] == in_len and attrs["scales"][axis] == 1.0 and not attrs.get("roi"):
+            continue
+        matrix, out_mask = interpolation_matrix(attrs, axis, in_len)
+        y = np.moveaxis(np.tensordot(matrix, y, axes=([1], [axis])), 0, axis)
+        if out_mask is not None:
+            shape = [1] * x.ndim
+            shape[axis] = -1
+            outside |= out_mask.reshape(shape)
+    if outside.any():
+        y[outside] = attrs.get("extrapolation_value", 0.0)
+    if np.issubdtype(x.dtype, np.integer):
+        y = np.rint(y)
+    return y.astype(x.dtype)

@@ -1,0 +1,178 @@
+"""Data movement: Reshape, Transpose, Concat, Split, Slice, Pad, Gather, Expand, Tile, Cast,
+Identity, Dropout, DepthToSpace. Shape operands are canonical attributes (static shapes)."""
+
+import ml_dtypes
+import numpy as np
+
+from .. import dtypes
+from .registry import Attrs, TensorType, register, same_as_input
+
+
+@register("Reshape", lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))])
+def reshape(attrs, x):
+    return x.reshape(attrs["shape"])
+
+
+def _transpose_type(attrs: Attrs, types) -> list[TensorType]:
+    x = types[0]
+    return [TensorType(x.dtype, tuple(x.shape[p] for p in attrs["perm"]))]
+
+
+@register("Transpose", _transpose_type)
+def transpose(attrs, x):
+    return np.ascontiguousarray(x.transpose(attrs["perm"]))
+
+
+def _concat_type(attrs: Attrs, types) -> list[TensorType]:
+    axis = attrs["axis"]
+    first = types[0].shape
+    for t in types[1:]:
+        if len(t.shape) != len(first) or any(
+            a != b for i, (a, b) in enumerate(zip(t.shape, first)) if i != axis
+        ):
+            raise ValueError(f"cannot concatenate {list(first)} and {list(t.shape)} on axis {axis}")
+    total = sum(t.shape[axis] for t in types)
+    return [TensorType(types[0].dtype, (*first[:axis], total, *first[axis + 1 :]))]
+
+
+@register("Concat", _concat_type)
+def concat(attrs, *xs):
+    return np.concatenate(xs, axis=attrs["axis"])
+
+
+def _split_type(attrs: Attrs, types) -> list[TensorType]:
+    x, axis = types[0], attrs["axis"]
+    if sum(attrs["split"]) != x.shape[axis]:
+        raise ValueError(f"split sizes {attrs['split']} do not add up to {x.shape[axis]}")
+    return [
+        TensorType(x.dtype, (*x.shape[:axis], n, *x.shape[axis + 1 :])) for n in attrs["split"]
+    ]
+
+
+@register("Split", _split_type)
+def split(attrs, x):
+    cuts = np.cumsum(attrs["split"])[:-1]
+    return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=attrs["axis"]))
+
+
+def _slices(attrs: Attrs) -> tuple[slice, ...]:
+    return tuple(slice(s, e, st) for s, e, st in zip(attrs["starts"], attrs["ends"], attrs["steps"]))
+
+
+def _slice_type(attrs: Attrs, types) -> list[TensorType]:
+    x = types[0]
+    shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(_slices(attrs), x.shape))
+    return [TensorType(x.dtype, shape)]
+
+
+@register("Slice", _slice_type)
+def slice_(attrs, x):
+    """Per-axis Python slices: `starts`, `ends` (None = to the end) and `steps` for every axis."""
+    return np.ascontiguousarray(x[_slices(attrs)])
+
+
+def _pad_type(attrs: Attrs, types) -> list[TensorType]:
+    x, pads = types[0], attrs["pads"]
+    rank = len(x.shape)
+    return [TensorType(x.dtype, tuple(d + pads[i] + pads[i + rank] for i, d in enumerate(x.shape)))]
+
+
+@register("Pad", _pad_type)
+def pad(attrs, x):
+    """Pad by `pads` (begins, then ends; negative crops) in mode constant/reflect/edge/wrap."""
+    rank, pads = x.ndim, attrs["pads"]
+    grow = [(max(pads[i], 0), max(pads[i + rank], 0)) for i in range(rank)]
+    mode = attrs.get("mode", "constant")
+    if mode == "constant":
+        y = np.pad(x, grow, constant_values=np.asarray(attrs.get("value", 0)).astype(x.dtype))
+    else:
+        y = np.pad(x, grow, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
+    crop = tuple(
+        slice(-min(pads[i], 0), y.shape[i] + min(pads[i + rank], 0)) for i in range(rank)
+    )
+    return np.ascontiguousarray(y[crop])
+
+
+def _gather_type(attrs: Attrs, types) -> list[TensorType]:
+    x, idx, axis = types[0], types[1], attrs["axis"]
+    return [TensorType(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]))]
+
+
+@register("Gather", _gather_type)
+def gather(attrs, x, indices):
+    axis = attrs["axis"]
+    size = x.shape[axis]
+    if indices.size and (indices.min() < -size or indices.max() >= size):
+        raise ValueError(f"Gather index out of range [-{size}, {size - 1}]")
+    return np.take(x, indices.astype(np.int64), axis=axis)
+
+
+@register("Expand", lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))])
+def expand(attrs, x):
+    return np.ascontiguousarray(np.broadcast_to(x, attrs["shape"]))
+
+
+def _tile_type(attrs: Attrs, types) -> list[TensorType]:
+    x = types[0]
+    return [TensorType(x.dtype, tuple(d * r for d, r in zip(x.shape, attrs["repeats"])))]
+
+
+@register("Tile", _tile_type)
+def tile(attrs, x):
+    return np.tile(x, attrs["repeats"])
+
+
+def _depth_to_space_type(attrs: Attrs, types) -> list[TensorType]:
+    n, c, h, w = types[0].shape
+    b = attrs["blocksize"]
+    return [TensorType(types[0].dtype, (n, c // (b * b), h * b, w * b))]
+
+
+@register("DepthToSpace", _depth_to_space_type)
+def depth_to_space(attrs, x):
+    n, c, h, w = x.shape
+    b = attrs["blocksize"]
+    if attrs.get("mode", "DCR") == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return np.ascontiguousarray(y.reshape(n, c // (b * b), h * b, w * b))
+
+
+@register("Cast", lambda attrs, types: [TensorType(dtypes.dtype(attrs["to"]), types[0].shape)])
+def cast(attrs, x):
+    """Convert element type; float8 saturates by default, sub-byte integers round and saturate."""
+    to = dtypes.dtype(attrs["to"])
+    name = attrs["to"]
+    if name.startswith("float8") and name != "float8e8m0" and attrs.get("saturate", 1):
+        limit = float(ml_dtypes.finfo(to).max)
+        wide = x.astype(np.float32)
+        keep_inf = name.endswith("fnuz")  # FNUZ types have no infinity: inf becomes NaN
+        clipped = np.clip(wide, -limit, limit)
+        x = np.where(np.isinf(wide) & keep_inf, wide, clipped)
+    elif name in ("int4", "uint4", "int2", "uint2") and not np.issubdtype(x.dtype, np.integer):
+        info = ml_dtypes.iinfo(to)
+        x = np.clip(np.rint(x.astype(np.float32)), info.min, info.max)
+    return x.astype(to)
+
+
+@register("Identity", same_as_input)
+def identity(attrs, x):
+    return x
+
+
+def _dropout_type(attrs: Attrs, types) -> list[TensorType]:
+    x = types[0]
+    outputs = [x]
+    if attrs.get("mask"):
+        outputs.append(TensorType(np.dtype(np.bool_), x.shape))
+    return outputs
+
+
+@register("Dropout", _dropout_type)
+def dropout(attrs, x):
+    """Inference-mode dropout: the identity (and an all-true mask when asked for)."""
+    if attrs.get("mask"):
+        return x, np.ones(x.shape, dtype=np.bool_)
+    return x
+

@@ -1,0 +1,368 @@
+"""ONNX -> IR import, with static shapes.
+
+Nodes are converted in topological order into canonical IR ops (see `onnx_ops`). A node whose
+inputs are all constants is evaluated on the spot, so shape-computing subgraphs
+(Shape -> Gather -> Concat -> Reshape ...) fold away while importing, and every IR node gets its
+output types inferred when it is created. Symbolic dims are fixed by `input_shapes`; a symbolic
+batch dim (axis 0) defaults to 1.
+"""
+
+import heapq
+import logging
+import mmap
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from ...errors import DynamicValueError, ModelError, UnsupportedOpsError, UserError
+from .. import dtypes
+from ..ir import Graph, Model, Value
+from ..ops import OPS
+from ..tensor import Tensor
+from .onnx_ops import CONVERTERS
+
+log = logging.getLogger("onebuild")
+
+ONNX_DOMAINS = ("", "ai.onnx")
+MIN_OPSET = 7
+
+
+def load_onnx(
+    path: str | os.PathLike,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
+) -> Model:
+    """Read and import an ONNX file. External weights are memory-mapped, not copied."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError, OSError) as error:
+        raise ModelError(f"{path}: not a valid ONNX model ({error})") from None
+    if not proto.HasField("graph") or not proto.graph.node and not proto.graph.output:
+        raise ModelError(f"{path}: not a valid ONNX model (no graph)")
+    return import_onnx(proto, str(path), input_shapes, input_values, base_dir=path.parent)
+
+
+def import_onnx(
+    proto: onnx.ModelProto,
+    source: str = "<model>",
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
+    base_dir: Path | None = None,
+) -> Model:
+    """Import an in-memory ONNX model; `input_values` freezes graph inputs to constants."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ONNX_DOMAINS), None)
+    if opset is None:
+        raise ModelError(f"{source}: the model does not import the ONNX operator set")
+    if opset < MIN_OPSET:
+        raise ModelError(f"{source}: opset {opset} is too old; onebuild reads opset {MIN_OPSET}+")
+    importer = _GraphImporter(proto.graph, opset, source, base_dir)
+    graph = importer.run(dict(input_shapes or {}), dict(input_values or {}))
+    metadata = {"source_opset": str(opset), "producer": proto.producer_name or ""}
+    return Model([graph], metadata)
+
+
+class _GraphImporter:
+    def __init__(self, proto: onnx.GraphProto, opset: int, source: str, base_dir: Path | None):
+        self.proto, self.opset, self.source, self.base_dir = proto, opset, source, base_dir
+        self.graph = Graph(proto.name or "main")
+        self.values: dict[str, Value] = {}
+        self._mapped_files: dict[Path, mmap.mmap] = {}
+
+    def run(self, input_shapes: dict, input_values: dict) -> Graph:
+        nodes = self._sorted_nodes()
+        self._check_supported(nodes)
+        for init in self.proto.initializer:
+            self.values[init.name] = self.graph.add_constant(self._tensor(init), init.name)
+        self._add_inputs(input_shapes, input_values)
+        for node in nodes:
+            self._convert(node)
+        self._set_outputs()
+        return self.graph
+
+    # -- structure ---------------------------------------------------------------------------
+    def _sorted_nodes(self) -> list[onnx.NodeProto]:
+        """ONNX nodes in a stable topological order (models should be sorted; some are not)."""
+        nodes = list(self.proto.node)
+        producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+        waiting = [
+            {producer[name] for name in n.input if producer.get(name, i) != i}
+            for i, n in enumerate(nodes)
+        ]
+        readers: dict[int, list[int]] = {}
+        for i, deps in enumerate(waiting):
+            for dep in deps:
+                readers.setdefault(dep, []).append(i)
+        ready = [i for i, deps in enumerate(waiting) if not deps]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            index = heapq.heappop(ready)
+            order.append(nodes[index])
+            for reader in readers.get(index, []):
+                waiting[reader].discard(index)
+                if not waiting[reader]:
+                    heapq.heappush(ready, reader)
+        if len(order) != len(nodes):
+            stuck = next(n for i, n in enumerate(nodes) if waiting[i])
+            raise ModelError(f"{self.source}: the graph has a cycle through node '{stuck.name}'")
+        return order
+
+    def _check_supported(self, nodes: list[onnx.NodeProto]) -> None:
+        unsupported = []
+        for i, node in enumerate(nodes):
+            if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
+                op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+                unsupported.append((op, node.name or f"#{i}"))
+            elif any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                     for a in node.attribute):
+                unsupported.append((f"{node.op_type} with subgraphs", node.name or f"#{i}"))
+        if unsupported:
+            raise UnsupportedOpsError(self.source, unsupported)
+
+    def _add_inputs(self, input_shapes: dict, input_values: dict) -> None:
+        names = [i.name for i in self.proto.input if i.name not in self.values]
+        for name in list(input_shapes) + list(input_values):
+            if name not in names:
+                raise UserError(
+                    f"{self.source}: the model has no input '{name}' (inputs: {', '.join(names)})"
+                )
+        for info in self.proto.input:
+            if info.name in self.values:  # an initializer listed as input (IR version < 4)
+                continue
+            if info.name in input_values:
+                array = np.asarray(input_values[info.name])
+                self.values[info.name] = self.graph.add_constant(array, info.name)
+                continue
+            dtype, shape = self._value_type(info, input_shapes.get(info.name))
+            self.values[info.name] = self.graph.add_input(info.name, dtype, shape)
+
+    def _value_type(self, info: onnx.ValueInfoProto, override: Sequence[int] | None):
+        kind = info.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise ModelError(f"{self.source}: input '{info.name}' is a {kind}, not a tensor")
+        tensor_type = info.type.tensor_type
+        dtype = self._dtype(tensor_type.elem_type, f"input '{info.name}'")
+        dims = tensor_type.shape.dim if tensor_type.HasField("shape") else None
+        if override is not None:
+            override = [int(d) for d in override]
+            if dims is not None and len(dims) != len(override):
+                raise UserError(
+                    f"{self.source}: input_shapes gives '{info.name}' rank {len(override)}, "
+                    f"the model declares rank {len(dims)}"
+                )
+            for axis, (dim, new) in enumerate(zip(dims or [], override)):
+                if dim.HasField("dim_value") and dim.dim_value != new:
+                    raise UserError(
+                        f"{self.source}: input_shapes sets '{info.name}' axis {axis} to {new}, "
+                        f"but the model fixes it to {dim.dim_value}"
+                    )
+            return dtype, tuple(override)
+        if dims is None:
+            raise ModelError(
+                f"{self.source}: input '{info.name}' has no shape; give it with input_shapes"
+            )
+        shape = []
+        for axis, dim in enumerate(dims):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                shape.append(dim.dim_value)
+            elif axis == 0:
+                log.warning("input '%s': dynamic batch dim set to 1 (use input_shapes to change)",
+                            info.name)
+                shape.append(1)
+            else:
+                label = dim.dim_param or "?"
+                raise ModelError(
+                    f"{self.source}: input '{info.name}' has dynamic dim '{label}' on axis {axis};"
+                    f" fix it with input_shapes, e.g. {{ {info.name} = [...] }}"
+                )
+        return dtype, tuple(shape)
+
+    def _set_outputs(self) -> None:
+        for info in self.proto.output:
+            value = self.values.get(info.name)
+            if value is None:
+                raise ModelError(f"{self.source}: graph output '{info.name}' is never produced")
+            if value.name != info.name or value in self.graph.outputs or value.producer is None:
+                # A graph input, constant or alias: give the output its own named value.
+                node = self.graph.make_node("Identity", [value], name=info.name,
+                                            output_names=[info.name])
+                value = node.output
+            self.graph.outputs.append(value)
+
+    # -- tensors -----------------------------------------------------------------------------
+    def _dtype(self, elem_type: int, what: str) -> np.dtype:
+        try:
+            return dtypes.dtype(dtypes.name_of(helper.tensor_dtype_to_np_dtype(elem_type)))
+        except (ValueError, KeyError, TypeError):
+            name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "undefined"
+            raise ModelError(f"{self.source}: {what} has unsupported element type {name}") from None
+
+    def _tensor(self, proto: onnx.TensorProto) -> Tensor:
+        dtype = self._dtype(proto.data_type, f"tensor '{proto.name}'")
+        if proto.data_location == onnx.TensorProto.EXTERNAL:
+            return self._external_tensor(proto, dtype)
+        try:
+            array = numpy_helper.to_array(proto)
+        except Exception as error:
+            raise ModelError(f"{self.source}: tensor '{proto.name}' is corrupt ({error})") from None
+        return Tensor(np.asarray(array, dtype=dtype))
+
+    def _external_tensor(self, proto: onnx.TensorProto, dtype: np.dtype) -> Tensor:
+        info = {entry.key: entry.value for entry in proto.external_data}
+        location = info.get("location", "")
+        base = (self.base_dir or Path.cwd()).resolve()
+        path = (base / location).resolve()
+        if not location or base not in path.parents or not path.is_file():
+            raise ModelError(
+                f"{self.source}: tensor '{proto.name}' refers to external data '{location}' "
+                "that is missing or outside the model's folder"
+            )
+        shape = tuple(int(d) for d in proto.dims)
+        offset = int(info.get("offset", 0))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if path not in self._mapped_files:
+            with open(path, "rb") as handle:
+                self._mapped_files[path] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = self._mapped_files[path]
+        if offset + nbytes > len(buffer) or int(info.get("length", nbytes)) < nbytes:
+            raise ModelError(
+                f"{self.source}: external data of tensor '{proto.name}' is truncated ({path.name})"
+            )
+        return Tensor.mapped(buffer, offset, dtype, shape)
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _convert(self, node: onnx.NodeProto) -> None:
+        ctx = NodeContext(self, node)
+        try:
+            results = CONVERTERS[node.op_type](ctx)
+        except (DynamicValueError, UserError):
+            raise
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise ModelError(
+                f"{self.source}: node '{ctx.name}' ({node.op_type}): {error}"
+            ) from None
+        wanted = [name for name in node.output]
+        for name, value in zip(wanted, results):
+            if not name:
+                continue
+            if value.graph is self.graph and value.name != name and ctx.created(value):
+                self.graph.rename(value, name)
+            self.values[name] = value
+
+
+class NodeContext:
+    """What a converter sees of one ONNX node: its inputs, attributes and an `emit` function."""
+
+    def __init__(self, importer: _GraphImporter, node: onnx.NodeProto):
+        self.importer = importer
+        self.node = node
+        self.op_type = node.op_type
+        self.opset = importer.opset
+        self.name = node.name or (node.output[0] if node.output else node.op_type)
+        self.attrs = {a.name: a for a in node.attribute}
+        self._created: set[int] = set()
+        graph_values = importer.values
+        self.inputs: list[Value | None] = []
+        for name in node.input:
+            if not name:
+                self.inputs.append(None)
+            elif name not in graph_values:
+                raise ModelError(
+                    f"{importer.source}: node '{self.name}' ({node.op_type}) reads '{name}', "
+                    "which no node, input or initializer defines"
+                )
+            else:
+                self.inputs.append(graph_values[name])
+
+    @property
+    def graph(self) -> Graph:
+        return self.importer.graph
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.output)
+
+    def wants_output(self, index: int) -> bool:
+        return index < len(self.node.output) and bool(self.node.output[index])
+
+    def created(self, value: Value) -> bool:
+        return id(value) in self._created
+
+    def input(self, index: int) -> Value | None:
+        return self.inputs[index] if index < len(self.inputs) else None
+
+    def attr(self, name: str, default=None):
+        proto = self.attrs.get(name)
+        if proto is None:
+            return default
+        value = helper.get_attribute_value(proto)
+        if isinstance(value, onnx.TensorProto):
+            return self.importer._tensor(value).numpy()
+        if isinstance(value, bytes):
+            return value.decode()
+        if isinstance(value, list) and value and isinstance(value[0], bytes):
+            return [v.decode() for v in value]
+        return value
+
+    def const(self, index: int, what: str) -> np.ndarray | None:
+        """The data of a constant input (None if omitted); shape operands must be constants."""
+        value = self.input(index)
+        if value is None:
+            return None
+        if not value.is_const:
+            roots = _graph_input_roots(value)
+            raise DynamicValueError(
+                f"{self.importer.source}: node '{self.name}' ({self.op_type}): {what} "
+                f"'{value.name}' must be known at compile time, but it depends on graph "
+                f"input(s) {', '.join(roots) or '?'}; fix them with input_shapes or freeze them",
+                roots,
+            )
+        return value.numpy()
+
+    def fail(self, message: str) -> ModelError:
+        return ModelError(f"{self.importer.source}: node '{self.name}' ({self.op_type}): {message}")
+
+    def constant(self, array: np.ndarray | Tensor) -> Value:
+        value = self.graph.add_constant(array, self.node.output[0] if self.node.output else "c")
+        self._created.add(id(value))
+        return value
+
+    def emit(self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None) -> list[Value]:
+        """Add an IR node, or evaluate it at once when all its inputs are constants."""
+        attrs = dict(attrs or {})
+        present = [v for v in inputs if v is not None]
+        if present and all(v.is_const for v in present):
+            arrays = [None if v is None else v.numpy() for v in inputs]
+            results = OPS[op].kernel(attrs, *arrays)
+            return [self.constant(np.asarray(r)) for r in results]
+        try:
+            node = self.graph.make_node(op, inputs, attrs, name=self.name)
+        except ValueError as error:
+            raise self.fail(str(error)) from None
+        for value in node.outputs:
+            self._created.add(id(value))
+        return node.outputs
+
+
+def _graph_input_roots(value: Value) -> list[str]:
+    """Names of the graph inputs a value is computed from."""
+    seen, stack, roots = set(), [value], []
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.producer is None:
+            if not v.is_const:
+                roots.append(v.name)
+        else:
+            stack.extend(i for i in v.producer.inputs if i is not None)
+    return sorted(roots)

@@ -1,0 +1,535 @@
+"""ONNX operator converters: each turns one ONNX node (any opset from 7) into canonical IR ops.
+
+Opset differences, auto_pad, negative axes and shape operands (Reshape's shape, Slice's starts,
+...) are resolved here, so IR kernels see one canonical form per op.
+"""
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import dtypes
+from ..ops import broadcast_shape, normalize_axis
+from ..tensor import Tensor
+
+CONVERTERS: dict[str, Callable] = {}
+
+
+def converter(*names: str):
+    def wrap(fn):
+        for name in names:
+            CONVERTERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def _axes(values, rank: int) -> list[int]:
+    return sorted({normalize_axis(int(a), rank) for a in values})
+
+
+def _onnx_type_name(ctx, elem_type: int) -> str:
+    return dtypes.name_of(ctx.importer._dtype(elem_type, "Cast target"))
+
+
+# -- pass-through and elementwise --------------------------------------------------------------
+SIMPLE = [
+    "Abs", "Neg", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Reciprocal", "Relu", "Sigmoid", "Tanh",
+    "HardSwish", "Not", "Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "Less", "Greater",
+    "Where", "MatMul", "Identity",
+]
+
+
+@converter(*SIMPLE)
+def simple(ctx):
+    return ctx.emit(ctx.op_type, ctx.inputs)
+
+
+@converter("Max", "Min")
+def max_min(ctx):
+    if len(ctx.inputs) == 1:
+        return ctx.emit("Identity", ctx.inputs)
+    return ctx.emit(ctx.op_type, ctx.inputs)
+
+
+@converter("Sum")
+def sum_(ctx):
+    """Sum of n inputs becomes a chain of binary Adds."""
+    total = ctx.inputs[0]
+    if len(ctx.inputs) == 1:
+        return ctx.emit("Identity", [total])
+    for value in ctx.inputs[1:]:
+        (total,) = ctx.emit("Add", [total, value])
+    return [total]
+
+
+@converter("LeakyRelu")
+def leaky_relu(ctx):
+    return ctx.emit("LeakyRelu", ctx.inputs, {"alpha": float(ctx.attr("alpha", 0.01))})
+
+
+@converter("HardSigmoid")
+def hard_sigmoid(ctx):
+    attrs = {"alpha": float(ctx.attr("alpha", 0.2)), "beta": float(ctx.attr("beta", 0.5))}
+    return ctx.emit("HardSigmoid", ctx.inputs, attrs)
+
+
+@converter("Clip")
+def clip(ctx):
+    x = ctx.inputs[0]
+    if ctx.opset < 11:
+        lo, hi = ctx.attr("min"), ctx.attr("max")
+        bounds = [
+            None if b is None else ctx.graph.add_constant(np.asarray(b, x.dtype), "clip_bound")
+            for b in (lo, hi)
+        ]
+        return ctx.emit("Clip", [x, *bounds])
+    return ctx.emit("Clip", [x, ctx.input(1), ctx.input(2)])
+
+
+@converter("Softmax", "LogSoftmax")
+def softmax(ctx):
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    axis = normalize_axis(ctx.attr("axis", 1 if ctx.opset < 13 else -1), rank)
+    if ctx.opset >= 13 or axis == rank - 1:
+        return ctx.emit(ctx.op_type, [x], {"axis": axis})
+    # Before opset 13 the input is coerced to 2-D at `axis`.
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    (flat,) = ctx.emit("Reshape", [x], {"shape": [rows, x.size // max(rows, 1)]})
+    (y,) = ctx.emit(ctx.op_type, [flat], {"axis": 1})
+    return ctx.emit("Reshape", [y], {"shape": list(x.shape)})
+
+
+@converter("Cast")
+def cast(ctx):
+    attrs = {"to": _onnx_type_name(ctx, ctx.attr("to")), "saturate": int(ctx.attr("saturate", 1))}
+    return ctx.emit("Cast", ctx.inputs, attrs)
+
+
+@converter("CastLike")
+def cast_like(ctx):
+    attrs = {"to": dtypes.name_of(ctx.inputs[1].dtype), "saturate": int(ctx.attr("saturate", 1))}
+    return ctx.emit("Cast", ctx.inputs[:1], attrs)
+
+
+@converter("Dropout")
+def dropout(ctx):
+    training = ctx.const(2, "training_mode") if ctx.opset >= 12 else None
+    if training is not None and bool(training):
+        raise ctx.fail("training-mode Dropout is not supported; export the model for inference")
+    return ctx.emit("Dropout", ctx.inputs[:1], {"mask": int(ctx.wants_output(1))})
+
+
+# -- constants and shape queries --------------------------------------------------------------
+@converter("Constant")
+def constant(ctx):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        data = ctx.attr(key)
+        if data is not None:
+            if key.startswith("value_float"):
+                data = np.asarray(data, np.float32)
+            elif key.startswith("value_int"):
+                data = np.asarray(data, np.int64)
+            return [ctx.constant(np.asarray(data))]
+    raise ctx.fail("only tensor, float and int constants are supported")
+
+
+@converter("ConstantOfShape")
+def constant_of_shape(ctx):
+    shape = tuple(int(d) for d in ctx.const(0, "shape"))
+    fill = ctx.attr("value")
+    fill = np.zeros(1, np.float32) if fill is None else np.asarray(fill).reshape(-1)
+    value = fill[0]
+    tensor = Tensor.lazy(lambda: np.full(shape, value, fill.dtype), fill.dtype, shape)
+    return [ctx.constant(tensor)]
+
+
+@converter("Shape")
+def shape(ctx):
+    dims = np.asarray(ctx.inputs[0].shape, np.int64)
+    rank = len(dims)
+    start, end = ctx.attr("start", 0), ctx.attr("end", rank)
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    return [ctx.constant(dims[start:end])]
+
+
+@converter("Size")
+def size(ctx):
+    return [ctx.constant(np.asarray(ctx.inputs[0].size, np.int64))]
+
+
+@converter("Range")
+def range_(ctx):
+    start, limit, delta = (ctx.const(i, "range operand") for i in range(3))
+    return [ctx.constant(np.arange(start, limit, delta, dtype=start.dtype))]
+
+
+# -- convolution and pooling -------------------------------------------------------------------
+def _spatial(ctx, in_shape, kernel, transposed=False):
+    """strides, dilations and explicit pads (begins, then ends) with auto_pad resolved."""
+    nd = len(kernel)
+    strides = list(ctx.attr("strides", [1] * nd))
+    dilations = list(ctx.attr("dilations", [1] * nd))
+    pads = list(ctx.attr("pads", [0] * (2 * nd)))
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad == "VALID":
+        pads = [0] * (2 * nd)
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER") and not transposed:
+        for i in range(nd):
+            out = math.ceil(in_shape[i] / strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_shape[i])
+            small, large = total // 2, total - total // 2
+            pads[i], pads[i + nd] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+    elif auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.fail(f"unknown auto_pad '{auto_pad}'")
+    return strides, dilations, pads
+
+
+@converter("Conv")
+def conv(ctx):
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
+    strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
+    attrs = {"strides": strides, "dilations": dilations, "pads": pads,
+             "group": int(ctx.attr("group", 1))}
+    return ctx.emit("Conv", [x, w, ctx.input(2)], attrs)
+
+
+@converter("ConvTranspose")
+def conv_transpose(ctx):
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
+    nd = len(kernel)
+    strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel, transposed=True)
+    output_padding = list(ctx.attr("output_padding", [0] * nd))
+    output_shape = ctx.attr("output_shape")
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = [x.shape[2 + i] * strides[i] for i in range(nd)]
+    if output_shape is not None:
+        output_shape = list(output_shape)[-nd:]
+        for i in range(nd):
+            total = (strides[i] * (x.shape[2 + i] - 1) + output_padding[i]
+                     + (kernel[i] - 1) * dilations[i] + 1 - output_shape[i])
+            if total < 0:
+                output_padding[i] -= total
+                total = 0
+            half = total // 2
+            if auto_pad == "SAME_UPPER":
+                pads[i], pads[i + nd] = half, total - half
+            else:
+                pads[i], pads[i + nd] = total - half, half
+    attrs = {"strides": strides, "dilations": dilations, "pads": pads,
+             "group": int(ctx.attr("group", 1)), "output_padding": output_padding}
+    return ctx.emit("ConvTranspose", [x, w, ctx.input(2)], attrs)
+
+
+def _pool_attrs(ctx, x):
+    kernel = list(ctx.attr("kernel_shape"))
+    strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
+    return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads,
+            "ceil_mode": int(ctx.attr("ceil_mode", 0))}
+
+
+@converter("MaxPool")
+def max_pool(ctx):
+    if ctx.wants_output(1):
+        raise ctx.fail("the Indices output of MaxPool is not supported")
+    if ctx.attr("storage_order", 0):
+        raise ctx.fail("storage_order=1 is not supported")
+    return ctx.emit("MaxPool", ctx.inputs[:1], _pool_attrs(ctx, ctx.inputs[0]))
+
+
+@converter("AveragePool")
+def average_pool(ctx):
+    attrs = _pool_attrs(ctx, ctx.inputs[0])
+    attrs["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
+    return ctx.emit("AveragePool", ctx.inputs[:1], attrs)
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(ctx):
+    return ctx.emit(ctx.op_type, ctx.inputs)
+
+
+@converter("Gemm")
+def gemm(ctx):
+    attrs = {"alpha": float(ctx.attr("alpha", 1.0)), "beta": float(ctx.attr("beta", 1.0)),
+             "transA": int(ctx.attr("transA", 0)), "transB": int(ctx.attr("transB", 0))}
+    return ctx.emit("Gemm", [ctx.inputs[0], ctx.inputs[1], ctx.input(2)], attrs)
+
+
+# -- normalization -----------------------------------------------------------------------------
+@converter("BatchNormalization")
+def batch_normalization(ctx):
+    if ctx.attr("training_mode", 0) or ctx.num_outputs > 1 and any(ctx.node.output[1:]):
+        raise ctx.fail("training-mode BatchNormalization is not supported")
+    if ctx.opset < 9 and not ctx.attr("spatial", 1):
+        raise ctx.fail("BatchNormalization with spatial=0 is not supported")
+    return ctx.emit("BatchNormalization", ctx.inputs[:5],
+                    {"epsilon": float(ctx.attr("epsilon", 1e-5))})
+
+
+@converter("LRN")
+def lrn(ctx):
+    attrs = {"size": int(ctx.attr("size")), "alpha": float(ctx.attr("alpha", 1e-4)),
+             "beta": float(ctx.attr("beta", 0.75)), "bias": float(ctx.attr("bias", 1.0))}
+    return ctx.emit("LRN", ctx.inputs, attrs)
+
+
+@converter("LayerNormalization")
+def layer_normalization(ctx):
+    if any(ctx.node.output[1:]):
+        raise ctx.fail("only the Y output of LayerNormalization is supported")
+    attrs = {"axis": int(ctx.attr("axis", -1)), "epsilon": float(ctx.attr("epsilon", 1e-5))}
+    return ctx.emit("LayerNormalization", ctx.inputs[:3], attrs)
+
+
+# -- shape manipulation ------------------------------------------------------------------------
+def _reshape(ctx, x, shape):
+    return ctx.emit("Reshape", [x], {"shape": [int(d) for d in shape]})
+
+
+@converter("Reshape")
+def reshape(ctx):
+    x = ctx.inputs[0]
+    target = [int(d) for d in (ctx.const(1, "shape") if ctx.opset >= 5 else ctx.attr("shape"))]
+    allow_zero = ctx.attr("allowzero", 0)
+    shape = [x.shape[i] if d == 0 and not allow_zero else d for i, d in enumerate(target)]
+    if shape.count(-1) > 1:
+        raise ctx.fail(f"shape {target} has more than one -1")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        if known == 0 or x.size % known:
+            raise ctx.fail(f"cannot reshape {list(x.shape)} to {target}")
+        shape[shape.index(-1)] = x.size // known
+    if int(np.prod(shape, dtype=np.int64)) != x.size:
+        raise ctx.fail(f"cannot reshape {list(x.shape)} to {target}")
+    return _reshape(ctx, x, shape)
+
+
+@converter("Flatten")
+def flatten(ctx):
+    x = ctx.inputs[0]
+    axis = ctx.attr("axis", 1)
+    axis = axis + len(x.shape) if axis < 0 else axis
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return _reshape(ctx, x, [rows, int(np.prod(x.shape[axis:], dtype=np.int64))])
+
+
+def _axes_operand(ctx, index: int):
+    return ctx.attr("axes") if ctx.opset < 13 else ctx.const(index, "axes")
+
+
+@converter("Squeeze")
+def squeeze(ctx):
+    x = ctx.inputs[0]
+    axes = _axes_operand(ctx, 1)
+    rank = len(x.shape)
+    axes = [i for i, d in enumerate(x.shape) if d == 1] if axes is None else _axes(axes, rank)
+    if any(x.shape[a] != 1 for a in axes):
+        raise ctx.fail(f"cannot squeeze axes {axes} of shape {list(x.shape)}")
+    return _reshape(ctx, x, [d for i, d in enumerate(x.shape) if i not in axes])
+
+
+@converter("Unsqueeze")
+def unsqueeze(ctx):
+    x = ctx.inputs[0]
+    axes = _axes(_axes_operand(ctx, 1), len(x.shape) + len(_axes_operand(ctx, 1)))
+    shape, source = [], iter(x.shape)
+    for i in range(len(x.shape) + len(axes)):
+        shape.append(1 if i in axes else next(source))
+    return _reshape(ctx, x, shape)
+
+
+@converter("Transpose")
+def transpose(ctx):
+    x = ctx.inputs[0]
+    perm = ctx.attr("perm")
+    perm = list(range(len(x.shape)))[::-1] if perm is None else [int(p) for p in perm]
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ctx.fail(f"perm {perm} is not a permutation of rank {len(x.shape)}")
+    return ctx.emit("Transpose", [x], {"perm": perm})
+
+
+@converter("Concat")
+def concat(ctx):
+    inputs = [v for v in ctx.inputs if v is not None]
+    axis = normalize_axis(ctx.attr("axis"), len(inputs[0].shape))
+    return ctx.emit("Concat", inputs, {"axis": axis})
+
+
+@converter("Split")
+def split(ctx):
+    x = ctx.inputs[0]
+    axis = normalize_axis(ctx.attr("axis", 0), len(x.shape))
+    sizes = ctx.attr("split") if ctx.opset < 13 else ctx.const(1, "split")
+    length = x.shape[axis]
+    if sizes is None:
+        parts = ctx.attr("num_outputs", ctx.num_outputs)
+        chunk = math.ceil(length / parts)
+        sizes = [min(chunk, length - i * chunk) for i in range(parts)]
+    return ctx.emit("Split", [x], {"axis": axis, "split": [int(s) for s in sizes]})
+
+
+@converter("Slice")
+def slice_(ctx):
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    if ctx.opset < 10:
+        starts, ends, axes, steps = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes"), None
+    else:
+        starts, ends = ctx.const(1, "starts"), ctx.const(2, "ends")
+        axes, steps = ctx.const(3, "axes"), ctx.const(4, "steps")
+    axes = list(range(len(starts))) if axes is None else [normalize_axis(int(a), rank) for a in axes]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    canon_start, canon_end, canon_step = [0] * rank, list(x.shape), [1] * rank
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        dim, start, end = x.shape[axis], int(start), int(end)
+        if step == 0:
+            raise ctx.fail("slice step must not be 0")
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        canon_start[axis], canon_step[axis] = start, step
+        canon_end[axis] = None if end < 0 else end
+    attrs = {"starts": canon_start, "ends": canon_end, "steps": canon_step}
+    return ctx.emit("Slice", [x], attrs)
+
+
+@converter("Pad")
+def pad(ctx):
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    mode = ctx.attr("mode", "constant")
+    if ctx.opset < 11:
+        pads, value, axes = ctx.attr("pads", ctx.attr("paddings")), ctx.attr("value", 0.0), None
+    else:
+        pads = ctx.const(1, "pads")
+        fill = ctx.const(2, "constant_value")
+        value = 0 if fill is None or fill.size == 0 else fill.reshape(-1)[0].item()
+        axes = ctx.const(3, "axes")
+    pads = [int(p) for p in pads]
+    if axes is not None:
+        axes = [normalize_axis(int(a), rank) for a in axes]
+        full = [0] * (2 * rank)
+        for i, axis in enumerate(axes):
+            full[axis], full[axis + rank] = pads[i], pads[i + len(axes)]
+        pads = full
+    if len(pads) != 2 * rank:
+        raise ctx.fail(f"pads has {len(pads)} entries, expected {2 * rank}")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise ctx.fail(f"unknown pad mode '{mode}'")
+    return ctx.emit("Pad", [x], {"pads": pads, "mode": mode, "value": value})
+
+
+@converter("Gather")
+def gather(ctx):
+    x = ctx.inputs[0]
+    axis = normalize_axis(ctx.attr("axis", 0), len(x.shape))
+    return ctx.emit("Gather", ctx.inputs[:2], {"axis": axis})
+
+
+@converter("Expand")
+def expand(ctx):
+    x = ctx.inputs[0]
+    shape = broadcast_shape(x.shape, tuple(int(d) for d in ctx.const(1, "shape")))
+    return ctx.emit("Expand", [x], {"shape": list(shape)})
+
+
+@converter("Tile")
+def tile(ctx):
+    return ctx.emit("Tile", ctx.inputs[:1], {"repeats": [int(r) for r in ctx.const(1, "repeats")]})
+
+
+@converter("DepthToSpace")
+def depth_to_space(ctx):
+    attrs = {"blocksize": int(ctx.attr("blocksize")), "mode": ctx.attr("mode", "DCR")}
+    return ctx.emit("DepthToSpace", ctx.inputs, attrs)
+
+
+# -- reductions --------------------------------------------------------------------------------
+@converter("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd")
+def reduce(ctx):
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    axes_as_input = ctx.opset >= (13 if ctx.op_type == "ReduceSum" else 18)
+    axes = ctx.const(1, "axes") if axes_as_input else ctx.attr("axes")
+    keepdims = int(ctx.attr("keepdims", 1))
+    if axes is None or len(axes) == 0:
+        if ctx.attr("noop_with_empty_axes", 0):
+            return ctx.emit("Identity", [x])
+        axes = list(range(rank))
+    return ctx.emit(ctx.op_type, [x], {"axes": _axes(axes, rank), "keepdims": keepdims})
+
+
+@converter("ArgMax")
+def arg_max(ctx):
+    x = ctx.inputs[0]
+    attrs = {"axes": [normalize_axis(ctx.attr("axis", 0), len(x.shape))],
+             "keepdims": int(ctx.attr("keepdims", 1)),
+             "select_last_index": int(ctx.attr("select_last_index", 0))}
+    return ctx.emit("ArgMax", [x], attrs)
+
+
+# -- resize ------------------------------------------------------------------------------------
+@converter("Resize", "Upsample")
+def resize(ctx):
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    legacy = ctx.op_type == "Upsample" or ctx.opset < 11
+    if legacy:
+        scales = ctx.attr("scales") if ctx.opset < 9 else ctx.const(1, "scales")
+        roi, sizes, axes = None, None, None
+    else:
+        roi, scales, sizes = ctx.const(1, "roi"), ctx.const(2, "scales"), ctx.const(3, "sizes")
+        axes = ctx.attr("axes")
+    axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
+    in_dims = [x.shape[a] for a in axes]
+    if sizes is not None and sizes.size:
+        sizes = [int(s) for s in sizes]
+        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            scale = pick(s / d for s, d in zip(sizes, in_dims))
+            sizes = [int(round(scale * d)) for d in in_dims]
+            part_scales = [scale] * len(axes)
+        else:
+            part_scales = [s / d for s, d in zip(sizes, in_dims)]
+    elif scales is not None and scales.size:
+        part_scales = [float(s) for s in scales]
+        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+        spans = [1.0] * len(axes)
+        if coord == "tf_crop_and_resize" and roi is not None:
+            spans = [float(roi[i + len(axes)] - roi[i]) for i in range(len(axes))]
+        sizes = [int(math.floor(d * s * span)) for d, s, span in zip(in_dims, part_scales, spans)]
+    else:
+        raise ctx.fail("Resize needs scales or sizes")
+    full_sizes, full_scales = list(x.shape), [1.0] * rank
+    for i, axis in enumerate(axes):
+        full_sizes[axis], full_scales[axis] = sizes[i], part_scales[i]
+    full_roi = None
+    if roi is not None and roi.size:
+        full_roi = [0.0] * rank + [1.0] * rank
+        for i, axis in enumerate(axes):
+            full_roi[axis], full_roi[axis + rank] = float(roi[i]), float(roi[i + len(axes)])
+    mode = ctx.attr("mode", "nearest")
+    attrs = {
+        "sizes": full_sizes, "scales": full_scales, "roi": full_roi, "mode": mode,
+        "coordinate_transformation_mode": "asymmetric" if legacy else ctx.attr(
+            "coordinate_transformation_mode", "half_pixel"),
+        "nearest_mode": "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor"),
+        "cubic_coeff_a": float(ctx.attr("cubic_coeff_a", -0.75)),
+        "exclude_outside": int(ctx.attr("exclude_outside", 0)),
+        "extrapolation_value": float(ctx.attr("extrapolation_value", 0.0)),
+        "antialias": int(ctx.attr("antialias", 0)),
+    }
+    if mode not in ("nearest", "linear", "cubic"):
+        raise ctx.fail(f"unknown resize mode '{mode}'")
+    return ctx.emit("Resize", [x], attrs)
+
