@@ -29,10 +29,14 @@ def _reduction(name: str, fn, empty):
 
 
 def _lowest(dt):
+    if dt == np.bool_:
+        return False
     return -np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).min
 
 
 def _highest(dt):
+    if dt == np.bool_:
+        return True
     return np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
 
 

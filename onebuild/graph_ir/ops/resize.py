@@ -19,21 +19,22 @@ def source_coordinates(
 ) -> np.ndarray:
     """Input coordinate of each output index under a coordinate transformation mode."""
     o = np.arange(out_len, dtype=np.float64)
+    width = scale * in_len  # the real-valued output length the transforms are defined on
     if mode == "align_corners":
-        return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+        return o * (in_len - 1) / (width - 1) if width != 1 else np.zeros(out_len)
     if mode == "asymmetric":
         return o / scale
     if mode == "tf_crop_and_resize":
         start, end = roi
-        if out_len > 1:
-            return start * (in_len - 1) + o * (end - start) * (in_len - 1) / (out_len - 1)
+        if width != 1:
+            return start * (in_len - 1) + o * (end - start) * (in_len - 1) / (width - 1)
         return np.full(out_len, (end - start) * (in_len - 1) / 2 + start * (in_len - 1))
     if mode == "pytorch_half_pixel":
-        return (o + 0.5) / scale - 0.5 if out_len > 1 else np.full(out_len, -0.5)
+        return (o + 0.5) / scale - 0.5 if width != 1 else np.full(out_len, -0.5)
     if mode == "half_pixel":
         return (o + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
-        offset = in_len / 2 * (1 - out_len / (scale * in_len))
+        offset = in_len / 2 * (1 - out_len / width)
         return offset + (o + 0.5) / scale - 0.5
     raise ValueError(f"unknown coordinate_transformation_mode '{mode}'")
 

@@ -141,19 +141,39 @@ def depth_to_space(attrs, x):
 
 @register("Cast", lambda attrs, types: [TensorType(dtypes.dtype(attrs["to"]), types[0].shape)])
 def cast(attrs, x):
-    """Convert element type; float8 saturates by default, sub-byte integers round and saturate."""
-    to = dtypes.dtype(attrs["to"])
+    """Convert element type as ONNX defines it: float8 saturates by default, sub-byte integers
+    wrap around, and float8e8m0 rounds the exponent by `round_mode`."""
     name = attrs["to"]
-    if name.startswith("float8") and name != "float8e8m0" and attrs.get("saturate", 1):
+    to = dtypes.dtype(name)
+    if name == "float8e8m0" and not np.issubdtype(x.dtype, np.integer):
+        return _to_e8m0(x.astype(np.float32), attrs.get("round_mode", "up"), to)
+    if name.startswith("float8") and attrs.get("saturate", 1):
         limit = float(ml_dtypes.finfo(to).max)
-        wide = x.astype(np.float32)
-        keep_inf = name.endswith("fnuz")  # FNUZ types have no infinity: inf becomes NaN
-        clipped = np.clip(wide, -limit, limit)
-        x = np.where(np.isinf(wide) & keep_inf, wide, clipped)
-    elif name in ("int4", "uint4", "int2", "uint2") and not np.issubdtype(x.dtype, np.integer):
-        info = ml_dtypes.iinfo(to)
-        x = np.clip(np.rint(x.astype(np.float32)), info.min, info.max)
+        return np.clip(x.astype(np.float32), -limit, limit).astype(to)
+    if name in ("int4", "uint4", "int2", "uint2") and x.dtype.itemsize * 8 > to.itemsize:
+        bits = 4 if name.endswith("4") else 2
+        wide = np.rint(x.astype(np.float64)) if not np.issubdtype(x.dtype, np.integer) else x
+        wrapped = wide.astype(np.int64) & ((1 << bits) - 1)
+        if name.startswith("int"):
+            wrapped = np.where(wrapped >= 1 << (bits - 1), wrapped - (1 << bits), wrapped)
+        return wrapped.astype(to)
     return x.astype(to)
+
+
+def _to_e8m0(x: np.ndarray, round_mode: str, to: np.dtype) -> np.ndarray:
+    """Powers of two only: round |x| to 2^e in the given direction, e in [-127, 127]."""
+    magnitude = np.abs(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exponent = np.log2(np.where(magnitude > 0, magnitude, np.float32(2.0**-127)))
+        low = np.floor(exponent)
+        if round_mode == "up":
+            chosen = np.ceil(exponent)
+        elif round_mode == "down":
+            chosen = low
+        else:  # nearest, ties up
+            chosen = np.where(magnitude - 2.0**low >= 2.0 ** (low + 1) - magnitude, low + 1, low)
+    power = np.exp2(np.clip(chosen, -127, 127))
+    return np.where(np.isnan(x), np.nan, power).astype(to)
 
 
 @register("Identity", same_as_input)

@@ -104,13 +104,15 @@ def softmax(ctx):
 
 @converter("Cast")
 def cast(ctx):
-    attrs = {"to": _onnx_type_name(ctx, ctx.attr("to")), "saturate": int(ctx.attr("saturate", 1))}
+    attrs = {"to": _onnx_type_name(ctx, ctx.attr("to")), "saturate": int(ctx.attr("saturate", 1)),
+             "round_mode": ctx.attr("round_mode", "up")}
     return ctx.emit("Cast", ctx.inputs, attrs)
 
 
 @converter("CastLike")
 def cast_like(ctx):
-    attrs = {"to": dtypes.name_of(ctx.inputs[1].dtype), "saturate": int(ctx.attr("saturate", 1))}
+    attrs = {"to": dtypes.name_of(ctx.inputs[1].dtype), "saturate": int(ctx.attr("saturate", 1)),
+             "round_mode": ctx.attr("round_mode", "up")}
     return ctx.emit("Cast", ctx.inputs[:1], attrs)
 
 

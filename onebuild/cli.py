@@ -1,0 +1,153 @@
+"""The command line. The only module that prints; user errors exit with code 2, no traceback."""
+
+import argparse
+import json
+import logging
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import __version__
+from .errors import OneBuildError, UserError
+from .graph_ir import dtypes
+from .graph_ir.interpreter import Interpreter
+from .graph_ir.ir import Model
+from .graph_ir.passes import PRESETS, run_preset
+from .graph_ir.serde import load_model, save_ir
+from .npz import read_npz, write_npz
+
+log = logging.getLogger("onebuild")
+
+
+def _shape_option(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not NAME=D0,D1,... (e.g. input=1,3,224,224)"
+        ) from None
+
+
+def _load(args) -> Model:
+    shapes = dict(args.input_shape or [])
+    return load_model(args.model, shapes or None)
+
+
+def cmd_run(args) -> int:
+    model = _load(args)
+    feeds = read_npz(args.inputs)
+    interpreter = Interpreter(model.main)
+    try:
+        outputs = interpreter.run_batch(feeds)
+    except UserError as error:
+        raise UserError(f"{args.inputs}: {error}") from None
+    write_npz(args.outputs, outputs)
+    for name, array in outputs.items():
+        print(f"{name}: {array.dtype}{list(array.shape)}")
+    return 0
+
+
+def summarize(model: Model) -> dict:
+    """Inputs, outputs, op histogram and parameter count of the main graph."""
+    graph = model.main
+
+    def entry(value):
+        return {"name": value.name, "dtype": dtypes.name_of(value.dtype), "shape": list(value.shape)}
+
+    params = sum(v.size for v in graph.constants.values() if np.issubdtype(v.dtype, np.floating))
+    return {
+        "inputs": [entry(v) for v in graph.inputs],
+        "outputs": [entry(v) for v in graph.outputs],
+        "ops": dict(sorted(Counter(node.op for node in graph.nodes).items())),
+        "nodes": len(graph.nodes),
+        "parameters": int(params),
+        "constant_bytes": int(sum(v.const.nbytes for v in graph.constants.values())),
+        "subgraphs": len(model.graphs),
+    }
+
+
+def cmd_inspect(args) -> int:
+    info = summarize(_load(args))
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0
+    for kind in ("inputs", "outputs"):
+        print(f"{kind}:")
+        for v in info[kind]:
+            print(f"  {v['name']}: {v['dtype']}{v['shape']}")
+    print(f"ops ({info['nodes']} nodes):")
+    for op, count in sorted(info["ops"].items(), key=lambda item: (-item[1], item[0])):
+        print(f"  {op:<20} {count}")
+    print(f"parameters: {info['parameters']:,} ({info['constant_bytes'] / 2**20:.1f} MiB of constants)")
+    return 0
+
+
+def cmd_import(args) -> int:
+    model = _load(args)
+    if args.optimize != "O0":
+        for record in run_preset(model, args.optimize):
+            if record.modified:
+                log.info("pass %s changed graph '%s'", record.name, record.graph)
+    digest = save_ir(model, args.output)
+    print(f"{args.output}: {len(model.main.nodes)} nodes, sha256 {digest[:16]}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onebuild", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"onebuild {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_command(name: str, help_text: str):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("model", help="an .onnx model or an onebuild IR file")
+        p.add_argument("--input-shape", action="append", type=_shape_option, metavar="NAME=DIMS",
+                       help="fix the dims of an ONNX input, e.g. input=1,3,224,224 (repeatable)")
+        return p
+
+    p = model_command("run", "run a model on a batch of inputs")
+    p.add_argument("-i", "--inputs", required=True, help="npz: one [N,*shape] array per input")
+    p.add_argument("-o", "--outputs", required=True, help="npz written with one array per output")
+    p.set_defaults(func=cmd_run)
+
+    p = model_command("inspect", "print inputs, outputs, op histogram and parameter count")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_inspect)
+
+    p = model_command("import", "import an ONNX model (optionally optimized) into an IR file")
+    p.add_argument("-o", "--output", required=True, help="IR file to write")
+    p.add_argument("-O", "--optimize", default="O1", choices=sorted(PRESETS),
+                   help="optimization preset (default O1)")
+    p.set_defaults(func=cmd_import)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="onebuild: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except OneBuildError as error:
+        print(f"onebuild: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("onebuild: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("onebuild: error: out of memory", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

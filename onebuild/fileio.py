@@ -1,0 +1,35 @@
+"""Atomic file output: write to a temporary file in the same folder, fsync, rename.
+
+A killed process leaves at most a stray temporary file, never a truncated artifact under the
+final name. Leaf module: it imports nothing else of onebuild.
+"""
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Open a binary temporary file that replaces `path` only if the block completes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_writer(path) as handle:
+        handle.write(data)

@@ -1,0 +1,19 @@
+"""Optimization passes and the pass manager. `O1` is the value-preserving preset."""
+
+from .cleanup import eliminate_dead_code, remove_identities
+from .fold import fold_constants
+from .fuse import fold_batchnorm, fuse_activations
+from .manager import PRESETS, Pass, PassRecord, run_passes, run_preset
+
+__all__ = [
+    "PRESETS",
+    "Pass",
+    "PassRecord",
+    "eliminate_dead_code",
+    "fold_batchnorm",
+    "fold_constants",
+    "fuse_activations",
+    "remove_identities",
+    "run_passes",
+    "run_preset",
+]
