@@ -5,14 +5,20 @@ from .rewrite import can_replace, replace_node
 
 
 def remove_identities(graph: Graph) -> bool:
-    """Remove Identity and inference-mode Dropout nodes (reads go to their input)."""
+    """Remove Identity and inference-mode Dropout nodes (reads go to their input).
+
+    A Dropout whose mask output is read stays.
+    """
     modified = False
     for node in graph:
-        if node.op not in ("Identity", "Dropout") or len(node.outputs) != 1:
+        if node.op not in ("Identity", "Dropout"):
+            continue
+        result, *mask = node.outputs
+        if mask and (mask[0].uses or mask[0] in graph.outputs):
             continue
         source = node.inputs[0]
-        if can_replace(graph, node.output, source):
-            replace_node(graph, node, [source])
+        if can_replace(graph, result, source):
+            replace_node(graph, node, [source] * len(node.outputs))
             modified = True
     return modified
 

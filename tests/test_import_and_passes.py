@@ -1,0 +1,153 @@
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from onnx_builders import conv_bn_relu_model, make_model
+
+from onebuild.errors import IRError, ModelError, PassError, UnsupportedOpsError, UserError
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph
+from onebuild.graph_ir.passes import run_passes, run_preset
+from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.graph_ir.verify import verify
+
+
+def ort_run(proto, feeds):
+    session = ort.InferenceSession(proto.SerializeToString())
+    return session.run(None, feeds)[0]
+
+
+def test_shape_subgraph_folds_and_o1_fuses(rng):
+    proto = conv_bn_relu_model(rng)
+    model = import_onnx(proto)
+    ops = [n.op for n in model.main.nodes]
+    # Shape -> Gather -> Unsqueeze -> Concat folded away while importing.
+    assert ops == ["Conv", "BatchNormalization", "Relu", "Dropout", "Reshape", "Gemm", "Clip"]
+    x = rng.random((1, 3, 8, 8), dtype=np.float32)
+    want = ort_run(proto, {"x": x})
+    records = run_preset(model)
+    assert [n.op for n in model.main.nodes] == ["Conv", "Reshape", "Gemm"]
+    conv, _, gemm = model.main.nodes
+    assert conv.attrs["clip"] == [0.0, float("inf")] and gemm.attrs["clip"] == [0.0, 6.0]
+    assert {r.name for r in records if r.modified} >= {
+        "remove_identities", "fold_batchnorm", "fuse_activations", "eliminate_dead_code"
+    }
+    got = Interpreter(model.main).run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert model.main.outputs[0].name == "y"
+
+
+def test_input_shapes_override_fixes_dynamic_batch(rng):
+    proto = conv_bn_relu_model(rng, dynamic_batch=True)
+    model = import_onnx(proto, input_shapes={"x": [3, 3, 8, 8]})
+    assert model.main.outputs[0].shape == (3, 10)
+    x = rng.random((3, 3, 8, 8), dtype=np.float32)
+    got = Interpreter(model.main).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ort_run(proto, {"x": x}), rtol=1e-5, atol=1e-6)
+
+
+def test_input_shapes_errors(rng):
+    proto = conv_bn_relu_model(rng, dynamic_batch=True)
+    with pytest.raises(UserError, match="no input 'inp'"):
+        import_onnx(proto, input_shapes={"inp": [1, 3, 8, 8]})
+    with pytest.raises(UserError, match="axis 1 to 5"):
+        import_onnx(proto, input_shapes={"x": [1, 5, 8, 8]})
+
+
+def test_dynamic_non_batch_dim_needs_input_shapes():
+    proto = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, "H"])], ["y"])
+    with pytest.raises(ModelError, match="dynamic dim 'H' on axis 1.*input_shapes"):
+        import_onnx(proto)
+    assert import_onnx(proto, input_shapes={"x": [1, 7]}).main.outputs[0].shape == (1, 7)
+
+
+def test_unsupported_ops_are_all_listed():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok"),
+        helper.make_node("Einsum", ["a"], ["b"], equation="ij->ji", name="e1"),
+        helper.make_node("NonZero", ["b"], ["c"], name="nz"),
+        helper.make_node("Einsum", ["c"], ["y"], equation="ij->ji", name="e2"),
+    ]
+    proto = make_model(nodes, [("x", [2, 2])], ["y"])
+    with pytest.raises(UnsupportedOpsError) as error:
+        import_onnx(proto, "m.onnx")
+    message = str(error.value)
+    assert "Einsum, NonZero" in message
+    assert all(f"node '{n}'" in message for n in ("e1", "nz", "e2"))
+    assert "\n" not in message
+
+
+def test_shape_mismatch_names_the_node():
+    nodes = [helper.make_node("Add", ["x", "z"], ["y"], name="bad_add")]
+    proto = make_model(nodes, [("x", [2, 3]), ("z", [4])], ["y"])
+    with pytest.raises(ModelError, match="node 'bad_add' \\(Add\\).*do not broadcast"):
+        import_onnx(proto)
+
+
+def test_observer_sees_every_value(rng):
+    model = import_onnx(conv_bn_relu_model(rng))
+    seen = {}
+    Interpreter(model.main, observer=lambda v, a: seen.setdefault(v.name, a.shape)).run(
+        {"x": rng.random((1, 3, 8, 8), dtype=np.float32)}
+    )
+    expected = {v.name for v in model.main.inputs} | {
+        v.name for n in model.main.nodes for v in n.outputs
+    }
+    assert set(seen) == expected
+
+
+def test_execution_errors_name_the_node():
+    graph = Graph()
+    x = graph.add_input("x", np.float32, (2,))
+    idx = graph.add_constant(np.array([5]), "idx")
+    graph.outputs = [graph.make_node("Gather", [x, idx], {"axis": 0}, name="g").output]
+    with pytest.raises(Exception, match="while executing node 'g' \\(Gather\\)"):
+        Interpreter(graph).run({"x": np.zeros(2, np.float32)})
+
+
+def test_use_lists_are_maintained_and_verify_catches_breakage():
+    graph = Graph()
+    x = graph.add_input("x", np.float32, (2, 3))
+    a = graph.make_node("Relu", [x], name="a").output
+    b = graph.make_node("Neg", [a], name="b").output
+    graph.outputs = [b]
+    assert [n.name for n, _ in a.uses] == ["b"]
+    with pytest.raises(IRError, match="read by b"):
+        graph.remove(a.producer)
+    c = graph.make_node("Abs", [x], name="c").output
+    a.replace_all_uses_with(c)
+    assert not a.uses and [n.name for n, _ in c.uses] == ["b"]
+    with pytest.raises(IRError, match="node 'b' \\(Neg\\): input 0 'c' is used before"):
+        verify(graph)  # c is defined after b
+    graph.sort()
+    verify(graph)
+    b.shape = (3, 2)
+    with pytest.raises(IRError, match="node 'b' \\(Neg\\).*declared float32\\[3, 2\\]"):
+        verify(graph)
+
+
+def test_cycles_are_detected():
+    graph = Graph()
+    x = graph.add_input("x", np.float32, (2,))
+    first = graph.make_node("Add", [x, x], name="first")
+    second = graph.make_node("Relu", [first.output], name="second")
+    first.set_input(1, second.output)
+    with pytest.raises(IRError, match="cycle"):
+        graph.sort()
+
+
+def test_pass_manager_rejects_misreporting_pass(monkeypatch):
+    from onebuild.graph_ir.passes import manager
+
+    def sneaky(graph):
+        graph.nodes[0].attrs["alpha"] = 0.5
+        return False
+
+    monkeypatch.setitem(manager.PASSES, "sneaky", sneaky)
+    graph = Graph()
+    x = graph.add_input("x", np.float32, (2,))
+    graph.outputs = [graph.make_node("LeakyRelu", [x], {"alpha": 0.1}).output]
+    from onebuild.graph_ir.ir import Model
+
+    with pytest.raises(PassError, match="pass 'sneaky'.*passes run before: remove_identities"):
+        run_passes(Model([graph]), ["remove_identities", "sneaky"])
