@@ -57,7 +57,11 @@ def summarize(model: Model) -> dict:
     graph = model.main
 
     def entry(value):
-        return {"name": value.name, "dtype": dtypes.name_of(value.dtype), "shape": list(value.shape)}
+        return {
+            "name": value.name,
+            "dtype": dtypes.name_of(value.dtype),
+            "shape": list(value.shape),
+        }
 
     params = sum(v.size for v in graph.constants.values() if np.issubdtype(v.dtype, np.floating))
     return {
@@ -83,7 +87,10 @@ def cmd_inspect(args) -> int:
     print(f"ops ({info['nodes']} nodes):")
     for op, count in sorted(info["ops"].items(), key=lambda item: (-item[1], item[0])):
         print(f"  {op:<20} {count}")
-    print(f"parameters: {info['parameters']:,} ({info['constant_bytes'] / 2**20:.1f} MiB of constants)")
+    print(
+        f"parameters: {info['parameters']:,} "
+        f"({info['constant_bytes'] / 2**20:.1f} MiB of constants)"
+    )
     return 0
 
 
@@ -107,8 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     def model_command(name: str, help_text: str):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("model", help="an .onnx model or an onebuild IR file")
-        p.add_argument("--input-shape", action="append", type=_shape_option, metavar="NAME=DIMS",
-                       help="fix the dims of an ONNX input, e.g. input=1,3,224,224 (repeatable)")
+        p.add_argument(
+            "--input-shape",
+            action="append",
+            type=_shape_option,
+            metavar="NAME=DIMS",
+            help="fix the dims of an ONNX input, e.g. input=1,3,224,224 (repeatable)",
+        )
         return p
 
     p = model_command("run", "run a model on a batch of inputs")
@@ -122,19 +134,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = model_command("import", "import an ONNX model (optionally optimized) into an IR file")
     p.add_argument("-o", "--output", required=True, help="IR file to write")
-    p.add_argument("-O", "--optimize", default="O1", choices=sorted(PRESETS),
-                   help="optimization preset (default O1)")
+    p.add_argument(
+        "-O",
+        "--optimize",
+        default="O1",
+        choices=sorted(PRESETS),
+        help="optimization preset (default O1)",
+    )
     p.set_defaults(func=cmd_import)
     return parser
 
 
+class _LowercaseLevelFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        record.levelname = record.levelname.lower()
+        return super().format(record)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="onebuild: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LowercaseLevelFormatter("onebuild: %(levelname)s: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
         return args.func(args)
     except OneBuildError as error:
@@ -150,4 +172,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

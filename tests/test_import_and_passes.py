@@ -30,7 +30,10 @@ def test_shape_subgraph_folds_and_o1_fuses(rng):
     conv, _, gemm = model.main.nodes
     assert conv.attrs["clip"] == [0.0, float("inf")] and gemm.attrs["clip"] == [0.0, 6.0]
     assert {r.name for r in records if r.modified} >= {
-        "remove_identities", "fold_batchnorm", "fuse_activations", "eliminate_dead_code"
+        "remove_identities",
+        "fold_batchnorm",
+        "fuse_activations",
+        "eliminate_dead_code",
     }
     got = Interpreter(model.main).run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -151,3 +154,58 @@ def test_pass_manager_rejects_misreporting_pass(monkeypatch):
 
     with pytest.raises(PassError, match="pass 'sneaky'.*passes run before: remove_identities"):
         run_passes(Model([graph]), ["remove_identities", "sneaky"])
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21])
+def test_opsets_11_to_21(rng, opset):
+    """The same network converted to each opset imports and matches onnxruntime."""
+    from onnx import version_converter
+
+    base = conv_bn_relu_model(rng, opset=10)
+    nodes = [
+        helper.make_node("Softmax", ["y"], ["p"], axis=1),
+        helper.make_node("ReduceMean", ["p"], ["q"], axes=[1], keepdims=1),
+        helper.make_node("Split", ["y"], ["s1", "s2"], axis=1, split=[4, 6]),
+        helper.make_node("Pad", ["s1"], ["padded"], pads=[0, 1, 0, 1], mode="constant"),
+        helper.make_node("Squeeze", ["q"], ["sq"], axes=[1]),
+    ]
+    graph = base.graph
+    graph.node.extend(nodes)
+    del graph.output[:]
+    for name in ("p", "sq", "s2", "padded"):
+        graph.output.append(helper.make_empty_tensor_value_info(name))
+    base = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    proto = version_converter.convert_version(base, opset)
+    proto.ir_version = 8
+    model = import_onnx(proto)
+    x = rng.random((1, 3, 8, 8), dtype=np.float32)
+    session = ort.InferenceSession(proto.SerializeToString())
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
+    for graph_model in (model, None):
+        if graph_model is None:
+            run_preset(model)
+        got = Interpreter(model.main).run({"x": x})
+        for name, want in expected.items():
+            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_multiple_subgraphs_round_trip(tmp_path, rng):
+    from onebuild.graph_ir.ir import Model
+    from onebuild.graph_ir.serde import load_ir, save_ir
+
+    graphs = []
+    for index in range(2):
+        graph = Graph(f"g{index}")
+        x = graph.add_input("x", np.float32, (2, 3))
+        w = graph.add_constant(rng.random((3, 4), dtype=np.float32), "w")
+        graph.outputs = [graph.make_node("MatMul", [x, w], name="mm").output]
+        graphs.append(graph)
+    path = tmp_path / "two.obir"
+    save_ir(Model(graphs), path)
+    loaded = load_ir(path)
+    assert [g.name for g in loaded.graphs] == ["g0", "g1"]
+    x = rng.random((2, 3), dtype=np.float32)
+    for original, copy in zip(graphs, loaded.graphs):
+        np.testing.assert_array_equal(
+            Interpreter(copy).run({"x": x})["mm"], Interpreter(original).run({"x": x})["mm"]
+        )

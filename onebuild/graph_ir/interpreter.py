@@ -31,9 +31,7 @@ def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray], batched: bool) ->
             shape = None
         if shape != value.shape:
             want = f"[N, {', '.join(map(str, value.shape))}]" if batched else list(value.shape)
-            raise UserError(
-                f"input '{value.name}' has shape {list(array.shape)}, expected {want}"
-            )
+            raise UserError(f"input '{value.name}' has shape {list(array.shape)}, expected {want}")
         if not np.can_cast(array.dtype, value.dtype, "same_kind"):
             raise UserError(f"input '{value.name}' has dtype {array.dtype}, expected {value.dtype}")
 

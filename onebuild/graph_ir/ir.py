@@ -209,7 +209,9 @@ class Graph:
             raise IRError(f"unknown IR op '{op}'")
         for value in inputs:
             if value is not None and value.graph is not self:
-                raise IRError(f"input '{value.name}' of new {op} node is not in graph '{self.name}'")
+                raise IRError(
+                    f"input '{value.name}' of new {op} node is not in graph '{self.name}'"
+                )
         types = opdef.infer(attrs, [None if v is None else v.type for v in inputs])
         base = name or op.lower()
         names = list(output_names or [f"{base}_out{i}" if i else base for i in range(len(types))])
@@ -272,7 +274,9 @@ class Graph:
                     heapq.heappush(ready, (position[id(user)], user))
         if len(order) != len(self.nodes):
             stuck = next(n for n in self.nodes if pending[id(n)] > 0)
-            raise IRError(f"graph '{self.name}' has a cycle through node '{stuck.name}' ({stuck.op})")
+            raise IRError(
+                f"graph '{self.name}' has a cycle through node '{stuck.name}' ({stuck.op})"
+            )
         self.nodes = order
 
     # -- queries -----------------------------------------------------------------------------

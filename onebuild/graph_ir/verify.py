@@ -31,7 +31,9 @@ def verify(graph: Graph) -> None:
             if value is None:
                 continue
             if id(value) not in defined:
-                where = "is used before it is defined" if value.graph is graph else "is not in graph"
+                where = (
+                    "is used before it is defined" if value.graph is graph else "is not in graph"
+                )
                 raise _fail(node, f"input {index} '{value.name}' {where}")
             expected_uses.setdefault(id(value), []).append((id(node), index))
         try:
@@ -54,9 +56,9 @@ def verify(graph: Graph) -> None:
     duplicates = [name for name, count in names.items() if count > 1]
     if duplicates:
         raise IRError(f"graph '{graph.name}' has duplicate value names: {', '.join(duplicates)}")
-    for value in graph.inputs + list(graph.constants.values()) + [
-        v for n in graph.nodes for v in n.outputs
-    ]:
+    for value in (
+        graph.inputs + list(graph.constants.values()) + [v for n in graph.nodes for v in n.outputs]
+    ):
         actual = sorted((id(n), i) for n, i in value.uses)
         if actual != sorted(expected_uses.get(id(value), [])):
             raise IRError(f"value '{value.name}' has a use list that does not match its readers")

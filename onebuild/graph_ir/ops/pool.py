@@ -41,9 +41,11 @@ def _padded_windows(attrs: Attrs, x: np.ndarray, value) -> tuple[np.ndarray, tup
     out = pool_output_shape(attrs, x.shape[2:])
     pads = list(attrs["pads"])
     for i in range(nd):
-        needed = (out[i] - 1) * attrs["strides"][i] + attrs["dilations"][i] * (
-            attrs["kernel_shape"][i] - 1
-        ) + 1
+        needed = (
+            (out[i] - 1) * attrs["strides"][i]
+            + attrs["dilations"][i] * (attrs["kernel_shape"][i] - 1)
+            + 1
+        )
         pads[i + nd] += max(0, needed - (x.shape[2 + i] + pads[i] + pads[i + nd]))
     xp = pad_spatial(x, pads, value)
     view = window_view(xp, tuple(attrs["kernel_shape"]), attrs["strides"], attrs["dilations"])
@@ -81,8 +83,9 @@ def average_pool(attrs, x):
     else:
         region = tuple(slice(pads[i], pads[i] + x.shape[2 + i]) for i in range(nd))
     counted[(0, 0, *region)] = 1
-    count_view = window_view(counted, tuple(attrs["kernel_shape"]), attrs["strides"],
-                             attrs["dilations"])
+    count_view = window_view(
+        counted, tuple(attrs["kernel_shape"]), attrs["strides"], attrs["dilations"]
+    )
     count_view = count_view[(slice(None), slice(None), *(slice(0, s) for s in total.shape[2:]))]
     counts = _reduce_windows(count_view, nd, np.add)
     return (total / counts).astype(x.dtype, copy=False)

@@ -44,9 +44,7 @@ def _split_type(attrs: Attrs, types) -> list[TensorType]:
     x, axis = types[0], attrs["axis"]
     if sum(attrs["split"]) != x.shape[axis]:
         raise ValueError(f"split sizes {attrs['split']} do not add up to {x.shape[axis]}")
-    return [
-        TensorType(x.dtype, (*x.shape[:axis], n, *x.shape[axis + 1 :])) for n in attrs["split"]
-    ]
+    return [TensorType(x.dtype, (*x.shape[:axis], n, *x.shape[axis + 1 :])) for n in attrs["split"]]
 
 
 @register("Split", _split_type)
@@ -56,7 +54,9 @@ def split(attrs, x):
 
 
 def _slices(attrs: Attrs) -> tuple[slice, ...]:
-    return tuple(slice(s, e, st) for s, e, st in zip(attrs["starts"], attrs["ends"], attrs["steps"]))
+    return tuple(
+        slice(s, e, st) for s, e, st in zip(attrs["starts"], attrs["ends"], attrs["steps"])
+    )
 
 
 def _slice_type(attrs: Attrs, types) -> list[TensorType]:
@@ -87,9 +87,7 @@ def pad(attrs, x):
         y = np.pad(x, grow, constant_values=np.asarray(attrs.get("value", 0)).astype(x.dtype))
     else:
         y = np.pad(x, grow, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
-    crop = tuple(
-        slice(-min(pads[i], 0), y.shape[i] + min(pads[i + rank], 0)) for i in range(rank)
-    )
+    crop = tuple(slice(-min(pads[i], 0), y.shape[i] + min(pads[i + rank], 0)) for i in range(rank))
     return np.ascontiguousarray(y[crop])
 
 
@@ -195,4 +193,3 @@ def dropout(attrs, x):
     if attrs.get("mask"):
         return x, np.ones(x.shape, dtype=np.bool_)
     return x
-

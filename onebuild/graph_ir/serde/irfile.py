@@ -87,8 +87,12 @@ def describe(model: Model) -> tuple[dict, list[tuple[int, Value]]]:
                 "nodes": nodes,
             }
         )
-    header = {"format": "onebuild-ir", "version": FORMAT_VERSION, "metadata": model.metadata,
-              "graphs": graphs}
+    header = {
+        "format": "onebuild-ir",
+        "version": FORMAT_VERSION,
+        "metadata": model.metadata,
+        "graphs": graphs,
+    }
     return header, layout
 
 
@@ -134,7 +138,9 @@ def load_ir(path: str | os.PathLike) -> Model:
     if magic != MAGIC:
         raise FormatError(f"{path}: not an onebuild IR file (bad magic)")
     if version != FORMAT_VERSION:
-        raise FormatError(f"{path}: IR format version {version}; this onebuild reads {FORMAT_VERSION}")
+        raise FormatError(
+            f"{path}: IR format version {version}; this onebuild reads {FORMAT_VERSION}"
+        )
     body = data_offset + data_length
     if data_offset < _FIXED.size + text_len or body + DIGEST != size:
         raise FormatError(

@@ -9,8 +9,15 @@ import onnx
 from onnx import numpy_helper
 
 LIGHT_MODELS = (
-    "resnet50", "squeezenet", "shufflenet", "inception_v1", "inception_v2",
-    "densenet121", "vgg19", "bvlc_alexnet", "zfnet512",
+    "resnet50",
+    "squeezenet",
+    "shufflenet",
+    "inception_v1",
+    "inception_v2",
+    "densenet121",
+    "vgg19",
+    "bvlc_alexnet",
+    "zfnet512",
 )
 
 

@@ -45,7 +45,7 @@ def load_onnx(
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError, OSError) as error:
         raise ModelError(f"{path}: not a valid ONNX model ({error})") from None
-    if not proto.HasField("graph") or not proto.graph.node and not proto.graph.output:
+    if not proto.HasField("graph") or not (proto.graph.node or proto.graph.output):
         raise ModelError(f"{path}: not a valid ONNX model (no graph)")
     return import_onnx(proto, str(path), input_shapes, input_values, base_dir=path.parent)
 
@@ -119,10 +119,14 @@ class _GraphImporter:
         unsupported = []
         for i, node in enumerate(nodes):
             if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
-                op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+                op = (
+                    node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+                )
                 unsupported.append((op, node.name or f"#{i}"))
-            elif any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                     for a in node.attribute):
+            elif any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in node.attribute
+            ):
                 unsupported.append((f"{node.op_type} with subgraphs", node.name or f"#{i}"))
         if unsupported:
             raise UnsupportedOpsError(self.source, unsupported)
@@ -174,8 +178,9 @@ class _GraphImporter:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 shape.append(dim.dim_value)
             elif axis == 0:
-                log.warning("input '%s': dynamic batch dim set to 1 (use input_shapes to change)",
-                            info.name)
+                log.warning(
+                    "input '%s': dynamic batch dim set to 1 (use input_shapes to change)", info.name
+                )
                 shape.append(1)
             else:
                 label = dim.dim_param or "?"
@@ -192,8 +197,9 @@ class _GraphImporter:
                 raise ModelError(f"{self.source}: graph output '{info.name}' is never produced")
             if value.name != info.name or value in self.graph.outputs or value.producer is None:
                 # A graph input, constant or alias: give the output its own named value.
-                node = self.graph.make_node("Identity", [value], name=info.name,
-                                            output_names=[info.name])
+                node = self.graph.make_node(
+                    "Identity", [value], name=info.name, output_names=[info.name]
+                )
                 value = node.output
             self.graph.outputs.append(value)
 
@@ -218,7 +224,7 @@ class _GraphImporter:
     def _external_tensor(self, proto: onnx.TensorProto, dtype: np.dtype) -> Tensor:
         info = {entry.key: entry.value for entry in proto.external_data}
         location = info.get("location", "")
-        base = (self.base_dir or Path.cwd()).resolve()
+        base = Path(self.base_dir or Path.cwd()).resolve()
         path = (base / location).resolve()
         if not location or base not in path.parents or not path.is_file():
             raise ModelError(
@@ -335,7 +341,9 @@ class NodeContext:
         self._created.add(id(value))
         return value
 
-    def emit(self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None) -> list[Value]:
+    def emit(
+        self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None
+    ) -> list[Value]:
         """Add an IR node, or evaluate it at once when all its inputs are constants."""
         attrs = dict(attrs or {})
         present = [v for v in inputs if v is not None]

@@ -35,9 +35,31 @@ def _onnx_type_name(ctx, elem_type: int) -> str:
 
 # -- pass-through and elementwise --------------------------------------------------------------
 SIMPLE = [
-    "Abs", "Neg", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Reciprocal", "Relu", "Sigmoid", "Tanh",
-    "HardSwish", "Not", "Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "Less", "Greater",
-    "Where", "MatMul", "Identity",
+    "Abs",
+    "Neg",
+    "Sqrt",
+    "Exp",
+    "Log",
+    "Floor",
+    "Ceil",
+    "Reciprocal",
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "HardSwish",
+    "Not",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "PRelu",
+    "Equal",
+    "Less",
+    "Greater",
+    "Where",
+    "MatMul",
+    "Identity",
 ]
 
 
@@ -104,15 +126,21 @@ def softmax(ctx):
 
 @converter("Cast")
 def cast(ctx):
-    attrs = {"to": _onnx_type_name(ctx, ctx.attr("to")), "saturate": int(ctx.attr("saturate", 1)),
-             "round_mode": ctx.attr("round_mode", "up")}
+    attrs = {
+        "to": _onnx_type_name(ctx, ctx.attr("to")),
+        "saturate": int(ctx.attr("saturate", 1)),
+        "round_mode": ctx.attr("round_mode", "up"),
+    }
     return ctx.emit("Cast", ctx.inputs, attrs)
 
 
 @converter("CastLike")
 def cast_like(ctx):
-    attrs = {"to": dtypes.name_of(ctx.inputs[1].dtype), "saturate": int(ctx.attr("saturate", 1)),
-             "round_mode": ctx.attr("round_mode", "up")}
+    attrs = {
+        "to": dtypes.name_of(ctx.inputs[1].dtype),
+        "saturate": int(ctx.attr("saturate", 1)),
+        "round_mode": ctx.attr("round_mode", "up"),
+    }
     return ctx.emit("Cast", ctx.inputs[:1], attrs)
 
 
@@ -181,7 +209,9 @@ def _spatial(ctx, in_shape, kernel, transposed=False):
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER") and not transposed:
         for i in range(nd):
             out = math.ceil(in_shape[i] / strides[i])
-            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_shape[i])
+            total = max(
+                0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_shape[i]
+            )
             small, large = total // 2, total - total // 2
             pads[i], pads[i + nd] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
     elif auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER"):
@@ -194,8 +224,12 @@ def conv(ctx):
     x, w = ctx.inputs[0], ctx.inputs[1]
     kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
-    attrs = {"strides": strides, "dilations": dilations, "pads": pads,
-             "group": int(ctx.attr("group", 1))}
+    attrs = {
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "group": int(ctx.attr("group", 1)),
+    }
     return ctx.emit("Conv", [x, w, ctx.input(2)], attrs)
 
 
@@ -213,8 +247,13 @@ def conv_transpose(ctx):
     if output_shape is not None:
         output_shape = list(output_shape)[-nd:]
         for i in range(nd):
-            total = (strides[i] * (x.shape[2 + i] - 1) + output_padding[i]
-                     + (kernel[i] - 1) * dilations[i] + 1 - output_shape[i])
+            total = (
+                strides[i] * (x.shape[2 + i] - 1)
+                + output_padding[i]
+                + (kernel[i] - 1) * dilations[i]
+                + 1
+                - output_shape[i]
+            )
             if total < 0:
                 output_padding[i] -= total
                 total = 0
@@ -223,16 +262,26 @@ def conv_transpose(ctx):
                 pads[i], pads[i + nd] = half, total - half
             else:
                 pads[i], pads[i + nd] = total - half, half
-    attrs = {"strides": strides, "dilations": dilations, "pads": pads,
-             "group": int(ctx.attr("group", 1)), "output_padding": output_padding}
+    attrs = {
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "group": int(ctx.attr("group", 1)),
+        "output_padding": output_padding,
+    }
     return ctx.emit("ConvTranspose", [x, w, ctx.input(2)], attrs)
 
 
 def _pool_attrs(ctx, x):
     kernel = list(ctx.attr("kernel_shape"))
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
-    return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads,
-            "ceil_mode": int(ctx.attr("ceil_mode", 0))}
+    return {
+        "kernel_shape": kernel,
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "ceil_mode": int(ctx.attr("ceil_mode", 0)),
+    }
 
 
 @converter("MaxPool")
@@ -258,26 +307,35 @@ def global_pool(ctx):
 
 @converter("Gemm")
 def gemm(ctx):
-    attrs = {"alpha": float(ctx.attr("alpha", 1.0)), "beta": float(ctx.attr("beta", 1.0)),
-             "transA": int(ctx.attr("transA", 0)), "transB": int(ctx.attr("transB", 0))}
+    attrs = {
+        "alpha": float(ctx.attr("alpha", 1.0)),
+        "beta": float(ctx.attr("beta", 1.0)),
+        "transA": int(ctx.attr("transA", 0)),
+        "transB": int(ctx.attr("transB", 0)),
+    }
     return ctx.emit("Gemm", [ctx.inputs[0], ctx.inputs[1], ctx.input(2)], attrs)
 
 
 # -- normalization -----------------------------------------------------------------------------
 @converter("BatchNormalization")
 def batch_normalization(ctx):
-    if ctx.attr("training_mode", 0) or ctx.num_outputs > 1 and any(ctx.node.output[1:]):
+    if ctx.attr("training_mode", 0) or any(ctx.node.output[1:]):
         raise ctx.fail("training-mode BatchNormalization is not supported")
     if ctx.opset < 9 and not ctx.attr("spatial", 1):
         raise ctx.fail("BatchNormalization with spatial=0 is not supported")
-    return ctx.emit("BatchNormalization", ctx.inputs[:5],
-                    {"epsilon": float(ctx.attr("epsilon", 1e-5))})
+    return ctx.emit(
+        "BatchNormalization", ctx.inputs[:5], {"epsilon": float(ctx.attr("epsilon", 1e-5))}
+    )
 
 
 @converter("LRN")
 def lrn(ctx):
-    attrs = {"size": int(ctx.attr("size")), "alpha": float(ctx.attr("alpha", 1e-4)),
-             "beta": float(ctx.attr("beta", 0.75)), "bias": float(ctx.attr("bias", 1.0))}
+    attrs = {
+        "size": int(ctx.attr("size")),
+        "alpha": float(ctx.attr("alpha", 1e-4)),
+        "beta": float(ctx.attr("beta", 0.75)),
+        "bias": float(ctx.attr("bias", 1.0)),
+    }
     return ctx.emit("LRN", ctx.inputs, attrs)
 
 
@@ -385,7 +443,9 @@ def slice_(ctx):
     else:
         starts, ends = ctx.const(1, "starts"), ctx.const(2, "ends")
         axes, steps = ctx.const(3, "axes"), ctx.const(4, "steps")
-    axes = list(range(len(starts))) if axes is None else [normalize_axis(int(a), rank) for a in axes]
+    axes = (
+        list(range(len(starts))) if axes is None else [normalize_axis(int(a), rank) for a in axes]
+    )
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
     canon_start, canon_end, canon_step = [0] * rank, list(x.shape), [1] * rank
     for axis, start, end, step in zip(axes, starts, ends, steps):
@@ -473,9 +533,11 @@ def reduce(ctx):
 @converter("ArgMax")
 def arg_max(ctx):
     x = ctx.inputs[0]
-    attrs = {"axes": [normalize_axis(ctx.attr("axis", 0), len(x.shape))],
-             "keepdims": int(ctx.attr("keepdims", 1)),
-             "select_last_index": int(ctx.attr("select_last_index", 0))}
+    attrs = {
+        "axes": [normalize_axis(ctx.attr("axis", 0), len(x.shape))],
+        "keepdims": int(ctx.attr("keepdims", 1)),
+        "select_last_index": int(ctx.attr("select_last_index", 0)),
+    }
     return ctx.emit("ArgMax", [x], attrs)
 
 
@@ -499,7 +561,7 @@ def resize(ctx):
         if policy != "stretch":
             pick = min if policy == "not_larger" else max
             scale = pick(s / d for s, d in zip(sizes, in_dims))
-            sizes = [int(round(scale * d)) for d in in_dims]
+            sizes = [round(scale * d) for d in in_dims]
             part_scales = [scale] * len(axes)
         else:
             part_scales = [s / d for s, d in zip(sizes, in_dims)]
@@ -509,7 +571,7 @@ def resize(ctx):
         spans = [1.0] * len(axes)
         if coord == "tf_crop_and_resize" and roi is not None:
             spans = [float(roi[i + len(axes)] - roi[i]) for i in range(len(axes))]
-        sizes = [int(math.floor(d * s * span)) for d, s, span in zip(in_dims, part_scales, spans)]
+        sizes = [math.floor(d * s * span) for d, s, span in zip(in_dims, part_scales, spans)]
     else:
         raise ctx.fail("Resize needs scales or sizes")
     full_sizes, full_scales = list(x.shape), [1.0] * rank
@@ -522,9 +584,13 @@ def resize(ctx):
             full_roi[axis], full_roi[axis + rank] = float(roi[i]), float(roi[i + len(axes)])
     mode = ctx.attr("mode", "nearest")
     attrs = {
-        "sizes": full_sizes, "scales": full_scales, "roi": full_roi, "mode": mode,
-        "coordinate_transformation_mode": "asymmetric" if legacy else ctx.attr(
-            "coordinate_transformation_mode", "half_pixel"),
+        "sizes": full_sizes,
+        "scales": full_scales,
+        "roi": full_roi,
+        "mode": mode,
+        "coordinate_transformation_mode": "asymmetric"
+        if legacy
+        else ctx.attr("coordinate_transformation_mode", "half_pixel"),
         "nearest_mode": "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor"),
         "cubic_coeff_a": float(ctx.attr("cubic_coeff_a", -0.75)),
         "exclude_outside": int(ctx.attr("exclude_outside", 0)),
@@ -534,4 +600,3 @@ def resize(ctx):
     if mode not in ("nearest", "linear", "cubic"):
         raise ctx.fail(f"unknown resize mode '{mode}'")
     return ctx.emit("Resize", [x], attrs)
-

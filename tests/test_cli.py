@@ -1,0 +1,134 @@
+"""The command line, run as a user would: real files, exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx_builders import conv_bn_relu_model, make_model
+
+from onebuild.graph_ir.serde.model_zoo import light_model_path
+from onebuild.npz import read_npz, write_npz
+
+
+def onebuild(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def model_file(tmp_path, rng):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu_model(rng, dynamic_batch=True), path)
+    return path
+
+
+def test_run_batch_matches_python_api(model_file, tmp_path, rng):
+    inputs = tmp_path / "in.npz"
+    x = rng.random((5, 1, 3, 8, 8), dtype=np.float32)
+    write_npz(inputs, {"x": x})
+    result = onebuild("run", model_file, "-i", inputs, "-o", tmp_path / "out.npz")
+    assert result.returncode == 0, result.stderr
+    out = read_npz(tmp_path / "out.npz")["y"]
+    assert out.shape == (5, 1, 10)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_file))
+    for i in range(5):
+        np.testing.assert_allclose(out[i], session.run(None, {"x": x[i]})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_run_ir_file_and_output_is_deterministic(model_file, tmp_path, rng):
+    ir = tmp_path / "m.obir"
+    assert onebuild("import", model_file, "-o", ir).returncode == 0
+    write_npz(tmp_path / "in.npz", {"x": rng.random((2, 1, 3, 8, 8), dtype=np.float32)})
+    for name in ("a.npz", "b.npz"):
+        assert onebuild("run", ir, "-i", tmp_path / "in.npz", "-o", tmp_path / name).returncode == 0
+    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+
+
+def test_inspect_json(tmp_path):
+    result = onebuild("inspect", light_model_path("squeezenet"), "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["inputs"] == [{"name": "data_0", "dtype": "float32", "shape": [1, 3, 224, 224]}]
+    assert info["ops"]["Conv"] == 26 and info["parameters"] == 1235496
+
+
+def test_inspect_text():
+    result = onebuild("inspect", light_model_path("resnet50"))
+    assert result.returncode == 0
+    assert "gpu_0/data_0: float32[1, 3, 224, 224]" in result.stdout
+    assert "BatchNormalization" in result.stdout and "parameters:" in result.stdout
+
+
+def _assert_user_error(result, *fragments):
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if "warning:" not in line]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_bad_inputs_give_one_line_errors(model_file, tmp_path, rng):
+    good = tmp_path / "in.npz"
+    write_npz(good, {"x": rng.random((2, 1, 3, 8, 8), dtype=np.float32)})
+    out = tmp_path / "out.npz"
+
+    _assert_user_error(
+        onebuild("run", tmp_path / "nope.onnx", "-i", good, "-o", out), "nope.onnx", "no such file"
+    )
+    (tmp_path / "text.onnx").write_text("this is not a model")
+    _assert_user_error(
+        onebuild("run", tmp_path / "text.onnx", "-i", good, "-o", out),
+        "text.onnx",
+        "not a valid ONNX model",
+    )
+    data = model_file.read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(data[: len(data) // 2])
+    _assert_user_error(onebuild("inspect", tmp_path / "cut.onnx"), "cut.onnx")
+
+    unsupported = make_model(
+        [
+            onnx.helper.make_node("Einsum", ["x"], ["a"], equation="ij->ji", name="e"),
+            onnx.helper.make_node("NonZero", ["a"], ["y"], name="nz"),
+        ],
+        [("x", [2, 2])],
+        ["y"],
+    )
+    onnx.save(unsupported, tmp_path / "unsup.onnx")
+    _assert_user_error(
+        onebuild("inspect", tmp_path / "unsup.onnx"), "Einsum", "NonZero", "node 'e'", "node 'nz'"
+    )
+
+    write_npz(tmp_path / "missing.npz", {"z": np.zeros((2, 1, 3, 8, 8), np.float32)})
+    _assert_user_error(
+        onebuild("run", model_file, "-i", tmp_path / "missing.npz", "-o", out),
+        "missing.npz",
+        "missing input 'x'",
+    )
+    write_npz(tmp_path / "shape.npz", {"x": np.zeros((2, 1, 3, 9, 8), np.float32)})
+    _assert_user_error(
+        onebuild("run", model_file, "-i", tmp_path / "shape.npz", "-o", out),
+        "shape.npz",
+        "input 'x' has shape [2, 1, 3, 9, 8]",
+        "[N, 1, 3, 8, 8]",
+    )
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object))
+    (tmp_path / "obj.npz").write_bytes((tmp_path / "obj.npy").read_bytes())
+    _assert_user_error(
+        onebuild("run", model_file, "-i", tmp_path / "obj.npz", "-o", out), "obj.npz"
+    )
+    assert not out.exists()
+
+
+def test_bad_option_exits_2(model_file):
+    result = onebuild("inspect", model_file, "--input-shape", "x:1,2")
+    assert result.returncode == 2 and "NAME=D0,D1" in result.stderr
