@@ -1,7 +1,7 @@
 """Write one of onnx's light architectures with seeded random weights, plus a batch of inputs.
 
-    python examples/light_model.py resnet50 out/
-    onebuild run out/resnet50.onnx -i out/resnet50_inputs.npz -o out/resnet50_outputs.npz
+python examples/light_model.py resnet50 out/
+onebuild run out/resnet50.onnx -i out/resnet50_inputs.npz -o out/resnet50_outputs.npz
 """
 
 import argparse
