@@ -3,9 +3,9 @@
 Speed: ms per inference (median of repeated runs, same inputs, same process) of onebuild's
 reference interpreter (after O1) and of onnxruntime (default CPU session), on the light ResNet50
 and SqueezeNet graphs with seeded random weights, and their ratio.
-Memory: vgg19 (143.7 M float32 parameters, 575 MB) is saved as an ONNX file with external data
-(the layout large models ship in), then imported and run in a fresh subprocess; peak RSS is
-compared with the weight bytes.
+Memory: vgg19 (143.7 M float32 parameters, 575 MB) is saved as an ONNX file, once with external
+data (the layout large models ship in; weights are memory-mapped) and once embedded, then imported
+and run in a fresh subprocess; peak RSS is compared with the weight bytes.
 """
 
 import json
@@ -49,12 +49,17 @@ def speed(name: str, repeats: int) -> dict:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(proto.SerializeToString(), options)
+    options.intra_op_num_threads = 1
+    single = ort.InferenceSession(proto.SerializeToString(), options)
     ours = median_ms(lambda: interpreter.run(feeds), repeats)
     theirs = median_ms(lambda: session.run(None, feeds), repeats)
+    theirs_single = median_ms(lambda: single.run(None, feeds), repeats)
     return {
         "onebuild_ms": round(ours, 2),
         "onnxruntime_ms": round(theirs, 2),
         "ratio": round(ours / theirs, 3),
+        "onnxruntime_1thread_ms": round(theirs_single, 2),
+        "ratio_vs_1thread": round(ours / theirs_single, 3),
     }
 
 
@@ -81,14 +86,15 @@ def _import_child(path: str) -> None:
     print(json.dumps({"import_s": imported, "run_s": ran, "peak_rss_bytes": peak}))
 
 
-def vgg19_memory() -> dict:
+def vgg19_memory(external: bool) -> dict:
     proto = light_model("vgg19", seed=0)
     weight_bytes = sum(int(np.prod(t.dims)) * 4 for t in proto.graph.initializer)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "vgg19.onnx")
-        onnx.save(
-            proto, path, save_as_external_data=True, location="vgg19.weights", size_threshold=1024
-        )
+        if external:
+            onnx.save(proto, path, save_as_external_data=True, location="vgg19.weights")
+        else:
+            onnx.save(proto, path)
         del proto
         result = subprocess.run(
             [sys.executable, __file__, "--child", path], capture_output=True, text=True, check=True
@@ -109,7 +115,8 @@ def main() -> None:
         "threads": {"numpy_blas": "default", "onnxruntime": "default"},
         "resnet50": speed("resnet50", repeats),
         "squeezenet": speed("squeezenet", repeats),
-        "vgg19_import": vgg19_memory(),
+        "vgg19_import_external_data": vgg19_memory(external=True),
+        "vgg19_import_embedded": vgg19_memory(external=False),
     }
     print(json.dumps(report, indent=2))
 
