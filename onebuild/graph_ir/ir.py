@@ -136,6 +136,14 @@ class Node:
         return f"{outs} = {self.op}[{self.name}]({ins}) {self.attrs or ''}".rstrip()
 
 
+def _fresh(base: str, taken: set[str]) -> str:
+    name, counter = base, 0
+    while name in taken:
+        counter += 1
+        name = f"{base}_{counter}"
+    return name
+
+
 class Graph:
     """An ordered list of nodes (always topologically sorted), with inputs, outputs, constants."""
 
@@ -151,18 +159,10 @@ class Graph:
     # -- names -------------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
         """`base` if no value of the graph has that name yet, else `base_1`, `base_2`, ..."""
-        name, counter = base, 0
-        while name in self._names:
-            counter += 1
-            name = f"{base}_{counter}"
-        return name
+        return _fresh(base, self._names)
 
     def _unique_node_name(self, base: str) -> str:
-        name, counter = base, 0
-        while name in self._node_names:
-            counter += 1
-            name = f"{base}_{counter}"
-        return name
+        return _fresh(base, self._node_names)
 
     def _own(self, value: Value) -> Value:
         if value.graph is not None and value.graph is not self:
