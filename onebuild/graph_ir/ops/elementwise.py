@@ -116,6 +116,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    """Abramowitz & Stegun 7.1.26 in float64: absolute error below 1.5e-7 (float32 resolution)."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    return np.sign(x) * (1.0 - poly * np.exp(-z * z))
+
+
+_unary("Erf", _erf)
 _unary("Sqrt", np.sqrt)
 _unary("Neg", np.negative)
 _unary("Abs", np.abs)
@@ -127,6 +138,15 @@ _unary("Reciprocal", np.reciprocal)
 _unary("Tanh", np.tanh)
 _unary("Sigmoid", _sigmoid)
 _unary("Not", np.logical_not)
+
+
+@register("Gelu", same_as_input)
+def gelu(attrs, x):
+    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation when `approximate` is "tanh"."""
+    if attrs.get("approximate", "none") == "tanh":
+        inner = np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)
+        return _same_dtype(0.5 * x * (1 + np.tanh(inner)), x)
+    return _same_dtype(0.5 * x * (1 + _erf(x / np.sqrt(2))), x)
 
 
 @register("Relu", same_as_input)

@@ -60,6 +60,7 @@ SIMPLE = [
     "Where",
     "MatMul",
     "Identity",
+    "Erf",
 ]
 
 
@@ -89,6 +90,11 @@ def sum_(ctx):
 @converter("LeakyRelu")
 def leaky_relu(ctx):
     return ctx.emit("LeakyRelu", ctx.inputs, {"alpha": float(ctx.attr("alpha", 0.01))})
+
+
+@converter("Gelu")
+def gelu(ctx):
+    return ctx.emit("Gelu", ctx.inputs, {"approximate": ctx.attr("approximate", "none")})
 
 
 @converter("HardSigmoid")
