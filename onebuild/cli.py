@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import __version__
+from . import __version__, recipe
 from .errors import OneBuildError, UserError
 from .graph_ir import dtypes
 from .graph_ir.interpreter import Interpreter
@@ -105,6 +105,30 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_schema(args) -> int:
+    print(json.dumps(recipe.json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_list(args) -> int:
+    plans = [recipe.load_recipe(path, args.set or []) for path in args.recipes]
+    if args.json:
+        listing = [
+            {"recipe": str(p.recipe), "build_dir": str(p.build_dir), "steps": p.steps}
+            for p in plans
+        ]
+        print(json.dumps(listing, indent=2, sort_keys=True))
+        return 0
+    for plan in plans:
+        print(f"{plan.recipe} (build dir {plan.build_dir})")
+        for step, config in plan.steps.items():
+            options = ", ".join(
+                f"{k}={v!r}" for k, v in sorted(config.items()) if v not in (None, [], {})
+            )
+            print(f"  {step:<10} {options}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onebuild", description=__doc__)
     parser.add_argument("--version", action="version", version=f"onebuild {__version__}")
@@ -142,6 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimization preset (default O1)",
     )
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of recipes")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("list", help="validate recipes and list the steps they enable")
+    p.add_argument("recipes", nargs="+", help="recipe TOML files")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe key, e.g. quantize.dtype=int16 (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_list)
     return parser
 
 

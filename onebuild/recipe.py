@@ -1,0 +1,300 @@
+"""The TOML recipe: schema, presets (`extends`), `--set` overrides, validation with good errors.
+
+A recipe is read with `tomllib`, merged over its presets, overridden from the command line,
+validated by pydantic (unknown keys are errors, with a "did you mean"), and converted once into a
+`Plan`: plain data, absolute paths, one normalized config dict per enabled step. Nothing below this
+module sees pydantic.
+"""
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import UserError
+
+STEP_ORDER = ("import", "optimize", "quantize", "partition", "codegen", "pack")
+
+# Keys that hold paths, resolved relative to the file that sets them.
+PATH_KEYS = {
+    ("import", "source"),
+    ("quantize", "calibration"),
+    ("quantize", "accuracy", "data"),
+    ("partition", "part_file"),
+    ("pack", "output"),
+    ("build", "dir"),
+    ("build", "cache"),
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ImportStep(_Section):
+    """Read an ONNX model into the IR."""
+
+    source: str = Field(description="ONNX model file, relative to the recipe")
+    input_shapes: dict[str, list[int]] | None = Field(
+        default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
+    )
+
+
+class OptimizeStep(_Section):
+    """Value-preserving graph optimizations."""
+
+    preset: Literal["O0", "O1"] = "O1"
+
+
+class QuantizeLayer(_Section):
+    names: list[str]
+    dtype: Literal["uint8", "int8", "int16", "float32"] | None = None
+    granularity: Literal["channel", "layer"] | None = None
+
+
+class QuantizeAccuracy(_Section):
+    data: str
+    min_sqnr_db: float | None = None
+    min_top1_match: float | None = Field(default=None, ge=0, le=1)
+
+
+class QuantizeStep(_Section):
+    """Weight-only or full quantization with calibration data."""
+
+    mode: Literal["full", "weight_only"] = "full"
+    dtype: Literal["uint8", "int8", "int16"] = "uint8"
+    granularity: Literal["channel", "layer"] = "channel"
+    calibration: str | None = Field(default=None, description="npz or folder of npz/npy files")
+    method: Literal["minmax", "percentile", "moving_average"] = "minmax"
+    input_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
+    output_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
+    layers: list[QuantizeLayer] = Field(default_factory=list)
+    accuracy: QuantizeAccuracy | None = None
+
+
+class PartitionStep(_Section):
+    """Split the model between the NPU and the CPU."""
+
+    backends: list[str] = Field(default_factory=lambda: ["trix", "cpu"])
+    default: str = "cpu"
+    strategy: Literal["capability", "cost"] = "capability"
+    comply: Literal["opcode", "opname"] = "opcode"
+    opcode: dict[str, str] = Field(default_factory=dict)
+    opname: dict[str, str] = Field(default_factory=dict)
+    part_file: str | None = None
+
+
+class CodegenStep(_Section):
+    """Compile NPU partitions to .tvn binaries."""
+
+    target: str = "trix_sim"
+    hw: str = "trix-m"
+    pref: Literal["performance", "memory", "compile_time"] = "performance"
+
+
+class PackStep(_Section):
+    """Write an nnpackage."""
+
+    output: str
+    archive: bool = False
+
+
+class BuildSection(_Section):
+    dir: str | None = Field(default=None, description="artifacts, logs and the task database")
+    cache: str | None = Field(default=None, description="shared content-addressed step cache")
+
+
+class Recipe(_Section):
+    """An onebuild recipe: tables name the steps; a table present enables its step."""
+
+    extends: str | None = Field(default=None, description="preset recipe merged underneath")
+    import_: ImportStep | None = Field(default=None, alias="import")
+    optimize: OptimizeStep | None = None
+    quantize: QuantizeStep | None = None
+    partition: PartitionStep | None = None
+    codegen: CodegenStep | None = None
+    pack: PackStep | None = None
+    build: BuildSection | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated recipe: absolute paths and one normalized config dict per enabled step."""
+
+    recipe: Path
+    build_dir: Path
+    cache_dir: Path | None
+    steps: dict[str, dict[str, Any]]
+
+
+def json_schema() -> dict:
+    """The JSON Schema of recipes (editors can validate TOML files with it)."""
+    return Recipe.model_json_schema(by_alias=True)
+
+
+def read_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
+    """Read, merge presets, apply overrides and validate; presets validate this way too."""
+    path = _absolute(path)
+    data = _read_with_presets(path, [])
+    for override in overrides:
+        _apply_override(data, override)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as error:
+        raise UserError(f"{path}: {_describe(error)}") from None
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Plan:
+    """A buildable plan from a recipe file (it must import a model)."""
+    return _plan(_absolute(path), read_recipe(path, overrides))
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    return Path(os.path.normpath(Path(path).absolute()))
+
+
+def _read_toml(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"{path}: no such recipe file")
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"{path}: TOML syntax error: {error}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+
+
+def _read_with_presets(path: Path, chain: list[Path]) -> dict:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in [*chain, resolved])
+        raise UserError(f"{chain[-1]}: 'extends' forms a cycle: {cycle}")
+    data = _read_toml(path)
+    _absolutize(data, path.parent)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise UserError(f"{path}: extends: expected a path string, got {parent!r}")
+    base = _read_with_presets(_absolute(path.parent / parent), [*chain, resolved])
+    return _merge(base, data)
+
+
+def _absolutize(data: dict, folder: Path) -> None:
+    for keys in PATH_KEYS:
+        table = data
+        for key in keys[:-1]:
+            table = table.get(key) if isinstance(table, dict) else None
+        if isinstance(table, dict) and isinstance(table.get(keys[-1]), str):
+            table[keys[-1]] = str(_absolute(folder / table[keys[-1]]))
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """Tables merge key by key; any other value in `top` replaces the one in `base`."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _apply_override(data: dict, override: str) -> None:
+    """`a.b.c=value`: value parsed as a TOML value, else taken as a string."""
+    dotted, sep, text = override.partition("=")
+    keys = [k.strip() for k in dotted.split(".")]
+    if not sep or not all(keys):
+        raise UserError(f"--set '{override}': expected KEY.PATH=VALUE, e.g. quantize.dtype=int16")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    if tuple(keys) in PATH_KEYS and isinstance(value, str):
+        value = str(_absolute(value))
+    table = data
+    for key in keys[:-1]:
+        table = table.setdefault(key, {})
+        if not isinstance(table, dict):
+            raise UserError(f"--set '{override}': '{key}' is not a table")
+    table[keys[-1]] = value
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `X | None` or `list[X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that validates the table at `loc` (for "did you mean")."""
+    model: type[BaseModel] | None = Recipe
+    for key in loc:
+        if isinstance(key, int) or model is None:
+            continue
+        fields = {f.alias or name: f for name, f in model.model_fields.items()}
+        model = _submodel(fields[key].annotation) if key in fields else None
+    return model
+
+
+def _describe(error: ValidationError) -> str:
+    """The first validation error as one line: key path, problem, value, allowed values."""
+    issues = error.errors()
+    first = issues[0]
+    loc = tuple(first["loc"])
+    dotted = ".".join(str(k) for k in loc) or "(top level)"
+    more = f" (and {len(issues) - 1} more problem(s))" if len(issues) > 1 else ""
+    if first["type"] == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        known = [f.alias or n for n, f in model.model_fields.items()] if model else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        allowed = f" (known keys: {', '.join(known)})" if known else ""
+        return f"{dotted}: unknown key{hint}{allowed}{more}"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    return f"{dotted}: {first['msg']}{shown}{more}"
+
+
+def _plan(path: Path, recipe: Recipe) -> Plan:
+    dumped = recipe.model_dump(by_alias=True, exclude={"extends", "build"})
+    steps = {name: dumped[name] for name in STEP_ORDER if dumped.get(name) is not None}
+    if not steps:
+        raise UserError(f"{path}: the recipe enables no step; add an [import] table")
+    if "import" not in steps:
+        raise UserError(f"{path}: every recipe needs an [import] table with 'source'")
+    for keys in sorted(PATH_KEYS):
+        value = steps.get(keys[0])
+        for key in keys[1:]:
+            value = value.get(key) if isinstance(value, dict) else None
+        if keys[0] in ("import", "quantize", "partition") and value and not Path(value).exists():
+            raise UserError(f"{path}: {'.'.join(keys)}: '{value}' does not exist")
+    build = recipe.build or BuildSection()
+    build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
+    cache = Path(build.cache) if build.cache else None
+    inputs = [Path(steps["import"]["source"])]
+    calibration = (steps.get("quantize") or {}).get("calibration")
+    if calibration:
+        inputs.append(Path(calibration))
+    outputs = {"build.dir": build_dir}
+    if "pack" in steps:
+        outputs["pack.output"] = Path(steps["pack"]["output"])
+    for key, output in outputs.items():
+        out = output.resolve()
+        for source in (p.resolve() for p in inputs):
+            if source == out or (key == "pack.output" and out in source.parents):
+                raise UserError(
+                    f"{path}: {key} = '{output}' would overwrite the input '{source}'; "
+                    "choose another output path"
+                )
+    return Plan(path, build_dir, cache, steps)

@@ -1,0 +1,139 @@
+"""Recipe validation: presets, overrides, and one-line errors with location."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onebuild.errors import UserError
+from onebuild.recipe import json_schema, load_recipe, read_recipe
+
+ROOT = Path(__file__).parent.parent
+MODEL = ROOT / "examples" / "models" / "tiny_mobilenet.onnx"
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "examples").glob("*.toml")) + sorted((ROOT / "recipes").glob("*.toml")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_shipped_recipes_and_presets_validate(path):
+    read_recipe(path)
+    if path.parent.name == "examples":
+        assert "import" in load_recipe(path).steps
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    shutil.copy(MODEL, tmp_path / "model.onnx")
+    (tmp_path / "calib.npz").write_bytes(b"")
+    return tmp_path
+
+
+def write(folder: Path, text: str, name: str = "r.toml") -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def test_plan_normalizes_paths_and_defaults(workspace):
+    path = write(
+        workspace, '[import]\nsource = "model.onnx"\n[optimize]\n[pack]\noutput = "o/p.nnpkg"\n'
+    )
+    plan = load_recipe(path)
+    assert list(plan.steps) == ["import", "optimize", "pack"]
+    assert plan.steps["import"]["source"] == str(workspace / "model.onnx")
+    assert plan.steps["optimize"] == {"preset": "O1"}
+    assert plan.steps["pack"]["output"] == str(workspace / "o" / "p.nnpkg")
+    assert plan.build_dir == workspace / "build" / "r"
+
+
+def test_extends_merges_and_overrides_win(workspace):
+    write(workspace, '[quantize]\ndtype = "int16"\nmethod = "percentile"\n', "base.toml")
+    path = write(
+        workspace,
+        'extends = "base.toml"\n[import]\nsource = "model.onnx"\n'
+        '[quantize]\nmethod = "minmax"\ncalibration = "calib.npz"\n',
+    )
+    plan = load_recipe(path)
+    assert plan.steps["quantize"]["dtype"] == "int16"
+    assert plan.steps["quantize"]["method"] == "minmax"
+    plan = load_recipe(
+        path, ["quantize.dtype=uint8", "quantize.layers=[{names=['a'], dtype='int16'}]"]
+    )
+    assert plan.steps["quantize"]["dtype"] == "uint8"
+    assert plan.steps["quantize"]["layers"][0]["dtype"] == "int16"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ('[import]\nsource = "model.onnx"\n[quantize\n', ["TOML syntax error", "line 3"]),
+        (
+            '[import]\nsource = "model.onnx"\n[quantize]\ndtyp = "int8"\n',
+            ["quantize.dtyp", "unknown key", "did you mean 'dtype'"],
+        ),
+        ('[import]\nsource = "model.onnx"\n[optimise]\n', ["optimise", "did you mean 'optimize'"]),
+        (
+            '[import]\nsource = "model.onnx"\n[quantize]\ndtype = "int4"\n',
+            ["quantize.dtype", "'uint8', 'int8' or 'int16'", "'int4'"],
+        ),
+        ('[import]\nsource = "model.onnx"\n[quantize]\nlayers = 3\n', ["quantize.layers", "list"]),
+        (
+            '[import]\nsource = "missing.onnx"\n',
+            ["import.source", "missing.onnx", "does not exist"],
+        ),
+        (
+            '[import]\nsource = "model.onnx"\n[pack]\noutput = "model.onnx"\n',
+            ["pack.output", "would overwrite the input"],
+        ),
+        ("[optimize]\n", ["needs an [import] table"]),
+        ('extends = "r.toml"\n[import]\nsource = "model.onnx"\n', ["cycle"]),
+    ],
+)
+def test_bad_recipes_give_one_line_errors(workspace, text, fragments):
+    path = write(workspace, text)
+    with pytest.raises(UserError) as error:
+        load_recipe(path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(str(path))
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_bad_override(workspace):
+    path = write(workspace, '[import]\nsource = "model.onnx"\n')
+    with pytest.raises(UserError, match="KEY.PATH=VALUE"):
+        load_recipe(path, ["quantize.dtype"])
+    with pytest.raises(UserError, match="quantize.dtype"):
+        load_recipe(path, ["quantize.dtype=float64"])
+
+
+def test_schema_lists_every_step():
+    schema = json_schema()
+    assert set(schema["properties"]) >= {
+        "import",
+        "optimize",
+        "quantize",
+        "partition",
+        "codegen",
+        "pack",
+        "build",
+        "extends",
+    }
+    assert schema["additionalProperties"] is False
+
+
+def test_cli_list_and_exit_codes(workspace):
+    good = write(workspace, '[import]\nsource = "model.onnx"\n[optimize]\n')
+    bad = write(workspace, '[import]\nsource = "model.onnx"\n[optimize]\nlevel = 2\n', "bad.toml")
+    run = [sys.executable, "-m", "onebuild.cli", "list"]
+    result = subprocess.run([*run, str(good), "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0]["steps"]["optimize"] == {"preset": "O1"}
+    result = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "optimize.level: unknown key" in result.stderr
