@@ -129,6 +129,39 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_build(args) -> int:
+    from .engine.dag import build
+
+    plans = [recipe.load_recipe(path, args.set or []) for path in args.recipes]
+    results = build(plans, jobs=args.jobs)
+    packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
+    failed = [r for r in results if r.status == "failed"]
+    if args.json:
+        steps = [
+            {
+                "recipe": r.recipe,
+                "step": r.step,
+                "status": r.status,
+                "seconds": round(r.seconds, 4),
+                "outputs": r.outputs,
+                "error": r.error,
+            }
+            for r in results
+        ]
+        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
+    else:
+        ran = sum(r.status == "run" for r in results)
+        print(f"{ran} step(s) run, {sum(r.status == 'up-to-date' for r in results)} up to date")
+        for package in packages:
+            print(f"package: {package}")
+    for result in failed:
+        if not result.blocked:
+            print(
+                f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr
+            )
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onebuild", description=__doc__)
     parser.add_argument("--version", action="version", version=f"onebuild {__version__}")
@@ -169,6 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the JSON Schema of recipes")
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("build", help="build recipes (only what changed reruns)")
+    p.add_argument("recipes", nargs="+", help="recipe TOML files, built in one DAG")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="run up to N steps in parallel")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe key, e.g. quantize.dtype=int16 (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="validate recipes and list the steps they enable")
     p.add_argument("recipes", nargs="+", help="recipe TOML files")

@@ -18,6 +18,7 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp creates 0600; artifacts are shared files
     try:
         with os.fdopen(fd, "wb") as handle:
             yield handle
@@ -28,6 +29,12 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -1,0 +1,279 @@
+"""Recipe plans -> a doit task DAG, run with caching.
+
+Each enabled step becomes one doit task with explicit `file_dep` and `targets` and a
+`config_changed` check over the step's normalized config plus its implementation version. doit's
+file checker compares (mtime, size, md5), so a step whose output comes out byte-identical stops
+the cascade: downstream steps see an unchanged dependency and stay up to date.
+
+The task database is doit's sqlite3 backend in the first recipe's build folder: dbm (doit's
+default) corrupts when two processes touch it, sqlite3 locks and stays consistent.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from doit.cmd_base import TaskLoader2
+from doit.doit_cmd import DoitMain
+from doit.exceptions import TaskFailed, UnmetDependency
+from doit.task import dict_to_task
+from doit.tools import config_changed
+
+from ..errors import OneBuildError, UserError
+from ..fileio import atomic_write_bytes
+from ..recipe import Plan
+from ..tasks import STEPS, UNAVAILABLE
+
+DB_NAME = "tasks.sqlite3"
+
+
+@dataclass
+class StepTask:
+    """One step of one recipe, with the files it reads and writes."""
+
+    recipe: Path
+    step: str
+    config: dict
+    inputs: list[Path]
+    outputs: list[Path]
+    targets: list[Path]
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe}::{self.step}"
+
+
+@dataclass
+class StepResult:
+    recipe: str
+    step: str
+    status: str = "not run"
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+    error: str | None = None
+    blocked: bool = False  # failed because a step it depends on failed
+
+
+def plan_tasks(plan: Plan) -> list[StepTask]:
+    """The chain of step tasks of one recipe (rejecting steps that are not available yet)."""
+    for step in plan.steps:
+        if step in UNAVAILABLE:
+            raise UserError(
+                f"{plan.recipe}: [{step}] ({UNAVAILABLE[step]}) is not available yet in this "
+                "onebuild version; remove the table to build the other steps"
+            )
+    tasks, previous = [], Path(plan.steps["import"]["source"])
+    for step, config in plan.steps.items():
+        if step == "pack":
+            package = Path(config["output"])
+            outputs = [package]
+            targets = [package / "metadata" / "MANIFEST"]
+        else:
+            outputs = targets = [plan.build_dir / f"{step}.obir"]
+        tasks.append(StepTask(plan.recipe, step, config, [previous], outputs, targets))
+        previous = outputs[0]
+    return tasks
+
+
+def _digest(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+class _Runner:
+    """Executes steps inside doit and records what happened to each."""
+
+    def __init__(self, tasks: list[StepTask], progress):
+        self.tasks = {t.name: t for t in tasks}
+        self.results = {
+            t.name: StepResult(str(t.recipe), t.step, outputs=[str(p) for p in t.outputs])
+            for t in tasks
+        }
+        self.progress = progress
+        self.runtime_errors: list[str] = []
+
+    def action(self, task: StepTask):
+        def execute():
+            result = self.results[task.name]
+            self.progress(f"[{task.step}] {task.recipe.name}: running")
+            start = time.perf_counter()
+            try:
+                STEPS[task.step].run(task.config, task.inputs, task.outputs)
+            except OneBuildError as error:
+                result.status, result.error = "failed", str(error)
+                return TaskFailed(str(error))
+            except Exception as error:  # a bug: keep the type in the one-line report
+                result.status, result.error = "failed", f"{type(error).__name__}: {error}"
+                return TaskFailed(result.error)
+            result.seconds = time.perf_counter() - start
+            result.status = "run"
+            self._write_log(task, result)
+            self.progress(f"[{task.step}] {task.recipe.name}: done in {result.seconds:.2f}s")
+            return True
+
+        return execute
+
+    def _write_log(self, task: StepTask, result: StepResult) -> None:
+        log = {
+            "step": task.step,
+            "version": STEPS[task.step].version,
+            "recipe": str(task.recipe),
+            "config": task.config,
+            "inputs": {str(p): _digest(p) for p in task.inputs},
+            "outputs": {str(p): _digest(p) for p in task.targets},
+            "seconds": round(result.seconds, 4),
+        }
+        text = json.dumps(log, indent=2, sort_keys=True) + "\n"
+        atomic_write_bytes(Path(f"{task.outputs[0]}.log"), text.encode())
+
+    def doit_task(self, task: StepTask):
+        check = {"config": task.config, "version": STEPS[task.step].version}
+        return dict_to_task(
+            {
+                "name": task.name,
+                "actions": [(self.action(task),)],
+                "file_dep": [str(p) for p in task.inputs],
+                "targets": [str(p) for p in task.targets],
+                "uptodate": [config_changed(json.dumps(check, sort_keys=True))],
+                "verbosity": 0,
+            }
+        )
+
+
+class _Loader(TaskLoader2):
+    def __init__(self, runner: _Runner, db: Path, reporter):
+        super().__init__()
+        self.runner, self.db, self.reporter = runner, db, reporter
+
+    def load_doit_config(self):
+        return {"dep_file": str(self.db), "backend": "sqlite3", "reporter": self.reporter}
+
+    def load_tasks(self, cmd, pos_args):
+        return [self.runner.doit_task(t) for t in self.runner.tasks.values()]
+
+
+def _reporter_class(runner: _Runner):
+    class Reporter:
+        def __init__(self, outstream, options):
+            self.errors: list[str] = []
+
+        def initialize(self, tasks, selected_tasks):
+            pass
+
+        def get_status(self, task):
+            pass
+
+        def execute_task(self, task):
+            pass
+
+        def add_failure(self, task, fail):
+            result = runner.results.get(task.name)
+            if result is not None:
+                result.status = "failed"
+                if isinstance(fail, UnmetDependency):
+                    result.blocked = True
+                    result.error = "not run: a step it depends on failed"
+                result.error = result.error or fail.get_msg().strip().splitlines()[-1]
+
+        def add_success(self, task):
+            pass
+
+        def skip_uptodate(self, task):
+            result = runner.results.get(task.name)
+            if result is not None:
+                result.status = "up-to-date"
+
+        def skip_ignore(self, task):
+            pass
+
+        def cleanup_error(self, exception):
+            self.errors.append(exception.get_msg())
+
+        def runtime_error(self, msg):
+            runner.runtime_errors.append(msg.strip())
+
+        def teardown_task(self, task):
+            pass
+
+        def complete_run(self):
+            pass
+
+    return Reporter
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on a build folder; a second build stops with a clear message."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"{folder}: another onebuild build is using this build folder; wait for it"
+            ) from None
+        yield
+
+
+def _check_database(db: Path, progress) -> None:
+    """A corrupt task database is moved aside (everything reruns or restores), not fatal."""
+    if not db.exists():
+        return
+    try:
+        with sqlite3.connect(db) as connection:
+            connection.execute("PRAGMA integrity_check").fetchone()
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError:
+        aside = db.with_name(f"{db.name}.corrupt-{int(time.time())}")
+        os.replace(db, aside)
+        progress(f"task database {db} was corrupt; moved to {aside.name}, rebuilding state")
+
+
+def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
+    """Build every recipe's steps in one DAG; returns one result per step."""
+    progress = progress or (lambda message: print(message, file=sys.stderr))
+    tasks = [t for plan in plans for t in plan_tasks(plan)]
+    _check_outputs(tasks)
+    runner = _Runner(tasks, progress)
+    db = plans[0].build_dir / DB_NAME
+    with ExitStack() as stack:
+        for folder in sorted({p.build_dir for p in plans}):
+            stack.enter_context(_locked(folder))
+        _check_database(db, progress)
+        loader = _Loader(runner, db, _reporter_class(runner))
+        args = ["run", "--continue"]
+        if jobs > 1:
+            args += ["-n", str(jobs), "-P", "thread"]
+        code = DoitMain(loader, config_filenames=()).run(args)
+    if runner.runtime_errors:
+        raise OneBuildError("build error: " + " ".join(runner.runtime_errors))
+    results = list(runner.results.values())
+    if code != 0 and not any(r.status == "failed" for r in results):
+        raise OneBuildError(f"build error: doit exited with code {code}")
+    return results
+
+
+def _check_outputs(tasks: list[StepTask]) -> None:
+    """No step may write a file another step or the user provides as input."""
+    written = {}
+    for task in tasks:
+        for path in task.outputs:
+            key = path.resolve()
+            if key in written:
+                raise UserError(
+                    f"{task.recipe}: {task.step} writes {path}, which {written[key]} also writes"
+                )
+            written[key] = f"{task.recipe.name} [{task.step}]"

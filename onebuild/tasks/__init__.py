@@ -1,0 +1,33 @@
+"""Build steps: one thin module per step, config in, artifacts out.
+
+Each step module defines `VERSION` (bump it when the step's output for the same inputs changes)
+and `run(config, inputs, outputs)`. Steps whose implementation has not landed are listed in
+`UNAVAILABLE` and rejected before anything runs.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import import_model, optimize, pack
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    version: int
+    run: Callable[[dict[str, Any], list[Path], list[Path]], None]
+
+
+STEPS: dict[str, Step] = {
+    "import": Step("import", import_model.VERSION, import_model.run),
+    "optimize": Step("optimize", optimize.VERSION, optimize.run),
+    "pack": Step("pack", pack.VERSION, pack.run),
+}
+
+UNAVAILABLE = {
+    "quantize": "quantization",
+    "partition": "partitioning",
+    "codegen": "NPU code generation",
+}

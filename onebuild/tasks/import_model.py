@@ -1,0 +1,13 @@
+"""The import step: ONNX model -> IR file."""
+
+from pathlib import Path
+from typing import Any
+
+from ..graph_ir.serde import load_onnx, save_ir
+
+VERSION = 1
+
+
+def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    model = load_onnx(inputs[0], config.get("input_shapes"))
+    save_ir(model, outputs[0])

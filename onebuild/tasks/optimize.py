@@ -1,0 +1,15 @@
+"""The optimize step: IR file -> IR file after a pass preset."""
+
+from pathlib import Path
+from typing import Any
+
+from ..graph_ir.passes import run_preset
+from ..graph_ir.serde import load_ir, save_ir
+
+VERSION = 1
+
+
+def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    model = load_ir(inputs[0])
+    run_preset(model, config["preset"])
+    save_ir(model, outputs[0])

@@ -1,0 +1,63 @@
+"""The pack step: model file(s) -> nnpackage directory (MANIFEST v1.3, config.cfg).
+
+The package is assembled in a temporary sibling folder and swapped in, so a killed build never
+leaves a half-written package under the final name.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..fileio import atomic_write_bytes, current_umask
+from ..graph_ir.serde import load_ir
+
+VERSION = 1
+
+
+def manifest(models: list[str], model_types: list[str], inputs: list[str], outputs: list[str]):
+    """MANIFEST of a single-model package: package I/O are the model's own, in order."""
+    return {
+        "major-version": "1",
+        "minor-version": "3",
+        "patch-version": "0",
+        "configs": ["config.cfg"],
+        "models": models,
+        "model-types": model_types,
+        "pkg-inputs": [f"0:0:{i}" for i in range(len(inputs))],
+        "pkg-outputs": [f"0:0:{i}" for i in range(len(outputs))],
+        "model-connect": [],
+    }
+
+
+def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    source = inputs[0]
+    package = Path(config["output"])
+    graph = load_ir(source).main
+    name = f"{package.stem}.obir"
+    meta = manifest(
+        [name], ["obir"], [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+    )
+    package.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{package.name}.", dir=package.parent))
+    staging.chmod(0o777 & ~current_umask())
+    try:
+        shutil.copyfile(source, staging / name)
+        text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+        atomic_write_bytes(staging / "metadata" / "MANIFEST", text.encode())
+        atomic_write_bytes(staging / "metadata" / "config.cfg", b"BACKENDS=cpu\n")
+        _swap_in(staging, package)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_in(staging: Path, package: Path) -> None:
+    if package.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{package.name}.old.", dir=package.parent))
+        os.replace(package, trash / "pkg")
+        os.replace(staging, package)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(staging, package)

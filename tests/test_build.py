@@ -1,0 +1,134 @@
+"""The cached build DAG with real files and the real doit database."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onebuild.engine.dag import build
+from onebuild.errors import UserError
+from onebuild.recipe import load_recipe
+from onebuild.tasks import STEPS, Step
+
+MODEL = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet.onnx"
+RECIPE = """
+[import]
+source = "model.onnx"
+input_shapes = { x = [1, 3, 32, 32] }
+[optimize]
+preset = "O1"
+[pack]
+output = "out/m.nnpkg"
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(MODEL, tmp_path / "model.onnx")
+    (tmp_path / "r.toml").write_text(RECIPE)
+    return tmp_path
+
+
+def run(project: Path, *overrides: str) -> dict[str, str]:
+    plan = load_recipe(project / "r.toml", list(overrides))
+    return {r.step: r.status for r in build([plan], progress=lambda message: None)}
+
+
+def test_first_build_then_noop(project):
+    assert run(project) == {"import": "run", "optimize": "run", "pack": "run"}
+    assert run(project) == {"import": "up-to-date", "optimize": "up-to-date", "pack": "up-to-date"}
+    manifest = json.loads((project / "out/m.nnpkg/metadata/MANIFEST").read_text())
+    assert manifest["models"] == ["m.obir"] and manifest["minor-version"] == "3"
+    log = json.loads((project / "build/r/optimize.obir.log").read_text())
+    assert log["step"] == "optimize" and all(log["outputs"].values())
+
+
+def test_option_change_reruns_only_downstream(project):
+    run(project)
+    assert run(project, "optimize.preset=O0") == {
+        "import": "up-to-date",
+        "optimize": "run",
+        "pack": "run",
+    }
+
+
+def test_touch_without_change_runs_nothing(project):
+    run(project)
+    source = project / "model.onnx"
+    os.utime(source, (source.stat().st_atime + 100, source.stat().st_mtime + 100))
+    assert set(run(project).values()) == {"up-to-date"}
+
+
+def test_identical_output_stops_the_cascade(project):
+    run(project)
+    # Dropping input_shapes changes import's config, but the dynamic batch defaults to 1:
+    # the same graph, byte-identical IR, so nothing downstream reruns.
+    (project / "r.toml").write_text(RECIPE.replace("input_shapes = { x = [1, 3, 32, 32] }\n", ""))
+    statuses = run(project)  # dynamic batch defaults to 1: same graph, same bytes
+    assert statuses == {"import": "run", "optimize": "up-to-date", "pack": "up-to-date"}
+
+
+def test_deleted_artifact_rebuilds_only_itself(project):
+    run(project)
+    (project / "build/r/import.obir").unlink()
+    assert run(project) == {"import": "run", "optimize": "up-to-date", "pack": "up-to-date"}
+    shutil.rmtree(project / "out")
+    assert run(project) == {"import": "up-to-date", "optimize": "up-to-date", "pack": "run"}
+
+
+def test_step_version_bump_reruns(project, monkeypatch):
+    run(project)
+    step = STEPS["optimize"]
+    monkeypatch.setitem(STEPS, "optimize", Step(step.name, step.version + 1, step.run))
+    assert run(project)["optimize"] == "run"
+
+
+def test_unavailable_step_is_rejected_before_running(project):
+    (project / "r.toml").write_text(RECIPE + "[codegen]\n")
+    with pytest.raises(UserError, match=r"\[codegen\].*not available yet"):
+        run(project)
+    assert not (project / "build").exists()
+
+
+def test_same_recipe_in_two_folders_gives_identical_packages(tmp_path):
+    packages = []
+    for name in ("a", "b"):
+        folder = tmp_path / name / "deeper" if name == "b" else tmp_path / name
+        folder.mkdir(parents=True)
+        shutil.copy(MODEL, folder / "model.onnx")
+        (folder / "r.toml").write_text(RECIPE)
+        run(folder)
+        packages.append(folder / "out/m.nnpkg")
+    files = sorted(p.relative_to(packages[0]) for p in packages[0].rglob("*") if p.is_file())
+    assert files == sorted(
+        p.relative_to(packages[1]) for p in packages[1].rglob("*") if p.is_file()
+    )
+    for name in files:
+        assert (packages[0] / name).read_bytes() == (packages[1] / name).read_bytes()
+
+
+def test_corrupt_database_is_recovered(project):
+    run(project)
+    (project / "build/r/tasks.sqlite3").write_bytes(b"garbage" * 100)
+    statuses = run(project)
+    assert statuses["import"] == "run"
+    assert any(p.name.startswith("tasks.sqlite3.corrupt") for p in (project / "build/r").iterdir())
+    assert set(run(project).values()) == {"up-to-date"}
+
+
+def test_cli_build_json_and_failure_exit_code(project):
+    cli = [sys.executable, "-m", "onebuild.cli", "build", str(project / "r.toml"), "--json"]
+    result = subprocess.run(cli, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [s["status"] for s in report["steps"]] == ["run", "run", "run"]
+    assert report["packages"] == [str(project / "out/m.nnpkg")]
+    (project / "model.onnx").write_bytes(b"not a model")
+    result = subprocess.run(cli, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["steps"][0]["status"] == "failed"
+    assert "not a valid ONNX model" in result.stderr and "Traceback" not in result.stderr
