@@ -75,9 +75,34 @@ def test_identical_output_stops_the_cascade(project):
 def test_deleted_artifact_rebuilds_only_itself(project):
     run(project)
     (project / "build/r/import.obir").unlink()
-    assert run(project) == {"import": "run", "optimize": "up-to-date", "pack": "up-to-date"}
+    assert run(project) == {"import": "restored", "optimize": "up-to-date", "pack": "up-to-date"}
     shutil.rmtree(project / "out")
+    shutil.rmtree(project / "build/r/cache")
     assert run(project) == {"import": "up-to-date", "optimize": "up-to-date", "pack": "run"}
+
+
+def test_switching_an_option_back_restores_from_the_step_cache(project):
+    run(project)
+    first = (project / "build/r/optimize.obir").read_bytes()
+    assert run(project, "optimize.preset=O0")["optimize"] == "run"
+    assert run(project) == {"import": "up-to-date", "optimize": "restored", "pack": "restored"}
+    assert (project / "build/r/optimize.obir").read_bytes() == first
+    log = json.loads((project / "build/r/optimize.obir.log").read_text())
+    assert log["status"] == "restored"
+
+
+def test_shared_cache_restores_in_a_fresh_checkout(tmp_path):
+    """A CI job restoring the cache folder rebuilds nothing from scratch."""
+    cache = tmp_path / "shared-cache"
+    statuses = []
+    for name in ("first", "second"):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(MODEL, folder / "model.onnx")
+        (folder / "r.toml").write_text(RECIPE + f'[build]\ncache = "{cache}"\n')
+        statuses.append(run(folder))
+    assert set(statuses[0].values()) == {"run"}
+    assert set(statuses[1].values()) == {"restored"}
 
 
 def test_step_version_bump_reruns(project, monkeypatch):
@@ -115,7 +140,7 @@ def test_corrupt_database_is_recovered(project):
     run(project)
     (project / "build/r/tasks.sqlite3").write_bytes(b"garbage" * 100)
     statuses = run(project)
-    assert statuses["import"] == "run"
+    assert statuses["import"] == "restored"  # doit's state is lost, the step cache is not
     assert any(p.name.startswith("tasks.sqlite3.corrupt") for p in (project / "build/r").iterdir())
     assert set(run(project).values()) == {"up-to-date"}
 

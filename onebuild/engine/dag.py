@@ -10,7 +10,6 @@ default) corrupts when two processes touch it, sqlite3 locks and stays consisten
 """
 
 import fcntl
-import hashlib
 import json
 import os
 import sqlite3
@@ -31,6 +30,7 @@ from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
 from ..recipe import Plan
 from ..tasks import STEPS, UNAVAILABLE
+from .step_cache import StepCache, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
 
@@ -45,6 +45,7 @@ class StepTask:
     inputs: list[Path]
     outputs: list[Path]
     targets: list[Path]
+    cache: Path
 
     @property
     def name(self) -> str:
@@ -78,19 +79,10 @@ def plan_tasks(plan: Plan) -> list[StepTask]:
             targets = [package / "metadata" / "MANIFEST"]
         else:
             outputs = targets = [plan.build_dir / f"{step}.obir"]
-        tasks.append(StepTask(plan.recipe, step, config, [previous], outputs, targets))
+        cache = plan.cache_dir or plan.build_dir / "cache"
+        tasks.append(StepTask(plan.recipe, step, config, [previous], outputs, targets, cache))
         previous = outputs[0]
     return tasks
-
-
-def _digest(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 class _Runner:
@@ -108,10 +100,20 @@ class _Runner:
     def action(self, task: StepTask):
         def execute():
             result = self.results[task.name]
-            self.progress(f"[{task.step}] {task.recipe.name}: running")
             start = time.perf_counter()
+            step = STEPS[task.step]
             try:
-                STEPS[task.step].run(task.config, task.inputs, task.outputs)
+                cache = StepCache(task.cache)
+                key = step_key(
+                    task.step, step.version, task.config, task.inputs, task.recipe.parent
+                )
+                if cache.restore(key, task.outputs):
+                    result.status = "restored"
+                else:
+                    self.progress(f"[{task.step}] {task.recipe.name}: running")
+                    step.run(task.config, task.inputs, task.outputs)
+                    cache.store(key, task.outputs)
+                    result.status = "run"
             except OneBuildError as error:
                 result.status, result.error = "failed", str(error)
                 return TaskFailed(str(error))
@@ -119,21 +121,24 @@ class _Runner:
                 result.status, result.error = "failed", f"{type(error).__name__}: {error}"
                 return TaskFailed(result.error)
             result.seconds = time.perf_counter() - start
-            result.status = "run"
-            self._write_log(task, result)
-            self.progress(f"[{task.step}] {task.recipe.name}: done in {result.seconds:.2f}s")
+            self._write_log(task, result, key)
+            self.progress(
+                f"[{task.step}] {task.recipe.name}: {result.status} in {result.seconds:.2f}s"
+            )
             return True
 
         return execute
 
-    def _write_log(self, task: StepTask, result: StepResult) -> None:
+    def _write_log(self, task: StepTask, result: StepResult, key: str) -> None:
         log = {
+            "status": result.status,
+            "cache_key": key,
             "step": task.step,
             "version": STEPS[task.step].version,
             "recipe": str(task.recipe),
             "config": task.config,
-            "inputs": {str(p): _digest(p) for p in task.inputs},
-            "outputs": {str(p): _digest(p) for p in task.targets},
+            "inputs": {str(p): tree_digest(p) for p in task.inputs},
+            "outputs": {str(p): tree_digest(p) for p in task.outputs},
             "seconds": round(result.seconds, 4),
         }
         text = json.dumps(log, indent=2, sort_keys=True) + "\n"

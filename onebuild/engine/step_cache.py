@@ -1,0 +1,118 @@
+"""The content-addressed step cache: (step, version, config, input hashes) -> outputs.
+
+doit knows only the last build; this cache remembers every result, so switching an option back
+and forth, or a CI job that restores the cache folder, restores outputs instead of recomputing.
+Entries are written to a temporary folder and renamed into place, so a killed build never
+leaves a half-written entry.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..fileio import current_umask
+
+
+def file_digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def tree_digest(path: Path) -> str:
+    """Digest of a file, or of a folder's relative file names and contents."""
+    if path.is_file():
+        return file_digest(path)
+    sha = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file()):
+        sha.update(f"{item.relative_to(path).as_posix()}\0{file_digest(item)}\n".encode())
+    return sha.hexdigest()
+
+
+def step_key(step: str, version: int, config: dict, inputs: list[Path], base: Path) -> str:
+    """The cache key of a step execution: input contents, not input paths, and config paths
+    relative to the recipe folder `base`, so another checkout of the project hits the same entry."""
+    description = {
+        "step": step,
+        "version": version,
+        "config": _relative_paths(config, base),
+        "inputs": [tree_digest(p) for p in inputs],
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
+
+
+def _relative_paths(value, base: Path):
+    if isinstance(value, dict):
+        return {k: _relative_paths(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative_paths(v, base) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.relpath(value, base)
+    return value
+
+
+class StepCache:
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _entry(self, key: str) -> Path:
+        return self.folder / key[:2] / key
+
+    def restore(self, key: str, outputs: list[Path]) -> bool:
+        """Copy a cached result into place; False if there is no complete entry."""
+        entry = self._entry(key)
+        if not (entry / "entry.json").is_file():
+            return False
+        for index, output in enumerate(outputs):
+            stored = entry / str(index)
+            if not stored.exists():
+                return False
+            _replace(stored, output)
+        return True
+
+    def store(self, key: str, outputs: list[Path]) -> None:
+        entry = self._entry(key)
+        if (entry / "entry.json").is_file():
+            return
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}.", dir=entry.parent))
+        try:
+            for index, output in enumerate(outputs):
+                _copy(output, staging / str(index))
+            names = [str(p.name) for p in outputs]
+            (staging / "entry.json").write_text(json.dumps({"outputs": names}) + "\n")
+            staging.chmod(0o777 & ~current_umask())
+            os.replace(staging, entry)
+        except OSError:
+            pass  # another build stored the same entry first, or the cache is read-only
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _copy(source: Path, target: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copyfile(source, target)
+
+
+def _replace(stored: Path, output: Path) -> None:
+    """Put a copy of `stored` at `output` atomically (rename of a sibling temporary)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        _copy(stored, staging / "x")
+        (staging / "x").chmod(
+            0o777 & ~current_umask() if stored.is_dir() else 0o666 & ~current_umask()
+        )
+        if output.is_dir():
+            old = staging / "old"
+            os.replace(output, old)
+        os.replace(staging / "x", output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
