@@ -3,9 +3,11 @@
 import argparse
 import json
 import logging
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -132,8 +134,7 @@ def cmd_list(args) -> int:
 def cmd_build(args) -> int:
     from .engine.dag import build
 
-    plans = [recipe.load_recipe(path, args.set or []) for path in args.recipes]
-    results = build(plans, jobs=args.jobs)
+    results = build(_plans(args), jobs=args.jobs)
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
     failed = [r for r in results if r.status == "failed"]
     if args.json:
@@ -160,6 +161,66 @@ def cmd_build(args) -> int:
                 f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr
             )
     return 1 if failed else 0
+
+
+def _plans(args):
+    return [recipe.load_recipe(path, args.set or []) for path in args.recipes]
+
+
+def cmd_status(args) -> int:
+    from .engine.status import status
+
+    results = status(_plans(args))
+    if args.json:
+        steps = [vars(r) for r in results]
+        packages = sorted({r.outputs[0] for r in results if r.step == "pack"})
+        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
+        return 0
+    for r in results:
+        why = f": {'; '.join(r.reasons)}" if r.reasons else ""
+        print(f"{Path(r.recipe).name} [{r.step}] {r.status}{why}")
+    return 0
+
+
+def cmd_dag(args) -> int:
+    from .engine.dag import plan_tasks
+
+    tasks = [t for plan in _plans(args) for t in plan_tasks(plan)]
+    producer = {str(o): t for t in tasks for o in t.outputs}
+    if args.dot:
+        print("digraph onebuild {\n  rankdir=LR;")
+        for t in tasks:
+            print(f'  "{t.name}" [label="{t.recipe.stem}\\n{t.step}"];')
+            for source in t.inputs:
+                parent = producer.get(str(source))
+                origin = parent.name if parent else source.name
+                if not parent:
+                    print(f'  "{origin}" [shape=note];')
+                print(f'  "{origin}" -> "{t.name}";')
+        print("}")
+        return 0
+    for t in tasks:
+        sources = [producer[str(s)].step if str(s) in producer else str(s) for s in t.inputs]
+        outputs = ", ".join(map(str, t.outputs))
+        print(f"{t.recipe.name} [{t.step}] <- {', '.join(sources)} -> {outputs}")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from .engine.dag import DB_NAME, plan_tasks
+
+    for plan in _plans(args):
+        for task in plan_tasks(plan):
+            for path in [*task.outputs, *(Path(f"{o}.log") for o in task.outputs)]:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+        (plan.build_dir / DB_NAME).unlink(missing_ok=True)
+        if args.cache and plan.cache_dir is None:
+            shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
+        print(f"cleaned {plan.recipe.name}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,28 +264,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of recipes")
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("build", help="build recipes (only what changed reruns)")
-    p.add_argument("recipes", nargs="+", help="recipe TOML files, built in one DAG")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="run up to N steps in parallel")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a recipe key, e.g. quantize.dtype=int16 (repeatable)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_build)
+    def recipe_command(name: str, help_text: str, func, json_flag: bool = True):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("recipes", nargs="+", help="recipe TOML files (one DAG)")
+        p.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a recipe key, e.g. quantize.dtype=int16 (repeatable)",
+        )
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.set_defaults(func=func)
+        return p
 
-    p = sub.add_parser("list", help="validate recipes and list the steps they enable")
-    p.add_argument("recipes", nargs="+", help="recipe TOML files")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a recipe key, e.g. quantize.dtype=int16 (repeatable)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_list)
+    p = recipe_command("build", "build recipes (only what changed reruns)", cmd_build)
+    p.add_argument("-j", "--jobs", type=int, default=1, help="run up to N steps in parallel")
+    recipe_command("status", "what a build would rerun, and why", cmd_status)
+    recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
+    p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
+    p.add_argument("--dot", action="store_true", help="Graphviz dot output")
+    p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
+    p.add_argument("--cache", action="store_true", help="also empty the local step cache")
     return parser
 
 

@@ -157,3 +157,31 @@ def test_cli_build_json_and_failure_exit_code(project):
     assert result.returncode == 1
     assert json.loads(result.stdout)["steps"][0]["status"] == "failed"
     assert "not a valid ONNX model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_explains_what_would_rerun(project):
+    def status(*overrides):
+        from onebuild.engine.status import status as compute
+
+        plan = load_recipe(project / "r.toml", list(overrides))
+        return {r.step: (r.status, r.reasons) for r in compute([plan])}
+
+    assert status()["import"] == ("run", ["never built"])
+    run(project)
+    assert {s for s, _ in status().values()} == {"up-to-date"}
+    changed = status("optimize.preset=O0")
+    assert changed["import"][0] == "up-to-date"
+    assert changed["optimize"] == ("run", ["option(s) changed: preset"])
+    assert changed["pack"][0] == "run" and "optimize" in changed["pack"][1][0]
+    run(project, "optimize.preset=O0")
+    assert status()["optimize"][0] == "restored"  # back to O1: the step cache has it
+    assert set(run(project).values()) <= {"up-to-date", "restored"}
+
+
+def test_clean_then_rebuild_restores(project):
+    run(project)
+    cli = [sys.executable, "-m", "onebuild.cli", "clean", str(project / "r.toml")]
+    assert subprocess.run(cli, capture_output=True).returncode == 0
+    assert not (project / "out/m.nnpkg").exists()
+    assert not (project / "build/r/optimize.obir").exists()
+    assert set(run(project).values()) == {"restored"}

@@ -63,6 +63,9 @@ class StepCache:
     def _entry(self, key: str) -> Path:
         return self.folder / key[:2] / key
 
+    def has(self, key: str) -> bool:
+        return (self._entry(key) / "entry.json").is_file()
+
     def restore(self, key: str, outputs: list[Path]) -> bool:
         """Copy a cached result into place; False if there is no complete entry."""
         entry = self._entry(key)

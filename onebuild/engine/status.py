@@ -1,0 +1,79 @@
+"""What a build would do, and why, read from the step logs (no step runs)."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..recipe import Plan
+from ..tasks import STEPS
+from .dag import StepTask, plan_tasks
+from .step_cache import StepCache, step_key, tree_digest
+
+
+@dataclass
+class StepStatus:
+    recipe: str
+    step: str
+    status: str  # "up-to-date" | "run" | "restored" (from the step cache)
+    reasons: list[str]
+    outputs: list[str]
+    seconds: float = 0.0
+
+
+def _reasons(task: StepTask) -> list[str]:
+    log_path = Path(f"{task.outputs[0]}.log")
+    if not log_path.is_file():
+        return ["never built"]
+    try:
+        log = json.loads(log_path.read_text())
+    except (OSError, ValueError):
+        return ["its build log is unreadable"]
+    reasons = []
+    if log.get("version") != STEPS[task.step].version:
+        reasons.append(f"implementation version {log.get('version')} -> {STEPS[task.step].version}")
+    old = log.get("config", {})
+    changed = sorted(k for k in set(old) | set(task.config) if old.get(k) != task.config.get(k))
+    if changed:
+        reasons.append("option(s) changed: " + ", ".join(changed))
+    for path in task.inputs:
+        recorded = log.get("inputs", {}).get(str(path))
+        if not path.exists():
+            reasons.append(f"input {path} is missing")
+        elif recorded != tree_digest(path):
+            reasons.append(f"input {path.name} changed")
+    for path in task.outputs:
+        recorded = log.get("outputs", {}).get(str(path))
+        if not path.exists():
+            reasons.append(f"output {path.name} is missing")
+        elif recorded != tree_digest(path):
+            reasons.append(f"output {path.name} was modified")
+    return reasons
+
+
+def status(plans: list[Plan]) -> list[StepStatus]:
+    results = []
+    for plan in plans:
+        upstream = None
+        for task in plan_tasks(plan):
+            reasons = _reasons(task)
+            if upstream:
+                reasons.append(f"reruns if [{upstream}] changes its output")
+                state = "run"
+            elif not reasons:
+                state = "up-to-date"
+            elif _cached(task):
+                state = "restored"
+            else:
+                state, upstream = "run", task.step
+            outputs = [str(p) for p in task.outputs]
+            results.append(StepStatus(str(plan.recipe), task.step, state, reasons, outputs))
+    return results
+
+
+def _cached(task: StepTask) -> bool:
+    """Whether the step cache holds this step's result for its current inputs and config."""
+    if not all(p.exists() for p in task.inputs):
+        return False
+    version = STEPS[task.step].version
+    key = step_key(task.step, version, task.config, task.inputs, task.recipe.parent)
+    return StepCache(task.cache).has(key)
