@@ -81,6 +81,20 @@ def test_deleted_artifact_rebuilds_only_itself(project):
     assert run(project) == {"import": "up-to-date", "optimize": "up-to-date", "pack": "run"}
 
 
+def test_archive_is_deterministic(project, tmp_path):
+    import zipfile
+
+    run(project, "pack.archive=true")
+    archive = project / "out" / "m.nnpkg.zip"
+    first = archive.read_bytes()
+    with zipfile.ZipFile(archive) as opened:
+        assert "m.nnpkg/metadata/MANIFEST" in opened.namelist()
+    shutil.rmtree(project / "out")
+    shutil.rmtree(project / "build")
+    run(project, "pack.archive=true")
+    assert archive.read_bytes() == first
+
+
 def test_switching_an_option_back_restores_from_the_step_cache(project):
     run(project)
     first = (project / "build/r/optimize.obir").read_bytes()

@@ -30,6 +30,7 @@ from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
 from ..recipe import Plan
 from ..tasks import STEPS, UNAVAILABLE
+from ..tasks.pack import archive_path
 from .step_cache import StepCache, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
@@ -77,6 +78,9 @@ def plan_tasks(plan: Plan) -> list[StepTask]:
             package = Path(config["output"])
             outputs = [package]
             targets = [package / "metadata" / "MANIFEST"]
+            if config.get("archive"):
+                outputs.append(archive_path(package))
+                targets.append(archive_path(package))
         else:
             outputs = targets = [plan.build_dir / f"{step}.obir"]
         cache = plan.cache_dir or plan.build_dir / "cache"
@@ -249,7 +253,8 @@ def _check_database(db: Path, progress) -> None:
 
 def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
     """Build every recipe's steps in one DAG; returns one result per step."""
-    progress = progress or (lambda message: print(message, file=sys.stderr))
+    stdout, stderr = sys.stdout, sys.stderr
+    progress = progress or (lambda message: print(message, file=stderr, flush=True))
     tasks = [t for plan in plans for t in plan_tasks(plan)]
     _check_outputs(tasks)
     runner = _Runner(tasks, progress)
@@ -262,7 +267,10 @@ def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
         args = ["run", "--continue"]
         if jobs > 1:
             args += ["-n", str(jobs), "-P", "thread"]
-        code = DoitMain(loader, config_filenames=()).run(args)
+        try:
+            code = DoitMain(loader, config_filenames=()).run(args)
+        finally:  # doit's thread runner swaps the process streams and leaves them swapped
+            sys.stdout, sys.stderr = stdout, stderr
     if runner.runtime_errors:
         raise OneBuildError("build error: " + " ".join(runner.runtime_errors))
     results = list(runner.results.values())

@@ -4,10 +4,12 @@ The package is assembled in a temporary sibling folder and swapped in, so a kill
 leaves a half-written package under the final name.
 """
 
+import io
 import json
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +50,28 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
         atomic_write_bytes(staging / "metadata" / "MANIFEST", text.encode())
         atomic_write_bytes(staging / "metadata" / "config.cfg", b"BACKENDS=cpu\n")
+        if config.get("archive"):
+            atomic_write_bytes(outputs[1], zip_bytes(staging, package.name))
         _swap_in(staging, package)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def archive_path(package: Path) -> Path:
+    return package.with_name(package.name + ".zip")
+
+
+def zip_bytes(folder: Path, root: str) -> bytes:
+    """A deterministic zip of `folder` under `root/`: sorted names, fixed times and modes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            name = f"{root}/{path.relative_to(folder).as_posix()}"
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, path.read_bytes())
+    return buffer.getvalue()
 
 
 def _swap_in(staging: Path, package: Path) -> None:
