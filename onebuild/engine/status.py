@@ -35,18 +35,16 @@ def _reasons(task: StepTask) -> list[str]:
     changed = sorted(k for k in set(old) | set(task.config) if old.get(k) != task.config.get(k))
     if changed:
         reasons.append("option(s) changed: " + ", ".join(changed))
-    for path in task.inputs:
-        recorded = log.get("inputs", {}).get(str(path))
-        if not path.exists():
-            reasons.append(f"input {path} is missing")
-        elif recorded != tree_digest(path):
-            reasons.append(f"input {path.name} changed")
-    for path in task.outputs:
-        recorded = log.get("outputs", {}).get(str(path))
-        if not path.exists():
-            reasons.append(f"output {path.name} is missing")
-        elif recorded != tree_digest(path):
-            reasons.append(f"output {path.name} was modified")
+    for kind, paths, verb in (
+        ("input", task.inputs, "changed"),
+        ("output", task.outputs, "was modified"),
+    ):
+        recorded = log.get(f"{kind}s", {})
+        for path in paths:
+            if not path.exists():
+                reasons.append(f"{kind} {path.name} is missing")
+            elif recorded.get(str(path)) != tree_digest(path):
+                reasons.append(f"{kind} {path.name} {verb}")
     return reasons
 
 
