@@ -35,9 +35,6 @@ DTYPES: dict[str, np.dtype] = {
 
 _NAMES = {dt: name for name, dt in DTYPES.items()}
 
-FLOAT_TYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
-QUANT_TYPES = frozenset({"uint8", "int8", "int16", "int32"})
-
 
 def dtype(name: str) -> np.dtype:
     """The numpy dtype of a canonical IR type name."""
@@ -53,7 +50,3 @@ def name_of(dt: np.dtype | type) -> str:
         return _NAMES[np.dtype(dt)]
     except KeyError:
         raise ValueError(f"unsupported element type {np.dtype(dt)}") from None
-
-
-def is_float(dt: np.dtype) -> bool:
-    return name_of(dt) in FLOAT_TYPES or name_of(dt).startswith(("float8", "float4"))

@@ -123,8 +123,3 @@ class Interpreter:
             env[id(value)] = array
             if self.observer:
                 self.observer(value, array)
-
-
-def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Convenience: one inference of `graph`."""
-    return Interpreter(graph).run(feeds)

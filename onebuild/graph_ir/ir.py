@@ -6,7 +6,7 @@ Passes never edit use lists by hand.
 """
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,20 +281,8 @@ class Graph:
 
     # -- queries -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Node]:
+        """Iterate over a snapshot of the nodes, so passes may remove nodes while iterating."""
         return iter(list(self.nodes))
-
-    def values(self) -> Iterable[Value]:
-        """Every value of the graph: inputs, constants, node outputs."""
-        yield from self.inputs
-        yield from self.constants.values()
-        for node in self.nodes:
-            yield from node.outputs
-
-    def find_node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
 
 
 @dataclass

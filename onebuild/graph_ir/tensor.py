@@ -81,7 +81,3 @@ class QuantParams:
             raise ValueError("scale and zero_point must have the same length")
         if self.axis is None and len(self.scale) != 1:
             raise ValueError("per-tensor quantization takes exactly one scale")
-
-    @property
-    def per_channel(self) -> bool:
-        return self.axis is not None
