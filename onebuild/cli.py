@@ -9,16 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from . import __version__, recipe
 from .errors import OneBuildError, UserError
-from .graph_ir import dtypes
-from .graph_ir.interpreter import Interpreter
-from .graph_ir.ir import Model
-from .graph_ir.passes import PRESETS, run_preset
-from .graph_ir.serde import load_model, save_ir
-from .npz import read_npz, write_npz
 
 log = logging.getLogger("onebuild")
 
@@ -35,13 +27,18 @@ def _shape_option(text: str) -> tuple[str, list[int]]:
         ) from None
 
 
-def _load(args) -> Model:
+def _load(args):
+    from .graph_ir.serde import load_model  # model commands load numpy/onnx on demand
+
     shapes = dict(args.input_shape or [])
     return load_model(args.model, shapes or None)
 
 
 def cmd_run(args) -> int:
     model = _load(args)
+    from .graph_ir.interpreter import Interpreter
+    from .npz import read_npz, write_npz
+
     feeds = read_npz(args.inputs)
     interpreter = Interpreter(model.main)
     try:
@@ -54,8 +51,12 @@ def cmd_run(args) -> int:
     return 0
 
 
-def summarize(model: Model) -> dict:
+def summarize(model) -> dict:
     """Inputs, outputs, op histogram and parameter count of the main graph."""
+    import numpy as np
+
+    from .graph_ir import dtypes
+
     graph = model.main
 
     def entry(value):
@@ -97,6 +98,11 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_import(args) -> int:
+    from .graph_ir.passes import PRESETS, run_preset
+    from .graph_ir.serde import save_ir
+
+    if args.optimize not in PRESETS:
+        raise UserError(f"unknown preset '{args.optimize}' (known: {', '.join(PRESETS)})")
     model = _load(args)
     if args.optimize != "O0":
         for record in run_preset(model, args.optimize):
@@ -256,7 +262,6 @@ def build_parser() -> argparse.ArgumentParser:
         "-O",
         "--optimize",
         default="O1",
-        choices=sorted(PRESETS),
         help="optimization preset (default O1)",
     )
     p.set_defaults(func=cmd_import)

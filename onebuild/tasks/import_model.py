@@ -3,11 +3,11 @@
 from pathlib import Path
 from typing import Any
 
-from ..graph_ir.serde import load_onnx, save_ir
-
 VERSION = 1
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    from ..graph_ir.serde import load_onnx, save_ir  # onnx loads only when a step runs
+
     model = load_onnx(inputs[0], config.get("input_shapes"))
     save_ir(model, outputs[0])

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import atomic_write_bytes, current_umask
-from ..graph_ir.serde import load_ir
 
 VERSION = 1
 
@@ -35,6 +34,8 @@ def manifest(models: list[str], model_types: list[str], inputs: list[str], outpu
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    from ..graph_ir.serde import load_ir  # onnx loads only when a step runs
+
     source = inputs[0]
     package = Path(config["output"])
     graph = load_ir(source).main
