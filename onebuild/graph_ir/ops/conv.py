@@ -37,8 +37,10 @@ def pad_spatial(x: np.ndarray, pads: list[int], value: float = 0.0) -> np.ndarra
     nd = len(pads) // 2
     if not any(pads):
         return x
-    widths = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
-    return np.pad(x, widths, constant_values=value)
+    shape = x.shape[:2] + tuple(d + pads[i] + pads[i + nd] for i, d in enumerate(x.shape[2:]))
+    out = np.full(shape, value, dtype=x.dtype)  # faster than np.pad for this simple case
+    out[(Ellipsis, *(slice(pads[i], pads[i] + d) for i, d in enumerate(x.shape[2:])))] = x
+    return out
 
 
 def conv_output_size(size: int, k: int, stride: int, dilation: int, pad_total: int) -> int:
