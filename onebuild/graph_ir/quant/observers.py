@@ -1,0 +1,85 @@
+"""Calibration observers: range statistics of one tensor, updated batch by batch, bounded memory.
+
+- `MinMax`: the extreme values seen.
+- `Percentile`: the lo/hi percentiles of all values seen (ONE's default 1/99), from a fixed-size
+  histogram whose range doubles (merging bin pairs) when new values fall outside it.
+- `MovingAverage`: ONE's moving average: each batch's min/max blended into the running value
+  with a constant weight (the first batch initializes it).
+"""
+
+import numpy as np
+
+
+class MinMax:
+    def __init__(self):
+        self.lo, self.hi = np.inf, -np.inf
+
+    def update(self, x: np.ndarray) -> None:
+        if x.size:
+            self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
+
+    def range(self) -> tuple[float, float]:
+        return (self.lo, self.hi) if self.lo <= self.hi else (0.0, 0.0)
+
+
+class Percentile:
+    """Histogram of [-limit, limit) in `bins` equal bins; the limit doubles as needed."""
+
+    def __init__(self, lo_percent: float = 1.0, hi_percent: float = 99.0, bins: int = 4096):
+        if not 0 <= lo_percent < hi_percent <= 100:
+            raise ValueError(f"percentiles {lo_percent}/{hi_percent} are not 0 <= lo < hi <= 100")
+        self.lo_percent, self.hi_percent = lo_percent, hi_percent
+        self.counts = np.zeros(bins, np.int64)
+        self.limit = 0.0
+        self.minmax = MinMax()
+
+    def update(self, x: np.ndarray) -> None:
+        if not x.size:
+            return
+        self.minmax.update(x)
+        peak = max(abs(self.minmax.lo), abs(self.minmax.hi))
+        if self.limit == 0.0:
+            self.limit = peak * 1.0001 if peak > 0 else 1e-8
+        while peak >= self.limit:
+            self._double()
+        bins = len(self.counts)
+        index = ((x.reshape(-1) + self.limit) * (bins / (2 * self.limit))).astype(np.int64)
+        self.counts += np.bincount(np.clip(index, 0, bins - 1), minlength=bins)
+
+    def _double(self) -> None:
+        """Double the range: old bins map to the middle half, merged in pairs."""
+        bins = len(self.counts)
+        merged = self.counts.reshape(-1, 2).sum(axis=1)
+        self.counts = np.zeros(bins, np.int64)
+        self.counts[bins // 4 : bins // 4 + bins // 2] = merged
+        self.limit *= 2
+
+    def range(self) -> tuple[float, float]:
+        total = self.counts.sum()
+        if total == 0:
+            return 0.0, 0.0
+        edges = np.linspace(-self.limit, self.limit, len(self.counts) + 1)
+        cumulative = np.cumsum(self.counts) / total
+        lo = edges[np.searchsorted(cumulative, self.lo_percent / 100, side="left")]
+        hi = edges[np.searchsorted(cumulative, self.hi_percent / 100, side="left") + 1]
+        return max(float(lo), self.minmax.lo), min(float(hi), self.minmax.hi)
+
+
+class MovingAverage:
+    def __init__(self, constant: float = 0.1):
+        self.constant = constant
+        self.lo = self.hi = None
+
+    def update(self, x: np.ndarray) -> None:
+        if not x.size:
+            return
+        lo, hi = float(x.min()), float(x.max())
+        if self.lo is None:
+            self.lo, self.hi = lo, hi
+        else:
+            c = self.constant
+            self.lo = self.lo * (1 - c) + lo * c
+            self.hi = self.hi * (1 - c) + hi * c
+
+    def range(self) -> tuple[float, float]:
+        return (self.lo, self.hi) if self.lo is not None else (0.0, 0.0)

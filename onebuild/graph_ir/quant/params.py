@@ -1,0 +1,89 @@
+"""Quantization parameters and the fixed-point arithmetic of the integer reference.
+
+- Activations: uint8 asymmetric (the range is widened to contain 0, zero point in [0, 255]);
+  int8 / int16 symmetric (zero point 0, q in [-qmax, qmax]).
+- Weights: symmetric, per channel (an axis) or per tensor.
+- Quantize: q = clamp(round_half_even(x / scale) + zero_point), as ONNX QuantizeLinear.
+- Requantize an int32 accumulator by a real multiplier M in (0, 1): M = m * 2^-r with a 31-bit
+  integer m in [2^30, 2^31) and r >= 1, then out = (acc * m + 2^(r-1)) >> r in int64
+  arithmetic: one rounding, half toward +infinity.
+"""
+
+import math
+
+import numpy as np
+
+from ..tensor import QuantParams
+
+QRANGE = {"uint8": (0, 255), "int8": (-127, 127), "int16": (-32767, 32767), "int32": None}
+SYMMETRIC = {"int8", "int16"}
+
+
+def activation_params(lo: float, hi: float, dtype: str) -> QuantParams:
+    """Per-tensor parameters for values observed in [lo, hi] (a zero range still gets a scale)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    qmin, qmax = QRANGE[dtype]
+    if dtype in SYMMETRIC:
+        bound = max(-lo, hi)
+        scale = bound / qmax if bound > 0 else 1.0
+        return QuantParams((scale,), (0,), None)
+    scale = (hi - lo) / (qmax - qmin) if hi > lo else 1.0
+    zero_point = int(np.clip(round(qmin - lo / scale), qmin, qmax))
+    return QuantParams((scale,), (zero_point,), None)
+
+
+def weight_params(weight: np.ndarray, dtype: str, axis: int | None) -> QuantParams:
+    """Symmetric parameters; per channel along `axis`, or per tensor when axis is None."""
+    qmax = QRANGE[dtype][1]
+    if axis is None:
+        bound = float(np.abs(weight).max(initial=0.0))
+        return QuantParams((bound / qmax if bound > 0 else 1.0,), (0,), None)
+    moved = np.moveaxis(np.abs(weight), axis, 0).reshape(weight.shape[axis], -1)
+    bounds = moved.max(axis=1, initial=0.0)
+    scales = tuple(float(b / qmax) if b > 0 else 1.0 for b in bounds)
+    return QuantParams(scales, (0,) * len(scales), axis)
+
+
+def _broadcast(values: tuple, params: QuantParams, ndim: int) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if params.axis is None:
+        return array.reshape(())
+    shape = [1] * ndim
+    shape[params.axis] = -1
+    return array.reshape(shape)
+
+
+def quantize(x: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
+    """Round half to even, add the zero point, saturate to the type's range."""
+    scale = _broadcast(params.scale, params, x.ndim)
+    zero_point = _broadcast(params.zero_point, params, x.ndim)
+    q = np.rint(np.asarray(x, np.float64) / scale) + zero_point
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
+    scale = _broadcast(params.scale, params, q.ndim)
+    zero_point = _broadcast(params.zero_point, params, q.ndim)
+    return ((q.astype(np.float64) - zero_point) * scale).astype(np.float32)
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """(m, r) with real ~= m * 2^-r, m a 31-bit integer in [2^30, 2^31), r >= 1."""
+    if not 0 < real < 1:
+        raise ValueError(f"requantization multiplier {real} is outside (0, 1)")
+    mantissa, exponent = math.frexp(real)  # real = mantissa * 2^exponent, mantissa in [0.5, 1)
+    m = round(mantissa * (1 << 31))
+    r = 31 - exponent
+    if m == 1 << 31:  # rounding carried into the next power of two
+        m, r = 1 << 30, r - 1
+    return m, r
+
+
+def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.ndarray:
+    """round(acc * m / 2^r), ties toward +infinity, in exact int64 arithmetic."""
+    acc = np.asarray(acc, np.int64)
+    m = np.asarray(m, np.int64)
+    r = np.asarray(r, np.int64)
+    product = acc * m  # |acc| < 2^32 and m < 2^31 keep this inside int64
+    return (product + (np.int64(1) << (r - 1))) >> r

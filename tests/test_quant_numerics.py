@@ -1,0 +1,152 @@
+"""Quantization numerics: parameters, fixed-point requantization, observers."""
+
+import numpy as np
+import pytest
+
+from onebuild.graph_ir.quant.observers import MinMax, MovingAverage, Percentile
+from onebuild.graph_ir.quant.params import (
+    activation_params,
+    dequantize,
+    quantize,
+    quantize_multiplier,
+    requantize,
+    weight_params,
+)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_round_trip_error_is_at_most_half_a_step(rng, dtype):
+    x = rng.normal(0.5, 2.0, 10000).astype(np.float32)
+    params = activation_params(x.min(), x.max(), dtype)
+    q = quantize(x, params, dtype)
+    error = np.abs(dequantize(q, params) - x)
+    float32_rounding = 1e-6 * np.abs(x).max()
+    assert error.max() <= params.scale[0] / 2 + float32_rounding
+    if dtype == "uint8":
+        assert 0 <= params.zero_point[0] <= 255 and q.min() == 0 and q.max() == 255
+    else:
+        assert params.zero_point == (0,)
+
+
+@pytest.mark.parametrize("value", [0.0, 3.5, -2.0])
+def test_constant_tensor_gets_a_valid_scale(value):
+    for dtype in ("uint8", "int8", "int16"):
+        params = activation_params(value, value, dtype)
+        assert np.isfinite(params.scale[0]) and params.scale[0] > 0
+        x = np.full(4, value, np.float32)
+        np.testing.assert_allclose(
+            dequantize(quantize(x, params, dtype), params), x, atol=params.scale[0] / 2
+        )
+
+
+def test_zero_is_exactly_representable(rng):
+    params = activation_params(0.3, 7.9, "uint8")  # range widened to include 0
+    assert dequantize(quantize(np.zeros(1), params, "uint8"), params)[0] == 0.0
+
+
+def test_per_channel_weights_use_the_full_range(rng):
+    w = rng.normal(0, 1, (6, 3, 3, 3)) * np.arange(1, 7)[:, None, None, None]
+    w[2] = 0
+    params = weight_params(w, "int8", axis=0)
+    q = quantize(w, params, "int8")
+    peaks = np.abs(q).reshape(6, -1).max(axis=1)
+    assert list(peaks) == [127, 127, 0, 127, 127, 127]
+    assert params.scale[2] == 1.0
+    per_tensor = weight_params(w, "int8", axis=None)
+    assert len(per_tensor.scale) == 1 and np.abs(quantize(w, per_tensor, "int8")).max() == 127
+
+
+def test_quantize_multiplier_is_accurate(rng):
+    for real in np.concatenate([rng.uniform(1e-6, 1, 500), [0.5, 0.999999999, 2.0**-20]]):
+        m, r = quantize_multiplier(float(real))
+        assert (1 << 30) <= m < (1 << 31) and r >= 1
+        assert abs(m * 2.0**-r - real) <= real * 2.0**-30
+    with pytest.raises(ValueError):
+        quantize_multiplier(1.5)
+
+
+def test_requantize_rounds_half_up_exactly(rng):
+    m, r = 1 << 30, 31  # multiplier exactly 0.5
+    acc = np.array([-3, -2, -1, 0, 1, 2, 3, 5], np.int32)
+    assert list(requantize(acc, m, r)) == [-1, -1, 0, 0, 1, 1, 2, 3]
+    acc = rng.integers(-(2**31), 2**31 - 1, 20000).astype(np.int64)
+    real = 0.0123456
+    m, r = quantize_multiplier(real)
+    exact = acc * (m / 2.0**r)
+    assert np.abs(requantize(acc, m, r) - exact).max() <= 0.5 + 1e-6
+
+
+def test_minmax_and_moving_average():
+    observer, average = MinMax(), MovingAverage(constant=0.1)
+    for batch in ([1.0, 2.0], [-3.0, 0.5], [4.0]):
+        observer.update(np.array(batch))
+        average.update(np.array(batch))
+    assert observer.range() == (-3.0, 4.0)
+    lo = 1.0 * 0.9 + -3.0 * 0.1
+    assert average.range()[0] == pytest.approx(lo * 0.9 + 4.0 * 0.1)
+
+
+def test_percentile_matches_numpy_within_a_bin(rng):
+    observer = Percentile(1.0, 99.0, bins=4096)
+    batches = [rng.normal(0, 1, 5000) * (1 + i) for i in range(6)]  # range grows: rebinning
+    for batch in batches:
+        observer.update(batch)
+    data = np.concatenate(batches)
+    lo, hi = observer.range()
+    width = 2 * observer.limit / 4096
+    assert abs(lo - np.percentile(data, 1)) <= 2 * width
+    assert abs(hi - np.percentile(data, 99)) <= 2 * width
+    assert observer.counts.shape == (4096,) and observer.counts.sum() == data.size
+
+
+def _digits():
+    from pathlib import Path
+
+    from onebuild.graph_ir.passes import run_preset
+    from onebuild.graph_ir.serde import load_model
+    from onebuild.npz import read_npz
+
+    folder = Path(__file__).parent.parent / "examples" / "digits"
+    model = load_model(folder / "digits.onnx", {"input": [1, 1, 8, 8]})
+    run_preset(model)
+    return model.main, read_npz(folder / "data" / "calib.npz")
+
+
+def test_calibration_observes_every_float_value():
+    from onebuild.graph_ir.interpreter import Interpreter
+    from onebuild.graph_ir.quant.calibrate import calibrate
+
+    graph, data = _digits()
+    seen = []
+    ranges = calibrate(graph, data, "minmax", progress=lambda i, n: seen.append((i, n)))
+    assert seen[-1] == (200, 200)
+    expected = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
+    assert set(ranges) == expected
+    logits = Interpreter(graph).run_batch(data)["logits"]
+    assert ranges["logits"] == (pytest.approx(logits.min()), pytest.approx(logits.max()))
+    assert ranges["input"][0] >= 0 and ranges["input"][1] <= 1
+    percentile = calibrate(graph, data, "percentile", {"lo_percent": 1, "hi_percent": 99})
+    assert percentile["logits"][1] < ranges["logits"][1]
+
+
+def test_bad_calibration_data_gives_one_line_errors():
+    from onebuild.errors import UserError
+    from onebuild.graph_ir.quant.calibrate import calibrate
+
+    graph, data = _digits()
+    x = data["input"]
+    cases = [
+        ({"image": x}, "missing input 'input'"),
+        ({"input": x[:, :, :, :4]}, "has shape"),
+        (
+            {"input": np.where(np.arange(len(x))[:, None, None, None, None] == 7, np.nan, x)},
+            "sample 7 contains NaN or Inf",
+        ),
+        ({"input": x[:3]}, "3 sample(s); at least 10"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(UserError) as error:
+            calibrate(graph, bad, min_samples=10)
+        assert message in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(UserError, match="unknown calibration method"):
+        calibrate(graph, data, "entropy")
