@@ -77,6 +77,7 @@ class _GraphImporter:
         self._mapped_files: dict[Path, mmap.mmap] = {}
 
     def run(self, input_shapes: dict, input_values: dict) -> Graph:
+        self._check_text()
         nodes = self._sorted_nodes()
         self._check_supported(nodes)
         for init in self.proto.initializer:
@@ -88,6 +89,15 @@ class _GraphImporter:
         return self.graph
 
     # -- structure ---------------------------------------------------------------------------
+    def _check_text(self) -> None:
+        """Names and op types must be text (protobuf hands back bytes for invalid UTF-8)."""
+        graph = self.proto
+        names = [v.name for v in (*graph.input, *graph.output, *graph.initializer)]
+        for node in graph.node:
+            names += [node.op_type, node.name, node.domain, *node.input, *node.output]
+        if not all(isinstance(name, str) for name in names):
+            raise ModelError(f"{self.source}: corrupt model (a name is not valid UTF-8 text)")
+
     def _sorted_nodes(self) -> list[onnx.NodeProto]:
         """ONNX nodes in a stable topological order (models should be sorted; some are not)."""
         nodes = list(self.proto.node)
@@ -208,7 +218,8 @@ class _GraphImporter:
         try:
             return dtypes.dtype(dtypes.name_of(helper.tensor_dtype_to_np_dtype(elem_type)))
         except (ValueError, KeyError, TypeError):
-            name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "undefined"
+            known = elem_type in onnx.TensorProto.DataType.values()
+            name = onnx.TensorProto.DataType.Name(elem_type) if known else f"#{elem_type}"
             raise ModelError(f"{self.source}: {what} has unsupported element type {name}") from None
 
     def _tensor(self, proto: onnx.TensorProto) -> Tensor:
