@@ -61,8 +61,10 @@ def test_quantize_multiplier_is_accurate(rng):
         m, r = quantize_multiplier(float(real))
         assert (1 << 30) <= m < (1 << 31) and r >= 1
         assert abs(m * 2.0**-r - real) <= real * 2.0**-30
-    with pytest.raises(ValueError):
-        quantize_multiplier(1.5)
+    assert quantize_multiplier(1.5) == (3 << 29, 30)  # multipliers above 1 are fine too
+    for bad in (0.0, -0.5):
+        with pytest.raises(ValueError):
+            quantize_multiplier(bad)
 
 
 def test_requantize_rounds_half_up_exactly(rng):

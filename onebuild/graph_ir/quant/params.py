@@ -4,7 +4,7 @@
   int8 / int16 symmetric (zero point 0, q in [-qmax, qmax]).
 - Weights: symmetric, per channel (an axis) or per tensor.
 - Quantize: q = clamp(round_half_even(x / scale) + zero_point), as ONNX QuantizeLinear.
-- Requantize an int32 accumulator by a real multiplier M in (0, 1): M = m * 2^-r with a 31-bit
+- Requantize an int32 accumulator by a real multiplier M > 0: M = m * 2^-r with a 31-bit
   integer m in [2^30, 2^31) and r >= 1, then out = (acc * m + 2^(r-1)) >> r in int64
   arithmetic: one rounding, half toward +infinity.
 """
@@ -70,8 +70,8 @@ def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
 
 def quantize_multiplier(real: float) -> tuple[int, int]:
     """(m, r) with real ~= m * 2^-r, m a 31-bit integer in [2^30, 2^31), r >= 1."""
-    if not 0 < real < 1:
-        raise ValueError(f"requantization multiplier {real} is outside (0, 1)")
+    if not 0 < real < 2.0**29:
+        raise ValueError(f"requantization multiplier {real} is outside (0, 2^29)")
     mantissa, exponent = math.frexp(real)  # real = mantissa * 2^exponent, mantissa in [0.5, 1)
     m = round(mantissa * (1 << 31))
     r = 31 - exponent

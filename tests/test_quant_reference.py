@@ -1,0 +1,117 @@
+"""The integer reference: quantized graphs, bit-exact kernels, accuracy on the digits model."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ops import OPS
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.params import quantize_multiplier
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde import load_model
+from onebuild.graph_ir.serde.model_zoo import light_model
+from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.graph_ir.verify import verify
+from onebuild.npz import read_npz
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+
+
+def sqnr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    noise = np.sum((reference - test) ** 2)
+    return float(10 * np.log10(np.sum(reference**2) / max(noise, 1e-30)))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    run_preset(model)
+    ranges = calibrate(model.main, read_npz(DIGITS / "data" / "calib.npz"))
+    test = read_npz(DIGITS / "data" / "test.npz")
+    labels = read_npz(DIGITS / "data" / "test_labels.npz")["labels"]
+    return model.main, ranges, test, labels
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("granularity", ["channel", "layer"])
+def test_digits_full_quantization_accuracy(digits, dtype, granularity):
+    graph, ranges, test, labels = digits
+    quantized = quantize_graph(graph, ranges, dtype, granularity)
+    verify(quantized)
+    ops = [n.op for n in quantized.nodes]
+    assert ops.count("QConv") == 2 and ops.count("QGemm") == 1
+    float_logits = Interpreter(graph).run_batch(test)["logits"][:, 0]
+    quant_logits = Interpreter(quantized).run_batch(test)["logits"][:, 0]
+    assert quant_logits.dtype == np.float32
+    float_accuracy = np.mean(float_logits.argmax(1) == labels)
+    quant_accuracy = np.mean(quant_logits.argmax(1) == labels)
+    assert quant_accuracy >= float_accuracy - 0.01
+    assert sqnr_db(float_logits, quant_logits) > 30
+
+
+def _exact_conv_reference(attrs, x, w, b):
+    """QConv computed with Python integers: the rules of docs/quantization.md, literally."""
+    xc = x.astype(np.int64) - attrs["x_zero_point"]
+    n, c, h, wd = xc.shape
+    m, _, kh, kw = w.shape
+    pt, pl, pb, pr = attrs["pads"][0], attrs["pads"][1], attrs["pads"][2], attrs["pads"][3]
+    padded = np.zeros((n, c, h + pt + pb, wd + pl + pr), np.int64)
+    padded[:, :, pt : pt + h, pl : pl + wd] = xc
+    s = attrs["strides"][0]
+    oh, ow = (padded.shape[2] - kh) // s + 1, (padded.shape[3] - kw) // s + 1
+    out = np.zeros((n, m, oh, ow), np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            window = padded[:, :, i * s : i * s + kh, j * s : j * s + kw]
+            out[:, :, i, j] = np.tensordot(window, w.astype(np.int64), axes=([1, 2, 3], [1, 2, 3]))
+    out += b.astype(np.int64)[None, :, None, None]
+    result = np.empty_like(out)
+    for channel in range(m):
+        mult, shift = attrs["multiplier"][channel], attrs["shift"][channel]
+        for index, acc in np.ndenumerate(out[:, channel]):
+            value = (int(acc) * mult + (1 << (shift - 1))) >> shift  # Python ints: exact
+            value = min(max(value + attrs["y_zero_point"], attrs["qmin"]), attrs["qmax"])
+            result[index[0], channel, index[1], index[2]] = value
+    return result.astype(attrs["dtype"])
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_qconv_kernel_is_bit_exact(rng, stride):
+    x = rng.integers(0, 256, (2, 5, 9, 7)).astype(np.uint8)
+    w = rng.integers(-127, 128, (4, 5, 3, 3)).astype(np.int8)
+    b = rng.integers(-5000, 5000, 4).astype(np.int32)
+    pairs = [quantize_multiplier(float(v)) for v in rng.uniform(1e-4, 1e-2, 4)]
+    attrs = {
+        "strides": [stride, stride],
+        "dilations": [1, 1],
+        "pads": [1, 0, 1, 2],
+        "group": 1,
+        "dtype": "uint8",
+        "x_zero_point": 117,
+        "y_zero_point": 9,
+        "qmin": 9,
+        "qmax": 255,
+        "multiplier": [m for m, _ in pairs],
+        "shift": [r for _, r in pairs],
+    }
+    (got,) = OPS["QConv"].kernel(attrs, x, w, b)
+    np.testing.assert_array_equal(got, _exact_conv_reference(attrs, x, w, b))
+
+
+def test_light_model_quantizes_and_tracks_float(rng):
+    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
+    run_preset(model)
+    graph = model.main
+    name = graph.inputs[0].name
+    calibration = {name: rng.random((6, *graph.inputs[0].shape), dtype=np.float32)}
+    ranges = calibrate(graph, calibration)
+    quantized = quantize_graph(graph, ranges, "uint8", "channel")
+    verify(quantized)
+    sample = {name: calibration[name][0]}
+    logits = graph.outputs[-1].name
+    want = Interpreter(graph).run(sample)[logits]
+    got = Interpreter(quantized).run(sample)[logits]
+    assert sqnr_db(want, got) > 15
