@@ -66,7 +66,8 @@ def summarize(model) -> dict:
             "shape": list(value.shape),
         }
 
-    params = sum(v.size for v in graph.constants.values() if np.issubdtype(v.dtype, np.floating))
+    # Weights and biases, float or quantized; int64 constants are shape operands and indices.
+    params = sum(v.size for v in graph.constants.values() if v.dtype != np.int64)
     return {
         "inputs": [entry(v) for v in graph.inputs],
         "outputs": [entry(v) for v in graph.outputs],

@@ -115,3 +115,20 @@ def test_light_model_quantizes_and_tracks_float(rng):
     want = Interpreter(graph).run(sample)[logits]
     got = Interpreter(quantized).run(sample)[logits]
     assert sqnr_db(want, got) > 15
+
+
+def test_quantized_graph_round_trips_through_an_ir_file(digits, tmp_path):
+    from onebuild.graph_ir.ir import Model
+    from onebuild.graph_ir.serde import load_ir, save_ir
+
+    graph, ranges, test, _ = digits
+    quantized = quantize_graph(graph, ranges, "uint8", "channel")
+    digest = save_ir(Model([quantized]), tmp_path / "q.obir")
+    loaded = load_ir(tmp_path / "q.obir")
+    assert save_ir(loaded, tmp_path / "again.obir") == digest
+    weights = [v for v in loaded.main.constants.values() if v.dtype == np.int8]
+    assert weights and all(v.quant is not None and v.quant.axis == 0 for v in weights)
+    np.testing.assert_array_equal(
+        Interpreter(loaded.main).run_batch(test)["logits"],
+        Interpreter(quantized).run_batch(test)["logits"],
+    )
