@@ -108,9 +108,8 @@ class _Runner:
             step = STEPS[task.step]
             try:
                 cache = StepCache(task.cache)
-                key = step_key(
-                    task.step, step.version, task.config, task.inputs, task.recipe.parent
-                )
+                digests = [tree_digest(p) for p in task.inputs]
+                key = step_key(task.step, step.version, task.config, digests, task.recipe.parent)
                 if cache.restore(key, task.outputs):
                     result.status = "restored"
                 else:
@@ -125,7 +124,7 @@ class _Runner:
                 result.status, result.error = "failed", f"{type(error).__name__}: {error}"
                 return TaskFailed(result.error)
             result.seconds = time.perf_counter() - start
-            self._write_log(task, result, key)
+            self._write_log(task, result, key, digests)
             self.progress(
                 f"[{task.step}] {task.recipe.name}: {result.status} in {result.seconds:.2f}s"
             )
@@ -133,7 +132,9 @@ class _Runner:
 
         return execute
 
-    def _write_log(self, task: StepTask, result: StepResult, key: str) -> None:
+    def _write_log(
+        self, task: StepTask, result: StepResult, key: str, input_digests: list[str]
+    ) -> None:
         log = {
             "status": result.status,
             "cache_key": key,
@@ -141,7 +142,7 @@ class _Runner:
             "version": STEPS[task.step].version,
             "recipe": str(task.recipe),
             "config": task.config,
-            "inputs": {str(p): tree_digest(p) for p in task.inputs},
+            "inputs": {str(p): d for p, d in zip(task.inputs, input_digests)},
             "outputs": {str(p): tree_digest(p) for p in task.outputs},
             "seconds": round(result.seconds, 4),
         }

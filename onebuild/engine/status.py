@@ -73,5 +73,6 @@ def _cached(task: StepTask) -> bool:
     if not all(p.exists() for p in task.inputs):
         return False
     version = STEPS[task.step].version
-    key = step_key(task.step, version, task.config, task.inputs, task.recipe.parent)
+    digests = [tree_digest(p) for p in task.inputs]
+    key = step_key(task.step, version, task.config, digests, task.recipe.parent)
     return StepCache(task.cache).has(key)

@@ -34,14 +34,14 @@ def tree_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-def step_key(step: str, version: int, config: dict, inputs: list[Path], base: Path) -> str:
-    """The cache key of a step execution: input contents, not input paths, and config paths
-    relative to the recipe folder `base`, so another checkout of the project hits the same entry."""
+def step_key(step: str, version: int, config: dict, input_digests: list[str], base: Path) -> str:
+    """The cache key of a step execution: input contents (their digests), not input paths, and
+    config paths relative to the recipe folder `base`, so another checkout hits the same entry."""
     description = {
         "step": step,
         "version": version,
         "config": _relative_paths(config, base),
-        "inputs": [tree_digest(p) for p in inputs],
+        "inputs": input_digests,
     }
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
 

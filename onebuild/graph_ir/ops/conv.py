@@ -47,7 +47,7 @@ def conv_output_size(size: int, k: int, stride: int, dilation: int, pad_total: i
     return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
 
 
-def _conv_type(attrs: Attrs, types) -> list[TensorType]:
+def conv_type(attrs: Attrs, types) -> list[TensorType]:
     x, w = types[0], types[1]
     nd = len(x.shape) - 2
     pads = attrs["pads"]
@@ -71,7 +71,7 @@ def _conv_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (x.shape[0], w.shape[0], *spatial))]
 
 
-@register("Conv", _conv_type)
+@register("Conv", conv_type)
 def conv(attrs, x, w, b=None):
     group, nd = attrs["group"], x.ndim - 2
     strides, dilations = tuple(attrs["strides"]), tuple(attrs["dilations"])
@@ -163,7 +163,7 @@ def conv_transpose(attrs, x, w, b=None):
     return np.ascontiguousarray(y.astype(x.dtype, copy=False))
 
 
-def _gemm_type(attrs: Attrs, types) -> list[TensorType]:
+def gemm_type(attrs: Attrs, types) -> list[TensorType]:
     a, b = types[0].shape, types[1].shape
     m, ka = (a[1], a[0]) if attrs.get("transA") else a
     kb, n = (b[1], b[0]) if attrs.get("transB") else b
@@ -172,7 +172,7 @@ def _gemm_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, (m, n))]
 
 
-@register("Gemm", _gemm_type)
+@register("Gemm", gemm_type)
 def gemm(attrs, a, b, c=None):
     a = a.T if attrs.get("transA") else a
     b = b.T if attrs.get("transB") else b

@@ -6,8 +6,9 @@ is an integer far below 2^53, so the float64 result is exact, then converted to 
 
 import numpy as np
 
-from ..quant.params import requantize
-from .conv import conv, gemm
+from ..quant.params import dequantize, quantize, requantize
+from ..tensor import QuantParams
+from .conv import conv, conv_type, gemm, gemm_type
 from .registry import Attrs, TensorType, register
 
 
@@ -18,18 +19,20 @@ def _with_dtype(name_attr: str):
     return infer
 
 
+def _params(attrs: Attrs) -> QuantParams:
+    return QuantParams((attrs["scale"],), (attrs["zero_point"],), None)
+
+
 @register("QuantizeLinear", _with_dtype("dtype"))
 def quantize_linear(attrs, x):
-    info = np.iinfo(attrs["dtype"])
-    q = np.rint(x.astype(np.float64) / attrs["scale"]) + attrs["zero_point"]
-    return np.clip(q, info.min, info.max).astype(attrs["dtype"])
+    return quantize(x, _params(attrs), attrs["dtype"])
 
 
 @register(
     "DequantizeLinear", lambda attrs, types: [TensorType(np.dtype(np.float32), types[0].shape)]
 )
 def dequantize_linear(attrs, q):
-    return ((q.astype(np.float64) - attrs["zero_point"]) * attrs["scale"]).astype(np.float32)
+    return dequantize(q, _params(attrs))
 
 
 def _requantize_channels(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
@@ -46,9 +49,7 @@ def _float_attrs(attrs: Attrs, keys: tuple[str, ...]) -> Attrs:
 
 
 def _q_conv_type(attrs: Attrs, types) -> list[TensorType]:
-    from .conv import _conv_type
-
-    shape = _conv_type(attrs, types[:2])[0].shape
+    shape = conv_type(attrs, types[:2])[0].shape
     return [TensorType(np.dtype(attrs["dtype"]), shape)]
 
 
@@ -62,9 +63,7 @@ def q_conv(attrs, x, w, b):
 
 
 def _q_gemm_type(attrs: Attrs, types) -> list[TensorType]:
-    from .conv import _gemm_type
-
-    return [TensorType(np.dtype(attrs["dtype"]), _gemm_type(attrs, types[:2])[0].shape)]
+    return [TensorType(np.dtype(attrs["dtype"]), gemm_type(attrs, types[:2])[0].shape)]
 
 
 @register("QGemm", _q_gemm_type)

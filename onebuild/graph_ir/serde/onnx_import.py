@@ -81,7 +81,7 @@ class _GraphImporter:
         nodes = self._sorted_nodes()
         self._check_supported(nodes)
         for init in self.proto.initializer:
-            self.values[init.name] = self.graph.add_constant(self._tensor(init), init.name)
+            self.values[init.name] = self.graph.add_constant(self.tensor(init), init.name)
         self._add_inputs(input_shapes, input_values)
         for node in nodes:
             self._convert(node)
@@ -163,7 +163,7 @@ class _GraphImporter:
         if kind != "tensor_type":
             raise ModelError(f"{self.source}: input '{info.name}' is a {kind}, not a tensor")
         tensor_type = info.type.tensor_type
-        dtype = self._dtype(tensor_type.elem_type, f"input '{info.name}'")
+        dtype = self.dtype(tensor_type.elem_type, f"input '{info.name}'")
         dims = tensor_type.shape.dim if tensor_type.HasField("shape") else None
         if override is not None:
             override = [int(d) for d in override]
@@ -214,7 +214,7 @@ class _GraphImporter:
             self.graph.outputs.append(value)
 
     # -- tensors -----------------------------------------------------------------------------
-    def _dtype(self, elem_type: int, what: str) -> np.dtype:
+    def dtype(self, elem_type: int, what: str) -> np.dtype:
         try:
             return dtypes.dtype(dtypes.name_of(helper.tensor_dtype_to_np_dtype(elem_type)))
         except (ValueError, KeyError, TypeError):
@@ -222,8 +222,8 @@ class _GraphImporter:
             name = onnx.TensorProto.DataType.Name(elem_type) if known else f"#{elem_type}"
             raise ModelError(f"{self.source}: {what} has unsupported element type {name}") from None
 
-    def _tensor(self, proto: onnx.TensorProto) -> Tensor:
-        dtype = self._dtype(proto.data_type, f"tensor '{proto.name}'")
+    def tensor(self, proto: onnx.TensorProto) -> Tensor:
+        dtype = self.dtype(proto.data_type, f"tensor '{proto.name}'")
         if proto.data_location == onnx.TensorProto.EXTERNAL:
             return self._external_tensor(proto, dtype)
         try:
@@ -322,7 +322,7 @@ class NodeContext:
             return default
         value = helper.get_attribute_value(proto)
         if isinstance(value, onnx.TensorProto):
-            return self.importer._tensor(value).numpy()
+            return self.importer.tensor(value).numpy()
         if isinstance(value, bytes):
             return value.decode()
         if isinstance(value, list) and value and isinstance(value[0], bytes):

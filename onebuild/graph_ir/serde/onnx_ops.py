@@ -30,7 +30,7 @@ def _axes(values, rank: int) -> list[int]:
 
 
 def _onnx_type_name(ctx, elem_type: int) -> str:
-    return dtypes.name_of(ctx.importer._dtype(elem_type, "Cast target"))
+    return dtypes.name_of(ctx.importer.dtype(elem_type, "Cast target"))
 
 
 # -- pass-through and elementwise --------------------------------------------------------------
