@@ -158,8 +158,13 @@ def cmd_build(args) -> int:
         ]
         print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
     else:
-        ran = sum(r.status == "run" for r in results)
-        print(f"{ran} step(s) run, {sum(r.status == 'up-to-date' for r in results)} up to date")
+        counts = Counter(r.status for r in results)
+        summary = f"{counts['run']} step(s) run, {counts['up-to-date']} up to date"
+        if counts["restored"]:
+            summary += f", {counts['restored']} restored from the step cache"
+        if counts["failed"]:
+            summary += f", {counts['failed']} failed"
+        print(summary)
         for package in packages:
             print(f"package: {package}")
     for result in failed:
@@ -307,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(_LowercaseLevelFormatter("onebuild: %(levelname)s: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("onebuild.progress").setLevel(logging.INFO)
     try:
         return args.func(args)
     except OneBuildError as error:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import UserError
 
@@ -24,6 +24,7 @@ PATH_KEYS = {
     ("import", "source"),
     ("quantize", "calibration"),
     ("quantize", "accuracy", "data"),
+    ("quantize", "accuracy", "labels"),
     ("partition", "part_file"),
     ("pack", "output"),
     ("build", "dir"),
@@ -57,9 +58,15 @@ class QuantizeLayer(_Section):
 
 
 class QuantizeAccuracy(_Section):
-    data: str
+    """Compare the quantized model with the float one; fail the build below a threshold."""
+
+    data: str = Field(description="evaluation samples: npz or folder of npz/npy files")
+    labels: str | None = Field(default=None, description="npz with one array of class labels")
     min_sqnr_db: float | None = None
     min_top1_match: float | None = Field(default=None, ge=0, le=1)
+    max_accuracy_drop: float | None = Field(
+        default=None, ge=0, le=1, description="largest allowed top-1 accuracy loss (needs labels)"
+    )
 
 
 class QuantizeStep(_Section):
@@ -69,11 +76,28 @@ class QuantizeStep(_Section):
     dtype: Literal["uint8", "int8", "int16"] = "uint8"
     granularity: Literal["channel", "layer"] = "channel"
     calibration: str | None = Field(default=None, description="npz or folder of npz/npy files")
-    method: Literal["minmax", "percentile", "moving_average"] = "minmax"
+    random_calibration: bool = Field(
+        default=False, description="calibrate on random data when there is none (inaccurate)"
+    )
+    random_samples: int = Field(default=32, ge=1)
+    min_samples: int = Field(default=1, ge=1, description="fewer calibration samples fail")
+    method: Literal["minmax", "percentile", "moving_average", "mse"] = "minmax"
+    min_percentile: float = Field(default=1.0, ge=0, le=100)
+    max_percentile: float = Field(default=99.0, ge=0, le=100)
+    moving_avg_batch: int = Field(default=1, ge=1)
+    moving_avg_const: float = Field(default=0.1, gt=0, le=1)
     input_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
     output_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
     layers: list[QuantizeLayer] = Field(default_factory=list)
     accuracy: QuantizeAccuracy | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.mode == "weight_only" and self.dtype == "uint8":
+            raise ValueError("weight_only quantization stores int8 or int16 weights, not uint8")
+        if self.min_percentile >= self.max_percentile:
+            raise ValueError("min_percentile must be below max_percentile")
+        return self
 
 
 class PartitionStep(_Section):
@@ -263,7 +287,8 @@ def _describe(error: ValidationError) -> str:
         return f"{dotted}: unknown key{hint}{allowed}{more}"
     value = first.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    return f"{dotted}: {first['msg']}{shown}{more}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{dotted}: {message}{shown}{more}"
 
 
 def _plan(path: Path, recipe: Recipe) -> Plan:
@@ -279,6 +304,17 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
             value = value.get(key) if isinstance(value, dict) else None
         if keys[0] in ("import", "quantize", "partition") and value and not Path(value).exists():
             raise UserError(f"{path}: {'.'.join(keys)}: '{value}' does not exist")
+    quantize = steps.get("quantize")
+    if (
+        quantize
+        and quantize["mode"] == "full"
+        and not (quantize["calibration"] or quantize["random_calibration"])
+    ):
+        raise UserError(
+            f"{path}: quantize.calibration: full quantization needs calibration data (an "
+            "npz file or a folder of npz/npy files); quantize.random_calibration = true "
+            "calibrates on random data instead, which costs accuracy"
+        )
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
     cache = Path(build.cache) if build.cache else None

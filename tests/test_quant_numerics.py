@@ -62,7 +62,8 @@ def test_quantize_multiplier_is_accurate(rng):
         assert (1 << 30) <= m < (1 << 31) and r >= 1
         assert abs(m * 2.0**-r - real) <= real * 2.0**-30
     assert quantize_multiplier(1.5) == (3 << 29, 30)  # multipliers above 1 are fine too
-    for bad in (0.0, -0.5):
+    assert quantize_multiplier(0.0) == (0, 1)  # flushed: scales everything to 0
+    for bad in (-0.5, 2.0**29):
         with pytest.raises(ValueError):
             quantize_multiplier(bad)
 
@@ -76,6 +77,19 @@ def test_requantize_rounds_half_up_exactly(rng):
     m, r = quantize_multiplier(real)
     exact = acc * (m / 2.0**r)
     assert np.abs(requantize(acc, m, r) - exact).max() <= 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("bits, max_real", [(32, 2.0**20), (46, 100.0)])
+def test_requantize_matches_python_integers(rng, bits, max_real):
+    """Exact against unbounded integers, incl. 46-bit accumulators of int16 kernels."""
+    acc = rng.integers(-(2 ** (bits - 1)), 2 ** (bits - 1), 3000, dtype=np.int64)
+    reals = np.exp(rng.uniform(np.log(2.0**-30), np.log(max_real), 3000))
+    pairs = [quantize_multiplier(float(x)) for x in reals]
+    m = np.array([p[0] for p in pairs], np.int64)
+    r = np.array([p[1] for p in pairs], np.int64)
+    got = requantize(acc, m, r)
+    want = [(int(a) * int(mm) + (1 << (int(rr) - 1))) >> int(rr) for a, mm, rr in zip(acc, m, r)]
+    assert got.tolist() == want
 
 
 def test_minmax_and_moving_average():
@@ -120,14 +134,14 @@ def test_calibration_observes_every_float_value():
 
     graph, data = _digits()
     seen = []
-    ranges = calibrate(graph, data, "minmax", progress=lambda i, n: seen.append((i, n)))
-    assert seen[-1] == (200, 200)
+    ranges = calibrate(graph, data, "minmax", progress=seen.append).ranges
+    assert seen[-1] == 200
     expected = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
     assert set(ranges) == expected
     logits = Interpreter(graph).run_batch(data)["logits"]
     assert ranges["logits"] == (pytest.approx(logits.min()), pytest.approx(logits.max()))
     assert ranges["input"][0] >= 0 and ranges["input"][1] <= 1
-    percentile = calibrate(graph, data, "percentile", {"lo_percent": 1, "hi_percent": 99})
+    percentile = calibrate(graph, data, "percentile", {"lo_percent": 1, "hi_percent": 99}).ranges
     assert percentile["logits"][1] < ranges["logits"][1]
 
 

@@ -9,6 +9,7 @@ from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.params import quantize_multiplier
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
@@ -29,17 +30,17 @@ def sqnr_db(reference: np.ndarray, test: np.ndarray) -> float:
 def digits():
     model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
     run_preset(model)
-    ranges = calibrate(model.main, read_npz(DIGITS / "data" / "calib.npz"))
+    ranges = calibrate(model.main, read_npz(DIGITS / "data" / "calib.npz")).ranges
     test = read_npz(DIGITS / "data" / "test.npz")
     labels = read_npz(DIGITS / "data" / "test_labels.npz")["labels"]
     return model.main, ranges, test, labels
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
 @pytest.mark.parametrize("granularity", ["channel", "layer"])
 def test_digits_full_quantization_accuracy(digits, dtype, granularity):
     graph, ranges, test, labels = digits
-    quantized = quantize_graph(graph, ranges, dtype, granularity)
+    quantized = quantize_graph(graph, ranges, QuantConfig(dtype, granularity))
     verify(quantized)
     ops = [n.op for n in quantized.nodes]
     assert ops.count("QConv") == 2 and ops.count("QGemm") == 1
@@ -107,8 +108,8 @@ def test_light_model_quantizes_and_tracks_float(rng):
     graph = model.main
     name = graph.inputs[0].name
     calibration = {name: rng.random((6, *graph.inputs[0].shape), dtype=np.float32)}
-    ranges = calibrate(graph, calibration)
-    quantized = quantize_graph(graph, ranges, "uint8", "channel")
+    ranges = calibrate(graph, calibration).ranges
+    quantized = quantize_graph(graph, ranges)
     verify(quantized)
     sample = {name: calibration[name][0]}
     logits = graph.outputs[-1].name
@@ -122,7 +123,7 @@ def test_quantized_graph_round_trips_through_an_ir_file(digits, tmp_path):
     from onebuild.graph_ir.serde import load_ir, save_ir
 
     graph, ranges, test, _ = digits
-    quantized = quantize_graph(graph, ranges, "uint8", "channel")
+    quantized = quantize_graph(graph, ranges)
     digest = save_ir(Model([quantized]), tmp_path / "q.obir")
     loaded = load_ir(tmp_path / "q.obir")
     assert save_ir(loaded, tmp_path / "again.obir") == digest

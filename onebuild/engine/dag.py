@@ -30,6 +30,8 @@ from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
 from ..recipe import Plan
 from ..tasks import STEPS, UNAVAILABLE
+from ..tasks import calibrate as calibrate_step
+from ..tasks import quantize as quantize_step
 from ..tasks.pack import archive_path
 from .step_cache import StepCache, step_key, tree_digest
 
@@ -38,7 +40,11 @@ DB_NAME = "tasks.sqlite3"
 
 @dataclass
 class StepTask:
-    """One step of one recipe, with the files it reads and writes."""
+    """One step of one recipe, with the files it reads and writes.
+
+    `inputs` are passed to the step; `after` are extra dependencies it only waits for (an
+    accuracy report: a failed gate stops everything downstream).
+    """
 
     recipe: Path
     step: str
@@ -47,6 +53,7 @@ class StepTask:
     outputs: list[Path]
     targets: list[Path]
     cache: Path
+    after: list[Path] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -72,21 +79,50 @@ def plan_tasks(plan: Plan) -> list[StepTask]:
                 f"{plan.recipe}: [{step}] ({UNAVAILABLE[step]}) is not available yet in this "
                 "onebuild version; remove the table to build the other steps"
             )
-    tasks, previous = [], Path(plan.steps["import"]["source"])
+    cache = plan.cache_dir or plan.build_dir / "cache"
+    tasks: list[StepTask] = []
+    previous, gates = Path(plan.steps["import"]["source"]), []
+
+    def add(step: str, config: dict, inputs: list[Path], outputs=None, targets=None) -> Path:
+        outputs = outputs or [plan.build_dir / f"{step}.obir"]
+        task = StepTask(plan.recipe, step, config, inputs, outputs, targets or outputs, cache)
+        tasks.append(task)
+        return outputs[0]
+
     for step, config in plan.steps.items():
+        if step == "quantize":
+            previous, gates = _quantize_tasks(add, config, previous, plan.build_dir)
+            continue
         if step == "pack":
             package = Path(config["output"])
-            outputs = [package]
-            targets = [package / "metadata" / "MANIFEST"]
+            outputs, targets = [package], [package / "metadata" / "MANIFEST"]
             if config.get("archive"):
                 outputs.append(archive_path(package))
                 targets.append(archive_path(package))
+            add(step, config, [previous], outputs, targets)
         else:
-            outputs = targets = [plan.build_dir / f"{step}.obir"]
-        cache = plan.cache_dir or plan.build_dir / "cache"
-        tasks.append(StepTask(plan.recipe, step, config, [previous], outputs, targets, cache))
-        previous = outputs[0]
+            previous = add(step, config, [previous])
+        tasks[-1].after, gates = gates, []
     return tasks
+
+
+def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Path, list[Path]]:
+    """[quantize] becomes up to three tasks: calibrate (statistics, reused when only the dtype
+    changes), quantize, and evaluate (the accuracy gate, which later steps wait for)."""
+    inputs = [model]
+    if config["mode"] == "full":
+        data = [Path(config["calibration"])] if config["calibration"] else []
+        stats = build_dir / "calibrate.npz"
+        add("calibrate", calibrate_step.step_config(config), [model, *data], [stats])
+        inputs.append(stats)
+    quantized = add("quantize", quantize_step.step_config(config), inputs)
+    accuracy = config.get("accuracy")
+    if not accuracy:
+        return quantized, []
+    data = [Path(accuracy["data"])] + ([Path(accuracy["labels"])] if accuracy["labels"] else [])
+    report = build_dir / "quantize.accuracy.json"
+    add("evaluate", accuracy, [model, quantized, *data], [report])
+    return quantized, [report]
 
 
 class _Runner:
@@ -150,17 +186,26 @@ class _Runner:
         atomic_write_bytes(Path(f"{task.outputs[0]}.log"), text.encode())
 
     def doit_task(self, task: StepTask):
-        check = {"config": task.config, "version": STEPS[task.step].version}
+        deps = [*task.inputs, *task.after]
+        folders = {str(p): _folder_files(p) for p in deps if p.is_dir()}
+        files = [str(f) for p in deps for f in folders.get(str(p), [p])]
+        listing = {k: [f.name for f in v] for k, v in folders.items()}  # catches removed files
+        check = {"config": task.config, "version": STEPS[task.step].version, "folders": listing}
         return dict_to_task(
             {
                 "name": task.name,
                 "actions": [(self.action(task),)],
-                "file_dep": [str(p) for p in task.inputs],
+                "file_dep": files,
                 "targets": [str(p) for p in task.targets],
                 "uptodate": [config_changed(json.dumps(check, sort_keys=True))],
                 "verbosity": 0,
             }
         )
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The files of a data folder input (doit tracks files, not folders)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
 class _Loader(TaskLoader2):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import import_model, optimize, pack
+from . import calibrate, evaluate, import_model, optimize, pack, quantize
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,13 @@ class Step:
 STEPS: dict[str, Step] = {
     "import": Step("import", import_model.VERSION, import_model.run),
     "optimize": Step("optimize", optimize.VERSION, optimize.run),
+    "calibrate": Step("calibrate", calibrate.VERSION, calibrate.run),
+    "quantize": Step("quantize", quantize.VERSION, quantize.run),
+    "evaluate": Step("evaluate", evaluate.VERSION, evaluate.run),
     "pack": Step("pack", pack.VERSION, pack.run),
 }
 
 UNAVAILABLE = {
-    "quantize": "quantization",
     "partition": "partitioning",
     "codegen": "NPU code generation",
 }

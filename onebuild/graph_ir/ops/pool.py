@@ -69,13 +69,15 @@ def max_pool(attrs, x):
     return _reduce_windows(view, x.ndim - 2, np.maximum)
 
 
-@register("AveragePool", _pool_type)
-def average_pool(attrs, x):
-    """Mean over each window; the divisor counts explicit pads only with count_include_pad."""
+def window_sums(attrs: Attrs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-window sums of x (padding adds 0) and the divisor of each window.
+
+    The divisor counts explicit pads only with `count_include_pad`, never ceil-mode overhang.
+    """
     nd = x.ndim - 2
     view, pads = _padded_windows(attrs, x, 0)
     total = _reduce_windows(view, nd, np.add)
-    counted = np.zeros((1, 1, *(np.array(x.shape[2:]) + pads[:nd] + pads[nd:])), dtype=x.dtype)
+    counted = np.zeros((1, 1, *(np.array(x.shape[2:]) + pads[:nd] + pads[nd:])), dtype=np.int64)
     if attrs.get("count_include_pad"):
         region = tuple(
             slice(0, x.shape[2 + i] + attrs["pads"][i] + attrs["pads"][i + nd]) for i in range(nd)
@@ -87,8 +89,14 @@ def average_pool(attrs, x):
         counted, tuple(attrs["kernel_shape"]), attrs["strides"], attrs["dilations"]
     )
     count_view = count_view[(slice(None), slice(None), *(slice(0, s) for s in total.shape[2:]))]
-    counts = _reduce_windows(count_view, nd, np.add)
-    return (total / counts).astype(x.dtype, copy=False)
+    return total, _reduce_windows(count_view, nd, np.add)
+
+
+@register("AveragePool", _pool_type)
+def average_pool(attrs, x):
+    """Mean over each window (divisor as in `window_sums`)."""
+    total, counts = window_sums(attrs, x)
+    return (total / counts.astype(x.dtype)).astype(x.dtype, copy=False)
 
 
 def _global_type(attrs: Attrs, types) -> list[TensorType]:

@@ -1,29 +1,49 @@
 """Quantized operators of the integer reference (rules in docs/quantization.md).
 
-Integer accumulations run through float64 BLAS: every product and partial sum of 8-bit operands
-is an integer far below 2^53, so the float64 result is exact, then converted to int64.
+Every kernel computes in integers: inputs are centered by their zero points, accumulated exactly,
+rescaled by `requantize` (integer multiplier and shift), offset by the output zero point and
+clamped to [qmin, qmax]. Sums of products run through float64 BLAS, which is exact because every
+partial sum is an integer far below 2^53; the result is then converted to int64.
 """
 
 import numpy as np
 
-from ..quant.params import dequantize, quantize, requantize
+from ..quant.params import dequantize, quantize, quantize_multiplier, requantize
 from ..tensor import QuantParams
 from .conv import conv, conv_type, gemm, gemm_type
-from .registry import Attrs, TensorType, register
+from .pool import _pool_type, window_sums
+from .registry import Attrs, TensorType, broadcast, register
+from .tensor_ops import _concat_type
 
 
-def _with_dtype(name_attr: str):
+def _typed(shape_of):
+    """Type inference: the shape rule of a float op, the dtype from the `dtype` attribute."""
+
     def infer(attrs: Attrs, types) -> list[TensorType]:
-        return [TensorType(np.dtype(attrs[name_attr]), types[0].shape)]
+        return [TensorType(np.dtype(attrs["dtype"]), shape_of(attrs, types)[0].shape)]
 
     return infer
 
 
+def _same_shape(attrs: Attrs, types) -> list[TensorType]:
+    return [types[0]]
+
+
 def _params(attrs: Attrs) -> QuantParams:
-    return QuantParams((attrs["scale"],), (attrs["zero_point"],), None)
+    return QuantParams(tuple(attrs["scale"]), tuple(attrs["zero_point"]), attrs.get("axis"))
 
 
-@register("QuantizeLinear", _with_dtype("dtype"))
+def _centered(q: np.ndarray, zero_point: int) -> np.ndarray:
+    return q.astype(np.int64) - zero_point
+
+
+def _output(attrs: Attrs, scaled: np.ndarray) -> np.ndarray:
+    """Add the output zero point and saturate to [qmin, qmax] (fused activations included)."""
+    y = scaled + attrs["y_zero_point"]
+    return np.clip(y, attrs["qmin"], attrs["qmax"]).astype(attrs["dtype"])
+
+
+@register("QuantizeLinear", _typed(_same_shape))
 def quantize_linear(attrs, x):
     return quantize(x, _params(attrs), attrs["dtype"])
 
@@ -35,40 +55,86 @@ def dequantize_linear(attrs, q):
     return dequantize(q, _params(attrs))
 
 
-def _requantize_channels(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
+@register("Requantize", _typed(_same_shape))
+def requantize_op(attrs, q):
+    """Change quantization parameters (or type): y = requantize(q - zp_x) + zp_y."""
+    centered = _centered(q, attrs["x_zero_point"])
+    return _output(attrs, requantize(centered, attrs["multiplier"], attrs["shift"]))
+
+
+@register("QLookup", lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)])
+def q_lookup(attrs, q, table):
+    """Any unary elementwise function as a table over every input code: y = table[q - min]."""
+    return table[q.astype(np.int64) - np.iinfo(q.dtype).min]
+
+
+def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
     shape = [1] * acc.ndim
     shape[channel_axis] = -1
     m = np.asarray(attrs["multiplier"], np.int64).reshape(shape)
     r = np.asarray(attrs["shift"], np.int64).reshape(shape)
-    y = requantize(acc, m, r) + attrs["y_zero_point"]
-    return np.clip(y, attrs["qmin"], attrs["qmax"]).astype(attrs["dtype"])
+    return _output(attrs, requantize(acc, m, r))
 
 
-def _float_attrs(attrs: Attrs, keys: tuple[str, ...]) -> Attrs:
-    return {k: attrs[k] for k in keys if k in attrs}
+def _exact_int(array: np.ndarray) -> np.ndarray:
+    return np.rint(array).astype(np.int64)
 
 
-def _q_conv_type(attrs: Attrs, types) -> list[TensorType]:
-    shape = conv_type(attrs, types[:2])[0].shape
-    return [TensorType(np.dtype(attrs["dtype"]), shape)]
-
-
-@register("QConv", _q_conv_type)
+@register("QConv", _typed(lambda attrs, types: conv_type(attrs, types[:2])))
 def q_conv(attrs, x, w, b):
-    """int conv of (x - x_zero_point) and symmetric weights, int32 bias, requantized."""
-    centered = x.astype(np.float64) - attrs["x_zero_point"]
-    float_attrs = _float_attrs(attrs, ("strides", "dilations", "pads", "group"))
-    acc = conv(float_attrs, centered, w.astype(np.float64), b.astype(np.float64))
-    return _requantize_channels(attrs, acc.astype(np.int64), 1)
+    """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized."""
+    centered = _centered(x, attrs["x_zero_point"]).astype(np.float64)
+    acc = conv(attrs, centered, w.astype(np.float64), b.astype(np.float64))
+    return _per_channel(attrs, _exact_int(acc), 1)
 
 
-def _q_gemm_type(attrs: Attrs, types) -> list[TensorType]:
-    return [TensorType(np.dtype(attrs["dtype"]), gemm_type(attrs, types[:2])[0].shape)]
-
-
-@register("QGemm", _q_gemm_type)
+@register("QGemm", _typed(lambda attrs, types: gemm_type(attrs, types[:2])))
 def q_gemm(attrs, a, w, b):
-    centered = a.astype(np.float64) - attrs["x_zero_point"]
-    float_attrs = _float_attrs(attrs, ("transA", "transB"))
-    acc = gemm(float_attrs, centered, w.astype(np.float64), b.astype(np.float64))
-    return _requantize_channels(attrs, acc.astype(np.int64), 1)
+    centered = _centered(a, attrs["x_zero_point"]).astype(np.float64)
+    acc = gemm({"transB": attrs.get("transB", 0)}, centered, w.astype(np.float64))
+    return _per_channel(attrs, _exact_int(acc) + b.astype(np.int64), 1)
+
+
+ADD_SHIFT = 20  # inputs are scaled by 2^20 before rescaling to a common scale
+
+
+@register("QAdd", _typed(broadcast))
+def q_add(attrs, a, b):
+    """a ± b: each input rescaled to half the larger input scale at 2^20 resolution, summed,
+    then requantized to the output (TFLite's scheme)."""
+    a_scaled = requantize(_centered(a, attrs["a_zero_point"]) << ADD_SHIFT, *attrs["a_rescale"])
+    b_scaled = requantize(_centered(b, attrs["b_zero_point"]) << ADD_SHIFT, *attrs["b_rescale"])
+    total = a_scaled - b_scaled if attrs.get("subtract") else a_scaled + b_scaled
+    return _output(attrs, requantize(total, attrs["multiplier"], attrs["shift"]))
+
+
+@register("QMul", _typed(broadcast))
+def q_mul(attrs, a, b):
+    product = _centered(a, attrs["a_zero_point"]) * _centered(b, attrs["b_zero_point"])
+    return _output(attrs, requantize(product, attrs["multiplier"], attrs["shift"]))
+
+
+@register("QConcat", _typed(_concat_type))
+def q_concat(attrs, *inputs):
+    """Each input requantized to the output parameters, then concatenated."""
+    parts = [
+        requantize(_centered(x, zp), m, r)
+        for x, zp, m, r in zip(inputs, attrs["x_zero_points"], attrs["multiplier"], attrs["shift"])
+    ]
+    return _output(attrs, np.concatenate(parts, axis=attrs["axis"]))
+
+
+@register("QAveragePool", _typed(_pool_type))
+def q_average_pool(attrs, x):
+    """Window sums of (x - zp_x), each rescaled by s_x / (s_y * count) for its window's count.
+
+    The multiplier of each count is `quantize_multiplier(scale_ratio / count)`.
+    """
+    total, counts = window_sums(attrs, _centered(x, attrs["x_zero_point"]).astype(np.float64))
+    m = np.zeros(counts.shape, np.int64)
+    r = np.ones(counts.shape, np.int64)
+    for count in np.unique(counts):
+        m[counts == count], r[counts == count] = quantize_multiplier(
+            attrs["scale_ratio"] / int(count)
+        )
+    return _output(attrs, requantize(_exact_int(total), m, r))

@@ -1,54 +1,88 @@
 """Calibration: stream samples through the float interpreter and observe every float value.
 
-Memory stays bounded: each value keeps one observer (a few numbers, or a fixed histogram),
-never the activations themselves.
+Memory stays bounded: batches arrive one at a time (one npz file of a folder, say) and each value
+keeps one observer (a few numbers, or a fixed histogram), never the activations themselves.
+The result, `CalibrationStats`, does not depend on the quantized dtype, so it is computed once
+and reused when only the dtype changes (the `mse` search runs per dtype from the histogram).
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...errors import UserError
 from ..interpreter import Interpreter, check_feeds
 from ..ir import Graph, Value
-from .observers import MinMax, MovingAverage, Percentile
+from .observers import Histogram, MinMax, MovingAverage, Percentile, mse_range
 
-METHODS = {"minmax": MinMax, "percentile": Percentile, "moving_average": MovingAverage}
+METHODS = {
+    "minmax": MinMax,
+    "percentile": Percentile,
+    "moving_average": MovingAverage,
+    "mse": Histogram,
+}
+
+Batch = Mapping[str, np.ndarray]
 
 
-def check_calibration_data(graph: Graph, data: Mapping[str, np.ndarray], min_samples: int):
-    """One-line errors for unusable calibration data; returns the sample count."""
-    check_feeds(graph, data, batched=True)
-    counts = {name: len(data[name]) for name in (v.name for v in graph.inputs)}
+@dataclass
+class CalibrationStats:
+    """Observed range of every float value by name; histograms for search methods."""
+
+    method: str
+    samples: int
+    ranges: dict[str, tuple[float, float]]
+    observed: dict[str, tuple[float, float]]  # plain min/max
+    histograms: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
+
+    def ranges_for(self, dtype: str) -> dict[str, tuple[float, float]]:
+        """The ranges to quantize with for `dtype` (the search methods depend on it)."""
+        if not self.histograms:
+            return dict(self.ranges)
+        return {
+            name: mse_range(limit, counts, self.observed[name], dtype)
+            for name, (limit, counts) in self.histograms.items()
+        }
+
+
+def check_calibration_data(graph: Graph, data: Batch, where: str = "calibration data") -> int:
+    """One-line errors for an unusable batch; returns its sample count."""
+    try:
+        check_feeds(graph, data, batched=True)
+    except UserError as error:
+        raise UserError(f"{where}: {error}") from None
+    counts = {v.name: len(data[v.name]) for v in graph.inputs}
     if len(set(counts.values())) > 1:
-        raise UserError(f"calibration inputs have different sample counts: {counts}")
+        raise UserError(f"{where}: inputs have different sample counts: {counts}")
     samples = next(iter(counts.values()), 0)
-    if samples < min_samples:
-        raise UserError(
-            f"calibration data has {samples} sample(s); at least {min_samples} are needed"
-        )
     for value in graph.inputs:
-        array = data[value.name]
+        array = np.asarray(data[value.name])
         finite = np.isfinite(array.reshape(samples, -1)).all(axis=1)
         if not finite.all():
             bad = int(np.argmin(finite))
-            raise UserError(f"calibration input '{value.name}' sample {bad} contains NaN or Inf")
+            raise UserError(f"{where}: input '{value.name}' sample {bad} contains NaN or Inf")
     return samples
 
 
 def calibrate(
     graph: Graph,
-    data: Mapping[str, np.ndarray],
+    data: Batch | Iterable[tuple[str, Batch]],
     method: str = "minmax",
     options: Mapping | None = None,
     min_samples: int = 1,
-    progress: Callable[[int, int], None] | None = None,
-) -> dict[str, tuple[float, float]]:
-    """Observed (lo, hi) of every float value (graph inputs and node outputs), by name."""
+    progress: Callable[[int], None] | None = None,
+) -> CalibrationStats:
+    """Observe every float value (graph inputs and node outputs) over all samples.
+
+    `data` is one batch (`{input name: [N, *shape]}`) or an iterable of (where, batch) pairs,
+    `where` naming the batch's source in error messages.
+    """
     if method not in METHODS:
         raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
-    samples = check_calibration_data(graph, data, min_samples)
+    batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     observers: dict[int, object] = {}
+    minmax: dict[int, MinMax] = {}
     names: dict[int, str] = {}
 
     def observe(value: Value, array: np.ndarray) -> None:
@@ -56,13 +90,33 @@ def calibrate(
             return
         key = id(value)
         if key not in observers:
-            observers[key] = METHODS[method](**dict(options or {}))
-            names[key] = value.name
+            try:
+                observers[key] = METHODS[method](**dict(options or {}))
+            except (TypeError, ValueError) as error:
+                raise UserError(f"calibration method '{method}': {error}") from None
+            minmax[key], names[key] = MinMax(), value.name
         observers[key].update(array)
+        minmax[key].update(array)
 
     interpreter = Interpreter(graph, observer=observe)
-    for index in range(samples):
-        interpreter.run({v.name: data[v.name][index] for v in graph.inputs})
-        if progress:
-            progress(index + 1, samples)
-    return {names[key]: observer.range() for key, observer in observers.items()}
+    total = 0
+    for where, batch in batches:
+        samples = check_calibration_data(graph, batch, where)
+        for index in range(samples):
+            interpreter.run({v.name: batch[v.name][index] for v in graph.inputs})
+            total += 1
+            if progress:
+                progress(total)
+    if total < min_samples:
+        raise UserError(
+            f"calibration data has {total} sample(s); at least {min_samples} are needed"
+        )
+    stats = CalibrationStats(
+        method,
+        total,
+        {names[k]: tuple(map(float, o.range())) for k, o in observers.items()},
+        {names[k]: tuple(map(float, o.range())) for k, o in minmax.items()},
+    )
+    if method == "mse":
+        stats.histograms = {names[k]: (o.limit, o.counts) for k, o in observers.items()}
+    return stats

@@ -3,8 +3,10 @@
 - `MinMax`: the extreme values seen.
 - `Percentile`: the lo/hi percentiles of all values seen (ONE's default 1/99), from a fixed-size
   histogram whose range doubles (merging bin pairs) when new values fall outside it.
-- `MovingAverage`: ONE's moving average: each batch's min/max blended into the running value
-  with a constant weight (the first batch initializes it).
+- `MovingAverage`: ONE's moving average: the min/max of each batch of `batch` samples blended
+  into the running value with weight `constant` (the first batch initializes it).
+- `Histogram` (method `mse`): the percentile histogram, kept for a search at quantization time
+  (`mse_range`: the clipping range with the least expected squared error for a given dtype).
 """
 
 import numpy as np
@@ -66,14 +68,25 @@ class Percentile:
 
 
 class MovingAverage:
-    def __init__(self, constant: float = 0.1):
-        self.constant = constant
+    def __init__(self, constant: float = 0.1, batch: int = 1):
+        if not 0 < constant <= 1 or batch < 1:
+            raise ValueError("moving average needs 0 < constant <= 1 and batch >= 1")
+        self.constant, self.batch = constant, batch
         self.lo = self.hi = None
+        self.pending = MinMax()
+        self.seen = 0
 
     def update(self, x: np.ndarray) -> None:
         if not x.size:
             return
-        lo, hi = float(x.min()), float(x.max())
+        self.pending.update(x)
+        self.seen += 1
+        if self.seen % self.batch == 0:
+            self._blend()
+
+    def _blend(self) -> None:
+        lo, hi = self.pending.range()
+        self.pending = MinMax()
         if self.lo is None:
             self.lo, self.hi = lo, hi
         else:
@@ -82,4 +95,37 @@ class MovingAverage:
             self.hi = self.hi * (1 - c) + hi * c
 
     def range(self) -> tuple[float, float]:
+        if self.seen % self.batch and self.lo is None:  # fewer samples than one batch
+            return self.pending.range()
         return (self.lo, self.hi) if self.lo is not None else (0.0, 0.0)
+
+
+class Histogram(Percentile):
+    """Percentile's histogram; the range is chosen per dtype later (`mse_range`)."""
+
+    def __init__(self, bins: int = 2048):
+        super().__init__(0.0, 100.0, bins)
+
+
+def mse_range(
+    limit: float, counts: np.ndarray, observed: tuple[float, float], dtype: str, candidates=100
+) -> tuple[float, float]:
+    """The [lo, hi] (observed range scaled by a factor in (0, 1]) whose quantization of the
+    histogram has the least squared error: rounding inside plus clipping outside."""
+    from .params import activation_params, dequantize, quantize
+
+    lo_obs, hi_obs = min(observed[0], 0.0), max(observed[1], 0.0)
+    if counts.sum() == 0 or hi_obs <= lo_obs:
+        return observed
+    edges = np.linspace(-limit, limit, len(counts) + 1)
+    centers, weights = (edges[:-1] + edges[1:]) / 2, counts.astype(np.float64)
+    used = weights > 0
+    centers, weights = centers[used], weights[used]
+    best, best_error = (lo_obs, hi_obs), np.inf
+    for factor in np.linspace(1.0, 1.0 / candidates, candidates):
+        params = activation_params(lo_obs * factor, hi_obs * factor, dtype)
+        error = (centers - dequantize(quantize(centers, params, dtype), params)) ** 2
+        total = float(weights @ error)
+        if total < best_error:
+            best, best_error = (lo_obs * factor, hi_obs * factor), total
+    return best

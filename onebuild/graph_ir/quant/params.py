@@ -4,9 +4,9 @@
   int8 / int16 symmetric (zero point 0, q in [-qmax, qmax]).
 - Weights: symmetric, per channel (an axis) or per tensor.
 - Quantize: q = clamp(round_half_even(x / scale) + zero_point), as ONNX QuantizeLinear.
-- Requantize an int32 accumulator by a real multiplier M > 0: M = m * 2^-r with a 31-bit
-  integer m in [2^30, 2^31) and r >= 1, then out = (acc * m + 2^(r-1)) >> r in int64
-  arithmetic: one rounding, half toward +infinity.
+- Requantize an integer accumulator by a real multiplier M > 0: M = m * 2^-r with a 31-bit
+  integer m in [2^30, 2^31) and r >= 1, then out = (acc * m + 2^(r-1)) >> r computed exactly
+  (the product may need up to 80 bits): one rounding, half toward +infinity.
 """
 
 import math
@@ -69,9 +69,14 @@ def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
 
 
 def quantize_multiplier(real: float) -> tuple[int, int]:
-    """(m, r) with real ~= m * 2^-r, m a 31-bit integer in [2^30, 2^31), r >= 1."""
-    if not 0 < real < 2.0**29:
-        raise ValueError(f"requantization multiplier {real} is outside (0, 2^29)")
+    """(m, r) with real ~= m * 2^-r, m a 31-bit integer in [2^30, 2^31), 1 <= r <= 62.
+
+    Multipliers below 2^-31 scale any accumulator to 0 and are flushed to (0, 1).
+    """
+    if not 0 <= real < 2.0**29:
+        raise ValueError(f"requantization multiplier {real} is outside [0, 2^29)")
+    if real < 2.0**-31:
+        return 0, 1
     mantissa, exponent = math.frexp(real)  # real = mantissa * 2^exponent, mantissa in [0.5, 1)
     m = round(mantissa * (1 << 31))
     r = 31 - exponent
@@ -80,10 +85,23 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     return m, r
 
 
+SPLIT_BITS = 24
+
+
 def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.ndarray:
-    """round(acc * m / 2^r), ties toward +infinity, in exact int64 arithmetic."""
+    """floor((acc * m + 2^(r-1)) / 2^r): round half toward +infinity, exact.
+
+    The product can exceed 64 bits for 16-bit accumulators, so acc is split as
+    hi * 2^k + lo (k = min(r, 24), 0 <= lo < 2^k) and the shift is applied in two exact parts:
+    floor((hi*m*2^k + lo*m + 2^(r-1)) / 2^r) = (hi*m + ((lo*m + 2^(r-1)) >> k)) >> (r - k).
+    Exact for |acc| < 2^(32 + k), which covers int32 accumulators with any r and 48-bit
+    accumulators when r >= 24 (multipliers below 2^7).
+    """
     acc = np.asarray(acc, np.int64)
     m = np.asarray(m, np.int64)
     r = np.asarray(r, np.int64)
-    product = acc * m  # |acc| < 2^32 and m < 2^31 keep this inside int64
-    return (product + (np.int64(1) << (r - 1))) >> r
+    k = np.minimum(r, SPLIT_BITS)
+    hi = acc >> k
+    lo = acc - (hi << k)
+    carry = (lo * m + (np.int64(1) << (r - 1))) >> k
+    return (hi * m + carry) >> (r - k)

@@ -1,10 +1,16 @@
 """Full quantization of a float graph into the integer reference form.
 
-Conv and Gemm with constant weights become QConv / QGemm (symmetric int8 weights per channel or
-per tensor, int32 bias with scale s_x * s_w, fixed-point requantization). Value-preserving data
-movement (MaxPool, Reshape, Transpose) runs on the quantized values with unchanged parameters.
-Every other op runs in float between DequantizeLinear and QuantizeLinear nodes. Model inputs and
-outputs stay float32 (quantized and dequantized at the boundary).
+Each node runs in its layer's dtype (the default, or a `layers` override):
+- Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (symmetric weights per channel
+  or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w);
+- Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool -> integer kernels;
+- unary elementwise functions (Sigmoid, Tanh, HardSwish, Relu, ...) -> a lookup table over every
+  input code;
+- data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, ...) runs on the quantized codes
+  with the input's parameters;
+- everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
+  and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
+Model inputs and outputs are float32 unless `input_type` / `output_type` name a quantized dtype.
 """
 
 from collections.abc import Mapping
@@ -13,28 +19,67 @@ import numpy as np
 
 from ...errors import UserError
 from ..ir import Graph, Node, Value
+from ..ops import OPS
+from ..ops.quantized import ADD_SHIFT
+from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
-from .params import activation_params, quantize, quantize_multiplier, weight_params
+from .config import FLOAT, QuantConfig, layer_settings
+from .params import activation_params, dequantize, quantize, quantize_multiplier, weight_params
 
-PASSTHROUGH = {"MaxPool", "Reshape", "Transpose", "Identity", "Dropout"}
-ACTIVATION_TYPES = ("uint8", "int8")
+ACTIVATION_TYPES = ("uint8", "int8", "int16")
+PASSTHROUGH = {
+    "MaxPool",
+    "GlobalMaxPool",
+    "Reshape",
+    "Transpose",
+    "Identity",
+    "Slice",
+    "Split",
+    "DepthToSpace",
+}
+LOOKUP = {
+    "Relu",
+    "LeakyRelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Clip",
+    "Sigmoid",
+    "Tanh",
+    "Gelu",
+    "Erf",
+    "Exp",
+    "Neg",
+    "Abs",
+}
+POOL_DEFAULTS = {"dilations": None, "ceil_mode": 0, "count_include_pad": 0}
+
+
+def weight_dtype(activation_dtype: str) -> str:
+    """Weights are int16 with int16 activations (ONE's I16_SYM), int8 otherwise."""
+    return "int16" if activation_dtype == "int16" else "int8"
 
 
 class _Quantizer:
-    def __init__(self, source: Graph, ranges, dtype: str, granularity: str):
-        if dtype not in ACTIVATION_TYPES:
-            raise UserError(f"integer reference: activation type {dtype} is not supported yet")
-        self.source, self.ranges, self.dtype = source, ranges, dtype
-        self.per_channel = granularity == "channel"
+    def __init__(self, source: Graph, ranges: Mapping[str, tuple[float, float]], config):
+        for dtype in {config.dtype, *(o.dtype for o in config.layers if o.dtype)} - {FLOAT}:
+            if dtype not in ACTIVATION_TYPES:
+                raise UserError(f"full quantization does not support dtype '{dtype}'")
+        self.source, self.ranges, self.config = source, ranges, config
+        self.settings = layer_settings(source, config)
         self.graph = Graph(source.name)
         self.float_of: dict[int, Value] = {}  # source value -> float value in the new graph
-        self.quant_of: dict[int, Value] = {}  # source value -> quantized value in the new graph
+        self.quant_of: dict[tuple[int, str], Value] = {}  # (source value, dtype) -> quantized
+        self.home: dict[int, str] = {}  # dtype in which a source value was produced
 
-    def params(self, value: Value) -> QuantParams:
+    # -- parameters and conversions ----------------------------------------------------------
+    def params(self, value: Value, dtype: str) -> QuantParams:
+        if value.is_const:
+            array = value.numpy()
+            return activation_params(float(array.min()), float(array.max()), dtype)
         if value.name not in self.ranges:
             raise UserError(f"no calibration range for '{value.name}'; recalibrate the model")
         lo, hi = self.ranges[value.name]
-        return activation_params(lo, hi, self.dtype)
+        return activation_params(lo, hi, dtype)
 
     def as_float(self, value: Value) -> Value:
         if id(value) in self.float_of:
@@ -42,124 +87,249 @@ class _Quantizer:
         if value.is_const:
             new = self.graph.add_constant(value.const, value.name)
         else:
-            q = self.quant_of[id(value)]
-            attrs = {"scale": q.quant.scale[0], "zero_point": q.quant.zero_point[0]}
-            node = self.graph.make_node(
-                "DequantizeLinear", [q], attrs, f"{value.name}_dq", output_names=[value.name]
-            )
-            new = node.output
+            q = self.quant_of[(id(value), self.home[id(value)])]
+            new = self.graph.make_node(
+                "DequantizeLinear",
+                [q],
+                _qdq_attrs(q.quant),
+                f"{value.name}/dequantize",
+                output_names=[value.name],
+            ).output
         self.float_of[id(value)] = new
         return new
 
-    def as_quant(self, value: Value) -> Value:
-        if id(value) in self.quant_of:
-            return self.quant_of[id(value)]
-        params = self.params(value)
-        attrs = {"scale": params.scale[0], "zero_point": params.zero_point[0], "dtype": self.dtype}
-        new = self.graph.make_node(
-            "QuantizeLinear",
-            [self.as_float(value)],
-            attrs,
-            f"{value.name}_q",
-            output_names=[f"{value.name}_q"],
-        ).output
+    def as_quant(self, value: Value, dtype: str) -> Value:
+        key = (id(value), dtype)
+        if key in self.quant_of:
+            return self.quant_of[key]
+        params = self.params(value, dtype)
+        if value.is_const:
+            new = self.graph.add_constant(
+                quantize(value.numpy(), params, dtype), f"{value.name}_{dtype}"
+            )
+        elif id(value) in self.home:
+            source = self.quant_of[(id(value), self.home[id(value)])]
+            m, r = quantize_multiplier(source.quant.scale[0] / params.scale[0])
+            attrs = {
+                "x_zero_point": source.quant.zero_point[0],
+                **_output_attrs(dtype, params),
+                "multiplier": m,
+                "shift": r,
+            }
+            new = self._node("Requantize", [source], attrs, f"{value.name}/to_{dtype}")
+        else:
+            attrs = {**_qdq_attrs(params), "dtype": dtype}
+            new = self._node("QuantizeLinear", [self.as_float(value)], attrs, value.name)
         new.quant = params
-        self.quant_of[id(value)] = new
+        self.quant_of[key] = new
         return new
 
+    def _node(self, op: str, inputs, attrs, name: str) -> Value:
+        return self.graph.make_node(op, inputs, attrs, name, output_names=[f"{name}_q"]).output
+
+    def _produce(self, node: Node, op: str, inputs, attrs, dtype: str, params) -> None:
+        """Emit the quantized node that replaces `node` (same name) with output `params`."""
+        out = node.outputs[0]
+        new = self.graph.make_node(op, inputs, attrs, node.name, output_names=[f"{out.name}_q"])
+        new.output.quant = params
+        self.quant_of[(id(out), dtype)] = new.output
+        self.home[id(out)] = dtype
+
+    # -- the walk ----------------------------------------------------------------------------
     def run(self) -> Graph:
         for value in self.source.inputs:
-            self.float_of[id(value)] = self.graph.add_input(value.name, value.dtype, value.shape)
-        for node in self.source.nodes:
-            if node.op in ("Conv", "Gemm") and self._quantizable(node):
-                self._matmul_like(node)
-            elif node.op in PASSTHROUGH and id(node.inputs[0]) in self.quant_of:
-                self._passthrough(node)
-            else:
-                self._float_island(node)
-        outputs = []
-        for value in self.source.outputs:
-            result = self.as_float(value)
-            if result.name != value.name:
-                node = self.graph.make_node(
-                    "Identity", [result], name=value.name, output_names=[value.name]
+            if self.config.input_type == FLOAT:
+                self.float_of[id(value)] = self.graph.add_input(
+                    value.name, value.dtype, value.shape
                 )
-                result = node.output
-            outputs.append(result)
-        self.graph.outputs = outputs
+            else:
+                dtype = self.config.input_type
+                new = self.graph.add_input(value.name, np.dtype(dtype), value.shape)
+                new.quant = self.params(value, dtype)
+                self.quant_of[(id(value), dtype)] = new
+                self.home[id(value)] = dtype
+        for node in self.source.nodes:
+            dtype = self.settings[id(node)].dtype
+            if dtype == FLOAT or not self._quantized(node, dtype):
+                self._float_island(node)
+        self.graph.outputs = [self._output(v) for v in self.source.outputs]
+        eliminate_dead_code(self.graph)
         return self.graph
 
-    def _quantizable(self, node: Node) -> bool:
-        weight = node.inputs[1]
-        if not weight.is_const or (node.op == "Gemm" and node.attrs.get("transA")):
-            return False
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        return bias is None or bias.is_const
+    def _output(self, value: Value) -> Value:
+        dtype = self.config.output_type
+        result = self.as_float(value) if dtype == FLOAT else self.as_quant(value, dtype)
+        if result.name != value.name:
+            node = self.graph.make_node("Identity", [result], name=value.name)
+            node.output.quant = result.quant
+            result = node.output
+        return result
 
-    def _matmul_like(self, node: Node) -> None:
-        x = self.as_quant(node.inputs[0])
-        out = node.output
-        out_params = self.params(out)
+    def _quantized(self, node: Node, dtype: str) -> bool:
+        """Emit the integer form of `node` if it has one; False leaves it to a float island."""
+        op = node.op
+        try:
+            if op in ("Conv", "Gemm", "MatMul") and _constant_weights(node):
+                self._matmul_like(node, dtype)
+            elif op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
+                self._binary(node, dtype)
+            elif op == "Concat":
+                self._concat(node, dtype)
+            elif op in ("AveragePool", "GlobalAveragePool") and len(node.inputs[0].shape) > 2:
+                self._average_pool(node, dtype)
+            elif op in LOOKUP and self._lookup_inputs(node) is not None:
+                self._lookup(node, dtype)
+            elif self._passthrough_ok(node):
+                self._passthrough(node)
+            else:
+                return False
+        except ValueError:  # a requantization multiplier out of range: keep this node float
+            return False
+        return True
+
+    # -- integer kernels ---------------------------------------------------------------------
+    def _matmul_like(self, node: Node, dtype: str) -> None:
+        x = self.as_quant(node.inputs[0], dtype)
+        out_params = self.params(node.output, dtype)
         w = node.inputs[1].numpy().astype(np.float64)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        b = None if bias is None else bias.numpy().astype(np.float64)
+        trans_b = int(node.attrs.get("transB", 0))
         if node.op == "Gemm":
-            alpha = node.attrs.get("alpha", 1.0)
-            w = w * alpha
-            w_channels = w if node.attrs.get("transB") else w.T  # [N, K]
-        else:
-            w_channels = w
-        w_params = weight_params(w_channels, "int8", 0 if self.per_channel else None)
-        scales = np.broadcast_to(np.asarray(w_params.scale), (w_channels.shape[0],))
-        wq = quantize(w_channels, QuantParams(tuple(scales), (0,) * len(scales), 0), "int8")
-        if node.op == "Gemm":
-            wq = wq if node.attrs.get("transB") else wq.T
+            w = w * node.attrs.get("alpha", 1.0)
+            b = None if b is None else b * node.attrs.get("beta", 1.0)
+        channel_axis = 0 if node.op == "Conv" or trans_b else 1
+        w_dtype = weight_dtype(dtype)
+        per_channel = self.settings[id(node)].granularity == "channel"
+        w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
+        channels = w.shape[channel_axis]
+        scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
+        wq = quantize(w, w_params, w_dtype)
         s_x = x.quant.scale[0]
-        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] is not None else None
-        b = np.zeros(w_channels.shape[0]) if bias is None else bias.numpy().astype(np.float64)
-        if node.op == "Gemm":
-            b = b * node.attrs.get("beta", 1.0)
-        bq = np.rint(np.broadcast_to(b, scales.shape) / (s_x * scales)).astype(np.int32)
+        b_type = np.int64 if dtype == "int16" else np.int32
+        limit = np.iinfo(b_type)
+        b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
+        bq = np.clip(np.rint(b_real / (s_x * scales)), limit.min, limit.max).astype(b_type)
         multipliers = [quantize_multiplier(s_x * s / out_params.scale[0]) for s in scales]
-        # Output saturation uses the full type range; QRANGE is the symmetric range scales use.
-        info = np.iinfo(self.dtype)
-        qmin, qmax = int(info.min), int(info.max)
-        zp = out_params.zero_point[0]
-        if "clip" in node.attrs:
-            lo, hi = node.attrs["clip"]
-            qmin = max(
-                qmin, int(np.ceil(lo / out_params.scale[0] + zp)) if np.isfinite(lo) else qmin
-            )
-            qmax = min(
-                qmax, int(np.floor(hi / out_params.scale[0] + zp)) if np.isfinite(hi) else qmax
-            )
-        keep = ("strides", "dilations", "pads", "group") if node.op == "Conv" else ("transB",)
-        attrs = {k: node.attrs[k] for k in keep if k in node.attrs}
+        if node.op == "Conv":
+            attrs = {k: node.attrs[k] for k in ("strides", "dilations", "pads", "group")}
+        else:
+            attrs = {"transB": trans_b}
         attrs.update(
             {
-                "dtype": self.dtype,
                 "x_zero_point": x.quant.zero_point[0],
-                "y_zero_point": zp,
+                **_output_attrs(dtype, out_params, node.attrs.get("clip")),
                 "multiplier": [m for m, _ in multipliers],
                 "shift": [r for _, r in multipliers],
-                "qmin": qmin,
-                "qmax": qmax,
             }
         )
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
         w_value.quant = w_params
-        b_value = self.graph.add_constant(bq, (bias.name if bias else node.name + "_bias") + "_q")
-        new = self.graph.make_node(
-            "Q" + node.op, [x, w_value, b_value], attrs, node.name, output_names=[f"{out.name}_q"]
-        ).output
-        new.quant = out_params
-        self.quant_of[id(out)] = new
+        b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"
+        b_value = self.graph.add_constant(bq, b_name)
+        b_scales = tuple(float(s_x * s) for s in scales[: channels if per_channel else 1])
+        b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if per_channel else None)
+        op = "QConv" if node.op == "Conv" else "QGemm"
+        self._produce(node, op, [x, w_value, b_value], attrs, dtype, out_params)
+
+    def _binary(self, node: Node, dtype: str) -> None:
+        a, b = (self.as_quant(v, dtype) for v in node.inputs)
+        out_params = self.params(node.output, dtype)
+        s_a, s_b, s_y = a.quant.scale[0], b.quant.scale[0], out_params.scale[0]
+        attrs = {
+            "a_zero_point": a.quant.zero_point[0],
+            "b_zero_point": b.quant.zero_point[0],
+            **_output_attrs(dtype, out_params, node.attrs.get("clip")),
+        }
+        if node.op == "Mul":
+            m, r = quantize_multiplier(s_a * s_b / s_y)
+            op = "QMul"
+        else:
+            largest = 2 * max(s_a, s_b)
+            attrs["a_rescale"] = list(quantize_multiplier(s_a / largest))
+            attrs["b_rescale"] = list(quantize_multiplier(s_b / largest))
+            attrs["subtract"] = int(node.op == "Sub")
+            m, r = quantize_multiplier(largest / (2**ADD_SHIFT * s_y))
+            op = "QAdd"
+        attrs.update({"multiplier": m, "shift": r})
+        self._produce(node, op, [a, b], attrs, dtype, out_params)
+
+    def _concat(self, node: Node, dtype: str) -> None:
+        inputs = [self.as_quant(v, dtype) for v in node.inputs]
+        out_params = self.params(node.output, dtype)
+        multipliers = [quantize_multiplier(v.quant.scale[0] / out_params.scale[0]) for v in inputs]
+        attrs = {
+            "axis": node.attrs["axis"],
+            "x_zero_points": [v.quant.zero_point[0] for v in inputs],
+            **_output_attrs(dtype, out_params),
+            "multiplier": [m for m, _ in multipliers],
+            "shift": [r for _, r in multipliers],
+        }
+        self._produce(node, "QConcat", inputs, attrs, dtype, out_params)
+
+    def _average_pool(self, node: Node, dtype: str) -> None:
+        x = self.as_quant(node.inputs[0], dtype)
+        out_params = self.params(node.output, dtype)
+        spatial = x.shape[2:]
+        if node.op == "GlobalAveragePool":
+            pool = {
+                "kernel_shape": list(spatial),
+                "strides": [1] * len(spatial),
+                "pads": [0] * (2 * len(spatial)),
+            }
+        else:
+            pool = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads")}
+        for key, default in POOL_DEFAULTS.items():
+            pool[key] = node.attrs.get(key, default if default is not None else [1] * len(spatial))
+        attrs = {
+            **pool,
+            "x_zero_point": x.quant.zero_point[0],
+            **_output_attrs(dtype, out_params),
+            "scale_ratio": x.quant.scale[0] / out_params.scale[0],
+        }
+        self._produce(node, "QAveragePool", [x], attrs, dtype, out_params)
+
+    def _lookup_inputs(self, node: Node) -> list[np.ndarray] | None:
+        """The constant extra operands (Clip bounds) of a table op, or None if not constant."""
+        extra = node.inputs[1:]
+        if any(v is not None and not v.is_const for v in extra):
+            return None
+        return [None if v is None else v.numpy() for v in extra]
+
+    def _lookup(self, node: Node, dtype: str) -> None:
+        x = self.as_quant(node.inputs[0], dtype)
+        out_params = self.params(node.output, dtype)
+        info = np.iinfo(dtype)
+        codes = np.arange(info.min, info.max + 1).astype(dtype)
+        real = dequantize(codes, x.quant)
+        (y,) = OPS[node.op].kernel(node.attrs, real, *self._lookup_inputs(node))
+        y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
+        table = self.graph.add_constant(quantize(y, out_params, dtype), f"{node.name}_table")
+        self._produce(node, "QLookup", [x, table], {}, dtype, out_params)
+
+    def _passthrough_ok(self, node: Node) -> bool:
+        if node.op == "Dropout":
+            return len(node.outputs) == 1 and id(node.inputs[0]) in self.home
+        if node.op == "Pad":
+            constant = node.attrs.get("mode", "constant") == "constant"
+            return id(node.inputs[0]) in self.home and (
+                not constant or float(node.attrs.get("value", 0.0)) == 0.0
+            )
+        return node.op in PASSTHROUGH and id(node.inputs[0]) in self.home
 
     def _passthrough(self, node: Node) -> None:
-        x = self.quant_of[id(node.inputs[0])]
-        new = self.graph.make_node(
-            node.op, [x], node.attrs, node.name, output_names=[f"{node.outputs[0].name}_q"]
-        )
-        new.outputs[0].quant = x.quant
-        self.quant_of[id(node.outputs[0])] = new.outputs[0]
+        dtype = self.home[id(node.inputs[0])]
+        x = self.quant_of[(id(node.inputs[0]), dtype)]
+        attrs = dict(node.attrs)
+        if node.op == "Pad" and attrs.get("mode", "constant") == "constant":
+            attrs["value"] = x.quant.zero_point[0]  # real 0.0 is exactly the zero point
+        inputs = [x, *node.inputs[1:]]
+        names = [f"{v.name}_q" for v in node.outputs]
+        new = self.graph.make_node(node.op, inputs, attrs, node.name, output_names=names)
+        for old, value in zip(node.outputs, new.outputs):
+            value.quant = x.quant
+            self.quant_of[(id(old), dtype)] = value
+            self.home[id(old)] = dtype
 
     def _float_island(self, node: Node) -> None:
         inputs = [None if v is None else self.as_float(v) for v in node.inputs]
@@ -170,11 +340,42 @@ class _Quantizer:
             self.float_of[id(old)] = value
 
 
+def _constant_weights(node: Node) -> bool:
+    weight = node.inputs[1]
+    if not weight.is_const or node.attrs.get("transA"):
+        return False
+    if node.op == "MatMul" and (len(weight.shape) != 2 or len(node.inputs[0].shape) != 2):
+        return False
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return bias is None or bias.is_const
+
+
+def _qdq_attrs(params: QuantParams) -> dict:
+    return {
+        "scale": list(params.scale),
+        "zero_point": list(params.zero_point),
+        "axis": params.axis,
+    }
+
+
+def _output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:
+    """Output type, zero point and saturation bounds (narrowed by a fused activation clip)."""
+    info = np.iinfo(dtype)
+    qmin, qmax = int(info.min), int(info.max)
+    zp, scale = params.zero_point[0], params.scale[0]
+    if clip is not None:
+        lo, hi = clip
+        if np.isfinite(lo):
+            qmin = max(qmin, min(qmax, int(np.ceil(lo / scale + zp))))
+        if np.isfinite(hi):
+            qmax = min(qmax, max(qmin, int(np.floor(hi / scale + zp))))
+    return {"dtype": dtype, "y_zero_point": zp, "qmin": qmin, "qmax": qmax}
+
+
 def quantize_graph(
     graph: Graph,
     ranges: Mapping[str, tuple[float, float]],
-    dtype: str = "uint8",
-    granularity: str = "channel",
+    config: QuantConfig | None = None,
 ) -> Graph:
     """The integer-reference form of `graph` given calibration ranges per value name."""
-    return _Quantizer(graph, ranges, dtype, granularity).run()
+    return _Quantizer(graph, ranges, config or QuantConfig()).run()

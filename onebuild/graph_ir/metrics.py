@@ -1,0 +1,85 @@
+"""Error metrics between a reference output (float model) and a candidate (quantized, NPU...).
+
+Accumulated sample by sample, in constant memory:
+- MAE, MSE: mean absolute / squared error over all elements.
+- MAPE: mean of |ref - test| / max(|ref|, 1e-6), in percent.
+- MPEIR (ONE's mean peak error to interval ratio): per sample, the largest absolute error
+  divided by the interval of the reference values (max - min); averaged over samples.
+- SQNR: 10 log10(sum ref^2 / sum (ref - test)^2) in dB (inf when identical).
+- top-1 match: fraction of samples whose arg max agrees; top-5 match: mean overlap of the two
+  top-5 sets divided by 5 (for outputs with at least 5 classes).
+"""
+
+import math
+
+import numpy as np
+
+MAPE_FLOOR = 1e-6
+
+
+def sqnr_db(signal: float, noise: float) -> float:
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+class OutputMetrics:
+    """Running error metrics of one output."""
+
+    def __init__(self):
+        self.samples = self.elements = 0
+        self.abs_sum = self.sq_sum = self.signal = self.ape_sum = self.peir_sum = 0.0
+        self.top1 = self.top5 = 0.0
+        self.classes = None
+
+    def update(self, reference: np.ndarray, test: np.ndarray) -> None:
+        """One sample of each (any shape, same size)."""
+        ref = np.asarray(reference, np.float64).reshape(-1)
+        out = np.asarray(test, np.float64).reshape(-1)
+        error = np.abs(ref - out)
+        self.samples += 1
+        self.elements += ref.size
+        self.abs_sum += float(error.sum())
+        self.sq_sum += float(error @ error)
+        self.signal += float(ref @ ref)
+        self.ape_sum += float((error / np.maximum(np.abs(ref), MAPE_FLOOR)).sum())
+        interval = float(ref.max() - ref.min()) if ref.size else 0.0
+        self.peir_sum += float(error.max(initial=0.0)) / interval if interval > 0 else 0.0
+        self.classes = ref.size
+        if ref.size:
+            self.top1 += float(ref.argmax() == out.argmax())
+        if ref.size >= 5:
+            top_ref = set(np.argpartition(-ref, 4)[:5].tolist())
+            top_out = set(np.argpartition(-out, 4)[:5].tolist())
+            self.top5 += len(top_ref & top_out) / 5
+
+    def summary(self) -> dict[str, float | None]:
+        n, e = max(self.samples, 1), max(self.elements, 1)
+        return {
+            "mae": self.abs_sum / e,
+            "mse": self.sq_sum / e,
+            "mape": 100 * self.ape_sum / e,
+            "mpeir": self.peir_sum / n,
+            "sqnr_db": sqnr_db(self.signal, self.sq_sum),
+            "top1_match": self.top1 / n,
+            "top5_match": self.top5 / n if (self.classes or 0) >= 5 else None,
+        }
+
+
+class SignalNoise:
+    """Running SQNR of one tensor (per-layer reports)."""
+
+    def __init__(self):
+        self.signal = self.noise = 0.0
+
+    def update(self, reference: np.ndarray, test: np.ndarray) -> None:
+        ref = np.asarray(reference, np.float64).reshape(-1)
+        diff = ref - np.asarray(test, np.float64).reshape(-1)
+        self.signal += float(ref @ ref)
+        self.noise += float(diff @ diff)
+
+    @property
+    def db(self) -> float:
+        return sqnr_db(self.signal, self.noise)

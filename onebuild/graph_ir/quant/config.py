@@ -1,0 +1,56 @@
+"""What to quantize and how: the settings shared by full and weight-only quantization."""
+
+import difflib
+from dataclasses import dataclass
+
+from ...errors import UserError
+from ..ir import Graph, Node
+
+FLOAT = "float32"
+
+
+@dataclass(frozen=True)
+class LayerOverride:
+    """Mixed precision: nodes named (by node or output name) get another dtype/granularity."""
+
+    names: tuple[str, ...]
+    dtype: str | None = None  # a quantized dtype, or "float32" to keep the layer float
+    granularity: str | None = None
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    dtype: str = "uint8"  # activations (full) or weights (weight-only)
+    granularity: str = "channel"  # weights: "channel" or "layer"
+    input_type: str = FLOAT
+    output_type: str = FLOAT
+    layers: tuple[LayerOverride, ...] = ()
+
+
+@dataclass(frozen=True)
+class LayerSetting:
+    dtype: str
+    granularity: str
+
+
+def layer_settings(graph: Graph, config: QuantConfig) -> dict[int, LayerSetting]:
+    """The setting of every node (by id); unknown override names are one-line errors."""
+    default = LayerSetting(config.dtype, config.granularity)
+    by_name: dict[str, Node] = {}
+    for node in graph.nodes:
+        by_name[node.name] = node
+        for value in node.outputs:
+            by_name.setdefault(value.name, node)
+    settings = {id(node): default for node in graph.nodes}
+    for index, override in enumerate(config.layers):
+        for name in override.names:
+            node = by_name.get(name)
+            if node is None:
+                close = difflib.get_close_matches(name, list(by_name), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise UserError(f"quantize.layers[{index}]: no node or tensor named '{name}'{hint}")
+            current = settings[id(node)]
+            settings[id(node)] = LayerSetting(
+                override.dtype or current.dtype, override.granularity or current.granularity
+            )
+    return settings
