@@ -37,17 +37,31 @@ def _load(args):
 def cmd_run(args) -> int:
     model = _load(args)
     from .graph_ir.interpreter import Interpreter
+    from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
     from .npz import read_npz, write_npz
 
+    graph = model.main
     feeds = read_npz(args.inputs)
-    interpreter = Interpreter(model.main)
+    if not args.raw:  # float data in and out; quantized model I/O converted with its parameters
+        feeds = quantize_inputs(graph, feeds)
     try:
-        outputs = interpreter.run_batch(feeds)
+        outputs = Interpreter(graph).run_batch(feeds)
     except UserError as error:
         raise UserError(f"{args.inputs}: {error}") from None
+    if not args.raw:
+        outputs = dequantize_outputs(graph, outputs)
     write_npz(args.outputs, outputs)
     for name, array in outputs.items():
         print(f"{name}: {array.dtype}{list(array.shape)}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    model = _load(args)
+    from .graph_ir.serde.onnx_export import save_onnx
+
+    save_onnx(model, args.output)
+    print(f"wrote {args.output} (ONNX opset 21)")
     return 0
 
 
@@ -256,7 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_command("run", "run a model on a batch of inputs")
     p.add_argument("-i", "--inputs", required=True, help="npz: one [N,*shape] array per input")
     p.add_argument("-o", "--outputs", required=True, help="npz written with one array per output")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="pass quantized inputs/outputs as stored (default: float, converted)",
+    )
     p.set_defaults(func=cmd_run)
+
+    p = model_command("export", "write a model (any build stage) as ONNX; quantized as QDQ")
+    p.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    p.set_defaults(func=cmd_export)
 
     p = model_command("inspect", "print inputs, outputs, op histogram and parameter count")
     p.add_argument("--json", action="store_true", help="print one JSON object")

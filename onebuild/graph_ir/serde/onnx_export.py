@@ -1,0 +1,352 @@
+"""IR -> ONNX (opset 21), so any build stage opens in Netron and runs in onnxruntime.
+
+Float ops map back to their ONNX form (canonical attributes that ONNX takes as inputs, such as
+Reshape's shape, become initializers; a fused `clip` becomes a Relu or Clip node). Quantized ops
+export in QDQ form: DequantizeLinear on each quantized input, the float op, the fused activation,
+QuantizeLinear with the output's parameters. Lookup tables export exactly, as a Gather from the
+table. Data movement on quantized values is wrapped the same way (DQ -> op -> Q), which is exact.
+"""
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ...errors import UserError
+from ...fileio import atomic_write_bytes
+from ..ir import Graph, Model, Node, Value
+from ..tensor import QuantParams
+
+OPSET = 21
+IR_VERSION = 10
+INT64_MAX = np.iinfo(np.int64).max
+
+QUANTIZED = {  # quantized op -> the float op its QDQ form uses
+    "QConv": "Conv",
+    "QGemm": "Gemm",
+    "QMul": "Mul",
+    "QConcat": "Concat",
+    "QAveragePool": "AveragePool",
+}
+FLOAT_ATTRS = {  # attributes the float form keeps
+    "Conv": ("strides", "dilations", "pads", "group"),
+    "Gemm": ("transB",),
+    "Mul": (),
+    "Add": (),
+    "Sub": (),
+    "Concat": ("axis",),
+    "AveragePool": (
+        "kernel_shape",
+        "strides",
+        "dilations",
+        "pads",
+        "ceil_mode",
+        "count_include_pad",
+    ),
+}
+INTERNAL_ATTRS = {"clip", "mask", "round_mode"}
+
+
+def _onnx_type(dtype: np.dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+class _Exporter:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.names = {v.name for v in graph.inputs} | set(graph.constants)
+        self.names |= {v.name for n in graph.nodes for v in n.outputs}
+
+    def fresh(self, base: str) -> str:
+        name, counter = base, 0
+        while name in self.names:
+            counter += 1
+            name = f"{base}_{counter}"
+        self.names.add(name)
+        return name
+
+    def constant(self, array: np.ndarray, base: str) -> str:
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def emit(self, op: str, inputs: list[str], outputs: list[str], name: str, **attrs) -> None:
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        if op == "AveragePool" and set(attrs.get("dilations", [1])) == {1}:
+            attrs.pop("dilations", None)  # the default; onnxruntime's QDQ fusion rejects it
+        self.nodes.append(helper.make_node(op, inputs, outputs, name, **attrs))
+
+    # -- QDQ helpers -------------------------------------------------------------------------
+    def qdq_operands(self, params: QuantParams, dtype: np.dtype, base: str) -> list[str]:
+        scale = np.asarray(params.scale, np.float32)
+        zero = np.asarray(params.zero_point).astype(dtype)
+        if params.axis is None:
+            scale, zero = scale.reshape(()), zero.reshape(())
+        return [self.constant(scale, f"{base}_scale"), self.constant(zero, f"{base}_zero_point")]
+
+    def dequantize(self, value: Value, base: str) -> str:
+        """A float view of a quantized value (its own parameters)."""
+        out = self.fresh(f"{base}_dq")
+        operands = self.qdq_operands(value.quant, value.dtype, value.name)
+        self.emit("DequantizeLinear", [value.name, *operands], [out], out, axis=value.quant.axis)
+        return out
+
+    def quantize(self, source: str, value: Value, node_name: str) -> None:
+        operands = self.qdq_operands(value.quant, value.dtype, value.name)
+        self.emit("QuantizeLinear", [source, *operands], [value.name], f"{node_name}/quantize")
+
+    def activation(self, source: str, attrs: dict, out: Value, base: str) -> str:
+        """The fused activation of a quantized node, from its saturation bounds, in float."""
+        info = np.iinfo(out.dtype)
+        if attrs["qmin"] <= info.min and attrs["qmax"] >= info.max:
+            return source
+        scale, zp = out.quant.scale[0], out.quant.zero_point[0]
+        result = self.fresh(f"{base}_act")
+        if attrs["qmin"] == zp and attrs["qmax"] >= info.max:
+            self.emit("Relu", [source], [result], f"{base}/relu")
+        else:
+            lo = np.float32((attrs["qmin"] - zp) * scale)
+            hi = np.float32((attrs["qmax"] - zp) * scale)
+            bounds = [self.constant(lo, f"{base}_min"), self.constant(hi, f"{base}_max")]
+            self.emit("Clip", [source, *bounds], [result], f"{base}/clip")
+        return result
+
+    def fused_clip(self, node: Node, source: str, target: str) -> None:
+        """A float node's fused `clip` as a Relu or Clip writing `target`."""
+        lo, hi = node.attrs["clip"]
+        if lo == 0 and hi == float("inf"):
+            self.emit("Relu", [source], [target], f"{node.name}/relu")
+            return
+        bounds = [
+            "" if not np.isfinite(b) else self.constant(np.float32(b), f"{node.name}_{k}")
+            for b, k in ((lo, "min"), (hi, "max"))
+        ]
+        self.emit("Clip", [source, *bounds], [target], f"{node.name}/clip")
+
+    # -- nodes -------------------------------------------------------------------------------
+    def node(self, node: Node) -> None:
+        if node.op in ("QuantizeLinear", "DequantizeLinear"):
+            self.qdq_node(node)
+        elif node.op in QUANTIZED or node.op == "QAdd":
+            self.quantized_node(node)
+        elif node.op == "QLookup":
+            self.lookup(node)
+        elif node.op == "Requantize":
+            x = node.inputs[0]
+            self.quantize(self.dequantize(x, node.name), node.output, node.name)
+        elif any(_is_quantized(v) for v in node.inputs if v is not None):
+            self.wrapped(node)
+        else:
+            self.float_node(node, [v.name for v in node.outputs])
+
+    def qdq_node(self, node: Node) -> None:
+        params = QuantParams(
+            tuple(node.attrs["scale"]), tuple(node.attrs["zero_point"]), node.attrs.get("axis")
+        )
+        quantized = node.output if node.op == "QuantizeLinear" else node.inputs[0]
+        operands = self.qdq_operands(params, quantized.dtype, node.name)
+        self.emit(
+            node.op,
+            [node.inputs[0].name, *operands],
+            [node.output.name],
+            node.name,
+            axis=params.axis,
+        )
+
+    def quantized_node(self, node: Node) -> None:
+        attrs, out = node.attrs, node.output
+        if node.op == "QAdd":
+            op = "Sub" if attrs.get("subtract") else "Add"
+        else:
+            op = QUANTIZED[node.op]
+        operands = node.inputs[:2] if node.op in ("QConv", "QGemm") else node.inputs
+        inputs = [self.dequantize(v, f"{node.name}_in{i}") for i, v in enumerate(operands)]
+        if node.op in ("QConv", "QGemm"):
+            inputs.append(self.bias(node.inputs[2], node.name))
+        y = self.fresh(f"{node.name}_float")
+        keep = {k: attrs[k] for k in FLOAT_ATTRS[op] if k in attrs}
+        self.emit(op, inputs, [y], node.name, **keep)
+        self.quantize(self.activation(y, attrs, out, node.name), out, node.name)
+
+    def bias(self, bias: Value, base: str) -> str:
+        """int32 biases dequantize in ONNX; int64 ones (int16 models) become float constants."""
+        if bias.dtype == np.int32:
+            return self.dequantize(bias, f"{base}_bias")
+        scale = np.asarray(bias.quant.scale, np.float64)
+        real = (bias.numpy().astype(np.float64) * scale).astype(np.float32)
+        return self.constant(real, f"{base}_bias_float")
+
+    def lookup(self, node: Node) -> None:
+        x, table = node.inputs
+        codes = self.fresh(f"{node.name}_codes")
+        self.emit("Cast", [x.name], [codes], f"{node.name}/cast", to=onnx.TensorProto.INT32)
+        index = self.fresh(f"{node.name}_index")
+        offset = self.constant(np.int32(np.iinfo(x.dtype).min), f"{node.name}_offset")
+        self.emit("Sub", [codes, offset], [index], f"{node.name}/offset")
+        self.emit("Gather", [table.name, index], [node.output.name], node.name, axis=0)
+
+    def wrapped(self, node: Node) -> None:
+        """Data movement on quantized values: DQ -> float op -> Q with the same parameters."""
+        inputs = [
+            "" if v is None else (self.dequantize(v, node.name) if _is_quantized(v) else v.name)
+            for v in node.inputs
+        ]
+        outputs = [self.fresh(f"{v.name}_float") for v in node.outputs]
+        attrs = dict(node.attrs)
+        if node.op == "Pad" and "value" in attrs:
+            x = node.inputs[0]
+            attrs["value"] = (attrs["value"] - x.quant.zero_point[0]) * x.quant.scale[0]
+        self.float_node(node, outputs, inputs, attrs)
+        for value, source in zip(node.outputs, outputs):
+            self.quantize(source, value, node.name)
+
+    def float_node(self, node: Node, outputs: list[str], inputs=None, attrs=None) -> None:
+        attrs = dict(node.attrs if attrs is None else attrs)
+        inputs = [("" if v is None else v.name) for v in node.inputs] if inputs is None else inputs
+        target = outputs
+        if "clip" in attrs:
+            target = [self.fresh(f"{outputs[0]}_preact")]
+        convert = SPECIAL.get(node.op)
+        if convert is not None:
+            op, inputs, attrs = convert(self, node, inputs, attrs)
+        else:
+            op = node.op
+        attrs = {k: v for k, v in attrs.items() if k not in INTERNAL_ATTRS and v is not None}
+        self.emit(op, inputs, target if op != "Dropout" else target[:1], node.name, **attrs)
+        if "clip" in node.attrs:
+            self.fused_clip(node, target[0], outputs[0])
+
+    def run(self) -> onnx.GraphProto:
+        for value in self.graph.constants.values():
+            self.initializers.append(numpy_helper.from_array(value.numpy(), value.name))
+        for node in self.graph.nodes:
+            self.node(node)
+        used = {name for node in self.nodes for name in node.input}
+        self.initializers = [t for t in self.initializers if t.name in used]
+        return helper.make_graph(
+            self.nodes,
+            self.graph.name,
+            [_value_info(v) for v in self.graph.inputs],
+            [_value_info(v) for v in self.graph.outputs],
+            self.initializers,
+        )
+
+
+def _is_quantized(value: Value) -> bool:
+    return value.quant is not None and np.issubdtype(value.dtype, np.integer)
+
+
+def _value_info(value: Value) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(value.name, _onnx_type(value.dtype), list(value.shape))
+
+
+# -- float ops whose canonical attributes are ONNX inputs ---------------------------------------
+def _int64(ex: _Exporter, values, base: str) -> str:
+    return ex.constant(np.asarray(values, np.int64), base)
+
+
+def _reshape(ex, node, inputs, attrs):
+    shape = _int64(ex, attrs.pop("shape"), f"{node.name}_shape")
+    return node.op, [inputs[0], shape], attrs
+
+
+def _tile(ex, node, inputs, attrs):
+    return "Tile", [inputs[0], _int64(ex, attrs.pop("repeats"), f"{node.name}_repeats")], attrs
+
+
+def _slice(ex, node, inputs, attrs):
+    # a canonical end of None means "past the start" of a negative-step slice
+    ends = [-INT64_MAX if e is None else e for e in attrs["ends"]]
+    operands = [
+        _int64(ex, attrs["starts"], f"{node.name}_starts"),
+        _int64(ex, ends, f"{node.name}_ends"),
+        _int64(ex, list(range(len(ends))), f"{node.name}_axes"),
+        _int64(ex, attrs["steps"], f"{node.name}_steps"),
+    ]
+    return "Slice", [inputs[0], *operands], {}
+
+
+def _split(ex, node, inputs, attrs):
+    sizes = _int64(ex, attrs["split"], f"{node.name}_split")
+    return "Split", [inputs[0], sizes], {"axis": attrs["axis"]}
+
+
+def _pad(ex, node, inputs, attrs):
+    x = node.inputs[0]
+    pads = _int64(ex, attrs["pads"], f"{node.name}_pads")
+    dtype = np.float32 if _is_quantized(x) else x.dtype
+    value = ex.constant(np.asarray(attrs.get("value", 0), dtype), f"{node.name}_value")
+    return "Pad", [inputs[0], pads, value], {"mode": attrs.get("mode", "constant")}
+
+
+def _reduce(ex, node, inputs, attrs):
+    axes = _int64(ex, attrs.pop("axes"), f"{node.name}_axes")
+    return node.op, [inputs[0], axes], attrs
+
+
+def _resize(ex, node, inputs, attrs):
+    roi = (
+        ""
+        if attrs.get("roi") is None
+        else ex.constant(np.asarray(attrs["roi"], np.float32), f"{node.name}_roi")
+    )
+    sizes = _int64(ex, attrs["sizes"], f"{node.name}_sizes")
+    keep = {k: v for k, v in attrs.items() if k not in ("roi", "sizes", "scales")}
+    return "Resize", [inputs[0], roi, "", sizes], keep
+
+
+def _arg_max(ex, node, inputs, attrs):
+    (axis,) = attrs.pop("axes")
+    return "ArgMax", inputs, {**attrs, "axis": axis}
+
+
+def _cast(ex, node, inputs, attrs):
+    return "Cast", inputs, {"to": _onnx_type(node.output.dtype)}
+
+
+def _dropout(ex, node, inputs, attrs):
+    return "Identity", inputs[:1], {}
+
+
+SPECIAL: dict[str, Callable] = {
+    "Reshape": _reshape,
+    "Expand": _reshape,
+    "Tile": _tile,
+    "Slice": _slice,
+    "Split": _split,
+    "Pad": _pad,
+    "ReduceMean": _reduce,
+    "ReduceMax": _reduce,
+    "ReduceMin": _reduce,
+    "ReduceSum": _reduce,
+    "ReduceProd": _reduce,
+    "Resize": _resize,
+    "ArgMax": _arg_max,
+    "Cast": _cast,
+    "Dropout": _dropout,
+}
+
+
+def export_onnx(model: Model) -> onnx.ModelProto:
+    """The main graph of `model` as an ONNX model (opset 21)."""
+    graph = _Exporter(model.main).run()
+    proto = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="onebuild",
+        ir_version=IR_VERSION,
+    )
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0]
+        raise UserError(f"the exported ONNX model does not validate: {first}") from None
+    return proto
+
+
+def save_onnx(model: Model, path: str | os.PathLike) -> None:
+    atomic_write_bytes(path, export_onnx(model).SerializeToString())

@@ -1,0 +1,116 @@
+"""QDQ export: onnxruntime running the exported model agrees with the integer reference.
+
+End to end on digits; layer by layer on light architectures (each layer gets the same quantized
+input in both, since 1-LSB rounding differences compound through deep nets)."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model, Node
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde import load_model
+from onebuild.graph_ir.serde.model_zoo import light_model
+from onebuild.graph_ir.serde.onnx_export import export_onnx
+from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.npz import read_npz
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+
+
+def session(model: Model) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    proto = export_onnx(model)
+    return ort.InferenceSession(proto.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def within_one_lsb(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.abs(a.astype(np.int64) - b.astype(np.int64)) <= 1))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_digits_end_to_end_matches_onnxruntime(dtype):
+    model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    run_preset(model)
+    ranges = calibrate(model.main, read_npz(DIGITS / "data" / "calib.npz")).ranges
+    quantized = quantize_graph(model.main, ranges, QuantConfig(dtype, output_type=dtype))
+    test = read_npz(DIGITS / "data" / "test.npz")["input"]
+    ours = Interpreter(quantized).run_batch({"input": test})["logits"]
+    runtime = session(Model([quantized]))
+    theirs = np.stack([runtime.run(None, {"input": x})[0] for x in test])
+    assert ours.dtype == theirs.dtype == np.dtype(dtype)
+    assert within_one_lsb(ours, theirs) >= 0.99
+
+
+def test_exported_float_model_matches_onnxruntime(rng):
+    model = import_onnx(light_model("squeezenet", seed=3))
+    run_preset(model)
+    x = rng.random(model.main.inputs[0].shape, dtype=np.float32)
+    name = model.main.inputs[0].name
+    want = Interpreter(model.main).run({name: x})
+    got = session(model).run(None, {name: x})
+    for value, array in zip(model.main.outputs, got):
+        np.testing.assert_allclose(array, want[value.name], rtol=1e-4, atol=1e-5)
+
+
+def _single_node(node: Node) -> Graph:
+    """`node` alone, its non-constant inputs as graph inputs (same dtypes and parameters)."""
+    graph = Graph(node.name)
+    inputs = []
+    for value in node.inputs:
+        if value.is_const:
+            new = graph.add_constant(value.const, value.name)
+        else:
+            new = graph.add_input(value.name, value.dtype, value.shape)
+        new.quant = value.quant
+        inputs.append(new)
+    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
+    copy.output.quant = node.output.quant
+    graph.outputs = [copy.output]
+    return graph
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "inception_v2", "resnet50"])
+def test_light_models_layer_by_layer_match_onnxruntime(rng, name):
+    model = import_onnx(light_model(name, seed=1))
+    run_preset(model)
+    graph = model.main
+    x = graph.inputs[0]
+    calibration = {x.name: rng.random((2, *x.shape), dtype=np.float32)}
+    quantized = quantize_graph(graph, calibrate(graph, calibration).ranges)
+    trace = {}
+    Interpreter(quantized, observer=lambda v, a: trace.__setitem__(v.name, a)).run(
+        {x.name: calibration[x.name][0]}
+    )
+    agree = total = 0
+    layers = [n for n in quantized.nodes if n.op.startswith("Q") and n.op != "QuantizeLinear"]
+    assert {"QConv", "QAveragePool"} <= {n.op for n in layers}
+    for node in layers:
+        single = _single_node(node)
+        feeds = {v.name: trace[v.name] for v in single.inputs}
+        (theirs,) = session(Model([single])).run(None, feeds)
+        ours = trace[node.output.name]
+        assert within_one_lsb(ours, theirs) >= 0.97, node.name
+        agree += np.sum(np.abs(ours.astype(np.int64) - theirs.astype(np.int64)) <= 1)
+        total += ours.size
+    assert agree / total >= 0.99
+
+
+def test_export_is_valid_onnx_and_deterministic(tmp_path):
+    model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    run_preset(model)
+    ranges = calibrate(model.main, read_npz(DIGITS / "data" / "calib.npz")).ranges
+    quantized = Model([quantize_graph(model.main, ranges)])
+    first = export_onnx(quantized).SerializeToString()
+    assert export_onnx(quantized).SerializeToString() == first
+    proto = onnx.load_from_string(first)
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= ops
