@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ..errors import ExecutionError, UserError
+from .batching import batch_plan
 from .ir import Graph, Node, Value
 from .ops import OPS
 
@@ -49,6 +50,12 @@ class Interpreter:
                 raise ExecutionError(f"node '{node.name}': no kernel for op '{node.op}'")
             self._kernels.append(opdef.kernel)
         self._release = self._release_schedule(graph)
+        self._batch_plan = batch_plan(graph)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether `run_batch` runs several samples per pass."""
+        return self._batch_plan is not None
 
     @staticmethod
     def _release_schedule(graph: Graph) -> list[list[int]]:
@@ -68,36 +75,58 @@ class Interpreter:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One inference: feeds keyed by input name, outputs keyed by output name."""
         check_feeds(self.graph, feeds, batched=False)
+        return self._execute(feeds, None)
+
+    def run_batch(self, feeds: Mapping[str, np.ndarray], chunk: int = 32) -> dict[str, np.ndarray]:
+        """Run each sample of `[N, *input_shape]` arrays; outputs are stacked the same way.
+
+        Batch-separable graphs (see `batching`) run `chunk` samples per pass; the observer then
+        sees each value for a whole chunk at once.
+        """
+        check_feeds(self.graph, feeds, batched=True)
+        count = {np.asarray(feeds[v.name]).shape[0] for v in self.graph.inputs}
+        if len(count) > 1:
+            raise UserError(f"inputs have different sample counts {sorted(count)}")
+        samples = count.pop() if count else 1
+        if self._batch_plan is None:
+            results = []
+            for i in range(samples):
+                sample = {v.name: feeds[v.name][i] for v in self.graph.inputs}
+                results.append(self._execute(sample, None))
+            return {v.name: np.stack([r[v.name] for r in results]) for v in self.graph.outputs}
+        parts = []
+        for start in range(0, samples, chunk):
+            step = min(chunk, samples - start)
+            part = {v.name: feeds[v.name][start : start + step, 0] for v in self.graph.inputs}
+            parts.append(self._execute(part, step))
+        return {
+            v.name: np.concatenate([p[v.name] for p in parts])[:, None] for v in self.graph.outputs
+        }
+
+    def _execute(self, feeds: Mapping[str, np.ndarray], batch: int | None) -> dict:
+        """Run once; with `batch`, leading dims are the batch instead of 1."""
         env: dict[int, np.ndarray] = {}
         for value in self.graph.inputs:
             array = np.asarray(feeds[value.name]).astype(value.dtype, copy=False)
             env[id(value)] = array
             if self.observer:
                 self.observer(value, array)
-        for node, kernel, release in zip(self.graph.nodes, self._kernels, self._release):
+        plan = self._batch_plan if batch else None
+        for index, (node, kernel, release) in enumerate(
+            zip(self.graph.nodes, self._kernels, self._release)
+        ):
             args = [self._read(env, v) for v in node.inputs]
+            attrs = plan[index](batch) if plan and plan[index] else node.attrs
             try:
-                results = kernel(node.attrs, *args)
+                results = kernel(attrs, *args)
             except Exception as error:
                 raise ExecutionError(
                     f"while executing node '{node.name}' ({node.op}): {error}"
                 ) from error
-            self._store(env, node, results)
+            self._store(env, node, results, batch)
             for value_id in release:
                 env.pop(value_id, None)
         return {v.name: self._read(env, v) for v in self.graph.outputs}
-
-    def run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run each sample of `[N, *input_shape]` arrays; outputs are stacked the same way."""
-        check_feeds(self.graph, feeds, batched=True)
-        count = {np.asarray(feeds[v.name]).shape[0] for v in self.graph.inputs}
-        if len(count) > 1:
-            raise UserError(f"inputs have different sample counts {sorted(count)}")
-        samples = count.pop() if count else 1
-        results = [
-            self.run({v.name: feeds[v.name][i] for v in self.graph.inputs}) for i in range(samples)
-        ]
-        return {v.name: np.stack([r[v.name] for r in results]) for v in self.graph.outputs}
 
     @staticmethod
     def _read(env: dict[int, np.ndarray], value: Value | None) -> np.ndarray | None:
@@ -107,7 +136,7 @@ class Interpreter:
             return value.numpy()
         return env[id(value)]
 
-    def _store(self, env: dict[int, np.ndarray], node: Node, results) -> None:
+    def _store(self, env: dict[int, np.ndarray], node: Node, results, batch: int | None) -> None:
         if len(results) != len(node.outputs):
             raise ExecutionError(
                 f"while executing node '{node.name}' ({node.op}): kernel returned "
@@ -115,10 +144,11 @@ class Interpreter:
             )
         for value, array in zip(node.outputs, results):
             array = np.asarray(array)
-            if array.shape != value.shape or array.dtype != value.dtype:
+            shape = value.shape if batch is None else (batch, *value.shape[1:])
+            if array.shape != shape or array.dtype != value.dtype:
                 raise ExecutionError(
                     f"while executing node '{node.name}' ({node.op}): output '{value.name}' is "
-                    f"{array.dtype}{list(array.shape)}, declared {value.dtype}{list(value.shape)}"
+                    f"{array.dtype}{list(array.shape)}, declared {value.dtype}{list(shape)}"
                 )
             env[id(value)] = array
             if self.observer:

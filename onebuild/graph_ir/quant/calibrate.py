@@ -24,6 +24,7 @@ METHODS = {
 }
 
 Batch = Mapping[str, np.ndarray]
+CHUNK = 32  # samples per interpreter pass (bounded memory: one chunk of activations at a time)
 
 
 @dataclass
@@ -81,30 +82,38 @@ def calibrate(
     if method not in METHODS:
         raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
+    options = dict(options or {})
+    interpreter = Interpreter(graph)
+    chunk = CHUNK
+    if method == "moving_average":  # ONE blends the min/max of each batch of samples
+        chunk = options.get("batch", 1)
+        if interpreter.batchable:
+            options["batch"] = 1  # each observed array is already a whole batch
     observers: dict[int, object] = {}
     minmax: dict[int, MinMax] = {}
     names: dict[int, str] = {}
 
     def observe(value: Value, array: np.ndarray) -> None:
-        if not np.issubdtype(array.dtype, np.floating):
+        if array.dtype.kind != "f":
             return
         key = id(value)
         if key not in observers:
             try:
-                observers[key] = METHODS[method](**dict(options or {}))
+                observers[key] = METHODS[method](**options)
             except (TypeError, ValueError) as error:
                 raise UserError(f"calibration method '{method}': {error}") from None
             minmax[key], names[key] = MinMax(), value.name
         observers[key].update(array)
         minmax[key].update(array)
 
-    interpreter = Interpreter(graph, observer=observe)
+    interpreter.observer = observe
     total = 0
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)
-        for index in range(samples):
-            interpreter.run({v.name: batch[v.name][index] for v in graph.inputs})
-            total += 1
+        for start in range(0, samples, chunk):
+            part = {v.name: batch[v.name][start : start + chunk] for v in graph.inputs}
+            interpreter.run_batch(part, chunk)
+            total += len(next(iter(part.values()), ()))
             if progress:
                 progress(total)
     if total < min_samples:

@@ -18,6 +18,7 @@ from .model_io import dequantize_outputs, quantize_inputs
 from .params import dequantize
 
 Batch = dict[str, np.ndarray]
+CHUNK = 32
 
 
 @dataclass
@@ -72,23 +73,27 @@ def compare_graphs(
 
     float_run = Interpreter(reference, observer=record)
     test_run = Interpreter(candidate, observer=compare)
+    # both graphs must see the same slices, so chunks only when both run batches in one pass
+    chunk = CHUNK if float_run.batchable and test_run.batchable else 1
     first = reference.outputs[0].name
     hits = {"reference": 0, "candidate": 0}
     result = Comparison()
     for _, batch in batches:
         count = len(next(iter(batch.values())))
-        for index in range(count):
-            sample = {v.name: batch[v.name][index] for v in reference.inputs}
-            want = float_run.run(sample)
-            got = dequantize_outputs(candidate, test_run.run(quantize_inputs(candidate, sample)))
+        for start in range(0, count, chunk):
+            part = {v.name: batch[v.name][start : start + chunk] for v in reference.inputs}
+            want = float_run.run_batch(part, chunk)
+            got = test_run.run_batch(quantize_inputs(candidate, part), chunk)
+            got = dequantize_outputs(candidate, got)
             trace.clear()
-            for name, metrics in outputs.items():
-                metrics.update(want[name], got[name])
-            if labels is not None:
-                label = int(labels[result.samples])
-                hits["reference"] += int(np.argmax(want[first]) == label)
-                hits["candidate"] += int(np.argmax(got[first]) == label)
-            result.samples += 1
+            for index in range(len(want[first])):
+                for name, metrics in outputs.items():
+                    metrics.update(want[name][index], got[name][index])
+                if labels is not None:
+                    label = int(labels[result.samples])
+                    hits["reference"] += int(np.argmax(want[first][index]) == label)
+                    hits["candidate"] += int(np.argmax(got[first][index]) == label)
+                result.samples += 1
     result.outputs = {name: m.summary() for name, m in outputs.items()}
     ranked = sorted(layers.items(), key=lambda item: item[1].db)
     result.layers = [{"node": n, "op": common[n], "sqnr_db": s.db} for n, s in ranked]

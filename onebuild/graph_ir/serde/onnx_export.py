@@ -216,7 +216,9 @@ class _Exporter:
         else:
             op = node.op
         attrs = {k: v for k, v in attrs.items() if k not in INTERNAL_ATTRS and v is not None}
-        self.emit(op, inputs, target if op != "Dropout" else target[:1], node.name, **attrs)
+        if node.op == "Dropout" and op == "Identity":
+            target = target[:1]
+        self.emit(op, inputs, target, node.name, **attrs)
         if "clip" in node.attrs:
             self.fused_clip(node, target[0], outputs[0])
 
@@ -309,7 +311,8 @@ def _cast(ex, node, inputs, attrs):
 
 
 def _dropout(ex, node, inputs, attrs):
-    return "Identity", inputs[:1], {}
+    """Inference-mode Dropout is the identity, unless its mask output is read."""
+    return ("Dropout" if attrs.get("mask") else "Identity"), inputs[:1], {}
 
 
 SPECIAL: dict[str, Callable] = {
