@@ -6,6 +6,7 @@ writes QDQ. Accuracy is the SQNR (dB) of each quantized model's logits against t
 the same evaluation samples (onebuild's integer reference interpreter; onnxruntime running its own
 QDQ model). Time is file in -> quantized model out: onebuild import + O1 + calibration +
 quantization + IR file write; onnxruntime quantize_static (which loads, calibrates and writes).
+`onebuild_mse` is onebuild with its search-based calibration (`method = "mse"`) instead of MinMax.
 
 Models: the digits CNN with its real calibration/evaluation data, and light ResNet50, SqueezeNet,
 ShuffleNet and Inception-v2 graphs with seeded random weights fed seeded uniform [0, 1) images
@@ -72,9 +73,11 @@ def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.nda
     save_ir(model, work / f"{name}.obir")
     onebuild_seconds = time.perf_counter() - start
 
-    float_run, quant_run = Interpreter(graph), Interpreter(quantized)
+    float_run = Interpreter(graph)
     reference = [float_run.run({x: s})[logits] for s in evaluation]
-    ours = [quant_run.run({x: s})[logits] for s in evaluation]
+    ours = [Interpreter(quantized).run({x: s})[logits] for s in evaluation]
+    searched = quantize_graph(graph, calibrate(graph, {x: calib}, "mse").ranges_for("uint8"))
+    ours_mse = [Interpreter(searched).run({x: s})[logits] for s in evaluation]
 
     start = time.perf_counter()
     quantize_static(
@@ -99,7 +102,11 @@ def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.nda
         "model": name,
         "calibration_samples": len(calib),
         "evaluation_samples": len(evaluation),
-        "sqnr_db": {"onebuild": _sqnr(reference, ours), "onnxruntime": _sqnr(reference, theirs)},
+        "sqnr_db": {
+            "onebuild": _sqnr(reference, ours),
+            "onebuild_mse": _sqnr(reference, ours_mse),
+            "onnxruntime": _sqnr(reference, theirs),
+        },
         "seconds": {"onebuild": round(onebuild_seconds, 3), "onnxruntime": round(ort_seconds, 3)},
         "time_ratio": round(onebuild_seconds / ort_seconds, 3),
     }
