@@ -54,8 +54,9 @@ class Reader(CalibrationDataReader):
 
 
 def _sqnr(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
-    ref, out = np.concatenate([r.ravel() for r in reference]), np.concatenate(
-        [t.ravel() for t in test]
+    ref, out = (
+        np.concatenate([r.ravel() for r in reference]),
+        np.concatenate([t.ravel() for t in test]),
     )
     diff = ref.astype(np.float64) - out
     return round(sqnr_db(float(ref.astype(np.float64) @ ref), float(diff @ diff)), 2)
