@@ -1,0 +1,1 @@
+"""The simulated TRIX NPU: hardware presets, constraints, lowering, codegen, .tvn, simulator."""

@@ -1,0 +1,134 @@
+"""What the TRIX NPU runs. Each constraint is a small function whose docstring is the
+user-facing reason when it fails; partitioning and the supported-ops report use them.
+"""
+
+from collections.abc import Callable
+
+from ...graph_ir.ir import Node
+from .hardware import Hardware
+
+KINDS = {
+    "QConv", "QGemm", "QAdd", "QMul", "QAveragePool", "MaxPool", "QLookup", "Requantize",
+    "QConcat", "Reshape", "Identity", "Dropout",
+}  # fmt: skip
+Constraint = Callable[[Node, Hardware], bool]
+
+
+def op_is_supported(node: Node, hw: Hardware) -> bool:
+    """the op is one of QConv, QGemm, QAdd, QMul, QAveragePool, MaxPool, QLookup, Requantize,
+    QConcat, Reshape (quantized tensors only)"""
+    return node.op in KINDS
+
+
+def quantized_io(node: Node, hw: Hardware) -> bool:
+    """inputs and output must be quantized tensors of a supported dtype (uint8 or int16)"""
+    values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
+    return all(
+        v.quant is not None and v.dtype.name in hw.dtypes and len(v.quant.scale) == 1
+        for v in values
+    )
+
+
+def batch_one(node: Node, hw: Hardware) -> bool:
+    """the batch dimension must be 1 and the rank at most 4"""
+    values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
+    return all(len(v.shape) <= hw.max_rank and v.shape[0] == 1 for v in values)
+
+
+def kernel_size(node: Node, hw: Hardware) -> bool:
+    """kernel height and width must be at most max_kernel (11), except global pooling, and the
+    kernel 1-D or 2-D"""
+    kernel = node.attrs.get("kernel_shape")
+    if node.op == "QConv":
+        kernel = node.inputs[1].shape[2:]
+    if kernel is None:
+        return True
+    if node.op != "QConv" and tuple(kernel) == tuple(node.inputs[0].shape[2:]):
+        return len(kernel) <= 2  # global pooling runs on the vector unit at any size
+    return len(kernel) <= 2 and max(kernel) <= hw.max_kernel
+
+
+def stride_limit(node: Node, hw: Hardware) -> bool:
+    """strides must be at most max_stride (4)"""
+    return max(node.attrs.get("strides", [1]), default=1) <= hw.max_stride
+
+
+def channel_limit(node: Node, hw: Hardware) -> bool:
+    """channel counts must be at most max_channels"""
+    out = node.outputs[0].shape
+    return len(out) < 2 or out[1] <= hw.max_channels
+
+
+def same_shape_operands(node: Node, hw: Hardware) -> bool:
+    """elementwise operands must have the same shape (no broadcasting)"""
+    if node.op not in ("QAdd", "QMul"):
+        return True
+    a, b = node.inputs
+    return not a.is_const and not b.is_const and a.shape == b.shape
+
+
+def channel_concat(node: Node, hw: Hardware) -> bool:
+    """Concat must join along the channel axis of non-constant tensors"""
+    if node.op != "QConcat":
+        return True
+    rank = len(node.outputs[0].shape)
+    constant = any(v.is_const for v in node.inputs)
+    return rank >= 2 and node.attrs["axis"] % rank == 1 and not constant
+
+
+def pool_without_ceil(node: Node, hw: Hardware) -> bool:
+    """pooling must not use ceil_mode"""
+    return not node.attrs.get("ceil_mode", 0)
+
+
+def dense_layer(node: Node, hw: Hardware) -> bool:
+    """Gemm input must be a [1, K] vector"""
+    return node.op != "QGemm" or len(node.inputs[0].shape) == 2
+
+
+def pass_through_dtype(node: Node, hw: Hardware) -> bool:
+    """Reshape/MaxPool must keep the quantization of their input"""
+    if node.op not in ("Reshape", "Identity", "Dropout", "MaxPool"):
+        return True
+    return node.inputs[0].quant == node.outputs[0].quant and len(node.outputs) == 1
+
+
+CONSTRAINTS: list[Constraint] = [
+    op_is_supported,
+    quantized_io,
+    batch_one,
+    kernel_size,
+    stride_limit,
+    channel_limit,
+    same_shape_operands,
+    channel_concat,
+    pool_without_ceil,
+    dense_layer,
+    pass_through_dtype,
+]
+
+
+def reason(constraint: Constraint) -> str:
+    return " ".join((constraint.__doc__ or constraint.__name__).split())
+
+
+def unsupported(node: Node, hw: Hardware) -> list[str]:
+    """The reasons `node` cannot run on the NPU (empty when it can)."""
+    if not op_is_supported(node, hw):
+        return [f"{node.op} is not an NPU operation"]
+    failed = []
+    for constraint in CONSTRAINTS[1:]:
+        try:
+            ok = constraint(node, hw)
+        except (KeyError, IndexError, AttributeError, ValueError):
+            ok = False
+        if not ok:
+            failed.append(reason(constraint))
+    return failed
+
+
+def supported_ops_report(hw: Hardware) -> list[str]:
+    """One line per constraint, for `onebuild targets` and the docs."""
+    return [f"{c.__name__}: {reason(c)}" for c in CONSTRAINTS] + [
+        f"dtypes: {', '.join(hw.dtypes)}; SRAM {hw.sram_bytes} bytes"
+    ]

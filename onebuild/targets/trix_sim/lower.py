@@ -1,0 +1,218 @@
+"""Quantized IR -> plain op descriptions: the common input of the encoder and the perf model.
+
+A `Program` holds tensor descriptions (shape as (C, H, W), dtype, scale, zero point) and one
+`Layer` per NPU operation, with static integer parameters and constant arrays (weights, bias,
+per-channel multipliers and shifts, lookup tables). Nothing here knows instructions or cycles.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import ModelError
+from ...graph_ir.ir import Graph, Node, Value
+from .constraints import unsupported
+from .hardware import Hardware
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    name: str
+    shape: tuple[int, int, int]  # (channels, height, width) of the single batch
+    dims: tuple[int, ...]  # the IR shape
+    dtype: str
+    scale: float
+    zero_point: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Layer:
+    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | concat | reshape
+    name: str
+    inputs: list[str]
+    output: str
+    attrs: dict[str, int | list[int]] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def macs(self, tensors: dict[str, TensorDesc]) -> int:
+        out = tensors[self.output].shape
+        if self.kind == "conv":
+            w = self.arrays["weights"].shape
+            return int(np.prod(out)) * int(np.prod(w[1:]))
+        if self.kind == "gemm":
+            return int(self.arrays["weights"].size)
+        return 0
+
+
+@dataclass
+class Program:
+    tensors: dict[str, TensorDesc]
+    layers: list[Layer]
+    inputs: list[str]
+    outputs: list[str]
+
+
+WINDOWED = ("conv", "maxpool", "avgpool")
+
+
+def window_span(layer: Layer, rows: int) -> int:
+    """Input rows that `rows` consecutive output rows read (before clipping to the tensor)."""
+    if layer.kind not in WINDOWED:
+        return rows
+    a = layer.attrs
+    return (rows - 1) * a["strides"][0] + (a["kernel"][0] - 1) * a["dilations"][0] + 1
+
+
+def input_rows(layer: Layer, r0: int, r1: int, height: int) -> tuple[int, int]:
+    """The input rows [i0, i1) that output rows [r0, r1) read, clipped to the tensor."""
+    if layer.kind not in WINDOWED:
+        return r0, r1
+    a = layer.attrs
+    lo = r0 * a["strides"][0] - a["pads"][0]
+    return max(lo, 0), min(lo + window_span(layer, r1 - r0), height)
+
+
+def chw(dims: tuple[int, ...]) -> tuple[int, int, int]:
+    """(C, H, W) of a batch-1 tensor of rank 1 to 4 (missing trailing dims are 1)."""
+    rest = list(dims[1:]) if len(dims) > 1 else list(dims)
+    rest += [1] * (3 - len(rest))
+    return int(rest[0]), int(rest[1]), int(rest[2])
+
+
+def _tensor(value: Value) -> TensorDesc:
+    q = value.quant
+    return TensorDesc(
+        value.name, chw(value.shape), value.shape, value.dtype.name, q.scale[0], q.zero_point[0]
+    )
+
+
+def _output_attrs(node: Node) -> dict:
+    return {k: int(node.attrs[k]) for k in ("y_zero_point", "qmin", "qmax")}
+
+
+def _per_channel(node: Node, channels: int) -> dict[str, np.ndarray]:
+    m = np.broadcast_to(np.asarray(node.attrs["multiplier"], np.int64), (channels,))
+    r = np.broadcast_to(np.asarray(node.attrs["shift"], np.int64), (channels,))
+    return {"multiplier": m.copy(), "shift": r.copy()}
+
+
+def _layer(node: Node) -> Layer:
+    a = node.attrs
+    ins = [v.name for v in node.inputs if v is not None and not v.is_const]
+    out = node.outputs[0].name
+    if node.op == "QConv":
+        w, b = node.inputs[1].numpy(), node.inputs[2].numpy()
+        attrs = {
+            "kernel": list(w.shape[2:]) + [1] * (4 - w.ndim),
+            "strides": list(a["strides"]) + [1] * (2 - len(a["strides"])),
+            "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
+            "pads": _pads_2d(a["pads"]),
+            "group": int(a["group"]),
+            "x_zero_point": int(a["x_zero_point"]),
+            **_output_attrs(node),
+        }
+        weights = w.reshape(w.shape[0], w.shape[1], *attrs["kernel"])
+        arrays = {"weights": weights, "bias": b.astype(np.int64), **_per_channel(node, len(w))}
+        return Layer("conv", node.name, ins, out, attrs, arrays)
+    if node.op == "QGemm":
+        w = node.inputs[1].numpy()
+        w = w if a.get("transB") else w.T  # [N, K]
+        arrays = {
+            "weights": np.ascontiguousarray(w),
+            "bias": node.inputs[2].numpy().astype(np.int64),
+            **_per_channel(node, w.shape[0]),
+        }
+        attrs = {"x_zero_point": int(a["x_zero_point"]), **_output_attrs(node)}
+        return Layer("gemm", node.name, ins, out, attrs, arrays)
+    if node.op in ("QAdd", "QMul"):
+        attrs = {
+            "a_zero_point": int(a["a_zero_point"]),
+            "b_zero_point": int(a["b_zero_point"]),
+            "multiplier": int(a["multiplier"]),
+            "shift": int(a["shift"]),
+            **_output_attrs(node),
+        }
+        if node.op == "QAdd":
+            attrs.update(
+                {
+                    "a_rescale": list(a["a_rescale"]),
+                    "b_rescale": list(a["b_rescale"]),
+                    "subtract": int(a.get("subtract", 0)),
+                }
+            )
+        return Layer("add" if node.op == "QAdd" else "mul", node.name, ins, out, attrs)
+    if node.op in ("QAveragePool", "MaxPool"):
+        attrs = {
+            "kernel": list(a["kernel_shape"]) + [1] * (2 - len(a["kernel_shape"])),
+            "strides": list(a["strides"]) + [1] * (2 - len(a["strides"])),
+            "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
+            "pads": _pads_2d(a["pads"]),
+            "ceil_mode": int(a.get("ceil_mode", 0)),
+        }
+        if node.op == "MaxPool":
+            return Layer("maxpool", node.name, ins, out, attrs)
+        attrs.update(
+            {
+                "count_include_pad": int(a.get("count_include_pad", 0)),
+                "x_zero_point": int(a["x_zero_point"]),
+                **_output_attrs(node),
+            }
+        )
+        return Layer("avgpool", node.name, ins, out, attrs, {"ratio": np.float64(a["scale_ratio"])})
+    if node.op == "QLookup":
+        return Layer("lookup", node.name, ins, out, {}, {"table": node.inputs[1].numpy()})
+    if node.op == "Requantize":
+        attrs = {
+            "x_zero_point": int(a["x_zero_point"]),
+            "multiplier": int(a["multiplier"]),
+            "shift": int(a["shift"]),
+            **_output_attrs(node),
+        }
+        return Layer("requant", node.name, ins, out, attrs)
+    if node.op == "QConcat":
+        attrs = {
+            "x_zero_points": [int(z) for z in a["x_zero_points"]],
+            "multiplier": [int(m) for m in a["multiplier"]],
+            "shift": [int(r) for r in a["shift"]],
+            **_output_attrs(node),
+        }
+        return Layer("concat", node.name, ins, out, attrs)
+    return Layer("reshape", node.name, ins, out)  # Reshape / Identity / Dropout: a view
+
+
+def _pads_2d(pads: list[int]) -> list[int]:
+    """(top, left, bottom, right) from ONNX begin/end pads of 1 or 2 spatial dims."""
+    if len(pads) == 2:
+        return [pads[0], 0, pads[1], 0]
+    return [pads[0], pads[1], pads[2], pads[3]]
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def lower(graph: Graph, hw: Hardware) -> Program:
+    """The NPU program of a quantized graph whose inputs and outputs are all quantized."""
+    failures: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for reason in unsupported(node, hw):
+            failures.setdefault(reason, []).append(f"{node.name} ({node.op})")
+    for value in [*graph.inputs, *graph.outputs]:
+        if value.quant is None or not np.issubdtype(value.dtype, np.integer):
+            failures.setdefault("NPU model inputs and outputs must be quantized", []).append(
+                f"'{value.name}'"
+            )
+    if failures:
+        problems = [f"{reason}: {_some(nodes)}" for reason, nodes in failures.items()]
+        raise ModelError(f"graph '{graph.name}' cannot run on {hw.name}: " + "; ".join(problems))
+    tensors = {v.name: _tensor(v) for v in graph.inputs}
+    layers = []
+    for node in graph.nodes:
+        tensors[node.outputs[0].name] = _tensor(node.outputs[0])
+        layers.append(_layer(node))
+    return Program(tensors, layers, [v.name for v in graph.inputs], [v.name for v in graph.outputs])

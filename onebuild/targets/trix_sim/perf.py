@@ -1,0 +1,49 @@
+"""The TRIX performance model: cycles of each instruction from the hardware preset and the op
+description it executes, and the roofline lower bound of a whole program.
+
+MAC-array ops map the reduction (input channels x kernel taps) onto `mac_rows` and output
+channels onto `mac_cols`, one output pixel per cycle; depthwise convolutions use the vector unit
+when that is faster. Pooling, elementwise, lookup and requantization run on `vector_lanes`
+elements per cycle. A DMA costs its latency plus bytes / bandwidth.
+"""
+
+import math
+
+from .hardware import Hardware
+from .lower import Layer, Program
+
+
+def dma_cycles(hw: Hardware, nbytes: int) -> int:
+    return hw.dma_latency_cycles + math.ceil(nbytes / hw.dram_bytes_per_cycle)
+
+
+def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_shape) -> int:
+    """Cycles of one EXEC: `rows` output rows of `chs` output channels."""
+    _, _, ow = out_shape
+    pixels = rows * ow
+    if layer.kind == "conv":
+        weights = layer.arrays["weights"]
+        group = layer.attrs["group"]
+        per_group_out = weights.shape[0] // group
+        reduction = int(weights.shape[1] * weights.shape[2] * weights.shape[3])
+        groups = math.ceil(chs / per_group_out)
+        array = groups * math.ceil(reduction / hw.mac_rows) * pixels
+        array *= math.ceil(min(chs, per_group_out) / hw.mac_cols)
+        vector = math.ceil(chs * pixels * reduction / hw.vector_lanes)
+        return max(1, min(array, vector) if per_group_out == 1 else array)
+    if layer.kind == "gemm":
+        k = layer.arrays["weights"].shape[1]
+        return math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
+    window = 1
+    if layer.kind in ("maxpool", "avgpool"):
+        window = layer.attrs["kernel"][0] * layer.attrs["kernel"][1]
+    return max(1, math.ceil(chs * pixels * window / hw.vector_lanes))
+
+
+def roofline(program: Program, hw: Hardware, weight_bytes: int) -> dict[str, float]:
+    """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth)."""
+    macs = sum(layer.macs(program.tensors) for layer in program.layers)
+    io = sum(program.tensors[n].nbytes for n in [*program.inputs, *program.outputs])
+    compute = macs / hw.macs_per_cycle
+    memory = (weight_bytes + io) / hw.dram_bytes_per_cycle
+    return {"macs": macs, "cycles": max(compute, memory), "compute": compute, "memory": memory}

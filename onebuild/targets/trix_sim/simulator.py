@@ -1,0 +1,302 @@
+"""Executes a TRIX module instruction by instruction, bit-exactly, and counts cycles.
+
+State is a DRAM image (constant blob + activation arena) and the SRAM. LOAD/STORE copy 2-D
+blocks between them; EXEC computes one tile from SRAM operands into SRAM with the integer rules
+of docs/quantization.md. Timing: one DMA engine and one compute engine; an instruction starts
+when its engine is free and the SRAM ranges it reads were written (and the ranges it writes were
+read by earlier instructions), so double-buffered tiles overlap DMA with compute.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import FormatError, UserError
+from ...graph_ir.quant.params import quantize_multiplier, requantize
+from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
+from .hardware import Hardware
+from .lower import Layer, input_rows, window_span
+from .perf import dma_cycles, exec_cycles, roofline
+
+
+@dataclass
+class Report:
+    cycles: int = 0
+    dram_bytes: int = 0
+    macs: int = 0
+    layers: dict[str, dict] = field(default_factory=dict)  # name -> cycles, dram_bytes, macs
+
+    def summary(self, hw: Hardware, module: Module) -> dict:
+        from .lower import Program
+
+        program = Program(module.tensors, module.layers, module.inputs, module.outputs)
+        weights = sum(
+            a.nbytes for layer in module.layers for k, a in layer.arrays.items()
+            if k in ("weights", "table")
+        )  # fmt: skip
+        bound = roofline(program, hw, weights)
+        seconds = self.cycles / (hw.clock_mhz * 1e6)
+        return {
+            "hardware": hw.name,
+            "cycles": self.cycles,
+            "milliseconds": round(seconds * 1e3, 4),
+            "macs": bound["macs"],
+            "mac_utilization": round(bound["macs"] / max(self.cycles * hw.macs_per_cycle, 1), 4),
+            "dram_bytes": self.dram_bytes,
+            "sram_peak_bytes": module.sram_peak,
+            "arena_bytes": module.arena_bytes,
+            "roofline_cycles": round(bound["cycles"]),
+            "roofline_ratio": round(self.cycles / max(bound["cycles"], 1), 3),
+            "layers": self.layers,
+        }
+
+
+class _Timeline:
+    """Engine availability and SRAM hazards (recent accesses only: enough for a tile loop)."""
+
+    def __init__(self):
+        self.free = {"dma": 0, "compute": 0}
+        self.writes: list[tuple[int, int, int]] = []  # (lo, hi, end)
+        self.reads: list[tuple[int, int, int]] = []
+
+    @staticmethod
+    def _latest(accesses, lo: int, hi: int) -> int:
+        return max((end for a, b, end in accesses if a < hi and lo < b), default=0)
+
+    def schedule(self, engine: str, cycles: int, reads, writes) -> int:
+        start = self.free[engine]
+        for lo, hi in reads:
+            start = max(start, self._latest(self.writes, lo, hi))
+        for lo, hi in writes:
+            start = max(start, self._latest(self.reads, lo, hi), self._latest(self.writes, lo, hi))
+        end = start + cycles
+        self.free[engine] = end
+        self.reads = [*self.reads[-63:], *((lo, hi, end) for lo, hi in reads)]
+        self.writes = [*self.writes[-63:], *((lo, hi, end) for lo, hi in writes)]
+        return end
+
+
+class Simulator:
+    def __init__(self, module: Module, hw: Hardware):
+        if hw.name != module.meta.get("hardware"):
+            raise UserError(f"module was compiled for {module.meta.get('hardware')}, not {hw.name}")
+        self.module, self.hw = module, hw
+        self.dram = np.zeros(module.dram_bytes, np.uint8)
+        self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
+        self.sram = np.zeros(hw.sram_bytes, np.uint8)
+
+    # -- memory ------------------------------------------------------------------------------
+    def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if offset + nbytes > len(self.sram):
+            raise FormatError(f"instruction reads SRAM [{offset}, {offset + nbytes}) out of range")
+        return self.sram[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def _write_sram(self, offset: int, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        if offset + data.size > len(self.sram):
+            raise FormatError(
+                f"instruction writes SRAM [{offset}, {offset + data.size}) out of range"
+            )
+        self.sram[offset : offset + data.size] = data
+
+    def _copy(self, src, src_at, dst, dst_at, block, count, src_stride, dst_stride) -> None:
+        for i in range(count):
+            s, d = src_at + i * src_stride, dst_at + i * dst_stride
+            if s + block > len(src) or d + block > len(dst):
+                raise FormatError("DMA transfer out of range")
+            dst[d : d + block] = src[s : s + block]
+
+    # -- run ---------------------------------------------------------------------------------
+    def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Report]:
+        module = self.module
+        for name in module.inputs:
+            t = module.tensors[name]
+            array = np.ascontiguousarray(np.asarray(inputs[name]).astype(t.dtype))
+            if array.size * array.itemsize != t.nbytes:
+                raise UserError(f"input '{name}' has {array.size} values, expected {t.shape}")
+            at = module.dram[name]
+            self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
+        report, timeline = Report(), _Timeline()
+        for op, index, *args in module.code.tolist():
+            layer = module.layers[index]
+            stats = report.layers.setdefault(
+                layer.name, {"kind": layer.kind, "cycles": 0, "dram_bytes": 0, "macs": 0}
+            )
+            if op == LOAD:
+                dram, sram, block, count, dram_stride, sram_stride = args[:6]
+                self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
+                cycles = dma_cycles(self.hw, block * count)
+                span = (sram, sram + sram_stride * (count - 1) + block)
+                end = timeline.schedule("dma", cycles, [], [span])
+                stats["dram_bytes"] += block * count
+                report.dram_bytes += block * count
+            elif op == STORE:
+                sram, dram, block, count, sram_stride, dram_stride = args[:6]
+                self._copy(self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride)
+                cycles = dma_cycles(self.hw, block * count)
+                span = (sram, sram + sram_stride * (count - 1) + block)
+                end = timeline.schedule("dma", cycles, [span], [])
+                stats["dram_bytes"] += block * count
+                report.dram_bytes += block * count
+            elif op == EXEC:
+                reads, writes, cycles, macs = self._exec(index, layer, *args)
+                end = timeline.schedule("compute", cycles, reads, writes)
+                stats["macs"] += macs
+            else:
+                raise FormatError(f"unknown opcode {op}")
+            stats["cycles"] += cycles
+            report.cycles = max(report.cycles, end)
+        outputs = {}
+        for name in module.outputs:
+            t = module.tensors[name]
+            at = module.dram[name]
+            outputs[name] = self.dram[at : at + t.nbytes].view(t.dtype).reshape(t.dims).copy()
+        return outputs, report
+
+    def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
+        tensors = self.module.tensors
+        out_t = tensors[layer.output]
+        x_t = tensors[layer.inputs[0]]
+        c, h, w = x_t.shape
+        c = chs if layer.kind in CHANNELWISE else c  # channelwise ops load their channels only
+        i0, i1 = input_rows(layer, r0, r0 + rows, h)
+        x = self._sram_view(in_at, x_t.dtype, (c, i1 - i0, w))
+        reads = [(in_at, in_at + x.nbytes)]
+        macs = 0
+        if layer.kind == "conv":
+            weights = layer.arrays["weights"]
+            shape = (chs, *weights.shape[1:])
+            wq = self._sram_view(w_at, weights.dtype.name, shape)
+            reads.append((w_at, w_at + wq.nbytes))
+            y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
+            macs = y.size * int(np.prod(weights.shape[1:]))
+        elif layer.kind == "gemm":
+            weights = layer.arrays["weights"]
+            k = weights.shape[1]
+            xv = self._sram_view(0, x_t.dtype, (k,)).astype(np.int64) - layer.attrs["x_zero_point"]
+            wq = self._sram_view(w_at, weights.dtype.name, (chs, k))
+            reads = [(0, xv.size * np.dtype(x_t.dtype).itemsize), (w_at, w_at + wq.nbytes)]
+            acc = _exact(wq.astype(np.float64) @ xv.astype(np.float64))
+            acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
+            y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
+            macs = chs * k
+        elif layer.kind in ("add", "mul"):
+            b = self._sram_view(in2_at, tensors[layer.inputs[1]].dtype, x.shape)
+            reads.append((in2_at, in2_at + b.nbytes))
+            y = _binary(layer, x, b)
+        elif layer.kind == "maxpool":
+            y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
+        elif layer.kind == "avgpool":
+            y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
+        elif layer.kind == "lookup":
+            table = layer.arrays["table"]
+            codes = self._sram_view(0, table.dtype.name, table.shape)
+            reads.append((0, table.nbytes))
+            y = codes[x.astype(np.int64) - np.iinfo(x.dtype).min]
+        elif layer.kind == "requant":
+            a = layer.attrs
+            y = _saturate(
+                layer,
+                requantize(x.astype(np.int64) - a["x_zero_point"], a["multiplier"], a["shift"]),
+            )
+        elif layer.kind == "concat":
+            a, part = layer.attrs, in2_at
+            x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
+            reads = [(in_at, in_at + x.nbytes)]
+            centered = x.astype(np.int64) - a["x_zero_points"][part]
+            y = _saturate(layer, requantize(centered, a["multiplier"][part], a["shift"][part]))
+        else:
+            raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
+        y = np.asarray(y).astype(out_t.dtype)
+        self._write_sram(out_at, y)
+        cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
+        return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+
+    def _padded(
+        self, layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill
+    ):
+        """The input window rows of a tile, padded (top/bottom from the tile's position)."""
+        a = layer.attrs
+        top = r0 * a["strides"][0] - a["pads"][0]  # first logical input row (may be < 0)
+        span = window_span(layer, rows)
+        left, right = a["pads"][1], a["pads"][3]
+        padded = np.full((x.shape[0], span, w + left + right), fill, dtype=np.int64)
+        start = i0 - top
+        padded[:, start : start + x.shape[1], left : left + w] = x
+        return padded
+
+    def _windows(self, layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+        """[C, rows, ow, kh, kw] window view."""
+        a = layer.attrs
+        (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+        view = np.lib.stride_tricks.sliding_window_view(
+            padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2)
+        )
+        return view[:, : (rows - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
+
+    def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
+        a = layer.attrs
+        padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
+        windows = self._windows(layer, padded - a["x_zero_point"], rows, ow)
+        group = a["group"]
+        out_channels = layer.arrays["weights"].shape[0]
+        per_group_out, per_group_in = out_channels // group, wq.shape[1]
+        acc = np.empty((chs, rows, ow), np.int64)
+        for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
+            lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
+            patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
+            cols = patch.transpose(1, 2, 0, 3, 4).reshape(rows * ow, -1).astype(np.float64)
+            kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1).astype(np.float64)
+            acc[lo - ch0 : hi - ch0] = _exact(kernel @ cols.T).reshape(hi - lo, rows, ow)
+        acc += layer.arrays["bias"][ch0 : ch0 + chs, None, None]
+        return self._requant_channels(layer, acc, ch0, chs)
+
+    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int):
+        m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
+        r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
+        return _saturate(layer, requantize(acc, m, r))
+
+    def _pool(self, layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
+        a = layer.attrs
+        if maximum:
+            padded = self._padded(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
+            return self._windows(layer, padded, rows, ow).max(axis=(3, 4))
+        padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
+        sums = self._windows(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
+        counted = np.zeros((1, *padded.shape[1:]), np.int64)
+        top = r0 * a["strides"][0] - a["pads"][0]
+        if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
+            first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
+            counted[:, first - top : last - top, :] = 1
+        else:
+            counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
+        counts = self._windows(layer, counted, rows, ow).sum(axis=(3, 4))[0]
+        m = np.zeros(counts.shape, np.int64)
+        r = np.ones(counts.shape, np.int64)
+        for count in np.unique(counts):
+            m[counts == count], r[counts == count] = quantize_multiplier(
+                float(layer.arrays["ratio"]) / int(count)
+            )
+        return _saturate(layer, requantize(sums, m, r))
+
+
+def _exact(array: np.ndarray) -> np.ndarray:
+    return np.rint(array).astype(np.int64)
+
+
+def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
+    a = layer.attrs
+    return np.clip(scaled + a["y_zero_point"], a["qmin"], a["qmax"])
+
+
+def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = layer.attrs
+    xa = x.astype(np.int64) - a["a_zero_point"]
+    xb = b.astype(np.int64) - a["b_zero_point"]
+    if layer.kind == "mul":
+        return _saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
+    left = requantize(xa << 20, *a["a_rescale"])
+    right = requantize(xb << 20, *a["b_rescale"])
+    total = left - right if a["subtract"] else left + right
+    return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))

@@ -1,0 +1,176 @@
+"""The TRIX simulator is bit-exact with the integer reference interpreter, op by op (odd sizes,
+strides, padding, groups, tiles straddling rows and channel chunks, both presets, both
+preferences) and on whole quantized models."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onebuild.errors import ModelError
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.passes.cleanup import eliminate_dead_code
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde import load_model
+from onebuild.graph_ir.serde.model_zoo import light_model
+from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.npz import read_npz
+from onebuild.targets.trix_sim.codegen import generate
+from onebuild.targets.trix_sim.hardware import load_hardware
+from onebuild.targets.trix_sim.lower import lower
+from onebuild.targets.trix_sim.simulator import Simulator
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+PRESETS = ["trix-s", "trix-m"]
+
+
+def integer_graph(graph: Graph, calibration: dict, dtype: str = "uint8") -> Graph:
+    """Quantized with quantized I/O; only the last output kept (drops float heads)."""
+    config = QuantConfig(dtype, input_type=dtype, output_type=dtype)
+    quantized = quantize_graph(graph, calibrate(graph, calibration).ranges, config)
+    quantized.outputs = quantized.outputs[-1:]
+    eliminate_dead_code(quantized)
+    return quantized
+
+
+def assert_bit_exact(quantized: Graph, hw, pref: str, rng, samples: int = 2) -> dict:
+    module = generate(lower(quantized, hw), hw, pref)
+    assert module.sram_peak <= hw.sram_bytes
+    reference = Interpreter(quantized)
+    for _ in range(samples):
+        feeds = {}
+        for v in quantized.inputs:
+            info = np.iinfo(v.dtype)
+            feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
+        want = reference.run(feeds)
+        got, report = Simulator(module, hw).run(feeds)
+        for value in quantized.outputs:
+            np.testing.assert_array_equal(got[value.name], want[value.name])
+    return report.summary(hw, module)
+
+
+def _conv_graph(rng, c, h, w, m, k, stride, pad, group, dilation=1):
+    graph = Graph("conv")
+    x = graph.add_input("x", np.float32, (1, c, h, w))
+    weight = graph.add_constant(rng.normal(0, 0.3, (m, c // group, k, k)).astype(np.float32))
+    bias = graph.add_constant(rng.normal(0, 0.1, m).astype(np.float32))
+    attrs = {
+        "strides": [stride, stride],
+        "dilations": [dilation, dilation],
+        "pads": [pad, pad, pad, pad],
+        "group": group,
+        "clip": [0.0, float("inf")],
+    }
+    graph.outputs = [graph.make_node("Conv", [x, weight, bias], attrs).output]
+    return graph, {"x": rng.normal(0, 1, (3, 1, c, h, w)).astype(np.float32)}
+
+
+CONVS = [  # c, h, w, m, k, stride, pad, group, dilation
+    (3, 13, 11, 8, 3, 1, 1, 1, 1),
+    (5, 9, 7, 6, 3, 2, 1, 1, 1),
+    (8, 10, 10, 8, 3, 1, 1, 8, 1),  # depthwise
+    (6, 11, 9, 9, 5, 2, 2, 3, 1),  # grouped
+    (4, 12, 12, 5, 3, 1, 2, 1, 2),  # dilated
+    (16, 7, 7, 33, 1, 1, 0, 1, 1),
+]
+
+
+@pytest.mark.parametrize("shape", CONVS)
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_conv_is_bit_exact(rng, shape, dtype):
+    graph, data = _conv_graph(rng, *shape)
+    quantized = integer_graph(graph, data, dtype)
+    for preset in PRESETS:
+        hw = load_hardware(preset)
+        assert_bit_exact(quantized, hw, "performance", rng)
+    tiny = dataclasses.replace(load_hardware("trix-s"), sram_bytes=2048)  # many row/channel tiles
+    assert_bit_exact(quantized, tiny, "memory", rng)
+
+
+def _elementwise_graph(rng, op: str):
+    graph = Graph(op)
+    a = graph.add_input("a", np.float32, (1, 5, 9, 7))
+    b = graph.add_input("b", np.float32, (1, 5, 9, 7))
+    if op in ("Add", "Sub", "Mul"):
+        y = graph.make_node(op, [a, b]).output
+    elif op == "Concat":
+        y = graph.make_node("Concat", [a, b], {"axis": 1}).output
+    elif op == "Sigmoid":
+        y = graph.make_node("Add", [graph.make_node("Sigmoid", [a]).output, b]).output
+    else:
+        pool = {
+            "kernel_shape": [3, 2],
+            "strides": [2, 1],
+            "dilations": [1, 1],
+            "pads": [1, 0, 1, 1],
+            "ceil_mode": 0,
+            "count_include_pad": int(op == "AvgPoolIncludePad"),
+        }
+        kind = "MaxPool" if op == "MaxPool" else "AveragePool"
+        pooled = graph.make_node(kind, [graph.make_node("Add", [a, b]).output], pool).output
+        y = graph.make_node("GlobalAveragePool", [pooled]).output if op == "Global" else pooled
+    graph.outputs = [y]
+    data = {n: rng.normal(0, 1, (3, 1, 5, 9, 7)).astype(np.float32) for n in ("a", "b")}
+    return graph, data
+
+
+@pytest.mark.parametrize(
+    "op",
+    ["Add", "Sub", "Mul", "Concat", "Sigmoid", "MaxPool", "AvgPool", "AvgPoolIncludePad", "Global"],
+)
+def test_vector_ops_are_bit_exact(rng, op):
+    graph, data = _elementwise_graph(rng, op)
+    quantized = integer_graph(graph, data)
+    for preset in PRESETS:
+        assert_bit_exact(quantized, load_hardware(preset), "performance", rng)
+    tiny = dataclasses.replace(load_hardware("trix-s"), sram_bytes=1024)
+    assert_bit_exact(quantized, tiny, "memory", rng)
+
+
+def test_digits_is_bit_exact_on_both_presets(rng):
+    model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    run_preset(model)
+    calib = read_npz(DIGITS / "data" / "calib.npz")
+    for dtype in ("uint8", "int16"):
+        quantized = integer_graph(model.main, calib, dtype)
+        for preset in PRESETS:
+            for pref in ("performance", "memory"):
+                assert_bit_exact(quantized, load_hardware(preset), pref, rng, samples=5)
+
+
+@pytest.mark.parametrize("name, presets", [("squeezenet", PRESETS), ("resnet50", ["trix-m"])])
+def test_light_models_are_bit_exact(rng, name, presets):
+    model = import_onnx(light_model(name, seed=1, expose_logits=True))
+    run_preset(model)
+    x = model.main.inputs[0]
+    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
+    for preset in presets:
+        summary = assert_bit_exact(quantized, load_hardware(preset), "performance", rng, 1)
+        assert summary["cycles"] >= summary["roofline_cycles"] > 0
+        assert 0 < summary["mac_utilization"] <= 1
+
+
+def test_memory_preference_packs_the_arena_tighter(rng):
+    model = import_onnx(light_model("resnet50", seed=1, expose_logits=True))
+    run_preset(model)
+    x = model.main.inputs[0]
+    quantized = integer_graph(model.main, {x.name: rng.random((1, *x.shape), dtype=np.float32)})
+    hw = load_hardware("trix-m")
+    program = lower(quantized, hw)
+    memory = generate(program, hw, "memory")
+    performance = generate(program, hw, "performance")
+    assert memory.arena_bytes < performance.arena_bytes
+
+
+def test_unsupported_graphs_name_every_reason():
+    graph = Graph("float")
+    x = graph.add_input("x", np.float32, (1, 4))
+    graph.outputs = [graph.make_node("Softmax", [x], {"axis": 1}).output]
+    with pytest.raises(ModelError, match="Softmax is not an NPU operation") as error:
+        lower(graph, load_hardware("trix-m"))
+    assert "must be quantized" in str(error.value) and "\n" not in str(error.value)
