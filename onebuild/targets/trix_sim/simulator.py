@@ -118,41 +118,50 @@ class Simulator:
             at = module.dram[name]
             self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
         report, timeline = Report(), _Timeline()
-        for op, index, *args in module.code.tolist():
-            layer = module.layers[index]
-            stats = report.layers.setdefault(
-                layer.name, {"kind": layer.kind, "cycles": 0, "dram_bytes": 0, "macs": 0}
-            )
-            if op == LOAD:
-                dram, sram, block, count, dram_stride, sram_stride = args[:6]
-                self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
-                cycles = dma_cycles(self.hw, block * count)
-                span = (sram, sram + sram_stride * (count - 1) + block)
-                end = timeline.schedule("dma", cycles, [], [span])
-                stats["dram_bytes"] += block * count
-                report.dram_bytes += block * count
-            elif op == STORE:
-                sram, dram, block, count, sram_stride, dram_stride = args[:6]
-                self._copy(self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride)
-                cycles = dma_cycles(self.hw, block * count)
-                span = (sram, sram + sram_stride * (count - 1) + block)
-                end = timeline.schedule("dma", cycles, [span], [])
-                stats["dram_bytes"] += block * count
-                report.dram_bytes += block * count
-            elif op == EXEC:
-                reads, writes, cycles, macs = self._exec(index, layer, *args)
-                end = timeline.schedule("compute", cycles, reads, writes)
-                stats["macs"] += macs
-            else:
-                raise FormatError(f"unknown opcode {op}")
-            stats["cycles"] += cycles
-            report.cycles = max(report.cycles, end)
+        for position, (op, index, *args) in enumerate(module.code.tolist()):
+            try:
+                self._step(report, timeline, op, index, args)
+            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError) as error:
+                raise FormatError(
+                    f"instruction {position} (layer '{module.layers[index].name}') is "
+                    f"inconsistent with the program: {error}"
+                ) from None
         outputs = {}
         for name in module.outputs:
             t = module.tensors[name]
             at = module.dram[name]
             outputs[name] = self.dram[at : at + t.nbytes].view(t.dtype).reshape(t.dims).copy()
         return outputs, report
+
+    def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> None:
+        layer = self.module.layers[index]
+        stats = report.layers.setdefault(
+            layer.name, {"kind": layer.kind, "cycles": 0, "dram_bytes": 0, "macs": 0}
+        )
+        if op == LOAD:
+            dram, sram, block, count, dram_stride, sram_stride = args[:6]
+            self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
+            cycles = dma_cycles(self.hw, block * count)
+            span = (sram, sram + sram_stride * (count - 1) + block)
+            end = timeline.schedule("dma", cycles, [], [span])
+            stats["dram_bytes"] += block * count
+            report.dram_bytes += block * count
+        elif op == STORE:
+            sram, dram, block, count, sram_stride, dram_stride = args[:6]
+            self._copy(self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride)
+            cycles = dma_cycles(self.hw, block * count)
+            span = (sram, sram + sram_stride * (count - 1) + block)
+            end = timeline.schedule("dma", cycles, [span], [])
+            stats["dram_bytes"] += block * count
+            report.dram_bytes += block * count
+        elif op == EXEC:
+            reads, writes, cycles, macs = self._exec(index, layer, *args)
+            end = timeline.schedule("compute", cycles, reads, writes)
+            stats["macs"] += macs
+        else:
+            raise FormatError(f"unknown opcode {op}")
+        stats["cycles"] += cycles
+        report.cycles = max(report.cycles, end)
 
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
         tensors = self.module.tensors
