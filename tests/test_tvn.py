@@ -79,7 +79,7 @@ def test_absurd_counts_and_offsets_with_a_valid_checksum():
     huge_count = bytearray(content)
     struct.pack_into("<I", huge_count, 8, 1_000_000)  # section count
     offset = bytearray(content)
-    kind, _, start, size = SECTION.unpack_from(content, HEADER.size)
+    kind, _, _, size = SECTION.unpack_from(content, HEADER.size)
     struct.pack_into("<IIQQ", offset, HEADER.size, kind, 0, 1 << 60, size)
     for bad in (huge_count, offset):
         with pytest.raises(FormatError):
