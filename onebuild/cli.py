@@ -34,7 +34,30 @@ def _load(args):
     return load_model(args.model, shapes or None)
 
 
+def _tvn(args):
+    """The module of a .tvn argument (recognized by content), else None."""
+    from .targets.trix_sim.tvn import MAGIC, load_tvn
+
+    path = Path(args.model)
+    if path.is_file():
+        with open(path, "rb") as handle:
+            if handle.read(len(MAGIC)) == MAGIC:
+                return load_tvn(path)
+    return None
+
+
 def cmd_run(args) -> int:
+    module = _tvn(args)
+    if module is not None:
+        from .npz import read_npz, write_npz
+        from .targets.trix_sim.runner import run_batches
+
+        outputs, summary = run_batches(module, read_npz(args.inputs), args.raw)
+        write_npz(args.outputs, outputs)
+        for name, array in outputs.items():
+            print(f"{name}: {array.dtype}{list(array.shape)}")
+        print(f"{summary['cycles']} cycles per inference ({summary['milliseconds']} ms)")
+        return 0
     model = _load(args)
     from .graph_ir.interpreter import Interpreter
     from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
@@ -93,7 +116,42 @@ def summarize(model) -> dict:
     }
 
 
+def _print_tvn(info: dict) -> None:
+    meta = info["meta"]
+    print(f"TRIX binary for {meta.get('hardware')} ({meta.get('pref')}), {meta.get('compiler')}")
+    for kind in ("inputs", "outputs"):
+        print(f"{kind}:")
+        for v in info[kind]:
+            print(
+                f"  {v['name']}: {v['dtype']}{v['dims']} {v['layout']} "
+                f"scale={v['scale']:.6g} zero_point={v['zero_point']}"
+            )
+    counts = ", ".join(f"{n} {op}" for op, n in info["instructions"].items())
+    print(f"{info['layers']} layers, instructions: {counts}; weights {info['weight_bytes']} bytes")
+    print(
+        f"cycles: {info['cycles']:,} ({info['milliseconds']} ms); roofline "
+        f"{info['roofline_cycles']:,} (x{info['roofline_ratio']}); MAC utilization "
+        f"{info['mac_utilization']:.1%}; DRAM {info['dram_bytes']:,} bytes; SRAM peak "
+        f"{info['sram_peak_bytes']:,}; arena {info['arena_bytes']:,}"
+    )
+    print("layer                          kind       cycles   DRAM bytes")
+    for name, layer in info["layers_table"].items():
+        print(
+            f"  {name[:28]:<28} {layer['kind']:<8} {layer['cycles']:>9,} {layer['dram_bytes']:>11,}"
+        )
+
+
 def cmd_inspect(args) -> int:
+    module = _tvn(args)
+    if module is not None:
+        from .targets.trix_sim.runner import describe
+
+        info = describe(module)
+        if args.json:
+            print(json.dumps(info, indent=2, sort_keys=True))
+        else:
+            _print_tvn(info)
+        return 0
     info = summarize(_load(args))
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))

@@ -127,8 +127,8 @@ def test_step_version_bump_reruns(project, monkeypatch):
 
 
 def test_unavailable_step_is_rejected_before_running(project):
-    (project / "r.toml").write_text(RECIPE + "[codegen]\n")
-    with pytest.raises(UserError, match=r"\[codegen\].*not available yet"):
+    (project / "r.toml").write_text(RECIPE + "[partition]\n")
+    with pytest.raises(UserError, match=r"\[partition\].*not available yet"):
         run(project)
     assert not (project / "build").exists()
 

@@ -100,6 +100,8 @@ def plan_tasks(plan: Plan) -> list[StepTask]:
                 outputs.append(archive_path(package))
                 targets.append(archive_path(package))
             add(step, config, [previous], outputs, targets)
+        elif step == "codegen":
+            previous = add(step, config, [previous], [plan.build_dir / "codegen.tvn"])
         else:
             previous = add(step, config, [previous])
         tasks[-1].after, gates = gates, []

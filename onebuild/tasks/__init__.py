@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import calibrate, evaluate, import_model, optimize, pack, quantize
+from . import calibrate, codegen, evaluate, import_model, optimize, pack, quantize
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,10 @@ STEPS: dict[str, Step] = {
     "calibrate": Step("calibrate", calibrate.VERSION, calibrate.run),
     "quantize": Step("quantize", quantize.VERSION, quantize.run),
     "evaluate": Step("evaluate", evaluate.VERSION, evaluate.run),
+    "codegen": Step("codegen", codegen.VERSION, codegen.run),
     "pack": Step("pack", pack.VERSION, pack.run),
 }
 
 UNAVAILABLE = {
     "partition": "partitioning",
-    "codegen": "NPU code generation",
 }

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..fileio import atomic_write_bytes, current_umask
 
-VERSION = 1
+VERSION = 2
 
 
 def manifest(models: list[str], model_types: list[str], inputs: list[str], outputs: list[str]):
@@ -33,16 +33,26 @@ def manifest(models: list[str], model_types: list[str], inputs: list[str], outpu
     }
 
 
-def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
+    """Model type and I/O names of an IR file or a .tvn binary."""
+    if source.suffix == ".tvn":
+        from ..targets.trix_sim.tvn import load_tvn
+
+        module = load_tvn(source)
+        return "tvn", module.inputs, module.outputs
     from ..graph_ir.serde import load_ir  # onnx loads only when a step runs
 
+    graph = load_ir(source).main
+    return "obir", [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+
+
+def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     source = inputs[0]
     package = Path(config["output"])
-    graph = load_ir(source).main
-    name = f"{package.stem}.obir"
-    meta = manifest(
-        [name], ["obir"], [v.name for v in graph.inputs], [v.name for v in graph.outputs]
-    )
+    kind, model_inputs, model_outputs = _model_io(source)
+    name = f"{package.stem}.{kind}"
+    meta = manifest([name], [kind], model_inputs, model_outputs)
+    backend = "trix" if kind == "tvn" else "cpu"
     package.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{package.name}.", dir=package.parent))
     staging.chmod(0o777 & ~current_umask())
@@ -50,7 +60,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         shutil.copyfile(source, staging / name)
         text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
         atomic_write_bytes(staging / "metadata" / "MANIFEST", text.encode())
-        atomic_write_bytes(staging / "metadata" / "config.cfg", b"BACKENDS=cpu\n")
+        atomic_write_bytes(staging / "metadata" / "config.cfg", f"BACKENDS={backend}\n".encode())
         if config.get("archive"):
             atomic_write_bytes(outputs[1], zip_bytes(staging, package.name))
         _swap_in(staging, package)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..ir import Graph
+from ..passes.cleanup import eliminate_dead_code
 from .params import dequantize, quantize
 
 
@@ -34,3 +35,40 @@ def dequantize_outputs(graph: Graph, outputs: Mapping[str, np.ndarray]) -> dict[
         if _is_quantized(value) and value.name in outputs:
             converted[value.name] = dequantize(outputs[value.name], value.quant)
     return converted
+
+
+def with_quantized_io(graph: Graph) -> Graph:
+    """Move the float boundary out of `graph` (in place): an input read only by a per-tensor
+    QuantizeLinear becomes a quantized input, an output made by a DequantizeLinear becomes
+    the quantized value; names are kept. Callers convert data with the I/O parameters, as an
+    NPU runtime does."""
+    inputs = []
+    for value in graph.inputs:
+        users = value.users
+        if len(users) != 1 or users[0].op != "QuantizeLinear" or len(value.uses) != 1:
+            inputs.append(value)
+            continue
+        quantized = users[0].output
+        name = value.name
+        graph.rename(value, f"{name}__float")
+        new = graph.add_input(name, quantized.dtype, quantized.shape)
+        graph.inputs.pop()  # re-added below, in the original position
+        new.quant = quantized.quant
+        quantized.replace_all_uses_with(new)
+        graph.remove(users[0])
+        inputs.append(new)
+    graph.inputs = inputs
+    renames = []
+    outputs = []
+    for value in graph.outputs:
+        node = value.producer
+        if node is None or node.op != "DequantizeLinear" or node.inputs[0].quant is None:
+            outputs.append(value)
+            continue
+        outputs.append(node.inputs[0])
+        renames.append((node.inputs[0], value.name))
+    graph.outputs = outputs
+    eliminate_dead_code(graph)
+    for value, name in renames:
+        graph.rename(value, name)
+    return graph

@@ -47,3 +47,32 @@ def roofline(program: Program, hw: Hardware, weight_bytes: int) -> dict[str, flo
     compute = macs / hw.macs_per_cycle
     memory = (weight_bytes + io) / hw.dram_bytes_per_cycle
     return {"macs": macs, "cycles": max(compute, memory), "compute": compute, "memory": memory}
+
+
+def estimate(program: Program, hw: Hardware) -> dict:
+    """Analytical cycles without compiling: per layer, the larger of compute (whole layer on
+    the MAC array or vector unit) and DMA (weights once, inputs and output once)."""
+    total, layers = 0, {}
+    for layer in program.layers:
+        if layer.kind == "reshape":
+            continue
+        out = program.tensors[layer.output]
+        x = program.tensors[layer.inputs[0]]
+        compute = exec_cycles(hw, layer, out.shape[1], out.shape[0], out.shape, x.shape)
+        moved = out.nbytes + sum(program.tensors[n].nbytes for n in layer.inputs)
+        moved += sum(a.nbytes for k, a in layer.arrays.items() if k in ("weights", "table"))
+        cycles = max(compute, dma_cycles(hw, moved))
+        layers[layer.name] = {"kind": layer.kind, "cycles": cycles, "dram_bytes": moved}
+        total += cycles
+    weights = sum(
+        a.nbytes for layer in program.layers for k, a in layer.arrays.items()
+        if k in ("weights", "table")
+    )  # fmt: skip
+    bound = roofline(program, hw, weights)
+    return {
+        "hardware": hw.name,
+        "cycles": total,
+        "roofline_cycles": round(bound["cycles"]),
+        "macs": bound["macs"],
+        "layers": layers,
+    }
