@@ -117,6 +117,8 @@ def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.
     acc = np.asarray(acc, np.int64)
     m = np.asarray(m, np.int64)
     r = np.asarray(r, np.int64)
+    if acc.size and max(-int(acc.min()), int(acc.max())) < 1 << 32:  # acc * m fits in int64
+        return (acc * m + (np.int64(1) << (r - 1))) >> r
     k = np.minimum(r, SPLIT_BITS)
     hi = acc >> k
     lo = acc - (hi << k)

@@ -101,11 +101,16 @@ class Simulator:
         self.sram[offset : offset + data.size] = data
 
     def _copy(self, src, src_at, dst, dst_at, block, count, src_stride, dst_stride) -> None:
-        for i in range(count):
-            s, d = src_at + i * src_stride, dst_at + i * dst_stride
-            if s + block > len(src) or d + block > len(dst):
-                raise FormatError("DMA transfer out of range")
-            dst[d : d + block] = src[s : s + block]
+        """`count` blocks of `block` bytes, strided on both sides (a 2-D DMA)."""
+        if not count or not block:
+            return
+        if src_at + (count - 1) * src_stride + block > len(src) or (
+            dst_at + (count - 1) * dst_stride + block > len(dst)
+        ):
+            raise FormatError("DMA transfer out of range")
+        view = np.lib.stride_tricks.as_strided
+        source = view(src[src_at:], (count, block), (src_stride, 1), writeable=False)
+        view(dst[dst_at:], (count, block), (dst_stride, 1))[...] = source
 
     # -- run ---------------------------------------------------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Report]:

@@ -1,0 +1,86 @@
+"""TRIX simulator speed and schedule quality. Prints JSON, one entry per model and preset.
+
+For the light ResNet50 and SqueezeNet graphs (seeded random weights, uint8, calibrated on seeded
+uniform images): wall time of one simulated inference vs onnxruntime running the equivalent QDQ
+model (same quantized graph exported by onebuild), their ratio, and the scheduled cycles vs the
+roofline bound max(MACs / peak, compulsory DRAM bytes / bandwidth).
+"""
+
+import json
+import statistics
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+from onebuild.graph_ir.ir import Model
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.passes.cleanup import eliminate_dead_code
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde.model_zoo import light_model
+from onebuild.graph_ir.serde.onnx_export import export_onnx
+from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.targets.trix_sim.codegen import generate
+from onebuild.targets.trix_sim.hardware import load_hardware
+from onebuild.targets.trix_sim.lower import lower
+from onebuild.targets.trix_sim.simulator import Simulator
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    results = []
+    for name in ("resnet50", "squeezenet"):
+        model = import_onnx(light_model(name, seed=1, expose_logits=True))
+        run_preset(model)
+        graph = model.main
+        x = graph.inputs[0]
+        ranges = calibrate(graph, {x.name: rng.random((4, *x.shape), dtype=np.float32)}).ranges
+        config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
+        quantized = quantize_graph(graph, ranges, config)
+        quantized.outputs = quantized.outputs[-1:]
+        eliminate_dead_code(quantized)
+        feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        proto = export_onnx(Model([quantized])).SerializeToString()
+        session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
+        ort_seconds = median_seconds(lambda: session.run(None, feeds), 10)
+        for preset in ("trix-s", "trix-m"):
+            hw = load_hardware(preset)
+            module = generate(lower(quantized, hw), hw, "performance")
+            simulator = Simulator(module, hw)
+            sim_seconds = median_seconds(lambda: simulator.run(feeds), 3)  # noqa: B023
+            _, report = simulator.run(feeds)
+            summary = report.summary(hw, module)
+            results.append(
+                {
+                    "model": name,
+                    "hardware": preset,
+                    "simulator_ms": round(sim_seconds * 1e3, 1),
+                    "onnxruntime_qdq_ms": round(ort_seconds * 1e3, 1),
+                    "wall_time_ratio": round(sim_seconds / ort_seconds, 2),
+                    "cycles": summary["cycles"],
+                    "roofline_cycles": summary["roofline_cycles"],
+                    "roofline_ratio": summary["roofline_ratio"],
+                    "mac_utilization": summary["mac_utilization"],
+                    "sram_peak_bytes": summary["sram_peak_bytes"],
+                    "sram_bytes": hw.sram_bytes,
+                }
+            )
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
