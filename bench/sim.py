@@ -28,12 +28,12 @@ from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.simulator import Simulator
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()
+def median_seconds(fn, repeats: int, *args) -> float:
+    fn(*args)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -56,12 +56,12 @@ def main() -> None:
         options.log_severity_level = 3
         proto = export_onnx(Model([quantized])).SerializeToString()
         session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
-        ort_seconds = median_seconds(lambda: session.run(None, feeds), 10)
+        ort_seconds = median_seconds(session.run, 10, None, feeds)
         for preset in ("trix-s", "trix-m"):
             hw = load_hardware(preset)
             module = generate(lower(quantized, hw), hw, "performance")
             simulator = Simulator(module, hw)
-            sim_seconds = median_seconds(lambda: simulator.run(feeds), 3)  # noqa: B023
+            sim_seconds = median_seconds(simulator.run, 3, feeds)
             _, report = simulator.run(feeds)
             summary = report.summary(hw, module)
             results.append(
