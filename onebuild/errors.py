@@ -4,11 +4,18 @@ User errors (bad input: files, models, options) exit with code 2 and print one l
 catches `OneBuildError` and prints `str(error)` without a traceback.
 """
 
+# Control characters (which names read from model files may contain) are shown escaped, so
+# every message stays on one line.
+_ESCAPES = {code: repr(chr(code))[1:-1] for code in [*range(32), 127]}
+
 
 class OneBuildError(Exception):
     """Base class of every error onebuild reports to users."""
 
     exit_code = 1
+
+    def __init__(self, message: str = ""):
+        super().__init__(str(message).translate(_ESCAPES))
 
 
 class UserError(OneBuildError):

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from onebuild.errors import FormatError, OneBuildError, UserError
@@ -53,6 +53,7 @@ def test_corrupt_ir_files_are_rejected(ir_bytes, tmp_path, mutation):
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(mutation=mutations)
+@example(mutation=([(178, 59)], None))  # a name turned into "p\n": messages must stay one line
 def test_corrupt_onnx_files_load_or_fail_cleanly(tmp_path, mutation):
     flips, cut = mutation
     path = tmp_path / "x.onnx"
