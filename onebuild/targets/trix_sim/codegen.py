@@ -110,11 +110,32 @@ class _Emitter:
         self.p, self.hw, self.dram, self.array_at, self.base = program, hw, dram, array_at, base
         self.buffers = 2 if pref == "performance" else 1
         self.code: list[tuple[int, ...]] = []
+        self.tiles: list[dict] = []  # the current layer's tiles, emitted by `flush`
         self.sram_peak = 0
+
+    def tile(self, barrier: bool = False) -> None:
+        """Start a tile. A barrier tile's loads wait for the previous tile's compute (its loads
+        overwrite SRAM the previous tile still reads, e.g. the next weight chunk)."""
+        self.tiles.append({"barrier": barrier, LOAD: [], EXEC: [], STORE: []})
 
     def emit(self, op: int, layer: int, *args: int) -> None:
         args = [int(a) for a in args] + [0] * (8 - len(args))
-        self.code.append((op, layer, *args))
+        self.tiles[-1][op].append((op, layer, *args))
+
+    def flush(self) -> None:
+        """Emit the layer's tiles; with two buffers, tile i+1's loads go before tile i's
+        compute and store, so the DMA of the next tile overlaps the current compute."""
+        tiles, self.tiles = self.tiles, []
+        if tiles:
+            self.code += tiles[0][LOAD]
+        for i, tile in enumerate(tiles):
+            following = tiles[i + 1] if i + 1 < len(tiles) else None
+            prefetch = following is not None and self.buffers > 1 and not following["barrier"]
+            if prefetch:
+                self.code += following[LOAD]
+            self.code += tile[EXEC] + tile[STORE]
+            if following is not None and not prefetch:
+                self.code += following[LOAD]
 
     def tensor(self, name: str) -> tuple[TensorDesc, int]:
         return self.p.tensors[name], self.base + self.dram[name]
@@ -147,13 +168,13 @@ class _Emitter:
 
     # -- layers ------------------------------------------------------------------------------
     def layer(self, index: int, layer: Layer) -> None:
-        if layer.kind == "reshape":
-            return
         if layer.kind == "gemm":
-            return self.gemm(index, layer)
-        if layer.kind == "concat":
-            return self.concat(index, layer)
-        self.spatial(index, layer)
+            self.gemm(index, layer)
+        elif layer.kind == "concat":
+            self.concat(index, layer)
+        elif layer.kind != "reshape":
+            self.spatial(index, layer)
+        self.flush()
 
     def spatial(self, index: int, layer: Layer) -> None:
         out, _ = self.tensor(layer.output)
@@ -191,16 +212,18 @@ class _Emitter:
             fixed = align(chunk * per_channel)
         in_size, _ = sizes(rows, chunk)
         self.use(fixed + self.buffers * slot(rows, chunk))
-        if table is not None:
-            self.emit(LOAD, index, self.array_at[(index, "table")], 0, table.nbytes, 1, 0, 0)
         tile = 0
         for ch0 in range(0, m, chunk):
             chs = min(chunk, m - ch0)
-            if weights is not None:
-                src = self.array_at[(index, "weights")] + ch0 * per_channel
-                self.emit(LOAD, index, src, 0, chs * per_channel, 1, 0, 0)
             for r0 in range(0, oh, rows):
                 r1 = min(oh, r0 + rows)
+                self.tile(barrier=r0 == 0 and weights is not None)
+                if table is not None and tile == 0:
+                    src = self.array_at[(index, "table")]
+                    self.emit(LOAD, index, src, 0, table.nbytes, 1, 0, 0)
+                if weights is not None and r0 == 0:
+                    src = self.array_at[(index, "weights")] + ch0 * per_channel
+                    self.emit(LOAD, index, src, 0, chs * per_channel, 1, 0, 0)
                 base = fixed + (tile % self.buffers) * slot(rows, chunk)
                 i0, i1 = input_rows(layer, r0, r1, h)
                 c0, cs = (ch0, chs) if channelwise else (0, c)
@@ -224,9 +247,11 @@ class _Emitter:
         chunk = max(1, min(n, budget // (self.buffers * (per_row + out_item + ALIGN))))
         slot = align(chunk * per_row) + align(chunk * out_item)
         self.use(in_bytes + self.buffers * slot)
-        self.emit(LOAD, index, x_at, 0, x.nbytes, 1, 0, 0)
         for tile, ch0 in enumerate(range(0, n, chunk)):
             chs = min(chunk, n - ch0)
+            self.tile()
+            if tile == 0:
+                self.emit(LOAD, index, x_at, 0, x.nbytes, 1, 0, 0)
             w_sram = in_bytes + (tile % self.buffers) * slot
             out_sram = w_sram + align(chunk * per_row)
             src = self.array_at[(index, "weights")] + ch0 * per_row
@@ -250,6 +275,7 @@ class _Emitter:
             self.use(self.buffers * slot)
             for tile, r0 in enumerate(range(0, oh, rows)):
                 r1 = min(oh, r0 + rows)
+                self.tile(barrier=tile == 0)  # parts use different buffer layouts
                 in_sram = (tile % self.buffers) * slot
                 out_sram = in_sram + slot // 2
                 self.load_rows(index, name, r0, r1, 0, c, in_sram)
