@@ -132,6 +132,18 @@ def test_vector_ops_are_bit_exact(rng, op):
     assert_bit_exact(quantized, tiny, "memory", rng)
 
 
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+@pytest.mark.parametrize("shape", [(1, 6, 1, 1), (6, 1, 1), (1,)])
+def test_constant_operands_are_bit_exact(rng, op, shape):
+    graph = Graph(op)
+    x = graph.add_input("x", np.float32, (1, 6, 5, 7))
+    const = graph.add_constant(rng.normal(0.5, 1, shape).astype(np.float32), "c")
+    graph.outputs = [graph.make_node(op, [const, x]).output]
+    quantized = integer_graph(graph, {"x": rng.normal(0, 1, (3, 1, 6, 5, 7)).astype(np.float32)})
+    for preset in PRESETS:
+        assert_bit_exact(quantized, load_hardware(preset), "performance", rng)
+
+
 def test_digits_is_bit_exact_on_both_presets(rng):
     model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
     run_preset(model)
@@ -143,7 +155,10 @@ def test_digits_is_bit_exact_on_both_presets(rng):
                 assert_bit_exact(quantized, load_hardware(preset), pref, rng, samples=5)
 
 
-@pytest.mark.parametrize("name, presets", [("squeezenet", PRESETS), ("resnet50", ["trix-m"])])
+@pytest.mark.parametrize(
+    "name, presets",
+    [("squeezenet", PRESETS), ("resnet50", ["trix-m"]), ("inception_v2", ["trix-s"])],
+)
 def test_light_models_are_bit_exact(rng, name, presets):
     model = import_onnx(light_model(name, seed=1, expose_logits=True))
     run_preset(model)

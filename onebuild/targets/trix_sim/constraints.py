@@ -60,11 +60,19 @@ def channel_limit(node: Node, hw: Hardware) -> bool:
 
 
 def same_shape_operands(node: Node, hw: Hardware) -> bool:
-    """elementwise operands must have the same shape (no broadcasting)"""
+    """elementwise operands must have the same shape, or one must be a per-channel or scalar
+    constant"""
     if node.op not in ("QAdd", "QMul"):
         return True
     a, b = node.inputs
-    return not a.is_const and not b.is_const and a.shape == b.shape
+    if a.is_const and b.is_const:
+        return False
+    if not a.is_const and not b.is_const:
+        return a.shape == b.shape
+    const, other = (a, b) if a.is_const else (b, a)
+    channels = other.shape[1] if len(other.shape) > 1 else 1
+    per_channel = (1, channels, *([1] * (len(other.shape) - 2)))
+    return const.size == 1 or tuple(const.shape) in (per_channel, per_channel[1:])
 
 
 def channel_concat(node: Node, hw: Hardware) -> bool:

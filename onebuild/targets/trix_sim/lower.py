@@ -136,6 +136,13 @@ def _layer(node: Node) -> Layer:
             "shift": int(a["shift"]),
             **_output_attrs(node),
         }
+        arrays = {}
+        const = [i for i, v in enumerate(node.inputs) if v.is_const]
+        if const:  # a per-channel (or scalar) constant operand, kept as one code per channel
+            channels = chw(node.outputs[0].shape)[0]
+            codes = node.inputs[const[0]].numpy().astype(np.int64).reshape(-1)
+            arrays["operand"] = np.ascontiguousarray(np.broadcast_to(codes, (channels,)))
+            attrs["const_index"] = const[0]
         if node.op == "QAdd":
             attrs.update(
                 {
@@ -144,7 +151,7 @@ def _layer(node: Node) -> Layer:
                     "subtract": int(a.get("subtract", 0)),
                 }
             )
-        return Layer("add" if node.op == "QAdd" else "mul", node.name, ins, out, attrs)
+        return Layer("add" if node.op == "QAdd" else "mul", node.name, ins, out, attrs, arrays)
     if node.op in ("QAveragePool", "MaxPool"):
         attrs = {
             "kernel": list(a["kernel_shape"]) + [1] * (2 - len(a["kernel_shape"])),

@@ -195,6 +195,10 @@ class Simulator:
             acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
             y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
             macs = chs * k
+        elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
+            const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
+            pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
+            y = _binary(layer, *pair)
         elif layer.kind in ("add", "mul"):
             b = self._sram_view(in2_at, tensors[layer.inputs[1]].dtype, x.shape)
             reads.append((in2_at, in2_at + b.nbytes))

@@ -335,6 +335,11 @@ def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
         x = tensors[layer.inputs[0]]
         size = 1 << (8 * np.dtype(x.dtype).itemsize)
         _check(r, layer.arrays["table"].shape == (size,), f"layer '{layer.name}' table size")
+    if "operand" in layer.arrays:
+        ok = layer.attrs.get("const_index") in (0, 1) and len(layer.inputs) == 1
+        _check(r, ok and layer.arrays["operand"].shape == (out[0],), f"layer '{layer.name}'")
+    elif layer.kind in ("add", "mul"):
+        _check(r, len(layer.inputs) == 2, f"layer '{layer.name}' needs two inputs")
     if "shift" in layer.arrays:
         shifts = layer.arrays["shift"]
         _check(r, bool(np.all((shifts >= 1) & (shifts <= 62))), f"layer '{layer.name}' shifts")
