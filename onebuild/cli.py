@@ -191,6 +191,27 @@ def cmd_schema(args) -> int:
     return 0
 
 
+def cmd_targets(args) -> int:
+    from .targets import available, load_target
+
+    info = {name: load_target(name).describe() for name in available()}
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0
+    for name, target in info.items():
+        print(f"target {name}")
+        for preset, hw in target["presets"].items():
+            print(
+                f"  preset {preset}: {hw['mac_rows']}x{hw['mac_cols']} MACs at "
+                f"{hw['clock_mhz']} MHz, SRAM {hw['sram_bytes'] // 1024} KiB, DRAM "
+                f"{hw['dram_bytes_per_cycle']} B/cycle, dtypes {', '.join(hw['dtypes'])}"
+            )
+        print("  an op runs on the NPU when:")
+        for constraint, text in target["constraints"].items():
+            print(f"    {constraint}: {text}")
+    return 0
+
+
 def cmd_list(args) -> int:
     plans = [recipe.load_recipe(path, args.set or []) for path in args.recipes]
     if args.json:
@@ -355,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the JSON Schema of recipes")
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("targets", help="targets, hardware presets and supported-op constraints")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_targets)
 
     def recipe_command(name: str, help_text: str, func, json_flag: bool = True):
         p = sub.add_parser(name, help=help_text)

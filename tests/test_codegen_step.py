@@ -74,3 +74,11 @@ def test_corrupt_tvn_is_one_line_exit_2(project, capsys):
     assert main(["inspect", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "not a valid .tvn file" in err and err.count("\n") == 1
+
+
+def test_targets_command_lists_presets_and_constraints(capsys):
+    assert main(["targets", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["trix_sim"]
+    assert {"trix-s", "trix-m"} <= set(info["presets"])
+    assert info["presets"]["trix-s"]["sram_bytes"] < info["presets"]["trix-m"]["sram_bytes"]
+    assert "max_kernel" in info["constraints"]["kernel_size"]

@@ -34,6 +34,9 @@ class Target(Protocol):
     def simulate(self, binary: bytes, inputs: dict[str, np.ndarray]) -> tuple[dict, dict]:
         """Run a compiled binary: (outputs, performance report)."""
 
+    def describe(self) -> dict:
+        """Hardware presets and the supported-operator constraints, for `onebuild targets`."""
+
 
 def available() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=GROUP))

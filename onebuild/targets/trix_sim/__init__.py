@@ -3,13 +3,15 @@
 `TrixSim` is the `Target` that onebuild discovers through the `onebuild.targets` entry point.
 """
 
+from dataclasses import asdict
+
 import numpy as np
 
 from ... import __version__
 from ...graph_ir.ir import Graph, Node
 from .codegen import generate
-from .constraints import unsupported
-from .hardware import load_hardware
+from .constraints import CONSTRAINTS, reason, unsupported
+from .hardware import load_hardware, presets
 from .lower import Program, lower
 from .perf import estimate
 from .simulator import Simulator
@@ -33,6 +35,12 @@ class TrixSim:
     def estimate(self, graph: Graph, hw: str) -> dict:
         hardware = load_hardware(hw)
         return estimate(lower(graph, hardware), hardware)
+
+    def describe(self) -> dict:
+        return {
+            "presets": {name: asdict(load_hardware(name)) for name in presets()},
+            "constraints": {c.__name__: reason(c) for c in CONSTRAINTS},
+        }
 
     def simulate(self, binary: bytes, inputs: dict[str, np.ndarray]) -> tuple[dict, dict]:
         module = decode(binary)

@@ -133,10 +133,3 @@ def unsupported(node: Node, hw: Hardware) -> list[str]:
         if not ok:
             failed.append(reason(constraint))
     return failed
-
-
-def supported_ops_report(hw: Hardware) -> list[str]:
-    """One line per constraint, for `onebuild targets` and the docs."""
-    return [f"{c.__name__}: {reason(c)}" for c in CONSTRAINTS] + [
-        f"dtypes: {', '.join(hw.dtypes)}; SRAM {hw.sram_bytes} bytes"
-    ]
