@@ -191,7 +191,10 @@ class Simulator:
             xv = self._sram_view(0, x_t.dtype, (k,)).astype(np.int64) - layer.attrs["x_zero_point"]
             wq = self._sram_view(w_at, weights.dtype.name, (chs, k))
             reads = [(0, xv.size * np.dtype(x_t.dtype).itemsize), (w_at, w_at + wq.nbytes)]
-            acc = _exact(wq.astype(np.float64) @ xv.astype(np.float64))
+            bound = (np.iinfo(x_t.dtype).max - np.iinfo(x_t.dtype).min) * (
+                np.iinfo(wq.dtype).max + 1
+            )
+            acc = exact_dot(wq, xv[:, None], int(bound))[:, 0]
             acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
             y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
             macs = chs * k
@@ -239,7 +242,8 @@ class Simulator:
         top = r0 * a["strides"][0] - a["pads"][0]  # first logical input row (may be < 0)
         span = window_span(layer, rows)
         left, right = a["pads"][1], a["pads"][3]
-        padded = np.full((x.shape[0], span, w + left + right), fill, dtype=np.int64)
+        dtype = x.dtype if x.dtype.kind == "f" else np.int64
+        padded = np.full((x.shape[0], span, w + left + right), fill, dtype=dtype)
         start = i0 - top
         padded[:, start : start + x.shape[1], left : left + w] = x
         return padded
@@ -255,18 +259,26 @@ class Simulator:
 
     def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
         a = layer.attrs
-        padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
-        windows = self._windows(layer, padded - a["x_zero_point"], rows, ow)
+        zp = a["x_zero_point"]
+        centered = x.astype(np.float32) - np.float32(zp)  # exact: |x - zp| < 2^17
+        windows = self._windows(
+            layer, self._padded(layer, centered, r0, rows, i0, h, w, 0), rows, ow
+        )
+        bound = (np.iinfo(x.dtype).max - np.iinfo(x.dtype).min) * (np.iinfo(wq.dtype).max + 1)
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
-        acc = np.empty((chs, rows, ow), np.int64)
-        for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
-            lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
-            patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
-            cols = patch.transpose(1, 2, 0, 3, 4).reshape(rows * ow, -1).astype(np.float64)
-            kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1).astype(np.float64)
-            acc[lo - ch0 : hi - ch0] = _exact(kernel @ cols.T).reshape(hi - lo, rows, ow)
+        if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
+            taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
+            acc = _exact(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
+        else:
+            acc = np.empty((chs, rows, ow), np.int64)
+            for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
+                lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
+                patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
+                cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)
+                kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
+                acc[lo - ch0 : hi - ch0] = exact_dot(kernel, cols, bound).reshape(hi - lo, rows, ow)
         acc += layer.arrays["bias"][ch0 : ch0 + chs, None, None]
         return self._requant_channels(layer, acc, ch0, chs)
 
@@ -301,6 +313,26 @@ class Simulator:
 
 def _exact(array: np.ndarray) -> np.ndarray:
     return np.rint(array).astype(np.int64)
+
+
+FLOAT32_EXACT = 1 << 24
+
+
+def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
+    """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
+    BLAS over reduction chunks short enough that partial sums stay below 2^24 (any summation
+    order is then exact), chunks summed in int64; float64 when products are too large."""
+    chunk = FLOAT32_EXACT // max(bound, 1)
+    if chunk < 64:
+        return _exact(a.astype(np.float64) @ b.astype(np.float64))
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    k = a.shape[1]
+    if k <= chunk:
+        return (a32 @ b32).astype(np.int64)
+    total = np.zeros((a.shape[0], b.shape[1]), np.int64)
+    for k0 in range(0, k, chunk):
+        total += (a32[:, k0 : k0 + chunk] @ b32[k0 : k0 + chunk]).astype(np.int64)
+    return total
 
 
 def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
