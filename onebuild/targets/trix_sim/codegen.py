@@ -14,7 +14,7 @@ Instruction = (opcode, layer, 8 unsigned args):
   EXEC  row0, rows, ch0, chs, in_sram, in2_sram, w_sram, out_sram
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,7 +47,6 @@ class Module:
     outputs: list[str]
     arena_bytes: int = 0
     sram_peak: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def dram_bytes(self) -> int:

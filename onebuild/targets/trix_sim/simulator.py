@@ -15,7 +15,7 @@ from ...errors import FormatError, UserError
 from ...graph_ir.quant.params import quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .hardware import Hardware
-from .lower import Layer, input_rows, window_span
+from .lower import Layer, Program, input_rows, window_span
 from .perf import dma_cycles, exec_cycles, roofline
 
 
@@ -23,12 +23,9 @@ from .perf import dma_cycles, exec_cycles, roofline
 class Report:
     cycles: int = 0
     dram_bytes: int = 0
-    macs: int = 0
     layers: dict[str, dict] = field(default_factory=dict)  # name -> cycles, dram_bytes, macs
 
     def summary(self, hw: Hardware, module: Module) -> dict:
-        from .lower import Program
-
         program = Program(module.tensors, module.layers, module.inputs, module.outputs)
         weights = sum(
             a.nbytes for layer in module.layers for k, a in layer.arrays.items()

@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import FormatError
 from ...fileio import atomic_write_bytes
 from .codegen import EXEC, LOAD, STORE, Module, align
-from .lower import Layer, TensorDesc
+from .lower import Layer, TensorDesc, chw
 
 MAGIC = b"TVN\0"
 VERSION = 1
@@ -210,7 +210,6 @@ def _tensor(r: _Reader, name: str, spec) -> tuple[TensorDesc, int]:
     scale, zp, dram = spec.get("scale"), spec.get("zero_point"), spec.get("dram")
     _check(r, isinstance(scale, float) and scale > 0, f"tensor '{name}' has scale {scale!r}")
     _check(r, isinstance(zp, int) and isinstance(dram, int) and dram >= 0, f"tensor '{name}'")
-    from .lower import chw
 
     return TensorDesc(name, chw(tuple(dims)), tuple(dims), dtype, scale, zp), dram
 
