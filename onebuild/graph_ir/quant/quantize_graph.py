@@ -51,7 +51,6 @@ LOOKUP = {
     "Neg",
     "Abs",
 }
-POOL_DEFAULTS = {"dilations": None, "ceil_mode": 0, "count_include_pad": 0}
 
 
 def weight_dtype(activation_dtype: str) -> str:
@@ -279,8 +278,9 @@ class _Quantizer:
             }
         else:
             pool = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads")}
-        for key, default in POOL_DEFAULTS.items():
-            pool[key] = node.attrs.get(key, default if default is not None else [1] * len(spatial))
+        pool["dilations"] = node.attrs.get("dilations", [1] * len(spatial))
+        pool["ceil_mode"] = node.attrs.get("ceil_mode", 0)
+        pool["count_include_pad"] = node.attrs.get("count_include_pad", 0)
         attrs = {
             **pool,
             "x_zero_point": x.quant.zero_point[0],
