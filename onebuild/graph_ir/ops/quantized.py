@@ -8,8 +8,14 @@ partial sum is an integer far below 2^53; the result is then converted to int64.
 
 import numpy as np
 
-from ..quant.params import dequantize, quantize, quantize_multiplier, requantize
-from ..tensor import QuantParams
+from ..quant.params import (
+    ADD_SHIFT,
+    dequantize,
+    qdq_params,
+    quantize,
+    quantize_multiplier,
+    requantize,
+)
 from .conv import conv, conv_type, gemm, gemm_type
 from .pool import _pool_type, window_sums
 from .registry import Attrs, TensorType, broadcast, register
@@ -29,10 +35,6 @@ def _same_shape(attrs: Attrs, types) -> list[TensorType]:
     return [types[0]]
 
 
-def _params(attrs: Attrs) -> QuantParams:
-    return QuantParams(tuple(attrs["scale"]), tuple(attrs["zero_point"]), attrs.get("axis"))
-
-
 def _centered(q: np.ndarray, zero_point: int) -> np.ndarray:
     return q.astype(np.int64) - zero_point
 
@@ -45,14 +47,14 @@ def _output(attrs: Attrs, scaled: np.ndarray) -> np.ndarray:
 
 @register("QuantizeLinear", _typed(_same_shape))
 def quantize_linear(attrs, x):
-    return quantize(x, _params(attrs), attrs["dtype"])
+    return quantize(x, qdq_params(attrs), attrs["dtype"])
 
 
 @register(
     "DequantizeLinear", lambda attrs, types: [TensorType(np.dtype(np.float32), types[0].shape)]
 )
 def dequantize_linear(attrs, q):
-    return dequantize(q, _params(attrs))
+    return dequantize(q, qdq_params(attrs))
 
 
 @register("Requantize", _typed(_same_shape))
@@ -93,9 +95,6 @@ def q_gemm(attrs, a, w, b):
     centered = _centered(a, attrs["x_zero_point"]).astype(np.float64)
     acc = gemm({"transB": attrs.get("transB", 0)}, centered, w.astype(np.float64))
     return _per_channel(attrs, _exact_int(acc) + b.astype(np.int64), 1)
-
-
-ADD_SHIFT = 20  # inputs are scaled by 2^20 before rescaling to a common scale
 
 
 @register("QAdd", _typed(broadcast))

@@ -26,6 +26,11 @@ class QuantConfig:
     output_type: str = FLOAT
     layers: tuple[LayerOverride, ...] = ()
 
+    @property
+    def quantized_dtypes(self) -> set[str]:
+        """Every dtype the default and the overrides ask for, float32 excluded."""
+        return {self.dtype, *(o.dtype for o in self.layers if o.dtype)} - {FLOAT}
+
 
 @dataclass(frozen=True)
 class LayerSetting:

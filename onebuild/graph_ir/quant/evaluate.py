@@ -14,7 +14,7 @@ import numpy as np
 from ..interpreter import Interpreter
 from ..ir import Graph, Value
 from ..metrics import OutputMetrics, SignalNoise
-from .model_io import dequantize_outputs, quantize_inputs
+from .model_io import dequantize_outputs, is_quantized, quantize_inputs
 from .params import dequantize
 
 Batch = dict[str, np.ndarray]
@@ -45,9 +45,7 @@ def _comparable_nodes(reference: Graph, candidate: Graph) -> dict[str, str]:
 
 
 def _as_float(value: Value, array: np.ndarray) -> np.ndarray:
-    if value.quant is not None and np.issubdtype(array.dtype, np.integer):
-        return dequantize(array, value.quant)
-    return array
+    return dequantize(array, value.quant) if is_quantized(value) else array
 
 
 def compare_graphs(

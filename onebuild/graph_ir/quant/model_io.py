@@ -13,7 +13,8 @@ from ..passes.cleanup import eliminate_dead_code
 from .params import dequantize, quantize
 
 
-def _is_quantized(value) -> bool:
+def is_quantized(value) -> bool:
+    """Whether a value holds integer codes with quantization parameters."""
     return value.quant is not None and np.issubdtype(value.dtype, np.integer)
 
 
@@ -21,7 +22,7 @@ def quantize_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, 
     """Float feeds converted for the graph's quantized inputs (others pass through)."""
     converted = dict(feeds)
     for value in graph.inputs:
-        if _is_quantized(value) and value.name in feeds:
+        if is_quantized(value) and value.name in feeds:
             array = np.asarray(feeds[value.name])
             if np.issubdtype(array.dtype, np.floating):
                 converted[value.name] = quantize(array, value.quant, value.dtype.name)
@@ -32,7 +33,7 @@ def dequantize_outputs(graph: Graph, outputs: Mapping[str, np.ndarray]) -> dict[
     """Outputs of the graph as float arrays (quantized ones dequantized with their parameters)."""
     converted = dict(outputs)
     for value in graph.outputs:
-        if _is_quantized(value) and value.name in outputs:
+        if is_quantized(value) and value.name in outputs:
             converted[value.name] = dequantize(outputs[value.name], value.quant)
     return converted
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..tensor import QuantParams
 
+ADD_SHIFT = 20  # integer Add scales both inputs by 2^20 before rescaling them to a common scale
 QRANGE = {"uint8": (0, 255), "int8": (-127, 127), "int16": (-32767, 32767), "int32": None}
 SYMMETRIC = {"int8", "int16"}
 
@@ -59,6 +60,15 @@ def weight_params(weight: np.ndarray, dtype: str, axis: int | None) -> QuantPara
         best_error = np.minimum(error, best_error)
     scales = tuple(float(s) if b > 0 else 1.0 for s, b in zip(best, bounds))
     return QuantParams(scales, (0,) * len(scales), None if axis is None else axis)
+
+
+def qdq_attrs(params: QuantParams) -> dict:
+    """QuantizeLinear/DequantizeLinear attributes of `params` (inverse: `qdq_params`)."""
+    return {"scale": list(params.scale), "zero_point": list(params.zero_point), "axis": params.axis}
+
+
+def qdq_params(attrs: dict) -> QuantParams:
+    return QuantParams(tuple(attrs["scale"]), tuple(attrs["zero_point"]), attrs.get("axis"))
 
 
 def _broadcast(values: tuple, params: QuantParams, ndim: int) -> np.ndarray:

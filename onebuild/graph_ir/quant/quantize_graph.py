@@ -20,11 +20,18 @@ import numpy as np
 from ...errors import UserError
 from ..ir import Graph, Node, Value
 from ..ops import OPS
-from ..ops.quantized import ADD_SHIFT
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from .config import FLOAT, QuantConfig, layer_settings
-from .params import activation_params, dequantize, quantize, quantize_multiplier, weight_params
+from .params import (
+    ADD_SHIFT,
+    activation_params,
+    dequantize,
+    qdq_attrs,
+    quantize,
+    quantize_multiplier,
+    weight_params,
+)
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
 PASSTHROUGH = {
@@ -60,7 +67,7 @@ def weight_dtype(activation_dtype: str) -> str:
 
 class _Quantizer:
     def __init__(self, source: Graph, ranges: Mapping[str, tuple[float, float]], config):
-        for dtype in {config.dtype, *(o.dtype for o in config.layers if o.dtype)} - {FLOAT}:
+        for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
                 raise UserError(f"full quantization does not support dtype '{dtype}'")
         self.source, self.ranges, self.config = source, ranges, config
@@ -90,7 +97,7 @@ class _Quantizer:
             new = self.graph.make_node(
                 "DequantizeLinear",
                 [q],
-                _qdq_attrs(q.quant),
+                qdq_attrs(q.quant),
                 f"{value.name}/dequantize",
                 output_names=[value.name],
             ).output
@@ -117,7 +124,7 @@ class _Quantizer:
             }
             new = self._node("Requantize", [source], attrs, f"{value.name}/to_{dtype}")
         else:
-            attrs = {**_qdq_attrs(params), "dtype": dtype}
+            attrs = {**qdq_attrs(params), "dtype": dtype}
             new = self._node("QuantizeLinear", [self.as_float(value)], attrs, value.name)
         new.quant = params
         self.quant_of[key] = new
@@ -348,14 +355,6 @@ def _constant_weights(node: Node) -> bool:
         return False
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     return bias is None or bias.is_const
-
-
-def _qdq_attrs(params: QuantParams) -> dict:
-    return {
-        "scale": list(params.scale),
-        "zero_point": list(params.zero_point),
-        "axis": params.axis,
-    }
 
 
 def _output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:

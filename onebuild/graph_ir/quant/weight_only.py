@@ -9,7 +9,7 @@ from ...errors import UserError
 from ..ir import Graph, Node
 from ..passes.cleanup import eliminate_dead_code
 from .config import FLOAT, QuantConfig, layer_settings
-from .params import quantize, weight_params
+from .params import qdq_attrs, quantize, weight_params
 
 WEIGHT_TYPES = ("int8", "int16")
 
@@ -32,7 +32,7 @@ def _channel_axis(node: Node) -> int | None:
 
 def weight_only_quantize(graph: Graph, config: QuantConfig) -> int:
     """Quantize the weights of `graph` in place; returns how many weights were quantized."""
-    for dtype in {config.dtype, *(o.dtype for o in config.layers if o.dtype)} - {FLOAT}:
+    for dtype in config.quantized_dtypes:
         if dtype not in WEIGHT_TYPES:
             raise UserError(f"weight-only quantization supports int8 or int16, not '{dtype}'")
     settings = layer_settings(graph, config)
@@ -49,13 +49,9 @@ def weight_only_quantize(graph: Graph, config: QuantConfig) -> int:
         )
         stored = graph.add_constant(quantize(array, params, setting.dtype), f"{weight.name}_q")
         stored.quant = params
-        attrs = {
-            "scale": list(params.scale),
-            "zero_point": list(params.zero_point),
-            "axis": params.axis,
-        }
+        name = f"{weight.name}/dequantize"
         dequantized = graph.make_node(
-            "DequantizeLinear", [stored], attrs, f"{weight.name}/dequantize", before=node
+            "DequantizeLinear", [stored], qdq_attrs(params), name, before=node
         )
         node.set_input(1, dequantized.output)
         count += 1

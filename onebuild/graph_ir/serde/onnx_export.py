@@ -17,6 +17,8 @@ from onnx import helper, numpy_helper
 from ...errors import UserError
 from ...fileio import atomic_write_bytes
 from ..ir import Graph, Model, Node, Value
+from ..quant.model_io import is_quantized
+from ..quant.params import qdq_params
 from ..tensor import QuantParams
 
 OPSET = 21
@@ -138,15 +140,13 @@ class _Exporter:
         elif node.op == "Requantize":
             x = node.inputs[0]
             self.quantize(self.dequantize(x, node.name), node.output, node.name)
-        elif any(_is_quantized(v) for v in node.inputs if v is not None):
+        elif any(is_quantized(v) for v in node.inputs if v is not None):
             self.wrapped(node)
         else:
             self.float_node(node, [v.name for v in node.outputs])
 
     def qdq_node(self, node: Node) -> None:
-        params = QuantParams(
-            tuple(node.attrs["scale"]), tuple(node.attrs["zero_point"]), node.attrs.get("axis")
-        )
+        params = qdq_params(node.attrs)
         quantized = node.output if node.op == "QuantizeLinear" else node.inputs[0]
         operands = self.qdq_operands(params, quantized.dtype, node.name)
         self.emit(
@@ -192,7 +192,7 @@ class _Exporter:
     def wrapped(self, node: Node) -> None:
         """Data movement on quantized values: DQ -> float op -> Q with the same parameters."""
         inputs = [
-            "" if v is None else (self.dequantize(v, node.name) if _is_quantized(v) else v.name)
+            "" if v is None else (self.dequantize(v, node.name) if is_quantized(v) else v.name)
             for v in node.inputs
         ]
         outputs = [self.fresh(f"{v.name}_float") for v in node.outputs]
@@ -238,10 +238,6 @@ class _Exporter:
         )
 
 
-def _is_quantized(value: Value) -> bool:
-    return value.quant is not None and np.issubdtype(value.dtype, np.integer)
-
-
 def _value_info(value: Value) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(value.name, _onnx_type(value.dtype), list(value.shape))
 
@@ -280,7 +276,7 @@ def _split(ex, node, inputs, attrs):
 def _pad(ex, node, inputs, attrs):
     x = node.inputs[0]
     pads = _int64(ex, attrs["pads"], f"{node.name}_pads")
-    dtype = np.float32 if _is_quantized(x) else x.dtype
+    dtype = np.float32 if is_quantized(x) else x.dtype
     value = ex.constant(np.asarray(attrs.get("value", 0), dtype), f"{node.name}_value")
     return "Pad", [inputs[0], pads, value], {"mode": attrs.get("mode", "constant")}
 

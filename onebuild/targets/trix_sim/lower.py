@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph_ir.ir import Graph, Node, Value
+from ...graph_ir.tensor import QuantParams
 from .constraints import unsupported
 from .hardware import Hardware
 
@@ -23,6 +24,10 @@ class TensorDesc:
     dtype: str
     scale: float
     zero_point: int
+
+    @property
+    def params(self) -> QuantParams:
+        return QuantParams((self.scale,), (self.zero_point,), None)
 
     @property
     def nbytes(self) -> int:

@@ -6,15 +6,9 @@ import numpy as np
 
 from ...errors import UserError
 from ...graph_ir.quant.params import dequantize, quantize
-from ...graph_ir.tensor import QuantParams
 from .codegen import EXEC, LOAD, STORE, Module
 from .hardware import load_hardware
 from .simulator import Simulator
-
-
-def _params(module: Module, name: str) -> QuantParams:
-    t = module.tensors[name]
-    return QuantParams((t.scale,), (t.zero_point,), None)
 
 
 def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
@@ -41,12 +35,12 @@ def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
                     raise UserError(f"input '{name}' is {x.dtype}; --raw needs {t.dtype} codes")
                 sample[name] = x
             else:
-                sample[name] = quantize(x.astype(np.float64), _params(module, name), t.dtype)
+                sample[name] = quantize(x.astype(np.float64), module.tensors[name].params, t.dtype)
         outputs, report = Simulator(module, hw).run(sample)
         results.append(outputs)
     stacked = {n: np.stack([r[n] for r in results]) for n in module.outputs}
     if not raw:
-        stacked = {n: dequantize(a, _params(module, n)) for n, a in stacked.items()}
+        stacked = {n: dequantize(a, module.tensors[n].params) for n, a in stacked.items()}
     return stacked, report.summary(hw, module)
 
 

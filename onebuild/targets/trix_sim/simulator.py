@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import FormatError, UserError
-from ...graph_ir.quant.params import quantize_multiplier, requantize
+from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .hardware import Hardware
 from .lower import Layer, Program, input_rows, window_span
@@ -343,7 +343,7 @@ def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     xb = b.astype(np.int64) - a["b_zero_point"]
     if layer.kind == "mul":
         return _saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
-    left = requantize(xa << 20, *a["a_rescale"])
-    right = requantize(xb << 20, *a["b_rescale"])
+    left = requantize(xa << ADD_SHIFT, *a["a_rescale"])
+    right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
     return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))
