@@ -14,7 +14,8 @@ import numpy as np
 from ...errors import UserError
 from ..interpreter import Interpreter, check_feeds
 from ..ir import Graph, Value
-from .observers import Histogram, MinMax, MovingAverage, Percentile, mse_range
+from .observers import Histogram, MinMax, MovingAverage, Percentile
+from .params import activation_params, dequantize, quantize
 
 METHODS = {
     "minmax": MinMax,
@@ -29,12 +30,12 @@ CHUNK = 32  # samples per interpreter pass (bounded memory: one chunk of activat
 
 @dataclass
 class CalibrationStats:
-    """Observed range of every float value by name; histograms for search methods."""
+    """The method's range of every float value by name; for search methods (`mse`) the range
+    is the observed min/max and the histogram (limit, counts) is kept for the search."""
 
     method: str
     samples: int
     ranges: dict[str, tuple[float, float]]
-    observed: dict[str, tuple[float, float]]  # plain min/max
     histograms: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
 
     def ranges_for(self, dtype: str) -> dict[str, tuple[float, float]]:
@@ -42,7 +43,7 @@ class CalibrationStats:
         if not self.histograms:
             return dict(self.ranges)
         return {
-            name: mse_range(limit, counts, self.observed[name], dtype)
+            name: mse_range(limit, counts, self.ranges[name], dtype)
             for name, (limit, counts) in self.histograms.items()
         }
 
@@ -90,7 +91,6 @@ def calibrate(
         if interpreter.batchable:
             options["batch"] = 1  # each observed array is already a whole batch
     observers: dict[int, object] = {}
-    minmax: dict[int, MinMax] = {}
     names: dict[int, str] = {}
 
     def observe(value: Value, array: np.ndarray) -> None:
@@ -102,9 +102,8 @@ def calibrate(
                 observers[key] = METHODS[method](**options)
             except (TypeError, ValueError) as error:
                 raise UserError(f"calibration method '{method}': {error}") from None
-            minmax[key], names[key] = MinMax(), value.name
+            names[key] = value.name
         observers[key].update(array)
-        minmax[key].update(array)
 
     interpreter.observer = observe
     total = 0
@@ -120,12 +119,30 @@ def calibrate(
         raise UserError(
             f"calibration data has {total} sample(s); at least {min_samples} are needed"
         )
-    stats = CalibrationStats(
-        method,
-        total,
-        {names[k]: tuple(map(float, o.range())) for k, o in observers.items()},
-        {names[k]: tuple(map(float, o.range())) for k, o in minmax.items()},
-    )
+    ranges = {names[k]: tuple(map(float, o.range())) for k, o in observers.items()}
+    stats = CalibrationStats(method, total, ranges)
     if method == "mse":
         stats.histograms = {names[k]: (o.limit, o.counts) for k, o in observers.items()}
     return stats
+
+
+def mse_range(
+    limit: float, counts: np.ndarray, observed: tuple[float, float], dtype: str, candidates=100
+) -> tuple[float, float]:
+    """The [lo, hi] (observed range scaled by a factor in (0, 1]) whose quantization of the
+    histogram has the least squared error: rounding inside plus clipping outside."""
+    lo_obs, hi_obs = min(observed[0], 0.0), max(observed[1], 0.0)
+    if counts.sum() == 0 or hi_obs <= lo_obs:
+        return observed
+    edges = np.linspace(-limit, limit, len(counts) + 1)
+    centers, weights = (edges[:-1] + edges[1:]) / 2, counts.astype(np.float64)
+    used = weights > 0
+    centers, weights = centers[used], weights[used]
+    best, best_error = (lo_obs, hi_obs), np.inf
+    for factor in np.linspace(1.0, 1.0 / candidates, candidates):
+        params = activation_params(lo_obs * factor, hi_obs * factor, dtype)
+        error = (centers - dequantize(quantize(centers, params, dtype), params)) ** 2
+        total = float(weights @ error)
+        if total < best_error:
+            best, best_error = (lo_obs * factor, hi_obs * factor), total
+    return best

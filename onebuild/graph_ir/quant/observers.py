@@ -6,7 +6,7 @@
 - `MovingAverage`: ONE's moving average: the min/max of each batch of `batch` samples blended
   into the running value with weight `constant` (the first batch initializes it).
 - `Histogram` (method `mse`): the percentile histogram, kept for a search at quantization time
-  (`mse_range`: the clipping range with the least expected squared error for a given dtype).
+  (`calibrate.mse_range`: the clipping range with the least squared error for a dtype).
 """
 
 import numpy as np
@@ -101,31 +101,10 @@ class MovingAverage:
 
 
 class Histogram(Percentile):
-    """Percentile's histogram; the range is chosen per dtype later (`mse_range`)."""
+    """Percentile's histogram, kept for a per-dtype search later; its range is the min/max."""
 
     def __init__(self, bins: int = 2048):
         super().__init__(0.0, 100.0, bins)
 
-
-def mse_range(
-    limit: float, counts: np.ndarray, observed: tuple[float, float], dtype: str, candidates=100
-) -> tuple[float, float]:
-    """The [lo, hi] (observed range scaled by a factor in (0, 1]) whose quantization of the
-    histogram has the least squared error: rounding inside plus clipping outside."""
-    from .params import activation_params, dequantize, quantize
-
-    lo_obs, hi_obs = min(observed[0], 0.0), max(observed[1], 0.0)
-    if counts.sum() == 0 or hi_obs <= lo_obs:
-        return observed
-    edges = np.linspace(-limit, limit, len(counts) + 1)
-    centers, weights = (edges[:-1] + edges[1:]) / 2, counts.astype(np.float64)
-    used = weights > 0
-    centers, weights = centers[used], weights[used]
-    best, best_error = (lo_obs, hi_obs), np.inf
-    for factor in np.linspace(1.0, 1.0 / candidates, candidates):
-        params = activation_params(lo_obs * factor, hi_obs * factor, dtype)
-        error = (centers - dequantize(quantize(centers, params, dtype), params)) ** 2
-        total = float(weights @ error)
-        if total < best_error:
-            best, best_error = (lo_obs * factor, hi_obs * factor), total
-    return best
+    def range(self) -> tuple[float, float]:
+        return self.minmax.range()
