@@ -47,36 +47,37 @@ def _tvn(args):
 
 
 def cmd_run(args) -> int:
-    module = _tvn(args)
-    if module is not None:
-        from .npz import read_npz, write_npz
-        from .targets.trix_sim.runner import run_batches
-
-        outputs, summary = run_batches(module, read_npz(args.inputs), args.raw)
-        write_npz(args.outputs, outputs)
-        for name, array in outputs.items():
-            print(f"{name}: {array.dtype}{list(array.shape)}")
-        print(f"{summary['cycles']} cycles per inference ({summary['milliseconds']} ms)")
-        return 0
-    model = _load(args)
-    from .graph_ir.interpreter import Interpreter
-    from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
     from .npz import read_npz, write_npz
 
-    graph = model.main
     feeds = read_npz(args.inputs)
-    if not args.raw:  # float data in and out; quantized model I/O converted with its parameters
+    module = _tvn(args)
+    if module is not None:
+        from .targets.trix_sim.runner import run_batches
+
+        outputs, summary = run_batches(module, feeds, args.raw)
+        footer = f"{summary['cycles']} cycles per inference ({summary['milliseconds']} ms)"
+    else:
+        outputs, footer = _run_model(_load(args).main, feeds, args), None
+    write_npz(args.outputs, outputs)
+    for name, array in outputs.items():
+        print(f"{name}: {array.dtype}{list(array.shape)}")
+    if footer:
+        print(footer)
+    return 0
+
+
+def _run_model(graph, feeds: dict, args) -> dict:
+    """The reference interpreter on a batch; float data converted for quantized model I/O."""
+    from .graph_ir.interpreter import Interpreter
+    from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
+
+    if not args.raw:
         feeds = quantize_inputs(graph, feeds)
     try:
         outputs = Interpreter(graph).run_batch(feeds)
     except UserError as error:
         raise UserError(f"{args.inputs}: {error}") from None
-    if not args.raw:
-        outputs = dequantize_outputs(graph, outputs)
-    write_npz(args.outputs, outputs)
-    for name, array in outputs.items():
-        print(f"{name}: {array.dtype}{list(array.shape)}")
-    return 0
+    return outputs if args.raw else dequantize_outputs(graph, outputs)
 
 
 def cmd_export(args) -> int:
