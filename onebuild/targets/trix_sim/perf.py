@@ -40,12 +40,19 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
     return max(1, math.ceil(chs * pixels * window / hw.vector_lanes))
 
 
-def roofline(program: Program, hw: Hardware, weight_bytes: int) -> dict[str, float]:
-    """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth)."""
+def streamed_bytes(layer: Layer) -> int:
+    """Constant bytes a layer DMAs into SRAM (weights, lookup tables)."""
+    return sum(a.nbytes for k, a in layer.arrays.items() if k in ("weights", "table"))
+
+
+def roofline(program: Program, hw: Hardware) -> dict[str, float]:
+    """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth): every streamed
+    constant and the model's inputs and outputs moved once."""
     macs = sum(layer.macs(program.tensors) for layer in program.layers)
     io = sum(program.tensors[n].nbytes for n in [*program.inputs, *program.outputs])
     compute = macs / hw.macs_per_cycle
-    memory = (weight_bytes + io) / hw.dram_bytes_per_cycle
+    weights = sum(streamed_bytes(layer) for layer in program.layers)
+    memory = (weights + io) / hw.dram_bytes_per_cycle
     return {"macs": macs, "cycles": max(compute, memory), "compute": compute, "memory": memory}
 
 
@@ -60,15 +67,11 @@ def estimate(program: Program, hw: Hardware) -> dict:
         x = program.tensors[layer.inputs[0]]
         compute = exec_cycles(hw, layer, out.shape[1], out.shape[0], out.shape, x.shape)
         moved = out.nbytes + sum(program.tensors[n].nbytes for n in layer.inputs)
-        moved += sum(a.nbytes for k, a in layer.arrays.items() if k in ("weights", "table"))
+        moved += streamed_bytes(layer)
         cycles = max(compute, dma_cycles(hw, moved))
         layers[layer.name] = {"kind": layer.kind, "cycles": cycles, "dram_bytes": moved}
         total += cycles
-    weights = sum(
-        a.nbytes for layer in program.layers for k, a in layer.arrays.items()
-        if k in ("weights", "table")
-    )  # fmt: skip
-    bound = roofline(program, hw, weights)
+    bound = roofline(program, hw)
     return {
         "hardware": hw.name,
         "cycles": total,

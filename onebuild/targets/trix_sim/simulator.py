@@ -27,11 +27,7 @@ class Report:
 
     def summary(self, hw: Hardware, module: Module) -> dict:
         program = Program(module.tensors, module.layers, module.inputs, module.outputs)
-        weights = sum(
-            a.nbytes for layer in module.layers for k, a in layer.arrays.items()
-            if k in ("weights", "table")
-        )  # fmt: skip
-        bound = roofline(program, hw, weights)
+        bound = roofline(program, hw)
         seconds = self.cycles / (hw.clock_mhz * 1e6)
         return {
             "hardware": hw.name,
