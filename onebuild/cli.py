@@ -46,10 +46,47 @@ def _tvn(args):
     return None
 
 
+def _is_package(path: str) -> bool:
+    import zipfile
+
+    p = Path(path)
+    return (p / "metadata" / "MANIFEST").is_file() or (p.is_file() and zipfile.is_zipfile(p))
+
+
+def _package_summary(package, reports) -> list[str]:
+    """One line per model: backend and the simulator's cycles, or the CPU estimate."""
+    from .targets.host_cpu import HostCpu
+
+    lines, cpu = [], HostCpu()
+    for model, report in zip(package.models, reports):
+        if report is not None:
+            lines.append(
+                f"  {model.path} [{model.backend}]: {report['cycles']} cycles "
+                f"({report['milliseconds']} ms), MAC utilization {report['mac_utilization']:.1%}"
+            )
+        else:
+            us = sum(cpu.node_us(n) for n in model.program.nodes)
+            lines.append(
+                f"  {model.path} [{model.backend}]: ~{us / 1000:.3f} ms estimated ({cpu.name})"
+            )
+    return lines
+
+
 def cmd_run(args) -> int:
     from .npz import read_npz, write_npz
 
     feeds = read_npz(args.inputs)
+    if _is_package(args.model):
+        from .runtime.package import load_package, run_package
+
+        package = load_package(args.model)
+        outputs, reports = run_package(package, feeds, args.raw)
+        write_npz(args.outputs, outputs)
+        for name, array in outputs.items():
+            print(f"{name}: {array.dtype}{list(array.shape)}")
+        print(f"{len(package.models)} model(s), per inference:")
+        print("\n".join(_package_summary(package, reports)))
+        return 0
     module = _tvn(args)
     if module is not None:
         from .targets.trix_sim.runner import run_batches
@@ -78,6 +115,59 @@ def _run_model(graph, feeds: dict, args) -> dict:
     except UserError as error:
         raise UserError(f"{args.inputs}: {error}") from None
     return outputs if args.raw else dequantize_outputs(graph, outputs)
+
+
+def cmd_verify(args) -> int:
+    """Package vs float reference on the same inputs: per-output metrics and performance."""
+    from .graph_ir.interpreter import Interpreter
+    from .graph_ir.metrics import OutputMetrics
+    from .graph_ir.serde import load_model
+    from .npz import read_npz
+    from .runtime.package import load_package, run_package
+
+    package = load_package(args.package)
+    reference = load_model(args.reference).main
+    feeds = read_npz(args.inputs)
+    outputs, reports = run_package(package, feeds)
+    try:
+        expected = Interpreter(reference).run_batch(
+            {v.name: feeds[v.name] for v in reference.inputs}
+        )
+    except KeyError as error:
+        raise UserError(f"{args.inputs}: no array for reference input {error}") from None
+    report = {}
+    for name, array in outputs.items():
+        if name not in expected:
+            raise UserError(f"{args.reference}: has no output '{name}' to compare with")
+        metrics = OutputMetrics()
+        for want, got in zip(expected[name], array):
+            metrics.update(want, got)
+        report[name] = metrics.summary()
+    if args.json:
+        print(
+            json.dumps(
+                {"outputs": report, "models": _model_reports(package, reports)},
+                indent=2,
+                sort_keys=True,
+            )
+        )
+        return 0
+    for name, summary in report.items():
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if v is not None)
+        print(f"{name}: {shown}")
+    print("\n".join(_package_summary(package, reports)))
+    return 0
+
+
+def _model_reports(package, reports) -> list[dict]:
+    return [
+        {
+            "model": m.path,
+            "backend": m.backend,
+            **({k: v for k, v in r.items() if k != "layers"} if r else {}),
+        }
+        for m, r in zip(package.models, reports)
+    ]
 
 
 def cmd_export(args) -> int:
@@ -356,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="pass quantized inputs/outputs as stored (default: float, converted)",
     )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("verify", help="compare an nnpackage with its float reference model")
+    p.add_argument("package", help="nnpackage folder or zip")
+    p.add_argument("--reference", required=True, help="the float model (.onnx or IR file)")
+    p.add_argument("-i", "--inputs", required=True, help="npz: one [N,*shape] array per input")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_verify)
 
     p = model_command("export", "write a model (any build stage) as ONNX; quantized as QDQ")
     p.add_argument("-o", "--output", required=True, help="ONNX file to write")

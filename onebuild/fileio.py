@@ -6,6 +6,7 @@ final name. Leaf module: it imports nothing else of onebuild.
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,3 +41,23 @@ def current_umask() -> int:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_writer(path) as handle:
         handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling folder that replaces the folder `path` only if the block completes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging.chmod(0o777 & ~current_umask())
+    try:
+        yield staging
+        if path.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+            os.replace(path, trash / "old")
+            os.replace(staging, path)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

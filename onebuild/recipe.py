@@ -315,6 +315,8 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
             "npz file or a folder of npz/npy files); quantize.random_calibration = true "
             "calibrates on random data instead, which costs accuracy"
         )
+    if "partition" in steps:
+        _complete_partition(path, steps)
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
     cache = Path(build.cache) if build.cache else None
@@ -334,3 +336,32 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
                     "choose another output path"
                 )
     return Plan(path, build_dir, cache, steps)
+
+
+def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
+    """The partition step decides with the [codegen] target's constraints and names its parts
+    after the source model."""
+    partition = steps["partition"]
+    if "codegen" not in steps:
+        raise UserError(
+            f"{path}: [partition] needs a [codegen] table: its target's constraints decide what "
+            "runs on the NPU, and it compiles the NPU parts"
+        )
+    accelerators = [b for b in partition["backends"] if b != "cpu"]
+    if "cpu" not in partition["backends"] or len(accelerators) != 1:
+        raise UserError(
+            f"{path}: partition.backends: expected one NPU backend and 'cpu', e.g. "
+            f'["trix", "cpu"] (got {partition["backends"]})'
+        )
+    if partition["default"] != "cpu":
+        raise UserError(
+            f"{path}: partition.default: must be 'cpu', the backend that runs every op "
+            f"(got {partition['default']!r}); pin nodes to the NPU with opcode/opname maps"
+        )
+    codegen = steps["codegen"]
+    partition.update(
+        name=Path(steps["import"]["source"]).stem,
+        accelerator=accelerators[0],
+        target=codegen["target"],
+        hw=codegen["hw"],
+    )

@@ -126,9 +126,9 @@ def test_step_version_bump_reruns(project, monkeypatch):
     assert run(project)["optimize"] == "run"
 
 
-def test_unavailable_step_is_rejected_before_running(project):
+def test_partition_without_codegen_is_rejected_before_running(project):
     (project / "r.toml").write_text(RECIPE + "[partition]\n")
-    with pytest.raises(UserError, match=r"\[partition\].*not available yet"):
+    with pytest.raises(UserError, match=r"\[partition\] needs a \[codegen\] table"):
         run(project)
     assert not (project / "build").exists()
 

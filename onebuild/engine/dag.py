@@ -15,7 +15,7 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +23,13 @@ from pathlib import Path
 from doit.cmd_base import TaskLoader2
 from doit.doit_cmd import DoitMain
 from doit.exceptions import TaskFailed, UnmetDependency
-from doit.task import dict_to_task
+from doit.task import DelayedLoader, Task, dict_to_task
 from doit.tools import config_changed
 
 from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
 from ..recipe import Plan
-from ..tasks import STEPS, UNAVAILABLE
+from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
 from ..tasks.pack import archive_path
@@ -54,6 +54,23 @@ class StepTask:
     targets: list[Path]
     cache: Path
     after: list[Path] = field(default_factory=list)
+    label: str = ""  # tells apart the tasks of a fan-out (one per NPU part)
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe}::{self.step}" + (f":{self.label}" if self.label else "")
+
+
+@dataclass
+class FanOut:
+    """Tasks of one step that exist only once the task named `after` has run: one codegen
+    task per NPU part, and the pack that collects them. `expand` returns None until the
+    files it reads exist."""
+
+    recipe: Path
+    step: str
+    after: str
+    expand: Callable[[], list[StepTask] | None]
 
     @property
     def name(self) -> str:
@@ -71,14 +88,8 @@ class StepResult:
     blocked: bool = False  # failed because a step it depends on failed
 
 
-def plan_tasks(plan: Plan) -> list[StepTask]:
-    """The chain of step tasks of one recipe (rejecting steps that are not available yet)."""
-    for step in plan.steps:
-        if step in UNAVAILABLE:
-            raise UserError(
-                f"{plan.recipe}: [{step}] ({UNAVAILABLE[step]}) is not available yet in this "
-                "onebuild version; remove the table to build the other steps"
-            )
+def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
+    """The chain of step tasks of one recipe; after a partition, codegen and pack fan out."""
     cache = plan.cache_dir or plan.build_dir / "cache"
     tasks: list[StepTask] = []
     previous, gates = Path(plan.steps["import"]["source"]), []
@@ -93,19 +104,75 @@ def plan_tasks(plan: Plan) -> list[StepTask]:
         if step == "quantize":
             previous, gates = _quantize_tasks(add, config, previous, plan.build_dir)
             continue
+        if step == "partition":
+            folder = plan.build_dir / "partition"
+            connection = folder / f"{config['name']}.conn.json"
+            part_file = [Path(config["part_file"])] if config["part_file"] else []
+            add(step, config, [previous, *part_file], [folder], [connection])
+            tasks[-1].after, gates = gates, []
+            tasks.extend(_fan_out(plan, cache, tasks[-1].name, connection))
+            break
         if step == "pack":
-            package = Path(config["output"])
-            outputs, targets = [package], [package / "metadata" / "MANIFEST"]
-            if config.get("archive"):
-                outputs.append(archive_path(package))
-                targets.append(archive_path(package))
-            add(step, config, [previous], outputs, targets)
+            add(step, config, [previous], *_pack_outputs(config))
         elif step == "codegen":
             previous = add(step, config, [previous], [plan.build_dir / "codegen.tvn"])
         else:
             previous = add(step, config, [previous])
         tasks[-1].after, gates = gates, []
     return tasks
+
+
+def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[FanOut]:
+    """One codegen task per NPU part (named by its number), then the pack of all parts."""
+    folder = connection.parent
+    codegen = plan.steps["codegen"]
+    out = plan.build_dir / "codegen"
+
+    def parts() -> list[tuple[str, Path, Path | None]] | None:
+        if not connection.is_file():
+            return None
+        info = json.loads(connection.read_text())
+        found = []
+        for part in info["parts"]:
+            source = folder / part["file"]
+            compiled = None if part["backend"] == "cpu" else out / f"{source.stem}.tvn"
+            found.append((source.stem.rsplit(".", 1)[-1], source, compiled))
+        return found
+
+    def codegen_tasks() -> list[StepTask] | None:
+        found = parts()
+        if found is None:
+            return None
+        return [
+            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, label=label)
+            for label, s, c in found
+            if c is not None
+        ]
+
+    def pack_tasks() -> list[StepTask] | None:
+        found = parts()
+        if found is None or "pack" not in plan.steps:
+            return None if found is None else []
+        config = plan.steps["pack"]
+        models = [c or s for _, s, c in found]
+        outputs, targets = _pack_outputs(config)
+        return [
+            StepTask(plan.recipe, "pack", config, [connection, *models], outputs, targets, cache)
+        ]
+
+    fan_outs = [FanOut(plan.recipe, "codegen", partition, codegen_tasks)]
+    if "pack" in plan.steps:
+        fan_outs.append(FanOut(plan.recipe, "pack", fan_outs[0].name, pack_tasks))
+    return fan_outs
+
+
+def _pack_outputs(config: dict) -> tuple[list[Path], list[Path]]:
+    package = Path(config["output"])
+    outputs, targets = [package], [package / "metadata" / "MANIFEST"]
+    if config.get("archive"):
+        outputs.append(archive_path(package))
+        targets.append(archive_path(package))
+    return outputs, targets
 
 
 def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Path, list[Path]]:
@@ -130,14 +197,20 @@ def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Pa
 class _Runner:
     """Executes steps inside doit and records what happened to each."""
 
-    def __init__(self, tasks: list[StepTask], progress):
-        self.tasks = {t.name: t for t in tasks}
-        self.results = {
-            t.name: StepResult(str(t.recipe), t.step, outputs=[str(p) for p in t.outputs])
-            for t in tasks
-        }
+    def __init__(self, tasks: list[StepTask | FanOut], progress):
+        self.tasks: dict[str, StepTask] = {}
+        self.results: dict[str, StepResult] = {}
+        self.fan_outs = [t for t in tasks if isinstance(t, FanOut)]
+        for task in tasks:
+            if isinstance(task, StepTask):
+                self.register(task)
         self.progress = progress
         self.runtime_errors: list[str] = []
+
+    def register(self, task: StepTask) -> None:
+        self.tasks[task.name] = task
+        outputs = [str(p) for p in task.outputs]
+        self.results[task.name] = StepResult(str(task.recipe), task.step, outputs=outputs)
 
     def action(self, task: StepTask):
         def execute():
@@ -187,22 +260,33 @@ class _Runner:
         text = json.dumps(log, indent=2, sort_keys=True) + "\n"
         atomic_write_bytes(Path(f"{task.outputs[0]}.log"), text.encode())
 
-    def doit_task(self, task: StepTask):
+    def delayed_task(self, fan_out: FanOut) -> Task:
+        """A placeholder that doit expands into the fan-out's tasks once `after` has run."""
+
+        def create():
+            tasks = fan_out.expand() or []
+            for task in tasks:
+                self.register(task)
+            if len(tasks) == 1 and not tasks[0].label:
+                return {k: v for k, v in self.task_dict(tasks[0]).items() if k != "name"}
+            return ({**self.task_dict(t), "name": t.label} for t in tasks)
+
+        return Task(fan_out.name, None, loader=DelayedLoader(create, executed=fan_out.after))
+
+    def task_dict(self, task: StepTask) -> dict:
         deps = [*task.inputs, *task.after]
         folders = {str(p): _folder_files(p) for p in deps if p.is_dir()}
         files = [str(f) for p in deps for f in folders.get(str(p), [p])]
         listing = {k: [f.name for f in v] for k, v in folders.items()}  # catches removed files
         check = {"config": task.config, "version": STEPS[task.step].version, "folders": listing}
-        return dict_to_task(
-            {
-                "name": task.name,
-                "actions": [(self.action(task),)],
-                "file_dep": files,
-                "targets": [str(p) for p in task.targets],
-                "uptodate": [config_changed(json.dumps(check, sort_keys=True))],
-                "verbosity": 0,
-            }
-        )
+        return {
+            "name": task.name,
+            "actions": [(self.action(task),)],
+            "file_dep": files,
+            "targets": [str(p) for p in task.targets],
+            "uptodate": [config_changed(json.dumps(check, sort_keys=True))],
+            "verbosity": 0,
+        }
 
 
 def _folder_files(folder: Path) -> list[Path]:
@@ -219,7 +303,8 @@ class _Loader(TaskLoader2):
         return {"dep_file": str(self.db), "backend": "sqlite3", "reporter": self.reporter}
 
     def load_tasks(self, cmd, pos_args):
-        return [self.runner.doit_task(t) for t in self.runner.tasks.values()]
+        tasks = [dict_to_task(self.runner.task_dict(t)) for t in self.runner.tasks.values()]
+        return tasks + [self.runner.delayed_task(f) for f in self.runner.fan_outs]
 
 
 def _reporter_class(runner: _Runner):
@@ -327,10 +412,10 @@ def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
     return results
 
 
-def _check_outputs(tasks: list[StepTask]) -> None:
+def _check_outputs(tasks: list[StepTask | FanOut]) -> None:
     """No step may write a file another step or the user provides as input."""
     written = {}
-    for task in tasks:
+    for task in (t for t in tasks if isinstance(t, StepTask)):
         for path in task.outputs:
             key = path.resolve()
             if key in written:

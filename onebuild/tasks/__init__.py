@@ -1,8 +1,7 @@
 """Build steps: one thin module per step, config in, artifacts out.
 
 Each step module defines `VERSION` (bump it when the step's output for the same inputs changes)
-and `run(config, inputs, outputs)`. Steps whose implementation has not landed are listed in
-`UNAVAILABLE` and rejected before anything runs.
+and `run(config, inputs, outputs)`.
 """
 
 from collections.abc import Callable
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import calibrate, codegen, evaluate, import_model, optimize, pack, quantize
+from . import calibrate, codegen, evaluate, import_model, optimize, pack, partition, quantize
 
 
 @dataclass(frozen=True)
@@ -26,10 +25,7 @@ STEPS: dict[str, Step] = {
     "calibrate": Step("calibrate", calibrate.VERSION, calibrate.run),
     "quantize": Step("quantize", quantize.VERSION, quantize.run),
     "evaluate": Step("evaluate", evaluate.VERSION, evaluate.run),
+    "partition": Step("partition", partition.VERSION, partition.run),
     "codegen": Step("codegen", codegen.VERSION, codegen.run),
     "pack": Step("pack", pack.VERSION, pack.run),
-}
-
-UNAVAILABLE = {
-    "partition": "partitioning",
 }

@@ -6,31 +6,15 @@ leaves a half-written package under the final name.
 
 import io
 import json
-import os
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..fileio import atomic_write_bytes, current_umask
+from ..fileio import atomic_folder, atomic_write_bytes
+from ..nnpackage import Manifest, Ref, config_text, manifest_json, parse_ref
 
-VERSION = 2
-
-
-def manifest(models: list[str], model_types: list[str], inputs: list[str], outputs: list[str]):
-    """MANIFEST of a single-model package: package I/O are the model's own, in order."""
-    return {
-        "major-version": "1",
-        "minor-version": "3",
-        "patch-version": "0",
-        "configs": ["config.cfg"],
-        "models": models,
-        "model-types": model_types,
-        "pkg-inputs": [f"0:0:{i}" for i in range(len(inputs))],
-        "pkg-outputs": [f"0:0:{i}" for i in range(len(outputs))],
-        "model-connect": [],
-    }
+VERSION = 3
 
 
 def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
@@ -46,26 +30,65 @@ def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
     return "obir", [v.name for v in graph.inputs], [v.name for v in graph.outputs]
 
 
-def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    source = inputs[0]
-    package = Path(config["output"])
-    kind, model_inputs, model_outputs = _model_io(source)
-    name = f"{package.stem}.{kind}"
-    meta = manifest([name], [kind], model_inputs, model_outputs)
+def _single(source: Path, stem: str) -> tuple[Manifest, dict[str, Path], dict[str, bytes]]:
+    """A one-model package: package I/O are the model's own, in order."""
+    kind, inputs, outputs = _model_io(source)
+    name = f"{stem}.{kind}"
+    meta = Manifest(
+        models=[name],
+        model_types=[kind],
+        configs=["config.cfg"],
+        model_configs=[""],
+        pkg_inputs=[Ref(0, 0, i) for i in range(len(inputs))],
+        pkg_outputs=[Ref(0, 0, i) for i in range(len(outputs))],
+        connect=[],
+    )
     backend = "trix" if kind == "tvn" else "cpu"
-    package.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{package.name}.", dir=package.parent))
-    staging.chmod(0o777 & ~current_umask())
-    try:
-        shutil.copyfile(source, staging / name)
-        text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
-        atomic_write_bytes(staging / "metadata" / "MANIFEST", text.encode())
-        atomic_write_bytes(staging / "metadata" / "config.cfg", f"BACKENDS={backend}\n".encode())
+    return meta, {name: source}, {"config.cfg": config_text({"BACKENDS": backend})}
+
+
+def _partitioned(connection: Path, models: list[Path]):
+    """A multi-model package from a partition's connection JSON and the parts' model files
+    (NPU parts compiled, in the connection's order); one config per model."""
+    info = json.loads(connection.read_text())
+    parts = info["parts"]
+    configs = {}
+    for model, part in zip(models, parts):
+        configs[f"{model.stem}.cfg"] = config_text({"BACKENDS": part["backend"]})
+    backends = list(dict.fromkeys(p["backend"] for p in parts))
+    configs["config.cfg"] = config_text({"BACKENDS": ";".join(backends)})
+    meta = Manifest(
+        models=[m.name for m in models],
+        model_types=[m.suffix.lstrip(".") for m in models],
+        configs=["config.cfg"],
+        model_configs=[f"{m.stem}.cfg" for m in models],
+        pkg_inputs=[parse_ref(r, str(connection)) for r in info["source"]["inputs"]],
+        pkg_outputs=[parse_ref(r, str(connection)) for r in info["source"]["outputs"]],
+        connect=[
+            (
+                parse_ref(e["from"], str(connection)),
+                [parse_ref(t, str(connection)) for t in e["to"]],
+            )
+            for e in info["conn"]
+        ],
+    )
+    return meta, {m.name: m for m in models}, configs
+
+
+def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    package = Path(config["output"])
+    if inputs[0].suffix == ".json":
+        meta, models, configs = _partitioned(inputs[0], inputs[1:])
+    else:
+        meta, models, configs = _single(inputs[0], package.stem)
+    with atomic_folder(package) as staging:
+        for name, source in models.items():
+            shutil.copyfile(source, staging / name)
+        atomic_write_bytes(staging / "metadata" / "MANIFEST", manifest_json(meta))
+        for name, text in configs.items():
+            atomic_write_bytes(staging / "metadata" / name, text)
         if config.get("archive"):
             atomic_write_bytes(outputs[1], zip_bytes(staging, package.name))
-        _swap_in(staging, package)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def archive_path(package: Path) -> Path:
@@ -83,13 +106,3 @@ def zip_bytes(folder: Path, root: str) -> bytes:
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, path.read_bytes())
     return buffer.getvalue()
-
-
-def _swap_in(staging: Path, package: Path) -> None:
-    if package.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{package.name}.old.", dir=package.parent))
-        os.replace(package, trash / "pkg")
-        os.replace(staging, package)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(staging, package)

@@ -75,6 +75,7 @@ def estimate(program: Program, hw: Hardware) -> dict:
     return {
         "hardware": hw.name,
         "cycles": total,
+        "microseconds": total / hw.clock_mhz,
         "roofline_cycles": round(bound["cycles"]),
         "macs": bound["macs"],
         "layers": layers,

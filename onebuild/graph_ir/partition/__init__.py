@@ -1,0 +1,1 @@
+"""Graph partitioning: backend assignment (manual maps, minimum cost) and region splitting."""

@@ -1,0 +1,1 @@
+"""The package runtime: load, validate and run nnpackages."""

@@ -1,0 +1,284 @@
+"""Load, validate and run an nnpackage (a folder or a zip of one).
+
+Everything is checked before anything runs: the MANIFEST's fields, every model file (loaded and
+validated by its own reader), model paths staying inside the package, each model's config, and
+the connection graph (every reference in range, every model input fed exactly once, edges
+joining tensors of the same dtype, shape and quantization, no cycles). Then IR models run in the
+reference interpreter and .tvn models in the TRIX simulator, in dependency order; the app sees
+float arrays, converted with the package I/O's quantization parameters unless `raw`.
+"""
+
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError, UserError
+from ..graph_ir.interpreter import Interpreter
+from ..graph_ir.quant.params import dequantize, quantize
+from ..graph_ir.serde import load_ir
+from ..graph_ir.tensor import QuantParams
+from ..nnpackage import Manifest, Ref, inside_package, parse_config, parse_manifest
+from ..targets.trix_sim.runner import run_batches
+from ..targets.trix_sim.tvn import MAGIC, load_tvn
+
+BACKEND_OF_TYPE = {"obir": "cpu", "tvn": "trix"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    quant: QuantParams | None
+
+    @property
+    def quantized(self) -> bool:
+        return self.quant is not None and np.issubdtype(np.dtype(self.dtype), np.integer)
+
+    def describe(self) -> str:
+        q = f" scale={self.quant.scale[0]:.6g} zp={self.quant.zero_point[0]}" if self.quant else ""
+        return f"{self.dtype}{list(self.dims)}{q}"
+
+
+@dataclass
+class PackageModel:
+    path: str
+    kind: str
+    backend: str
+    config: dict[str, str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    program: object  # a Graph or a .tvn Module
+
+    def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict | None]:
+        """Raw [N, *dims] arrays in, raw arrays out, and the simulator's summary for .tvn."""
+        if self.kind == "tvn":
+            return run_batches(self.program, feeds, raw=True)
+        return Interpreter(self.program).run_batch(feeds), None
+
+
+@dataclass
+class Package:
+    root: str
+    manifest: Manifest
+    models: list[PackageModel]
+    config: dict[str, str]
+    order: list[int]
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    folder: object = None  # keeps a zip's extraction folder alive while the package is used
+
+
+def load_package(path: str | os.PathLike) -> Package:
+    """A fully validated package; a zip is extracted to a temporary folder first."""
+    path = Path(path)
+    if path.is_file() and zipfile.is_zipfile(path):
+        folder = tempfile.TemporaryDirectory(prefix="onebuild-pkg-")
+        package = _load_folder(_extract_zip(path, Path(folder.name)), str(path))
+        package.folder = folder
+        return package
+    if not (path / "metadata" / "MANIFEST").is_file():
+        raise FormatError(f"{path}: not an nnpackage (no metadata/MANIFEST)")
+    return _load_folder(path, str(path))
+
+
+def _extract_zip(path: Path, folder: Path) -> Path:
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            inside_package(member, f"{path}: zip member")
+        try:
+            archive.extractall(folder)
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise FormatError(f"{path}: corrupt zip archive ({error})") from None
+    manifests = sorted(folder.glob("**/metadata/MANIFEST"))
+    if not manifests:
+        raise FormatError(f"{path}: not an nnpackage (no metadata/MANIFEST in the zip)")
+    return manifests[0].parent.parent
+
+
+def _load_folder(root: Path, shown: str) -> Package:
+    manifest_path = root / "metadata" / "MANIFEST"
+    try:
+        manifest = parse_manifest(manifest_path.read_text("utf-8"), f"{shown}: MANIFEST")
+    except UnicodeDecodeError:
+        raise FormatError(f"{shown}: MANIFEST is not UTF-8 text") from None
+    config = {}
+    for name in manifest.configs:
+        config.update(_read_config(root, f"metadata/{name}", shown))
+    models = [_load_model(root, shown, index, manifest) for index in range(len(manifest.models))]
+    package = Package(str(root), manifest, models, config, [])
+    _check_connections(package, shown)
+    return package
+
+
+def _read_config(root: Path, relative: str, shown: str) -> dict[str, str]:
+    file = _inside(root, relative, shown)
+    if not file.is_file():
+        raise FormatError(f"{shown}: config file {relative} is missing")
+    return parse_config(file.read_text("utf-8", errors="replace"), f"{shown}: {relative}")
+
+
+def _inside(root: Path, relative: str, shown: str) -> Path:
+    file = (root / relative).resolve()
+    if root.resolve() not in file.parents:
+        raise FormatError(f"{shown}: '{relative}' points outside the package")
+    return file
+
+
+def _load_model(root: Path, shown: str, index: int, manifest: Manifest) -> PackageModel:
+    relative, kind = manifest.models[index], manifest.model_types[index]
+    where = f"{shown}: models[{index}] '{relative}'"
+    file = _inside(root, relative, shown)
+    if not file.is_file():
+        raise FormatError(f"{where}: file is missing")
+    config = {}
+    if manifest.model_configs[index]:
+        config = _read_config(root, f"metadata/{manifest.model_configs[index]}", shown)
+    backend = config.get("BACKENDS", BACKEND_OF_TYPE[kind])
+    if backend != BACKEND_OF_TYPE[kind]:
+        raise FormatError(
+            f"{where}: its config asks for backend '{backend}', but a {kind} model runs on "
+            f"'{BACKEND_OF_TYPE[kind]}'"
+        )
+    with open(file, "rb") as handle:
+        is_tvn = handle.read(len(MAGIC)) == MAGIC
+    if is_tvn != (kind == "tvn"):
+        raise FormatError(f"{where}: the file is not a {kind} model")
+    try:
+        if kind == "tvn":
+            module = load_tvn(file)
+            specs = [
+                [_tvn_spec(module.tensors[n]) for n in names]
+                for names in (module.inputs, module.outputs)
+            ]
+            return PackageModel(relative, kind, backend, config, *specs, module)
+        graph = load_ir(file).main
+    except FormatError as error:
+        raise FormatError(f"{where}: {error}") from None
+    specs = [[_ir_spec(v) for v in values] for values in (graph.inputs, graph.outputs)]
+    return PackageModel(relative, kind, backend, config, *specs, graph)
+
+
+def _tvn_spec(t) -> TensorSpec:
+    return TensorSpec(t.name, t.dtype, tuple(t.dims), t.params)
+
+
+def _ir_spec(value) -> TensorSpec:
+    return TensorSpec(value.name, value.dtype.name, tuple(value.shape), value.quant)
+
+
+def _check_connections(package: Package, shown: str) -> None:
+    manifest, models = package.manifest, package.models
+
+    def spec(ref: Ref, side: str, where: str) -> TensorSpec:
+        if ref.model >= len(models):
+            raise FormatError(
+                f"{where}: {ref} names model {ref.model}, the package has {len(models)}"
+            )
+        if ref.subgraph != 0:
+            raise FormatError(f"{where}: {ref} names subgraph {ref.subgraph}; models have one")
+        specs = getattr(models[ref.model], side)
+        if ref.io >= len(specs):
+            raise FormatError(
+                f"{where}: {ref} names {side[:-1]} {ref.io} of '{models[ref.model].path}', "
+                f"which has {len(specs)}"
+            )
+        return specs[ref.io]
+
+    if not manifest.pkg_inputs and not manifest.connect and len(models) == 1:
+        manifest.pkg_inputs = [Ref(0, 0, i) for i in range(len(models[0].inputs))]
+        manifest.pkg_outputs = [Ref(0, 0, i) for i in range(len(models[0].outputs))]
+    fed: dict[Ref, str] = {}
+    for i, ref in enumerate(manifest.pkg_inputs):
+        where = f"{shown}: pkg-inputs[{i}]"
+        package.inputs.append(spec(ref, "inputs", where))
+        if ref in fed:
+            raise FormatError(f"{where}: input {ref} is already fed by {fed[ref]}")
+        fed[ref] = where
+    for i, ref in enumerate(manifest.pkg_outputs):
+        package.outputs.append(spec(ref, "outputs", f"{shown}: pkg-outputs[{i}]"))
+    after: dict[int, set[int]] = {m: set() for m in range(len(models))}
+    for i, (source, targets) in enumerate(manifest.connect):
+        where = f"{shown}: model-connect[{i}]"
+        produced = spec(source, "outputs", f"{where}.from")
+        for target in targets:
+            consumed = spec(target, "inputs", f"{where}.to")
+            if target in fed:
+                raise FormatError(f"{where}: input {target} is already fed by {fed[target]}")
+            fed[target] = where
+            if (produced.dtype, produced.dims, produced.quant) != (
+                consumed.dtype,
+                consumed.dims,
+                consumed.quant,
+            ):
+                raise FormatError(
+                    f"{where}: {source} is {produced.describe()} but {target} expects "
+                    f"{consumed.describe()}"
+                )
+            if target.model == source.model:
+                raise FormatError(f"{where}: model {source.model} feeds itself")
+            after[target.model].add(source.model)
+    for m, model in enumerate(models):
+        for i in range(len(model.inputs)):
+            if Ref(m, 0, i) not in fed:
+                raise FormatError(
+                    f"{shown}: input {m}:0:{i} ('{model.inputs[i].name}') of '{model.path}' is "
+                    "fed by neither pkg-inputs nor model-connect"
+                )
+    package.order = _topological(after, shown)
+
+
+def _topological(after: dict[int, set[int]], shown: str) -> list[int]:
+    order, done = [], set()
+    while len(order) < len(after):
+        ready = [m for m in sorted(after) if m not in done and after[m] <= done]
+        if not ready:
+            stuck = sorted(m for m in after if m not in done)
+            raise FormatError(f"{shown}: model-connect has a cycle through models {stuck}")
+        done.add(ready[0])
+        order.append(ready[0])
+    return order
+
+
+def run_package(
+    package: Package, feeds: dict[str, np.ndarray], raw: bool = False
+) -> tuple[dict[str, np.ndarray], list[dict | None]]:
+    """Package outputs (keyed by their tensor names) for [N, *dims] inputs, and each model's
+    simulator summary (None for CPU models)."""
+    given: dict[tuple[int, int], np.ndarray] = {}  # (model, input) -> array
+    for ref, spec in zip(package.manifest.pkg_inputs, package.inputs):
+        if spec.name not in feeds:
+            given = ", ".join(sorted(feeds)) or "none"
+            raise UserError(f"missing input '{spec.name}' (inputs given: {given})")
+        array = np.asarray(feeds[spec.name])
+        if tuple(array.shape[1:]) != spec.dims:
+            raise UserError(
+                f"input '{spec.name}' has shape {list(array.shape)}, expected "
+                f"[N, {', '.join(map(str, spec.dims))}]"
+            )
+        if spec.quantized and not raw:
+            array = quantize(array.astype(np.float64), spec.quant, spec.dtype)
+        elif array.dtype != np.dtype(spec.dtype):
+            raise UserError(f"input '{spec.name}' is {array.dtype}; expected {spec.dtype}")
+        given[(ref.model, ref.io)] = array
+    link = {(t.model, t.io): (s.model, s.io) for s, ts in package.manifest.connect for t in ts}
+    produced: dict[tuple[int, int], np.ndarray] = {}  # (model, output) -> array
+    reports: list[dict | None] = [None] * len(package.models)
+    for m in package.order:
+        model = package.models[m]
+        inputs = {
+            spec.name: given[(m, i)] if (m, i) in given else produced[link[(m, i)]]
+            for i, spec in enumerate(model.inputs)
+        }
+        outputs, reports[m] = model.run(inputs)
+        for i, spec in enumerate(model.outputs):
+            produced[(m, i)] = outputs[spec.name]
+    results = {}
+    for ref, spec in zip(package.manifest.pkg_outputs, package.outputs):
+        array = produced[(ref.model, ref.io)]
+        results[spec.name] = dequantize(array, spec.quant) if spec.quantized and not raw else array
+    return results, reports

@@ -1,0 +1,65 @@
+"""A cost model of the host CPU that runs the parts an NPU does not, and of CPU<->NPU handoffs.
+
+One big core of a phone SoC: int8 dot-product SIMD, float SIMD, a per-operator dispatch cost and
+DRAM bandwidth shared with the NPU. The figures are defaults a user can reason about, not a
+measurement of any particular chip; partitioning only compares costs computed the same way.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph_ir.ir import Node, Value
+
+MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul")
+WINDOWED = ("MaxPool", "AveragePool", "QAveragePool", "LRN")
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    name: str = "host-cpu"
+    clock_mhz: int = 2000
+    int_macs_per_cycle: int = 16  # int8 dot-product SIMD, one core
+    float_macs_per_cycle: int = 8  # fp32 FMA SIMD
+    elements_per_cycle: int = 4  # elementwise / pooling / lookup
+    dram_bytes_per_cycle: int = 8
+    op_overhead_us: float = 1.0  # kernel dispatch per operator
+    handoff_us: float = 20.0  # one CPU<->NPU handoff (cache maintenance, signalling)
+    npu_invoke_us: float = 50.0  # starting one NPU model (driver call, command stream)
+
+    def node_us(self, node: Node) -> float:
+        """Time of one node on the CPU: the larger of compute and memory traffic, plus dispatch."""
+        out = node.outputs[0]
+        integer = np.issubdtype(out.dtype, np.integer)
+        rate = self.int_macs_per_cycle if integer else self.float_macs_per_cycle
+        if node.op in MATMUL_LIKE:
+            compute = macs(node) / rate
+        elif node.op in ("Reshape", "Identity", "Dropout", "Flatten", "Squeeze", "Unsqueeze"):
+            compute = 0.0
+        else:
+            window = int(np.prod(node.attrs.get("kernel_shape", [1])))
+            if node.op == "LRN":
+                window = int(node.attrs.get("size", 1))
+            compute = out.size * window / self.elements_per_cycle
+        moved = sum(_nbytes(v) for v in [*node.inputs, *node.outputs] if v is not None)
+        memory = moved / self.dram_bytes_per_cycle if compute else 0.0
+        return max(compute, memory) / self.clock_mhz + self.op_overhead_us
+
+    def handoff(self, value: Value) -> float:
+        """Handing one tensor between the CPU and the NPU (shared DRAM: sync plus one copy)."""
+        return self.handoff_us + _nbytes(value) / self.dram_bytes_per_cycle / self.clock_mhz
+
+
+def macs(node: Node) -> int:
+    """Multiply-accumulates of a convolution or matrix product."""
+    out = node.outputs[0]
+    weight = node.inputs[1]
+    if node.op in ("Conv", "QConv"):
+        return out.size * int(np.prod(weight.shape[1:]))
+    if node.op == "ConvTranspose":
+        return node.inputs[0].size * int(np.prod(weight.shape[1:]))
+    return out.size * int(node.inputs[0].shape[-1])
+
+
+def _nbytes(value: Value) -> int:
+    return value.size * value.dtype.itemsize

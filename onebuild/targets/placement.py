@@ -1,0 +1,180 @@
+"""Where each node of a quantized graph runs, and the parts that follow.
+
+Strategies: `capability` puts every node the accelerator supports on it; `cost` minimizes the
+estimated end-to-end latency (target performance model, host CPU model, handoff costs) with a
+minimum cut, then drops accelerator parts that do not pay for their invocation, and keeps the
+capability result when that is estimated faster. Manual maps (opcode / opname, ONE's .part
+style) pin nodes in both. Every node left on the CPU is reported with the reasons.
+"""
+
+from dataclasses import dataclass, field
+
+from ..errors import ModelError, UserError
+from ..graph_ir.ir import Graph
+from ..graph_ir.partition.assign import min_cost, override
+from ..graph_ir.partition.regions import Partitioning, split
+from . import Target
+from .host_cpu import HostCpu
+
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class Options:
+    accelerator: str  # backend name of the target ("trix")
+    hw: str
+    strategy: str = "capability"
+    default: str = CPU
+    comply: str = "opcode"
+    opcode: dict[str, str] = field(default_factory=dict)
+    opname: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Placement:
+    backend_of: dict[str, str]
+    partitioning: Partitioning
+    latency: dict
+    fallbacks: list[dict]  # nodes left on the CPU: name, op, reasons
+    explanation: list[str]
+
+
+def place(
+    graph: Graph, name: str, target: Target, options: Options, cpu: HostCpu | None = None
+) -> Placement:
+    """Assign backends to the nodes of `graph` (quantized I/O) and split it into parts."""
+    cpu = cpu or HostCpu()
+    if options.default != CPU:
+        raise UserError(
+            f"partition: the default backend must be '{CPU}', which runs every op "
+            f"(got '{options.default}')"
+        )
+    accel = options.accelerator
+    reasons = {n.name: target.supports(n, options.hw) for n in graph.nodes}
+    pinned = _pinned(graph, options, reasons)
+    capability = {
+        n.name: pinned.get(n.name) or (accel if not reasons[n.name] else options.default)
+        for n in graph.nodes
+    }
+    chosen = capability
+    explanation = []
+    best = _latency(split(graph, capability, name), target, options.hw, cpu)
+    if options.strategy == "cost":
+        chosen, best, explanation = _cost(graph, name, target, options, cpu, reasons, pinned)
+    partitioning = split(graph, chosen, name)
+    fallbacks = [
+        {"node": n.name, "op": n.op, "reasons": reasons[n.name] or [_why(n.name, pinned, options)]}
+        for n in graph.nodes
+        if chosen[n.name] != accel
+    ]
+    return Placement(chosen, partitioning, best, fallbacks, explanation)
+
+
+def _why(name: str, pinned: dict, options: Options) -> str:
+    if name in pinned:
+        return f"placed on {pinned[name]} by the partition {options.comply} maps"
+    if options.strategy == "cost":
+        return "the cost model estimates it faster on the CPU (handoffs outweigh the NPU gain)"
+    return f"the default backend is {options.default}"
+
+
+def _pinned(graph: Graph, options: Options, reasons: dict[str, list[str]]) -> dict[str, str]:
+    """Nodes the manual maps place; naming an impossible placement is an error."""
+    backends = {options.accelerator, CPU}
+    for key, backend in [*options.opcode.items(), *options.opname.items()]:
+        if backend not in backends:
+            raise UserError(
+                f"partition: '{key}' is mapped to unknown backend '{backend}' "
+                f"(backends: {', '.join(sorted(backends))})"
+            )
+    names = {n.name for n in graph.nodes}
+    unknown = sorted(set(options.opname) - names - {"_"})
+    if unknown:
+        raise UserError(f"partition.opname: no node named {', '.join(map(repr, unknown))}")
+    pinned = {}
+    for node in graph.nodes:
+        backend, explicit = override(node, options.opcode, options.opname, options.comply)
+        if backend is None:
+            continue
+        if backend == options.accelerator and reasons[node.name]:
+            if explicit:
+                raise ModelError(
+                    f"partition: node '{node.name}' ({node.op}) cannot run on "
+                    f"{options.accelerator}: {'; '.join(reasons[node.name])}"
+                )
+            continue  # a blanket `_` mapping leaves unsupported nodes on the CPU
+        pinned[node.name] = backend
+    return pinned
+
+
+def _cost(graph, name, target, options, cpu, reasons, pinned):
+    """The minimum-latency placement and the lines that explain it."""
+    accel = options.accelerator
+    capability = {
+        n.name: pinned.get(n.name) or (accel if not reasons[n.name] else CPU) for n in graph.nodes
+    }
+    base = split(graph, capability, name)
+    npu_us = {}
+    for part in base.parts:
+        if part.backend == accel:
+            estimate = target.estimate(part.graph, options.hw)
+            scale = estimate["microseconds"] / max(estimate["cycles"], 1)
+            for layer, info in estimate["layers"].items():
+                npu_us[layer] = info["cycles"] * scale
+
+    def cost(node, on_accel: bool) -> float:
+        if on_accel:
+            return npu_us.get(node.name, 0.0) if not reasons[node.name] else float("inf")
+        return cpu.node_us(node)
+
+    fixed = {n: b == accel for n, b in pinned.items()}
+    fixed.update({n.name: False for n in graph.nodes if reasons[n.name]})
+    labels = min_cost(graph, cost, cpu.handoff, fixed)
+    chosen = {n: accel if on else CPU for n, on in labels.items()}
+    latency = _latency(split(graph, chosen, name), target, options.hw, cpu)
+    improved = True
+    while improved:  # parts that do not pay for their invocation go to the CPU
+        improved = False
+        for part in split(graph, chosen, name).parts:
+            movable = [n.name for n in part.graph.nodes if n.name not in pinned]
+            if part.backend != accel or len(movable) != len(part.graph.nodes):
+                continue
+            trial = {**chosen, **dict.fromkeys(movable, CPU)}
+            trial_latency = _latency(split(graph, trial, name), target, options.hw, cpu)
+            if trial_latency["microseconds"] < latency["microseconds"]:
+                chosen, latency, improved = trial, trial_latency, True
+                break
+    base_latency = _latency(base, target, options.hw, cpu)
+    lines = [
+        f"capability: {base_latency['microseconds']:.1f} us in {len(base.parts)} parts; "
+        f"minimum-cost: {latency['microseconds']:.1f} us in {len(latency['parts'])} parts"
+    ]
+    if base_latency["microseconds"] <= latency["microseconds"]:
+        lines.append("kept the capability partition (not slower by the estimate)")
+        return capability, base_latency, lines
+    moved = sorted(n for n in chosen if chosen[n] != capability[n])
+    lines.append(f"moved {len(moved)} supported node(s) to the CPU: " + ", ".join(moved[:10]))
+    return chosen, latency, lines
+
+
+def _latency(partitioning: Partitioning, target, hw: str, cpu: HostCpu) -> dict:
+    """Estimated end-to-end time of running the parts one after another, with handoffs."""
+    parts, handoffs = [], 0.0
+    backends = [p.backend for p in partitioning.parts]
+    for index, part in enumerate(partitioning.parts):
+        if part.backend == CPU:
+            us = sum(cpu.node_us(n) for n in part.graph.nodes)
+        else:
+            us = target.estimate(part.graph, hw)["microseconds"] + cpu.npu_invoke_us
+        parts.append({"model": index, "backend": part.backend, "microseconds": round(us, 3)})
+    for edge in partitioning.edges:
+        source = backends[edge.source[0]]
+        if any(backends[m] != source for m, _ in edge.targets):
+            graph = partitioning.parts[edge.source[0]].graph
+            handoffs += cpu.handoff(graph.outputs[edge.source[1]])
+    for refs, side in ((partitioning.inputs, "inputs"), (partitioning.outputs, "outputs")):
+        for m, i in refs:
+            if backends[m] != CPU:
+                handoffs += cpu.handoff(getattr(partitioning.parts[m].graph, side)[i])
+    total = sum(p["microseconds"] for p in parts) + handoffs
+    return {"microseconds": round(total, 3), "handoffs": round(handoffs, 3), "parts": parts}
