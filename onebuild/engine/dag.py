@@ -86,6 +86,7 @@ class StepResult:
     outputs: list[str] = field(default_factory=list)
     error: str | None = None
     blocked: bool = False  # failed because a step it depends on failed
+    part: str = ""  # the partition a fan-out task works on
 
 
 def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
@@ -210,9 +211,13 @@ class _Runner:
     def register(self, task: StepTask) -> None:
         self.tasks[task.name] = task
         outputs = [str(p) for p in task.outputs]
-        self.results[task.name] = StepResult(str(task.recipe), task.step, outputs=outputs)
+        self.results[task.name] = StepResult(
+            str(task.recipe), task.step, outputs=outputs, part=task.label
+        )
 
     def action(self, task: StepTask):
+        where = f"{task.step} {task.label}".strip()
+
         def execute():
             result = self.results[task.name]
             start = time.perf_counter()
@@ -224,7 +229,7 @@ class _Runner:
                 if cache.restore(key, task.outputs):
                     result.status = "restored"
                 else:
-                    self.progress(f"[{task.step}] {task.recipe.name}: running")
+                    self.progress(f"[{where}] {task.recipe.name}: running")
                     step.run(task.config, task.inputs, task.outputs)
                     cache.store(key, task.outputs)
                     result.status = "run"
@@ -236,9 +241,7 @@ class _Runner:
                 return TaskFailed(result.error)
             result.seconds = time.perf_counter() - start
             self._write_log(task, result, key, digests)
-            self.progress(
-                f"[{task.step}] {task.recipe.name}: {result.status} in {result.seconds:.2f}s"
-            )
+            self.progress(f"[{where}] {task.recipe.name}: {result.status} in {result.seconds:.2f}s")
             return True
 
         return execute

@@ -198,10 +198,11 @@ def _check_connections(package: Package, shown: str) -> None:
         package.inputs.append(spec(ref, "inputs", where))
         if ref in fed:
             raise FormatError(f"{where}: input {ref} is already fed by {fed[ref]}")
-        fed[ref] = where
+        fed[ref] = f"pkg-inputs[{i}]"
     for i, ref in enumerate(manifest.pkg_outputs):
         package.outputs.append(spec(ref, "outputs", f"{shown}: pkg-outputs[{i}]"))
     after: dict[int, set[int]] = {m: set() for m in range(len(models))}
+    pairs = []
     for i, (source, targets) in enumerate(manifest.connect):
         where = f"{shown}: model-connect[{i}]"
         produced = spec(source, "outputs", f"{where}.from")
@@ -209,19 +210,11 @@ def _check_connections(package: Package, shown: str) -> None:
             consumed = spec(target, "inputs", f"{where}.to")
             if target in fed:
                 raise FormatError(f"{where}: input {target} is already fed by {fed[target]}")
-            fed[target] = where
-            if (produced.dtype, produced.dims, produced.quant) != (
-                consumed.dtype,
-                consumed.dims,
-                consumed.quant,
-            ):
-                raise FormatError(
-                    f"{where}: {source} is {produced.describe()} but {target} expects "
-                    f"{consumed.describe()}"
-                )
+            fed[target] = f"model-connect[{i}]"
             if target.model == source.model:
                 raise FormatError(f"{where}: model {source.model} feeds itself")
             after[target.model].add(source.model)
+            pairs.append((where, source, produced, target, consumed))
     for m, model in enumerate(models):
         for i in range(len(model.inputs)):
             if Ref(m, 0, i) not in fed:
@@ -230,6 +223,16 @@ def _check_connections(package: Package, shown: str) -> None:
                     "fed by neither pkg-inputs nor model-connect"
                 )
     package.order = _topological(after, shown)
+    for where, source, produced, target, consumed in pairs:
+        if (produced.dtype, produced.dims, produced.quant) != (
+            consumed.dtype,
+            consumed.dims,
+            consumed.quant,
+        ):
+            raise FormatError(
+                f"{where}: {source} is {produced.describe()} but {target} expects "
+                f"{consumed.describe()}"
+            )
 
 
 def _topological(after: dict[int, set[int]], shown: str) -> list[int]:
@@ -252,8 +255,8 @@ def run_package(
     given: dict[tuple[int, int], np.ndarray] = {}  # (model, input) -> array
     for ref, spec in zip(package.manifest.pkg_inputs, package.inputs):
         if spec.name not in feeds:
-            given = ", ".join(sorted(feeds)) or "none"
-            raise UserError(f"missing input '{spec.name}' (inputs given: {given})")
+            names = ", ".join(sorted(feeds)) or "none"
+            raise UserError(f"missing input '{spec.name}' (inputs given: {names})")
         array = np.asarray(feeds[spec.name])
         if tuple(array.shape[1:]) != spec.dims:
             raise UserError(

@@ -40,9 +40,9 @@ def dequantize_outputs(graph: Graph, outputs: Mapping[str, np.ndarray]) -> dict[
 
 def with_quantized_io(graph: Graph) -> Graph:
     """Move the float boundary out of `graph` (in place): an input read only by a per-tensor
-    QuantizeLinear becomes a quantized input, an output made by a DequantizeLinear becomes
-    the quantized value; names are kept. Callers convert data with the I/O parameters, as an
-    NPU runtime does."""
+    QuantizeLinear becomes a quantized input, an output made by a DequantizeLinear (and read by
+    nothing else) becomes the quantized value; names are kept. Callers convert data with the
+    I/O parameters, as an NPU runtime does."""
     inputs = []
     for value in graph.inputs:
         users = value.users
@@ -63,7 +63,12 @@ def with_quantized_io(graph: Graph) -> Graph:
     outputs = []
     for value in graph.outputs:
         node = value.producer
-        if node is None or node.op != "DequantizeLinear" or node.inputs[0].quant is None:
+        if (
+            node is None
+            or node.op != "DequantizeLinear"
+            or node.inputs[0].quant is None
+            or value.uses  # other nodes read the float value
+        ):
             outputs.append(value)
             continue
         outputs.append(node.inputs[0])
