@@ -374,19 +374,22 @@ def cmd_status(args) -> int:
         return 0
     for r in results:
         why = f": {'; '.join(r.reasons)}" if r.reasons else ""
-        print(f"{Path(r.recipe).name} [{r.step}] {r.status}{why}")
+        print(f"{Path(r.recipe).name} [{f'{r.step} {r.part}'.strip()}] {r.status}{why}")
     return 0
 
 
 def cmd_dag(args) -> int:
-    from .engine.dag import plan_tasks
+    from .engine.dag import FanOut, known_tasks
 
-    tasks = [t for plan in _plans(args) for t in plan_tasks(plan)]
-    producer = {str(o): t for t in tasks for o in t.outputs}
+    tasks = [t for plan in _plans(args) for t in known_tasks(plan)]
+    producer = {str(o): t for t in tasks if not isinstance(t, FanOut) for o in t.outputs}
     if args.dot:
         print("digraph onebuild {\n  rankdir=LR;")
         for t in tasks:
-            print(f'  "{t.name}" [label="{t.recipe.stem}\\n{t.step}"];')
+            print(f'  "{t.name}" [label="{t.recipe.stem}\\n{_title(t)}"];')
+            if isinstance(t, FanOut):
+                print(f'  "{t.after}" -> "{t.name}";')
+                continue
             for source in t.inputs:
                 parent = producer.get(str(source))
                 origin = parent.name if parent else source.name
@@ -396,17 +399,29 @@ def cmd_dag(args) -> int:
         print("}")
         return 0
     for t in tasks:
+        if isinstance(t, FanOut):
+            print(
+                f"{t.recipe.name} [{t.step}] <- {t.after.split('::')[-1]} -> one task per NPU part"
+            )
+            continue
         sources = [producer[str(s)].step if str(s) in producer else str(s) for s in t.inputs]
         outputs = ", ".join(map(str, t.outputs))
-        print(f"{t.recipe.name} [{t.step}] <- {', '.join(sources)} -> {outputs}")
+        print(f"{t.recipe.name} [{_title(t)}] <- {', '.join(sources)} -> {outputs}")
     return 0
 
 
+def _title(task) -> str:
+    """A task's step, with the partition it works on for fan-out tasks."""
+    return f"{task.step} {getattr(task, 'label', '')}".strip()
+
+
 def cmd_clean(args) -> int:
-    from .engine.dag import DB_NAME, plan_tasks
+    from .engine.dag import DB_NAME, FanOut, known_tasks
 
     for plan in _plans(args):
-        for task in plan_tasks(plan):
+        for task in known_tasks(plan):
+            if isinstance(task, FanOut):
+                continue
             for path in [*task.outputs, *(Path(f"{o}.log") for o in task.outputs)]:
                 if path.is_dir():
                     shutil.rmtree(path)

@@ -123,6 +123,15 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
     return tasks
 
 
+def known_tasks(plan: Plan) -> list[StepTask | FanOut]:
+    """The plan's tasks, fan-outs expanded where the files they read exist already."""
+    tasks: list[StepTask | FanOut] = []
+    for task in plan_tasks(plan):
+        expanded = task.expand() if isinstance(task, FanOut) else None
+        tasks.extend([task] if expanded is None else expanded)
+    return tasks
+
+
 def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[FanOut]:
     """One codegen task per NPU part (named by its number), then the pack of all parts."""
     folder = connection.parent

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..recipe import Plan
 from ..tasks import STEPS
-from .dag import StepTask, plan_tasks
+from .dag import FanOut, StepTask, known_tasks
 from .step_cache import StepCache, step_key, tree_digest
 
 
@@ -18,6 +18,7 @@ class StepStatus:
     reasons: list[str]
     outputs: list[str]
     seconds: float = 0.0
+    part: str = ""  # the partition a fan-out task works on
 
 
 def _reasons(task: StepTask) -> list[str]:
@@ -52,7 +53,11 @@ def status(plans: list[Plan]) -> list[StepStatus]:
     results = []
     for plan in plans:
         upstream = None
-        for task in plan_tasks(plan):
+        for task in known_tasks(plan):
+            if isinstance(task, FanOut):
+                why = "its tasks are created once [partition] has run"
+                results.append(StepStatus(str(plan.recipe), task.step, "run", [why], []))
+                continue
             reasons = _reasons(task)
             if upstream:
                 reasons.append(f"reruns if [{upstream}] changes its output")
@@ -64,7 +69,9 @@ def status(plans: list[Plan]) -> list[StepStatus]:
             else:
                 state, upstream = "run", task.step
             outputs = [str(p) for p in task.outputs]
-            results.append(StepStatus(str(plan.recipe), task.step, state, reasons, outputs))
+            results.append(
+                StepStatus(str(plan.recipe), task.step, state, reasons, outputs, part=task.label)
+            )
     return results
 
 
