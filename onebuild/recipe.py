@@ -110,6 +110,11 @@ class PartitionStep(_Section):
     opcode: dict[str, str] = Field(default_factory=dict)
     opname: dict[str, str] = Field(default_factory=dict)
     part_file: str | None = None
+    cpu_precision: Literal["quantized", "float"] = Field(
+        default="quantized",
+        description="CPU parts run the quantized model (bit-exact with the quantized "
+        "reference) or the float one, quantizing/dequantizing at their boundaries",
+    )
 
 
 class CodegenStep(_Section):

@@ -304,3 +304,24 @@ def test_zip_packages_run_and_verify(package, tmp_path, capsys):
     assert report["outputs"]["y"]["sqnr_db"] > 15
     assert [m["backend"] for m in report["models"]] == ["trix", "cpu", "trix"]
     assert report["models"][0]["cycles"] > 0
+
+
+def test_float_cpu_parts_trade_exactness_for_accuracy(tmp_path, rng):
+    """Convolutions forced to the CPU: float CPU parts lose far less than quantized ones."""
+    model = mixed_model(rng)
+    sqnr = {}
+    for precision in ("quantized", "float"):
+        extra = f'opname = {{ conv2 = "cpu", conv3 = "cpu" }}\ncpu_precision = "{precision}"'
+        folder = tmp_path / precision
+        recipe = write_project(folder, model, rng, extra)
+        build_statuses(recipe)
+        report = json.loads((folder / "build/r/partition/m.partition.json").read_text())
+        assert report["cpu_parts_left_quantized"] == []
+        assert [p["backend"] for p in report["parts"]] == ["trix", "cpu", "trix"]
+        feeds = dict(np.load(folder / "eval.npz"))
+        got, _ = run_package(load_package(folder / "out/m.nnpkg"), feeds)
+        reference = load_ir(folder / "build/r/optimize.obir").main
+        want = Interpreter(reference).run_batch(feeds)["y"].astype(np.float64)
+        noise = float(((got["y"] - want) ** 2).sum())
+        sqnr[precision] = 10 * np.log10(float((want**2).sum()) / noise)
+    assert sqnr["float"] > sqnr["quantized"] + 1, sqnr

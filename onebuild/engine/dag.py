@@ -94,6 +94,7 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
     cache = plan.cache_dir or plan.build_dir / "cache"
     tasks: list[StepTask] = []
     previous, gates = Path(plan.steps["import"]["source"]), []
+    float_model = previous
 
     def add(step: str, config: dict, inputs: list[Path], outputs=None, targets=None) -> Path:
         outputs = outputs or [plan.build_dir / f"{step}.obir"]
@@ -103,13 +104,16 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
 
     for step, config in plan.steps.items():
         if step == "quantize":
+            float_model = previous
             previous, gates = _quantize_tasks(add, config, previous, plan.build_dir)
             continue
         if step == "partition":
             folder = plan.build_dir / "partition"
             connection = folder / f"{config['name']}.conn.json"
-            part_file = [Path(config["part_file"])] if config["part_file"] else []
-            add(step, config, [previous, *part_file], [folder], [connection])
+            extra = [Path(config["part_file"])] if config["part_file"] else []
+            if config["cpu_precision"] == "float":
+                extra.append(float_model)
+            add(step, config, [previous, *extra], [folder], [connection])
             tasks[-1].after, gates = gates, []
             tasks.extend(_fan_out(plan, cache, tasks[-1].name, connection))
             break

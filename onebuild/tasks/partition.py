@@ -1,11 +1,15 @@
 """The partition step: quantized IR file -> a folder of part IR files, `<base>.conn.json` and a
-report `<base>.partition.json` (strategy, estimated latency, every CPU fallback and why)."""
+report `<base>.partition.json` (strategy, estimated latency, every CPU fallback and why).
+
+With `cpu_precision = "float"` the CPU parts are recomputed from the float model (a further
+input), quantizing and dequantizing only at their boundaries.
+"""
 
 import json
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 3
 
 
 def part_files(config: dict[str, Any], backends: list[str]) -> list[str]:
@@ -15,6 +19,7 @@ def part_files(config: dict[str, Any], backends: list[str]) -> list[str]:
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..fileio import atomic_folder, atomic_write_bytes
     from ..graph_ir.ir import Model
+    from ..graph_ir.partition.float_parts import float_part
     from ..graph_ir.partition.part_file import read_part_file
     from ..graph_ir.partition.regions import connection_info
     from ..graph_ir.quant.model_io import with_quantized_io
@@ -40,9 +45,20 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     placement = place(graph, config["name"], load_target(config["target"]), options)
     parts = placement.partitioning.parts
     files = part_files(config, [p.backend for p in parts])
+    left_quantized = []
+    if config["cpu_precision"] == "float":
+        float_graph = load_ir(inputs[-1]).main
+        for file, part in zip(files, parts):
+            recomputed = float_part(part.graph, float_graph) if part.backend == "cpu" else None
+            if recomputed is not None:
+                part.graph = recomputed
+            elif part.backend == "cpu":
+                left_quantized.append(file)
     info = connection_info(placement.partitioning, graph, files)
     report = {
         "strategy": options.strategy,
+        "cpu_precision": config["cpu_precision"],
+        "cpu_parts_left_quantized": left_quantized,
         "hardware": options.hw,
         "estimate": placement.latency,
         "explanation": placement.explanation,

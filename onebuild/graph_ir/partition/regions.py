@@ -89,11 +89,19 @@ def group(graph: Graph, backend_of: dict[str, str]) -> list[list[Node]]:
                 members[a] = merged
                 del members[b]
     regions = [sorted(m) for m in members.values()]
-    return [[nodes[i] for i in region] for region in _execution_order(nodes, regions, find)]
+    ordered = _execution_order(nodes, regions, find, lambda r: backend_of[nodes[r[0]].name])
+    merged: list[list[int]] = []
+    for region in ordered:  # neighbours in a topological order merge without creating cycles
+        if merged and backend_of[nodes[merged[-1][0]].name] == backend_of[nodes[region[0]].name]:
+            merged[-1] = sorted(merged[-1] + region)
+        else:
+            merged.append(region)
+    return [[nodes[i] for i in region] for region in merged]
 
 
-def _execution_order(nodes: list[Node], regions: list[list[int]], find) -> list[list[int]]:
-    """Regions sorted topologically (ties by first node), so parts run in a valid order."""
+def _execution_order(nodes: list[Node], regions: list[list[int]], find, backend) -> list[list[int]]:
+    """Regions sorted topologically; among the ready ones, the backend of the previous region
+    first (so neighbours can merge), then the earliest node."""
     position = {id(n): i for i, n in enumerate(nodes)}
     root_of = {i: find(i) for region in regions for i in region}
     by_root = {find(region[0]): region for region in regions}
@@ -108,7 +116,8 @@ def _execution_order(nodes: list[Node], regions: list[list[int]], find) -> list[
         ready = [r for r in by_root if r not in done and after[r] <= done]
         if not ready:
             raise IRError("partitioning produced a cycle between regions")
-        first = min(ready, key=lambda r: by_root[r][0])
+        last = backend(order[-1]) if order else None
+        first = min(ready, key=lambda r: (backend(by_root[r]) != last, by_root[r][0]))
         done.add(first)
         order.append(by_root[first])
     return order
