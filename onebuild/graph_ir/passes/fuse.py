@@ -63,6 +63,35 @@ def fold_batchnorm(graph: Graph) -> bool:
     return modified
 
 
+def batchnorm_to_conv(graph: Graph) -> bool:
+    """Rewrite a BatchNormalization that cannot fold (e.g. after a Concat) on a 1-D or 2-D
+    feature map as the equivalent depthwise 1x1 Conv, which quantizes and runs on an NPU."""
+    modified = False
+    for bn in graph:
+        x = bn.inputs[0]
+        factors = _batchnorm_factors(bn) if bn.op == "BatchNormalization" else None
+        if factors is None or len(bn.outputs) != 1 or len(x.shape) not in (3, 4):
+            continue
+        factor, shift = factors
+        spatial = len(x.shape) - 2
+        weight = factor.reshape(-1, 1, *([1] * spatial)).astype(x.dtype)
+        attrs = {
+            "group": int(x.shape[1]),
+            "strides": [1] * spatial,
+            "dilations": [1] * spatial,
+            "pads": [0] * (2 * spatial),
+        }
+        inputs = [
+            x,
+            graph.add_constant(weight, f"{bn.name}_weight"),
+            graph.add_constant(shift.astype(x.dtype), f"{bn.name}_bias"),
+        ]
+        conv = graph.make_node("Conv", inputs, attrs, bn.name, before=bn)
+        replace_node(graph, bn, [conv.output])
+        modified = True
+    return modified
+
+
 def _add_bias_slot(graph: Graph, node: Node) -> None:
     """Recreate `node` with an explicit (zero) bias input so that a bias can be folded in."""
     channels = node.output.shape[1]

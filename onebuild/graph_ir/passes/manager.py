@@ -10,7 +10,7 @@ from ..ir import Graph, Model
 from ..verify import verify
 from .cleanup import eliminate_dead_code, remove_identities
 from .fold import fold_constants
-from .fuse import fold_batchnorm, fuse_activations
+from .fuse import batchnorm_to_conv, fold_batchnorm, fuse_activations
 
 Pass = Callable[[Graph], bool]
 """A pass rewrites a graph in place and returns whether it changed anything."""
@@ -28,6 +28,7 @@ PASSES: dict[str, Pass] = {
     "remove_identities": remove_identities,
     "fold_constants": fold_constants,
     "fold_batchnorm": fold_batchnorm,
+    "batchnorm_to_conv": batchnorm_to_conv,
     "fuse_activations": fuse_activations,
     "eliminate_dead_code": eliminate_dead_code,
 }
@@ -38,6 +39,7 @@ PRESETS: dict[str, list[str]] = {
         "remove_identities",
         "fold_constants",
         "fold_batchnorm",
+        "batchnorm_to_conv",
         "fuse_activations",
         "eliminate_dead_code",
     ],
