@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 2
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
