@@ -327,3 +327,67 @@ def test_float_cpu_parts_trade_exactness_for_accuracy(tmp_path, rng):
         noise = float(((got["y"] - want) ** 2).sum())
         sqnr[precision] = 10 * np.log10(float((want**2).sum()) / noise)
     assert sqnr["float"] > sqnr["quantized"] + 1, sqnr
+
+
+def run_parts(partitioning, feeds: dict) -> list:
+    """Execute split parts in order with the interpreter, wiring them by the connections."""
+    produced = {}
+    sources = {t: e.source for e in partitioning.edges for t in e.targets}
+    entry = {ref: i for i, ref in enumerate(partitioning.inputs)}
+    names = list(feeds)
+    for k, part in enumerate(partitioning.parts):
+        inputs = {}
+        for i, value in enumerate(part.graph.inputs):
+            if (k, i) in entry:
+                inputs[value.name] = feeds[names[entry[(k, i)]]]
+            else:
+                inputs[value.name] = produced[sources[(k, i)]]
+        result = Interpreter(part.graph).run(inputs)
+        for i, value in enumerate(part.graph.outputs):
+            produced[(k, i)] = result[value.name]
+    return [produced[ref] for ref in partitioning.outputs]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_backend_labeling_splits_into_an_equivalent_acyclic_program(seed):
+    """Random labelings of inception_v1 (branches, concats): the parts, run in order and wired
+    by the connections, compute what the whole graph computes."""
+    from onebuild.graph_ir.partition.regions import split
+    from onebuild.graph_ir.passes import run_preset
+    from onebuild.graph_ir.serde.onnx_import import import_onnx
+
+    model = import_onnx(light_model("inception_v1", seed=1, expose_logits=True))
+    run_preset(model)
+    graph = model.main
+    rng = np.random.default_rng(seed)
+    backends = {n.name: ("trix", "cpu")[int(rng.integers(0, 2))] for n in graph.nodes}
+    partitioning = split(graph, backends, "m")
+    assert all(
+        backends[n.name] == part.backend for part in partitioning.parts for n in part.graph.nodes
+    )
+    assert sum(len(p.graph.nodes) for p in partitioning.parts) == len(graph.nodes)
+    x = graph.inputs[0]
+    feeds = {x.name: rng.random(x.shape, dtype=np.float32)}
+    want = Interpreter(graph).run(feeds)
+    got = run_parts(partitioning, feeds)
+    for value, array in zip(graph.outputs, got):
+        np.testing.assert_array_equal(array, want[value.name])
+
+
+def test_input_read_by_two_parts_is_relayed():
+    """x feeds parts on both backends: the first part relays it to the later one."""
+    from onebuild.graph_ir.ir import Graph
+    from onebuild.graph_ir.partition.regions import split
+
+    graph = Graph("g")
+    x = graph.add_input("x", np.float32, (1, 4))
+    a = graph.make_node("Relu", [x], name="relu").output
+    b = graph.make_node("Neg", [x], name="neg").output
+    graph.outputs = [graph.make_node("Add", [a, b], name="add").output]
+    partitioning = split(graph, {"relu": "cpu", "neg": "trix", "add": "cpu"}, "m")
+    assert [p.backend for p in partitioning.parts] == ["trix", "cpu"]
+    assert partitioning.inputs == [(0, 0)]
+    assert [v.name for v in partitioning.parts[0].graph.outputs][-1] == "x/relay"
+    feeds = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
+    (got,) = run_parts(partitioning, feeds)
+    np.testing.assert_array_equal(got, np.maximum(feeds["x"], 0) - feeds["x"])
