@@ -168,7 +168,7 @@ def test_manual_maps_and_part_files(tmp_path, rng):
     report = assert_package_matches_reference(tmp_path / "p")
     assert [p["backend"] for p in report["parts"]][:1] == ["cpu"]
     conv1 = next(f for f in report["fallbacks"] if f["node"] == "conv1")
-    assert "partition opname maps" in conv1["reasons"][0]
+    assert "partition opcode/opname maps" in conv1["reasons"][0]
     recipe = write_project(tmp_path / "q", mixed_model(rng), rng, 'opcode = { Conv = "cpu" }')
     build_statuses(recipe)
     report = assert_package_matches_reference(tmp_path / "q")

@@ -29,7 +29,8 @@ class Target(Protocol):
         """A compiled binary of `graph`."""
 
     def estimate(self, graph: Graph, hw: str) -> dict:
-        """Cycles and memory traffic from the performance model, without compiling."""
+        """The performance model's estimate without compiling: `cycles`, `microseconds`,
+        `roofline_cycles`, `macs` and per-layer `layers` (cycles, DRAM bytes)."""
 
     def simulate(self, binary: bytes, inputs: dict[str, np.ndarray]) -> tuple[dict, dict]:
         """Run a compiled binary: (outputs, performance report)."""

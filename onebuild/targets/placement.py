@@ -56,11 +56,12 @@ def place(
         n.name: pinned.get(n.name) or (accel if not reasons[n.name] else options.default)
         for n in graph.nodes
     }
-    chosen = capability
-    explanation = []
-    best = _latency(split(graph, capability, name), target, options.hw, cpu)
+    base = split(graph, capability, name)
+    chosen, best, explanation = capability, _latency(base, target, options.hw, cpu), []
     if options.strategy == "cost":
-        chosen, best, explanation = _cost(graph, name, target, options, cpu, reasons, pinned)
+        chosen, best, explanation = _cost(
+            graph, name, target, options, cpu, reasons, pinned, (capability, base, best)
+        )
     partitioning = split(graph, chosen, name)
     fallbacks = [
         {"node": n.name, "op": n.op, "reasons": reasons[n.name] or [_why(n.name, pinned, options)]}
@@ -72,7 +73,7 @@ def place(
 
 def _why(name: str, pinned: dict, options: Options) -> str:
     if name in pinned:
-        return f"placed on {pinned[name]} by the partition {options.comply} maps"
+        return f"placed on {pinned[name]} by the partition opcode/opname maps"
     if options.strategy == "cost":
         return "the cost model estimates it faster on the CPU (handoffs outweigh the NPU gain)"
     return f"the default backend is {options.default}"
@@ -107,13 +108,11 @@ def _pinned(graph: Graph, options: Options, reasons: dict[str, list[str]]) -> di
     return pinned
 
 
-def _cost(graph, name, target, options, cpu, reasons, pinned):
-    """The minimum-latency placement and the lines that explain it."""
+def _cost(graph, name, target, options, cpu, reasons, pinned, baseline):
+    """The minimum-latency placement and the lines that explain it; `baseline` is the
+    capability placement, its parts and its latency."""
     accel = options.accelerator
-    capability = {
-        n.name: pinned.get(n.name) or (accel if not reasons[n.name] else CPU) for n in graph.nodes
-    }
-    base = split(graph, capability, name)
+    capability, base, base_latency = baseline
     npu_us = {}
     for part in base.parts:
         if part.backend == accel:
@@ -144,7 +143,6 @@ def _cost(graph, name, target, options, cpu, reasons, pinned):
             if trial_latency["microseconds"] < latency["microseconds"]:
                 chosen, latency, improved = trial, trial_latency, True
                 break
-    base_latency = _latency(base, target, options.hw, cpu)
     lines = [
         f"capability: {base_latency['microseconds']:.1f} us in {len(base.parts)} parts; "
         f"minimum-cost: {latency['microseconds']:.1f} us in {len(latency['parts'])} parts"
