@@ -65,7 +65,7 @@ def _package_summary(package, reports) -> list[str]:
                 f"({report['milliseconds']} ms), MAC utilization {report['mac_utilization']:.1%}"
             )
         else:
-            us = sum(cpu.node_us(n) for n in model.program.nodes)
+            us = cpu.graph_us(model.program)
             lines.append(
                 f"  {model.path} [{model.backend}]: ~{us / 1000:.3f} ms estimated ({cpu.name})"
             )

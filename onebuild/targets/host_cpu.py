@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph_ir.ir import Node, Value
+from ..graph_ir.ir import Graph, Node, Value
 
 MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul")
 WINDOWED = ("MaxPool", "AveragePool", "QAveragePool", "LRN")
@@ -44,6 +44,10 @@ class HostCpu:
         moved = sum(_nbytes(v) for v in [*node.inputs, *node.outputs] if v is not None)
         memory = moved / self.dram_bytes_per_cycle if compute else 0.0
         return max(compute, memory) / self.clock_mhz + self.op_overhead_us
+
+    def graph_us(self, graph: Graph) -> float:
+        """Time of running every node of `graph` on the CPU, one after another."""
+        return sum(self.node_us(n) for n in graph.nodes)
 
     def handoff(self, value: Value) -> float:
         """Handing one tensor between the CPU and the NPU (shared DRAM: sync plus one copy)."""

@@ -57,10 +57,11 @@ def place(
         for n in graph.nodes
     }
     base = split(graph, capability, name)
-    chosen, best, explanation = capability, _latency(base, target, options.hw, cpu), []
+    latency = _Latency(target, options.hw, cpu)
+    chosen, best, explanation = capability, latency(base), []
     if options.strategy == "cost":
         chosen, best, explanation = _cost(
-            graph, name, target, options, cpu, reasons, pinned, (capability, base, best)
+            graph, name, options, cpu, reasons, pinned, (capability, base, best), latency
         )
     partitioning = split(graph, chosen, name)
     fallbacks = [
@@ -108,7 +109,7 @@ def _pinned(graph: Graph, options: Options, reasons: dict[str, list[str]]) -> di
     return pinned
 
 
-def _cost(graph, name, target, options, cpu, reasons, pinned, baseline):
+def _cost(graph, name, options, cpu, reasons, pinned, baseline, latency_of):
     """The minimum-latency placement and the lines that explain it; `baseline` is the
     capability placement, its parts and its latency."""
     accel = options.accelerator
@@ -116,7 +117,7 @@ def _cost(graph, name, target, options, cpu, reasons, pinned, baseline):
     npu_us = {}
     for part in base.parts:
         if part.backend == accel:
-            estimate = target.estimate(part.graph, options.hw)
+            estimate = latency_of.npu_estimate(part.graph)
             scale = estimate["microseconds"] / max(estimate["cycles"], 1)
             for layer, info in estimate["layers"].items():
                 npu_us[layer] = info["cycles"] * scale
@@ -130,7 +131,7 @@ def _cost(graph, name, target, options, cpu, reasons, pinned, baseline):
     fixed.update({n.name: False for n in graph.nodes if reasons[n.name]})
     labels = min_cost(graph, cost, cpu.handoff, fixed)
     chosen = {n: accel if on else CPU for n, on in labels.items()}
-    latency = _latency(split(graph, chosen, name), target, options.hw, cpu)
+    latency = latency_of(split(graph, chosen, name))
     improved = True
     while improved:  # parts that do not pay for their invocation go to the CPU
         improved = False
@@ -139,7 +140,7 @@ def _cost(graph, name, target, options, cpu, reasons, pinned, baseline):
             if part.backend != accel or len(movable) != len(part.graph.nodes):
                 continue
             trial = {**chosen, **dict.fromkeys(movable, CPU)}
-            trial_latency = _latency(split(graph, trial, name), target, options.hw, cpu)
+            trial_latency = latency_of(split(graph, trial, name))
             if trial_latency["microseconds"] < latency["microseconds"]:
                 chosen, latency, improved = trial, trial_latency, True
                 break
@@ -155,24 +156,37 @@ def _cost(graph, name, target, options, cpu, reasons, pinned, baseline):
     return chosen, latency, lines
 
 
-def _latency(partitioning: Partitioning, target, hw: str, cpu: HostCpu) -> dict:
-    """Estimated end-to-end time of running the parts one after another, with handoffs."""
-    parts, handoffs = [], 0.0
-    backends = [p.backend for p in partitioning.parts]
-    for index, part in enumerate(partitioning.parts):
-        if part.backend == CPU:
-            us = sum(cpu.node_us(n) for n in part.graph.nodes)
-        else:
-            us = target.estimate(part.graph, hw)["microseconds"] + cpu.npu_invoke_us
-        parts.append({"model": index, "backend": part.backend, "microseconds": round(us, 3)})
-    for edge in partitioning.edges:
-        source = backends[edge.source[0]]
-        if any(backends[m] != source for m, _ in edge.targets):
-            graph = partitioning.parts[edge.source[0]].graph
-            handoffs += cpu.handoff(graph.outputs[edge.source[1]])
-    for refs, side in ((partitioning.inputs, "inputs"), (partitioning.outputs, "outputs")):
-        for m, i in refs:
-            if backends[m] != CPU:
-                handoffs += cpu.handoff(getattr(partitioning.parts[m].graph, side)[i])
-    total = sum(p["microseconds"] for p in parts) + handoffs
-    return {"microseconds": round(total, 3), "handoffs": round(handoffs, 3), "parts": parts}
+class _Latency:
+    """Estimated end-to-end time of running parts one after another, with handoffs. NPU
+    estimates are kept per part content (the cost search re-splits the same regions often)."""
+
+    def __init__(self, target: Target, hw: str, cpu: HostCpu):
+        self.target, self.hw, self.cpu = target, hw, cpu
+        self.estimates: dict[tuple[str, ...], dict] = {}
+
+    def npu_estimate(self, graph: Graph) -> dict:
+        key = tuple(n.name for n in graph.nodes)
+        if key not in self.estimates:
+            self.estimates[key] = self.target.estimate(graph, self.hw)
+        return self.estimates[key]
+
+    def __call__(self, partitioning: Partitioning) -> dict:
+        cpu, parts, handoffs = self.cpu, [], 0.0
+        backends = [p.backend for p in partitioning.parts]
+        for index, part in enumerate(partitioning.parts):
+            if part.backend == CPU:
+                us = cpu.graph_us(part.graph)
+            else:
+                us = self.npu_estimate(part.graph)["microseconds"] + cpu.npu_invoke_us
+            parts.append({"model": index, "backend": part.backend, "microseconds": round(us, 3)})
+        for edge in partitioning.edges:
+            source = backends[edge.source[0]]
+            if any(backends[m] != source for m, _ in edge.targets):
+                graph = partitioning.parts[edge.source[0]].graph
+                handoffs += cpu.handoff(graph.outputs[edge.source[1]])
+        for refs, side in ((partitioning.inputs, "inputs"), (partitioning.outputs, "outputs")):
+            for m, i in refs:
+                if backends[m] != CPU:
+                    handoffs += cpu.handoff(getattr(partitioning.parts[m].graph, side)[i])
+        total = sum(p["microseconds"] for p in parts) + handoffs
+        return {"microseconds": round(total, 3), "handoffs": round(handoffs, 3), "parts": parts}

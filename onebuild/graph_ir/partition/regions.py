@@ -89,20 +89,22 @@ def group(graph: Graph, backend_of: dict[str, str]) -> list[list[Node]]:
                 members[a] = merged
                 del members[b]
     regions = [sorted(m) for m in members.values()]
-    ordered = _execution_order(nodes, regions, find, lambda r: backend_of[nodes[r[0]].name])
-    merged: list[list[int]] = []
-    for region in ordered:  # neighbours in a topological order merge without creating cycles
-        if merged and backend_of[nodes[merged[-1][0]].name] == backend_of[nodes[region[0]].name]:
-            merged[-1] = sorted(merged[-1] + region)
+
+    def backend(region: list[int]) -> str:
+        return backend_of[nodes[region[0]].name]
+
+    runs: list[list[int]] = []
+    for region in _execution_order(nodes, position, regions, find, backend):
+        if runs and backend(runs[-1]) == backend(region):  # neighbours merge without cycles
+            runs[-1] = sorted(runs[-1] + region)
         else:
-            merged.append(region)
-    return [[nodes[i] for i in region] for region in merged]
+            runs.append(region)
+    return [[nodes[i] for i in region] for region in runs]
 
 
-def _execution_order(nodes: list[Node], regions: list[list[int]], find, backend) -> list[list[int]]:
+def _execution_order(nodes, position, regions: list[list[int]], find, backend) -> list[list[int]]:
     """Regions sorted topologically; among the ready ones, the backend of the previous region
     first (so neighbours can merge), then the earliest node."""
-    position = {id(n): i for i, n in enumerate(nodes)}
     root_of = {i: find(i) for region in regions for i in region}
     by_root = {find(region[0]): region for region in regions}
     after: dict[int, set[int]] = {root: set() for root in by_root}
@@ -144,8 +146,9 @@ def split(graph: Graph, backend_of: dict[str, str], name: str) -> Partitioning:
             if id(v) in graph_outputs or any(r != k for r in readers.get(id(v), []))
         ]
         # a package input read by several parts enters the first; later parts read a copy of it
-        relay = [v for v in ins if v.producer is None and readers[id(v)][0] == k]
-        relay = [v for v in relay if len(readers[id(v)]) > 1]
+        relay = [
+            v for v in ins if v.producer is None and readers[id(v)][0] == k < readers[id(v)][-1]
+        ]
         part = _extract(
             graph, region, ins, outs, relay, f"{name}.{k + 1:05d}_{backend_of[region[0].name]}"
         )
