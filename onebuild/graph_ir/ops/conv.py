@@ -172,11 +172,20 @@ def gemm_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, (m, n))]
 
 
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`a @ b`, computed row by row when `a` is a matrix: BLAS sums in an order that depends on
+    the number of rows, and each row must not depend on how many samples share the call
+    (batched calibration and single on-device runs see the same bits)."""
+    if a.ndim != 2 or b.ndim != 2:
+        return np.matmul(a, b)
+    return np.matmul(a[:, None, :], b)[:, 0, :]
+
+
 @register("Gemm", gemm_type)
 def gemm(attrs, a, b, c=None):
     a = a.T if attrs.get("transA") else a
     b = b.T if attrs.get("transB") else b
-    y = a @ b
+    y = _matmul(a, b)
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
     if alpha != 1.0:
         y = y * np.asarray(alpha, y.dtype)
@@ -198,4 +207,4 @@ def _matmul_type(attrs: Attrs, types) -> list[TensorType]:
 
 @register("MatMul", _matmul_type)
 def matmul(attrs, a, b):
-    return apply_clip(attrs, np.matmul(a, b))
+    return apply_clip(attrs, _matmul(a, b))
