@@ -1,3 +1,12 @@
 """onebuild: a declarative, cached build-graph compiler driver for on-device NN deployment."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`from onebuild import Session` without loading numpy for every onebuild import."""
+    if name == "Session":
+        from .runtime.session import Session
+
+        return Session
+    raise AttributeError(f"module 'onebuild' has no attribute {name!r}")

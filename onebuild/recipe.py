@@ -64,6 +64,11 @@ class QuantizeAccuracy(_Section):
     labels: str | None = Field(default=None, description="npz with one array of class labels")
     min_sqnr_db: float | None = None
     min_top1_match: float | None = Field(default=None, ge=0, le=1)
+    min_top5_match: float | None = Field(default=None, ge=0, le=1)
+    max_mae: float | None = Field(default=None, ge=0)
+    max_mse: float | None = Field(default=None, ge=0)
+    max_mape: float | None = Field(default=None, ge=0, description="percent")
+    max_mpeir: float | None = Field(default=None, ge=0)
     max_accuracy_drop: float | None = Field(
         default=None, ge=0, le=1, description="largest allowed top-1 accuracy loss (needs labels)"
     )
@@ -130,6 +135,21 @@ class PackStep(_Section):
 
     output: str
     archive: bool = False
+    config: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="extra metadata/config.cfg keys, e.g. on-device compilation: "
+        "{ ODC_AUTO_COMPILE = true, ODC_MINMAX_RECORDS = 20 }",
+    )
+
+    @model_validator(mode="after")
+    def _known_keys(self):
+        from .runtime.odc import settings_from_config
+
+        try:
+            settings_from_config({k: str(v) for k, v in self.config.items()}, "config")
+        except UserError as error:
+            raise ValueError(str(error).removeprefix("config: ")) from None
+        return self
 
 
 class BuildSection(_Section):

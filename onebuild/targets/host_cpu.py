@@ -49,6 +49,28 @@ class HostCpu:
         """Time of running every node of `graph` on the CPU, one after another."""
         return sum(self.node_us(n) for n in graph.nodes)
 
+    def memory_bytes(self, graph: Graph) -> int:
+        """Memory to run `graph` on the CPU: its constants plus the peak of the activations
+        alive at once (each freed after its last reader, as the interpreter does)."""
+        read = {id(v): v for n in graph.nodes for v in n.inputs if v is not None}
+        weights = sum(_nbytes(v) for v in read.values() if v.is_const)
+        last_reader = {}
+        for position, node in enumerate(graph.nodes):
+            for value in node.inputs:
+                if value is not None and not value.is_const:
+                    last_reader[id(value)] = position
+        kept = {id(v) for v in graph.outputs}
+        live = peak = sum(_nbytes(v) for v in graph.inputs)
+        for position, node in enumerate(graph.nodes):
+            live += sum(_nbytes(v) for v in node.outputs)
+            peak = max(peak, live)
+            live -= sum(
+                _nbytes(v)
+                for v in {id(v): v for v in node.inputs if v is not None}.values()
+                if last_reader.get(id(v)) == position and id(v) not in kept and not v.is_const
+            )
+        return weights + peak
+
     def handoff(self, value: Value) -> float:
         """Handing one tensor between the CPU and the NPU (shared DRAM: sync plus one copy)."""
         return self.handoff_us + _nbytes(value) / self.dram_bytes_per_cycle / self.clock_mhz

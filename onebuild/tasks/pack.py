@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import atomic_folder, atomic_write_bytes
-from ..nnpackage import Manifest, Ref, config_text, manifest_json, parse_ref
+from ..nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
 
-VERSION = 3
+VERSION = 4
 
 
 def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
@@ -81,6 +81,10 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         meta, models, configs = _partitioned(inputs[0], inputs[1:])
     else:
         meta, models, configs = _single(inputs[0], package.stem)
+    if config.get("config"):
+        extra = {key: _config_value(value) for key, value in config["config"].items()}
+        current = parse_config(configs["config.cfg"].decode(), "config.cfg")
+        configs["config.cfg"] = config_text({**current, **extra})
     with atomic_folder(package) as staging:
         for name, source in models.items():
             shutil.copyfile(source, staging / name)
@@ -89,6 +93,10 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
             atomic_write_bytes(staging / "metadata" / name, text)
         if config.get("archive"):
             atomic_write_bytes(outputs[1], zip_bytes(staging, package.name))
+
+
+def _config_value(value) -> str:
+    return str(int(value)) if isinstance(value, bool) else str(value)
 
 
 def archive_path(package: Path) -> Path:

@@ -67,6 +67,51 @@ def check_calibration_data(graph: Graph, data: Batch, where: str = "calibration 
     return samples
 
 
+class RangeRecorder:
+    """One observer per float value (by name), fed as an interpreter observer: by calibration
+    batch by batch, and by an on-device session run by run (the same numbers either way)."""
+
+    def __init__(self, method: str = "minmax", options: Mapping | None = None):
+        if method not in METHODS:
+            raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
+        self.method, self.options = method, dict(options or {})
+        self.observers: dict[str, object] = {}
+        self.samples = 0
+
+    @classmethod
+    def resume(cls, stats: CalibrationStats) -> "RangeRecorder":
+        """Continue recording where saved `minmax` statistics left off."""
+        if stats.method != "minmax":
+            raise UserError(f"cannot resume '{stats.method}' statistics; only 'minmax' ones")
+        recorder = cls()
+        for name, (lo, hi) in stats.ranges.items():
+            observer = recorder.observers[name] = MinMax()
+            observer.lo, observer.hi = lo, hi
+        recorder.samples = stats.samples
+        return recorder
+
+    def observe(self, value: Value, array: np.ndarray) -> None:
+        if array.dtype.kind != "f":
+            return
+        observer = self.observers.get(value.name)
+        if observer is None:
+            try:
+                observer = METHODS[self.method](**self.options)
+            except (TypeError, ValueError) as error:
+                raise UserError(f"calibration method '{self.method}': {error}") from None
+            self.observers[value.name] = observer
+        observer.update(array)
+
+    def stats(self) -> CalibrationStats:
+        items = self.observers.items()
+        stats = CalibrationStats(
+            self.method, self.samples, {n: tuple(map(float, o.range())) for n, o in items}
+        )
+        if self.method == "mse":
+            stats.histograms = {n: (o.limit, o.counts) for n, o in items}
+        return stats
+
+
 def calibrate(
     graph: Graph,
     data: Batch | Iterable[tuple[str, Batch]],
@@ -80,8 +125,6 @@ def calibrate(
     `data` is one batch (`{input name: [N, *shape]}`) or an iterable of (where, batch) pairs,
     `where` naming the batch's source in error messages.
     """
-    if method not in METHODS:
-        raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     options = dict(options or {})
     interpreter = Interpreter(graph)
@@ -90,40 +133,21 @@ def calibrate(
         chunk = options.get("batch", 1)
         if interpreter.batchable:
             options["batch"] = 1  # each observed array is already a whole batch
-    observers: dict[int, object] = {}
-    names: dict[int, str] = {}
-
-    def observe(value: Value, array: np.ndarray) -> None:
-        if array.dtype.kind != "f":
-            return
-        key = id(value)
-        if key not in observers:
-            try:
-                observers[key] = METHODS[method](**options)
-            except (TypeError, ValueError) as error:
-                raise UserError(f"calibration method '{method}': {error}") from None
-            names[key] = value.name
-        observers[key].update(array)
-
-    interpreter.observer = observe
-    total = 0
+    recorder = RangeRecorder(method, options)
+    interpreter.observer = recorder.observe
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)
         for start in range(0, samples, chunk):
             part = {v.name: batch[v.name][start : start + chunk] for v in graph.inputs}
             interpreter.run_batch(part, chunk)
-            total += len(next(iter(part.values()), ()))
+            recorder.samples += len(next(iter(part.values()), ()))
             if progress:
-                progress(total)
-    if total < min_samples:
+                progress(recorder.samples)
+    if recorder.samples < min_samples:
         raise UserError(
-            f"calibration data has {total} sample(s); at least {min_samples} are needed"
+            f"calibration data has {recorder.samples} sample(s); at least {min_samples} are needed"
         )
-    ranges = {names[k]: tuple(map(float, o.range())) for k, o in observers.items()}
-    stats = CalibrationStats(method, total, ranges)
-    if method == "mse":
-        stats.histograms = {names[k]: (o.limit, o.counts) for k, o in observers.items()}
-    return stats
+    return recorder.stats()
 
 
 def mse_range(

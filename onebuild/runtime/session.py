@@ -1,0 +1,582 @@
+"""The on-device session: nnfw's flow in Python, and auto-compilation behind an accuracy gate.
+
+    session = Session("model.nnpkg", workspace="odc")   # ONNX, IR file, .tvn or nnpackage
+    outputs = session.run({"input": x})                 # float32 in, float32 out, always
+
+A float model can be recorded (`set_execute_config("DUMP_MINMAX")`), quantized (`quantize()`)
+and compiled (`codegen()`) by hand, or by `run_with_auto_compilation`: float runs are recorded
+until `minmax_records`, then the model is quantized, gated, compiled, gated and switched to
+(`state`: INITIAL -> QUANTIZED -> COMPILED). The gate compares each new model with the float one
+on recorded inputs; a model that fails it, or a codegen that fails, leaves the session on the
+previous model with the reason in `reason`. Quantization and codegen are the build's own steps
+(`onebuild.tasks`), so their files equal what `onebuild build` makes from the same data.
+Everything lives in a workspace (see `workspace`) that survives restarts and kills.
+"""
+
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OneBuildError, UserError
+from ..gates import failures, gate_checks
+from ..graph_ir.interpreter import Interpreter, check_feeds
+from ..graph_ir.ir import Graph, Model
+from ..graph_ir.metrics import OutputMetrics
+from ..graph_ir.quant.calibrate import RangeRecorder
+from ..graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
+from ..graph_ir.serde import load_ir, load_onnx, save_ir
+from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
+from ..targets.host_cpu import HostCpu
+from ..targets.trix_sim.runner import run_batches
+from ..targets.trix_sim.tvn import MAGIC as TVN_MAGIC
+from ..targets.trix_sim.tvn import load_tvn
+from ..tasks.evaluate import json_safe
+from .odc import QUANT_TYPES, OdcSettings, settings_from_config
+from .package import load_package, run_package
+from .workspace import Workspace, sha256
+
+log = logging.getLogger("onebuild")
+STATES = ("INITIAL", "QUANTIZED", "COMPILED")
+EXECUTE_CONFIGS = ("DUMP_MINMAX",)
+
+
+class _GraphModel:
+    """An IR model in the interpreter; float data converted for quantized I/O."""
+
+    def __init__(self, graph: Graph):
+        self.graph, self.interpreter = graph, Interpreter(graph)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.interpreter.run(quantize_inputs(self.graph, feeds))
+        return dequantize_outputs(self.graph, outputs)
+
+
+class _TvnModel:
+    """A .tvn binary in the TRIX simulator; `summary` is the last inference's performance."""
+
+    def __init__(self, module):
+        self.module, self.summary = module, None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs, self.summary = run_batches(
+            self.module, {k: v[None] for k, v in feeds.items()}, False
+        )
+        return {name: array[0] for name, array in outputs.items()}
+
+
+class _PackageModel:
+    def __init__(self, package):
+        self.package = package
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs, _ = run_package(self.package, {k: v[None] for k, v in feeds.items()})
+        return {name: array[0] for name, array in outputs.items()}
+
+
+class Session:
+    """One model, run by an app; see the module docstring."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        workspace: str | os.PathLike | None = None,
+        *,
+        input_shapes: dict[str, list[int]] | None = None,
+    ):
+        self.path = Path(path)
+        self.settings = OdcSettings()
+        self.reason: str | None = None  # why the session stays on its current model
+        self.gates: dict[str, dict] = {}  # accuracy gate reports by candidate
+        self.choice: dict | None = None  # backend = auto: the estimates and the pick
+        self._execute: set[str] = set()
+        self._given_inputs: dict[str, np.ndarray] = {}
+        self._given_outputs: dict[str, np.ndarray] = {}
+        self._qpath: Path | None = None
+        self._cpath: Path | None = None
+        self._float: Model | None = None  # the float model, when it can be compiled on the device
+        self._load(input_shapes)
+        self.workspace = None
+        if self._float is not None:
+            folder = workspace or self.path.with_name(self.path.name + ".odc")
+            self.workspace = Workspace(folder)
+            self._open_workspace()
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    def _load(self, input_shapes) -> None:
+        path = self.path
+        if path.is_dir() or path.suffix == ".zip":
+            package = load_package(path)
+            self.settings = settings_from_config(package.config, f"{path}: config.cfg")
+            if len(package.models) == 1 and package.models[0].kind == "obir":
+                self._adopt(load_ir(Path(package.root) / package.models[0].path))
+            else:
+                self._fixed(_PackageModel(package), package.inputs, package.outputs)
+            return
+        if not path.is_file():
+            raise UserError(f"{path}: no such file or nnpackage")
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+        if head.startswith(TVN_MAGIC):
+            module = load_tvn(path)
+            specs = [
+                [module.tensors[n] for n in names] for names in (module.inputs, module.outputs)
+            ]
+            self._fixed(_TvnModel(module), *specs)
+        elif head.startswith(IR_MAGIC):
+            self._adopt(load_ir(path), source=path)
+        else:
+            from ..graph_ir.passes import run_preset
+
+            model = load_onnx(path, input_shapes)
+            run_preset(model, "O1")  # as the build's optimize step does by default
+            self._adopt(model)
+
+    def _adopt(self, model: Model, source: Path | None = None) -> None:
+        """A float model compiles on the device; a quantized one can still be compiled."""
+        graph = model.main
+        self._io(graph.inputs, graph.outputs)
+        values = [*graph.inputs, *(v for n in graph.nodes for v in n.inputs if v is not None)]
+        if any(is_quantized(v) for v in values):
+            self._model, self._state, self._quantized_file = _GraphModel(graph), "QUANTIZED", source
+        else:
+            self._float, self._float_runner = model, _GraphModel(graph)
+            self._model, self._state = self._float_runner, "INITIAL"
+
+    def _fixed(self, model, inputs, outputs) -> None:
+        self._io(inputs, outputs)
+        self._model, self._state = model, "COMPILED"
+
+    def _io(self, inputs, outputs) -> None:
+        def dims(t) -> tuple[int, ...]:
+            return tuple(t.shape if hasattr(t, "shape") else t.dims)
+
+        self.inputs = {t.name: dims(t) for t in inputs}
+        self.outputs = {t.name: dims(t) for t in outputs}
+
+    def _open_workspace(self) -> None:
+        """Resume what the workspace holds for this model, or start it afresh."""
+        ws = self.workspace
+        digest = save_ir(self._float, ws.model)
+        saved = ws.read_state()
+        if saved is None or saved.get("source") != digest:
+            if saved is not None:
+                log.warning("%s: the model changed; recorded data and builds start over", ws.folder)
+            ws.forget()
+            saved = {}
+        stats = ws.read_minmax()
+        self._recorder = RangeRecorder.resume(stats) if stats else RangeRecorder()
+        ws.keep_records(self._recorder.samples)
+        self._source_digest = digest
+        self._built = saved.get("built")  # the settings the artifacts were built with
+        self._done = saved.get("done", False)
+        self.reason, self.gates = saved.get("reason"), saved.get("gates", {})
+        self.choice = saved.get("choice")
+        self._artifacts = saved.get("artifacts", {})
+        self._qpath = Path(saved["qpath"]) if saved.get("qpath") else None
+        self._cpath = Path(saved["cpath"]) if saved.get("cpath") else None
+        self._switch(saved.get("state", "INITIAL"))
+
+    # ---- the app's view -----------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """INITIAL (float model), QUANTIZED or COMPILED: the model `run` uses now."""
+        return self._state
+
+    @property
+    def minmax_records(self) -> int:
+        """Float runs recorded so far."""
+        return self._recorder.samples if self._float is not None else 0
+
+    def prepare(self) -> None:
+        """nnfw parity: the model is ready to run once loaded."""
+
+    def set_input(self, key: int | str, array: np.ndarray) -> None:
+        self._given_inputs[self._name(key, self.inputs)] = np.asarray(array)
+
+    def set_output(self, key: int | str, buffer: np.ndarray) -> None:
+        name = self._name(key, self.outputs)
+        if tuple(np.shape(buffer)) != self.outputs[name]:
+            raise UserError(
+                f"output buffer for '{name}' has shape {list(np.shape(buffer))}, expected "
+                f"{list(self.outputs[name])}"
+            )
+        self._given_outputs[name] = buffer
+
+    @staticmethod
+    def _name(key: int | str, io: dict) -> str:
+        names = list(io)
+        if isinstance(key, int):
+            if not 0 <= key < len(names):
+                raise UserError(f"index {key} is out of range: the model has {len(names)}")
+            return names[key]
+        if key not in io:
+            raise UserError(f"no tensor '{key}' (the model has {', '.join(names)})")
+        return key
+
+    def set_execute_config(self, key: str, value: str = "1") -> None:
+        """DUMP_MINMAX: record the activation ranges (and first inputs) of float runs."""
+        if key not in EXECUTE_CONFIGS:
+            raise UserError(f"unknown execute config '{key}' (known: {', '.join(EXECUTE_CONFIGS)})")
+        self._need_float(f"{key} records float runs")
+        if value not in ("0", "false", ""):
+            self._execute.add(key)
+        else:
+            self._execute.discard(key)
+
+    def reset_execute_config(self) -> None:
+        self._execute.clear()
+
+    def run(self, inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """One inference on the current model: float32 arrays of the model's shapes."""
+        if self.settings.auto_compile and self._float is not None:
+            return self.run_with_auto_compilation(inputs, self.settings.target, self.settings.pref)
+        record = "DUMP_MINMAX" in self._execute and self._state == "INITIAL"
+        return self._run(inputs, record)
+
+    def _run(self, inputs, record: bool) -> dict[str, np.ndarray]:
+        feeds = self._feeds(inputs)
+        if not record:
+            return self._deliver(self._model.run(feeds))
+        self._float_runner.interpreter.observer = self._recorder.observe
+        try:
+            outputs = self._float_runner.run(feeds)
+        except BaseException:  # the ranges saw a partial run: back to what the file holds
+            stats = self.workspace.read_minmax()
+            self._recorder = RangeRecorder.resume(stats) if stats else RangeRecorder()
+            raise
+        finally:
+            self._float_runner.interpreter.observer = None
+        index = self._recorder.samples
+        if index < self.settings.gate_samples:
+            self.workspace.write_record(index, feeds)
+        self._recorder.samples += 1
+        self.workspace.write_minmax(self._recorder.stats())
+        return self._deliver(outputs)
+
+    def _feeds(self, inputs) -> dict[str, np.ndarray]:
+        feeds = dict(self._given_inputs if inputs is None else inputs)
+        shapes = {name: self.inputs[name] for name in self.inputs}
+        for name, shape in shapes.items():
+            if name not in feeds:
+                raise UserError(f"missing input '{name}' {list(shape)}; set_input or pass it")
+            array = np.asarray(feeds[name])
+            if array.shape != shape:
+                raise UserError(
+                    f"input '{name}' has shape {list(array.shape)}, expected {list(shape)}"
+                )
+            if array.dtype.kind not in "fiub":
+                raise UserError(f"input '{name}' has dtype {array.dtype}; expected float32")
+            feeds[name] = array.astype(np.float32, copy=False)
+        if self._float is not None:
+            check_feeds(self._float.main, feeds, batched=False)
+        return {name: feeds[name] for name in shapes}
+
+    def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = {name: np.asarray(outputs[name], np.float32) for name in self.outputs}
+        for name, buffer in self._given_outputs.items():
+            np.copyto(buffer, result[name], casting="same_kind")
+        return result
+
+    # ---- on-device quantization and codegen ---------------------------------------------------
+
+    def set_quantization_type(self, qtype: str) -> None:
+        """U8_ASYM, I16_SYM (full), WO_I8_SYM or WO_I16_SYM (weight-only)."""
+        if qtype not in QUANT_TYPES:
+            raise UserError(
+                f"unknown quantization type '{qtype}' (known: {', '.join(QUANT_TYPES)})"
+            )
+        self.settings = replace(self.settings, quant_type=qtype)
+
+    def set_quantized_model_path(self, path: str | os.PathLike) -> None:
+        self._qpath = Path(path)
+
+    def set_codegen_model_path(self, path: str | os.PathLike) -> None:
+        self._cpath = Path(path)
+
+    def set_odc_param_minmax_records_count(self, count: int) -> None:
+        self.settings = self._changed(minmax_records=int(count))
+
+    def set_accuracy_gate(self, **thresholds: float | None) -> None:
+        """Replace the gate, e.g. `min_sqnr_db=25` or `min_top1_match=0.99, max_mpeir=0.05`."""
+        try:
+            self.settings = self.settings.with_gate(thresholds)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+    def set_backend(self, backend: str, requirement: str = "performance") -> None:
+        """`npu` (compile and switch) or `auto`: the fastest (`performance`) or smallest
+        (`memory`) of float CPU, quantized CPU and NPU that passes the accuracy gate."""
+        self.settings = self._changed(backend=backend, requirement=requirement)
+
+    def set_hardware(self, hw: str) -> None:
+        self.settings = self._changed(hw=hw)
+
+    def _changed(self, **changes) -> OdcSettings:
+        try:
+            return replace(self.settings, **changes)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+    def quantize(self) -> Path:
+        """Quantize the float model with the recorded ranges; the session switches to it."""
+        output = self._quantize_file()
+        self._commit("QUANTIZED", quantized=output)
+        return output
+
+    def _quantize_file(self) -> Path:
+        from ..recipe import QuantizeStep
+        from ..tasks import quantize as quantize_step
+
+        self._need_float("quantize()")
+        options = QUANT_TYPES[self.settings.quant_type]
+        if options["mode"] == "full" and not self._recorder.samples:
+            raise UserError(
+                "full quantization needs recorded ranges: run the model with "
+                "set_execute_config('DUMP_MINMAX') first"
+            )
+        config = QuantizeStep(**options, random_calibration=True).model_dump()
+        inputs = [self.workspace.model]
+        if options["mode"] == "full":
+            inputs.append(self.workspace.minmax)
+        output = self._qpath or self.workspace.quantized
+        quantize_step.run(quantize_step.step_config(config), inputs, [output])
+        return output
+
+    def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
+        """Compile the quantized model for `target`; the session switches to the binary."""
+        self.settings = self._changed(target=target, pref=pref)
+        output = self._codegen_file()
+        self._commit("COMPILED", compiled=output)
+        return output
+
+    def _codegen_file(self) -> Path:
+        from ..tasks import codegen as codegen_step
+
+        target, pref = self.settings.target, self.settings.pref
+        source = self._quantized_path()
+        if self._state != "QUANTIZED" or source is None:
+            raise UserError(f"codegen() compiles a quantized model; the session is {self._state}")
+        output = self._cpath or (
+            self.workspace.compiled if self.workspace else source.with_suffix(".tvn")
+        )
+        config = {"target": target, "hw": self.settings.hw, "pref": pref}
+        codegen_step.run(config, [source], [output])
+        return output
+
+    def _need_float(self, what: str) -> None:
+        if self._float is None:
+            raise UserError(
+                f"{what} needs a float model; {self.path} is already {self._state.lower()}"
+            )
+
+    # ---- auto-compilation ---------------------------------------------------------------------
+
+    def run_with_auto_compilation(
+        self,
+        inputs: dict[str, np.ndarray] | None = None,
+        target: str = "trix_sim",
+        pref: str = "performance",
+    ) -> dict[str, np.ndarray]:
+        """Run; float runs are recorded until `minmax_records`, then the model is quantized,
+        compiled and switched to, each step behind the accuracy gate."""
+        self._need_float("auto-compilation")
+        self.settings = self._changed(target=target, pref=pref)
+        if self._built is not None and self._built != self.settings.build_key:
+            log.warning(
+                "on-device compilation settings changed; rebuilding from the recorded ranges"
+            )
+            self._built, self._done, self.reason, self.gates, self.choice = (
+                None,
+                False,
+                None,
+                {},
+                None,
+            )
+            self._commit("INITIAL")
+        if not self._done and self._recorder.samples < self.settings.minmax_records:
+            outputs = self._run(inputs, record=True)
+            if self._recorder.samples >= self.settings.minmax_records:
+                self.compile_now()
+            return outputs
+        if not self._done:
+            self.compile_now()
+        return self._run(inputs, record=False)
+
+    def compile_now(self) -> None:
+        """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
+        self._need_float("compile_now()")
+        self._built = self.settings.build_key
+        if self._state == "INITIAL":
+            reason = self._try_quantize()
+            if reason:
+                return self._stop("INITIAL", reason)
+        reason = self._try_codegen() if self._state == "QUANTIZED" else None
+        if self.settings.backend == "auto":
+            return self._choose(reason)
+        self._stop(self._state, reason)
+
+    def _try_quantize(self) -> str | None:
+        """Quantize and gate; switch to QUANTIZED, or say why not."""
+        try:
+            output = self._quantize_file()
+        except OneBuildError as error:
+            return f"quantization failed, staying on the float model: {error}"
+        if not self._gate("quantized", _GraphModel(load_ir(output).main)):
+            return self._gate_reason("quantized")
+        self._commit("QUANTIZED", quantized=output)
+        return None
+
+    def _try_codegen(self) -> str | None:
+        """Compile and gate; switch to COMPILED, or say why not."""
+        try:
+            output = self._codegen_file()
+            module = load_tvn(output)
+        except Exception as error:  # a compiler failure must not take the app down
+            return f"codegen failed, staying on the quantized model: {error}"
+        if not self._gate("compiled", _TvnModel(module)):
+            return self._gate_reason("compiled")
+        self._commit("COMPILED", compiled=output)
+        return None
+
+    def _gate(self, candidate: str, model) -> bool:
+        """Compare `model` with the float model on the recorded inputs; keep the report."""
+        records = self.workspace.read_records(
+            min(self._recorder.samples, self.settings.gate_samples)
+        )
+        metrics = {name: OutputMetrics() for name in self.outputs}
+        for feeds in records:
+            want, got = self._float_runner.run(feeds), model.run(feeds)
+            for name, metric in metrics.items():
+                metric.update(want[name], got[name])
+        outputs = {name: metric.summary() for name, metric in metrics.items()}
+        checks = gate_checks(dict(self.settings.gate), outputs)
+        passed = bool(records) and all(check["passed"] for check in checks)
+        self.gates[candidate] = {
+            "samples": len(records),
+            "outputs": outputs,
+            "checks": checks,
+            "passed": passed,
+        }
+        if isinstance(model, _TvnModel) and model.summary:
+            self.gates[candidate]["npu_microseconds"] = model.summary["milliseconds"] * 1e3
+        return passed
+
+    def _gate_reason(self, candidate: str) -> str:
+        report = self.gates[candidate]
+        if not report["samples"]:
+            return f"the {candidate} model was not switched to: no recorded inputs to check it on"
+        previous = "float" if candidate == "quantized" else "quantized"
+        return (
+            f"the {candidate} model failed the accuracy gate on {report['samples']} recorded "
+            f"input(s): {failures(report['checks'])}; staying on the {previous} model"
+        )
+
+    def _choose(self, reason: str | None) -> None:
+        """backend = auto: the best gated candidate for the requirement, by the cost models."""
+        cpu = HostCpu()
+        float_graph = self._float.main
+        candidates = {"INITIAL": (cpu.graph_us(float_graph), cpu.memory_bytes(float_graph))}
+        quantized = load_ir(self._quantized_path()).main
+        if self.gates.get("quantized", {}).get("passed"):
+            candidates["QUANTIZED"] = (cpu.graph_us(quantized), cpu.memory_bytes(quantized))
+        compiled = self.gates.get("compiled", {})
+        if compiled.get("passed"):
+            handoffs = sum(cpu.handoff(v) for v in [*quantized.inputs, *quantized.outputs])
+            latency = compiled["npu_microseconds"] + cpu.npu_invoke_us + handoffs
+            candidates["COMPILED"] = (latency, load_tvn(self._compiled_path()).dram_bytes)
+        key = 0 if self.settings.requirement == "performance" else 1
+        best = min(candidates, key=lambda s: (candidates[s][key], -STATES.index(s)))
+        self.choice = {
+            "requirement": self.settings.requirement,
+            "chosen": best,
+            "estimates": {
+                s: {"microseconds": round(us, 1), "memory_bytes": int(mem)}
+                for s, (us, mem) in candidates.items()
+            },
+        }
+        self._stop(best, reason)
+
+    def _stop(self, state: str, reason: str | None) -> None:
+        """Auto-compilation is over: run `state` from now on (and say why, if it fell short)."""
+        self._done, self.reason = True, reason
+        if reason:
+            log.warning("on-device compilation: %s", reason)
+        self._commit(state)
+
+    # ---- state --------------------------------------------------------------------------------
+
+    def _quantized_path(self) -> Path | None:
+        if self._float is None:
+            return getattr(self, "_quantized_file", None)
+        return self._artifact("quantized")
+
+    def _compiled_path(self) -> Path | None:
+        return self._artifact("compiled")
+
+    def _artifact(self, kind: str) -> Path | None:
+        """An artifact's path (kept relative to the workspace when inside it)."""
+        artifact = self._artifacts.get(kind)
+        return self.workspace.folder / artifact["path"] if artifact else None
+
+    def _commit(self, state: str, **written: Path) -> None:
+        """Switch to `state` (its artifacts written before) and persist the session state."""
+        if self.workspace is None:
+            self._switch_fixed(state, written)
+            return
+        for kind, path in written.items():
+            where = path.resolve()
+            if self.workspace.folder.resolve() in where.parents:
+                where = where.relative_to(self.workspace.folder.resolve())
+            self._artifacts[kind] = {"path": str(where), "sha256": sha256(path)}
+            if kind == "quantized":
+                self._artifacts.pop("compiled", None)
+        self._switch(state)
+        self.workspace.write_state(
+            {
+                "source": self._source_digest,
+                "state": self._state,
+                "done": self._done,
+                "reason": self.reason,
+                "built": self._built,
+                "artifacts": self._artifacts,
+                "gates": json_safe(self.gates),
+                "choice": self.choice,
+                "qpath": str(self._qpath) if self._qpath else None,
+                "cpath": str(self._cpath) if self._cpath else None,
+            }
+        )
+
+    def _switch(self, state: str) -> None:
+        """Load the model of `state`; an artifact that is missing or changed sends the session
+        back to the last state whose files are intact (and auto-compilation rebuilds the rest)."""
+        for kind, wanted in (("compiled", "COMPILED"), ("quantized", "QUANTIZED")):
+            if state != wanted:
+                continue
+            artifact = self._artifacts.get(kind)
+            path = self._artifact(kind)
+            if artifact and sha256(path) == artifact["sha256"]:
+                self._model = (
+                    _TvnModel(load_tvn(path))
+                    if kind == "compiled"
+                    else _GraphModel(load_ir(path).main)
+                )
+                self._state = state
+                return
+            log.warning(
+                "%s: the %s model is missing or changed; rebuilding it", self.workspace.folder, kind
+            )
+            self._artifacts.pop(kind, None)
+            self._done = False
+            state = "QUANTIZED" if kind == "compiled" else "INITIAL"
+        self._model, self._state = self._float_runner, "INITIAL"
+
+    def _switch_fixed(self, state: str, written: dict[str, Path]) -> None:
+        """A session on an already quantized model can still compile it (no workspace state)."""
+        if "compiled" in written:
+            self._model = _TvnModel(load_tvn(written["compiled"]))
+        self._state = state

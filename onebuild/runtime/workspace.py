@@ -1,0 +1,108 @@
+"""The on-device session's workspace: what was recorded and built, crash-consistent.
+
+    state.json          the session state (written last, atomically, after every artifact)
+    model.obir          the float model as prepared (imported, O1): the quantizer's input
+    minmax.npz          recorded activation ranges, in the calibration statistics format
+    records/NNNNNN.npz  the first recorded inputs (float, one sample each), for the gate
+    quantized.obir      the quantized model (unless set_quantized_model_path chose another)
+    model.tvn           the compiled model (unless set_codegen_model_path chose another)
+
+Every file is replaced atomically, so a killed process leaves old or new files, never torn
+ones; stray temporaries and records beyond the recorded count are swept when a session opens.
+The state names artifacts with their SHA-256, so a file changed behind the session's back is
+rebuilt instead of trusted.
+"""
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError
+from ..fileio import atomic_write_bytes
+from ..graph_ir.quant.calibrate import CalibrationStats
+from ..graph_ir.serde.calibration_file import load_calibration, save_calibration
+from ..npz import read_npz, write_npz
+
+FORMAT = 1
+log = logging.getLogger("onebuild")
+
+
+def sha256(path: Path) -> str | None:
+    """The file's SHA-256, None if it is missing."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+class Workspace:
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.records_folder = self.folder / "records"
+        self.records_folder.mkdir(parents=True, exist_ok=True)
+        self.state_file = self.folder / "state.json"
+        self.model = self.folder / "model.obir"
+        self.minmax = self.folder / "minmax.npz"
+        self.quantized = self.folder / "quantized.obir"
+        self.compiled = self.folder / "model.tvn"
+        for folder in (self.folder, self.records_folder):
+            for stray in folder.glob(".*.tmp"):  # temporaries of writes a kill interrupted
+                stray.unlink(missing_ok=True)
+
+    def read_state(self) -> dict | None:
+        """The saved state, or None when there is none (or it is not ours)."""
+        try:
+            state = json.loads(self.state_file.read_text("utf-8"))
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            log.warning("%s: unreadable session state; starting over", self.state_file)
+            return None
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            log.warning(
+                "%s: not a session state of format %d; starting over", self.state_file, FORMAT
+            )
+            return None
+        return state
+
+    def write_state(self, state: dict) -> None:
+        text = json.dumps({"format": FORMAT, **state}, indent=2, sort_keys=True) + "\n"
+        atomic_write_bytes(self.state_file, text.encode())
+
+    def read_minmax(self) -> CalibrationStats | None:
+        if not self.minmax.is_file():
+            return None
+        try:
+            return load_calibration(self.minmax)
+        except FormatError as error:
+            log.warning("%s; recording starts over", error)
+            return None
+
+    def write_minmax(self, stats: CalibrationStats) -> None:
+        save_calibration(stats, self.minmax)
+
+    def record_path(self, index: int) -> Path:
+        return self.records_folder / f"{index:06d}.npz"
+
+    def write_record(self, index: int, feeds: dict[str, np.ndarray]) -> None:
+        write_npz(self.record_path(index), feeds)
+
+    def read_records(self, count: int) -> list[dict[str, np.ndarray]]:
+        return [read_npz(self.record_path(i)) for i in range(count) if self.record_path(i).exists()]
+
+    def keep_records(self, count: int) -> None:
+        """Delete records numbered `count` and above (written by a run whose ranges were not)."""
+        for path in self.records_folder.glob("*.npz"):
+            if not path.stem.isdigit() or int(path.stem) >= count:
+                path.unlink(missing_ok=True)
+
+    def forget(self) -> None:
+        """Drop what was recorded and built (the model changed)."""
+        self.keep_records(0)
+        for path in (self.minmax, self.quantized, self.compiled, self.state_file):
+            path.unlink(missing_ok=True)
