@@ -45,7 +45,7 @@ def failures(checks: list[dict[str, Any]]) -> str:
     """The failed checks in one line, e.g. "sqnr_db of 'y' = 12.3 (needs >= 20)"."""
     return "; ".join(
         f"{c['check']} = {c['value']:.4g} (needs {'>=' if 'min' in c else '<='} "
-        f"{c.get('min', c.get('max'))})"
+        f"{c.get('min', c.get('max')):g})"
         for c in checks
         if not c["passed"]
     )

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import UserError
 
@@ -141,15 +148,16 @@ class PackStep(_Section):
         "{ ODC_AUTO_COMPILE = true, ODC_MINMAX_RECORDS = 20 }",
     )
 
-    @model_validator(mode="after")
-    def _known_keys(self):
+    @field_validator("config")
+    @classmethod
+    def _known_keys(cls, config: dict):
         from .runtime.odc import settings_from_config
 
         try:
-            settings_from_config({k: str(v) for k, v in self.config.items()}, "config")
+            settings_from_config({k: str(v) for k, v in config.items()}, "config")
         except UserError as error:
             raise ValueError(str(error).removeprefix("config: ")) from None
-        return self
+        return config
 
 
 class BuildSection(_Section):

@@ -325,6 +325,7 @@ class Session:
     def quantize(self) -> Path:
         """Quantize the float model with the recorded ranges; the session switches to it."""
         output = self._quantize_file()
+        self._built = self.settings.build_key
         self._commit("QUANTIZED", quantized=output)
         return output
 
@@ -351,6 +352,7 @@ class Session:
         """Compile the quantized model for `target`; the session switches to the binary."""
         self.settings = self._changed(target=target, pref=pref)
         output = self._codegen_file()
+        self._built = self.settings.build_key
         self._commit("COMPILED", compiled=output)
         return output
 
