@@ -336,3 +336,20 @@ def test_cli_runs_onert_run_style(tmp_path, data, capsys, monkeypatch):
     manual, auto = read_npz(tmp_path / "y.npz")["logits"], read_npz(tmp_path / "z.npz")["logits"]
     assert manual.shape == auto.shape == (12, 1, 10) and manual.dtype == np.float32
     assert main(["run", model, *common, "-o", "w.npz", "--quantize", "uint8", "--raw"]) == 2
+
+
+def test_the_example_app_switches_to_the_npu(tmp_path):
+    import subprocess
+    import sys
+
+    examples = DIGITS.parent
+    package = tmp_path / "digits_odc.nnpkg"
+    overrides = ["--set", f"pack.output={package}", "--set", f"build.dir={tmp_path / 'b'}"]
+    assert main(["build", str(examples / "digits_odc.toml"), *overrides]) == 0
+    script = [sys.executable, str(examples / "on_device.py"), str(package)]
+    first = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert "run 32: INITIAL -> COMPILED" in first
+    second = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert "state COMPILED, 32 runs recorded" in second and "COMPILED: 360 runs" in second
+    compiled = float(second.split("accuracy ")[-1].rstrip("%\n")) / 100
+    assert compiled >= 0.968  # float: 97.8 % on the same 360 test images
