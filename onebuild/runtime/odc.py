@@ -18,7 +18,7 @@ Leaf module (no numpy): the recipe validates `[pack] config` keys with it.
 """
 
 import difflib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from ..errors import FormatError
 from ..gates import THRESHOLDS
@@ -66,14 +66,12 @@ class OdcSettings:
                 raise ValueError(f"unknown gate threshold '{key}' ({', '.join(THRESHOLDS)})")
 
     @property
-    def build_key(self) -> dict:
-        """What the quantized model and the binary depend on (besides the recorded ranges)."""
-        return {
-            "quant_type": self.quant_type,
-            "target": self.target,
-            "hw": self.hw,
-            "pref": self.pref,
-        }
+    def key(self) -> dict:
+        """What the session's decision depends on (all but `auto_compile`), as JSON data:
+        when it changes, auto-compilation decides again from the recorded runs."""
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "auto_compile"}
+        key["gate"] = [list(pair) for pair in self.gate]
+        return key
 
     def with_gate(self, thresholds: dict[str, float | None]) -> "OdcSettings":
         gate = tuple(sorted((k, float(v)) for k, v in thresholds.items() if v is not None))

@@ -15,6 +15,7 @@ Everything lives in a workspace (see `workspace`) that survives restarts and kil
 
 import logging
 import os
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -108,8 +109,8 @@ class Session:
 
     def _load(self, input_shapes) -> None:
         path = self.path
-        if path.is_dir() or path.suffix == ".zip":
-            package = load_package(path)
+        if path.is_dir() or zipfile.is_zipfile(path):
+            package = self._package = load_package(path)  # (keeps a zip's extraction alive)
             self.settings = settings_from_config(package.config, f"{path}: config.cfg")
             if len(package.models) == 1 and package.models[0].kind == "obir":
                 self._adopt(load_ir(Path(package.root) / package.models[0].path))
@@ -171,7 +172,7 @@ class Session:
         self._recorder = RangeRecorder.resume(stats) if stats else RangeRecorder()
         ws.keep_records(self._recorder.samples)
         self._source_digest = digest
-        self._built = saved.get("built")  # the settings the artifacts were built with
+        self._decided_with = saved.get("settings")  # OdcSettings.key of the last decision
         self._done = saved.get("done", False)
         self.reason, self.gates = saved.get("reason"), saved.get("gates", {})
         self.choice = saved.get("choice")
@@ -325,7 +326,7 @@ class Session:
     def quantize(self) -> Path:
         """Quantize the float model with the recorded ranges; the session switches to it."""
         output = self._quantize_file()
-        self._built = self.settings.build_key
+        self._decided_with = self.settings.key
         self._commit("QUANTIZED", quantized=output)
         return output
 
@@ -352,7 +353,7 @@ class Session:
         """Compile the quantized model for `target`; the session switches to the binary."""
         self.settings = self._changed(target=target, pref=pref)
         output = self._codegen_file()
-        self._built = self.settings.build_key
+        self._decided_with = self.settings.key
         self._commit("COMPILED", compiled=output)
         return output
 
@@ -363,6 +364,11 @@ class Session:
         source = self._quantized_path()
         if self._state != "QUANTIZED" or source is None:
             raise UserError(f"codegen() compiles a quantized model; the session is {self._state}")
+        if QUANT_TYPES[self.settings.quant_type]["mode"] == "weight_only" and self._float:
+            raise UserError(
+                f"a {self.settings.quant_type} model keeps float activations; NPU code needs "
+                "full quantization (U8_ASYM or I16_SYM)"
+            )
         output = self._cpath or (
             self.workspace.compiled if self.workspace else source.with_suffix(".tvn")
         )
@@ -388,17 +394,11 @@ class Session:
         compiled and switched to, each step behind the accuracy gate."""
         self._need_float("auto-compilation")
         self.settings = self._changed(target=target, pref=pref)
-        if self._built is not None and self._built != self.settings.build_key:
+        if self._decided_with is not None and self._decided_with != self.settings.key:
             log.warning(
-                "on-device compilation settings changed; rebuilding from the recorded ranges"
+                "on-device compilation settings changed; deciding again from the recorded runs"
             )
-            self._built, self._done, self.reason, self.gates, self.choice = (
-                None,
-                False,
-                None,
-                {},
-                None,
-            )
+            self._done, self.reason, self.gates, self.choice = False, None, {}, None
             self._commit("INITIAL")
         if not self._done and self._recorder.samples < self.settings.minmax_records:
             outputs = self._run(inputs, record=True)
@@ -412,7 +412,7 @@ class Session:
     def compile_now(self) -> None:
         """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
         self._need_float("compile_now()")
-        self._built = self.settings.build_key
+        self._decided_with = self.settings.key
         if self._state == "INITIAL":
             reason = self._try_quantize()
             if reason:
@@ -544,7 +544,7 @@ class Session:
                 "state": self._state,
                 "done": self._done,
                 "reason": self.reason,
-                "built": self._built,
+                "settings": self._decided_with,
                 "artifacts": self._artifacts,
                 "gates": json_safe(self.gates),
                 "choice": self.choice,
