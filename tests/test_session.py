@@ -16,7 +16,7 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.serde import load_onnx
 from onebuild.npz import read_npz, write_npz
 from onebuild.runtime.odc import settings_from_config
-from tests.onnx_builders import make_model
+from onnx_builders import make_model
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 SHAPES = {"input": [1, 1, 8, 8]}
