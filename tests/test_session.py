@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from onnx_builders import make_model
 
 from onebuild import Session
 from onebuild.cli import main
@@ -16,7 +17,6 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.serde import load_onnx
 from onebuild.npz import read_npz, write_npz
 from onebuild.runtime.odc import settings_from_config
-from onnx_builders import make_model
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 SHAPES = {"input": [1, 1, 8, 8]}
