@@ -14,7 +14,7 @@ from onebuild.cli import main
 from onebuild.errors import FormatError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.passes import run_preset
-from onebuild.graph_ir.serde import load_onnx
+from onebuild.graph_ir.serde import load_ir, load_onnx
 from onebuild.npz import read_npz, write_npz
 from onebuild.runtime.odc import settings_from_config
 
@@ -135,19 +135,34 @@ def softmax_model(rng) -> onnx.ModelProto:
     return make_model(nodes, [("x", [1, 1, 6, 6])], ["y"], [("w", w)])
 
 
-def test_a_failed_codegen_falls_back_to_the_quantized_model(tmp_path, rng):
+def test_what_the_npu_lacks_stays_on_the_cpu_and_a_failed_codegen_falls_back(tmp_path, rng):
     path = tmp_path / "m.onnx"
     onnx.save(softmax_model(rng), path)
+    xs = rng.random((4, 1, 1, 6, 6), dtype=np.float32)
     session = Session(path, workspace=tmp_path / "ws")
     session.set_odc_param_minmax_records_count(3)
-    xs = rng.random((4, 1, 1, 6, 6), dtype=np.float32)
-    for x in xs:
-        out = session.run_with_auto_compilation({"x": x})
-    assert session.state == "QUANTIZED"
-    assert session.reason.startswith("codegen failed, staying on the quantized model")
-    assert "Softmax" in session.reason
+    for x in xs[:3]:
+        session.run_with_auto_compilation({"x": x})
+    # conv + relu on the NPU, Softmax on the CPU: the build's partition, codegen and pack
+    assert session.state == "COMPILED" and session.reason is None
+    package = tmp_path / "ws" / "compiled.nnpkg"
+    assert sorted(p.suffix for p in package.iterdir() if p.is_file()) == [".obir", ".tvn"]
+    quantized = Interpreter(load_ir(tmp_path / "ws" / "quantized.obir").main)
+    out = session.run_with_auto_compilation({"x": xs[3]})
+    np.testing.assert_array_equal(out["y"], quantized.run({"x": xs[3]})["y"])
     assert out["y"].dtype == np.float32 and out["y"].shape == (1, 4, 6, 6)
-    assert Session(path, workspace=tmp_path / "ws").state == "QUANTIZED"
+    # a codegen that fails (here: no such hardware preset) leaves the quantized model running
+    failing = Session(path, workspace=tmp_path / "ws2")
+    failing.set_odc_param_minmax_records_count(3)
+    failing.set_hardware("trix-xl")
+    for x in xs:
+        out = failing.run_with_auto_compilation({"x": x})
+    assert failing.state == "QUANTIZED"
+    assert failing.reason.startswith("codegen failed, staying on the quantized model")
+    assert "trix-xl" in failing.reason
+    assert out["y"].dtype == np.float32
+    np.testing.assert_array_equal(out["y"], quantized.run({"x": xs[3]})["y"])
+    assert Session(path, workspace=tmp_path / "ws2").state == "QUANTIZED"
 
 
 AUTO_SCRIPT = """

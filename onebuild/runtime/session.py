@@ -13,6 +13,7 @@ previous model with the reason in `reason`. Quantization and codegen are the bui
 Everything lives in a workspace (see `workspace`) that survives restarts and kills.
 """
 
+import json
 import logging
 import os
 import zipfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OneBuildError, UserError
+from ..errors import ModelError, OneBuildError, UserError
 from ..gates import failures, gate_checks
 from ..graph_ir.interpreter import Interpreter, check_feeds
 from ..graph_ir.ir import Graph, Model
@@ -56,25 +57,51 @@ class _GraphModel:
 
 
 class _TvnModel:
-    """A .tvn binary in the TRIX simulator; `summary` is the last inference's performance."""
+    """A .tvn binary in the TRIX simulator."""
 
     def __init__(self, module):
-        self.module, self.summary = module, None
+        self.module, self.summary = module, None  # the last inference's performance
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs, self.summary = run_batches(
-            self.module, {k: v[None] for k, v in feeds.items()}, False
-        )
+        batch = {k: v[None] for k, v in feeds.items()}
+        outputs, self.summary = run_batches(self.module, batch, False)
         return {name: array[0] for name, array in outputs.items()}
+
+    def cost(self, cpu: HostCpu) -> tuple[float, int]:
+        """Latency (µs: simulated, plus the invocation and the I/O handoffs) and memory."""
+        handoffs = len(self.module.inputs) + len(self.module.outputs)
+        latency = self.summary["milliseconds"] * 1e3 + cpu.npu_invoke_us + cpu.handoff_us * handoffs
+        return latency, self.module.dram_bytes
 
 
 class _PackageModel:
+    """An nnpackage in the package runtime (NPU parts simulated, CPU parts interpreted)."""
+
     def __init__(self, package):
-        self.package = package
+        self.package, self.reports = package, []
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs, _ = run_package(self.package, {k: v[None] for k, v in feeds.items()})
+        batch = {k: v[None] for k, v in feeds.items()}
+        outputs, self.reports = run_package(self.package, batch)
         return {name: array[0] for name, array in outputs.items()}
+
+    def cost(self, cpu: HostCpu) -> tuple[float, int]:
+        """Latency (µs: NPU parts simulated, CPU parts estimated, each handoff) and memory."""
+        latency = cpu.handoff_us * sum(len(targets) for _, targets in self.package.manifest.connect)
+        memory = 0
+        for model, report in zip(self.package.models, self.reports):
+            if report is None:
+                latency += cpu.graph_us(model.program)
+                memory += cpu.memory_bytes(model.program)
+            else:
+                latency += report["milliseconds"] * 1e3 + cpu.npu_invoke_us
+                memory += model.program.dram_bytes
+        return latency, memory
+
+
+def _compiled_model(path: Path):
+    """A compiled model: one .tvn, or a package of NPU and CPU parts."""
+    return _PackageModel(load_package(path)) if path.is_dir() else _TvnModel(load_tvn(path))
 
 
 class Session:
@@ -373,8 +400,41 @@ class Session:
             self.workspace.compiled if self.workspace else source.with_suffix(".tvn")
         )
         config = {"target": target, "hw": self.settings.hw, "pref": pref}
-        codegen_step.run(config, [source], [output])
+        try:
+            codegen_step.run(config, [source], [output])
+        except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
+            if self.workspace is None or self._cpath is not None:
+                raise
+            return self._partitioned_codegen(source, config, error)
         return output
+
+    def _partitioned_codegen(self, source: Path, codegen: dict, whole: ModelError) -> Path:
+        """The build's partition, codegen (per NPU part) and pack steps: an nnpackage in the
+        workspace with the NPU parts as .tvn binaries and the rest on the CPU."""
+        from ..recipe import PartitionStep
+        from ..tasks import codegen as codegen_step
+        from ..tasks import pack as pack_step
+        from ..tasks import partition as partition_step
+
+        ws = self.workspace
+        config = PartitionStep().model_dump()
+        config.update(name="model", accelerator="trix", target=codegen["target"], hw=codegen["hw"])
+        partition_step.run(config, [source], [ws.partition])
+        connection = ws.partition / "model.conn.json"
+        parts = json.loads(connection.read_text())["parts"]
+        if all(part["backend"] == "cpu" for part in parts):
+            raise whole
+        models = []
+        for part in parts:
+            model = ws.partition / part["file"]
+            if part["backend"] != "cpu":
+                compiled = ws.partition / f"{model.stem}.tvn"
+                codegen_step.run(codegen, [model], [compiled])
+                model = compiled
+            models.append(model)
+        pack = {"output": str(ws.package), "archive": False, "config": {}}
+        pack_step.run(pack, [connection, *models], [ws.package])
+        return ws.package
 
     def _need_float(self, what: str) -> None:
         if self._float is None:
@@ -437,10 +497,10 @@ class Session:
         """Compile and gate; switch to COMPILED, or say why not."""
         try:
             output = self._codegen_file()
-            module = load_tvn(output)
+            model = _compiled_model(output)
         except Exception as error:  # a compiler failure must not take the app down
             return f"codegen failed, staying on the quantized model: {error}"
-        if not self._gate("compiled", _TvnModel(module)):
+        if not self._gate("compiled", model):
             return self._gate_reason("compiled")
         self._commit("COMPILED", compiled=output)
         return None
@@ -464,8 +524,9 @@ class Session:
             "checks": checks,
             "passed": passed,
         }
-        if isinstance(model, _TvnModel) and model.summary:
-            self.gates[candidate]["npu_microseconds"] = model.summary["milliseconds"] * 1e3
+        if records and hasattr(model, "cost"):  # for backend = auto, from the last gate run
+            latency, memory = model.cost(HostCpu())
+            self.gates[candidate].update(microseconds=latency, memory_bytes=memory)
         return passed
 
     def _gate_reason(self, candidate: str) -> str:
@@ -488,9 +549,7 @@ class Session:
             candidates["QUANTIZED"] = (cpu.graph_us(quantized), cpu.memory_bytes(quantized))
         compiled = self.gates.get("compiled", {})
         if compiled.get("passed"):
-            handoffs = sum(cpu.handoff(v) for v in [*quantized.inputs, *quantized.outputs])
-            latency = compiled["npu_microseconds"] + cpu.npu_invoke_us + handoffs
-            candidates["COMPILED"] = (latency, load_tvn(self._compiled_path()).dram_bytes)
+            candidates["COMPILED"] = (compiled["microseconds"], compiled["memory_bytes"])
         key = 0 if self.settings.requirement == "performance" else 1
         best = min(candidates, key=lambda s: (candidates[s][key], -STATES.index(s)))
         self.choice = {
@@ -516,9 +575,6 @@ class Session:
         if self._float is None:
             return getattr(self, "_quantized_file", None)
         return self._artifact("quantized")
-
-    def _compiled_path(self) -> Path | None:
-        return self._artifact("compiled")
 
     def _artifact(self, kind: str) -> Path | None:
         """An artifact's path (kept relative to the workspace when inside it)."""
@@ -563,9 +619,7 @@ class Session:
             path = self._artifact(kind)
             if artifact and sha256(path) == artifact["sha256"]:
                 self._model = (
-                    _TvnModel(load_tvn(path))
-                    if kind == "compiled"
-                    else _GraphModel(load_ir(path).main)
+                    _compiled_model(path) if kind == "compiled" else _GraphModel(load_ir(path).main)
                 )
                 self._state = state
                 return

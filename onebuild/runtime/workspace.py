@@ -5,7 +5,9 @@
     minmax.npz          recorded activation ranges, in the calibration statistics format
     records/NNNNNN.npz  the first recorded inputs (float, one sample each), for the gate
     quantized.obir      the quantized model (unless set_quantized_model_path chose another)
-    model.tvn           the compiled model (unless set_codegen_model_path chose another)
+    model.tvn           the compiled model (unless set_codegen_model_path chose another), or
+    compiled.nnpkg/     when only parts of it run on the NPU: the build's partition, codegen and
+    partition/          pack steps' package of .tvn and CPU parts, and the parts themselves
 
 Every file is replaced atomically, so a killed process leaves old or new files, never torn
 ones; stray temporaries and records beyond the recorded count are swept when a session opens.
@@ -17,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +35,13 @@ log = logging.getLogger("onebuild")
 
 
 def sha256(path: Path) -> str | None:
-    """The file's SHA-256, None if it is missing."""
+    """The SHA-256 of a file, or of a folder's file names and contents; None if missing."""
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
+            digest.update(bytes.fromhex(sha256(file)))
+        return digest.hexdigest()
     try:
         with open(path, "rb") as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
@@ -50,6 +59,8 @@ class Workspace:
         self.minmax = self.folder / "minmax.npz"
         self.quantized = self.folder / "quantized.obir"
         self.compiled = self.folder / "model.tvn"
+        self.partition = self.folder / "partition"  # parts, when not all of it runs on the NPU
+        self.package = self.folder / "compiled.nnpkg"  # their package
         for folder in (self.folder, self.records_folder):
             for stray in folder.glob(".*.tmp"):  # temporaries of writes a kill interrupted
                 stray.unlink(missing_ok=True)
@@ -106,3 +117,5 @@ class Workspace:
         self.keep_records(0)
         for path in (self.minmax, self.quantized, self.compiled, self.state_file):
             path.unlink(missing_ok=True)
+        for folder in (self.partition, self.package):
+            shutil.rmtree(folder, ignore_errors=True)
