@@ -288,8 +288,7 @@ class Session:
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         feeds = dict(self._given_inputs if inputs is None else inputs)
-        shapes = {name: self.inputs[name] for name in self.inputs}
-        for name, shape in shapes.items():
+        for name, shape in self.inputs.items():
             if name not in feeds:
                 raise UserError(f"missing input '{name}' {list(shape)}; set_input or pass it")
             array = np.asarray(feeds[name])
@@ -302,7 +301,7 @@ class Session:
             feeds[name] = array.astype(np.float32, copy=False)
         if self._float is not None:
             check_feeds(self._float.main, feeds, batched=False)
-        return {name: feeds[name] for name in shapes}
+        return {name: feeds[name] for name in self.inputs}
 
     def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = {name: np.asarray(outputs[name], np.float32) for name in self.outputs}
@@ -314,11 +313,7 @@ class Session:
 
     def set_quantization_type(self, qtype: str) -> None:
         """U8_ASYM, I16_SYM (full), WO_I8_SYM or WO_I16_SYM (weight-only)."""
-        if qtype not in QUANT_TYPES:
-            raise UserError(
-                f"unknown quantization type '{qtype}' (known: {', '.join(QUANT_TYPES)})"
-            )
-        self.settings = replace(self.settings, quant_type=qtype)
+        self.settings = self._changed(quant_type=qtype)
 
     def set_quantized_model_path(self, path: str | os.PathLike) -> None:
         self._qpath = Path(path)

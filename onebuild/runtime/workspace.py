@@ -10,7 +10,8 @@
     partition/          pack steps' package of .tvn and CPU parts, and the parts themselves
 
 Every file is replaced atomically, so a killed process leaves old or new files, never torn
-ones; stray temporaries and records beyond the recorded count are swept when a session opens.
+ones; stray temporaries (hidden files and folders) and records beyond the recorded count are
+swept when a session opens.
 The state names artifacts with their SHA-256, so a file changed behind the session's back is
 rebuilt instead of trusted.
 """
@@ -62,8 +63,11 @@ class Workspace:
         self.partition = self.folder / "partition"  # parts, when not all of it runs on the NPU
         self.package = self.folder / "compiled.nnpkg"  # their package
         for folder in (self.folder, self.records_folder):
-            for stray in folder.glob(".*.tmp"):  # temporaries of writes a kill interrupted
-                stray.unlink(missing_ok=True)
+            for stray in folder.glob(".*"):  # temporaries of writes a kill interrupted
+                if stray.is_dir():
+                    shutil.rmtree(stray, ignore_errors=True)
+                else:
+                    stray.unlink(missing_ok=True)
 
     def read_state(self) -> dict | None:
         """The saved state, or None when there is none (or it is not ours)."""
