@@ -25,6 +25,8 @@ from onebuild.targets.trix_sim.tvn import (
     DIGEST,
     HEADER,
     SECTION,
+    _check_layer,
+    _Reader,
     decode,
     encode,
     load_tvn,
@@ -99,3 +101,17 @@ def test_resealed_mutations_never_crash(data):
         Simulator(module, HW).run(SAMPLE)
     except UserError:  # FormatError, or a clean "compiled for another preset / input size"
         pass
+
+
+def test_tiles_and_windows_outside_their_layer_are_rejected():
+    """Found by the mutation test in CI: one byte made an EXEC tile 1,040,187,400 rows tall and
+    the simulator tried to allocate its 38.8 GiB input window."""
+    content = bytearray(DATA[:-DIGEST])
+    content[2767] = 62
+    with pytest.raises(FormatError, match="an EXEC tile leaves its layer's output"):
+        decode(_resealed(bytes(content)))
+    module = decode(DATA)
+    conv = next(layer for layer in module.layers if layer.kind == "conv")
+    conv.attrs["strides"] = [200, 1]
+    with pytest.raises(FormatError, match="window attributes do not match its tensors"):
+        _check_layer(_Reader(b"", "x.tvn"), conv, module.tensors)

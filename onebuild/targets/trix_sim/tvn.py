@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import FormatError
 from ...fileio import atomic_write_bytes
 from .codegen import EXEC, LOAD, STORE, Module, align
-from .lower import Layer, TensorDesc, chw
+from .lower import WINDOWED, Layer, TensorDesc, chw
 
 MAGIC = b"TVN\0"
 VERSION = 1
@@ -247,7 +247,8 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     _check(r, [e[-1] for e in io] == [*inputs, *outputs], "I/O table does not match LAYERS")
     sram_peak = body.get("sram_peak")
     _check(r, isinstance(sram_peak, int) and sram_peak >= 0, "bad SRAM peak")
-    _validate_code(r, code, len(layers), dram_size)
+    outs = np.array([tensors[layer.output].shape for layer in layers], np.int64).reshape(-1, 3)
+    _validate_code(r, code, outs, dram_size)
     return Module(
         meta, tensors, dram, layers, arrays, blob, code, inputs, outputs, arena, sram_peak
     )
@@ -321,6 +322,9 @@ def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
     _check(r, attrs <= set(layer.attrs), f"layer '{layer.name}' misses attributes")
     _check(r, arrays <= set(layer.arrays), f"layer '{layer.name}' misses arrays")
     out = tensors[layer.output].shape
+    if layer.kind in WINDOWED:
+        fits = _window_fits(layer.attrs, tensors[layer.inputs[0]].shape, out)
+        _check(r, fits, f"layer '{layer.name}' window attributes do not match its tensors")
     if layer.kind == "conv":
         w = layer.arrays["weights"]
         ok = w.ndim == 4 and w.shape[0] == out[0] and layer.attrs["group"] >= 1
@@ -344,12 +348,44 @@ def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
         _check(r, bool(np.all((shifts >= 1) & (shifts <= 62))), f"layer '{layer.name}' shifts")
 
 
-def _validate_code(r: _Reader, code: np.ndarray, layers: int, dram_size: int) -> None:
+def _window_fits(attrs: dict, x: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Kernel, strides and dilations in [1, 255], pads in [0, 255], and every output row and
+    column's window starting inside the padded input (so a tile's input span stays bounded)."""
+    sizes = [attrs[key] for key in ("kernel", "strides", "dilations")]
+    pads = attrs["pads"]
+
+    def ints(value, count: int, low: int) -> bool:
+        return (
+            isinstance(value, list) and len(value) == count and all(low <= n <= 255 for n in value)
+        )
+
+    if not all(ints(v, 2, 1) for v in sizes) or not ints(pads, 4, 0):
+        return False
+    if len(x) != 3 or len(out) != 3:
+        return False
+    kernel, strides, dilations = sizes
+    for axis in (0, 1):
+        padded = x[1 + axis] + pads[axis] + pads[axis + 2]
+        reach = (kernel[axis] - 1) * dilations[axis] + 1
+        if reach > padded or (out[1 + axis] - 1) * strides[axis] >= padded:
+            return False
+    return True
+
+
+def _validate_code(r: _Reader, code: np.ndarray, outs: np.ndarray, dram_size: int) -> None:
+    """Opcodes, layer numbers, each EXEC's output rows and channels inside its layer's output
+    ([C, H, W] per layer in `outs`), and every DMA transfer inside the DRAM."""
     if not len(code):
         return
     ops, layer = code[:, 0], code[:, 1]
     _check(r, bool(np.isin(ops, (LOAD, STORE, EXEC)).all()), "unknown opcode")
-    _check(r, bool((layer < layers).all()), "instruction refers to an unknown layer")
+    _check(r, bool((layer < len(outs)).all()), "instruction refers to an unknown layer")
+    execs = code[ops == EXEC].astype(np.int64)
+    if len(execs):
+        r0, rows, ch0, chs = execs[:, 2], execs[:, 3], execs[:, 4], execs[:, 5]
+        out = outs[execs[:, 1]]
+        inside = (rows >= 1) & (r0 + rows <= out[:, 1]) & (chs >= 1) & (ch0 + chs <= out[:, 0])
+        _check(r, bool(inside.all()), "an EXEC tile leaves its layer's output")
     for kind, dram_col, stride_col in ((LOAD, 2, 6), (STORE, 3, 7)):
         rows = code[ops == kind].astype(np.int64)
         if len(rows):
