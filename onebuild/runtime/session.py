@@ -140,7 +140,8 @@ class Session:
             package = self._package = load_package(path)  # (keeps a zip's extraction alive)
             self.settings = settings_from_config(package.config, f"{path}: config.cfg")
             if len(package.models) == 1 and package.models[0].kind == "obir":
-                self._adopt(load_ir(Path(package.root) / package.models[0].path))
+                model_file = Path(package.root) / package.models[0].path
+                self._adopt(load_ir(model_file), source=model_file)
             else:
                 self._fixed(_PackageModel(package), package.inputs, package.outputs)
             return
