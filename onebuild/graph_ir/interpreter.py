@@ -37,6 +37,21 @@ def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray], batched: bool) ->
             raise UserError(f"input '{value.name}' has dtype {array.dtype}, expected {value.dtype}")
 
 
+def release_schedule(graph: Graph) -> list[list[int]]:
+    """For each node, the ids of values whose last reader it is (never graph outputs)."""
+    last_use: dict[int, int] = {}
+    for position, node in enumerate(graph.nodes):
+        for value in node.inputs:
+            if value is not None and not value.is_const:
+                last_use[id(value)] = position
+    keep = {id(v) for v in graph.outputs}
+    schedule: list[list[int]] = [[] for _ in graph.nodes]
+    for value_id, position in last_use.items():
+        if value_id not in keep:
+            schedule[position].append(value_id)
+    return schedule
+
+
 class Interpreter:
     """Runs one graph; build once, call `run` or `run_batch` many times."""
 
@@ -49,28 +64,13 @@ class Interpreter:
             if opdef is None:
                 raise ExecutionError(f"node '{node.name}': no kernel for op '{node.op}'")
             self._kernels.append(opdef.kernel)
-        self._release = self._release_schedule(graph)
+        self._release = release_schedule(graph)
         self._batch_plan = batch_plan(graph)
 
     @property
     def batchable(self) -> bool:
         """Whether `run_batch` runs several samples per pass."""
         return self._batch_plan is not None
-
-    @staticmethod
-    def _release_schedule(graph: Graph) -> list[list[int]]:
-        """For each node, the ids of values whose last reader it is (never graph outputs)."""
-        last_use: dict[int, int] = {}
-        for position, node in enumerate(graph.nodes):
-            for value in node.inputs:
-                if value is not None and not value.is_const:
-                    last_use[id(value)] = position
-        keep = {id(v) for v in graph.outputs}
-        schedule: list[list[int]] = [[] for _ in graph.nodes]
-        for value_id, position in last_use.items():
-            if value_id not in keep:
-                schedule[position].append(value_id)
-        return schedule
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One inference: feeds keyed by input name, outputs keyed by output name."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..graph_ir.interpreter import release_schedule
 from ..graph_ir.ir import Graph, Node, Value
 
 MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul")
@@ -54,21 +55,11 @@ class HostCpu:
         alive at once (each freed after its last reader, as the interpreter does)."""
         read = {id(v): v for n in graph.nodes for v in n.inputs if v is not None}
         weights = sum(_nbytes(v) for v in read.values() if v.is_const)
-        last_reader = {}
-        for position, node in enumerate(graph.nodes):
-            for value in node.inputs:
-                if value is not None and not value.is_const:
-                    last_reader[id(value)] = position
-        kept = {id(v) for v in graph.outputs}
         live = peak = sum(_nbytes(v) for v in graph.inputs)
-        for position, node in enumerate(graph.nodes):
+        for node, released in zip(graph.nodes, release_schedule(graph)):
             live += sum(_nbytes(v) for v in node.outputs)
             peak = max(peak, live)
-            live -= sum(
-                _nbytes(v)
-                for v in {id(v): v for v in node.inputs if v is not None}.values()
-                if last_reader.get(id(v)) == position and id(v) not in kept and not v.is_const
-            )
+            live -= sum(_nbytes(read[value_id]) for value_id in released)
         return weights + peak
 
     def handoff(self, value: Value) -> float:
