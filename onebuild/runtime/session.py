@@ -468,7 +468,7 @@ class Session:
     def compile_now(self) -> None:
         """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
         self._need_float("compile_now()")
-        self._decided_with = self.settings.key
+        self._decided_with, self._reference = self.settings.key, None
         if self._state == "INITIAL":
             reason = self._try_quantize()
             if reason:
@@ -503,12 +503,14 @@ class Session:
 
     def _gate(self, candidate: str, model) -> bool:
         """Compare `model` with the float model on the recorded inputs; keep the report."""
-        records = self.workspace.read_records(
-            min(self._recorder.samples, self.settings.gate_samples)
-        )
+        if self._reference is None:  # the float outputs, once for both gates of a decision
+            count = min(self._recorder.samples, self.settings.gate_samples)
+            records = self.workspace.read_records(count)
+            self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
+        records = self._reference
         metrics = {name: OutputMetrics() for name in self.outputs}
-        for feeds in records:
-            want, got = self._float_runner.run(feeds), model.run(feeds)
+        for feeds, want in records:
+            got = model.run(feeds)
             for name, metric in metrics.items():
                 metric.update(want[name], got[name])
         outputs = {name: metric.summary() for name, metric in metrics.items()}
