@@ -17,11 +17,12 @@ from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
 from onebuild.npz import read_npz
-from onebuild.targets.trix_sim.codegen import generate
+from onebuild.targets.trix_sim.codegen import EXEC, generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.simulator import Simulator
 from onebuild.targets.trix_sim.tvn import (
+    CODE,
     DIGEST,
     HEADER,
     SECTION,
@@ -103,11 +104,23 @@ def test_resealed_mutations_never_crash(data):
         pass
 
 
+def _first_exec_rows_offset(content: bytes) -> int:
+    """The byte offset of the first EXEC instruction's `rows` field."""
+    count = HEADER.unpack_from(content)[3]
+    for i in range(count):
+        kind, _, offset, size = SECTION.unpack_from(content, HEADER.size + i * SECTION.size)
+        if kind == CODE:
+            code = np.frombuffer(content[offset : offset + size], "<u4").reshape(-1, 10)
+            first = int(np.flatnonzero(code[:, 0] == EXEC)[0])
+            return offset + (first * 10 + 3) * 4
+    raise AssertionError("no CODE section")
+
+
 def test_tiles_and_windows_outside_their_layer_are_rejected():
     """Found by the mutation test in CI: one byte made an EXEC tile 1,040,187,400 rows tall and
     the simulator tried to allocate its 38.8 GiB input window."""
     content = bytearray(DATA[:-DIGEST])
-    content[2767] = 62
+    content[_first_exec_rows_offset(content) + 3] = 62  # the rows field's top byte
     with pytest.raises(FormatError, match="an EXEC tile leaves its layer's output"):
         decode(_resealed(bytes(content)))
     module = decode(DATA)

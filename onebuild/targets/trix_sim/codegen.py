@@ -25,6 +25,7 @@ from .lower import Layer, Program, TensorDesc, input_rows, window_span
 LOAD, STORE, EXEC = 1, 2, 3
 ALIGN = 16
 PREFERENCES = ("performance", "memory", "compile_time")
+PIPELINE_TILES = 8  # the fewest tiles per layer when double-buffering
 CHANNELWISE = ("maxpool", "avgpool", "add", "mul", "lookup", "requant")
 
 
@@ -183,14 +184,10 @@ class _Emitter:
         out_item, in_item = np.dtype(out.dtype).itemsize, np.dtype(x.dtype).itemsize
         weights = layer.arrays.get("weights")
         table = layer.arrays.get("table")
-        fixed = 0 if table is None else align(table.nbytes)
-        chunk, per_channel = m, 0
-        if weights is not None:  # output channel chunks whose weights take at most half the SRAM
-            per_channel = int(np.prod(weights.shape[1:])) * weights.itemsize
-            chunk = max(1, min(m, (self.hw.sram_bytes // 2) // max(per_channel, 1)))
-            fixed = align(chunk * per_channel)
         inputs = len(layer.inputs)
         channelwise = layer.kind in CHANNELWISE  # output channel i reads input channel i only
+        per_channel = 0 if weights is None else int(np.prod(weights.shape[1:])) * weights.itemsize
+        chunk, weight_slots = self._weight_chunk(m, per_channel)
 
         def sizes(rows: int, chs: int) -> tuple[int, int]:
             span = min(h, window_span(layer, rows))
@@ -201,38 +198,61 @@ class _Emitter:
             in_size, out_size = sizes(rows, chs)
             return inputs * in_size + out_size
 
-        free = self.hw.sram_bytes - fixed
+        def fixed(chs: int) -> int:
+            tables = 0 if table is None else align(table.nbytes)
+            return tables + weight_slots * align(chs * per_channel)
+
         rows = oh
-        while rows > 1 and self.buffers * slot(rows, chunk) > free:
+        while rows > 1 and fixed(chunk) + self.buffers * slot(rows, chunk) > self.hw.sram_bytes:
             rows = (rows + 1) // 2
-        while self.buffers * slot(rows, chunk) > free and chunk > 1:
+        while fixed(chunk) + self.buffers * slot(rows, chunk) > self.hw.sram_bytes and chunk > 1:
             chunk = (chunk + 1) // 2
-        if weights is not None:
-            fixed = align(chunk * per_channel)
+        while self.buffers > 1 and rows > 1 and -(-oh // rows) * -(-m // chunk) < PIPELINE_TILES:
+            rows = (rows + 1) // 2  # enough tiles for DMA and compute to overlap
         in_size, _ = sizes(rows, chunk)
-        self.use(fixed + self.buffers * slot(rows, chunk))
+        base0 = fixed(chunk)
+        self.use(base0 + self.buffers * slot(rows, chunk))
         tile = 0
-        for ch0 in range(0, m, chunk):
+        for number, ch0 in enumerate(range(0, m, chunk)):
             chs = min(chunk, m - ch0)
+            w_sram = number % max(weight_slots, 1) * align(chunk * per_channel)
             for r0 in range(0, oh, rows):
                 r1 = min(oh, r0 + rows)
-                self.tile(barrier=r0 == 0 and weights is not None)
+                # one weight slot: the next chunk's weights overwrite the ones in use
+                self.tile(barrier=r0 == 0 and weight_slots == 1 and weights is not None)
                 if table is not None and tile == 0:
                     src = self.array_at[(index, "table")]
                     self.emit(LOAD, index, src, 0, table.nbytes, 1, 0, 0)
                 if weights is not None and r0 == 0:
                     src = self.array_at[(index, "weights")] + ch0 * per_channel
-                    self.emit(LOAD, index, src, 0, chs * per_channel, 1, 0, 0)
-                base = fixed + (tile % self.buffers) * slot(rows, chunk)
+                    self.emit(LOAD, index, src, w_sram, chs * per_channel, 1, 0, 0)
+                base = base0 + (tile % self.buffers) * slot(rows, chunk)
                 i0, i1 = input_rows(layer, r0, r1, h)
                 c0, cs = (ch0, chs) if channelwise else (0, c)
                 self.load_rows(index, layer.inputs[0], i0, i1, c0, cs, base)
                 if inputs == 2:
                     self.load_rows(index, layer.inputs[1], i0, i1, c0, cs, base + in_size)
                 out_sram = base + inputs * in_size
-                self.emit(EXEC, index, r0, r1 - r0, ch0, chs, base, base + in_size, 0, out_sram)
+                args = (r0, r1 - r0, ch0, chs, base, base + in_size, w_sram, out_sram)
+                self.emit(EXEC, index, *args)
                 self.store_rows(index, layer.output, r0, r1, ch0, chs, out_sram)
                 tile += 1
+
+    def _weight_chunk(self, channels: int, per_channel: int) -> tuple[int, int]:
+        """Output channels per weight chunk and the number of weight slots. Weights that fit
+        half the SRAM load once; larger ones stream in chunks (a multiple of the MAC array's
+        columns where possible), double-buffered with the `performance` preference so the
+        next chunk's DMA overlaps this chunk's compute."""
+        if not per_channel:
+            return channels, 0
+        half = self.hw.sram_bytes // 2
+        if channels * per_channel <= half:
+            return channels, 1
+        slots = self.buffers
+        chunk = max(1, (half + half // 4) // slots // per_channel)
+        if chunk >= self.hw.mac_cols:
+            chunk -= chunk % self.hw.mac_cols
+        return min(chunk, channels), slots
 
     def gemm(self, index: int, layer: Layer) -> None:
         x, x_at = self.tensor(layer.inputs[0])

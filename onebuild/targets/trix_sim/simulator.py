@@ -45,27 +45,36 @@ class Report:
 
 
 class _Timeline:
-    """Engine availability and SRAM hazards (recent accesses only: enough for a tile loop)."""
+    """Engine availability and SRAM hazards, tracked per 16-byte granule: when each granule
+    was last written and last read (the cycle the access ends)."""
 
-    def __init__(self):
+    GRANULE = 16
+
+    def __init__(self, sram_bytes: int):
         self.free = {"dma": 0, "compute": 0}
-        self.writes: list[tuple[int, int, int]] = []  # (lo, hi, end)
-        self.reads: list[tuple[int, int, int]] = []
+        granules = -(-sram_bytes // self.GRANULE)
+        self.written = np.zeros(granules, np.int64)
+        self.read = np.zeros(granules, np.int64)
 
-    @staticmethod
-    def _latest(accesses, lo: int, hi: int) -> int:
-        return max((end for a, b, end in accesses if a < hi and lo < b), default=0)
+    def _granules(self, lo: int, hi: int) -> slice:
+        return slice(lo // self.GRANULE, -(-hi // self.GRANULE))
 
     def schedule(self, engine: str, cycles: int, reads, writes) -> int:
         start = self.free[engine]
         for lo, hi in reads:
-            start = max(start, self._latest(self.writes, lo, hi))
+            start = max(start, int(self.written[self._granules(lo, hi)].max(initial=0)))
         for lo, hi in writes:
-            start = max(start, self._latest(self.reads, lo, hi), self._latest(self.writes, lo, hi))
+            span = self._granules(lo, hi)
+            start = max(start, int(self.read[span].max(initial=0)))
+            start = max(start, int(self.written[span].max(initial=0)))
         end = start + cycles
         self.free[engine] = end
-        self.reads = [*self.reads[-63:], *((lo, hi, end) for lo, hi in reads)]
-        self.writes = [*self.writes[-63:], *((lo, hi, end) for lo, hi in writes)]
+        for lo, hi in reads:
+            np.maximum(
+                self.read[self._granules(lo, hi)], end, out=self.read[self._granules(lo, hi)]
+            )
+        for lo, hi in writes:
+            self.written[self._granules(lo, hi)] = end
         return end
 
 
@@ -115,7 +124,7 @@ class Simulator:
                 raise UserError(f"input '{name}' has {array.size} values, expected {t.shape}")
             at = module.dram[name]
             self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
-        report, timeline = Report(), _Timeline()
+        report, timeline = Report(), _Timeline(len(self.sram))
         for position, (op, index, *args) in enumerate(module.code.tolist()):
             try:
                 self._step(report, timeline, op, index, args)
