@@ -23,6 +23,7 @@ from onebuild.npz import read_npz
 from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
+from onebuild.targets.trix_sim.perf import roofline
 from onebuild.targets.trix_sim.simulator import Simulator
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
@@ -190,3 +191,46 @@ def test_unsupported_graphs_name_every_reason():
     with pytest.raises(ModelError, match="Softmax is not an NPU operation") as error:
         lower(graph, load_hardware("trix-m"))
     assert "must be quantized" in str(error.value) and "\n" not in str(error.value)
+
+
+def _chain_graph(rng):
+    """conv -> maxpool -> (1x1 conv + residual add) ++ 1x1 conv -> global pool -> gemm."""
+    graph = Graph("chain")
+    x = graph.add_input("x", np.float32, (1, 8, 12, 12))
+
+    def conv(value, m, k):
+        c = value.shape[1]
+        weight = graph.add_constant(rng.normal(0, 0.3, (m, c, k, k)).astype(np.float32))
+        bias = graph.add_constant(rng.normal(0, 0.1, m).astype(np.float32))
+        attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [k // 2] * 4, "group": 1}
+        return graph.make_node("Conv", [value, weight, bias], attrs).output
+
+    pool = {"kernel_shape": [2, 2], "strides": [2, 2], "dilations": [1, 1], "pads": [0] * 4}
+    pooled = graph.make_node("MaxPool", [conv(x, 24, 3)], {**pool, "ceil_mode": 0}).output
+    residual = graph.make_node("Add", [conv(pooled, 24, 1), pooled]).output
+    joined = graph.make_node("Concat", [residual, conv(pooled, 8, 1)], {"axis": 1}).output
+    pooled_all = graph.make_node("GlobalAveragePool", [joined]).output
+    flat = graph.make_node("Reshape", [pooled_all], {"shape": [1, 32]})
+    weight = graph.add_constant(rng.normal(0, 0.3, (10, 32)).astype(np.float32))
+    bias = graph.add_constant(rng.normal(0, 0.1, 10).astype(np.float32))
+    gemm = graph.make_node("Gemm", [flat.output, weight, bias], {"transB": 1})
+    graph.outputs = [gemm.output]
+    return graph, {"x": rng.normal(0, 1, (3, 1, 8, 12, 12)).astype(np.float32)}
+
+
+def test_sram_resident_intermediates_never_touch_dram(rng):
+    """With room in SRAM, `performance` keeps every intermediate tensor there: the DRAM traffic
+    is exactly the compulsory one (weights and model I/O once), and results stay bit-exact;
+    a small SRAM keeps some of them (whole-height channel tiles) and is bit-exact too."""
+    graph, data = _chain_graph(rng)
+    quantized = integer_graph(graph, data)
+    hw = load_hardware("trix-s")
+    performance = assert_bit_exact(quantized, hw, "performance", rng)
+    memory = assert_bit_exact(quantized, hw, "memory", rng)
+    compulsory = roofline(lower(quantized, hw), hw)["memory"] * hw.dram_bytes_per_cycle
+    assert performance["dram_bytes"] == compulsory
+    assert memory["dram_bytes"] > 2 * performance["dram_bytes"]
+    for sram in (4096, 6144, 12288):
+        small = dataclasses.replace(hw, sram_bytes=sram)
+        summary = assert_bit_exact(quantized, small, "performance", rng)
+        assert performance["dram_bytes"] < summary["dram_bytes"] < memory["dram_bytes"]

@@ -5,8 +5,10 @@ come from liveness (a tensor's bytes are reused once its last reader has run; Re
 input). Every layer runs as tiles of output rows (and, for large weights, chunks of output
 channels) sized so the tile's working set fits the SRAM: with the `performance` preference two
 input/output buffer sets alternate (double buffering: the DMA of tile i+1 overlaps the compute of
-tile i); with `memory` one set is used and the arena packs tensors best-fit, which lowers peak
-DRAM use at the cost of overlap.
+tile i), weight chunks are double-buffered too, and intermediate tensors that fit stay resident
+in the top half of the SRAM from producer to last reader (no DRAM round trip; the layers that
+touch them run on whole-height channel tiles and use them in place); with `memory` one set is
+used and the arena packs tensors best-fit, which lowers peak DRAM use at the cost of overlap.
 
 Instruction = (opcode, layer, 8 unsigned args):
   LOAD  dram, sram, block, count, dram_stride, sram_stride    (2-D DMA, DRAM -> SRAM)
@@ -20,17 +22,13 @@ import numpy as np
 
 from ...errors import UserError
 from .hardware import Hardware
-from .lower import Layer, Program, TensorDesc, input_rows, window_span
+from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
+from .memory import ALIGN, align, plan_arena, plan_residency
 
 LOAD, STORE, EXEC = 1, 2, 3
-ALIGN = 16
 PREFERENCES = ("performance", "memory", "compile_time")
 PIPELINE_TILES = 8  # the fewest tiles per layer when double-buffering
 CHANNELWISE = ("maxpool", "avgpool", "add", "mul", "lookup", "requant")
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass
@@ -66,45 +64,6 @@ def _blob(layers: list[Layer]) -> tuple[bytes, dict[tuple[int, str], int]]:
     return b"".join(parts), offsets
 
 
-def plan_arena(program: Program, best_fit: bool) -> tuple[dict[str, int], int]:
-    """DRAM arena offsets from liveness; Reshape outputs alias their input."""
-    root = {}
-    for name in program.inputs:
-        root[name] = name
-    for layer in program.layers:
-        root[layer.output] = root[layer.inputs[0]] if layer.kind == "reshape" else layer.output
-    end = len(program.layers)
-    first, last = {}, {}
-    for name in program.inputs:
-        first[name] = -1
-    for index, layer in enumerate(program.layers):
-        first.setdefault(root[layer.output], index)
-        for name in layer.inputs:
-            last[root[name]] = index
-    for name in program.outputs:
-        last[root[name]] = end
-    sizes = {r: program.tensors[r].nbytes for r in set(root.values())}
-    order = (
-        sorted(sizes, key=lambda r: (-sizes[r], first[r], r))
-        if best_fit
-        else sorted(sizes, key=lambda r: (first[r], r))
-    )
-    placed: list[tuple[int, int, int, int]] = []  # offset, size, first, last
-    offsets, total = {}, 0
-    for name in order:
-        lo, hi, size = first[name], last.get(name, first[name]), align(sizes[name])
-        busy = sorted((o, s) for o, s, f, la in placed if not (la < lo or f > hi))
-        offset = 0
-        for o, s in busy:
-            if offset + size <= o:
-                break
-            offset = max(offset, o + s)
-        placed.append((offset, size, lo, hi))
-        offsets[name] = offset
-        total = max(total, offset + size)
-    return {name: offsets[root[name]] for name in root}, total
-
-
 class _Emitter:
     def __init__(self, program: Program, hw: Hardware, pref: str, dram, array_at, base):
         self.p, self.hw, self.dram, self.array_at, self.base = program, hw, dram, array_at, base
@@ -112,6 +71,20 @@ class _Emitter:
         self.code: list[tuple[int, ...]] = []
         self.tiles: list[dict] = []  # the current layer's tiles, emitted by `flush`
         self.sram_peak = 0
+        self.resident: dict[str, int] = {}  # tensor -> SRAM address, for SRAM-resident tensors
+        self.pool: list[int] = [0] * len(program.layers)  # resident bytes (top of SRAM) per layer
+        self.avail = hw.sram_bytes  # working SRAM of the current layer, from address 0
+
+    def keep_resident(self, budget: int) -> None:
+        """Keep intermediate tensors in the top `budget` bytes of SRAM where every layer that
+        touches them can run on whole-height tiles in the rest."""
+        rest = self.hw.sram_bytes - budget
+        offsets, self.pool = plan_residency(
+            self.p, budget, lambda layer: self.whole_height_bytes(layer) <= rest
+        )
+        top = self.hw.sram_bytes
+        for name, offset in offsets.items():
+            self.resident[name] = top - offset - align(self.p.tensors[name].nbytes)
 
     def tile(self, barrier: bool = False) -> None:
         """Start a tile. A barrier tile's loads wait for the previous tile's compute (its loads
@@ -158,39 +131,92 @@ class _Emitter:
         dram = at + (ch0 * h + r0) * w * item
         self.emit(STORE, layer, sram, dram, block, chs, block, h * w * item)
 
-    def use(self, nbytes: int) -> None:
-        self.sram_peak = max(self.sram_peak, nbytes)
-        if nbytes > self.hw.sram_bytes:
+    def channel_bytes(self, name: str) -> int:
+        t = self.p.tensors[name]
+        return t.shape[1] * t.shape[2] * np.dtype(t.dtype).itemsize
+
+    def use(self, index: int, nbytes: int) -> None:
+        self.sram_peak = max(self.sram_peak, nbytes + self.pool[index])
+        if nbytes > self.avail:
             raise UserError(
                 f"codegen: a tile needs {nbytes} bytes of SRAM, {self.hw.name} has "
-                f"{self.hw.sram_bytes}"
+                f"{self.avail} free"
             )
 
     # -- layers ------------------------------------------------------------------------------
     def layer(self, index: int, layer: Layer) -> None:
+        self.avail = self.hw.sram_bytes - self.pool[index]
         if layer.kind == "gemm":
             self.gemm(index, layer)
         elif layer.kind == "concat":
             self.concat(index, layer)
-        elif layer.kind != "reshape":
+        elif layer.kind == "reshape":
+            pass
+        elif any(n in self.resident for n in [*layer.inputs, layer.output]):
+            self.whole_height(index, layer)
+        else:
             self.spatial(index, layer)
         self.flush()
 
+    def _weight_chunk(self, channels: int, per_channel: int) -> tuple[int, int]:
+        """Output channels per weight chunk and the number of weight slots. Weights that fit
+        half the working SRAM load once; larger ones stream in chunks (a multiple of the MAC
+        array's columns where possible), double-buffered with the `performance` preference so
+        the next chunk's DMA overlaps this chunk's compute."""
+        if not per_channel:
+            return channels, 0
+        half = self.avail // 2
+        if channels * per_channel <= half:
+            return channels, 1
+        slots = self.buffers
+        chunk = max(1, (half + half // 4) // slots // per_channel)
+        if chunk >= self.hw.mac_cols:
+            chunk -= chunk % self.hw.mac_cols
+        return min(chunk, channels), slots
+
+    def _constants(self, layer: Layer) -> tuple[int, int, object]:
+        """Bytes per output channel of weights, the table bytes, and the table (or None)."""
+        weights, table = layer.arrays.get("weights"), layer.arrays.get("table")
+        per_channel = 0 if weights is None else int(np.prod(weights.shape[1:])) * weights.itemsize
+        return per_channel, 0 if table is None else align(table.nbytes), table
+
+    def whole_height_bytes(self, layer: Layer) -> int:
+        """SRAM the layer needs on its smallest whole-height tiles (one channel; a convolution
+        one MAC array's width) with every operand staged: what it takes to touch an
+        SRAM-resident tensor."""
+        if layer.kind == "reshape":
+            return 0
+        out_channel = align(self.channel_bytes(layer.output))
+        if layer.kind == "gemm":
+            x = self.p.tensors[layer.inputs[0]]
+            row = layer.arrays["weights"].shape[1] * layer.arrays["weights"].itemsize
+            return align(x.nbytes) + self.buffers * (align(row) + ALIGN)
+        if layer.kind == "concat":
+            part = max(align(self.channel_bytes(n)) for n in layer.inputs)
+            return self.buffers * (part + out_channel)
+        per_channel, tables, _ = self._constants(layer)
+        if layer.kind in CHANNELWISE:
+            staged = sum(align(self.channel_bytes(n)) for n in layer.inputs)
+            return tables + self.buffers * (staged + out_channel)
+        chs = min(self.p.tensors[layer.output].shape[0], self.hw.mac_cols)  # as `whole_height`
+        fixed = tables + self.buffers * align(chs * per_channel)
+        whole_input = align(self.p.tensors[layer.inputs[0]].nbytes)
+        return fixed + whole_input + self.buffers * chs * out_channel
+
     def spatial(self, index: int, layer: Layer) -> None:
+        """Row tiles (and output channel chunks) through staging buffers."""
         out, _ = self.tensor(layer.output)
         x, _ = self.tensor(layer.inputs[0])
         m, oh, ow = out.shape
         c, h, w = x.shape
         out_item, in_item = np.dtype(out.dtype).itemsize, np.dtype(x.dtype).itemsize
-        weights = layer.arrays.get("weights")
-        table = layer.arrays.get("table")
         inputs = len(layer.inputs)
         channelwise = layer.kind in CHANNELWISE  # output channel i reads input channel i only
-        per_channel = 0 if weights is None else int(np.prod(weights.shape[1:])) * weights.itemsize
+        per_channel, tables, table = self._constants(layer)
         chunk, weight_slots = self._weight_chunk(m, per_channel)
 
         def sizes(rows: int, chs: int) -> tuple[int, int]:
-            span = min(h, window_span(layer, rows))
+            span = h if rows >= oh else min(h, window_span(layer, rows))
             reads = chs if channelwise else c
             return align(reads * span * w * in_item), align(chs * rows * ow * out_item)
 
@@ -199,19 +225,18 @@ class _Emitter:
             return inputs * in_size + out_size
 
         def fixed(chs: int) -> int:
-            tables = 0 if table is None else align(table.nbytes)
             return tables + weight_slots * align(chs * per_channel)
 
         rows = oh
-        while rows > 1 and fixed(chunk) + self.buffers * slot(rows, chunk) > self.hw.sram_bytes:
+        while rows > 1 and fixed(chunk) + self.buffers * slot(rows, chunk) > self.avail:
             rows = (rows + 1) // 2
-        while fixed(chunk) + self.buffers * slot(rows, chunk) > self.hw.sram_bytes and chunk > 1:
+        while fixed(chunk) + self.buffers * slot(rows, chunk) > self.avail and chunk > 1:
             chunk = (chunk + 1) // 2
         while self.buffers > 1 and rows > 1 and -(-oh // rows) * -(-m // chunk) < PIPELINE_TILES:
             rows = (rows + 1) // 2  # enough tiles for DMA and compute to overlap
         in_size, _ = sizes(rows, chunk)
         base0 = fixed(chunk)
-        self.use(base0 + self.buffers * slot(rows, chunk))
+        self.use(index, base0 + self.buffers * slot(rows, chunk))
         tile = 0
         for number, ch0 in enumerate(range(0, m, chunk)):
             chs = min(chunk, m - ch0)
@@ -219,15 +244,15 @@ class _Emitter:
             for r0 in range(0, oh, rows):
                 r1 = min(oh, r0 + rows)
                 # one weight slot: the next chunk's weights overwrite the ones in use
-                self.tile(barrier=r0 == 0 and weight_slots == 1 and weights is not None)
+                self.tile(barrier=r0 == 0 and weight_slots == 1 and per_channel > 0)
                 if table is not None and tile == 0:
                     src = self.array_at[(index, "table")]
                     self.emit(LOAD, index, src, 0, table.nbytes, 1, 0, 0)
-                if weights is not None and r0 == 0:
+                if per_channel and r0 == 0:
                     src = self.array_at[(index, "weights")] + ch0 * per_channel
                     self.emit(LOAD, index, src, w_sram, chs * per_channel, 1, 0, 0)
                 base = base0 + (tile % self.buffers) * slot(rows, chunk)
-                i0, i1 = input_rows(layer, r0, r1, h)
+                i0, i1 = tile_input_rows(layer, r0, r1, h, oh)
                 c0, cs = (ch0, chs) if channelwise else (0, c)
                 self.load_rows(index, layer.inputs[0], i0, i1, c0, cs, base)
                 if inputs == 2:
@@ -238,68 +263,151 @@ class _Emitter:
                 self.store_rows(index, layer.output, r0, r1, ch0, chs, out_sram)
                 tile += 1
 
-    def _weight_chunk(self, channels: int, per_channel: int) -> tuple[int, int]:
-        """Output channels per weight chunk and the number of weight slots. Weights that fit
-        half the SRAM load once; larger ones stream in chunks (a multiple of the MAC array's
-        columns where possible), double-buffered with the `performance` preference so the
-        next chunk's DMA overlaps this chunk's compute."""
-        if not per_channel:
-            return channels, 0
-        half = self.hw.sram_bytes // 2
-        if channels * per_channel <= half:
-            return channels, 1
-        slots = self.buffers
-        chunk = max(1, (half + half // 4) // slots // per_channel)
-        if chunk >= self.hw.mac_cols:
-            chunk -= chunk % self.hw.mac_cols
-        return min(chunk, channels), slots
+    def whole_height(self, index: int, layer: Layer) -> None:
+        """Whole-height tiles of output channels, for a layer that reads or writes an
+        SRAM-resident tensor (whose channels are contiguous in SRAM): resident operands are
+        used in place, the others staged (a convolution's input once, whole)."""
+        out = self.p.tensors[layer.output]
+        m, oh, _ = out.shape
+        _, h, _ = self.p.tensors[layer.inputs[0]].shape
+        channelwise = layer.kind in CHANNELWISE
+        per_channel, tables, table = self._constants(layer)
+        chunk, weight_slots = self._weight_chunk(m, per_channel)
+        staged = [n for n in layer.inputs if n not in self.resident] if channelwise else []
+        whole = layer.inputs[0]
+        whole_input = (
+            0 if channelwise or whole in self.resident else align(self.p.tensors[whole].nbytes)
+        )
+        out_staged = layer.output not in self.resident
+
+        def slot(chs: int) -> int:
+            return sum(align(chs * self.channel_bytes(n)) for n in staged) + (
+                align(chs * self.channel_bytes(layer.output)) if out_staged else 0
+            )
+
+        def need(chunk: int, chs: int) -> int:
+            fixed = tables + weight_slots * align(chunk * per_channel)
+            return fixed + whole_input + self.buffers * slot(chs)
+
+        # tiles of a convolution keep whole MAC-array columns busy where they can
+        least = min(m, self.hw.mac_cols) if layer.kind == "conv" else 1
+        chs = chunk
+        while need(chunk, chs) > self.avail and chs > 1:
+            chs = (chs + 1) // 2
+        while need(chunk, chs) > self.avail and chunk > 1:
+            chunk = (chunk + 1) // 2
+        while self.buffers > 1 and chs > least and -(-m // chs) < PIPELINE_TILES:
+            chs = max(least, (chs + 1) // 2)
+        self.use(index, need(chunk, chs))
+        input_at = tables + weight_slots * align(chunk * per_channel)
+        base0 = input_at + whole_input
+        tile = 0
+        for number, c0 in enumerate(range(0, m, chunk)):
+            w_sram = number % max(weight_slots, 1) * align(chunk * per_channel)
+            for t0 in range(c0, min(m, c0 + chunk), chs):
+                count = min(chs, c0 + chunk - t0, m - t0)
+                self.tile(barrier=t0 == c0 and weight_slots == 1 and per_channel > 0)
+                if table is not None and tile == 0:
+                    src = self.array_at[(index, "table")]
+                    self.emit(LOAD, index, src, 0, table.nbytes, 1, 0, 0)
+                if per_channel and t0 == c0:
+                    src = self.array_at[(index, "weights")] + c0 * per_channel
+                    self.emit(LOAD, index, src, w_sram, min(chunk, m - c0) * per_channel, 1, 0, 0)
+                if whole_input and tile == 0:
+                    c = self.p.tensors[whole].shape[0]
+                    self.load_rows(index, whole, 0, h, 0, c, input_at)
+                at = base0 + (tile % self.buffers) * slot(chs)
+                operands = []
+                for name in layer.inputs:
+                    first = t0 if channelwise else 0
+                    if name in self.resident:
+                        operands.append(self.resident[name] + first * self.channel_bytes(name))
+                    elif channelwise:
+                        self.load_rows(index, name, 0, h, t0, count, at)
+                        operands.append(at)
+                        at += align(chs * self.channel_bytes(name))
+                    else:
+                        operands.append(input_at)
+                if out_staged:
+                    out_at = at
+                else:
+                    out_at = self.resident[layer.output] + t0 * self.channel_bytes(layer.output)
+                in2 = operands[1] if len(operands) > 1 else 0
+                w_at = w_sram + (t0 - c0) * per_channel
+                self.emit(EXEC, index, 0, oh, t0, count, operands[0], in2, w_at, out_at)
+                if out_staged:
+                    self.store_rows(index, layer.output, 0, oh, t0, count, out_at)
+                tile += 1
 
     def gemm(self, index: int, layer: Layer) -> None:
+        """Output-channel chunks; the input vector is loaded once (or used in place)."""
         x, x_at = self.tensor(layer.inputs[0])
-        out, _ = self.tensor(layer.output)
+        out = self.p.tensors[layer.output]
         n, k = layer.arrays["weights"].shape
-        item = layer.arrays["weights"].itemsize
-        in_bytes = align(x.nbytes)
-        per_row = k * item
-        budget = self.hw.sram_bytes - in_bytes
-        out_item = np.dtype(out.dtype).itemsize
+        per_row = k * layer.arrays["weights"].itemsize
+        in_at = self.resident.get(layer.inputs[0], 0)
+        in_bytes = 0 if layer.inputs[0] in self.resident else align(x.nbytes)
+        out_item = 0 if layer.output in self.resident else np.dtype(out.dtype).itemsize
+        budget = self.avail - in_bytes
         chunk = max(1, min(n, budget // (self.buffers * (per_row + out_item + ALIGN))))
         slot = align(chunk * per_row) + align(chunk * out_item)
-        self.use(in_bytes + self.buffers * slot)
+        self.use(index, in_bytes + self.buffers * slot)
         for tile, ch0 in enumerate(range(0, n, chunk)):
             chs = min(chunk, n - ch0)
             self.tile()
-            if tile == 0:
+            if tile == 0 and in_bytes:
                 self.emit(LOAD, index, x_at, 0, x.nbytes, 1, 0, 0)
             w_sram = in_bytes + (tile % self.buffers) * slot
-            out_sram = w_sram + align(chunk * per_row)
+            out_at = w_sram + align(chunk * per_row)
+            if not out_item:
+                out_at = self.resident[layer.output] + ch0 * np.dtype(out.dtype).itemsize
             src = self.array_at[(index, "weights")] + ch0 * per_row
             self.emit(LOAD, index, src, w_sram, chs * per_row, 1, 0, 0)
-            self.emit(EXEC, index, 0, 1, ch0, chs, 0, 0, w_sram, out_sram)
-            self.store_rows(index, layer.output, 0, 1, ch0, chs, out_sram)
+            self.emit(EXEC, index, 0, 1, ch0, chs, in_at, 0, w_sram, out_at)
+            if out_item:
+                self.store_rows(index, layer.output, 0, 1, ch0, chs, out_at)
 
     def concat(self, index: int, layer: Layer) -> None:
-        """Each input requantized into its channel range of the output, tile by tile."""
-        out, _ = self.tensor(layer.output)
-        _, oh, ow = out.shape
+        """Each input requantized into its channel range of the output: row tiles, or
+        whole-height channel tiles where an operand is SRAM-resident."""
+        out = self.p.tensors[layer.output]
+        _, oh, _ = out.shape
+        out_staged = layer.output not in self.resident
         ch0 = 0
         for part, name in enumerate(layer.inputs):
-            x, _ = self.tensor(name)
-            c = x.shape[0]
-            item = max(np.dtype(x.dtype).itemsize, np.dtype(out.dtype).itemsize)
-            rows = oh
-            while rows > 1 and self.buffers * 2 * align(c * rows * ow * item) > self.hw.sram_bytes:
+            c = self.p.tensors[name].shape[0]
+            in_staged = name not in self.resident
+            whole = not (in_staged and out_staged)
+            in_row = self.channel_bytes(name) // oh * in_staged
+            out_row = self.channel_bytes(layer.output) // oh * out_staged
+
+            def slot(rows: int, chs: int, in_row=in_row, out_row=out_row) -> int:
+                return align(chs * rows * in_row) + align(chs * rows * out_row)
+
+            rows, chs = oh, c
+            while not whole and rows > 1 and self.buffers * slot(rows, chs) > self.avail:
                 rows = (rows + 1) // 2
-            slot = 2 * align(c * rows * ow * item)
-            self.use(self.buffers * slot)
-            for tile, r0 in enumerate(range(0, oh, rows)):
-                r1 = min(oh, r0 + rows)
+            while self.buffers * slot(rows, chs) > self.avail and chs > 1:
+                chs = (chs + 1) // 2
+            self.use(index, self.buffers * slot(rows, chs))
+            tiles = [(r0, k0) for k0 in range(0, c, chs) for r0 in range(0, oh, rows)]
+            for tile, (r0, k0) in enumerate(tiles):
+                r1, count = min(oh, r0 + rows), min(chs, c - k0)
                 self.tile(barrier=tile == 0)  # parts use different buffer layouts
-                in_sram = (tile % self.buffers) * slot
-                out_sram = in_sram + slot // 2
-                self.load_rows(index, name, r0, r1, 0, c, in_sram)
-                self.emit(EXEC, index, r0, r1 - r0, ch0, c, in_sram, part, 0, out_sram)
-                self.store_rows(index, layer.output, r0, r1, ch0, c, out_sram)
+                base = (tile % self.buffers) * slot(rows, chs)
+                in_at = base
+                if in_staged:
+                    self.load_rows(index, name, r0, r1, k0, count, in_at)
+                else:
+                    in_at = self.resident[name] + k0 * self.channel_bytes(name)
+                out_at = base + align(chs * rows * in_row)
+                if not out_staged:
+                    out_at = self.resident[layer.output] + (ch0 + k0) * self.channel_bytes(
+                        layer.output
+                    )
+                self.emit(EXEC, index, r0, r1 - r0, ch0 + k0, count, in_at, part, 0, out_at)
+                if out_staged:
+                    self.store_rows(index, layer.output, r0, r1, ch0 + k0, count, out_at)
             ch0 += c
 
 
@@ -310,6 +418,8 @@ def generate(program: Program, hw: Hardware, pref: str = "performance", meta=Non
     dram, arena = plan_arena(program, best_fit=pref == "memory")
     base = align(len(blob))
     emitter = _Emitter(program, hw, pref, dram, array_at, base)
+    if pref == "performance":
+        emitter.keep_resident(hw.sram_bytes // 2)
     for index, layer in enumerate(program.layers):
         emitter.layer(index, layer)
     code = np.array(emitter.code, dtype=np.uint32).reshape(-1, 10)

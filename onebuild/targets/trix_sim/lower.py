@@ -81,6 +81,14 @@ def input_rows(layer: Layer, r0: int, r1: int, height: int) -> tuple[int, int]:
     return max(lo, 0), min(lo + window_span(layer, r1 - r0), height)
 
 
+def tile_input_rows(layer: Layer, r0: int, r1: int, height: int, out_height: int):
+    """The input rows an EXEC tile's operand holds, packed per channel: all of them for a
+    whole-height tile (so an SRAM-resident tensor is used in place), else `input_rows`."""
+    if r0 == 0 and r1 == out_height:
+        return 0, height
+    return input_rows(layer, r0, r1, height)
+
+
 def chw(dims: tuple[int, ...]) -> tuple[int, int, int]:
     """(C, H, W) of a batch-1 tensor of rank 1 to 4 (missing trailing dims are 1)."""
     rest = list(dims[1:]) if len(dims) > 1 else list(dims)

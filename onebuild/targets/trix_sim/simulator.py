@@ -15,7 +15,7 @@ from ...errors import FormatError, UserError
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .hardware import Hardware
-from .lower import Layer, Program, input_rows, window_span
+from .lower import Layer, Program, input_rows, tile_input_rows, window_span
 from .perf import dma_cycles, exec_cycles, roofline
 
 
@@ -175,10 +175,13 @@ class Simulator:
         out_t = tensors[layer.output]
         x_t = tensors[layer.inputs[0]]
         c, h, w = x_t.shape
-        c = chs if layer.kind in CHANNELWISE else c  # channelwise ops load their channels only
+        # channelwise ops and concat parts hold the tile's channels only
+        c = chs if layer.kind in CHANNELWISE or layer.kind == "concat" else c
+        t0, t1 = tile_input_rows(layer, r0, r0 + rows, h, out_t.shape[1])
+        held = self._sram_view(in_at, x_t.dtype, (c, t1 - t0, w))
+        reads = [(in_at, in_at + held.nbytes)]
         i0, i1 = input_rows(layer, r0, r0 + rows, h)
-        x = self._sram_view(in_at, x_t.dtype, (c, i1 - i0, w))
-        reads = [(in_at, in_at + x.nbytes)]
+        x = held[:, i0 - t0 : i1 - t0]
         macs = 0
         if layer.kind == "conv":
             weights = layer.arrays["weights"]
@@ -190,9 +193,10 @@ class Simulator:
         elif layer.kind == "gemm":
             weights = layer.arrays["weights"]
             k = weights.shape[1]
-            xv = self._sram_view(0, x_t.dtype, (k,)).astype(np.int64) - layer.attrs["x_zero_point"]
+            xq = self._sram_view(in_at, x_t.dtype, (k,))
+            xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
             wq = self._sram_view(w_at, weights.dtype.name, (chs, k))
-            reads = [(0, xv.size * np.dtype(x_t.dtype).itemsize), (w_at, w_at + wq.nbytes)]
+            reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
             bound = (np.iinfo(x_t.dtype).max - np.iinfo(x_t.dtype).min) * (
                 np.iinfo(wq.dtype).max + 1
             )
