@@ -3,7 +3,8 @@
 For the light ResNet50 and SqueezeNet graphs (seeded random weights, uint8, calibrated on seeded
 uniform images): wall time of one simulated inference vs onnxruntime running the equivalent QDQ
 model (same quantized graph exported by onebuild), their ratio, and the scheduled cycles vs the
-roofline bound max(MACs / peak, compulsory DRAM bytes / bandwidth).
+roofline bound max(MACs / peak, compulsory DRAM bytes / bandwidth). Also the time the model's
+MACs take at numpy's float32 GEMM rate (measured here): the floor of any numpy simulator.
 """
 
 import json
@@ -38,8 +39,18 @@ def median_seconds(fn, repeats: int, *args) -> float:
     return statistics.median(times)
 
 
+def float32_gemm_macs_per_second() -> float:
+    """numpy's float32 GEMM rate on a typical convolution shape (256 x 2304 @ 2304 x 784): the
+    speed limit of a numpy simulator, whose exact integer GEMMs run on float32 BLAS."""
+    rng = np.random.default_rng(0)
+    a = rng.random((256, 2304), dtype=np.float32)
+    b = rng.random((2304, 784), dtype=np.float32)
+    return a.shape[0] * a.shape[1] * b.shape[1] / median_seconds(np.matmul, 5, a, b)
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
+    gemm_rate = float32_gemm_macs_per_second()
     results = []
     for name in ("resnet50", "squeezenet"):
         model = import_onnx(light_model(name, seed=1, expose_logits=True))
@@ -71,6 +82,9 @@ def main() -> None:
                     "simulator_ms": round(sim_seconds * 1e3, 1),
                     "onnxruntime_qdq_ms": round(ort_seconds * 1e3, 1),
                     "wall_time_ratio": round(sim_seconds / ort_seconds, 2),
+                    # the model's MACs at numpy's float32 GEMM rate: no numpy simulator is faster
+                    "float32_gemm_floor_ms": round(summary["macs"] / gemm_rate * 1e3, 1),
+                    "float32_gemm_floor_ratio": round(summary["macs"] / gemm_rate / ort_seconds, 2),
                     "cycles": summary["cycles"],
                     "roofline_cycles": summary["roofline_cycles"],
                     "roofline_ratio": summary["roofline_ratio"],

@@ -267,9 +267,12 @@ class Simulator:
         a = layer.attrs
         zp = a["x_zero_point"]
         centered = x.astype(np.float32) - np.float32(zp)  # exact: |x - zp| < 2^17
-        windows = self._windows(
-            layer, self._padded(layer, centered, r0, rows, i0, h, w, 0), rows, ow
-        )
+        pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
+        if pointwise:  # the input tile is already the im2col matrix
+            windows = centered[..., None, None]
+        else:
+            padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
+            windows = self._windows(layer, padded, rows, ow)
         bound = (np.iinfo(x.dtype).max - np.iinfo(x.dtype).min) * (np.iinfo(wq.dtype).max + 1)
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
@@ -282,7 +285,7 @@ class Simulator:
             for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
                 lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
                 patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
-                cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)
+                cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
                 kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
                 acc[lo - ch0 : hi - ch0] = exact_dot(kernel, cols, bound).reshape(hi - lo, rows, ow)
         acc += layer.arrays["bias"][ch0 : ch0 + chs, None, None]
