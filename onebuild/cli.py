@@ -9,8 +9,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__, recipe
+from . import __version__
 from .errors import OneBuildError, UserError
+from .plan import load_plan
 from .runtime.odc import PREFS
 
 log = logging.getLogger("onebuild")
@@ -342,7 +343,9 @@ def cmd_import(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    print(json.dumps(recipe.json_schema(), indent=2, sort_keys=True))
+    from .recipe import json_schema  # pydantic
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
     return 0
 
 
@@ -368,7 +371,7 @@ def cmd_targets(args) -> int:
 
 
 def cmd_list(args) -> int:
-    plans = [recipe.load_recipe(path, args.set or []) for path in args.recipes]
+    plans = [load_plan(path, args.set or []) for path in args.recipes]
     if args.json:
         listing = [
             {"recipe": str(p.recipe), "build_dir": str(p.build_dir), "steps": p.steps}
@@ -424,7 +427,7 @@ def cmd_build(args) -> int:
 
 
 def _plans(args):
-    return [recipe.load_recipe(path, args.set or []) for path in args.recipes]
+    return [load_plan(path, args.set or []) for path in args.recipes]
 
 
 def cmd_status(args) -> int:

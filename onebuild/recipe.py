@@ -1,15 +1,13 @@
-"""The TOML recipe: schema, presets (`extends`), `--set` overrides, validation with good errors.
+"""The TOML recipe schema and its validation with good errors.
 
-A recipe is read with `tomllib`, merged over its presets, overridden from the command line,
-validated by pydantic (unknown keys are errors, with a "did you mean"), and converted once into a
-`Plan`: plain data, absolute paths, one normalized config dict per enabled step. Nothing below this
-module sees pydantic.
+A recipe is read with `tomllib`, merged over its presets and overridden from the command line
+(`onebuild.plan`), validated here by pydantic (unknown keys are errors, with a "did you mean"),
+and converted once into a `Plan`: plain data, absolute paths, one normalized config dict per
+enabled step. Nothing below this module sees pydantic.
 """
 
 import difflib
 import os
-import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,20 +21,7 @@ from pydantic import (
 )
 
 from .errors import UserError
-
-STEP_ORDER = ("import", "optimize", "quantize", "partition", "codegen", "pack")
-
-# Keys that hold paths, resolved relative to the file that sets them.
-PATH_KEYS = {
-    ("import", "source"),
-    ("quantize", "calibration"),
-    ("quantize", "accuracy", "data"),
-    ("quantize", "accuracy", "labels"),
-    ("partition", "part_file"),
-    ("pack", "output"),
-    ("build", "dir"),
-    ("build", "cache"),
-}
+from .plan import STEP_ORDER, Plan, absolute, check_inputs, read_recipe_data
 
 
 class _Section(BaseModel):
@@ -178,16 +163,6 @@ class Recipe(_Section):
     build: BuildSection | None = None
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A validated recipe: absolute paths and one normalized config dict per enabled step."""
-
-    recipe: Path
-    build_dir: Path
-    cache_dir: Path | None
-    steps: dict[str, dict[str, Any]]
-
-
 def json_schema() -> dict:
     """The JSON Schema of recipes (editors can validate TOML files with it)."""
     return Recipe.model_json_schema(by_alias=True)
@@ -195,10 +170,10 @@ def json_schema() -> dict:
 
 def read_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
     """Read, merge presets, apply overrides and validate; presets validate this way too."""
-    path = _absolute(path)
-    data = _read_with_presets(path, [])
-    for override in overrides:
-        _apply_override(data, override)
+    return validate(absolute(path), read_recipe_data(path, overrides))
+
+
+def validate(path: Path, data: dict) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as error:
@@ -206,80 +181,14 @@ def read_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
 
 
 def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Plan:
-    """A buildable plan from a recipe file (it must import a model)."""
-    return _plan(_absolute(path), read_recipe(path, overrides))
+    """A buildable plan from a recipe file (it must import a model), validated afresh;
+    `onebuild.plan.load_plan` is the cached front door."""
+    return plan_from_data(absolute(path), read_recipe_data(path, overrides))
 
 
-def _absolute(path: str | os.PathLike) -> Path:
-    return Path(os.path.normpath(Path(path).absolute()))
-
-
-def _read_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"{path}: no such recipe file")
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise UserError(f"{path}: TOML syntax error: {error}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a UTF-8 text file") from None
-
-
-def _read_with_presets(path: Path, chain: list[Path]) -> dict:
-    resolved = path.resolve()
-    if resolved in chain:
-        cycle = " -> ".join(str(p) for p in [*chain, resolved])
-        raise UserError(f"{chain[-1]}: 'extends' forms a cycle: {cycle}")
-    data = _read_toml(path)
-    _absolutize(data, path.parent)
-    parent = data.pop("extends", None)
-    if parent is None:
-        return data
-    if not isinstance(parent, str):
-        raise UserError(f"{path}: extends: expected a path string, got {parent!r}")
-    base = _read_with_presets(_absolute(path.parent / parent), [*chain, resolved])
-    return _merge(base, data)
-
-
-def _absolutize(data: dict, folder: Path) -> None:
-    for keys in PATH_KEYS:
-        table = data
-        for key in keys[:-1]:
-            table = table.get(key) if isinstance(table, dict) else None
-        if isinstance(table, dict) and isinstance(table.get(keys[-1]), str):
-            table[keys[-1]] = str(_absolute(folder / table[keys[-1]]))
-
-
-def _merge(base: dict, top: dict) -> dict:
-    """Tables merge key by key; any other value in `top` replaces the one in `base`."""
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _apply_override(data: dict, override: str) -> None:
-    """`a.b.c=value`: value parsed as a TOML value, else taken as a string."""
-    dotted, sep, text = override.partition("=")
-    keys = [k.strip() for k in dotted.split(".")]
-    if not sep or not all(keys):
-        raise UserError(f"--set '{override}': expected KEY.PATH=VALUE, e.g. quantize.dtype=int16")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    if tuple(keys) in PATH_KEYS and isinstance(value, str):
-        value = str(_absolute(value))
-    table = data
-    for key in keys[:-1]:
-        table = table.setdefault(key, {})
-        if not isinstance(table, dict):
-            raise UserError(f"--set '{override}': '{key}' is not a table")
-    table[keys[-1]] = value
+def plan_from_data(path: Path, data: dict) -> Plan:
+    """The plan of merged recipe data (see `onebuild.plan.read_recipe_data`)."""
+    return _plan(path, validate(path, data))
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:
@@ -331,12 +240,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
         raise UserError(f"{path}: the recipe enables no step; add an [import] table")
     if "import" not in steps:
         raise UserError(f"{path}: every recipe needs an [import] table with 'source'")
-    for keys in sorted(PATH_KEYS):
-        value = steps.get(keys[0])
-        for key in keys[1:]:
-            value = value.get(key) if isinstance(value, dict) else None
-        if keys[0] in ("import", "quantize", "partition") and value and not Path(value).exists():
-            raise UserError(f"{path}: {'.'.join(keys)}: '{value}' does not exist")
+    check_inputs(path, steps)
     quantize = steps.get("quantize")
     if (
         quantize

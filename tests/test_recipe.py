@@ -137,3 +137,39 @@ def test_cli_list_and_exit_codes(workspace):
     result = subprocess.run([*run, str(bad)], capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "optimize.level: unknown key" in result.stderr
+
+
+def test_validated_plans_are_stored_and_reused_until_the_recipe_changes(workspace, monkeypatch):
+    """A no-op build skips pydantic: the plan is kept in the build folder and reused while the
+    merged recipe (and onebuild) is unchanged; any change, damage or missing input is seen."""
+    import onebuild.recipe as recipe_module
+    from onebuild.plan import PLAN_FILE, load_plan
+
+    path = write(workspace, '[import]\nsource = "model.onnx"\n[optimize]\n')
+    fresh = load_recipe(path)
+    assert load_plan(path) == fresh  # validated; the build folder does not exist: nothing kept
+    fresh.build_dir.mkdir(parents=True)
+    assert load_plan(path) == fresh
+    assert (fresh.build_dir / PLAN_FILE).is_file()
+
+    validations = []
+    real = recipe_module.plan_from_data
+    monkeypatch.setattr(
+        recipe_module, "plan_from_data", lambda *a: validations.append(a) or real(*a)
+    )
+    reused = load_plan(path)
+    assert reused == fresh and not validations
+    assert list(reused.steps) == list(fresh.steps)  # steps chain in plan order
+    assert load_plan(path, ["optimize.preset=O0"]).steps["optimize"] == {"preset": "O0"}
+    assert len(validations) == 1  # an override is a different recipe
+    with pytest.raises(UserError, match="optimize.presets: unknown key; did you mean 'preset'"):
+        load_plan(path, ["optimize.presets=O0"])
+    write(workspace, '[import]\nsource = "model.onnx"\n')
+    assert "optimize" not in load_plan(path).steps
+    (fresh.build_dir / PLAN_FILE).write_text("{not json")
+    assert "optimize" not in load_plan(path).steps  # damaged: validated again
+    count = len(validations)
+    assert load_plan(path) and len(validations) == count
+    (workspace / "model.onnx").unlink()
+    with pytest.raises(UserError, match="import.source: .* does not exist"):
+        load_plan(path)

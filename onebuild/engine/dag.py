@@ -28,7 +28,7 @@ from doit.tools import config_changed
 
 from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
-from ..recipe import Plan
+from ..plan import Plan
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step

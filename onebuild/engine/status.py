@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..recipe import Plan
+from ..plan import Plan
 from ..tasks import STEPS
 from .dag import FanOut, StepTask, known_tasks
 from .step_cache import StepCache, step_key, tree_digest

@@ -1,0 +1,209 @@
+"""A recipe file -> a `Plan`: plain data, absolute paths, one config dict per enabled step.
+
+Reading a recipe (TOML, `extends` presets, `--set` overrides, paths made absolute) needs only
+the standard library; validating it (`onebuild.recipe`) needs pydantic, whose import and schema
+construction are most of a no-op build's time. So `load_plan` keeps the validated plan in the
+build folder, keyed by the merged recipe data and by the code that validates it (onebuild's and
+pydantic's files by size and modification time, as Python keys its bytecode cache): an unchanged
+recipe skips validation. Input files are checked for existence either way.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import tomllib
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import UserError
+from .fileio import atomic_write_bytes
+
+PLAN_FILE = "plan.json"
+
+STEP_ORDER = ("import", "optimize", "quantize", "partition", "codegen", "pack")
+
+# Keys that hold paths, resolved relative to the file that sets them.
+PATH_KEYS = {
+    ("import", "source"),
+    ("quantize", "calibration"),
+    ("quantize", "accuracy", "data"),
+    ("quantize", "accuracy", "labels"),
+    ("partition", "part_file"),
+    ("pack", "output"),
+    ("build", "dir"),
+    ("build", "cache"),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated recipe: absolute paths and one normalized config dict per enabled step."""
+
+    recipe: Path
+    build_dir: Path
+    cache_dir: Path | None
+    steps: dict[str, dict[str, Any]]
+
+
+def absolute(path: str | os.PathLike) -> Path:
+    return Path(os.path.normpath(Path(path).absolute()))
+
+
+def _read_toml(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"{path}: no such recipe file")
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"{path}: TOML syntax error: {error}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+
+
+def _read_with_presets(path: Path, chain: list[Path]) -> dict:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in [*chain, resolved])
+        raise UserError(f"{chain[-1]}: 'extends' forms a cycle: {cycle}")
+    data = _read_toml(path)
+    _absolutize(data, path.parent)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise UserError(f"{path}: extends: expected a path string, got {parent!r}")
+    base = _read_with_presets(absolute(path.parent / parent), [*chain, resolved])
+    return _merge(base, data)
+
+
+def _absolutize(data: dict, folder: Path) -> None:
+    for keys in PATH_KEYS:
+        table = data
+        for key in keys[:-1]:
+            table = table.get(key) if isinstance(table, dict) else None
+        if isinstance(table, dict) and isinstance(table.get(keys[-1]), str):
+            table[keys[-1]] = str(absolute(folder / table[keys[-1]]))
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """Tables merge key by key; any other value in `top` replaces the one in `base`."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _apply_override(data: dict, override: str) -> None:
+    """`a.b.c=value`: value parsed as a TOML value, else taken as a string."""
+    dotted, sep, text = override.partition("=")
+    keys = [k.strip() for k in dotted.split(".")]
+    if not sep or not all(keys):
+        raise UserError(f"--set '{override}': expected KEY.PATH=VALUE, e.g. quantize.dtype=int16")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    if tuple(keys) in PATH_KEYS and isinstance(value, str):
+        value = str(absolute(value))
+    table = data
+    for key in keys[:-1]:
+        table = table.setdefault(key, {})
+        if not isinstance(table, dict):
+            raise UserError(f"--set '{override}': '{key}' is not a table")
+    table[keys[-1]] = value
+
+
+def read_recipe_data(path: str | os.PathLike, overrides: list[str] = ()) -> dict:
+    """A recipe merged over its presets, with overrides applied and paths made absolute."""
+    data = _read_with_presets(absolute(path), [])
+    for override in overrides:
+        _apply_override(data, override)
+    return data
+
+
+def check_inputs(path: Path, steps: dict[str, dict[str, Any]]) -> None:
+    """Every input file a step names exists."""
+    for keys in sorted(PATH_KEYS):
+        value = steps.get(keys[0])
+        for key in keys[1:]:
+            value = value.get(key) if isinstance(value, dict) else None
+        if keys[0] in ("import", "quantize", "partition") and value and not Path(value).exists():
+            raise UserError(f"{path}: {'.'.join(keys)}: '{value}' does not exist")
+
+
+def load_plan(path: str | os.PathLike, overrides: list[str] = ()) -> Plan:
+    """The plan of a recipe file, validated once per change of the recipe or of onebuild."""
+    path = absolute(path)
+    data = read_recipe_data(path, overrides)
+    stored = _plan_file(path, data)
+    key = _key(data)
+    if stored is not None and key is not None:
+        plan = _stored_plan(stored, key, path)
+        if plan is not None:
+            check_inputs(path, plan.steps)
+            return plan
+    from .recipe import plan_from_data  # pydantic: only when the recipe must be validated
+
+    plan = plan_from_data(path, data)
+    try:
+        text = json.dumps(_to_json(plan))  # key order kept: steps run in plan order
+    except (TypeError, ValueError):
+        return plan
+    plan = _from_json(json.loads(text), path)  # the same plan whether validated or stored
+    if stored is not None and key is not None and stored.parent.is_dir():
+        atomic_write_bytes(stored, json.dumps({"key": key, "plan": json.loads(text)}).encode())
+    return plan
+
+
+def _plan_file(path: Path, data: dict) -> Path | None:
+    build = data.get("build", {})
+    folder = build.get("dir") if isinstance(build, dict) else None
+    if folder is not None and not isinstance(folder, str):
+        return None
+    return Path(folder or path.parent / "build" / path.stem) / PLAN_FILE
+
+
+def _key(data: dict) -> str | None:
+    try:
+        recipe = json.dumps(data, sort_keys=True)
+    except (TypeError, ValueError):  # TOML dates and times: validated every time
+        return None
+    digest = hashlib.sha256(recipe.encode())
+    digest.update(f"{__version__} {sys.version}".encode())
+    package = Path(__file__).parent
+    sources = sorted(p for p in package.rglob("*") if p.suffix in (".py", ".toml"))
+    pydantic = find_spec("pydantic")
+    if pydantic is not None and pydantic.origin:
+        sources.append(Path(pydantic.origin).parent / "version.py")
+    for source in sources:
+        stat = source.stat()
+        digest.update(f"{source} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _stored_plan(stored: Path, key: str, path: Path) -> Plan | None:
+    try:
+        content = json.loads(stored.read_bytes())
+        if content["key"] == key:
+            return _from_json(content["plan"], path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # missing or damaged: validate again
+    return None
+
+
+def _to_json(plan: Plan) -> dict:
+    cache = None if plan.cache_dir is None else str(plan.cache_dir)
+    return {"build_dir": str(plan.build_dir), "cache_dir": cache, "steps": plan.steps}
+
+
+def _from_json(content: dict, path: Path) -> Plan:
+    cache = content["cache_dir"]
+    return Plan(path, Path(content["build_dir"]), cache and Path(cache), dict(content["steps"]))
