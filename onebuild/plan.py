@@ -183,9 +183,12 @@ def _key(data: dict) -> str | None:
     pydantic = find_spec("pydantic")
     if pydantic is not None and pydantic.origin:
         sources.append(Path(pydantic.origin).parent / "version.py")
-    for source in sources:
-        stat = source.stat()
-        digest.update(f"{source} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    try:
+        for source in sources:
+            stat = source.stat()
+            digest.update(f"{source} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    except OSError:  # an installation changing under us: validate every time
+        return None
     return digest.hexdigest()
 
 
