@@ -131,6 +131,15 @@ class _Emitter:
         dram = at + (ch0 * h + r0) * w * item
         self.emit(STORE, layer, sram, dram, block, chs, block, h * w * item)
 
+    def load_table(self, index: int, table: np.ndarray) -> None:
+        """A lookup table to SRAM address 0 (layers with a table have no weights)."""
+        self.emit(LOAD, index, self.array_at[(index, "table")], 0, table.nbytes, 1, 0, 0)
+
+    def load_weights(self, index: int, ch0: int, chs: int, per_channel: int, sram: int) -> None:
+        """The weights of output channels [ch0, ch0 + chs) to SRAM."""
+        src = self.array_at[(index, "weights")] + ch0 * per_channel
+        self.emit(LOAD, index, src, sram, chs * per_channel, 1, 0, 0)
+
     def channel_bytes(self, name: str) -> int:
         t = self.p.tensors[name]
         return t.shape[1] * t.shape[2] * np.dtype(t.dtype).itemsize
@@ -246,11 +255,9 @@ class _Emitter:
                 # one weight slot: the next chunk's weights overwrite the ones in use
                 self.tile(barrier=r0 == 0 and weight_slots == 1 and per_channel > 0)
                 if table is not None and tile == 0:
-                    src = self.array_at[(index, "table")]
-                    self.emit(LOAD, index, src, 0, table.nbytes, 1, 0, 0)
+                    self.load_table(index, table)
                 if per_channel and r0 == 0:
-                    src = self.array_at[(index, "weights")] + ch0 * per_channel
-                    self.emit(LOAD, index, src, w_sram, chs * per_channel, 1, 0, 0)
+                    self.load_weights(index, ch0, chs, per_channel, w_sram)
                 base = base0 + (tile % self.buffers) * slot(rows, chunk)
                 i0, i1 = tile_input_rows(layer, r0, r1, h, oh)
                 c0, cs = (ch0, chs) if channelwise else (0, c)
@@ -308,11 +315,9 @@ class _Emitter:
                 count = min(chs, c0 + chunk - t0, m - t0)
                 self.tile(barrier=t0 == c0 and weight_slots == 1 and per_channel > 0)
                 if table is not None and tile == 0:
-                    src = self.array_at[(index, "table")]
-                    self.emit(LOAD, index, src, 0, table.nbytes, 1, 0, 0)
+                    self.load_table(index, table)
                 if per_channel and t0 == c0:
-                    src = self.array_at[(index, "weights")] + c0 * per_channel
-                    self.emit(LOAD, index, src, w_sram, min(chunk, m - c0) * per_channel, 1, 0, 0)
+                    self.load_weights(index, c0, min(chunk, m - c0), per_channel, w_sram)
                 if whole_input and tile == 0:
                     c = self.p.tensors[whole].shape[0]
                     self.load_rows(index, whole, 0, h, 0, c, input_at)
@@ -361,8 +366,7 @@ class _Emitter:
             out_at = w_sram + align(chunk * per_row)
             if not out_item:
                 out_at = self.resident[layer.output] + ch0 * np.dtype(out.dtype).itemsize
-            src = self.array_at[(index, "weights")] + ch0 * per_row
-            self.emit(LOAD, index, src, w_sram, chs * per_row, 1, 0, 0)
+            self.load_weights(index, ch0, chs, per_row, w_sram)
             self.emit(EXEC, index, 0, 1, ch0, chs, in_at, 0, w_sram, out_at)
             if out_item:
                 self.store_rows(index, layer.output, 0, 1, ch0, chs, out_at)

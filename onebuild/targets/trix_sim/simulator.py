@@ -70,9 +70,8 @@ class _Timeline:
         end = start + cycles
         self.free[engine] = end
         for lo, hi in reads:
-            np.maximum(
-                self.read[self._granules(lo, hi)], end, out=self.read[self._granules(lo, hi)]
-            )
+            span = self.read[self._granules(lo, hi)]
+            np.maximum(span, end, out=span)
         for lo, hi in writes:
             self.written[self._granules(lo, hi)] = end
         return end
@@ -197,10 +196,7 @@ class Simulator:
             xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
             wq = self._sram_view(w_at, weights.dtype.name, (chs, k))
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
-            bound = (np.iinfo(x_t.dtype).max - np.iinfo(x_t.dtype).min) * (
-                np.iinfo(wq.dtype).max + 1
-            )
-            acc = exact_dot(wq, xv[:, None], int(bound))[:, 0]
+            acc = exact_dot(wq, xv[:, None], _product_bound(xq.dtype, wq.dtype))[:, 0]
             acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
             y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
             macs = chs * k
@@ -273,7 +269,7 @@ class Simulator:
         else:
             padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
             windows = self._windows(layer, padded, rows, ow)
-        bound = (np.iinfo(x.dtype).max - np.iinfo(x.dtype).min) * (np.iinfo(wq.dtype).max + 1)
+        bound = _product_bound(x.dtype, wq.dtype)
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
@@ -342,6 +338,12 @@ def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
     for k0 in range(0, k, chunk):
         total += (a32[:, k0 : k0 + chunk] @ b32[k0 : k0 + chunk]).astype(np.int64)
     return total
+
+
+def _product_bound(codes: np.dtype, weights: np.dtype) -> int:
+    """The largest |(x - zero point) * w| of these code and weight dtypes."""
+    x, w = np.iinfo(codes), np.iinfo(weights)
+    return (int(x.max) - int(x.min)) * (int(w.max) + 1)
 
 
 def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
