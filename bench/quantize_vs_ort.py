@@ -2,7 +2,8 @@
 
 Both quantizers get the same float ONNX file, the same calibration samples and the same settings:
 uint8 asymmetric activations, int8 symmetric per-channel weights, MinMax calibration; onnxruntime
-writes QDQ. Accuracy is the SQNR (dB) of each quantized model's logits against the float model on
+writes QDQ. onebuild runs with its defaults otherwise (bias correction on; `onebuild_plain` is
+without it). Accuracy is the SQNR (dB) of each quantized model's logits against the float model on
 the same evaluation samples (onebuild's integer reference interpreter; onnxruntime running its own
 QDQ model). Time is file in -> quantized model out: onebuild import + O1 + calibration +
 quantization + IR file write; onnxruntime quantize_static (which loads, calibrates and writes).
@@ -34,6 +35,7 @@ from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_onnx, save_ir
 from onebuild.graph_ir.serde.model_zoo import light_model
@@ -69,7 +71,7 @@ def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.nda
     graph = model.main
     x, logits = graph.inputs[0].name, graph.outputs[-1].name
     stats = calibrate(graph, {x: calib})
-    quantized = quantize_graph(graph, stats.ranges)
+    quantized = quantize_graph(graph, stats.ranges, None, stats.channel_means())
     model.graphs[0] = quantized
     save_ir(model, work / f"{name}.obir")
     onebuild_seconds = time.perf_counter() - start
@@ -77,7 +79,12 @@ def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.nda
     float_run = Interpreter(graph)
     reference = [float_run.run({x: s})[logits] for s in evaluation]
     ours = [Interpreter(quantized).run({x: s})[logits] for s in evaluation]
-    searched = quantize_graph(graph, calibrate(graph, {x: calib}, "mse").ranges_for("uint8"))
+    plain = quantize_graph(graph, stats.ranges, QuantConfig(bias_correction=False))
+    ours_plain = [Interpreter(plain).run({x: s})[logits] for s in evaluation]
+    searched_stats = calibrate(graph, {x: calib}, "mse")
+    searched = quantize_graph(
+        graph, searched_stats.ranges_for("uint8"), None, searched_stats.channel_means()
+    )
     ours_mse = [Interpreter(searched).run({x: s})[logits] for s in evaluation]
 
     start = time.perf_counter()
@@ -105,6 +112,7 @@ def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.nda
         "evaluation_samples": len(evaluation),
         "sqnr_db": {
             "onebuild": _sqnr(reference, ours),
+            "onebuild_plain": _sqnr(reference, ours_plain),
             "onebuild_mse": _sqnr(reference, ours_mse),
             "onnxruntime": _sqnr(reference, theirs),
         },

@@ -85,6 +85,11 @@ class QuantizeStep(_Section):
     moving_avg_const: float = Field(default=0.1, gt=0, le=1)
     input_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
     output_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
+    bias_correction: bool = Field(
+        default=True,
+        description="full mode: correct each layer's bias for the mean error of its rounded "
+        "weights on the calibration data",
+    )
     layers: list[QuantizeLayer] = Field(default_factory=list)
     accuracy: QuantizeAccuracy | None = None
 

@@ -166,3 +166,36 @@ def test_bad_calibration_data_gives_one_line_errors():
         assert message in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(UserError, match="unknown calibration method"):
         calibrate(graph, data, "entropy")
+
+
+def test_channel_sums_are_exact_layer_input_means_and_round_trip(tmp_path):
+    from onebuild.errors import FormatError
+    from onebuild.graph_ir.interpreter import Interpreter
+    from onebuild.graph_ir.quant.calibrate import calibrate
+    from onebuild.graph_ir.serde.calibration_file import load_calibration, save_calibration
+    from onebuild.npz import read_npz, write_npz
+
+    graph, data = _digits()
+    stats = calibrate(graph, data)
+    layer_inputs = {n.inputs[0].name for n in graph.nodes if n.op in ("Conv", "Gemm")}
+    assert set(stats.channel_sums) == layer_inputs
+    seen = {}
+    interpreter = Interpreter(graph, lambda value, array: seen.setdefault(value.name, array))
+    interpreter.run_batch(data, chunk=len(data["input"]))
+    means = stats.channel_means()
+    np.testing.assert_allclose(means["input"], [data["input"].mean()], rtol=1e-6)
+    for name in layer_inputs - {"input"}:
+        axis = 1 if seen[name].ndim == 4 else -1
+        other = tuple(i for i in range(seen[name].ndim) if i != axis % seen[name].ndim)
+        np.testing.assert_allclose(means[name], seen[name].mean(axis=other), rtol=1e-5)
+
+    save_calibration(stats, tmp_path / "c.npz")
+    loaded = load_calibration(tmp_path / "c.npz")
+    for name, (count, total) in stats.channel_sums.items():
+        assert loaded.channel_sums[name][0] == count
+        np.testing.assert_array_equal(loaded.channel_sums[name][1], total)
+    arrays = read_npz(tmp_path / "c.npz")
+    arrays["sum_sizes"] = arrays["sum_sizes"] + 1
+    write_npz(tmp_path / "bad.npz", arrays)
+    with pytest.raises(FormatError, match="channel sums do not match"):
+        load_calibration(tmp_path / "bad.npz")

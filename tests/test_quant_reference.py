@@ -133,3 +133,45 @@ def test_quantized_graph_round_trips_through_an_ir_file(digits, tmp_path):
         Interpreter(loaded.main).run_batch(test)["logits"],
         Interpreter(quantized).run_batch(test)["logits"],
     )
+
+
+LAYERS = {  # kind -> (node attributes, weight shape); input x is [1, 6, 7, 7] or [1, 24]
+    "conv": ("Conv", {"pads": [0, 0, 0, 0]}, (5, 6, 3, 3)),
+    "depthwise": ("Conv", {"group": 6}, (6, 1, 3, 3)),
+    "gemm_transposed": ("Gemm", {"transB": 1}, (5, 24)),
+    "gemm": ("Gemm", {}, (24, 5)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_bias_correction_removes_the_mean_weight_rounding_error(rng, kind):
+    from onnx import helper
+    from onnx_builders import make_model
+
+    op, attrs, w_shape = LAYERS[kind]
+    x_shape = [1, 6, 7, 7] if op == "Conv" else [1, 24]
+    w = rng.normal(0, 0.05, w_shape).astype(np.float32)
+    w.flat[0] = 1.0  # one outlier: a coarse per-tensor step, so rounding errors are large
+    b = np.zeros(w_shape[0] if op == "Conv" or attrs else w_shape[1], np.float32)
+    node = helper.make_node(op, ["x", "w", "b"], ["y"], name="layer", **attrs)
+    graph = import_onnx(make_model([node], [("x", x_shape)], ["y"], [("w", w), ("b", b)])).main
+    channel_offsets = rng.uniform(0.5, 2.0, x_shape[1]).reshape(
+        1, 1, -1, *([1] * (len(x_shape) - 2))
+    )
+
+    def samples(count):
+        return {"x": (rng.random((count, *x_shape)) + channel_offsets).astype(np.float32)}
+
+    stats = calibrate(graph, samples(64))
+    assert set(stats.channel_sums) == {"x"}
+    test = samples(64)
+    want = Interpreter(graph).run_batch(test)["y"]
+    channel_axis = 2 if op == "Conv" else -1
+    errors = {}
+    for corrected in (False, True):
+        config = QuantConfig("uint8", "layer", bias_correction=corrected)
+        quantized = quantize_graph(graph, stats.ranges, config, stats.channel_means())
+        error = Interpreter(quantized).run_batch(test)["y"] - want
+        axes = tuple(i for i in range(error.ndim) if i != (channel_axis % error.ndim))
+        errors[corrected] = np.abs(error.mean(axis=axes)).mean()
+    assert errors[True] < 0.25 * errors[False]

@@ -27,7 +27,7 @@ from ..gates import failures, gate_checks
 from ..graph_ir.interpreter import Interpreter, check_feeds
 from ..graph_ir.ir import Graph, Model
 from ..graph_ir.metrics import OutputMetrics
-from ..graph_ir.quant.calibrate import RangeRecorder
+from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
 from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
@@ -196,8 +196,7 @@ class Session:
                 log.warning("%s: the model changed; recorded data and builds start over", ws.folder)
             ws.forget()
             saved = {}
-        stats = ws.read_minmax()
-        self._recorder = RangeRecorder.resume(stats) if stats else RangeRecorder()
+        self._recorder = self._resume_recorder()
         ws.keep_records(self._recorder.samples)
         self._source_digest = digest
         self._decided_with = saved.get("settings")  # OdcSettings.key of the last decision
@@ -208,6 +207,12 @@ class Session:
         self._qpath = Path(saved["qpath"]) if saved.get("qpath") else None
         self._cpath = Path(saved["cpath"]) if saved.get("cpath") else None
         self._switch(saved.get("state", "INITIAL"))
+
+    def _resume_recorder(self) -> RangeRecorder:
+        """A recorder continuing from the workspace's statistics file (empty without one)."""
+        axes = channel_axes(self._float.main)
+        stats = self.workspace.read_minmax()
+        return RangeRecorder.resume(stats, axes) if stats else RangeRecorder(channel_axes=axes)
 
     # ---- the app's view -----------------------------------------------------------------------
 
@@ -275,8 +280,7 @@ class Session:
         try:
             outputs = self._float_runner.run(feeds)
         except BaseException:  # the ranges saw a partial run: back to what the file holds
-            stats = self.workspace.read_minmax()
-            self._recorder = RangeRecorder.resume(stats) if stats else RangeRecorder()
+            self._recorder = self._resume_recorder()
             raise
         finally:
             self._float_runner.interpreter.observer = None

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-VERSION = 2
+VERSION = 3
 log = logging.getLogger("onebuild")
 
 OPTIONS = {  # recipe key -> observer argument, per method

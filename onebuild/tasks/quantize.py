@@ -5,9 +5,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 2
 log = logging.getLogger("onebuild")
-KEYS = ("mode", "dtype", "granularity", "input_type", "output_type", "layers")
+KEYS = ("mode", "dtype", "granularity", "input_type", "output_type", "bias_correction", "layers")
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
@@ -22,7 +22,12 @@ def quant_config(config: dict[str, Any]):
         for layer in config["layers"]
     )
     return QuantConfig(
-        config["dtype"], config["granularity"], config["input_type"], config["output_type"], layers
+        config["dtype"],
+        config["granularity"],
+        config["input_type"],
+        config["output_type"],
+        layers,
+        config["bias_correction"],
     )
 
 
@@ -39,7 +44,8 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         log.info("quantize: %d weight tensor(s) stored as %s", count, config["dtype"])
     else:
         stats = load_calibration(inputs[1])
-        model.graphs[0] = quantize_graph(model.main, stats.ranges_for(config["dtype"]), settings)
+        ranges = stats.ranges_for(config["dtype"])
+        model.graphs[0] = quantize_graph(model.main, ranges, settings, stats.channel_means())
         ops = Counter(node.op for node in model.main.nodes)
         log.info("quantize: %s", ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())))
     save_ir(model, outputs[0])

@@ -2,6 +2,8 @@
 
 Memory stays bounded: batches arrive one at a time (one npz file of a folder, say) and each value
 keeps one observer (a few numbers, or a fixed histogram), never the activations themselves.
+The inputs of Conv/Gemm/MatMul layers also get per-channel sums (their means drive bias
+correction at quantization time).
 The result, `CalibrationStats`, does not depend on the quantized dtype, so it is computed once
 and reused when only the dtype changes (the `mse` search runs per dtype from the histogram).
 """
@@ -37,6 +39,11 @@ class CalibrationStats:
     samples: int
     ranges: dict[str, tuple[float, float]]
     histograms: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
+    channel_sums: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
+    """value name -> (elements summed per channel, float64 sum per channel)"""
+
+    def channel_means(self) -> dict[str, np.ndarray]:
+        return {name: total / count for name, (count, total) in self.channel_sums.items()}
 
     def ranges_for(self, dtype: str) -> dict[str, tuple[float, float]]:
         """The ranges to quantize with for `dtype` (the search methods depend on it)."""
@@ -67,32 +74,58 @@ def check_calibration_data(graph: Graph, data: Batch, where: str = "calibration 
     return samples
 
 
+def channel_axes(graph: Graph) -> dict[str, int]:
+    """The float inputs of Conv/Gemm/MatMul layers with constant weights, each with the axis its
+    layer's weights contract over (the input channels)."""
+    axes = {}
+    for node in graph.nodes:
+        if node.op in ("Conv", "Gemm", "MatMul") and node.inputs[1].is_const:
+            data = node.inputs[0]
+            if not data.is_const and len(data.shape) >= 2 and not node.attrs.get("transA"):
+                axes[data.name] = 1 if node.op == "Conv" else len(data.shape) - 1
+    return axes
+
+
 class RangeRecorder:
     """One observer per float value (by name), fed as an interpreter observer: by calibration
-    batch by batch, and by an on-device session run by run (the same numbers either way)."""
+    batch by batch, and by an on-device session run by run (the same numbers either way).
+    Values named in `channel_axes` (see `channel_axes()`) also get per-channel sums."""
 
-    def __init__(self, method: str = "minmax", options: Mapping | None = None):
+    def __init__(
+        self,
+        method: str = "minmax",
+        options: Mapping | None = None,
+        channel_axes: Mapping[str, int] | None = None,
+    ):
         if method not in METHODS:
             raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
         self.method, self.options = method, dict(options or {})
+        self.channel_axes = dict(channel_axes or {})
         self.observers: dict[str, object] = {}
+        self.sums: dict[str, tuple[int, np.ndarray]] = {}
         self.samples = 0
 
     @classmethod
-    def resume(cls, stats: CalibrationStats) -> "RangeRecorder":
+    def resume(
+        cls, stats: CalibrationStats, channel_axes: Mapping[str, int] | None = None
+    ) -> "RangeRecorder":
         """Continue recording where saved `minmax` statistics left off."""
         if stats.method != "minmax":
             raise UserError(f"cannot resume '{stats.method}' statistics; only 'minmax' ones")
-        recorder = cls()
+        recorder = cls(channel_axes=channel_axes)
         for name, (lo, hi) in stats.ranges.items():
             observer = recorder.observers[name] = MinMax()
             observer.lo, observer.hi = lo, hi
+        recorder.sums = dict(stats.channel_sums)
         recorder.samples = stats.samples
         return recorder
 
     def observe(self, value: Value, array: np.ndarray) -> None:
         if array.dtype.kind != "f":
             return
+        axis = self.channel_axes.get(value.name)
+        if axis is not None and array.size:
+            self._add_channel_sums(value.name, array, axis)
         observer = self.observers.get(value.name)
         if observer is None:
             try:
@@ -102,10 +135,23 @@ class RangeRecorder:
             self.observers[value.name] = observer
         observer.update(array)
 
+    def _add_channel_sums(self, name: str, array: np.ndarray, axis: int) -> None:
+        """Sum sample by sample (leading rows in order), so how samples are split into batches
+        or files does not change a bit of the result."""
+        inner = tuple(range(1, array.ndim))
+        rows = array.sum(axis=tuple(i for i in inner if i != axis), dtype=np.float64)
+        count, total = self.sums.get(name, (0, np.zeros(array.shape[axis])))
+        for row in rows.reshape(len(rows), -1):
+            total = total + row
+        self.sums[name] = (count + array.size // array.shape[axis], total)
+
     def stats(self) -> CalibrationStats:
         items = self.observers.items()
         stats = CalibrationStats(
-            self.method, self.samples, {n: tuple(map(float, o.range())) for n, o in items}
+            self.method,
+            self.samples,
+            {n: tuple(map(float, o.range())) for n, o in items},
+            channel_sums=dict(self.sums),
         )
         if self.method == "mse":
             stats.histograms = {n: (o.limit, o.counts) for n, o in items}
@@ -133,7 +179,7 @@ def calibrate(
         chunk = options.get("batch", 1)
         if interpreter.batchable:
             options["batch"] = 1  # each observed array is already a whole batch
-    recorder = RangeRecorder(method, options)
+    recorder = RangeRecorder(method, options, channel_axes(graph))
     interpreter.observer = recorder.observe
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)

@@ -25,6 +25,7 @@ class QuantConfig:
     input_type: str = FLOAT
     output_type: str = FLOAT
     layers: tuple[LayerOverride, ...] = ()
+    bias_correction: bool = True  # full mode: correct biases for the mean weight-rounding error
 
     @property
     def quantized_dtypes(self) -> set[str]:

@@ -2,7 +2,9 @@
 
 Each node runs in its layer's dtype (the default, or a `layers` override):
 - Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (symmetric weights per channel
-  or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w);
+  or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w;
+  with the calibration means of the layer's input channels, the bias is corrected by the mean
+  output shift the weight rounding causes, (w_q - w) @ mean, as in Nagel et al. 2019);
 - Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool -> integer kernels;
 - unary elementwise functions (Sigmoid, Tanh, HardSwish, Relu, ...) -> a lookup table over every
   input code;
@@ -66,11 +68,12 @@ def weight_dtype(activation_dtype: str) -> str:
 
 
 class _Quantizer:
-    def __init__(self, source: Graph, ranges: Mapping[str, tuple[float, float]], config):
+    def __init__(self, source: Graph, ranges: Mapping[str, tuple[float, float]], config, means):
         for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
                 raise UserError(f"full quantization does not support dtype '{dtype}'")
         self.source, self.ranges, self.config = source, ranges, config
+        self.means = means if config.bias_correction else {}
         self.settings = layer_settings(source, config)
         self.graph = Graph(source.name)
         self.float_of: dict[int, Value] = {}  # source value -> float value in the new graph
@@ -215,6 +218,10 @@ class _Quantizer:
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
         b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
+        mean = self.means.get(node.inputs[0].name)
+        if mean is not None and mean.size == _in_channels(node, w, channel_axis):
+            error = wq * np.asarray(w_params.scale).reshape(_channel_shape(w, channel_axis)) - w
+            b_real = b_real - _output_shift(node, error, mean, channel_axis)
         bq = np.clip(np.rint(b_real / (s_x * scales)), limit.min, limit.max).astype(b_type)
         multipliers = [quantize_multiplier(s_x * s / out_params.scale[0]) for s in scales]
         if node.op == "Conv":
@@ -357,6 +364,29 @@ def _constant_weights(node: Node) -> bool:
     return bias is None or bias.is_const
 
 
+def _channel_shape(weight: np.ndarray, axis: int) -> tuple[int, ...]:
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    return tuple(shape)
+
+
+def _in_channels(node: Node, weight: np.ndarray, axis: int) -> int:
+    if node.op == "Conv":
+        return weight.shape[1] * node.attrs["group"]
+    return weight.shape[1 - axis]
+
+
+def _output_shift(node: Node, weight_error: np.ndarray, mean: np.ndarray, axis: int) -> np.ndarray:
+    """The mean output change per channel that `weight_error` causes on inputs whose channels
+    average `mean` (zero padding ignored)."""
+    if node.op != "Conv":
+        return weight_error @ mean if axis == 0 else mean @ weight_error
+    groups = node.attrs["group"]
+    out_channels, in_per_group = weight_error.shape[:2]
+    per_group = weight_error.reshape(groups, out_channels // groups, in_per_group, -1).sum(axis=3)
+    return np.einsum("goi,gi->go", per_group, mean.reshape(groups, in_per_group)).ravel()
+
+
 def _output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:
     """Output type, zero point and saturation bounds (narrowed by a fused activation clip)."""
     info = np.iinfo(dtype)
@@ -375,6 +405,8 @@ def quantize_graph(
     graph: Graph,
     ranges: Mapping[str, tuple[float, float]],
     config: QuantConfig | None = None,
+    channel_means: Mapping[str, np.ndarray] | None = None,
 ) -> Graph:
-    """The integer-reference form of `graph` given calibration ranges per value name."""
-    return _Quantizer(graph, ranges, config or QuantConfig()).run()
+    """The integer-reference form of `graph` given calibration ranges per value name and, for
+    bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`)."""
+    return _Quantizer(graph, ranges, config or QuantConfig(), channel_means or {}).run()
