@@ -290,11 +290,13 @@ def _print_tvn(info: dict) -> None:
         f"{info['mac_utilization']:.1%}; DRAM {info['dram_bytes']:,} bytes; SRAM peak "
         f"{info['sram_peak_bytes']:,}; arena {info['arena_bytes']:,}"
     )
-    print("layer                          kind       cycles   DRAM bytes")
+    print("layer                          kind       cycles    compute        DMA   DRAM bytes")
     for name, layer in info["layers_table"].items():
         print(
-            f"  {name[:28]:<28} {layer['kind']:<8} {layer['cycles']:>9,} {layer['dram_bytes']:>11,}"
+            f"  {name[:28]:<28} {layer['kind']:<8} {layer['cycles']:>9,} "
+            f"{layer['compute_cycles']:>10,} {layer['dma_cycles']:>10,} {layer['dram_bytes']:>12,}"
         )
+    print("(cycles: the layer's share of the total; compute / DMA: busy cycles of each engine)")
 
 
 def cmd_inspect(args) -> int:

@@ -169,6 +169,12 @@ def test_light_models_are_bit_exact(rng, name, presets):
         summary = assert_bit_exact(quantized, load_hardware(preset), "performance", rng, 1)
         assert summary["cycles"] >= summary["roofline_cycles"] > 0
         assert 0 < summary["mac_utilization"] <= 1
+        layers = summary["layers"].values()
+        # each layer's share of the time adds up to the total; engines overlap within a layer
+        assert sum(layer["cycles"] for layer in layers) == summary["cycles"]
+        assert sum(layer["compute_cycles"] + layer["dma_cycles"] for layer in layers) > sum(
+            layer["cycles"] for layer in layers
+        )
 
 
 def test_preferences_trade_arena_size_for_cycles(rng):

@@ -23,7 +23,9 @@ from .perf import dma_cycles, exec_cycles, roofline
 class Report:
     cycles: int = 0
     dram_bytes: int = 0
-    layers: dict[str, dict] = field(default_factory=dict)  # name -> cycles, dram_bytes, macs
+    # name -> cycles (the layer's share of the total: from the previous layer's finish to its
+    # own), compute_cycles and dma_cycles (engine busy time), dram_bytes, macs
+    layers: dict[str, dict] = field(default_factory=dict)
 
     def summary(self, hw: Hardware, module: Module) -> dict:
         program = Program(module.tensors, module.layers, module.inputs, module.outputs)
@@ -124,14 +126,21 @@ class Simulator:
             at = module.dram[name]
             self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
         report, timeline = Report(), _Timeline(len(self.sram))
+        finish: dict[str, int] = {}
         for position, (op, index, *args) in enumerate(module.code.tolist()):
             try:
-                self._step(report, timeline, op, index, args)
+                end = self._step(report, timeline, op, index, args)
             except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError) as error:
                 raise FormatError(
                     f"instruction {position} (layer '{module.layers[index].name}') is "
                     f"inconsistent with the program: {error}"
                 ) from None
+            name = module.layers[index].name
+            finish[name] = max(finish.get(name, 0), end)
+        done = 0
+        for name, stats in report.layers.items():  # in program order
+            stats["cycles"] = max(0, finish[name] - done)
+            done = max(done, finish[name])
         outputs = {}
         for name in module.outputs:
             t = module.tensors[name]
@@ -139,10 +148,19 @@ class Simulator:
             outputs[name] = self.dram[at : at + t.nbytes].view(t.dtype).reshape(t.dims).copy()
         return outputs, report
 
-    def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> None:
+    def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> int:
+        """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
         stats = report.layers.setdefault(
-            layer.name, {"kind": layer.kind, "cycles": 0, "dram_bytes": 0, "macs": 0}
+            layer.name,
+            {
+                "kind": layer.kind,
+                "cycles": 0,
+                "compute_cycles": 0,
+                "dma_cycles": 0,
+                "dram_bytes": 0,
+                "macs": 0,
+            },
         )
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
@@ -150,6 +168,7 @@ class Simulator:
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [], [span])
+            stats["dma_cycles"] += cycles
             stats["dram_bytes"] += block * count
             report.dram_bytes += block * count
         elif op == STORE:
@@ -158,16 +177,18 @@ class Simulator:
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [span], [])
+            stats["dma_cycles"] += cycles
             stats["dram_bytes"] += block * count
             report.dram_bytes += block * count
         elif op == EXEC:
             reads, writes, cycles, macs = self._exec(index, layer, *args)
             end = timeline.schedule("compute", cycles, reads, writes)
+            stats["compute_cycles"] += cycles
             stats["macs"] += macs
         else:
             raise FormatError(f"unknown opcode {op}")
-        stats["cycles"] += cycles
         report.cycles = max(report.cycles, end)
+        return end
 
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
         tensors = self.module.tensors
