@@ -4,8 +4,9 @@ Speed: ms per inference (median of repeated runs, same inputs, same process) of 
 reference interpreter (after O1) and of onnxruntime (default CPU session), on the light ResNet50
 and SqueezeNet graphs with seeded random weights, and their ratio.
 Memory: vgg19 (143.7 M float32 parameters, 575 MB) is saved as an ONNX file, once with external
-data (the layout large models ship in; weights are memory-mapped) and once embedded, then imported
-and run in a fresh subprocess; peak RSS is compared with the weight bytes.
+data (the layout large models ship in) and once embedded, then loaded with `load_onnx` (weights
+are memory-mapped either way) and run in a fresh subprocess; peak RSS is compared with the
+weight bytes.
 """
 
 import json
@@ -16,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,6 +24,7 @@ import onnxruntime as ort
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.serde import load_onnx
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 
@@ -75,7 +76,7 @@ def _peak_rss_bytes() -> int:
 def _import_child(path: str) -> None:
     """Runs in a subprocess: import + one inference, then report times and peak RSS."""
     start = time.perf_counter()
-    model = import_onnx(onnx.load(path, load_external_data=False), path, base_dir=Path(path).parent)
+    model = load_onnx(path)
     imported = time.perf_counter() - start
     graph = model.main
     feeds = {v.name: np.zeros(v.shape, np.float32) for v in graph.inputs}

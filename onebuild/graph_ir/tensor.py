@@ -1,9 +1,26 @@
 """Constant tensors (in memory, memory-mapped or lazy) and quantization parameters."""
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+COPY_CHUNK = 1 << 24
+
+
+def _aligned_copy(buffer, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    out = np.empty(shape, dtype)
+    target = out.reshape(-1).view(np.uint8)
+    source = np.frombuffer(buffer, np.uint8, count=target.size, offset=offset)
+    page = mmap.PAGESIZE
+    for start in range(0, target.size, COPY_CHUNK):
+        stop = min(target.size, start + COPY_CHUNK)
+        target[start:stop] = source[start:stop]
+        first, last = -(-(offset + start) // page) * page, (offset + stop) // page * page
+        if isinstance(buffer, mmap.mmap) and last > first and hasattr(mmap, "MADV_DONTNEED"):
+            buffer.madvise(mmap.MADV_DONTNEED, first, last - first)
+    return out
 
 
 class Tensor:
@@ -32,12 +49,21 @@ class Tensor:
 
     @classmethod
     def mapped(cls, buffer, offset: int, dtype: np.dtype, shape: tuple[int, ...]):
-        """A read-only view of `buffer[offset:]` (an mmap or bytes), decoded on first read."""
+        """A read-only view of `buffer[offset:]` (an mmap or bytes), decoded on first read.
+
+        Data at an offset not aligned for its dtype (weights embedded in an ONNX file) is
+        copied once into an aligned array instead (numpy and BLAS would copy an unaligned view
+        on every use); the copy runs in chunks and hands each copied chunk's file pages back
+        to the OS, so memory holds one copy of the data, not two.
+        """
         dtype = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
 
         def load() -> np.ndarray:
-            return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+            if offset % dtype.alignment == 0:
+                view = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+                return view.reshape(shape)
+            return _aligned_copy(buffer, offset, dtype, shape)
 
         return cls.lazy(load, dtype, shape)
 

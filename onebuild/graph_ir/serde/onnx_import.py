@@ -7,6 +7,7 @@ output types inferred when it is created. Symbolic dims are fixed by `input_shap
 batch dim (axis 0) defaults to 1.
 """
 
+import contextlib
 import heapq
 import logging
 import mmap
@@ -25,6 +26,7 @@ from ..ir import Graph, Model, Value
 from ..ops import OPS
 from ..tensor import Tensor
 from .onnx_ops import CONVERTERS
+from .onnx_wire import map_embedded_weights
 
 log = logging.getLogger("onebuild")
 
@@ -42,12 +44,27 @@ def load_onnx(
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = _read_model(path)
     except (DecodeError, RuntimeWarning, ValueError, OSError) as error:
         raise ModelError(f"{path}: not a valid ONNX model ({error})") from None
     if not proto.HasField("graph") or not (proto.graph.node or proto.graph.output):
         raise ModelError(f"{path}: not a valid ONNX model (no graph)")
     return import_onnx(proto, str(path), input_shapes, input_values, base_dir=path.parent)
+
+
+def _read_model(path: Path) -> onnx.ModelProto:
+    """Parse the model; large embedded weights become references into the file (memory-mapped
+    by the importer, never parsed or copied; see onnx_wire)."""
+    with open(path, "rb") as handle:
+        try:
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            data = b""
+    with data if isinstance(data, mmap.mmap) else contextlib.nullcontext():
+        stripped = map_embedded_weights(data, path.name)
+        if stripped is None:
+            return onnx.load_model_from_string(bytes(data))
+    return onnx.load_model_from_string(stripped)
 
 
 def import_onnx(
@@ -252,6 +269,11 @@ class _GraphImporter:
         if offset + nbytes > len(buffer) or int(info.get("length", nbytes)) < nbytes:
             raise ModelError(
                 f"{self.source}: external data of tensor '{proto.name}' is truncated ({path.name})"
+            )
+        if int(info.get("length", nbytes)) != nbytes:
+            raise ModelError(
+                f"{self.source}: tensor '{proto.name}' has {info['length']} data bytes, its "
+                f"shape {list(shape)} needs {nbytes}"
             )
         return Tensor.mapped(buffer, offset, dtype, shape)
 

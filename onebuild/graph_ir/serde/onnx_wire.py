@@ -1,0 +1,129 @@
+"""Memory-map the weights embedded in an ONNX file instead of parsing them into memory.
+
+Parsing a model with embedded weights holds the file's bytes and the parsed copy at once, and
+converting the tensors to arrays copies them again. Instead, the protobuf wire format is walked
+(ModelProto.graph -> GraphProto.initializer -> TensorProto.raw_data) and a small copy of the
+model is written where each large `raw_data` field becomes an external-data reference to its
+own bytes inside the model file (location = the file's name, offset, length), which the
+importer memory-maps like any external data. Only field framing is interpreted; anything
+unexpected returns None and the caller parses the file normally.
+"""
+
+MODEL_GRAPH, GRAPH_INITIALIZER = 7, 5
+TENSOR_RAW_DATA, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 9, 13, 14
+LENGTH_DELIMITED, VARINT, FIXED64, FIXED32 = 2, 0, 1, 5
+EXTERNAL = 1
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _varint(data, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise _Malformed
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fields(data, start: int, end: int):
+    """(field number, wire type, field start, payload start, payload end) of each field."""
+    at = start
+    while at < end:
+        tag, payload = _varint(data, at)
+        number, wire = tag >> 3, tag & 7
+        if wire == VARINT:
+            _, stop = _varint(data, payload)
+        elif wire == LENGTH_DELIMITED:
+            length, payload = _varint(data, payload)
+            stop = payload + length
+        elif wire == FIXED64:
+            stop = payload + 8
+        elif wire == FIXED32:
+            stop = payload + 4
+        else:  # groups: not used by ONNX
+            raise _Malformed
+        if stop > end:
+            raise _Malformed
+        yield number, wire, at, payload, stop
+        at = stop
+
+
+def _length_field(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | LENGTH_DELIMITED) + _encode_varint(len(payload)) + payload
+
+
+def _entry(key: str, value: str) -> bytes:
+    return _length_field(1, key.encode()) + _length_field(2, value.encode())
+
+
+class _Rewriter:
+    def __init__(self, data, location: str, min_bytes: int):
+        self.data, self.location, self.min_bytes = data, location, min_bytes
+        self.mapped = 0
+
+    def message(self, start: int, end: int, rewrite: dict) -> bytes:
+        """The message in data[start:end] with the length-delimited fields named in `rewrite`
+        replaced by what their handler returns."""
+        out = bytearray()
+        for number, wire, field, payload, stop in _fields(self.data, start, end):
+            handler = rewrite.get(number) if wire == LENGTH_DELIMITED else None
+            if handler is None:
+                out += self.data[field:stop]
+            else:
+                out += _length_field(number, handler(payload, stop))
+        return bytes(out)
+
+    def graph(self, start: int, end: int) -> bytes:
+        return self.message(start, end, {GRAPH_INITIALIZER: self.tensor})
+
+    def tensor(self, start: int, end: int) -> bytes:
+        raw = [
+            (payload, stop)
+            for number, wire, _, payload, stop in _fields(self.data, start, end)
+            if number == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED
+        ]
+        if len(raw) != 1 or raw[0][1] - raw[0][0] < self.min_bytes:
+            return bytes(self.data[start:end])
+        offset, stop = raw[0]
+        self.mapped += 1
+        kept = b"".join(  # every field but raw_data
+            bytes(self.data[f:s]) if n != TENSOR_RAW_DATA else b""
+            for n, _, f, _, s in _fields(self.data, start, end)
+        )
+        reference = b"".join(
+            _length_field(TENSOR_EXTERNAL_DATA, _entry(key, value))
+            for key, value in (
+                ("location", self.location),
+                ("offset", str(offset)),
+                ("length", str(stop - offset)),
+            )
+        )
+        location = _encode_varint(TENSOR_DATA_LOCATION << 3 | VARINT) + bytes([EXTERNAL])
+        return kept + reference + location
+
+
+def map_embedded_weights(data, location: str, min_bytes: int = 1 << 16) -> bytes | None:
+    """The serialized model `data` (bytes or an mmap of the file named `location`) with every
+    initializer's raw_data of at least `min_bytes` turned into a reference into that file;
+    None when there is nothing to map or the bytes are not a well-formed model."""
+    rewriter = _Rewriter(data, location, min_bytes)
+    try:
+        model = rewriter.message(0, len(data), {MODEL_GRAPH: rewriter.graph})
+    except _Malformed:
+        return None
+    return model if rewriter.mapped else None
