@@ -13,6 +13,18 @@ from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.serde.onnx_wire import map_embedded_weights
 
 
+def _matmul_model(weight: onnx.TensorProto) -> onnx.ModelProto:
+    """y = x @ w for x [1, 200]."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 200])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 200])],
+        [weight],
+    )
+    return helper.make_model(graph)
+
+
 def test_embedded_weights_are_mapped_and_give_the_same_results(tmp_path, rng):
     proto = light_model("squeezenet", seed=3)
     onnx.save(proto, tmp_path / "m.onnx")
@@ -41,14 +53,7 @@ def test_embedded_weights_are_mapped_and_give_the_same_results(tmp_path, rng):
 
 def test_rewritten_model_refers_to_the_bytes_in_the_file(tmp_path):
     weight = np.arange(40000, dtype=np.float32).reshape(200, 200)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 200])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 200])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    data = helper.make_model(graph).SerializeToString()
+    data = _matmul_model(numpy_helper.from_array(weight, "w")).SerializeToString()
     stripped = onnx.load_model_from_string(map_embedded_weights(data, "model.onnx"))
     (tensor,) = stripped.graph.initializer
     info = {entry.key: entry.value for entry in tensor.external_data}
@@ -63,14 +68,7 @@ def test_rewritten_model_refers_to_the_bytes_in_the_file(tmp_path):
 def test_raw_data_of_the_wrong_size_is_a_one_line_error(tmp_path):
     tensor = numpy_helper.from_array(np.zeros((100, 200), np.float32), "w")
     tensor.dims[:] = [200, 200]  # the bytes hold half of that
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 200])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 200])],
-        [tensor],
-    )
-    onnx.save(helper.make_model(graph), tmp_path / "bad.onnx")
+    onnx.save(_matmul_model(tensor), tmp_path / "bad.onnx")
     with pytest.raises(ModelError, match="tensor 'w'") as error:
         load_onnx(tmp_path / "bad.onnx")
     assert "\n" not in str(error.value)
