@@ -7,7 +7,6 @@ output types inferred when it is created. Symbolic dims are fixed by `input_shap
 batch dim (axis 0) defaults to 1.
 """
 
-import contextlib
 import heapq
 import logging
 import mmap
@@ -56,15 +55,11 @@ def _read_model(path: Path) -> onnx.ModelProto:
     """Parse the model; large embedded weights become references into the file (memory-mapped
     by the importer, never parsed or copied; see onnx_wire)."""
     with open(path, "rb") as handle:
-        try:
-            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            data = b""
-    with data if isinstance(data, mmap.mmap) else contextlib.nullcontext():
-        stripped = map_embedded_weights(data, path.name)
-        if stripped is None:
-            return onnx.load_model_from_string(bytes(data))
-    return onnx.load_model_from_string(stripped)
+        if not os.fstat(handle.fileno()).st_size:  # an empty file cannot be mapped
+            return onnx.ModelProto()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            stripped = map_embedded_weights(data, path.name)
+            return onnx.load_model_from_string(data[:] if stripped is None else stripped)
 
 
 def import_onnx(
