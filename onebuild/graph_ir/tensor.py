@@ -14,11 +14,12 @@ def _aligned_copy(buffer, offset: int, dtype: np.dtype, shape: tuple[int, ...]) 
     target = out.reshape(-1).view(np.uint8)
     source = np.frombuffer(buffer, np.uint8, count=target.size, offset=offset)
     page = mmap.PAGESIZE
+    release = isinstance(buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
     for start in range(0, target.size, COPY_CHUNK):
         stop = min(target.size, start + COPY_CHUNK)
         target[start:stop] = source[start:stop]
         first, last = -(-(offset + start) // page) * page, (offset + stop) // page * page
-        if isinstance(buffer, mmap.mmap) and last > first and hasattr(mmap, "MADV_DONTNEED"):
+        if release and last > first:
             buffer.madvise(mmap.MADV_DONTNEED, first, last - first)
     return out
 

@@ -92,19 +92,13 @@ class _Rewriter:
         return self.message(start, end, {GRAPH_INITIALIZER: self.tensor})
 
     def tensor(self, start: int, end: int) -> bytes:
-        raw = [
-            (payload, stop)
-            for number, wire, _, payload, stop in _fields(self.data, start, end)
-            if number == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED
-        ]
+        fields = list(_fields(self.data, start, end))
+        raw = [(p, s) for n, w, _, p, s in fields if n == TENSOR_RAW_DATA and w == LENGTH_DELIMITED]
         if len(raw) != 1 or raw[0][1] - raw[0][0] < self.min_bytes:
             return bytes(self.data[start:end])
         offset, stop = raw[0]
         self.mapped += 1
-        kept = b"".join(  # every field but raw_data
-            bytes(self.data[f:s]) if n != TENSOR_RAW_DATA else b""
-            for n, _, f, _, s in _fields(self.data, start, end)
-        )
+        kept = b"".join(bytes(self.data[f:s]) for n, _, f, _, s in fields if n != TENSOR_RAW_DATA)
         reference = b"".join(
             _length_field(TENSOR_EXTERNAL_DATA, _entry(key, value))
             for key, value in (
