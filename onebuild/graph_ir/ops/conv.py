@@ -79,19 +79,15 @@ def conv(attrs, x, w, b=None):
     m, cg = w.shape[:2]
     mg = m // group
     kernel = w.shape[2:]
-    xp = pad_spatial(x, attrs["pads"])
     if cg == 1 and mg == 1 and group > 1:
-        y = _depthwise(xp, w, kernel, strides, dilations)
+        y = _depthwise(pad_spatial(x, attrs["pads"]), w, kernel, strides, dilations)
     else:
-        if all(k == 1 for k in kernel) and all(s == 1 for s in strides):
-            out = xp.shape[2:]
-            cols = xp.reshape(n, group, cg, -1)
+        if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(attrs["pads"]):
+            out = x.shape[2:]
+            cols = x.reshape(n, group, cg, -1)
         else:
-            view = window_view(xp, kernel, strides, dilations)
-            out = view.shape[2 : 2 + nd]
-            # [N, C, *out, *k] -> [N, C, *k, *out] -> [N, G, Cg*K, P]
-            order = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
-            cols = view.transpose(order).reshape(n, group, cg * int(np.prod(kernel)), -1)
+            cols, out = im2col(x, kernel, strides, dilations, attrs["pads"])
+            cols = cols.reshape(n, group, -1, cols.shape[-1])
         weights = w.reshape(group, mg, -1)
         if n == 1 and group == 1:  # one plain GEMM; skips the batched-matmul machinery
             y = np.dot(weights[0], cols[0, 0]).reshape(n, m, *out)
@@ -101,6 +97,44 @@ def conv(attrs, x, w, b=None):
     if b is not None:
         y += b.reshape((1, -1) + (1,) * nd)
     return apply_clip(attrs, y)
+
+
+def im2col(
+    x: np.ndarray,
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    pads: list[int],
+) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The [N, C*K, P] window matrix of x under zero padding, and the output spatial shape.
+
+    Copied straight from the unpadded input, one kernel offset at a time (no padded copy): each
+    offset's block gets the in-range input and zeros where its windows reach into the padding.
+    """
+    n, c, nd = x.shape[0], x.shape[1], x.ndim - 2
+    spatial = x.shape[2:]
+    out = tuple(
+        conv_output_size(spatial[i], kernel[i], strides[i], dilations[i], pads[i] + pads[i + nd])
+        for i in range(nd)
+    )
+    cols = np.empty((n, c, *kernel, *out), dtype=x.dtype)
+    for offset in np.ndindex(*kernel):
+        block = cols[(slice(None), slice(None), *offset)]  # [N, C, *out]
+        inside, source = [], []
+        for i in range(nd):
+            stride = strides[i]
+            shift = offset[i] * dilations[i] - pads[i]  # input index read by output 0
+            first = max(0, (stride - 1 - shift) // stride)
+            last = max(first, min(out[i], (spatial[i] - 1 - shift) // stride + 1))
+            before = (slice(None),) * (2 + i)
+            block[(*before, slice(0, first))] = 0
+            block[(*before, slice(last, None))] = 0
+            inside.append(slice(first, last))
+            start = shift + first * stride
+            source.append(slice(start, start + (last - first - 1) * stride + 1, stride))
+        if all(r.stop > r.start for r in inside):
+            block[(slice(None), slice(None), *inside)] = x[(slice(None), slice(None), *source)]
+    return cols.reshape(n, c * int(np.prod(kernel)), -1), out
 
 
 def _depthwise(xp, w, kernel, strides, dilations):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .conv import pad_spatial, window_view
+from .conv import pad_spatial
 from .registry import Attrs, TensorType, register
 
 
@@ -35,8 +35,8 @@ def _pool_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (*x.shape[:2], *pool_output_shape(attrs, x.shape[2:])))]
 
 
-def _padded_windows(attrs: Attrs, x: np.ndarray, value) -> tuple[np.ndarray, tuple[int, ...]]:
-    """Pad explicitly and for ceil mode, and return the [N, C, *out, *k] window view."""
+def _padded(attrs: Attrs, x: np.ndarray, value) -> tuple[np.ndarray, tuple[int, ...]]:
+    """x padded explicitly and for ceil mode with `value`, and the pads used."""
     nd = x.ndim - 2
     out = pool_output_shape(attrs, x.shape[2:])
     pads = list(attrs["pads"])
@@ -47,26 +47,32 @@ def _padded_windows(attrs: Attrs, x: np.ndarray, value) -> tuple[np.ndarray, tup
             + 1
         )
         pads[i + nd] += max(0, needed - (x.shape[2 + i] + pads[i] + pads[i + nd]))
-    xp = pad_spatial(x, pads, value)
-    view = window_view(xp, tuple(attrs["kernel_shape"]), attrs["strides"], attrs["dilations"])
-    slices = tuple(slice(0, o) for o in out)
-    return view[(slice(None), slice(None), *slices)], tuple(pads)
+    return pad_spatial(x, pads, value), tuple(pads)
 
 
-def _reduce_windows(view: np.ndarray, nd: int, combine) -> np.ndarray:
-    kernel = view.shape[2 + nd :]
-    offsets = list(np.ndindex(*kernel))
-    y = np.array(view[(Ellipsis, *offsets[0])], copy=True)
-    for offset in offsets[1:]:
-        combine(y, view[(Ellipsis, *offset)], out=y)
+def _reduce_windows(attrs: Attrs, xp: np.ndarray, out: tuple[int, ...], combine) -> np.ndarray:
+    """Combine each window of the padded xp, one spatial axis at a time.
+
+    A box's max (or sum) is the max over one axis of the maxima over the others, so this takes
+    k1 + k2 + ... passes over shrinking arrays instead of k1 * k2 * ... over the output.
+    """
+    y = xp
+    for i, size in enumerate(out):
+        k, s, d = attrs["kernel_shape"][i], attrs["strides"][i], attrs["dilations"][i]
+        before = (slice(None),) * (2 + i)
+        taps = [y[(*before, slice(j * d, j * d + (size - 1) * s + 1, s))] for j in range(k)]
+        reduced = taps[0].copy()
+        for tap in taps[1:]:
+            combine(reduced, tap, out=reduced)
+        y = reduced
     return y
 
 
 @register("MaxPool", _pool_type)
 def max_pool(attrs, x):
     lowest = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
-    view, _ = _padded_windows(attrs, x, lowest)
-    return _reduce_windows(view, x.ndim - 2, np.maximum)
+    xp, _ = _padded(attrs, x, lowest)
+    return _reduce_windows(attrs, xp, pool_output_shape(attrs, x.shape[2:]), np.maximum)
 
 
 def window_sums(attrs: Attrs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,9 +81,9 @@ def window_sums(attrs: Attrs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     The divisor counts explicit pads only with `count_include_pad`, never ceil-mode overhang.
     """
     nd = x.ndim - 2
-    view, pads = _padded_windows(attrs, x, 0)
-    total = _reduce_windows(view, nd, np.add)
-    counted = np.zeros((1, 1, *(np.array(x.shape[2:]) + pads[:nd] + pads[nd:])), dtype=np.int64)
+    out = pool_output_shape(attrs, x.shape[2:])
+    xp, pads = _padded(attrs, x, 0)
+    counted = np.zeros((1, 1, *xp.shape[2:]), dtype=np.int64)
     if attrs.get("count_include_pad"):
         region = tuple(
             slice(0, x.shape[2 + i] + attrs["pads"][i] + attrs["pads"][i + nd]) for i in range(nd)
@@ -85,11 +91,10 @@ def window_sums(attrs: Attrs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     else:
         region = tuple(slice(pads[i], pads[i] + x.shape[2 + i]) for i in range(nd))
     counted[(0, 0, *region)] = 1
-    count_view = window_view(
-        counted, tuple(attrs["kernel_shape"]), attrs["strides"], attrs["dilations"]
+    return (
+        _reduce_windows(attrs, xp, out, np.add),
+        _reduce_windows(attrs, counted, out, np.add),
     )
-    count_view = count_view[(slice(None), slice(None), *(slice(0, s) for s in total.shape[2:]))]
-    return total, _reduce_windows(count_view, nd, np.add)
 
 
 @register("AveragePool", _pool_type)
