@@ -1,4 +1,4 @@
-"""Every ONNX backend node test whose operators onebuild supports, through import + interpreter.
+"""Every ONNX backend node test whose operators onebuild imports, through import + interpreter.
 
 Inputs that feed shape operands (Reshape's shape, Slice's starts, ...) are frozen to their test
 values, as a user would with input_values: onebuild compiles static shapes.
@@ -14,9 +14,11 @@ from onnx.backend.test.case.node import collect_testcases
 from onebuild.errors import DynamicValueError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.graph_ir.serde.onnx_ops import CONVERTERS
 
-# The operators issue 2 requires; a test case runs when all of its nodes use them.
-SUPPORTED = set(
+# The operators issue 2 requires (its pass rate is checked on its own); a test case runs when the
+# importer converts all of its nodes' operators.
+REQUIRED = set(
     "Conv ConvTranspose Gemm MatMul Add Sub Mul Div Pow Sqrt Neg Abs Exp Relu LeakyRelu PRelu Clip "
     "Sigmoid HardSigmoid HardSwish Tanh Softmax BatchNormalization MaxPool AveragePool "
     "GlobalAveragePool LRN Concat Split Slice Reshape Flatten Transpose Squeeze Unsqueeze Pad "
@@ -38,6 +40,15 @@ EXPECTED_FAILURES = {
     "test_identity_opt": "optional types are not tensors; the IR carries tensors only",
     "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's Indices output is not supported",
     "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's Indices output is not supported",
+    "test_equal_string": "string tensors: the IR carries numeric tensors only",
+    "test_equal_string_broadcast": "string tensors: the IR carries numeric tensors only",
+    "test_not_2d": "the model declares opset 1; onebuild reads opset 7 and later",
+    "test_not_3d": "the model declares opset 1; onebuild reads opset 7 and later",
+    "test_not_4d": "the model declares opset 1; onebuild reads opset 7 and later",
+    "test_causal_conv_with_state_silu_fp16_expanded": (
+        "float16 rounding: numpy's float16 ops round each step, the reference rounds differently "
+        "(one float16 ulp, 3e-3, beyond the case's 1e-3 tolerance)"
+    ),
 }
 
 with warnings.catch_warnings():
@@ -45,8 +56,11 @@ with warnings.catch_warnings():
     CASES = [
         case
         for case in collect_testcases()
-        if all(node.op_type in SUPPORTED for node in case.model.graph.node)
+        if all(node.op_type in CONVERTERS for node in case.model.graph.node)
     ]
+REQUIRED_CASES = {
+    case.name for case in CASES if all(node.op_type in REQUIRED for node in case.model.graph.node)
+}
 
 
 def _array(data) -> np.ndarray:
@@ -91,8 +105,10 @@ def test_node(case):
 
 
 def test_pass_rate_and_every_failure_reasoned():
-    """At least 95% of the selected cases are expected to pass; the rest are listed above."""
+    """At least 95% of the cases pass, and of those using only issue 2's list; the rest are
+    listed above with a reason (strict xfail: a listed case that starts passing fails)."""
     names = {case.name for case in CASES}
     assert set(EXPECTED_FAILURES) <= names, "an expected failure names a case that is not run"
-    assert len(CASES) >= 400
+    assert len(REQUIRED_CASES) >= 400 and len(CASES) >= 800
     assert 1 - len(EXPECTED_FAILURES) / len(CASES) >= 0.95
+    assert 1 - len(set(EXPECTED_FAILURES) & REQUIRED_CASES) / len(REQUIRED_CASES) >= 0.95

@@ -347,10 +347,26 @@ def lrn(ctx):
 
 @converter("LayerNormalization")
 def layer_normalization(ctx):
-    if any(ctx.node.output[1:]):
-        raise ctx.fail("only the Y output of LayerNormalization is supported")
-    attrs = {"axis": int(ctx.attr("axis", -1)), "epsilon": float(ctx.attr("epsilon", 1e-5))}
-    return ctx.emit("LayerNormalization", ctx.inputs[:3], attrs)
+    """One IR op; spelled out in reductions when the Mean or InvStdDev output is used too."""
+    x, scale = ctx.inputs[:2]
+    bias = ctx.input(2)
+    axis = normalize_axis(int(ctx.attr("axis", -1)), len(x.shape))
+    epsilon = float(ctx.attr("epsilon", 1e-5))
+    if not any(ctx.node.output[1:]):
+        return ctx.emit("LayerNormalization", [x, scale, bias], {"axis": axis, "epsilon": epsilon})
+    reduce = {"axes": list(range(axis, len(x.shape))), "keepdims": 1}
+    (mean,) = ctx.emit("ReduceMean", [x], reduce)
+    (centered,) = ctx.emit("Sub", [x, mean])
+    (square,) = ctx.emit("Mul", [centered, centered])
+    (variance,) = ctx.emit("ReduceMean", [square], reduce)
+    (shifted,) = ctx.emit("Add", [variance, ctx.constant(np.asarray(epsilon, x.dtype))])
+    (std,) = ctx.emit("Sqrt", [shifted])
+    (inv_std,) = ctx.emit("Reciprocal", [std])
+    (normalized,) = ctx.emit("Mul", [centered, inv_std])
+    (y,) = ctx.emit("Mul", [normalized, scale])
+    if bias is not None:
+        (y,) = ctx.emit("Add", [y, bias])
+    return [y, mean, inv_std]
 
 
 # -- shape manipulation ------------------------------------------------------------------------
