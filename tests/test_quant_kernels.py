@@ -6,8 +6,8 @@ import pytest
 
 from onebuild.graph_ir.ir import Graph
 from onebuild.graph_ir.ops import OPS
-from onebuild.graph_ir.quant.params import dequantize
-from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.quant.params import activation_params, dequantize, quantize
+from onebuild.graph_ir.quant.quantize_graph import LOOKUP, quantize_graph
 
 
 def _round_shift(acc: int, m: int, r: int) -> int:
@@ -150,3 +150,17 @@ def test_requantize_between_layer_types(rng):
     want = Interpreter(graph).run({"x": x})[y.name]
     got = Interpreter(quantized).run({"x": x})[y.name]
     assert np.abs(want - got).max() < 0.05 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("op", sorted(LOOKUP - {"Clip"}))
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_every_table_op_is_its_function_on_the_dequantized_codes(rng, op, dtype):
+    """A table op's output is exactly quantize(f(dequantize(q))) of its quantized input."""
+    x = rng.uniform(-4, 3, (2, 3, 7)).astype(np.float32)
+    node, _, got, params = _quantized_pair(
+        lambda g, v: g.make_node(op, [v]).output, None, [x], dtype
+    )
+    assert node.op == "QLookup"
+    in_params = activation_params(float(x.min()), float(x.max()), dtype)
+    (f,) = OPS[op].kernel({}, dequantize(quantize(x, in_params, dtype), in_params))
+    np.testing.assert_array_equal(got, dequantize(quantize(f, params, dtype), params))

@@ -20,10 +20,18 @@ ALWAYS = {
     "Clip", "Sigmoid", "Tanh", "Gelu", "Erf", "Sqrt", "Neg", "Abs", "Exp", "Log", "Floor",
     "Ceil", "Reciprocal", "Not", "Cast", "Identity", "Dropout", "DepthToSpace",
     "QuantizeLinear", "DequantizeLinear", "Requantize", "QLookup", "QConv", "QAdd", "QMul",
-    "QAveragePool",
+    "QAveragePool", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "Round", "Sign",
+    "Softsign", "Softplus", "Mish", "IsNaN", "IsInf", "Sin", "Cos", "Tan", "Sinh", "Cosh", "Asin",
+    "Acos", "Atan", "Asinh", "Acosh", "Atanh", "Elu", "Celu", "Selu", "ThresholdedRelu", "Shrink",
+    "InstanceNormalization", "GroupNormalization", "SpaceToDepth",
 }  # fmt: skip
-AXIS_OPS = {"Concat", "Split", "Softmax", "LogSoftmax", "LayerNormalization", "QConcat"}
-REDUCTIONS = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ArgMax"}
+AXIS_OPS = {
+    "Concat", "Split", "Softmax", "LogSoftmax", "LayerNormalization", "QConcat", "LpNormalization",
+}  # fmt: skip
+REDUCTIONS = {
+    "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ArgMax", "ArgMin",
+    "MeanVarianceNormalization",
+}  # fmt: skip
 WITH_SHAPE = {"Reshape": "shape", "Expand": "shape", "Resize": "sizes"}
 
 AttrsFor = Callable[[int], dict] | None  # batch size -> attributes, for ops that need it

@@ -241,4 +241,4 @@ def _matmul_type(attrs: Attrs, types) -> list[TensorType]:
 
 @register("MatMul", _matmul_type)
 def matmul(attrs, a, b):
-    return apply_clip(attrs, _matmul(a, b))
+    return apply_clip(attrs, _matmul(a, b).astype(a.dtype, copy=False))

@@ -94,6 +94,30 @@ def greater(attrs, a, b):
     return np.greater(a, b)
 
 
+def _boolean(name: str, fn):
+    @register(name, with_dtype(np.bool_))
+    def kernel(attrs, a, b):
+        return fn(a, b)
+
+    kernel.__name__ = name.lower()
+    return kernel
+
+
+_boolean("GreaterOrEqual", np.greater_equal)
+_boolean("LessOrEqual", np.less_equal)
+_boolean("And", np.logical_and)
+_boolean("Or", np.logical_or)
+_boolean("Xor", np.logical_xor)
+
+
+@register("Mod", broadcast)
+def mod(attrs, a, b):
+    """Integer `Mod` takes the divisor's sign (Python's %); `fmod` the dividend's (C's fmod)."""
+    if attrs.get("fmod"):
+        return _same_dtype(np.fmod(a, b), a)
+    return _same_dtype(np.mod(a, b), a)
+
+
 def _where_type(attrs, types):
     return [TensorType(types[1].dtype, broadcast(attrs, types)[0].shape)]
 
@@ -138,6 +162,26 @@ _unary("Reciprocal", np.reciprocal)
 _unary("Tanh", np.tanh)
 _unary("Sigmoid", _sigmoid)
 _unary("Not", np.logical_not)
+_unary("Round", np.rint)  # half to even, as ONNX specifies
+_unary("Sign", np.sign)
+_unary("Softsign", lambda x: x / (1 + np.abs(x)))
+_unary("Softplus", lambda x: np.logaddexp(np.zeros((), x.dtype), x))
+_unary("Mish", lambda x: x * np.tanh(np.logaddexp(np.zeros((), x.dtype), x)))
+for _name in "Sin Cos Tan Sinh Cosh".split():
+    _unary(_name, getattr(np, _name.lower()))
+for _name in "Asin Acos Atan Asinh Acosh Atanh".split():
+    _unary(_name, getattr(np, "arc" + _name[1:].lower()))
+
+
+@register("IsNaN", with_dtype(np.bool_))
+def is_nan(attrs, x):
+    return np.isnan(x)
+
+
+@register("IsInf", with_dtype(np.bool_))
+def is_inf(attrs, x):
+    positive, negative = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
+    return np.isinf(x) & (((x > 0) & bool(positive)) | ((x < 0) & bool(negative)))
 
 
 @register("Gelu", same_as_input)
@@ -157,6 +201,37 @@ def relu(attrs, x):
 @register("LeakyRelu", same_as_input)
 def leaky_relu(attrs, x):
     return _same_dtype(np.where(x < 0, x * attrs.get("alpha", 0.01), x), x)
+
+
+@register("Elu", same_as_input)
+def elu(attrs, x):
+    return _same_dtype(np.where(x > 0, x, attrs.get("alpha", 1.0) * np.expm1(x)), x)
+
+
+@register("Celu", same_as_input)
+def celu(attrs, x):
+    alpha = attrs.get("alpha", 1.0)
+    return _same_dtype(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)), x)
+
+
+@register("Selu", same_as_input)
+def selu(attrs, x):
+    alpha = attrs.get("alpha", 1.67326319217681884765625)
+    gamma = attrs.get("gamma", 1.05070102214813232421875)
+    return _same_dtype(gamma * np.where(x > 0, x, alpha * np.expm1(x)), x)
+
+
+@register("ThresholdedRelu", same_as_input)
+def thresholded_relu(attrs, x):
+    return np.where(x > attrs.get("alpha", 1.0), x, np.zeros((), x.dtype))
+
+
+@register("Shrink", same_as_input)
+def shrink(attrs, x):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+    bias, lambd = attrs.get("bias", 0.0), attrs.get("lambd", 0.5)
+    y = np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+    return _same_dtype(y, x)
 
 
 @register("HardSigmoid", same_as_input)

@@ -1,4 +1,5 @@
-"""Normalizations: BatchNormalization (inference), LRN, Softmax, LogSoftmax, LayerNormalization."""
+"""Normalizations: BatchNormalization (inference), LRN, Softmax, LogSoftmax, LayerNormalization,
+InstanceNormalization, GroupNormalization, MeanVarianceNormalization, LpNormalization."""
 
 import numpy as np
 
@@ -57,3 +58,51 @@ def layer_normalization(attrs, x, scale, bias=None):
     if bias is not None:
         y = y + bias
     return y.astype(x.dtype, copy=False)
+
+
+def _standardize(x: np.ndarray, axes: tuple[int, ...], epsilon: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + epsilon) over `axes`, in float64."""
+    x = x.astype(np.float64)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = np.square(x - mean).mean(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var + epsilon)
+
+
+@register("InstanceNormalization", same_as_input)
+def instance_normalization(attrs, x, scale, bias):
+    """Per sample and channel over the spatial axes, then a per-channel affine."""
+    y = _standardize(x, tuple(range(2, x.ndim)), attrs.get("epsilon", 1e-5))
+    shape = _channel_shape(x)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+@register("GroupNormalization", same_as_input)
+def group_normalization(attrs, x, scale, bias):
+    """Per sample over `num_groups` channel groups (and the spatial axes); per-channel affine."""
+    groups = attrs["num_groups"]
+    grouped = x.reshape(x.shape[0], groups, -1)
+    y = _standardize(grouped, (2,), attrs.get("epsilon", 1e-5)).reshape(x.shape)
+    shape = _channel_shape(x)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+@register("MeanVarianceNormalization", same_as_input)
+def mean_variance_normalization(attrs, x):
+    """(x - mean) / sqrt(var) over `axes`; ONNX adds 1e-9 to the deviation."""
+    x64 = x.astype(np.float64)
+    axes = tuple(attrs["axes"])
+    mean = x64.mean(axis=axes, keepdims=True)
+    std = np.sqrt(np.square(x64 - mean).mean(axis=axes, keepdims=True))
+    return ((x64 - mean) / (std + 1e-9)).astype(x.dtype)
+
+
+@register("LpNormalization", same_as_input)
+def lp_normalization(attrs, x):
+    """x divided by its L1 or L2 norm along `axis` (a zero norm leaves zeros)."""
+    axis = normalize_axis(attrs.get("axis", -1), x.ndim)
+    x64 = x.astype(np.float64)
+    if attrs.get("p", 2) == 1:
+        norm = np.abs(x64).sum(axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt(np.square(x64).sum(axis=axis, keepdims=True))
+    return np.divide(x64, norm, out=np.zeros_like(x64), where=norm != 0).astype(x.dtype)

@@ -51,13 +51,21 @@ def _arg_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(np.dtype(np.int64), _reduce_type(attrs, types)[0].shape)]
 
 
-@register("ArgMax", _arg_type)
-def arg_max(attrs, x):
-    (axis,) = attrs["axes"]
-    if attrs.get("select_last_index"):
-        flipped = np.flip(x, axis=axis)
-        index = x.shape[axis] - 1 - np.argmax(flipped, axis=axis)
-    else:
-        index = np.argmax(x, axis=axis)
-    index = index.astype(np.int64)
-    return np.expand_dims(index, axis) if attrs.get("keepdims", 1) else index
+def _arg_kernel(name: str, fn):
+    @register(name, _arg_type)
+    def kernel(attrs, x):
+        """Index of the first extreme value, or the last with `select_last_index`."""
+        (axis,) = attrs["axes"]
+        if attrs.get("select_last_index"):
+            index = x.shape[axis] - 1 - fn(np.flip(x, axis=axis), axis=axis)
+        else:
+            index = fn(x, axis=axis)
+        index = index.astype(np.int64)
+        return np.expand_dims(index, axis) if attrs.get("keepdims", 1) else index
+
+    kernel.__name__ = name
+    return kernel
+
+
+_arg_kernel("ArgMax", np.argmax)
+_arg_kernel("ArgMin", np.argmin)

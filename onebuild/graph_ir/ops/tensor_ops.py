@@ -1,5 +1,6 @@
 """Data movement: Reshape, Transpose, Concat, Split, Slice, Pad, Gather, Expand, Tile, Cast,
-Identity, Dropout, DepthToSpace. Shape operands are canonical attributes (static shapes)."""
+Identity, Dropout, DepthToSpace, SpaceToDepth. Shape operands are canonical attributes (static
+shapes)."""
 
 import ml_dtypes
 import numpy as np
@@ -135,6 +136,24 @@ def depth_to_space(attrs, x):
     else:
         y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
     return np.ascontiguousarray(y.reshape(n, c // (b * b), h * b, w * b))
+
+
+def _space_to_depth_type(attrs: Attrs, types) -> list[TensorType]:
+    n, c, h, w = types[0].shape
+    b = attrs["blocksize"]
+    if h % b or w % b:
+        raise ValueError(f"spatial size {h}x{w} is not a multiple of blocksize {b}")
+    return [TensorType(types[0].dtype, (n, c * b * b, h // b, w // b))]
+
+
+@register("SpaceToDepth", _space_to_depth_type)
+def space_to_depth(attrs, x):
+    """Each b x b block becomes b*b channels: block offset major (DCR) or channel major (CRD)."""
+    n, c, h, w = x.shape
+    b = attrs["blocksize"]
+    order = (0, 1, 3, 5, 2, 4) if attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b).transpose(order)
+    return np.ascontiguousarray(y.reshape(n, c * b * b, h // b, w // b))
 
 
 @register("Cast", lambda attrs, types: [TensorType(dtypes.dtype(attrs["to"]), types[0].shape)])

@@ -59,6 +59,19 @@ LOOKUP = {
     "Exp",
     "Neg",
     "Abs",
+    "Elu",
+    "Celu",
+    "Selu",
+    "ThresholdedRelu",
+    "Shrink",
+    "Softplus",
+    "Softsign",
+    "Mish",
+    "Sin",
+    "Cos",
+    "Atan",
+    "Sign",
+    "Round",
 }
 
 

@@ -61,6 +61,18 @@ SIMPLE = [
     "MatMul",
     "Identity",
     "Erf",
+    "GreaterOrEqual",
+    "LessOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "Round",
+    "Sign",
+    "Softsign",
+    "Softplus",
+    "Mish",
+    "IsNaN",
+    *"Sin Cos Tan Sinh Cosh Asin Acos Atan Asinh Acosh Atanh".split(),
 ]
 
 
@@ -87,9 +99,46 @@ def sum_(ctx):
     return [total]
 
 
+@converter("Mean")
+def mean(ctx):
+    """Mean of n inputs: their sum divided by n."""
+    (total,) = sum_(ctx)
+    count = ctx.constant(np.asarray(len(ctx.inputs), total.dtype))
+    return ctx.emit("Div", [total, count])
+
+
 @converter("LeakyRelu")
 def leaky_relu(ctx):
     return ctx.emit("LeakyRelu", ctx.inputs, {"alpha": float(ctx.attr("alpha", 0.01))})
+
+
+# Ops whose only attributes are these floats; the kernels hold ONNX's defaults.
+FLOAT_ATTRS = {
+    "Elu": ("alpha",),
+    "Celu": ("alpha",),
+    "ThresholdedRelu": ("alpha",),
+    "Selu": ("alpha", "gamma"),
+    "Shrink": ("bias", "lambd"),
+    "InstanceNormalization": ("epsilon",),
+}
+
+
+@converter(*FLOAT_ATTRS)
+def float_attrs(ctx):
+    given = {name: ctx.attr(name) for name in FLOAT_ATTRS[ctx.op_type]}
+    attrs = {name: float(value) for name, value in given.items() if value is not None}
+    return ctx.emit(ctx.op_type, ctx.inputs, attrs)
+
+
+@converter("IsInf")
+def is_inf(ctx):
+    attrs = {k: int(ctx.attr(k, 1)) for k in ("detect_positive", "detect_negative")}
+    return ctx.emit("IsInf", ctx.inputs, attrs)
+
+
+@converter("Mod")
+def mod(ctx):
+    return ctx.emit("Mod", ctx.inputs, {"fmod": int(ctx.attr("fmod", 0))})
 
 
 @converter("Gelu")
@@ -369,6 +418,38 @@ def layer_normalization(ctx):
     return [y, mean, inv_std]
 
 
+@converter("GroupNormalization")
+def group_normalization(ctx):
+    """Opset 18 gives scale and bias per group, 21 per channel: the IR takes them per channel."""
+    x, scale, bias = ctx.inputs[:3]
+    groups = int(ctx.attr("num_groups"))
+    channels = x.shape[1]
+    if channels % groups:
+        raise ctx.fail(f"{channels} channels do not split into {groups} groups")
+    if scale.shape[0] != channels:
+        scale, bias = (
+            ctx.constant(np.repeat(ctx.const(i, what), channels // groups))
+            for i, what in ((1, "scale"), (2, "bias"))
+        )
+    attrs = {"num_groups": groups, "epsilon": float(ctx.attr("epsilon", 1e-5))}
+    return ctx.emit("GroupNormalization", [x, scale, bias], attrs)
+
+
+@converter("MeanVarianceNormalization")
+def mean_variance_normalization(ctx):
+    rank = len(ctx.inputs[0].shape)
+    axes = _axes(ctx.attr("axes", [0, 2, 3]), rank)
+    return ctx.emit("MeanVarianceNormalization", ctx.inputs, {"axes": axes})
+
+
+@converter("LpNormalization")
+def lp_normalization(ctx):
+    attrs = {"axis": int(ctx.attr("axis", -1)), "p": int(ctx.attr("p", 2))}
+    if attrs["p"] not in (1, 2):
+        raise ctx.fail(f"p = {attrs['p']}; ONNX defines only 1 and 2")
+    return ctx.emit("LpNormalization", ctx.inputs, attrs)
+
+
 # -- shape manipulation ------------------------------------------------------------------------
 def _reshape(ctx, x, shape):
     return ctx.emit("Reshape", [x], {"shape": [int(d) for d in shape]})
@@ -537,30 +618,73 @@ def depth_to_space(ctx):
     return ctx.emit("DepthToSpace", ctx.inputs, attrs)
 
 
+@converter("SpaceToDepth")
+def space_to_depth(ctx):
+    attrs = {"blocksize": int(ctx.attr("blocksize")), "mode": ctx.attr("mode", "DCR")}
+    return ctx.emit("SpaceToDepth", ctx.inputs, attrs)
+
+
 # -- reductions --------------------------------------------------------------------------------
-@converter("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd")
-def reduce(ctx):
-    x = ctx.inputs[0]
-    rank = len(x.shape)
+def _reduce_attrs(ctx) -> dict | None:
+    """Canonical axes and keepdims of a Reduce* node; None when it reduces nothing."""
+    rank = len(ctx.inputs[0].shape)
     axes_as_input = ctx.opset >= (13 if ctx.op_type == "ReduceSum" else 18)
     axes = ctx.const(1, "axes") if axes_as_input else ctx.attr("axes")
-    keepdims = int(ctx.attr("keepdims", 1))
     if axes is None or len(axes) == 0:
         if ctx.attr("noop_with_empty_axes", 0):
-            return ctx.emit("Identity", [x])
+            return None
         axes = list(range(rank))
-    return ctx.emit(ctx.op_type, [x], {"axes": _axes(axes, rank), "keepdims": keepdims})
+    return {"axes": _axes(axes, rank), "keepdims": int(ctx.attr("keepdims", 1))}
 
 
-@converter("ArgMax")
-def arg_max(ctx):
+@converter("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd")
+def reduce(ctx):
+    attrs = _reduce_attrs(ctx)
+    if attrs is None:
+        return ctx.emit("Identity", ctx.inputs[:1])
+    return ctx.emit(ctx.op_type, ctx.inputs[:1], attrs)
+
+
+@converter("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+def reduce_composite(ctx):
+    """Spelled out in elementwise ops and ReduceSum (ReduceLogSumExp shifted by the maximum)."""
+    x = ctx.inputs[0]
+    attrs = _reduce_attrs(ctx)
+    op = ctx.op_type
+    if op == "ReduceLogSumExp":
+        if attrs is None:
+            return ctx.emit("Identity", [x])
+        (peak,) = ctx.emit("ReduceMax", [x], {**attrs, "keepdims": 1})
+        (shifted,) = ctx.emit("Sub", [x, peak])
+        (terms,) = ctx.emit("Exp", [shifted])
+        (total,) = ctx.emit("ReduceSum", [terms], attrs)
+        (log,) = ctx.emit("Log", [total])
+        if not attrs["keepdims"]:
+            (peak,) = ctx.emit("ReduceMax", [x], attrs)
+        return ctx.emit("Add", [log, peak])
+    if op == "ReduceL1":
+        (terms,) = ctx.emit("Abs", [x])
+    elif op in ("ReduceL2", "ReduceSumSquare"):
+        (terms,) = ctx.emit("Mul", [x, x])
+    else:
+        terms = x
+    (total,) = ctx.emit("ReduceSum", [terms], attrs) if attrs else ctx.emit("Identity", [terms])
+    if op == "ReduceL2":
+        return ctx.emit("Sqrt", [total])
+    if op == "ReduceLogSum":
+        return ctx.emit("Log", [total])
+    return [total]
+
+
+@converter("ArgMax", "ArgMin")
+def arg_extreme(ctx):
     x = ctx.inputs[0]
     attrs = {
         "axes": [normalize_axis(ctx.attr("axis", 0), len(x.shape))],
         "keepdims": int(ctx.attr("keepdims", 1)),
         "select_last_index": int(ctx.attr("select_last_index", 0)),
     }
-    return ctx.emit("ArgMax", [x], attrs)
+    return ctx.emit(ctx.op_type, [x], attrs)
 
 
 # -- resize ------------------------------------------------------------------------------------
