@@ -1,4 +1,4 @@
-"""Pooling. Windows are reduced by looping over kernel offsets with vectorized slices.
+"""Pooling. Windows are reduced one spatial axis at a time, a strided slice per kernel tap.
 
 Canonical attributes: `kernel_shape`, `strides`, `dilations`, `pads` (begins, then ends),
 `ceil_mode`, and for AveragePool `count_include_pad`.
