@@ -140,6 +140,11 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x) without overflow."""
+    return np.logaddexp(np.zeros((), x.dtype), x)
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     """Abramowitz & Stegun 7.1.26 in float64: absolute error below 1.5e-7 (float32 resolution)."""
     z = np.abs(x.astype(np.float64))
@@ -165,8 +170,8 @@ _unary("Not", np.logical_not)
 _unary("Round", np.rint)  # half to even, as ONNX specifies
 _unary("Sign", np.sign)
 _unary("Softsign", lambda x: x / (1 + np.abs(x)))
-_unary("Softplus", lambda x: np.logaddexp(np.zeros((), x.dtype), x))
-_unary("Mish", lambda x: x * np.tanh(np.logaddexp(np.zeros((), x.dtype), x)))
+_unary("Softplus", _softplus)
+_unary("Mish", lambda x: x * np.tanh(_softplus(x)))
 for _name in "Sin Cos Tan Sinh Cosh".split():
     _unary(_name, getattr(np, _name.lower()))
 for _name in "Asin Acos Atan Asinh Acosh Atanh".split():

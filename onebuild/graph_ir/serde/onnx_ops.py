@@ -654,14 +654,17 @@ def reduce_composite(ctx):
     if op == "ReduceLogSumExp":
         if attrs is None:
             return ctx.emit("Identity", [x])
-        (peak,) = ctx.emit("ReduceMax", [x], {**attrs, "keepdims": 1})
+        kept = {**attrs, "keepdims": 1}
+        (peak,) = ctx.emit("ReduceMax", [x], kept)
         (shifted,) = ctx.emit("Sub", [x, peak])
         (terms,) = ctx.emit("Exp", [shifted])
-        (total,) = ctx.emit("ReduceSum", [terms], attrs)
+        (total,) = ctx.emit("ReduceSum", [terms], kept)
         (log,) = ctx.emit("Log", [total])
-        if not attrs["keepdims"]:
-            (peak,) = ctx.emit("ReduceMax", [x], attrs)
-        return ctx.emit("Add", [log, peak])
+        (result,) = ctx.emit("Add", [log, peak])
+        if attrs["keepdims"]:
+            return [result]
+        shape = [d for i, d in enumerate(x.shape) if i not in attrs["axes"]]
+        return _reshape(ctx, result, shape)
     if op == "ReduceL1":
         (terms,) = ctx.emit("Abs", [x])
     elif op in ("ReduceL2", "ReduceSumSquare"):
