@@ -53,7 +53,7 @@ def _task(step, config, inputs, outputs, targets, name):
         "actions": [action],
         "file_dep": inputs,
         "targets": targets,
-        "uptodate": [config_changed(json.dumps({"c": config, "v": STEPS[step].version}))],
+        "uptodate": [config_changed(json.dumps({"c": config, "v": STEPS[step].code(config)}))],
     }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import OneBuildError, UserError
-from .plan import load_plan
+from .plan import PLAN_FILE, load_plan
 from .runtime.odc import PREFS
 
 log = logging.getLogger("onebuild")
@@ -485,20 +485,24 @@ def _title(task) -> str:
 
 
 def cmd_clean(args) -> int:
-    from .engine.dag import DB_NAME, FanOut, known_tasks
+    from .engine.dag import DB_NAME, StepTask, known_tasks, locked
+    from .engine.ownership import STALE_PLAN_SECONDS, refuse_foreign, remove, sweep
 
     for plan in _plans(args):
-        for task in known_tasks(plan):
-            if isinstance(task, FanOut):
-                continue
-            for path in [*task.outputs, *(Path(f"{o}.log") for o in task.outputs)]:
-                if path.is_dir():
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
-        (plan.build_dir / DB_NAME).unlink(missing_ok=True)
-        if args.cache and plan.cache_dir is None:
-            shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
+        if not plan.build_dir.is_dir():
+            print(f"cleaned {plan.recipe.name} (nothing built)")
+            continue
+        with locked(plan.build_dir, plan.recipe):
+            tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
+            for task in tasks:
+                refuse_foreign(task.outputs, f"{plan.recipe}: [{task.step}]", "remove")
+            for task in tasks:
+                remove(task.outputs)
+            (plan.build_dir / DB_NAME).unlink(missing_ok=True)
+            sweep([plan.build_dir / DB_NAME])
+            sweep([plan.build_dir / PLAN_FILE], older_than=STALE_PLAN_SECONDS)
+            if args.cache and plan.cache_dir is None:
+                shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
         print(f"cleaned {plan.recipe.name}")
     return 0
 

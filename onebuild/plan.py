@@ -3,11 +3,13 @@
 Reading a recipe (TOML, `extends` presets, `--set` overrides, paths made absolute) needs only
 the standard library; validating it (`onebuild.recipe`) needs pydantic, whose import and schema
 construction are most of a no-op build's time. So `load_plan` keeps the validated plan in the
-build folder, keyed by the merged recipe data and by the code that validates it (onebuild's and
-pydantic's files by size and modification time, as Python keys its bytecode cache): an unchanged
-recipe skips validation. Input files are checked for existence either way.
+build folder (once a build has claimed it), keyed by the merged recipe data and by the code that
+validates it (onebuild's and pydantic's files by size and modification time, as Python keys its
+bytecode cache): an unchanged recipe skips validation. Input files are checked for existence
+and output paths against inputs either way.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +25,7 @@ from .errors import UserError
 from .fileio import atomic_write_bytes
 
 PLAN_FILE = "plan.json"
+BUILD_MARK = ".onebuild"  # in build folders, from their first build on (engine/ownership.py)
 
 STEP_ORDER = ("import", "optimize", "quantize", "partition", "codegen", "pack")
 
@@ -139,6 +142,32 @@ def check_inputs(path: Path, steps: dict[str, dict[str, Any]]) -> None:
             raise UserError(f"{path}: {'.'.join(keys)}: '{value}' does not exist")
 
 
+def check_output_paths(plan: Plan) -> None:
+    """No output can replace what the user provides: the package may not be, or hold, the
+    recipe, an input file or folder, the build folder or the step cache; the cache is a folder."""
+    if plan.cache_dir is not None and plan.cache_dir.exists() and not plan.cache_dir.is_dir():
+        raise UserError(f"{plan.recipe}: build.cache '{plan.cache_dir}' is a file; name a folder")
+    if "pack" not in plan.steps:
+        return
+    package = Path(plan.steps["pack"]["output"]).resolve()
+    protected = {"the recipe": plan.recipe, "build.dir": plan.build_dir}
+    if plan.cache_dir is not None:
+        protected["build.cache"] = plan.cache_dir
+    for keys in sorted(PATH_KEYS - {("pack", "output"), ("build", "dir"), ("build", "cache")}):
+        value = plan.steps.get(keys[0])
+        for key in keys[1:]:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value:
+            protected[".".join(keys)] = Path(value)
+    for what, path in protected.items():
+        resolved = path.resolve()
+        if package == resolved or package in resolved.parents:
+            raise UserError(
+                f"{plan.recipe}: pack.output = '{plan.steps['pack']['output']}' would replace "
+                f"{what} ('{path}'); choose an output path outside it"
+            )
+
+
 def load_plan(path: str | os.PathLike, overrides: list[str] = ()) -> Plan:
     """The plan of a recipe file, validated once per change of the recipe or of onebuild."""
     path = absolute(path)
@@ -149,6 +178,7 @@ def load_plan(path: str | os.PathLike, overrides: list[str] = ()) -> Plan:
         plan = _stored_plan(stored, key, path)
         if plan is not None:
             check_inputs(path, plan.steps)
+            check_output_paths(plan)
             return plan
     from .recipe import plan_from_data  # pydantic: only when the recipe must be validated
 
@@ -158,8 +188,9 @@ def load_plan(path: str | os.PathLike, overrides: list[str] = ()) -> Plan:
     except (TypeError, ValueError):
         return plan
     plan = _from_json(json.loads(text), path)  # the same plan whether validated or stored
-    if stored is not None and key is not None and stored.parent.is_dir():
-        atomic_write_bytes(stored, json.dumps({"key": key, "plan": json.loads(text)}).encode())
+    if stored is not None and key is not None and (stored.parent / BUILD_MARK).is_file():
+        with contextlib.suppress(OSError):  # a cache only: a full disk or a race costs nothing
+            atomic_write_bytes(stored, json.dumps({"key": key, "plan": json.loads(text)}).encode())
     return plan
 
 

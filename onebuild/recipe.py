@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from .errors import UserError
-from .plan import STEP_ORDER, Plan, absolute, check_inputs, read_recipe_data
+from .plan import STEP_ORDER, Plan, absolute, check_inputs, check_output_paths, read_recipe_data
 
 
 class _Section(BaseModel):
@@ -262,22 +262,9 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
     cache = Path(build.cache) if build.cache else None
-    inputs = [Path(steps["import"]["source"])]
-    calibration = (steps.get("quantize") or {}).get("calibration")
-    if calibration:
-        inputs.append(Path(calibration))
-    outputs = {"build.dir": build_dir}
-    if "pack" in steps:
-        outputs["pack.output"] = Path(steps["pack"]["output"])
-    for key, output in outputs.items():
-        out = output.resolve()
-        for source in (p.resolve() for p in inputs):
-            if source == out or (key == "pack.output" and out in source.parents):
-                raise UserError(
-                    f"{path}: {key} = '{output}' would overwrite the input '{source}'; "
-                    "choose another output path"
-                )
-    return Plan(path, build_dir, cache, steps)
+    plan = Plan(path, build_dir, cache, steps)
+    check_output_paths(plan)
+    return plan
 
 
 def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:

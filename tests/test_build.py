@@ -12,7 +12,6 @@ import pytest
 from onebuild.engine.dag import build
 from onebuild.errors import UserError
 from onebuild.recipe import load_recipe
-from onebuild.tasks import STEPS, Step
 
 MODEL = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet.onnx"
 RECIPE = """
@@ -117,13 +116,6 @@ def test_shared_cache_restores_in_a_fresh_checkout(tmp_path):
         statuses.append(run(folder))
     assert set(statuses[0].values()) == {"run"}
     assert set(statuses[1].values()) == {"restored"}
-
-
-def test_step_version_bump_reruns(project, monkeypatch):
-    run(project)
-    step = STEPS["optimize"]
-    monkeypatch.setitem(STEPS, "optimize", Step(step.name, step.version + 1, step.run))
-    assert run(project)["optimize"] == "run"
 
 
 def test_partition_without_codegen_is_rejected_before_running(project):

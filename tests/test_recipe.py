@@ -88,7 +88,7 @@ def test_extends_merges_and_overrides_win(workspace):
         ),
         (
             '[import]\nsource = "model.onnx"\n[pack]\noutput = "model.onnx"\n',
-            ["pack.output", "would overwrite the input"],
+            ["pack.output", "would replace import.source"],
         ),
         ("[optimize]\n", ["needs an [import] table"]),
         ('extends = "r.toml"\n[import]\nsource = "model.onnx"\n', ["cycle"]),
@@ -143,12 +143,16 @@ def test_validated_plans_are_stored_and_reused_until_the_recipe_changes(workspac
     """A no-op build skips pydantic: the plan is kept in the build folder and reused while the
     merged recipe (and onebuild) is unchanged; any change, damage or missing input is seen."""
     import onebuild.recipe as recipe_module
+    from onebuild.engine.ownership import claim_build_folder
     from onebuild.plan import PLAN_FILE, load_plan
 
     path = write(workspace, '[import]\nsource = "model.onnx"\n[optimize]\n')
     fresh = load_recipe(path)
     assert load_plan(path) == fresh  # validated; the build folder does not exist: nothing kept
     fresh.build_dir.mkdir(parents=True)
+    assert load_plan(path) == fresh  # a folder that no build has claimed yet: nothing kept
+    assert not (fresh.build_dir / PLAN_FILE).exists()
+    claim_build_folder(fresh.build_dir, str(path))
     assert load_plan(path) == fresh
     assert (fresh.build_dir / PLAN_FILE).is_file()
 

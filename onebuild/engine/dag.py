@@ -1,7 +1,7 @@
 """Recipe plans -> a doit task DAG, run with caching.
 
 Each enabled step becomes one doit task with explicit `file_dep` and `targets` and a
-`config_changed` check over the step's normalized config plus its implementation version. doit's
+`config_changed` check over the step's normalized config plus the digest of its code. doit's
 file checker compares (mtime, size, md5), so a step whose output comes out byte-identical stops
 the cascade: downstream steps see an unchanged dependency and stay up to date.
 
@@ -28,11 +28,12 @@ from doit.tools import config_changed
 
 from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
-from ..plan import Plan
+from ..plan import PLAN_FILE, Plan
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
 from ..tasks.pack import archive_path
+from .ownership import STALE_PLAN_SECONDS, claim, claim_build_folder, refuse_foreign, sweep
 from .step_cache import StepCache, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
@@ -238,7 +239,10 @@ class _Runner:
             try:
                 cache = StepCache(task.cache)
                 digests = [tree_digest(p) for p in task.inputs]
-                key = step_key(task.step, step.version, task.config, digests, task.recipe.parent)
+                code = step.code(task.config)
+                key = step_key(task.step, code, task.config, digests, task.recipe.parent)
+                refuse_foreign(task.outputs, f"{task.recipe}: [{where}]", "replace")
+                claim(task.outputs, task.step)
                 if cache.restore(key, task.outputs):
                     result.status = "restored"
                 else:
@@ -266,7 +270,7 @@ class _Runner:
             "status": result.status,
             "cache_key": key,
             "step": task.step,
-            "version": STEPS[task.step].version,
+            "code": STEPS[task.step].code(task.config),
             "recipe": str(task.recipe),
             "config": task.config,
             "inputs": {str(p): d for p, d in zip(task.inputs, input_digests)},
@@ -294,7 +298,8 @@ class _Runner:
         folders = {str(p): _folder_files(p) for p in deps if p.is_dir()}
         files = [str(f) for p in deps for f in folders.get(str(p), [p])]
         listing = {k: [f.name for f in v] for k, v in folders.items()}  # catches removed files
-        check = {"config": task.config, "version": STEPS[task.step].version, "folders": listing}
+        code = STEPS[task.step].code(task.config)
+        check = {"config": task.config, "code": code, "folders": listing}
         return {
             "name": task.name,
             "actions": [(self.action(task),)],
@@ -373,9 +378,10 @@ def _reporter_class(runner: _Runner):
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on a build folder; a second build stops with a clear message."""
-    folder.mkdir(parents=True, exist_ok=True)
+def locked(folder: Path, recipe: Path) -> Iterator[None]:
+    """Hold an exclusive lock on a build folder (created or adopted if it is onebuild's); a
+    second build or clean stops with a clear message."""
+    claim_build_folder(folder, str(recipe))
     with open(folder / ".lock", "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -409,8 +415,14 @@ def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
     runner = _Runner(tasks, progress)
     db = plans[0].build_dir / DB_NAME
     with ExitStack() as stack:
-        for folder in sorted({p.build_dir for p in plans}):
-            stack.enter_context(_locked(folder))
+        for folder, recipe in sorted({p.build_dir: p.recipe for p in plans}.items()):
+            stack.enter_context(locked(folder, recipe))
+        steps = [t for plan in plans for t in known_tasks(plan) if isinstance(t, StepTask)]
+        for task in steps:
+            refuse_foreign(task.outputs, f"{task.recipe}: [{task.step}]", "replace")
+        sweep([p for task in steps for p in task.outputs])
+        sweep([p.build_dir / DB_NAME for p in plans])
+        sweep([p.build_dir / PLAN_FILE for p in plans], older_than=STALE_PLAN_SECONDS)
         _check_database(db, progress)
         loader = _Loader(runner, db, _reporter_class(runner))
         args = ["run", "--continue"]

@@ -29,9 +29,11 @@ def _reasons(task: StepTask) -> list[str]:
         log = json.loads(log_path.read_text())
     except (OSError, ValueError):
         return ["its build log is unreadable"]
+    if log.get("status") == "running":
+        return ["its last run did not finish"]
     reasons = []
-    if log.get("version") != STEPS[task.step].version:
-        reasons.append(f"implementation version {log.get('version')} -> {STEPS[task.step].version}")
+    if log.get("code") != STEPS[task.step].code(task.config):
+        reasons.append("onebuild's code for this step changed")
     old = log.get("config", {})
     changed = sorted(k for k in set(old) | set(task.config) if old.get(k) != task.config.get(k))
     if changed:
@@ -79,7 +81,7 @@ def _cached(task: StepTask) -> bool:
     """Whether the step cache holds this step's result for its current inputs and config."""
     if not all(p.exists() for p in task.inputs):
         return False
-    version = STEPS[task.step].version
+    code = STEPS[task.step].code(task.config)
     digests = [tree_digest(p) for p in task.inputs]
-    key = step_key(task.step, version, task.config, digests, task.recipe.parent)
+    key = step_key(task.step, code, task.config, digests, task.recipe.parent)
     return StepCache(task.cache).has(key)

@@ -1,4 +1,4 @@
-"""The content-addressed step cache: (step, version, config, input hashes) -> outputs.
+"""The content-addressed step cache: (step, code digest, config, input hashes) -> outputs.
 
 doit knows only the last build; this cache remembers every result, so switching an option back
 and forth, or a CI job that restores the cache folder, restores outputs instead of recomputing.
@@ -34,12 +34,13 @@ def tree_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-def step_key(step: str, version: int, config: dict, input_digests: list[str], base: Path) -> str:
-    """The cache key of a step execution: input contents (their digests), not input paths, and
-    config paths relative to the recipe folder `base`, so another checkout hits the same entry."""
+def step_key(step: str, code: str, config: dict, input_digests: list[str], base: Path) -> str:
+    """The cache key of a step execution: the digest of the step's code, input contents (their
+    digests), not input paths, and config paths relative to the recipe folder `base`, so another
+    checkout hits the same entry."""
     description = {
         "step": step,
-        "version": version,
+        "code": code,
         "config": _relative_paths(config, base),
         "inputs": input_digests,
     }

@@ -43,6 +43,12 @@ def available() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=GROUP))
 
 
+def target_module(name: str) -> str | None:
+    """The module that implements target `name` (None if no such target is installed)."""
+    found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
+    return found[0].value.split(":")[0] if found else None
+
+
 def load_target(name: str) -> Target:
     found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
     if not found:

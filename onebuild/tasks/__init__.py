@@ -1,31 +1,44 @@
 """Build steps: one thin module per step, config in, artifacts out.
 
-Each step module defines `VERSION` (bump it when the step's output for the same inputs changes)
-and `run(config, inputs, outputs)`.
+Each step module defines `run(config, inputs, outputs)`. A step's cache key covers the digest of
+its code (`onebuild.engine.code_digest`): the step module, everything it imports and, for steps
+with a `target` option, the target plugin's code; no version number to bump by hand. Step
+modules load when their step runs, so this package imports none of them.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any
-
-from . import calibrate, codegen, evaluate, import_model, optimize, pack, partition, quantize
 
 
 @dataclass(frozen=True)
 class Step:
     name: str
-    version: int
-    run: Callable[[dict[str, Any], list[Path], list[Path]], None]
+    module: str
+
+    def run(self, config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+        import_module(self.module).run(config, inputs, outputs)
+
+    def code(self, config: dict[str, Any]) -> str:
+        """Digest of the code that computes this step's outputs under `config`."""
+        from ..engine.code_digest import step_code_digest
+        from ..targets import target_module
+
+        target = config.get("target")
+        return step_code_digest(self.module, target_module(target) if target else None)
 
 
 STEPS: dict[str, Step] = {
-    "import": Step("import", import_model.VERSION, import_model.run),
-    "optimize": Step("optimize", optimize.VERSION, optimize.run),
-    "calibrate": Step("calibrate", calibrate.VERSION, calibrate.run),
-    "quantize": Step("quantize", quantize.VERSION, quantize.run),
-    "evaluate": Step("evaluate", evaluate.VERSION, evaluate.run),
-    "partition": Step("partition", partition.VERSION, partition.run),
-    "codegen": Step("codegen", codegen.VERSION, codegen.run),
-    "pack": Step("pack", pack.VERSION, pack.run),
+    name: Step(name, f"{__name__}.{module}")
+    for name, module in (
+        ("import", "import_model"),
+        ("optimize", "optimize"),
+        ("calibrate", "calibrate"),
+        ("quantize", "quantize"),
+        ("evaluate", "evaluate"),
+        ("partition", "partition"),
+        ("codegen", "codegen"),
+        ("pack", "pack"),
+    )
 }

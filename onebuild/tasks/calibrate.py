@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-VERSION = 3
 log = logging.getLogger("onebuild")
 
 OPTIONS = {  # recipe key -> observer argument, per method

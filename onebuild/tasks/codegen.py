@@ -8,8 +8,6 @@ parameters, which the runtime applies, as ONE's runtime does with a .tvn header.
 from pathlib import Path
 from typing import Any
 
-VERSION = 2
-
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     import hashlib

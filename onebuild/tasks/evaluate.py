@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
 WORST_LAYERS = 5
 
 

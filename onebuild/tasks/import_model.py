@@ -3,8 +3,6 @@
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
-
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..graph_ir.serde import load_onnx, save_ir  # onnx loads only when a step runs

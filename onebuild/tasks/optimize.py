@@ -3,8 +3,6 @@
 from pathlib import Path
 from typing import Any
 
-VERSION = 2
-
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..graph_ir.passes import run_preset  # numeric code loads only when a step runs

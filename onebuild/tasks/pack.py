@@ -14,8 +14,6 @@ from typing import Any
 from ..fileio import atomic_folder, atomic_write_bytes
 from ..nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
 
-VERSION = 4
-
 
 def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
     """Model type and I/O names of an IR file or a .tvn binary."""

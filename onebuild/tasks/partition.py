@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-VERSION = 3
-
 
 def part_files(config: dict[str, Any], backends: list[str]) -> list[str]:
     return [f"{config['name']}.{i + 1:05d}_{b}.obir" for i, b in enumerate(backends)]

@@ -5,7 +5,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-VERSION = 2
 log = logging.getLogger("onebuild")
 KEYS = ("mode", "dtype", "granularity", "input_type", "output_type", "bias_correction", "layers")
 

@@ -1,0 +1,126 @@
+"""What a build may replace or remove: only what onebuild made itself.
+
+A step claims its outputs before writing them: its log (`<first output>.log`) is written first,
+naming every output, and rewritten with hashes and timings when the step ends. An output that
+exists may be replaced (by a build) or removed (by `clean`) only when that log names it, so a
+package path, a build folder or a data folder that happens to be where an output goes is never
+touched. A build folder carries a mark file from its first build on; an existing folder that
+holds other files and no mark is refused.
+
+Temporary files that a killed build left beside its outputs (the atomic writers' `.NAME.XXXXXXXX`
+siblings) are swept by the next build and by `clean`, both under the build-folder lock (the
+plan file, written before the lock is taken, only when its temporaries are an hour old).
+"""
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from ..fileio import atomic_write_bytes
+from ..plan import BUILD_MARK
+
+MARK = BUILD_MARK
+# Files a build folder of an older onebuild holds (adopted: marked on the next build).
+_EARLIER_MARKS = ("tasks.sqlite3", ".lock")
+# mkstemp/mkdtemp names of fileio and the step cache: ".NAME." + 8 characters (+ ".tmp").
+STALE_PLAN_SECONDS = 3600.0
+_TEMPORARY = r"\.{name}\.(old\.)?[a-z0-9_]{{8}}(\.tmp)?"
+
+
+def log_path(outputs: list[Path]) -> Path:
+    return Path(f"{outputs[0]}.log")
+
+
+def _claimed(outputs: list[Path]) -> set[str]:
+    try:
+        names = json.loads(log_path(outputs).read_bytes())["outputs"]
+        return {str(name) for name in names}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def foreign(outputs: list[Path]) -> list[Path]:
+    """The outputs that exist but were not made by onebuild (no log of theirs names them)."""
+    present = [p for p in outputs if p.exists() or p.is_symlink()]
+    if not present:
+        return []
+    claimed = _claimed(outputs)
+    return [p for p in present if str(p) not in claimed]
+
+
+def refuse_foreign(outputs: list[Path], where: str, verb: str) -> None:
+    """A user error when `verb`ing `outputs` would touch something onebuild did not make."""
+    found = foreign(outputs)
+    if found:
+        kind = "folder" if found[0].is_dir() else "file"
+        raise UserError(
+            f"{where}: would {verb} the {kind} '{found[0]}', which onebuild did not make (no "
+            f"build log names it); move it away, or choose another output path"
+        )
+
+
+def claim(outputs: list[Path], step: str) -> None:
+    """Record, before writing them, that these outputs are onebuild's."""
+    record = {"status": "running", "step": step, "outputs": [str(p) for p in outputs]}
+    atomic_write_bytes(log_path(outputs), (json.dumps(record, indent=2) + "\n").encode())
+
+
+def remove(outputs: list[Path]) -> None:
+    """Remove claimed outputs, their log and stray temporaries (checked by the caller)."""
+    for path in outputs:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    log_path(outputs).unlink(missing_ok=True)
+    sweep(outputs)
+
+
+def sweep(paths: list[Path], older_than: float = 0.0) -> None:
+    """Remove the temporary siblings a killed writer left for `paths` (and their logs);
+    `older_than` (seconds) spares files that a writer outside the lock may be writing now."""
+    now = time.time()
+    for path in paths:
+        folder = path.parent
+        if not folder.is_dir():
+            continue
+        names = (path.name, f"{path.name}.log")
+        patterns = [re.compile(_TEMPORARY.format(name=re.escape(n))) for n in names]
+        for entry in os.scandir(folder):
+            if any(p.fullmatch(entry.name) for p in patterns):
+                if older_than and now - entry.stat(follow_symlinks=False).st_mtime < older_than:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    Path(entry.path).unlink(missing_ok=True)
+
+
+def claim_build_folder(folder: Path, where: str) -> None:
+    """Create or adopt a build folder; refuse one that holds files onebuild did not make."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{where}: build.dir '{folder}' is a file; point build.dir at a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / MARK).is_file():
+            return
+        entries = [name for name in os.listdir(folder) if name != MARK]
+        if entries and not any(name in entries for name in _EARLIER_MARKS):
+            raise UserError(
+                f"{where}: build.dir '{folder}' already holds files that onebuild did not make; "
+                "point build.dir at a new or empty folder"
+            )
+        with open(folder / MARK, "a") as mark:  # no temporary: a concurrent build may look
+            mark.write("" if mark.tell() else "An onebuild build folder (`onebuild clean`).\n")
+    except OSError as error:
+        raise UserError(
+            f"{where}: build.dir '{folder}': cannot use it ({error.strerror or error})"
+        ) from None
+
+
+def is_build_folder(folder: Path) -> bool:
+    return (folder / MARK).is_file()

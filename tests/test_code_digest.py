@@ -1,0 +1,180 @@
+"""Step cache keys cover the code that implements each step: editing any module a step imports
+changes its key, and a build with edited code reruns exactly the steps that import it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onebuild
+from onebuild.engine.code_digest import _closure
+
+PACKAGE = Path(onebuild.__file__).parent
+MODEL = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet.onnx"
+STEP_MODULES = [
+    "import_model", "optimize", "calibrate", "quantize", "evaluate", "partition", "codegen", "pack"
+]  # fmt: skip
+
+
+def _copy_package(folder: Path) -> Path:
+    shutil.copytree(PACKAGE, folder / "onebuild", ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+EDIT_EVERY_FILE = r"""
+import sys
+from pathlib import Path
+from onebuild.engine import code_digest as cd
+from onebuild.targets import target_module
+
+def digest(step):
+    for f in (cd._digest, cd._file_digest):
+        f.cache_clear()
+    extra = target_module("trix_sim") if step in ("codegen", "partition") else None
+    return cd.step_code_digest("onebuild.tasks." + step, extra)
+
+steps = sys.argv[1].split(",")
+unchanged = []
+for step in steps:
+    extra = target_module("trix_sim") if step in ("codegen", "partition") else None
+    files = set(cd._closure("onebuild.tasks." + step))
+    if extra:
+        files |= cd._closure(extra)
+    for path in sorted(files):
+        before = digest(step)
+        text = path.read_bytes()
+        path.write_bytes(text + b"\n# edited\n")
+        after = digest(step)
+        path.write_bytes(text)
+        if before == after:
+            unchanged.append(f"{step}: {path}")
+print("\n".join(unchanged))
+"""
+
+
+def test_editing_any_module_a_step_imports_changes_its_key(tmp_path):
+    root = _copy_package(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", EDIT_EVERY_FILE, ",".join(STEP_MODULES)],
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "", result.stdout
+
+
+def test_closure_follows_function_level_imports_and_package_data():
+    files = {p.relative_to(PACKAGE).as_posix() for p in _closure("onebuild.tasks.codegen")}
+    # codegen imports these inside its run() function; the target's presets are package data
+    assert {"graph_ir/quant/model_io.py", "graph_ir/serde/irfile.py"} <= files
+    target = {p.relative_to(PACKAGE).as_posix() for p in _closure("onebuild.targets.trix_sim")}
+    assert "targets/trix_sim/configs/trix-m.toml" in target
+    # the steps package imports no step module: the other steps do not count
+    assert "tasks/__init__.py" in files and "tasks/pack.py" not in files
+
+
+RECIPE = """
+[import]
+source = "model.onnx"
+input_shapes = { x = [1, 3, 32, 32] }
+[optimize]
+preset = "O1"
+[pack]
+output = "out/m.nnpkg"
+"""
+
+
+def test_a_build_after_editing_a_pass_reruns_exactly_the_steps_that_import_it(tmp_path):
+    root = _copy_package(tmp_path / "code")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(MODEL, project / "model.onnx")
+    (project / "r.toml").write_text(RECIPE)
+
+    def build() -> dict[str, str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "onebuild.cli", "build", "r.toml", "--json"],
+            cwd=project,
+            env=_env(root),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return {s["step"]: s["status"] for s in json.loads(result.stdout)["steps"]}
+
+    assert set(build().values()) == {"run"}
+    fuse = root / "onebuild" / "graph_ir" / "passes" / "fuse.py"
+    fuse.write_text(fuse.read_text() + "\n# a comment changes no output, but the code changed\n")
+    # optimize imports the pass: it reruns (its cache key changed, so nothing is restored);
+    # import does not; pack loads the TRIX target (to read .tvn parts), which imports it too
+    assert build() == {"import": "up-to-date", "optimize": "run", "pack": "run"}
+    assert build() == {"import": "up-to-date", "optimize": "up-to-date", "pack": "up-to-date"}
+
+
+RUN_ONE_STEP = r"""
+import json, sys
+from pathlib import Path
+task = json.loads(sys.argv[1])
+from onebuild.tasks import STEPS
+before = set(sys.modules)
+outputs = [Path(sys.argv[2]) / Path(p).name for p in task["outputs"]]
+STEPS[task["step"]].run(task["config"], [Path(p) for p in task["inputs"]], outputs)
+print(json.dumps(sorted(sys.modules[n].__file__ for n in set(sys.modules) - before
+                        if n.startswith("onebuild") and getattr(sys.modules[n], "__file__", None))))
+"""
+
+
+def test_every_module_a_step_loads_when_it_runs_is_in_its_key(tmp_path):
+    """Independent of the source scan: run each step of a partitioned NPU build in a fresh
+    interpreter and compare the onebuild modules it loads while running (importing the steps
+    package loads every step module and their top-level imports first) with its key's files."""
+    from onebuild.targets import target_module
+
+    examples = tmp_path / "examples"
+    shutil.copytree(Path(__file__).parent.parent / "examples", examples)
+    shutil.copytree(Path(__file__).parent.parent / "recipes", tmp_path / "recipes")
+    recipe = examples / "tiny_mobilenet_npu.toml"
+    subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", "build", str(recipe)],
+        capture_output=True,
+        check=True,
+    )
+    from onebuild.engine.dag import StepTask, known_tasks
+    from onebuild.plan import load_plan
+
+    tasks = [t for t in known_tasks(load_plan(recipe)) if isinstance(t, StepTask)]
+    steps_seen = set()
+    for index, task in enumerate(tasks):
+        step = task.step
+        scratch = tmp_path / f"scratch{index}"
+        scratch.mkdir()
+        description = {
+            "step": step,
+            "config": task.config,
+            "inputs": [str(p) for p in task.inputs],
+            "outputs": [str(p) for p in task.outputs],
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", RUN_ONE_STEP, json.dumps(description), str(scratch)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        loaded = {Path(p) for p in json.loads(result.stdout.splitlines()[-1])}
+        module = {"import": "import_model"}.get(step, step)
+        covered = set(_closure(f"onebuild.tasks.{module}"))
+        target = task.config.get("target")
+        if target:
+            covered |= _closure(target_module(target))
+        missing = sorted(str(p) for p in loaded - covered)
+        assert not missing, f"[{step}] loaded modules its cache key does not cover: {missing}"
+        steps_seen.add(step)
+    assert steps_seen >= {"import", "optimize", "calibrate", "quantize", "partition", "codegen"}
+    assert "pack" in steps_seen

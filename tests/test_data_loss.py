@@ -1,0 +1,158 @@
+"""onebuild only replaces or removes what it made itself: packages, build folders, temporaries.
+
+Every case runs the real CLI; unrelated files must survive and the command must fail with one
+line that names the path and says how to fix it.
+"""
+
+import fcntl
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MODEL = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet.onnx"
+DATA = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet_calib.npz"
+RECIPE = """
+[import]
+source = "model.onnx"
+input_shapes = {{ x = [1, 3, 32, 32] }}
+[optimize]
+[pack]
+output = "{output}"
+"""
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", *args], cwd=cwd, capture_output=True, text=True
+    )
+
+
+def project(folder: Path, output: str, extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(MODEL, folder / "model.onnx")
+    recipe = folder / "r.toml"
+    recipe.write_text(RECIPE.format(output=output) + extra)
+    return recipe
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onebuild: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_package_output_at_an_unrelated_folder_is_refused_by_build_and_clean(tmp_path):
+    recipe = project(tmp_path, "mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    before = snapshot(tmp_path / "mine")
+    assert_refused(cli("build", str(recipe), cwd=tmp_path), "mine", "did not make", "move it")
+    assert snapshot(tmp_path / "mine") == before
+    assert_refused(cli("clean", str(recipe), cwd=tmp_path), "mine", "did not make")
+    assert snapshot(tmp_path / "mine") == before
+
+
+@pytest.mark.parametrize("output", [".", "..", "/"])
+def test_package_output_at_the_recipe_folder_or_above_is_refused(tmp_path, output):
+    recipe = project(tmp_path / "p", output)
+    before = snapshot(tmp_path)
+    for command in ("build", "clean", "status"):
+        assert_refused(cli(command, str(recipe), cwd=tmp_path), "pack.output", "the recipe")
+    assert snapshot(tmp_path) == before
+
+
+def test_package_output_at_the_accuracy_data_folder_is_refused(tmp_path):
+    extra = """
+[quantize]
+calibration = "data/calib.npz"
+[quantize.accuracy]
+data = "data/eval"
+"""
+    recipe = project(tmp_path, "data/eval", extra)
+    (tmp_path / "data" / "eval").mkdir(parents=True)
+    shutil.copy(DATA, tmp_path / "data" / "calib.npz")
+    shutil.copy(DATA, tmp_path / "data" / "eval" / "samples.npz")
+    before = snapshot(tmp_path / "data")
+    for command in ("build", "clean"):
+        result = cli(command, str(recipe), cwd=tmp_path)
+        assert_refused(result, "pack.output", "quantize.accuracy.data")
+    assert snapshot(tmp_path / "data") == before
+
+
+def test_package_output_at_a_folder_holding_the_data_is_refused(tmp_path):
+    recipe = project(tmp_path, "inputs", '[quantize]\ncalibration = "inputs/c.npz"\n')
+    (tmp_path / "inputs").mkdir()
+    shutil.copy(DATA, tmp_path / "inputs" / "c.npz")
+    assert_refused(cli("build", str(recipe), cwd=tmp_path), "quantize.calibration")
+    assert (tmp_path / "inputs" / "c.npz").read_bytes() == DATA.read_bytes()
+
+
+def test_build_folder_with_foreign_files_is_refused(tmp_path):
+    recipe = project(tmp_path, "out/m.nnpkg", '[build]\ndir = "results"\n')
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "notes.txt").write_text("keep me")
+    assert_refused(cli("build", str(recipe), cwd=tmp_path), "build.dir", "did not make")
+    assert (tmp_path / "results" / "notes.txt").read_text() == "keep me"
+    (tmp_path / "results.txt").write_text("a file")
+    result = cli("build", str(recipe), "--set", "build.dir=results.txt", cwd=tmp_path)
+    assert_refused(result, "build.dir", "is a file")
+
+
+def test_own_package_is_replaced_and_cleaned_and_a_lost_log_stops_the_build(tmp_path):
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    result = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out/m.nnpkg/metadata/MANIFEST").is_file()
+    (tmp_path / "out/m.nnpkg.log").unlink()  # now nothing says onebuild made the package
+    result = cli("build", str(recipe), "--set", "optimize.preset=O1", cwd=tmp_path)
+    assert_refused(result, "m.nnpkg", "did not make")
+    assert (tmp_path / "out/m.nnpkg/metadata/MANIFEST").is_file()
+
+
+def test_clean_removes_what_the_build_made_and_sweeps_temporaries(tmp_path):
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    build = tmp_path / "build" / "r"
+    stale = [
+        build / ".optimize.obir.k3j9x_2a.tmp",
+        build / ".optimize.obir.log.abcdefgh.tmp",
+        tmp_path / "out" / ".m.nnpkg.q1w2e3r4",
+        tmp_path / "out" / ".m.nnpkg.old.a1b2c3d4",
+    ]
+    for path in stale:
+        if path.suffix == ".tmp":
+            path.write_bytes(b"half")
+        else:
+            (path / "old").mkdir(parents=True)
+    (tmp_path / "out" / "mine.txt").write_text("not onebuild's")
+    (tmp_path / "out" / ".m.nnpkg.notes").write_text("not a temporary name")
+    result = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not any(p.exists() for p in stale)
+    stale[0].write_bytes(b"half")
+    assert cli("clean", str(recipe), cwd=tmp_path).returncode == 0
+    assert not stale[0].exists()
+    assert not (tmp_path / "out" / "m.nnpkg").exists()
+    assert not (tmp_path / "out" / "m.nnpkg.log").exists()
+    assert (tmp_path / "out" / "mine.txt").is_file()
+    assert (tmp_path / "out" / ".m.nnpkg.notes").is_file()
+    assert (tmp_path / "r.toml").is_file() and (tmp_path / "model.onnx").is_file()
+
+
+def test_clean_takes_the_build_folder_lock(tmp_path):
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    with open(tmp_path / "build" / "r" / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert_refused(cli("clean", str(recipe), cwd=tmp_path), "another onebuild")
+    assert (tmp_path / "out" / "m.nnpkg" / "metadata" / "MANIFEST").is_file()
