@@ -3,6 +3,7 @@
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 from collections import Counter
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import OneBuildError, UserError
-from .plan import PLAN_FILE, load_plan
+from .plan import MAX_DIM, PLAN_FILE, load_plan
 from .runtime.odc import PREFS
 
 log = logging.getLogger("onebuild")
@@ -22,11 +23,24 @@ def _shape_option(text: str) -> tuple[str, list[int]]:
     try:
         if not sep or not name:
             raise ValueError
-        return name, [int(d) for d in dims.split(",")]
+        shape = [int(d) for d in dims.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"'{text}' is not NAME=D0,D1,... (e.g. input=1,3,224,224)"
         ) from None
+    if not all(1 <= d <= MAX_DIM for d in shape):
+        raise argparse.ArgumentTypeError(f"'{text}': every dim must be 1 to {MAX_DIM}")
+    return name, shape
+
+
+def _jobs_option(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if not 1 <= jobs <= 1024:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of parallel steps (1-1024)")
+    return jobs
 
 
 def _load(args):
@@ -489,8 +503,11 @@ def cmd_clean(args) -> int:
     from .engine.ownership import STALE_PLAN_SECONDS, refuse_foreign, remove, sweep
 
     for plan in _plans(args):
+        tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
+        for task in tasks:
+            refuse_foreign(task.outputs, f"{plan.recipe}: [{task.step}]", "remove")
         if not plan.build_dir.is_dir():
-            print(f"cleaned {plan.recipe.name} (nothing built)")
+            print(f"cleaned {plan.recipe.name} (nothing was built)")
             continue
         with locked(plan.build_dir, plan.recipe):
             tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
@@ -507,11 +524,21 @@ def cmd_clean(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes as one line, like every other user error (exit code 2)."""
+
+    def error(self, message: str):
+        print(
+            f"onebuild: error: {self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr
+        )
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onebuild", description=__doc__)
+    parser = _Parser(prog="onebuild", description=__doc__)
     parser.add_argument("--version", action="version", version=f"onebuild {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def model_command(name: str, help_text: str):
         p = sub.add_parser(name, help=help_text)
@@ -599,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = recipe_command("build", "build recipes (only what changed reruns)", cmd_build)
-    p.add_argument("-j", "--jobs", type=int, default=1, help="run up to N steps in parallel")
+    p.add_argument("-j", "--jobs", type=_jobs_option, default=1, help="run up to N steps at once")
     recipe_command("status", "what a build would rerun, and why", cmd_status)
     recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
@@ -630,6 +657,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("onebuild: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`onebuild dag --dot | head`): exit quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as error:  # a path the user named: missing folder, permissions, full disk
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"onebuild: error: {where}{error.strerror or error}", file=sys.stderr)
+        return 2 if error.filename else 1
     except MemoryError:
         print("onebuild: error: out of memory", file=sys.stderr)
         return 1

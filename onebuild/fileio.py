@@ -5,6 +5,7 @@ final name. Leaf module: it imports nothing else of onebuild.
 """
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -17,8 +18,13 @@ from typing import BinaryIO
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Open a binary temporary file that replaces `path` only if the block completes."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; name a file to write", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:  # name the file the caller asked for, not the temporary
+        raise OSError(error.errno, f"cannot write it ({error.strerror})", str(path)) from None
     os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp creates 0600; artifacts are shared files
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -56,20 +56,47 @@ def absolute(path: str | os.PathLike) -> Path:
     return Path(os.path.normpath(Path(path).absolute()))
 
 
+MAX_RECIPE_BYTES = 1 << 20
+MAX_DIM = (1 << 31) - 1  # input dims set by a recipe or --input-shape: 1 ..= MAX_DIM
+MAX_DEPTH = 16  # tables and arrays nested deeper than any recipe key
+
+
+def real_path(path: str | os.PathLike) -> Path:
+    """`path` with symlinks resolved as far as they go (a symlink loop does not raise)."""
+    return Path(os.path.realpath(path))
+
+
 def _read_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"{path}: no such recipe file")
     try:
+        if not path.is_file():
+            raise UserError(f"{path}: no such recipe file")
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise UserError(f"{path}: larger than {MAX_RECIPE_BYTES} bytes; not a recipe")
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            data = tomllib.load(handle)
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"{path}: TOML syntax error: {error}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
+    except RecursionError:
+        raise UserError(f"{path}: values nested too deeply (over {MAX_DEPTH} levels)") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the recipe ({error.strerror or error})") from None
+    _check_depth(data, str(path))
+    return data
+
+
+def _check_depth(value: Any, where: str, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise UserError(f"{where}: values nested too deeply (over {MAX_DEPTH} levels)")
+    children = value.values() if isinstance(value, dict) else value
+    if isinstance(value, dict | list):
+        for child in children:
+            _check_depth(child, where, depth + 1)
 
 
 def _read_with_presets(path: Path, chain: list[Path]) -> dict:
-    resolved = path.resolve()
+    resolved = real_path(path)
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in [*chain, resolved])
         raise UserError(f"{chain[-1]}: 'extends' forms a cycle: {cycle}")
@@ -110,10 +137,18 @@ def _apply_override(data: dict, override: str) -> None:
     keys = [k.strip() for k in dotted.split(".")]
     if not sep or not all(keys):
         raise UserError(f"--set '{override}': expected KEY.PATH=VALUE, e.g. quantize.dtype=int16")
+    if keys == ["extends"]:
+        raise UserError(
+            f"--set '{override}': a recipe's presets are chosen in the recipe file "
+            "(extends = ...); write a recipe that extends the one you want to vary"
+        )
+    if len(keys) > MAX_DEPTH:
+        raise UserError(f"--set '{override[:80]}...': more than {MAX_DEPTH} nested keys")
     try:
         value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         value = text
+    _check_depth(value, f"--set '{override[:80]}'", len(keys))
     if tuple(keys) in PATH_KEYS and isinstance(value, str):
         value = str(absolute(value))
     table = data
@@ -149,7 +184,7 @@ def check_output_paths(plan: Plan) -> None:
         raise UserError(f"{plan.recipe}: build.cache '{plan.cache_dir}' is a file; name a folder")
     if "pack" not in plan.steps:
         return
-    package = Path(plan.steps["pack"]["output"]).resolve()
+    package = real_path(plan.steps["pack"]["output"])
     protected = {"the recipe": plan.recipe, "build.dir": plan.build_dir}
     if plan.cache_dir is not None:
         protected["build.cache"] = plan.cache_dir
@@ -160,7 +195,7 @@ def check_output_paths(plan: Plan) -> None:
         if value:
             protected[".".join(keys)] = Path(value)
     for what, path in protected.items():
-        resolved = path.resolve()
+        resolved = real_path(path)
         if package == resolved or package in resolved.parents:
             raise UserError(
                 f"{plan.recipe}: pack.output = '{plan.steps['pack']['output']}' would replace "

@@ -9,7 +9,7 @@ enabled step. Nothing below this module sees pydantic.
 import difflib
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,7 +21,15 @@ from pydantic import (
 )
 
 from .errors import UserError
-from .plan import STEP_ORDER, Plan, absolute, check_inputs, check_output_paths, read_recipe_data
+from .plan import (
+    MAX_DIM,
+    STEP_ORDER,
+    Plan,
+    absolute,
+    check_inputs,
+    check_output_paths,
+    read_recipe_data,
+)
 
 
 class _Section(BaseModel):
@@ -32,7 +40,7 @@ class ImportStep(_Section):
     """Read an ONNX model into the IR."""
 
     source: str = Field(description="ONNX model file, relative to the recipe")
-    input_shapes: dict[str, list[int]] | None = Field(
+    input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=MAX_DIM)]]] | None = Field(
         default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
     )
 

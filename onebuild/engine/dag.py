@@ -9,7 +9,9 @@ The task database is doit's sqlite3 backend in the first recipe's build folder: 
 default) corrupts when two processes touch it, sqlite3 locks and stays consistent.
 """
 
+import errno
 import fcntl
+import io
 import json
 import os
 import sqlite3
@@ -28,7 +30,7 @@ from doit.tools import config_changed
 
 from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
-from ..plan import PLAN_FILE, Plan
+from ..plan import PLAN_FILE, Plan, real_path
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
@@ -253,6 +255,9 @@ class _Runner:
             except OneBuildError as error:
                 result.status, result.error = "failed", str(error)
                 return TaskFailed(str(error))
+            except OSError as error:
+                result.status, result.error = "failed", _os_error(error, task.outputs[0])
+                return TaskFailed(result.error)
             except Exception as error:  # a bug: keep the type in the one-line report
                 result.status, result.error = "failed", f"{type(error).__name__}: {error}"
                 return TaskFailed(result.error)
@@ -428,16 +433,37 @@ def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
         args = ["run", "--continue"]
         if jobs > 1:
             args += ["-n", str(jobs), "-P", "thread"]
+        doit_errors = io.StringIO()  # doit prints its own failures (a traceback) to stderr
+        sys.stderr = doit_errors
         try:
             code = DoitMain(loader, config_filenames=()).run(args)
         finally:  # doit's thread runner swaps the process streams and leaves them swapped
             sys.stdout, sys.stderr = stdout, stderr
     if runner.runtime_errors:
         raise OneBuildError("build error: " + " ".join(runner.runtime_errors))
+    _raise_doit_error(doit_errors.getvalue(), db)
     results = list(runner.results.values())
     if code != 0 and not any(r.status == "failed" for r in results):
         raise OneBuildError(f"build error: doit exited with code {code}")
     return results
+
+
+def _os_error(error: OSError, output: Path) -> str:
+    """A step's I/O failure as one line naming the place: a full disk, permissions, ..."""
+    where = error.filename or output.parent
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{where}: no space left on its device; free space and build again"
+    return f"{where}: {error.strerror or error}"
+
+
+def _raise_doit_error(text: str, db: Path) -> None:
+    """doit's own failures as one line: a full disk is the user's to fix."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return
+    if any(m in text for m in ("database or disk is full", "No space left on device")):
+        raise UserError(f"{db.parent}: no space left on its device; free space and build again")
+    raise OneBuildError(f"build error: {lines[-1]}")
 
 
 def _check_outputs(tasks: list[StepTask | FanOut]) -> None:
@@ -445,7 +471,7 @@ def _check_outputs(tasks: list[StepTask | FanOut]) -> None:
     written = {}
     for task in (t for t in tasks if isinstance(t, StepTask)):
         for path in task.outputs:
-            key = path.resolve()
+            key = real_path(path)
             if key in written:
                 raise UserError(
                     f"{task.recipe}: {task.step} writes {path}, which {written[key]} also writes"
