@@ -3,7 +3,8 @@
 A recipe is read with `tomllib`, merged over its presets and overridden from the command line
 (`onebuild.plan`), validated here by pydantic (unknown keys are errors, with a "did you mean"),
 and converted once into a `Plan`: plain data, absolute paths, one normalized config dict per
-enabled step. Nothing below this module sees pydantic.
+enabled step. Nothing below this module sees pydantic. Step defaults come from the compile
+API's option dataclasses (`onebuild.compile`), which the Session uses too.
 """
 
 import difflib
@@ -20,6 +21,10 @@ from pydantic import (
     model_validator,
 )
 
+from .compile import CalibrationOptions as _C
+from .compile import CodegenOptions as _G
+from .compile import PartitionOptions as _P
+from .compile import QuantizeOptions as _Q
 from .errors import UserError
 from .plan import (
     MAX_DIM,
@@ -77,24 +82,26 @@ class QuantizeAccuracy(_Section):
 class QuantizeStep(_Section):
     """Weight-only or full quantization with calibration data."""
 
-    mode: Literal["full", "weight_only"] = "full"
-    dtype: Literal["uint8", "int8", "int16"] = "uint8"
-    granularity: Literal["channel", "layer"] = "channel"
+    mode: Literal["full", "weight_only"] = _Q.mode
+    dtype: Literal["uint8", "int8", "int16"] = _Q.dtype
+    granularity: Literal["channel", "layer"] = _Q.granularity
     calibration: str | None = Field(default=None, description="npz or folder of npz/npy files")
     random_calibration: bool = Field(
         default=False, description="calibrate on random data when there is none (inaccurate)"
     )
     random_samples: int = Field(default=32, ge=1)
-    min_samples: int = Field(default=1, ge=1, description="fewer calibration samples fail")
-    method: Literal["minmax", "percentile", "moving_average", "mse"] = "minmax"
-    min_percentile: float = Field(default=1.0, ge=0, le=100)
-    max_percentile: float = Field(default=99.0, ge=0, le=100)
-    moving_avg_batch: int = Field(default=1, ge=1)
-    moving_avg_const: float = Field(default=0.1, gt=0, le=1)
-    input_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
-    output_type: Literal["float32", "uint8", "int8", "int16"] = "float32"
+    min_samples: int = Field(
+        default=_C.min_samples, ge=1, description="fewer calibration samples fail"
+    )
+    method: Literal["minmax", "percentile", "moving_average", "mse"] = _C.method
+    min_percentile: float = Field(default=_C.min_percentile, ge=0, le=100)
+    max_percentile: float = Field(default=_C.max_percentile, ge=0, le=100)
+    moving_avg_batch: int = Field(default=_C.moving_avg_batch, ge=1)
+    moving_avg_const: float = Field(default=_C.moving_avg_const, gt=0, le=1)
+    input_type: Literal["float32", "uint8", "int8", "int16"] = _Q.input_type
+    output_type: Literal["float32", "uint8", "int8", "int16"] = _Q.output_type
     bias_correction: bool = Field(
-        default=True,
+        default=_Q.bias_correction,
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data",
     )
@@ -113,15 +120,15 @@ class QuantizeStep(_Section):
 class PartitionStep(_Section):
     """Split the model between the NPU and the CPU."""
 
-    backends: list[str] = Field(default_factory=lambda: ["trix", "cpu"])
-    default: str = "cpu"
-    strategy: Literal["capability", "cost"] = "capability"
-    comply: Literal["opcode", "opname"] = "opcode"
+    backends: list[str] = Field(default_factory=lambda: list(_P.backends))
+    default: str = _P.default
+    strategy: Literal["capability", "cost"] = _P.strategy
+    comply: Literal["opcode", "opname"] = _P.comply
     opcode: dict[str, str] = Field(default_factory=dict)
     opname: dict[str, str] = Field(default_factory=dict)
     part_file: str | None = None
     cpu_precision: Literal["quantized", "float"] = Field(
-        default="quantized",
+        default=_P.cpu_precision,
         description="CPU parts run the quantized model (bit-exact with the quantized "
         "reference) or the float one, quantizing/dequantizing at their boundaries",
     )
@@ -130,9 +137,9 @@ class PartitionStep(_Section):
 class CodegenStep(_Section):
     """Compile NPU partitions to .tvn binaries."""
 
-    target: str = "trix_sim"
-    hw: str = "trix-m"
-    pref: Literal["performance", "memory", "compile_time"] = "performance"
+    target: str = _G.target
+    hw: str = _G.hw
+    pref: Literal["performance", "memory", "compile_time"] = _G.pref
 
 
 class PackStep(_Section):

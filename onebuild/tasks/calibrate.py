@@ -9,23 +9,22 @@ from typing import Any
 
 log = logging.getLogger("onebuild")
 
-OPTIONS = {  # recipe key -> observer argument, per method
-    "percentile": {"min_percentile": "lo_percent", "max_percentile": "hi_percent"},
-    "moving_average": {"moving_avg_batch": "batch", "moving_avg_const": "constant"},
-}
 KEYS = ("calibration", "method", "random_calibration", "random_samples", "min_samples")
+METHOD_KEYS = {  # the options each method reads
+    "percentile": ("min_percentile", "max_percentile"),
+    "moving_average": ("moving_avg_batch", "moving_avg_const"),
+}
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
     """The part of the [quantize] table calibration depends on."""
-    config = {key: quantize[key] for key in KEYS}
-    config["options"] = {key: quantize[key] for key in OPTIONS.get(quantize["method"], {})}
-    return config
+    keys = KEYS + METHOD_KEYS.get(quantize["method"], ())
+    return {key: quantize[key] for key in keys}
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
+    from ..compile import CalibrationOptions, calibrate, options_from
     from ..datasets import iter_batches, random_batch
-    from ..graph_ir.quant.calibrate import calibrate
     from ..graph_ir.serde import load_ir
     from ..graph_ir.serde.calibration_file import save_calibration
     from ..progress import Progress
@@ -41,9 +40,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
             config["random_samples"],
         )
         batches = [random_batch(specs, config["random_samples"])]
-    names = OPTIONS.get(config["method"], {})
-    options = {names[key]: value for key, value in config["options"].items()}
     progress = Progress("calibrate")
-    stats = calibrate(graph, batches, config["method"], options, config["min_samples"], progress)
+    stats = calibrate(graph, batches, options_from(CalibrationOptions, config), progress)
     progress.finish()
     save_calibration(stats, outputs[0])

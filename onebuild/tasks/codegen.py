@@ -12,13 +12,11 @@ from typing import Any
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     import hashlib
 
+    from ..compile import CodegenOptions, compile_graph, options_from
     from ..fileio import atomic_write_bytes
-    from ..graph_ir.quant.model_io import with_quantized_io
     from ..graph_ir.serde import load_ir
-    from ..targets import load_target
 
-    target = load_target(config["target"])
-    graph = with_quantized_io(load_ir(inputs[0]).main)
     source = hashlib.sha256(inputs[0].read_bytes()).hexdigest()
-    binary = target.encode(graph, config["hw"], config["pref"], {"source_sha256": source})
+    options = options_from(CodegenOptions, config)
+    binary = compile_graph(load_ir(inputs[0]).main, options, {"source_sha256": source})
     atomic_write_bytes(outputs[0], binary)

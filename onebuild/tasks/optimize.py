@@ -5,9 +5,7 @@ from typing import Any
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    from ..graph_ir.passes import run_preset  # numeric code loads only when a step runs
+    from ..compile import optimize  # numeric code loads only when a step runs
     from ..graph_ir.serde import load_ir, save_ir
 
-    model = load_ir(inputs[0])
-    run_preset(model, config["preset"])
-    save_ir(model, outputs[0])
+    save_ir(optimize(load_ir(inputs[0]), config["preset"]), outputs[0])

@@ -1,4 +1,8 @@
-"""Formats at the edge of the IR: ONNX import and the IR file. The only code that imports onnx."""
+"""Formats at the edge of the IR: ONNX import and the IR file. The only code that imports onnx.
+
+The IR file reader needs numpy only; the ONNX importer (and onnx itself) loads on first use, so
+the device path (packages, the Session) runs where onnx is not installed.
+"""
 
 import os
 from collections.abc import Mapping, Sequence
@@ -7,7 +11,15 @@ from pathlib import Path
 from ...errors import UserError
 from ..ir import Model
 from .irfile import MAGIC, load_ir, save_ir
-from .onnx_import import load_onnx
+
+
+def load_onnx(
+    path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> Model:
+    """An ONNX model as IR (see `onnx_import.load_onnx`)."""
+    from .onnx_import import load_onnx as load
+
+    return load(path, input_shapes)
 
 
 def load_model(

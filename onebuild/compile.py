@@ -1,0 +1,210 @@
+"""The compile API: typed options that carry their own defaults, and in-memory functions.
+
+The build's steps (`onebuild/tasks/`) are file I/O and caching around these functions; the
+on-device Session calls the same ones. The recipe schema takes its defaults from these
+dataclasses, so there is one place that says what "default" means. Nothing here needs
+pydantic, doit or onnx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # the options load without numpy: the recipe schema takes its defaults here
+    from .graph_ir.ir import Graph, Model
+    from .graph_ir.quant.config import QuantConfig
+
+OptionsT = TypeVar("OptionsT")
+
+
+def options_from(cls: type[OptionsT], config: Mapping[str, Any]) -> OptionsT:
+    """Options of type `cls` from a step config (plain JSON data: lists become tuples; keys
+    that are not options of `cls` are ignored)."""
+    known = {f.name for f in fields(cls)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in known}
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    method: str = "minmax"  # "minmax" | "percentile" | "moving_average" | "mse"
+    min_percentile: float = 1.0
+    max_percentile: float = 99.0
+    moving_avg_batch: int = 1
+    moving_avg_const: float = 0.1
+    min_samples: int = 1
+
+    def observer_options(self) -> dict[str, Any]:
+        """The observer arguments of the chosen method."""
+        if self.method == "percentile":
+            return {"lo_percent": self.min_percentile, "hi_percent": self.max_percentile}
+        if self.method == "moving_average":
+            return {"batch": self.moving_avg_batch, "constant": self.moving_avg_const}
+        return {}
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    mode: str = "full"  # "full" | "weight_only"
+    dtype: str = "uint8"
+    granularity: str = "channel"
+    input_type: str = "float32"
+    output_type: str = "float32"
+    bias_correction: bool = True
+    layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
+
+    def quant_config(self) -> QuantConfig:
+        from .graph_ir.quant.config import LayerOverride, QuantConfig
+
+        layers = tuple(
+            LayerOverride(tuple(layer["names"]), layer.get("dtype"), layer.get("granularity"))
+            for layer in self.layers
+        )
+        return QuantConfig(
+            self.dtype,
+            self.granularity,
+            self.input_type,
+            self.output_type,
+            layers,
+            self.bias_correction,
+        )
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    target: str = "trix_sim"
+    hw: str = "trix-m"
+    pref: str = "performance"  # "performance" | "memory" | "compile_time"
+
+
+@dataclass(frozen=True)
+class PartitionOptions:
+    backends: tuple[str, ...] = ("trix", "cpu")
+    default: str = "cpu"
+    strategy: str = "capability"  # "capability" | "cost"
+    comply: str = "opcode"
+    opcode: Mapping[str, str] = field(default_factory=dict)
+    opname: Mapping[str, str] = field(default_factory=dict)
+    cpu_precision: str = "quantized"  # "quantized" | "float"
+
+    @property
+    def accelerator(self) -> str:
+        return next(b for b in self.backends if b != self.default)
+
+
+def optimize(model: Model, preset: str = "O1") -> Model:
+    """Value-preserving graph optimizations, in place (and returned)."""
+    from .graph_ir.passes import run_preset
+
+    run_preset(model, preset)
+    return model
+
+
+def calibrate(
+    graph: Graph,
+    batches: Iterable,
+    options: CalibrationOptions = CalibrationOptions(),
+    progress: Callable[[int], None] | None = None,
+):
+    """Activation statistics of a float graph over sample batches (see `quant.calibrate`)."""
+    from .graph_ir.quant.calibrate import calibrate as observe
+
+    method, observer = options.method, options.observer_options()
+    return observe(graph, batches, method, observer, options.min_samples, progress)
+
+
+def quantize(model: Model, options: QuantizeOptions = QuantizeOptions(), stats=None) -> Model:
+    """The quantized model (full: with calibration `stats`; weight-only: without)."""
+    from .graph_ir.quant.quantize_graph import quantize_graph
+    from .graph_ir.quant.weight_only import weight_only_quantize
+
+    settings = options.quant_config()
+    if options.mode == "weight_only":
+        weight_only_quantize(model.main, settings)
+        return model
+    ranges = stats.ranges_for(options.dtype)
+    model.graphs[0] = quantize_graph(model.main, ranges, settings, stats.channel_means())
+    return model
+
+
+@dataclass
+class Partitioned:
+    """A quantized graph split between an accelerator and the CPU: one graph per part (in
+    execution order, with file names as ONE's partitioner writes them), the connection
+    information that ties them together and the report (strategy, estimate, fallbacks)."""
+
+    files: list[str]
+    backends: list[str]
+    graphs: list[Graph]
+    connection: dict
+    report: dict
+
+
+def partition(
+    graph: Graph,
+    name: str,
+    options: PartitionOptions = PartitionOptions(),
+    codegen: CodegenOptions = CodegenOptions(),
+    float_graph: Graph | None = None,
+    maps: Mapping[str, Any] | None = None,
+) -> Partitioned:
+    """Split a quantized `graph` by the codegen target's constraints (and `options`); `maps`
+    are the settings of a `.part` file, overridden by the options' own maps. With
+    `cpu_precision = "float"` the CPU parts are recomputed from `float_graph`."""
+    from .graph_ir.partition.float_parts import float_part
+    from .graph_ir.partition.regions import connection_info
+    from .graph_ir.quant.model_io import with_quantized_io
+    from .targets import load_target
+    from .targets.placement import Options, place
+
+    maps = maps or {}
+    settings = {"default": options.default, "comply": options.comply}
+    settings.update({k: maps[k] for k in ("default", "comply") if k in maps})
+    placement_options = Options(
+        accelerator=options.accelerator,
+        hw=codegen.hw,
+        strategy=options.strategy,
+        opcode={**maps.get("opcode", {}), **options.opcode},
+        opname={**maps.get("opname", {}), **options.opname},
+        **settings,
+    )
+    graph = with_quantized_io(graph)
+    placement = place(graph, name, load_target(codegen.target), placement_options)
+    parts = placement.partitioning.parts
+    backends = [p.backend for p in parts]
+    files = [f"{name}.{i + 1:05d}_{b}.obir" for i, b in enumerate(backends)]
+    left_quantized = []
+    if options.cpu_precision == "float":
+        for file, part in zip(files, parts):
+            recomputed = float_part(part.graph, float_graph) if part.backend == "cpu" else None
+            if recomputed is not None:
+                part.graph = recomputed
+            elif part.backend == "cpu":
+                left_quantized.append(file)
+    report = {
+        "strategy": options.strategy,
+        "cpu_precision": options.cpu_precision,
+        "cpu_parts_left_quantized": left_quantized,
+        "hardware": codegen.hw,
+        "estimate": placement.latency,
+        "explanation": placement.explanation,
+        "fallbacks": placement.fallbacks,
+        "parts": [
+            {"file": f, "backend": p.backend, "nodes": len(p.graph.nodes)}
+            for f, p in zip(files, parts)
+        ],
+    }
+    info = connection_info(placement.partitioning, graph, files)
+    return Partitioned(files, backends, [p.graph for p in parts], info, report)
+
+
+def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta=None) -> bytes:
+    """A quantized graph (or an accelerator part) as the target's binary. Without a partition
+    the float boundary moves into the binary's I/O parameters, as with ONE's runtime."""
+    from .graph_ir.quant.model_io import with_quantized_io
+    from .targets import load_target
+
+    target = load_target(options.target)
+    return target.encode(with_quantized_io(graph), options.hw, options.pref, dict(meta or {}))
