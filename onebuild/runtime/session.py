@@ -191,7 +191,8 @@ class Session:
         ws = self.workspace
         digest = save_ir(self._float, ws.model)
         saved = ws.read_state()
-        if saved is None or saved.get("source") != digest:
+        claim = saved is None or saved.get("source") != digest
+        if claim:
             if saved is not None:
                 log.warning("%s: the model changed; recorded data and builds start over", ws.folder)
             ws.forget()
@@ -207,6 +208,8 @@ class Session:
         self._qpath = Path(saved["qpath"]) if saved.get("qpath") else None
         self._cpath = Path(saved["cpath"]) if saved.get("cpath") else None
         self._switch(saved.get("state", "INITIAL"))
+        if claim:  # the workspace names its model before the first record, so a restart resumes
+            self._write_state()
 
     def _resume_recorder(self) -> RangeRecorder:
         """A recorder continuing from the workspace's statistics file (empty without one)."""
@@ -596,6 +599,9 @@ class Session:
             if kind == "quantized":
                 self._artifacts.pop("compiled", None)
         self._switch(state)
+        self._write_state()
+
+    def _write_state(self) -> None:
         self.workspace.write_state(
             {
                 "source": self._source_digest,
