@@ -1,5 +1,6 @@
 """What a Session runs: an IR model in the interpreter, a .tvn binary in the TRIX simulator, or
-an nnpackage in the package runtime; float32 in and out, one sample at a time."""
+an nnpackage in the package runtime; float32 in and out, one sample at a time. Each lists the
+inputs it quantizes (`quantized_inputs`), which must be finite."""
 
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import numpy as np
 
 from ..graph_ir.interpreter import Interpreter
 from ..graph_ir.ir import Graph
-from ..graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
+from ..graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
 from ..targets.host_cpu import HostCpu
 from ..targets.trix_sim.runner import run_batches
 from ..targets.trix_sim.tvn import load_tvn
@@ -19,6 +20,7 @@ class GraphModel:
 
     def __init__(self, graph: Graph):
         self.graph, self.interpreter = graph, Interpreter(graph)
+        self.quantized_inputs = [v.name for v in graph.inputs if is_quantized(v)]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outputs = self.interpreter.run(quantize_inputs(self.graph, feeds))
@@ -30,6 +32,7 @@ class TvnModel:
 
     def __init__(self, module):
         self.module, self.summary = module, None  # the last inference's performance
+        self.quantized_inputs = list(module.inputs)  # NPU I/O is quantized
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch = {k: v[None] for k, v in feeds.items()}
@@ -48,6 +51,7 @@ class PackageModel:
 
     def __init__(self, package):
         self.package, self.reports = package, []
+        self.quantized_inputs = [spec.name for spec in package.inputs if spec.quantized]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch = {k: v[None] for k, v in feeds.items()}

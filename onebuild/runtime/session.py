@@ -15,7 +15,6 @@ Everything lives in a workspace (see `workspace`) that survives restarts and kil
 
 import logging
 import os
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,7 +35,8 @@ from .compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import GraphModel, PackageModel, TvnModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
-from .package import load_package
+from .package import check_finite, load_package
+from .package_files import is_package
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
@@ -76,7 +76,7 @@ class Session:
 
     def _load(self, input_shapes) -> None:
         path = self.path
-        if path.is_dir() or zipfile.is_zipfile(path):
+        if is_package(path):
             package = self._package = load_package(path)  # (keeps a zip's extraction alive)
             self.settings = settings_from_config(package.config, f"{path}: config.cfg")
             if len(package.models) == 1 and package.models[0].kind == "obir":
@@ -217,7 +217,12 @@ class Session:
 
     def _run(self, inputs, record: bool) -> dict[str, np.ndarray]:
         feeds = self._feeds(inputs)
+        if record and not all(np.isfinite(array).all() for array in feeds.values()):
+            log.warning("an input holds NaN or infinity: this run is not recorded")
+            record = False
         if not record:
+            for name in self._model.quantized_inputs:
+                check_finite(name, feeds[name], batched=False)
             return self._deliver(self._model.run(feeds))
         self._float_runner.interpreter.observer = self._recorder.observe
         try:
