@@ -116,7 +116,7 @@ def _load_folder(root: Path, shown: str) -> Package:
     check_total(sizes, shown)
     models = [_load_model(root, shown, i, manifest, files[i]) for i in range(len(files))]
     package = Package(str(root), manifest, models, config, [])
-    _check_connections(package, shown)
+    _check_connections(package, f"{shown}: MANIFEST")
     return package
 
 
