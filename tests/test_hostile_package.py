@@ -1,27 +1,20 @@
 """Hostile nnpackages: every case, made deterministically from a real NPU-CPU-NPU package,
 runs the real CLI in a subprocess (tests/hostile_cli.py) and must fail with exit code 2 and one
-error line naming the culprit, in bounded memory and time. Then a property test mutates the
-MANIFEST's structure in-process."""
+error line naming the culprit, in bounded memory and time. Forged zips come from
+tests/zip_forge.py; structural MANIFEST mutations are tests/test_manifest_mutations.py."""
 
 import io
 import json
 import os
 import random
 import shutil
-import struct
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hostile_cli import Case, check_clean_failure
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from onebuild.errors import FormatError, UserError
-from onebuild.runtime.package import load_package, run_package
+from zip_forge import Member, data_ranges, deflate, flipped, member, raw_zip, zeros
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 RUN = ["run", "{tmp}/pkg", "-i", "{tmp}/in.npz", "-o", "{tmp}/out.npz"]
@@ -81,61 +74,6 @@ def changed(b: Base, **fields) -> dict:
     return manifest
 
 
-def deflate(data: bytes) -> bytes:
-    packer = zlib.compressobj(6, zlib.DEFLATED, -15)
-    return packer.compress(data) + packer.flush()
-
-
-def zeros_member(size: int) -> tuple[bytes, int]:
-    """A raw deflate stream of `size` zero bytes made of repeated 1 MiB blocks (about 1 KB
-    each), and its CRC-32."""
-    packer, block = zlib.compressobj(9, zlib.DEFLATED, -15), bytes(MiB)
-    chunk = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
-    stream = chunk * (size // MiB) + packer.flush()
-    crc = 0
-    for _ in range(size // MiB):
-        crc = zlib.crc32(block, crc)
-    return stream, crc
-
-
-@dataclass
-class Member:
-    name: str
-    data: bytes  # as stored
-    crc: int
-    size: int  # declared uncompressed size
-    method: int = zipfile.ZIP_DEFLATED
-    flags: int = 0
-    mode: int = 0o100644
-
-
-def member(name: str, content: bytes, **changes) -> Member:
-    fields = {"data": deflate(content), "crc": zlib.crc32(content), "size": len(content)}
-    return Member(name, **{**fields, **changes})
-
-
-def raw_zip(members: list[Member], entries: int | None = None) -> bytes:
-    """A zip written by hand, so it can say what zipfile would refuse to write."""
-    out, central = io.BytesIO(), io.BytesIO()
-    for m in members:
-        name = m.name.encode()
-        offset = out.tell()
-        out.write(struct.pack("<4sHHHHHLLLHH", b"PK\x03\x04", 20, m.flags, m.method, 0, 33,
-                              m.crc, len(m.data), m.size, len(name), 0))  # fmt: skip
-        out.write(name + m.data)
-        central.write(struct.pack("<4sHHHHHHLLLHHHHHLL", b"PK\x01\x02", 0x314, 20, m.flags,
-                                  m.method, 0, 33, m.crc, len(m.data), m.size, len(name), 0, 0,
-                                  0, 0, m.mode << 16, offset))  # fmt: skip
-        central.write(name)
-    start, directory = out.tell(), central.getvalue()
-    count = len(members) if entries is None else entries
-    out.write(directory)
-    out.write(
-        struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, count, count, len(directory), start, 0)
-    )
-    return out.getvalue()
-
-
 def package_members(b: Base) -> list[Member]:
     return [member(f"m.nnpkg/{k}", v) for k, v in sorted(b.files.items())]
 
@@ -151,20 +89,6 @@ def zipped(b: Base, mentions: str, data: bytes, argv=RUN_ZIP) -> Case:
 
 def good_zip(b: Base) -> bytes:
     return raw_zip(package_members(b))
-
-
-def data_ranges(data: bytes) -> dict[str, tuple[int, int]]:
-    """Where each member's stored data lies in a zip."""
-    ranges = {}
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        for info in archive.infolist():
-            start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
-            ranges[info.filename] = (start, start + info.compress_size)
-    return ranges
-
-
-def flipped(data: bytes, position: int) -> bytes:
-    return data[:position] + bytes([data[position] ^ 0x5A]) + data[position + 1 :]
 
 
 def npz(**arrays) -> bytes:
@@ -476,15 +400,6 @@ def zip_cases():
     ))  # fmt: skip
 
 
-_ZEROS: dict[int, tuple[bytes, int]] = {}
-
-
-def zeros(size: int) -> tuple[bytes, int]:
-    if size not in _ZEROS:
-        _ZEROS[size] = zeros_member(size)
-    return _ZEROS[size]
-
-
 def bomb(b: Base, size: int) -> bytes:
     """The package plus one member of `size` zero bytes stored in about size / 1000 bytes."""
     stream, crc = zeros(size)
@@ -587,86 +502,3 @@ def test_the_corpus_is_sound(base, tmp_path):
         assert (tmp_path / "out.npz").exists()
         (tmp_path / "out.npz").unlink()
     assert 60 <= len(CASES) <= 120
-
-
-# ---- structural MANIFEST mutations, in-process -----------------------------------------------
-
-KEYS = ["major-version", "minor-version", "patch-version", "configs", "models", "model-types",
-        "model-configs", "pkg-inputs", "pkg-outputs", "model-connect", "extra"]  # fmt: skip
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=12),
-    st.sampled_from(["0:0:0", "2:0:0", "-1:0:0", "0:0:99", "1:0:0:0", TVN, "tvn", "obir", "1"]),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
-)  # fmt: skip
-
-
-@st.composite
-def mutations(draw):
-    """A list of edits of the MANIFEST: set a key, drop one, or change a list's length or one
-    of its entries."""
-    edits = []
-    for _ in range(draw(st.integers(1, 3))):
-        key = draw(st.sampled_from(KEYS))
-        kind = draw(st.sampled_from(["set", "drop", "entry", "length"]))
-        if kind == "set":
-            edits.append((kind, key, draw(values)))
-        elif kind == "drop":
-            edits.append((kind, key, None))
-        elif kind == "entry":
-            edits.append((kind, key, (draw(st.integers(0, 4)), draw(values))))
-        else:
-            edits.append((kind, key, draw(st.integers(0, 6))))
-    return edits
-
-
-def apply(manifest: dict, edits) -> dict:
-    manifest = json.loads(json.dumps(manifest))
-    for kind, key, argument in edits:
-        if kind == "set":
-            manifest[key] = argument
-        elif kind == "drop":
-            manifest.pop(key, None)
-        elif isinstance(manifest.get(key), list) and manifest[key]:
-            entries = manifest[key]
-            if kind == "entry":
-                entries[argument[0] % len(entries)] = argument[1]
-            else:
-                manifest[key] = (entries * (argument + 1))[:argument]
-    return manifest
-
-
-@pytest.fixture(scope="module")
-def scratch(base, tmp_path_factory) -> Path:
-    copy = tmp_path_factory.mktemp("mutated") / "pkg"
-    shutil.copytree(base.root, copy)
-    return copy
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(edits=mutations())
-def test_structural_manifest_mutations_load_or_fail_in_one_line(base, scratch, edits):
-    manifest = apply(base.manifest, edits)
-    (scratch / "metadata/MANIFEST").write_text(json.dumps(manifest))
-    try:
-        package = load_package(scratch)
-    except UserError as error:  # FormatError included
-        message = str(error)
-        assert message and "\n" not in message and len(message) < 2000, message
-        assert isinstance(error, (FormatError, UserError))
-        return
-    feeds = dict(np.load(io.BytesIO(base.inputs)))
-    try:
-        outputs, _ = run_package(package, feeds)
-    except UserError as error:
-        assert "\n" not in str(error)
-        return
-    assert set(outputs) == {spec.name for spec in package.outputs}
