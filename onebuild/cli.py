@@ -63,10 +63,9 @@ def _tvn(args):
 
 
 def _is_package(path: str) -> bool:
-    import zipfile
+    from .runtime.package_files import is_package  # a folder, or a zip (a truncated one too)
 
-    p = Path(path)
-    return (p / "metadata" / "MANIFEST").is_file() or (p.is_file() and zipfile.is_zipfile(p))
+    return is_package(path)
 
 
 def _package_summary(package, reports) -> list[str]:
@@ -314,6 +313,20 @@ def _print_tvn(info: dict) -> None:
 
 
 def cmd_inspect(args) -> int:
+    if _is_package(args.model):
+        from .runtime.package import describe_package, load_package
+
+        info = describe_package(load_package(args.model))
+        if args.json:
+            print(json.dumps(info, indent=2, sort_keys=True))
+            return 0
+        for model in info["models"]:
+            print(f"{model['path']} [{model['backend']}]")
+            for kind in ("inputs", "outputs"):
+                print(f"  {kind}: " + ", ".join(f"{t['name']} {t['type']}" for t in model[kind]))
+        print("package inputs: " + ", ".join(info["inputs"]))
+        print("package outputs: " + ", ".join(info["outputs"]))
+        return 0
     module = _tvn(args)
     if module is not None:
         from .targets.trix_sim.runner import describe

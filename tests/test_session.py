@@ -374,3 +374,20 @@ def test_the_example_app_switches_to_the_npu(tmp_path):
     assert "state COMPILED, 32 runs recorded" in second and "COMPILED: 360 runs" in second
     compiled = float(second.split("accuracy ")[-1].rstrip("%\n")) / 100
     assert compiled >= 0.968  # float: 97.8 % on the same 360 test images
+
+
+def test_non_finite_inputs_are_not_recorded_and_not_quantized(tmp_path, data, caplog):
+    """NaN or infinity: a float run still answers but is not recorded (it would poison the
+    ranges); a quantized or compiled model refuses it, naming the input and the position."""
+    calib = data[0]
+    session = digits_session(tmp_path / "ws", records=3)
+    bad = calib[0].copy()
+    bad[0, 0, 2, 5] = np.nan
+    out = session.run_with_auto_compilation({"input": bad})
+    assert np.isnan(out["logits"]).all() and session.minmax_records == 0
+    assert "not recorded" in caplog.text
+    for x in calib[:3]:
+        session.run_with_auto_compilation({"input": x})
+    assert session.state == "COMPILED"
+    with pytest.raises(UserError, match=r"input 'input' holds nan \(at \[0, 0, 2, 5\]"):
+        session.run_with_auto_compilation({"input": bad})

@@ -10,7 +10,6 @@ float arrays, converted with the package I/O's quantization parameters unless `r
 
 import os
 import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +20,17 @@ from ..graph_ir.interpreter import Interpreter
 from ..graph_ir.quant.params import dequantize, quantize
 from ..graph_ir.serde import load_ir
 from ..graph_ir.tensor import QuantParams
-from ..nnpackage import Manifest, Ref, inside_package, parse_config, parse_manifest
+from ..nnpackage import (
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    Ref,
+    parse_config,
+    parse_manifest,
+)
 from ..targets.trix_sim.runner import run_batches
 from ..targets.trix_sim.tvn import MAGIC, load_tvn
+from .package_files import check_total, extract_zip, looks_like_zip, package_file, read_bounded
 
 BACKEND_OF_TYPE = {"obir": "cpu", "tvn": "trix"}
 
@@ -74,70 +81,59 @@ class Package:
 
 
 def load_package(path: str | os.PathLike) -> Package:
-    """A fully validated package; a zip is extracted to a temporary folder first."""
+    """A fully validated package; a zip is checked and extracted to a temporary folder first."""
     path = Path(path)
-    if path.is_file() and zipfile.is_zipfile(path):
+    if looks_like_zip(path):
         folder = tempfile.TemporaryDirectory(prefix="onebuild-pkg-")
-        package = _load_folder(_extract_zip(path, Path(folder.name)), str(path))
+        package = _load_folder(extract_zip(path, Path(folder.name)), str(path))
         package.folder = folder
         return package
-    if not (path / "metadata" / "MANIFEST").is_file():
+    if not path.is_dir():
+        what = "no such file or folder" if not path.exists() else "neither a folder nor a zip"
+        raise FormatError(f"{path}: not an nnpackage ({what})")
+    if not os.path.lexists(path / "metadata" / "MANIFEST"):
         raise FormatError(f"{path}: not an nnpackage (no metadata/MANIFEST)")
     return _load_folder(path, str(path))
 
 
-def _extract_zip(path: Path, folder: Path) -> Path:
-    with zipfile.ZipFile(path) as archive:
-        for member in archive.namelist():
-            inside_package(member, f"{path}: zip member")
-        try:
-            archive.extractall(folder)
-        except (zipfile.BadZipFile, OSError, EOFError) as error:
-            raise FormatError(f"{path}: corrupt zip archive ({error})") from None
-    manifests = sorted(folder.glob("**/metadata/MANIFEST"))
-    if not manifests:
-        raise FormatError(f"{path}: not an nnpackage (no metadata/MANIFEST in the zip)")
-    return manifests[0].parent.parent
-
-
 def _load_folder(root: Path, shown: str) -> Package:
-    manifest_path = root / "metadata" / "MANIFEST"
+    manifest_path, size = package_file(root, "metadata/MANIFEST", shown, "the manifest")
+    data = read_bounded(manifest_path, MAX_MANIFEST_BYTES, f"{shown}: MANIFEST")
     try:
-        manifest = parse_manifest(manifest_path.read_text("utf-8"), f"{shown}: MANIFEST")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise FormatError(f"{shown}: MANIFEST is not UTF-8 text") from None
+    manifest = parse_manifest(text, f"{shown}: MANIFEST")
+    sizes = [size]
     config = {}
     for name in manifest.configs:
-        config.update(_read_config(root, f"metadata/{name}", shown))
-    models = [_load_model(root, shown, index, manifest) for index in range(len(manifest.models))]
+        config.update(_read_config(root, f"metadata/{name}", shown, sizes))
+    files = []
+    for index, relative in enumerate(manifest.models):
+        file, size = package_file(root, relative, shown, f"models[{index}]")
+        files.append(file)
+        sizes.append(size)
+    check_total(sizes, shown)
+    models = [_load_model(root, shown, i, manifest, files[i]) for i in range(len(files))]
     package = Package(str(root), manifest, models, config, [])
-    _check_connections(package, shown)
+    _check_connections(package, f"{shown}: MANIFEST")
     return package
 
 
-def _read_config(root: Path, relative: str, shown: str) -> dict[str, str]:
-    file = _inside(root, relative, shown)
-    if not file.is_file():
-        raise FormatError(f"{shown}: config file {relative} is missing")
-    return parse_config(file.read_text("utf-8", errors="replace"), f"{shown}: {relative}")
+def _read_config(root: Path, relative: str, shown: str, sizes: list[int]) -> dict[str, str]:
+    file, size = package_file(root, relative, shown, "config file")
+    sizes.append(size)
+    data = read_bounded(file, MAX_CONFIG_BYTES, f"{shown}: {relative}")
+    return parse_config(data.decode("utf-8", errors="replace"), f"{shown}: {relative}")
 
 
-def _inside(root: Path, relative: str, shown: str) -> Path:
-    file = (root / relative).resolve()
-    if root.resolve() not in file.parents:
-        raise FormatError(f"{shown}: '{relative}' points outside the package")
-    return file
-
-
-def _load_model(root: Path, shown: str, index: int, manifest: Manifest) -> PackageModel:
+def _load_model(root: Path, shown: str, index: int, manifest: Manifest, file: Path) -> PackageModel:
     relative, kind = manifest.models[index], manifest.model_types[index]
     where = f"{shown}: models[{index}] '{relative}'"
-    file = _inside(root, relative, shown)
-    if not file.is_file():
-        raise FormatError(f"{where}: file is missing")
     config = {}
     if manifest.model_configs[index]:
-        config = _read_config(root, f"metadata/{manifest.model_configs[index]}", shown)
+        sizes: list[int] = []
+        config = _read_config(root, f"metadata/{manifest.model_configs[index]}", shown, sizes)
     backend = config.get("BACKENDS", BACKEND_OF_TYPE[kind])
     if backend != BACKEND_OF_TYPE[kind]:
         raise FormatError(
@@ -199,8 +195,22 @@ def _check_connections(package: Package, shown: str) -> None:
         if ref in fed:
             raise FormatError(f"{where}: input {ref} is already fed by {fed[ref]}")
         fed[ref] = f"pkg-inputs[{i}]"
+    listed: dict[Ref, int] = {}
     for i, ref in enumerate(manifest.pkg_outputs):
-        package.outputs.append(spec(ref, "outputs", f"{shown}: pkg-outputs[{i}]"))
+        where = f"{shown}: pkg-outputs[{i}]"
+        package.outputs.append(spec(ref, "outputs", where))
+        if ref in listed:
+            raise FormatError(f"{where}: output {ref} is already pkg-outputs[{listed[ref]}]")
+        listed[ref] = i
+    for side, specs in (("pkg-inputs", package.inputs), ("pkg-outputs", package.outputs)):
+        first: dict[str, int] = {}
+        for i, name in enumerate(s.name for s in specs):
+            if name in first:
+                raise FormatError(
+                    f"{shown}: {side}[{i}] is tensor '{name}', as is {side}[{first[name]}]; "
+                    "package inputs and outputs are named by their tensors"
+                )
+            first[name] = i
     after: dict[int, set[int]] = {m: set() for m in range(len(models))}
     pairs = []
     for i, (source, targets) in enumerate(manifest.connect):
@@ -235,6 +245,33 @@ def _check_connections(package: Package, shown: str) -> None:
             )
 
 
+def describe_package(package: Package) -> dict:
+    """What `onebuild inspect PKG` shows: each model's file, backend and I/O (in execution
+    order), the package's inputs and outputs and the connections."""
+
+    def tensors(specs: list[TensorSpec]) -> list[dict]:
+        return [{"name": t.name, "type": t.describe()} for t in specs]
+
+    return {
+        "models": [
+            {
+                "path": package.models[m].path,
+                "type": package.models[m].kind,
+                "backend": package.models[m].backend,
+                "inputs": tensors(package.models[m].inputs),
+                "outputs": tensors(package.models[m].outputs),
+            }
+            for m in package.order
+        ],
+        "inputs": [t.name for t in package.inputs],
+        "outputs": [t.name for t in package.outputs],
+        "connections": [
+            {"from": str(s), "to": [str(t) for t in ts]} for s, ts in package.manifest.connect
+        ],
+        "config": package.config,
+    }
+
+
 def _topological(after: dict[int, set[int]], shown: str) -> list[int]:
     order, done = [], set()
     while len(order) < len(after):
@@ -245,6 +282,22 @@ def _topological(after: dict[int, set[int]], shown: str) -> list[int]:
         done.add(ready[0])
         order.append(ready[0])
     return order
+
+
+def check_finite(name: str, array: np.ndarray, batched: bool) -> None:
+    """Float data for a quantized input must be finite: NaN has no integer, and an infinity
+    would saturate silently. The error names the input, the sample and the first position."""
+    if array.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"sample {first[0]} at {list(first[1:])}" if batched else f"at {list(first)}"
+    raise UserError(
+        f"input '{name}' holds {array[first]} ({where}; {int(bad.sum())} non-finite value(s)): "
+        "a quantized input needs finite values"
+    )
 
 
 def run_package(
@@ -258,12 +311,15 @@ def run_package(
             names = ", ".join(sorted(feeds)) or "none"
             raise UserError(f"missing input '{spec.name}' (inputs given: {names})")
         array = np.asarray(feeds[spec.name])
-        if tuple(array.shape[1:]) != spec.dims:
+        if array.ndim != len(spec.dims) + 1 or tuple(array.shape[1:]) != spec.dims:
             raise UserError(
                 f"input '{spec.name}' has shape {list(array.shape)}, expected "
                 f"[N, {', '.join(map(str, spec.dims))}]"
             )
         if spec.quantized and not raw:
+            if array.dtype.kind not in "fiub":
+                raise UserError(f"input '{spec.name}' is {array.dtype}; expected float data")
+            check_finite(spec.name, array, batched=True)
             array = quantize(array.astype(np.float64), spec.quant, spec.dtype)
         elif array.dtype != np.dtype(spec.dtype):
             raise UserError(f"input '{spec.name}' is {array.dtype}; expected {spec.dtype}")

@@ -13,95 +13,35 @@ previous model with the reason in `reason`. Quantization and codegen are the bui
 Everything lives in a workspace (see `workspace`) that survives restarts and kills.
 """
 
-import json
 import logging
 import os
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelError, OneBuildError, UserError
-from ..gates import failures, gate_checks
-from ..graph_ir.interpreter import Interpreter, check_feeds
-from ..graph_ir.ir import Graph, Model
-from ..graph_ir.metrics import OutputMetrics
+from ..errors import OneBuildError, UserError
+from ..graph_ir.interpreter import check_feeds
+from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
-from ..graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
+from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..targets.host_cpu import HostCpu
-from ..targets.trix_sim.runner import run_batches
 from ..targets.trix_sim.tvn import MAGIC as TVN_MAGIC
 from ..targets.trix_sim.tvn import load_tvn
 from ..tasks.evaluate import json_safe
+from .compile import codegen_file, quantize_file
+from .gate import gate_reason, gate_report
+from .models import GraphModel, PackageModel, TvnModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
-from .package import load_package, run_package
+from .package import check_finite, load_package
+from .package_files import is_package
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
 STATES = ("INITIAL", "QUANTIZED", "COMPILED")
 EXECUTE_CONFIGS = ("DUMP_MINMAX",)
-
-
-class _GraphModel:
-    """An IR model in the interpreter; float data converted for quantized I/O."""
-
-    def __init__(self, graph: Graph):
-        self.graph, self.interpreter = graph, Interpreter(graph)
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self.interpreter.run(quantize_inputs(self.graph, feeds))
-        return dequantize_outputs(self.graph, outputs)
-
-
-class _TvnModel:
-    """A .tvn binary in the TRIX simulator."""
-
-    def __init__(self, module):
-        self.module, self.summary = module, None  # the last inference's performance
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        batch = {k: v[None] for k, v in feeds.items()}
-        outputs, self.summary = run_batches(self.module, batch, False)
-        return {name: array[0] for name, array in outputs.items()}
-
-    def cost(self, cpu: HostCpu) -> tuple[float, int]:
-        """Latency (µs: simulated, plus the invocation and the I/O handoffs) and memory."""
-        handoffs = len(self.module.inputs) + len(self.module.outputs)
-        latency = self.summary["milliseconds"] * 1e3 + cpu.npu_invoke_us + cpu.handoff_us * handoffs
-        return latency, self.module.dram_bytes
-
-
-class _PackageModel:
-    """An nnpackage in the package runtime (NPU parts simulated, CPU parts interpreted)."""
-
-    def __init__(self, package):
-        self.package, self.reports = package, []
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        batch = {k: v[None] for k, v in feeds.items()}
-        outputs, self.reports = run_package(self.package, batch)
-        return {name: array[0] for name, array in outputs.items()}
-
-    def cost(self, cpu: HostCpu) -> tuple[float, int]:
-        """Latency (µs: NPU parts simulated, CPU parts estimated, each handoff) and memory."""
-        latency = cpu.handoff_us * sum(len(targets) for _, targets in self.package.manifest.connect)
-        memory = 0
-        for model, report in zip(self.package.models, self.reports):
-            if report is None:
-                latency += cpu.graph_us(model.program)
-                memory += cpu.memory_bytes(model.program)
-            else:
-                latency += report["milliseconds"] * 1e3 + cpu.npu_invoke_us
-                memory += model.program.dram_bytes
-        return latency, memory
-
-
-def _compiled_model(path: Path):
-    """A compiled model: one .tvn, or a package of NPU and CPU parts."""
-    return _PackageModel(load_package(path)) if path.is_dir() else _TvnModel(load_tvn(path))
 
 
 class Session:
@@ -136,14 +76,14 @@ class Session:
 
     def _load(self, input_shapes) -> None:
         path = self.path
-        if path.is_dir() or zipfile.is_zipfile(path):
+        if is_package(path):
             package = self._package = load_package(path)  # (keeps a zip's extraction alive)
             self.settings = settings_from_config(package.config, f"{path}: config.cfg")
             if len(package.models) == 1 and package.models[0].kind == "obir":
                 model_file = Path(package.root) / package.models[0].path
                 self._adopt(load_ir(model_file), source=model_file)
             else:
-                self._fixed(_PackageModel(package), package.inputs, package.outputs)
+                self._fixed(PackageModel(package), package.inputs, package.outputs)
             return
         if not path.is_file():
             raise UserError(f"{path}: no such file or nnpackage")
@@ -154,7 +94,7 @@ class Session:
             specs = [
                 [module.tensors[n] for n in names] for names in (module.inputs, module.outputs)
             ]
-            self._fixed(_TvnModel(module), *specs)
+            self._fixed(TvnModel(module), *specs)
         elif head.startswith(IR_MAGIC):
             self._adopt(load_ir(path), source=path)
         else:
@@ -170,9 +110,9 @@ class Session:
         self._io(graph.inputs, graph.outputs)
         values = [*graph.inputs, *(v for n in graph.nodes for v in n.inputs if v is not None)]
         if any(is_quantized(v) for v in values):
-            self._model, self._state, self._quantized_file = _GraphModel(graph), "QUANTIZED", source
+            self._model, self._state, self._quantized_file = GraphModel(graph), "QUANTIZED", source
         else:
-            self._float, self._float_runner = model, _GraphModel(graph)
+            self._float, self._float_runner = model, GraphModel(graph)
             self._model, self._state = self._float_runner, "INITIAL"
 
     def _fixed(self, model, inputs, outputs) -> None:
@@ -191,7 +131,8 @@ class Session:
         ws = self.workspace
         digest = save_ir(self._float, ws.model)
         saved = ws.read_state()
-        if saved is None or saved.get("source") != digest:
+        claim = saved is None or saved.get("source") != digest
+        if claim:
             if saved is not None:
                 log.warning("%s: the model changed; recorded data and builds start over", ws.folder)
             ws.forget()
@@ -207,6 +148,8 @@ class Session:
         self._qpath = Path(saved["qpath"]) if saved.get("qpath") else None
         self._cpath = Path(saved["cpath"]) if saved.get("cpath") else None
         self._switch(saved.get("state", "INITIAL"))
+        if claim:  # the workspace names its model before the first record, so a restart resumes
+            self._write_state()
 
     def _resume_recorder(self) -> RangeRecorder:
         """A recorder continuing from the workspace's statistics file (empty without one)."""
@@ -274,7 +217,12 @@ class Session:
 
     def _run(self, inputs, record: bool) -> dict[str, np.ndarray]:
         feeds = self._feeds(inputs)
+        if record and not all(np.isfinite(array).all() for array in feeds.values()):
+            log.warning("an input holds NaN or infinity: this run is not recorded")
+            record = False
         if not record:
+            for name in self._model.quantized_inputs:
+                check_finite(name, feeds[name], batched=False)
             return self._deliver(self._model.run(feeds))
         self._float_runner.interpreter.observer = self._recorder.observe
         try:
@@ -358,23 +306,9 @@ class Session:
         return output
 
     def _quantize_file(self) -> Path:
-        from ..recipe import QuantizeStep
-        from ..tasks import quantize as quantize_step
-
         self._need_float("quantize()")
-        options = QUANT_TYPES[self.settings.quant_type]
-        if options["mode"] == "full" and not self._recorder.samples:
-            raise UserError(
-                "full quantization needs recorded ranges: run the model with "
-                "set_execute_config('DUMP_MINMAX') first"
-            )
-        config = QuantizeStep(**options, random_calibration=True).model_dump()
-        inputs = [self.workspace.model]
-        if options["mode"] == "full":
-            inputs.append(self.workspace.minmax)
         output = self._qpath or self.workspace.quantized
-        quantize_step.run(quantize_step.step_config(config), inputs, [output])
-        return output
+        return quantize_file(self.workspace, self.settings, self._recorder.samples, output)
 
     def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
         """Compile the quantized model for `target`; the session switches to the binary."""
@@ -385,9 +319,6 @@ class Session:
         return output
 
     def _codegen_file(self) -> Path:
-        from ..tasks import codegen as codegen_step
-
-        target, pref = self.settings.target, self.settings.pref
         source = self._quantized_path()
         if self._state != "QUANTIZED" or source is None:
             raise UserError(f"codegen() compiles a quantized model; the session is {self._state}")
@@ -396,45 +327,7 @@ class Session:
                 f"a {self.settings.quant_type} model keeps float activations; NPU code needs "
                 "full quantization (U8_ASYM or I16_SYM)"
             )
-        output = self._cpath or (
-            self.workspace.compiled if self.workspace else source.with_suffix(".tvn")
-        )
-        config = {"target": target, "hw": self.settings.hw, "pref": pref}
-        try:
-            codegen_step.run(config, [source], [output])
-        except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
-            if self.workspace is None or self._cpath is not None:
-                raise
-            return self._partitioned_codegen(source, config, error)
-        return output
-
-    def _partitioned_codegen(self, source: Path, codegen: dict, whole: ModelError) -> Path:
-        """The build's partition, codegen (per NPU part) and pack steps: an nnpackage in the
-        workspace with the NPU parts as .tvn binaries and the rest on the CPU."""
-        from ..recipe import PartitionStep
-        from ..tasks import codegen as codegen_step
-        from ..tasks import pack as pack_step
-        from ..tasks import partition as partition_step
-
-        ws = self.workspace
-        config = PartitionStep().model_dump()
-        config.update(name="model", accelerator="trix", target=codegen["target"], hw=codegen["hw"])
-        partition_step.run(config, [source], [ws.partition])
-        connection = ws.partition / "model.conn.json"
-        parts = json.loads(connection.read_text())["parts"]
-        if all(part["backend"] == "cpu" for part in parts):
-            raise whole
-        models = []
-        for part in parts:
-            model = ws.partition / part["file"]
-            if part["backend"] != "cpu":
-                compiled = ws.partition / f"{model.stem}.tvn"
-                codegen_step.run(codegen, [model], [compiled])
-                model = compiled
-            models.append(model)
-        pack = {"output": str(ws.package), "archive": False, "config": {}}
-        pack_step.run(pack, [connection, *models], [ws.package])
-        return ws.package
+        return codegen_file(self.workspace, self.settings, source, self._cpath)
 
     def _need_float(self, what: str) -> None:
         if self._float is None:
@@ -488,8 +381,8 @@ class Session:
             output = self._quantize_file()
         except OneBuildError as error:
             return f"quantization failed, staying on the float model: {error}"
-        if not self._gate("quantized", _GraphModel(load_ir(output).main)):
-            return self._gate_reason("quantized")
+        if not self._gate("quantized", GraphModel(load_ir(output).main)):
+            return gate_reason(self.gates, "quantized")
         self._commit("QUANTIZED", quantized=output)
         return None
 
@@ -497,11 +390,11 @@ class Session:
         """Compile and gate; switch to COMPILED, or say why not."""
         try:
             output = self._codegen_file()
-            model = _compiled_model(output)
+            model = compiled_model(output)
         except Exception as error:  # a compiler failure must not take the app down
             return f"codegen failed, staying on the quantized model: {error}"
         if not self._gate("compiled", model):
-            return self._gate_reason("compiled")
+            return gate_reason(self.gates, "compiled")
         self._commit("COMPILED", compiled=output)
         return None
 
@@ -511,35 +404,10 @@ class Session:
             count = min(self._recorder.samples, self.settings.gate_samples)
             records = self.workspace.read_records(count)
             self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
-        records = self._reference
-        metrics = {name: OutputMetrics() for name in self.outputs}
-        for feeds, want in records:
-            got = model.run(feeds)
-            for name, metric in metrics.items():
-                metric.update(want[name], got[name])
-        outputs = {name: metric.summary() for name, metric in metrics.items()}
-        checks = gate_checks(dict(self.settings.gate), outputs)
-        passed = bool(records) and all(check["passed"] for check in checks)
-        self.gates[candidate] = {
-            "samples": len(records),
-            "outputs": outputs,
-            "checks": checks,
-            "passed": passed,
-        }
-        if records and hasattr(model, "cost"):  # for backend = auto, from the last gate run
-            latency, memory = model.cost(HostCpu())
-            self.gates[candidate].update(microseconds=latency, memory_bytes=memory)
-        return passed
-
-    def _gate_reason(self, candidate: str) -> str:
-        report = self.gates[candidate]
-        if not report["samples"]:
-            return f"the {candidate} model was not switched to: no recorded inputs to check it on"
-        previous = "float" if candidate == "quantized" else "quantized"
-        return (
-            f"the {candidate} model failed the accuracy gate on {report['samples']} recorded "
-            f"input(s): {failures(report['checks'])}; staying on the {previous} model"
+        self.gates[candidate] = gate_report(
+            model, self._reference, list(self.outputs), dict(self.settings.gate)
         )
+        return self.gates[candidate]["passed"]
 
     def _choose(self, reason: str | None) -> None:
         """backend = auto: the best gated candidate for the requirement, by the cost models."""
@@ -596,6 +464,9 @@ class Session:
             if kind == "quantized":
                 self._artifacts.pop("compiled", None)
         self._switch(state)
+        self._write_state()
+
+    def _write_state(self) -> None:
         self.workspace.write_state(
             {
                 "source": self._source_digest,
@@ -621,7 +492,7 @@ class Session:
             path = self._artifact(kind)
             if artifact and sha256(path) == artifact["sha256"]:
                 self._model = (
-                    _compiled_model(path) if kind == "compiled" else _GraphModel(load_ir(path).main)
+                    compiled_model(path) if kind == "compiled" else GraphModel(load_ir(path).main)
                 )
                 self._state = state
                 return
@@ -636,5 +507,5 @@ class Session:
     def _switch_fixed(self, state: str, written: dict[str, Path]) -> None:
         """A session on an already quantized model can still compile it (no workspace state)."""
         if "compiled" in written:
-            self._model = _TvnModel(load_tvn(written["compiled"]))
+            self._model = TvnModel(load_tvn(written["compiled"]))
         self._state = state

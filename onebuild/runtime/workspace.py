@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, UserError
 from ..fileio import atomic_write_bytes
 from ..graph_ir.quant.calibrate import CalibrationStats
 from ..graph_ir.serde.calibration_file import load_calibration, save_calibration
@@ -54,7 +54,11 @@ class Workspace:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         self.records_folder = self.folder / "records"
-        self.records_folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.records_folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            what = "it is a file" if self.folder.is_file() else error.strerror
+            raise UserError(f"{self.folder}: cannot be the session workspace ({what})") from None
         self.state_file = self.folder / "state.json"
         self.model = self.folder / "model.obir"
         self.minmax = self.folder / "minmax.npz"

@@ -1,0 +1,44 @@
+"""The session's accuracy gate: a candidate model against the float one on recorded inputs."""
+
+import numpy as np
+
+from ..gates import failures, gate_checks
+from ..graph_ir.metrics import OutputMetrics
+from ..targets.host_cpu import HostCpu
+
+Reference = list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
+
+
+def gate_report(model, reference: Reference, outputs: list[str], thresholds: dict) -> dict:
+    """Run `model` on each recorded input of `reference` (inputs, float outputs) and check the
+    metrics per output against `thresholds`; with no records nothing passes. Models with a
+    cost estimate (binaries, packages) add it, from the last gate run, for backend = auto."""
+    metrics = {name: OutputMetrics() for name in outputs}
+    for feeds, want in reference:
+        got = model.run(feeds)
+        for name, metric in metrics.items():
+            metric.update(want[name], got[name])
+    summaries = {name: metric.summary() for name, metric in metrics.items()}
+    checks = gate_checks(thresholds, summaries)
+    report = {
+        "samples": len(reference),
+        "outputs": summaries,
+        "checks": checks,
+        "passed": bool(reference) and all(check["passed"] for check in checks),
+    }
+    if reference and hasattr(model, "cost"):
+        latency, memory = model.cost(HostCpu())
+        report.update(microseconds=latency, memory_bytes=memory)
+    return report
+
+
+def gate_reason(gates: dict[str, dict], candidate: str) -> str:
+    """Why the session did not switch to `candidate`, from its gate report."""
+    report = gates[candidate]
+    if not report["samples"]:
+        return f"the {candidate} model was not switched to: no recorded inputs to check it on"
+    previous = "float" if candidate == "quantized" else "quantized"
+    return (
+        f"the {candidate} model failed the accuracy gate on {report['samples']} recorded "
+        f"input(s): {failures(report['checks'])}; staying on the {previous} model"
+    )

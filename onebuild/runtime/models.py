@@ -1,0 +1,77 @@
+"""What a Session runs: an IR model in the interpreter, a .tvn binary in the TRIX simulator, or
+an nnpackage in the package runtime; float32 in and out, one sample at a time. Each lists the
+inputs it quantizes (`quantized_inputs`), which must be finite."""
+
+from pathlib import Path
+
+import numpy as np
+
+from ..graph_ir.interpreter import Interpreter
+from ..graph_ir.ir import Graph
+from ..graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
+from ..targets.host_cpu import HostCpu
+from ..targets.trix_sim.runner import run_batches
+from ..targets.trix_sim.tvn import load_tvn
+from .package import load_package, run_package
+
+
+class GraphModel:
+    """An IR model in the interpreter; float data converted for quantized I/O."""
+
+    def __init__(self, graph: Graph):
+        self.graph, self.interpreter = graph, Interpreter(graph)
+        self.quantized_inputs = [v.name for v in graph.inputs if is_quantized(v)]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.interpreter.run(quantize_inputs(self.graph, feeds))
+        return dequantize_outputs(self.graph, outputs)
+
+
+class TvnModel:
+    """A .tvn binary in the TRIX simulator."""
+
+    def __init__(self, module):
+        self.module, self.summary = module, None  # the last inference's performance
+        self.quantized_inputs = list(module.inputs)  # NPU I/O is quantized
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch = {k: v[None] for k, v in feeds.items()}
+        outputs, self.summary = run_batches(self.module, batch, False)
+        return {name: array[0] for name, array in outputs.items()}
+
+    def cost(self, cpu: HostCpu) -> tuple[float, int]:
+        """Latency (µs: simulated, plus the invocation and the I/O handoffs) and memory."""
+        handoffs = len(self.module.inputs) + len(self.module.outputs)
+        latency = self.summary["milliseconds"] * 1e3 + cpu.npu_invoke_us + cpu.handoff_us * handoffs
+        return latency, self.module.dram_bytes
+
+
+class PackageModel:
+    """An nnpackage in the package runtime (NPU parts simulated, CPU parts interpreted)."""
+
+    def __init__(self, package):
+        self.package, self.reports = package, []
+        self.quantized_inputs = [spec.name for spec in package.inputs if spec.quantized]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch = {k: v[None] for k, v in feeds.items()}
+        outputs, self.reports = run_package(self.package, batch)
+        return {name: array[0] for name, array in outputs.items()}
+
+    def cost(self, cpu: HostCpu) -> tuple[float, int]:
+        """Latency (µs: NPU parts simulated, CPU parts estimated, each handoff) and memory."""
+        latency = cpu.handoff_us * sum(len(targets) for _, targets in self.package.manifest.connect)
+        memory = 0
+        for model, report in zip(self.package.models, self.reports):
+            if report is None:
+                latency += cpu.graph_us(model.program)
+                memory += cpu.memory_bytes(model.program)
+            else:
+                latency += report["milliseconds"] * 1e3 + cpu.npu_invoke_us
+                memory += model.program.dram_bytes
+        return latency, memory
+
+
+def compiled_model(path: Path):
+    """A compiled model: one .tvn, or a package of NPU and CPU parts."""
+    return PackageModel(load_package(path)) if path.is_dir() else TvnModel(load_tvn(path))
