@@ -8,8 +8,10 @@ pydantic, doit or onnx.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # the options load without numpy: the recipe schema takes its defaults here
@@ -135,11 +137,27 @@ class Partitioned:
     execution order, with file names as ONE's partitioner writes them), the connection
     information that ties them together and the report (strategy, estimate, fallbacks)."""
 
+    name: str
     files: list[str]
     backends: list[str]
     graphs: list[Graph]
     connection: dict
     report: dict
+
+    def save(self, folder: Path) -> Path:
+        """Write the parts, `<name>.conn.json` and `<name>.partition.json` to `folder`
+        (replaced atomically); returns the connection file."""
+        from .fileio import atomic_folder, atomic_write_bytes
+        from .graph_ir.ir import Model
+        from .graph_ir.serde import save_ir
+
+        with atomic_folder(folder) as staging:
+            for file, graph in zip(self.files, self.graphs):
+                save_ir(Model([graph]), staging / file)
+            for suffix, data in ((".conn.json", self.connection), (".partition.json", self.report)):
+                text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+                atomic_write_bytes(staging / f"{self.name}{suffix}", text.encode())
+        return folder / f"{self.name}.conn.json"
 
 
 def partition(
@@ -197,7 +215,7 @@ def partition(
         ],
     }
     info = connection_info(placement.partitioning, graph, files)
-    return Partitioned(files, backends, [p.graph for p in parts], info, report)
+    return Partitioned(name, files, backends, [p.graph for p in parts], info, report)
 
 
 def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta=None) -> bytes:

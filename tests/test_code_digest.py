@@ -77,7 +77,7 @@ def test_closure_follows_function_level_imports_and_package_data():
     target = {p.relative_to(PACKAGE).as_posix() for p in _closure("onebuild.targets.trix_sim")}
     assert "targets/trix_sim/configs/trix-m.toml" in target
     # the steps package imports no step module: the other steps do not count
-    assert "tasks/__init__.py" in files and "tasks/pack.py" not in files
+    assert "tasks/__init__.py" in files and "tasks/quantize.py" not in files
 
 
 RECIPE = """

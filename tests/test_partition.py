@@ -290,7 +290,7 @@ def test_cycles_and_type_mismatches_are_rejected(package, tmp_path):
 
 def test_zip_packages_run_and_verify(package, tmp_path, capsys):
     from onebuild.cli import main
-    from onebuild.tasks.pack import zip_bytes
+    from onebuild.packing import zip_bytes
 
     archive = tmp_path / "m.nnpkg.zip"
     archive.write_bytes(zip_bytes(package[0], "m.nnpkg"))

@@ -30,11 +30,11 @@ from doit.tools import config_changed
 
 from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
+from ..packing import archive_path
 from ..plan import PLAN_FILE, Plan, real_path
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
-from ..tasks.pack import archive_path
 from .ownership import STALE_PLAN_SECONDS, claim, claim_build_folder, refuse_foreign, sweep
 from .step_cache import StepCache, step_key, tree_digest
 

@@ -31,7 +31,7 @@ from ..targets.host_cpu import HostCpu
 from ..targets.trix_sim.tvn import MAGIC as TVN_MAGIC
 from ..targets.trix_sim.tvn import load_tvn
 from ..tasks.evaluate import json_safe
-from .compile import codegen_file, quantize_file
+from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import GraphModel, PackageModel, TvnModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config

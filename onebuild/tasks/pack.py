@@ -1,114 +1,17 @@
-"""The pack step: model file(s) -> nnpackage directory (MANIFEST v1.3, config.cfg).
+"""The pack step: model file(s) -> nnpackage directory (MANIFEST v1.3, config.cfg)."""
 
-The package is assembled in a temporary sibling folder and swapped in, so a killed build never
-leaves a half-written package under the final name.
-"""
-
-import io
-import json
-import shutil
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..fileio import atomic_folder, atomic_write_bytes
-from ..nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
-
-
-def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
-    """Model type and I/O names of an IR file or a .tvn binary."""
-    if source.suffix == ".tvn":
-        from ..targets.trix_sim.tvn import load_tvn
-
-        module = load_tvn(source)
-        return "tvn", module.inputs, module.outputs
-    from ..graph_ir.serde import load_ir  # onnx loads only when a step runs
-
-    graph = load_ir(source).main
-    return "obir", [v.name for v in graph.inputs], [v.name for v in graph.outputs]
-
-
-def _single(source: Path, stem: str) -> tuple[Manifest, dict[str, Path], dict[str, bytes]]:
-    """A one-model package: package I/O are the model's own, in order."""
-    kind, inputs, outputs = _model_io(source)
-    name = f"{stem}.{kind}"
-    meta = Manifest(
-        models=[name],
-        model_types=[kind],
-        configs=["config.cfg"],
-        model_configs=[""],
-        pkg_inputs=[Ref(0, 0, i) for i in range(len(inputs))],
-        pkg_outputs=[Ref(0, 0, i) for i in range(len(outputs))],
-        connect=[],
-    )
-    backend = "trix" if kind == "tvn" else "cpu"
-    return meta, {name: source}, {"config.cfg": config_text({"BACKENDS": backend})}
-
-
-def _partitioned(connection: Path, models: list[Path]):
-    """A multi-model package from a partition's connection JSON and the parts' model files
-    (NPU parts compiled, in the connection's order); one config per model."""
-    info = json.loads(connection.read_text())
-    parts = info["parts"]
-    configs = {}
-    for model, part in zip(models, parts):
-        configs[f"{model.stem}.cfg"] = config_text({"BACKENDS": part["backend"]})
-    backends = list(dict.fromkeys(p["backend"] for p in parts))
-    configs["config.cfg"] = config_text({"BACKENDS": ";".join(backends)})
-    meta = Manifest(
-        models=[m.name for m in models],
-        model_types=[m.suffix.lstrip(".") for m in models],
-        configs=["config.cfg"],
-        model_configs=[f"{m.stem}.cfg" for m in models],
-        pkg_inputs=[parse_ref(r, str(connection)) for r in info["source"]["inputs"]],
-        pkg_outputs=[parse_ref(r, str(connection)) for r in info["source"]["outputs"]],
-        connect=[
-            (
-                parse_ref(e["from"], str(connection)),
-                [parse_ref(t, str(connection)) for t in e["to"]],
-            )
-            for e in info["conn"]
-        ],
-    )
-    return meta, {m.name: m for m in models}, configs
-
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    package = Path(config["output"])
-    if inputs[0].suffix == ".json":
-        meta, models, configs = _partitioned(inputs[0], inputs[1:])
-    else:
-        meta, models, configs = _single(inputs[0], package.stem)
-    if config.get("config"):
-        extra = {key: _config_value(value) for key, value in config["config"].items()}
-        current = parse_config(configs["config.cfg"].decode(), "config.cfg")
-        configs["config.cfg"] = config_text({**current, **extra})
-    with atomic_folder(package) as staging:
-        for name, source in models.items():
-            shutil.copyfile(source, staging / name)
-        atomic_write_bytes(staging / "metadata" / "MANIFEST", manifest_json(meta))
-        for name, text in configs.items():
-            atomic_write_bytes(staging / "metadata" / name, text)
-        if config.get("archive"):
-            atomic_write_bytes(outputs[1], zip_bytes(staging, package.name))
+    from ..packing import write_package
 
-
-def _config_value(value) -> str:
-    return str(int(value)) if isinstance(value, bool) else str(value)
-
-
-def archive_path(package: Path) -> Path:
-    return package.with_name(package.name + ".zip")
-
-
-def zip_bytes(folder: Path, root: str) -> bytes:
-    """A deterministic zip of `folder` under `root/`: sorted names, fixed times and modes."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            name = f"{root}/{path.relative_to(folder).as_posix()}"
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, path.read_bytes())
-    return buffer.getvalue()
+    partitioned = inputs[0].suffix == ".json"
+    write_package(
+        Path(config["output"]),
+        inputs[1:] if partitioned else inputs,
+        inputs[0] if partitioned else None,
+        config.get("config"),
+        outputs[1] if config.get("archive") else None,
+    )

@@ -5,17 +5,14 @@ With `cpu_precision = "float"` the CPU parts are recomputed from the float model
 input), quantizing and dequantizing only at their boundaries.
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..compile import CodegenOptions, PartitionOptions, options_from, partition
-    from ..fileio import atomic_folder, atomic_write_bytes
-    from ..graph_ir.ir import Model
     from ..graph_ir.partition.part_file import read_part_file
-    from ..graph_ir.serde import load_ir, save_ir
+    from ..graph_ir.serde import load_ir
 
     maps = read_part_file(config["part_file"]) if config["part_file"] else {}
     float_graph = load_ir(inputs[-1]).main if config["cpu_precision"] == "float" else None
@@ -27,9 +24,4 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         float_graph,
         maps,
     )
-    with atomic_folder(outputs[0]) as folder:
-        for file, graph in zip(result.files, result.graphs):
-            save_ir(Model([graph]), folder / file)
-        for suffix, data in ((".conn.json", result.connection), (".partition.json", result.report)):
-            text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-            atomic_write_bytes(folder / f"{config['name']}{suffix}", text.encode())
+    result.save(outputs[0])

@@ -1,0 +1,81 @@
+"""On-device quantization and codegen: the compile API (`onebuild.compile`) on the session's
+workspace, with the build's own file conventions, so its files equal what `onebuild build`
+makes from the same data. No recipe, pydantic or doit on this path."""
+
+import hashlib
+from pathlib import Path
+
+from ..compile import (
+    CodegenOptions,
+    PartitionOptions,
+    QuantizeOptions,
+    compile_graph,
+    partition,
+    quantize,
+)
+from ..errors import ModelError, UserError
+from ..fileio import atomic_write_bytes
+from ..graph_ir.serde import load_ir, save_ir
+from ..graph_ir.serde.calibration_file import load_calibration
+from ..packing import write_package
+from .odc import QUANT_TYPES, OdcSettings
+from .workspace import Workspace
+
+
+def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Path) -> Path:
+    """Quantize the workspace's prepared model (for full quantization with its recorded
+    ranges, `samples` runs of them); the other options are the compile API's defaults."""
+    options = QuantizeOptions(**QUANT_TYPES[settings.quant_type])
+    full = options.mode == "full"
+    if full and not samples:
+        raise UserError(
+            "full quantization needs recorded ranges: run the model with "
+            "set_execute_config('DUMP_MINMAX') first"
+        )
+    stats = load_calibration(ws.minmax) if full else None
+    save_ir(quantize(load_ir(ws.model), options, stats), output)
+    return output
+
+
+def codegen_file(
+    ws: Workspace | None, settings: OdcSettings, source: Path, cpath: Path | None
+) -> Path:
+    """Compile the quantized model `source`: one binary (at `cpath`, else in the workspace,
+    else beside `source`); in a workspace, a model the NPU cannot run whole becomes a package
+    of NPU and CPU parts."""
+    output = cpath or (ws.compiled if ws else source.with_suffix(".tvn"))
+    options = CodegenOptions(settings.target, settings.hw, settings.pref)
+    try:
+        _compile_file(source, output, options)
+    except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
+        if ws is None or cpath is not None:
+            raise
+        return partitioned_codegen(ws, source, options, error)
+    return output
+
+
+def _compile_file(source: Path, output: Path, options: CodegenOptions) -> None:
+    """As the build's codegen step: the binary names the digest of the IR file it came from."""
+    meta = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    atomic_write_bytes(output, compile_graph(load_ir(source).main, options, meta))
+
+
+def partitioned_codegen(
+    ws: Workspace, source: Path, codegen: CodegenOptions, whole: ModelError
+) -> Path:
+    """As the build's partition, codegen (per NPU part) and pack steps: an nnpackage in the
+    workspace with the NPU parts as binaries and the rest on the CPU."""
+    result = partition(load_ir(source).main, "model", PartitionOptions(), codegen)
+    if all(backend == "cpu" for backend in result.backends):
+        raise whole
+    connection = result.save(ws.partition)
+    models = []
+    for file, backend in zip(result.files, result.backends):
+        model = ws.partition / file
+        if backend != "cpu":
+            compiled = ws.partition / f"{model.stem}.tvn"
+            _compile_file(model, compiled, codegen)
+            model = compiled
+        models.append(model)
+    write_package(ws.package, models, connection)
+    return ws.package
