@@ -96,7 +96,10 @@ class PartitionOptions:
         return next(b for b in self.backends if b != self.default)
 
 
-def optimize(model: Model, preset: str = "O1") -> Model:
+DEFAULT_PRESET = "O1"
+
+
+def optimize(model: Model, preset: str = DEFAULT_PRESET) -> Model:
     """Value-preserving graph optimizations, in place (and returned)."""
     from .graph_ir.passes import run_preset
 

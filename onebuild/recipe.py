@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from .compile import DEFAULT_PRESET
 from .compile import CalibrationOptions as _C
 from .compile import CodegenOptions as _G
 from .compile import PartitionOptions as _P
@@ -53,7 +54,7 @@ class ImportStep(_Section):
 class OptimizeStep(_Section):
     """Value-preserving graph optimizations."""
 
-    preset: Literal["O0", "O1"] = "O1"
+    preset: Literal["O0", "O1"] = DEFAULT_PRESET
 
 
 class QuantizeLayer(_Section):

@@ -391,3 +391,44 @@ def test_non_finite_inputs_are_not_recorded_and_not_quantized(tmp_path, data, ca
     assert session.state == "COMPILED"
     with pytest.raises(UserError, match=r"input 'input' holds nan \(at \[0, 0, 2, 5\]"):
         session.run_with_auto_compilation({"input": bad})
+
+
+def test_explicit_codegen_partitions_or_records_why_not(tmp_path, rng):
+    """Explicit codegen behaves like auto-compilation: a model the NPU cannot run whole is
+    partitioned; asked for one whole-model binary, it fails and says why (session.reason)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(softmax_model(rng), path)
+    xs = rng.random((2, 1, 1, 6, 6), dtype=np.float32)
+    session = Session(path, workspace=tmp_path / "ws")
+    session.set_execute_config("DUMP_MINMAX")
+    session.run({"x": xs[0]})
+    session.reset_execute_config()
+    session.quantize()
+    quantized = session.run({"x": xs[1]})["y"]
+    assert session.codegen("trix_sim") == tmp_path / "ws" / "compiled.nnpkg"
+    assert session.state == "COMPILED" and session.reason is None
+    np.testing.assert_array_equal(session.run({"x": xs[1]})["y"], quantized)
+
+    whole = Session(path, workspace=tmp_path / "ws2")
+    whole.set_execute_config("DUMP_MINMAX")
+    whole.run({"x": xs[0]})
+    whole.reset_execute_config()
+    whole.quantize()
+    whole.set_codegen_model_path(tmp_path / "m.tvn")
+    with pytest.raises(UserError, match="Softmax is not an NPU operation.*partitions the model"):
+        whole.codegen("trix_sim")
+    assert whole.state == "QUANTIZED" and "Softmax" in whole.reason
+    assert not (tmp_path / "m.tvn").exists()
+
+
+def test_cli_explicit_codegen_partitions(tmp_path, rng, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(softmax_model(rng), path)
+    write_npz(tmp_path / "x.npz", {"x": rng.random((3, 1, 1, 6, 6), dtype=np.float32)})
+    args = ["run", str(path), "-i", str(tmp_path / "x.npz"), "-o", str(tmp_path / "y.npz")]
+    assert main([*args, "--quantize", "uint8", "--codegen", "trix_sim"]) == 0
+    printed = capsys.readouterr().out
+    assert "compiled.nnpkg" in printed and "state: COMPILED" in printed
+    cpath = ["--cpath", str(tmp_path / "m.tvn")]
+    code = main([*args, "--quantize", "uint8", "--codegen", "trix_sim", *cpath])
+    assert code == 2

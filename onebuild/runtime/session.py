@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OneBuildError, UserError
+from ..errors import ModelError, OneBuildError, UserError
 from ..graph_ir.interpreter import check_feeds
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
@@ -98,11 +98,9 @@ class Session:
         elif head.startswith(IR_MAGIC):
             self._adopt(load_ir(path), source=path)
         else:
-            from ..graph_ir.passes import run_preset
+            from ..compile import optimize
 
-            model = load_onnx(path, input_shapes)
-            run_preset(model, "O1")  # as the build's optimize step does by default
-            self._adopt(model)
+            self._adopt(optimize(load_onnx(path, input_shapes)))  # the build's default preset
 
     def _adopt(self, model: Model, source: Path | None = None) -> None:
         """A float model compiles on the device; a quantized one can still be compiled."""
@@ -313,7 +311,18 @@ class Session:
     def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
         """Compile the quantized model for `target`; the session switches to the binary."""
         self.settings = self._changed(target=target, pref=pref)
-        output = self._codegen_file()
+        try:
+            output = self._codegen_file()
+        except ModelError as error:  # recorded, as auto-compilation records why it stays
+            self.reason = f"codegen failed, staying on the {self._state.lower()} model: {error}"
+            if self._cpath is not None:
+                raise ModelError(
+                    f"{error}; {self._cpath} can hold only a whole-model binary: without a "
+                    "codegen model path the session partitions the model (NPU parts as "
+                    "binaries, the rest on the CPU)"
+                ) from None
+            raise
+        self.reason = None
         self._decided_with = self.settings.key
         self._commit("COMPILED", compiled=output)
         return output
