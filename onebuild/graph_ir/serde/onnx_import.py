@@ -138,18 +138,7 @@ class _GraphImporter:
         return order
 
     def _check_supported(self, nodes: list[onnx.NodeProto]) -> None:
-        unsupported = []
-        for i, node in enumerate(nodes):
-            if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
-                op = (
-                    node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
-                )
-                unsupported.append((op, node.name or f"#{i}"))
-            elif any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                for a in node.attribute
-            ):
-                unsupported.append((f"{node.op_type} with subgraphs", node.name or f"#{i}"))
+        unsupported = _unsupported_ops(nodes, "")
         if unsupported:
             raise UnsupportedOpsError(self.source, unsupported)
 
@@ -184,11 +173,18 @@ class _GraphImporter:
                     f"{self.source}: input_shapes gives '{info.name}' rank {len(override)}, "
                     f"the model declares rank {len(dims)}"
                 )
+            for axis, new in enumerate(override):
+                if new < 0:
+                    raise UserError(
+                        f"{self.source}: input_shapes sets '{info.name}' axis {axis} to {new}; "
+                        "sizes must not be negative"
+                    )
             for axis, (dim, new) in enumerate(zip(dims or [], override)):
-                if dim.HasField("dim_value") and dim.dim_value != new:
+                fixed = _fixed_dim(dim)
+                if fixed is not None and fixed != new:
                     raise UserError(
                         f"{self.source}: input_shapes sets '{info.name}' axis {axis} to {new}, "
-                        f"but the model fixes it to {dim.dim_value}"
+                        f"but the model fixes it to {fixed}"
                     )
             return dtype, tuple(override)
         if dims is None:
@@ -197,15 +193,16 @@ class _GraphImporter:
             )
         shape = []
         for axis, dim in enumerate(dims):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
-                shape.append(dim.dim_value)
+            fixed = _fixed_dim(dim)
+            if fixed is not None:
+                shape.append(fixed)
             elif axis == 0:
                 log.warning(
                     "input '%s': dynamic batch dim set to 1 (use input_shapes to change)", info.name
                 )
                 shape.append(1)
             else:
-                label = dim.dim_param or "?"
+                label = dim.dim_param or (str(dim.dim_value) if dim.HasField("dim_value") else "?")
                 raise ModelError(
                     f"{self.source}: input '{info.name}' has dynamic dim '{label}' on axis {axis};"
                     f" fix it with input_shapes, e.g. {{ {info.name} = [...] }}"
@@ -386,6 +383,36 @@ class NodeContext:
         for value in node.outputs:
             self._created.add(id(value))
         return node.outputs
+
+
+def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
+    """(op, node name, where) of every node onebuild cannot convert, in subgraphs too (If
+    branches, Loop and Scan bodies, recursively); `where` is the path to the subgraph, e.g.
+    "If 'cond'.then_branch", empty in the main graph."""
+    found = []
+    for i, node in enumerate(nodes):
+        name = node.name or f"#{i}"
+        subgraphs = [
+            (a.name, graph)
+            for a in node.attribute
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
+        ]
+        if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
+            op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+            found.append((op, name, where))
+        elif subgraphs:
+            found.append((f"{node.op_type} with subgraphs", name, where))
+        for attr, graph in subgraphs:
+            inner = f"{node.op_type} '{name}'.{attr}"
+            found += _unsupported_ops(graph.node, f"{where} / {inner}" if where else inner)
+    return found
+
+
+def _fixed_dim(dim: onnx.TensorShapeProto.Dimension) -> int | None:
+    """A declared dim's size, or None when it is dynamic: symbolic, missing, or a dim_value of
+    0 or less (exporters write -1, and sometimes 0, for "unknown")."""
+    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
 
 
 def _graph_input_roots(value: Value) -> list[str]:
