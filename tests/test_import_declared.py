@@ -127,3 +127,64 @@ def test_unsupported_ops_inside_subgraphs_are_listed_with_their_path():
     assert "Einsum, If, LSTM, Loop" in message
     assert "\n" not in message
     assert len(error.value.unsupported) == 5
+
+
+def _relu(out="y"):
+    return helper.make_node("Relu", ["x"], [out], name="r")
+
+
+OUTPUT_NAME_CASES = {
+    "sum_of_three": ([helper.make_node("Sum", ["x", "x", "x"], ["result"])], ["result"], []),
+    "sum_named_like_its_output": (
+        [helper.make_node("Sum", ["x", "x", "x"], ["result"], name="result")],
+        ["result"],
+        [],
+    ),
+    "mean_of_three": ([helper.make_node("Mean", ["x", "x", "x"], ["m"])], ["m"], []),
+    "node_named_like_a_later_tensor": (
+        [
+            helper.make_node("Sum", ["x", "x", "x"], ["s"], name="y"),
+            helper.make_node("Relu", ["s"], ["y"], name="r"),
+        ],
+        ["y"],
+        [],
+    ),
+    "reduce_log_sum_exp": (
+        [helper.make_node("ReduceLogSumExp", ["x"], ["r"], keepdims=0)],
+        ["r"],
+        [],
+    ),
+    "listed_twice": ([_relu()], ["y", "y"], []),
+    "graph_input_as_output": ([_relu()], ["x", "y"], []),
+    "initializer_as_output": ([_relu()], ["y", "c"], [("c", np.ones(2, np.float32))]),
+    "constant_as_output": (
+        [helper.make_node("Constant", [], ["k"], value_float=1.0), _relu()],
+        ["k", "y"],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", OUTPUT_NAME_CASES)
+def test_graph_output_names_are_kept_exactly(case, tmp_path):
+    nodes, outputs, inits = OUTPUT_NAME_CASES[case]
+    proto = make_model(nodes, [("x", [1, 2])], outputs, inits)
+    model = import_onnx(proto)
+    assert [v.name for v in model.main.outputs] == outputs
+    run_preset(model)
+    assert [v.name for v in model.main.outputs] == outputs
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    write_npz(tmp_path / "in.npz", {"x": np.ones((2, 1, 2), np.float32)})
+    result = onebuild("run", path, "-i", tmp_path / "in.npz", "-o", tmp_path / "o.npz")
+    assert result.returncode == 0, result.stderr
+    session = ort.InferenceSession(str(path))
+    assert sorted(read_npz(tmp_path / "o.npz")) == sorted({o.name for o in session.get_outputs()})
+
+
+def test_a_tensor_defined_twice_is_an_error_naming_the_node():
+    nodes = [_relu(), helper.make_node("Neg", ["x"], ["y"], name="neg")]
+    with pytest.raises(UserError, match="node 'neg' \\(Neg\\) writes 'y', which node 'r'"):
+        import_onnx(make_model(nodes, [("x", [1, 2])], ["y"]))
+    with pytest.raises(UserError, match="node 'r' \\(Relu\\) writes 'x', which a graph input"):
+        import_onnx(make_model([_relu("x")], [("x", [1, 2])], ["x"]))

@@ -92,9 +92,13 @@ class _GraphImporter:
         self._check_text()
         nodes = self._sorted_nodes()
         self._check_supported(nodes)
+        self._check_definitions(nodes)
         for init in self.proto.initializer:
             self.values[init.name] = self.graph.add_constant(self.tensor(init), init.name)
         self._add_inputs(input_shapes, input_values)
+        # Values made while converting a node never take a tensor name of the model.
+        self.graph.reserve([o for n in nodes for o in n.output if o])
+        self.graph.reserve(o.name for o in self.proto.output)
         for node in nodes:
             self._convert(node)
         self._set_outputs()
@@ -136,6 +140,27 @@ class _GraphImporter:
             stuck = next(n for i, n in enumerate(nodes) if waiting[i])
             raise ModelError(f"{self.source}: the graph has a cycle through node '{stuck.name}'")
         return order
+
+    def _check_definitions(self, nodes: list[onnx.NodeProto]) -> None:
+        """Every tensor name is defined once (ONNX graphs are in SSA form)."""
+        defined: dict[str, str] = {}
+        for init in self.proto.initializer:
+            if init.name in defined:
+                raise ModelError(f"{self.source}: initializer '{init.name}' is defined twice")
+            defined[init.name] = "an initializer"
+        for info in self.proto.input:
+            if info.name in defined and defined[info.name] != "an initializer":
+                raise ModelError(f"{self.source}: graph input '{info.name}' is listed twice")
+            defined.setdefault(info.name, "a graph input")
+        for i, node in enumerate(nodes):
+            for name in node.output:
+                if name in defined:
+                    raise ModelError(
+                        f"{self.source}: node '{node.name or f'#{i}'}' ({node.op_type}) writes "
+                        f"'{name}', which {defined[name]} already defines"
+                    )
+                if name:
+                    defined[name] = f"node '{node.name or f'#{i}'}'"
 
     def _check_supported(self, nodes: list[onnx.NodeProto]) -> None:
         unsupported = _unsupported_ops(nodes, "")
@@ -210,16 +235,19 @@ class _GraphImporter:
         return dtype, tuple(shape)
 
     def _set_outputs(self) -> None:
+        """Graph outputs keep their names exactly (listed twice, an output is one value twice,
+        as in onnxruntime)."""
         for info in self.proto.output:
             value = self.values.get(info.name)
             if value is None:
                 raise ModelError(f"{self.source}: graph output '{info.name}' is never produced")
-            if value.name != info.name or value in self.graph.outputs or value.producer is None:
-                # A graph input, constant or alias: give the output its own named value.
-                node = self.graph.make_node(
-                    "Identity", [value], name=info.name, output_names=[info.name]
-                )
-                value = node.output
+            if value.name != info.name or value.is_const:
+                # A constant or an alias: give the output its own node, under the exact name.
+                if value.name == info.name:
+                    self.graph.rename(value, f"{info.name}_value")
+                value = self.graph.make_node("Identity", [value], name=info.name).output
+                self.graph.rename(value, info.name)
+                self.values[info.name] = value
             self.graph.outputs.append(value)
 
     # -- tensors -----------------------------------------------------------------------------
