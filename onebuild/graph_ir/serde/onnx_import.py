@@ -9,6 +9,7 @@ batch dim (axis 0) defaults to 1.
 
 import heapq
 import logging
+import math
 import mmap
 import os
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from .. import dtypes
 from ..ir import Graph, Model, Value
 from ..ops import OPS
 from ..tensor import Tensor
+from . import onnx_checks as checks
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
 
@@ -94,7 +96,11 @@ class _GraphImporter:
         self._check_supported(nodes)
         self._check_definitions(nodes)
         for init in self.proto.initializer:
-            self.values[init.name] = self.graph.add_constant(self.tensor(init), init.name)
+            try:
+                tensor = self.tensor(init)
+            except ValueError as error:
+                raise ModelError(f"{self.source}: {error}") from None
+            self.values[init.name] = self.graph.add_constant(tensor, init.name)
         self._add_inputs(input_shapes, input_values)
         # Values made while converting a node never take a tensor name of the model.
         self.graph.reserve([o for n in nodes for o in n.output if o])
@@ -260,40 +266,44 @@ class _GraphImporter:
             raise ModelError(f"{self.source}: {what} has unsupported element type {name}") from None
 
     def tensor(self, proto: onnx.TensorProto) -> Tensor:
+        """An initializer's or attribute's tensor; ValueError naming it if it is malformed."""
         dtype = self.dtype(proto.data_type, f"tensor '{proto.name}'")
+        shape = checks.dims(proto.dims, f"tensor '{proto.name}'")
         if proto.data_location == onnx.TensorProto.EXTERNAL:
-            return self._external_tensor(proto, dtype)
+            return self._external_tensor(proto, dtype, shape)
         try:
             array = numpy_helper.to_array(proto)
         except Exception as error:
-            raise ModelError(f"{self.source}: tensor '{proto.name}' is corrupt ({error})") from None
+            raise ValueError(f"tensor '{proto.name}' is corrupt ({error})") from None
         return Tensor(np.asarray(array, dtype=dtype))
 
-    def _external_tensor(self, proto: onnx.TensorProto, dtype: np.dtype) -> Tensor:
+    def _external_tensor(self, proto: onnx.TensorProto, dtype: np.dtype, shape) -> Tensor:
+        what = f"tensor '{proto.name}'"
         info = {entry.key: entry.value for entry in proto.external_data}
-        location = info.get("location", "")
+        location, offset, length = checks.external_data(info, what)
         base = Path(self.base_dir or Path.cwd()).resolve()
         path = (base / location).resolve()
         if not location or base not in path.parents or not path.is_file():
-            raise ModelError(
-                f"{self.source}: tensor '{proto.name}' refers to external data '{location}' "
-                "that is missing or outside the model's folder"
+            raise ValueError(
+                f"{what} refers to external data '{location}' that is missing or outside the "
+                "model's folder"
             )
-        shape = tuple(int(d) for d in proto.dims)
-        offset = int(info.get("offset", 0))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
+        if length is not None and length != nbytes:
+            raise ValueError(
+                f"{what} has {length} data bytes, its shape {list(shape)} needs {nbytes}"
+            )
         if path not in self._mapped_files:
             with open(path, "rb") as handle:
-                self._mapped_files[path] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                size = os.fstat(handle.fileno()).st_size
+                self._mapped_files[path] = (
+                    mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                )
         buffer = self._mapped_files[path]
-        if offset + nbytes > len(buffer) or int(info.get("length", nbytes)) < nbytes:
-            raise ModelError(
-                f"{self.source}: external data of tensor '{proto.name}' is truncated ({path.name})"
-            )
-        if int(info.get("length", nbytes)) != nbytes:
-            raise ModelError(
-                f"{self.source}: tensor '{proto.name}' has {info['length']} data bytes, its "
-                f"shape {list(shape)} needs {nbytes}"
+        if offset + nbytes > len(buffer):
+            raise ValueError(
+                f"{what}: external data file '{path.name}' has {len(buffer)} bytes, the tensor "
+                f"needs {nbytes} at offset {offset}"
             )
         return Tensor.mapped(buffer, offset, dtype, shape)
 
@@ -301,10 +311,11 @@ class _GraphImporter:
     def _convert(self, node: onnx.NodeProto) -> None:
         ctx = NodeContext(self, node)
         try:
+            checks.signature(node, self.opset)
             results = CONVERTERS[node.op_type](ctx)
         except (DynamicValueError, UserError):
             raise
-        except (ValueError, KeyError, IndexError, TypeError) as error:
+        except (ValueError, KeyError, IndexError, TypeError, ArithmeticError) as error:
             raise ModelError(
                 f"{self.source}: node '{ctx.name}' ({node.op_type}): {error}"
             ) from None

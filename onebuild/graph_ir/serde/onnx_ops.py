@@ -12,6 +12,7 @@ import numpy as np
 from .. import dtypes
 from ..ops import broadcast_shape, normalize_axis
 from ..tensor import Tensor
+from .onnx_checks import axis_in, indices_in, non_negative, positive
 
 CONVERTERS: dict[str, Callable] = {}
 
@@ -254,10 +255,11 @@ def range_(ctx):
 # -- convolution and pooling -------------------------------------------------------------------
 def _spatial(ctx, in_shape, kernel, transposed=False):
     """strides, dilations and explicit pads (begins, then ends) with auto_pad resolved."""
-    nd = len(kernel)
-    strides = list(ctx.attr("strides", [1] * nd))
-    dilations = list(ctx.attr("dilations", [1] * nd))
-    pads = list(ctx.attr("pads", [0] * (2 * nd)))
+    nd = len(in_shape)
+    positive("kernel_shape", kernel, nd)
+    strides = positive("strides", ctx.attr("strides", [1] * nd), nd)
+    dilations = positive("dilations", ctx.attr("dilations", [1] * nd), nd)
+    pads = non_negative("pads", ctx.attr("pads", [0] * (2 * nd)), 2 * nd)
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if auto_pad == "VALID":
         pads = [0] * (2 * nd)
@@ -274,16 +276,27 @@ def _spatial(ctx, in_shape, kernel, transposed=False):
     return strides, dilations, pads
 
 
+def _kernel(ctx, x, w) -> list[int]:
+    """The kernel shape: W's spatial dims (a kernel_shape attribute must agree)."""
+    if len(x.shape) < 3 or len(w.shape) != len(x.shape):
+        raise ValueError(f"input {list(x.shape)} and weight {list(w.shape)} do not fit (N, C, ...)")
+    kernel = list(w.shape[2:])
+    given = ctx.attr("kernel_shape")
+    if given is not None and list(given) != kernel:
+        raise ValueError(f"kernel_shape {list(given)} disagrees with the weight's {kernel}")
+    return kernel
+
+
 @converter("Conv")
 def conv(ctx):
     x, w = ctx.inputs[0], ctx.inputs[1]
-    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
+    kernel = _kernel(ctx, x, w)
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
     attrs = {
         "strides": strides,
         "dilations": dilations,
         "pads": pads,
-        "group": int(ctx.attr("group", 1)),
+        "group": positive("group", [ctx.attr("group", 1)])[0],
     }
     return ctx.emit("Conv", [x, w, ctx.input(2)], attrs)
 
@@ -291,7 +304,7 @@ def conv(ctx):
 @converter("ConvTranspose")
 def conv_transpose(ctx):
     x, w = ctx.inputs[0], ctx.inputs[1]
-    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
+    kernel = _kernel(ctx, x, w)
     nd = len(kernel)
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel, transposed=True)
     output_padding = list(ctx.attr("output_padding", [0] * nd))
@@ -321,13 +334,15 @@ def conv_transpose(ctx):
         "strides": strides,
         "dilations": dilations,
         "pads": pads,
-        "group": int(ctx.attr("group", 1)),
+        "group": positive("group", [ctx.attr("group", 1)])[0],
         "output_padding": output_padding,
     }
     return ctx.emit("ConvTranspose", [x, w, ctx.input(2)], attrs)
 
 
 def _pool_attrs(ctx, x):
+    if len(x.shape) < 3:
+        raise ValueError(f"input {list(x.shape)} has no spatial axes")
     kernel = list(ctx.attr("kernel_shape"))
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
     return {
@@ -386,7 +401,7 @@ def batch_normalization(ctx):
 @converter("LRN")
 def lrn(ctx):
     attrs = {
-        "size": int(ctx.attr("size")),
+        "size": positive("size", [ctx.attr("size")])[0],
         "alpha": float(ctx.attr("alpha", 1e-4)),
         "beta": float(ctx.attr("beta", 0.75)),
         "bias": float(ctx.attr("bias", 1.0)),
@@ -476,8 +491,7 @@ def reshape(ctx):
 @converter("Flatten")
 def flatten(ctx):
     x = ctx.inputs[0]
-    axis = ctx.attr("axis", 1)
-    axis = axis + len(x.shape) if axis < 0 else axis
+    axis = axis_in(ctx.attr("axis", 1), len(x.shape), inclusive=True)
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
     return _reshape(ctx, x, [rows, int(np.prod(x.shape[axis:], dtype=np.int64))])
 
@@ -595,8 +609,10 @@ def pad(ctx):
 
 @converter("Gather")
 def gather(ctx):
-    x = ctx.inputs[0]
+    x, indices = ctx.inputs[:2]
     axis = normalize_axis(ctx.attr("axis", 0), len(x.shape))
+    if indices.is_const:
+        indices_in(indices.numpy(), x.shape[axis], "index")
     return ctx.emit("Gather", ctx.inputs[:2], {"axis": axis})
 
 
@@ -612,16 +628,29 @@ def tile(ctx):
     return ctx.emit("Tile", ctx.inputs[:1], {"repeats": [int(r) for r in ctx.const(1, "repeats")]})
 
 
+def _blocks(ctx) -> dict:
+    x = ctx.inputs[0]
+    (b,) = positive("blocksize", [ctx.attr("blocksize")])
+    if len(x.shape) != 4:
+        raise ValueError(f"input {list(x.shape)} is not 4-D")
+    mode = ctx.attr("mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise ValueError(f"unknown mode '{mode}'")
+    return {"blocksize": b, "mode": mode}
+
+
 @converter("DepthToSpace")
 def depth_to_space(ctx):
-    attrs = {"blocksize": int(ctx.attr("blocksize")), "mode": ctx.attr("mode", "DCR")}
+    attrs = _blocks(ctx)
+    b, channels = attrs["blocksize"], ctx.inputs[0].shape[1]
+    if channels % (b * b):
+        raise ValueError(f"{channels} channels do not split into {b}x{b} blocks")
     return ctx.emit("DepthToSpace", ctx.inputs, attrs)
 
 
 @converter("SpaceToDepth")
 def space_to_depth(ctx):
-    attrs = {"blocksize": int(ctx.attr("blocksize")), "mode": ctx.attr("mode", "DCR")}
-    return ctx.emit("SpaceToDepth", ctx.inputs, attrs)
+    return ctx.emit("SpaceToDepth", ctx.inputs, _blocks(ctx))
 
 
 # -- reductions --------------------------------------------------------------------------------
