@@ -35,11 +35,11 @@ def _inputs_npz() -> bytes:
 INPUTS = _inputs_npz()
 
 
-def model_bytes(nodes, inits=(), value_info=(), opset=17, outputs=("y",)) -> bytes:
+def model_bytes(nodes, inits=(), value_info=(), opset=17, outputs=("y",), x_shape=X_SHAPE) -> bytes:
     graph = helper.make_graph(
         nodes,
         "hostile",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, X_SHAPE)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
         [i if isinstance(i, TensorProto) else numpy_helper.from_array(*i) for i in inits],
         value_info=list(value_info),
@@ -261,6 +261,10 @@ def structure_cases():
         [helper.make_node("Add", ["x", "ghost"], ["y"], name="reader")],
         "node 'reader' (Add) reads 'ghost'",
     )
+    relu_only = {"m.onnx": model_bytes([relu], x_shape=[1, -4, 8, 8]), "in.npz": INPUTS}
+    for i, shape in enumerate(([], ["--input-shape", "x=1,-4,8,8"])):
+        yield Case(f"input_dim_minus_4_{i}", ["inspect", "{tmp}/m.onnx", *shape], relu_only,
+                   "{tmp}/m.onnx: input", codes=(2,))  # fmt: skip
     yield node_case("Add_one_input", "Add", ["x"])
     yield node_case("Relu_two_inputs", "Relu", ["x", "x"])
     yield node_case("Sum_empty_input", "Sum", ["x", ""])
@@ -313,7 +317,8 @@ def test_valid_edge_cases_still_import(tmp_path):
         helper.make_node("Gather", ["g", "i"], ["y"], name="gather", axis=1),
     ]
     inits = [_w([4, 4, 3, 3]), (np.asarray([0, -1], np.int64), "i")]
-    files = {"m.onnx": model_bytes(nodes, inits), "in.npz": INPUTS}
+    unknown = [helper.make_tensor_value_info("c", TensorProto.FLOAT, [-1, -4, 0, None])]
+    files = {"m.onnx": model_bytes(nodes, inits, value_info=unknown), "in.npz": INPUTS}
     from hostile_cli import materialize, run_cli
 
     argv = materialize(Case("valid", ["run", "{tmp}/m.onnx", "-i", "{tmp}/in.npz", "-o",
