@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import defs
+from onnx import defs, helper
 
 _TYPE_NAMES = {
     int(value): name.lower()
@@ -70,6 +70,44 @@ def signature(node: onnx.NodeProto, opset: int) -> None:
             raise ValueError(f"attribute '{name}' is {got}, the operator expects {want_name}")
 
 
+def _type_string(dtype: np.dtype) -> str | None:
+    """ONNX's name of an element type ("float", "int64", ...), None if it has none."""
+    try:
+        return onnx.TensorProto.DataType.Name(helper.np_dtype_to_tensor_dtype(dtype)).lower()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def input_types(node: onnx.NodeProto, opset: int, dtypes: Sequence[np.dtype | None]) -> None:
+    """Element types of the inputs as the schema's type constraints allow: each in its allowed
+    set, and inputs sharing a type parameter of one type (Add(float, int64) is not an Add)."""
+    schema = _schema(node, opset)
+    if schema is None or not schema.inputs:
+        return
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound: dict[str, tuple[str, int]] = {}
+    for index, dtype in enumerate(dtypes):
+        formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+        if index >= len(schema.inputs) and formal.option != _VARIADIC:
+            break
+        name = None if dtype is None else _type_string(dtype)
+        types = allowed.get(formal.type_str, {formal.type_str})
+        if name is None or not all(t.startswith("tensor(") for t in types):
+            continue
+        if f"tensor({name})" not in types:
+            names = sorted(t[7:-1] for t in types)
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            where = f"input {index} ('{formal.name}')"
+            raise ValueError(f"{where} is {name}; the operator takes {shown}")
+        if formal.type_str in allowed and (formal.option != _VARIADIC or formal.is_homogeneous):
+            first, at = bound.setdefault(formal.type_str, (name, index))
+            if first != name:
+                raise ValueError(
+                    f"inputs {at} and {index} must have one type ({formal.type_str}), "
+                    f"not {first} and {name}"
+                )
+
+
 def positive(name: str, values: Iterable[int], count: int | None = None) -> list[int]:
     """Values that must all be at least 1 (strides, dilations, kernel sizes, block sizes)."""
     values = _length(name, values, count)
@@ -108,12 +146,15 @@ def indices_in(indices: np.ndarray, size: int, what: str) -> None:
         raise ValueError(f"{what} {int(bad)} is out of range [{-size}, {size - 1}]")
 
 
-def dims(proto_dims: Sequence[int], what: str) -> tuple[int, ...]:
-    """The dims of a stored tensor: none negative, and a size that fits in memory terms."""
+MAX_ELEMENTS = 1 << 40  # more elements than any model's tensor can have
+
+
+def dims(proto_dims: Iterable[int], what: str) -> tuple[int, ...]:
+    """The dims of a stored or computed tensor: none negative, a plausible element count."""
     shape = tuple(int(d) for d in proto_dims)
     if any(d < 0 for d in shape):
         raise ValueError(f"{what} has negative dims {list(shape)}")
-    if math.prod(shape) >= 1 << 62:
+    if math.prod(shape) > MAX_ELEMENTS:
         raise ValueError(f"{what} has absurd dims {list(shape)}")
     return shape
 

@@ -312,12 +312,18 @@ class _GraphImporter:
         ctx = NodeContext(self, node)
         try:
             checks.signature(node, self.opset)
+            checks.input_types(node, self.opset, [v and v.dtype for v in ctx.inputs])
             results = CONVERTERS[node.op_type](ctx)
         except (DynamicValueError, UserError):
             raise
         except (ValueError, KeyError, IndexError, TypeError, ArithmeticError) as error:
             raise ModelError(
                 f"{self.source}: node '{ctx.name}' ({node.op_type}): {error}"
+            ) from None
+        except MemoryError:  # a constant it computes (Range, ConstantOfShape, ...) is too big
+            raise ModelError(
+                f"{self.source}: node '{ctx.name}' ({node.op_type}): out of memory computing "
+                "its constant output"
             ) from None
         wanted = [name for name in node.output]
         for name, value in zip(wanted, results):

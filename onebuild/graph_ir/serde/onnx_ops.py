@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...errors import UserError
 from .. import dtypes
 from ..ops import broadcast_shape, normalize_axis
 from ..tensor import Tensor
-from .onnx_checks import axis_in, indices_in, non_negative, positive
+from .onnx_checks import axis_in, dims, indices_in, non_negative, positive
 
 CONVERTERS: dict[str, Callable] = {}
 
@@ -31,7 +32,21 @@ def _axes(values, rank: int) -> list[int]:
 
 
 def _onnx_type_name(ctx, elem_type: int) -> str:
-    return dtypes.name_of(ctx.importer.dtype(elem_type, "Cast target"))
+    try:
+        return dtypes.name_of(ctx.importer.dtype(elem_type, "the target"))
+    except UserError as error:  # without the file name, which the node's message gives
+        raise ValueError(str(error).split(": ", 1)[-1]) from None
+
+
+def _per_channel(ctx, indices, channels: int) -> None:
+    """Operands with one value per channel (BatchNormalization's, a Conv bias, ...)."""
+    for index in indices:
+        value = ctx.input(index)
+        if value is not None and tuple(value.shape) != (channels,):
+            raise ValueError(
+                f"input {index} '{value.name}' has shape {list(value.shape)}, expected "
+                f"[{channels}] (one value per channel)"
+            )
 
 
 # -- pass-through and elementwise --------------------------------------------------------------
@@ -120,7 +135,6 @@ FLOAT_ATTRS = {
     "ThresholdedRelu": ("alpha",),
     "Selu": ("alpha", "gamma"),
     "Shrink": ("bias", "lambd"),
-    "InstanceNormalization": ("epsilon",),
 }
 
 
@@ -129,6 +143,16 @@ def float_attrs(ctx):
     given = {name: ctx.attr(name) for name in FLOAT_ATTRS[ctx.op_type]}
     attrs = {name: float(value) for name, value in given.items() if value is not None}
     return ctx.emit(ctx.op_type, ctx.inputs, attrs)
+
+
+@converter("InstanceNormalization")
+def instance_normalization(ctx):
+    x = ctx.inputs[0]
+    if len(x.shape) < 3:
+        raise ValueError(f"input {list(x.shape)} has no spatial axes")
+    _per_channel(ctx, (1, 2), x.shape[1])
+    attrs = {"epsilon": float(ctx.attr("epsilon", 1e-5))}
+    return ctx.emit("InstanceNormalization", ctx.inputs, attrs)
 
 
 @converter("IsInf")
@@ -224,7 +248,7 @@ def constant(ctx):
 
 @converter("ConstantOfShape")
 def constant_of_shape(ctx):
-    shape = tuple(int(d) for d in ctx.const(0, "shape"))
+    shape = dims(ctx.const(0, "shape"), "shape")
     fill = ctx.attr("value")
     fill = np.zeros(1, np.float32) if fill is None else np.asarray(fill).reshape(-1)
     value = fill[0]
@@ -249,6 +273,9 @@ def size(ctx):
 @converter("Range")
 def range_(ctx):
     start, limit, delta = (ctx.const(i, "range operand") for i in range(3))
+    if delta == 0:
+        raise ValueError("delta is 0")
+    dims([max(math.ceil((float(limit) - float(start)) / float(delta)), 0)], "the range")
     return [ctx.constant(np.arange(start, limit, delta, dtype=start.dtype))]
 
 
@@ -298,6 +325,7 @@ def conv(ctx):
         "pads": pads,
         "group": positive("group", [ctx.attr("group", 1)])[0],
     }
+    _per_channel(ctx, [2], w.shape[0])
     return ctx.emit("Conv", [x, w, ctx.input(2)], attrs)
 
 
@@ -307,7 +335,7 @@ def conv_transpose(ctx):
     kernel = _kernel(ctx, x, w)
     nd = len(kernel)
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel, transposed=True)
-    output_padding = list(ctx.attr("output_padding", [0] * nd))
+    output_padding = non_negative("output_padding", ctx.attr("output_padding", [0] * nd), nd)
     output_shape = ctx.attr("output_shape")
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -337,6 +365,7 @@ def conv_transpose(ctx):
         "group": positive("group", [ctx.attr("group", 1)])[0],
         "output_padding": output_padding,
     }
+    _per_channel(ctx, [2], w.shape[1] * attrs["group"])
     return ctx.emit("ConvTranspose", [x, w, ctx.input(2)], attrs)
 
 
@@ -345,6 +374,8 @@ def _pool_attrs(ctx, x):
         raise ValueError(f"input {list(x.shape)} has no spatial axes")
     kernel = list(ctx.attr("kernel_shape"))
     strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
+    if any(p >= kernel[i % len(kernel)] for i, p in enumerate(pads)):
+        raise ValueError(f"pads {pads} must be smaller than kernel_shape {kernel}")
     return {
         "kernel_shape": kernel,
         "strides": strides,
@@ -393,6 +424,9 @@ def batch_normalization(ctx):
         raise ctx.fail("training-mode BatchNormalization is not supported")
     if ctx.opset < 9 and not ctx.attr("spatial", 1):
         raise ctx.fail("BatchNormalization with spatial=0 is not supported")
+    if len(ctx.inputs[0].shape) < 2:
+        raise ValueError(f"input {list(ctx.inputs[0].shape)} has no channel axis")
+    _per_channel(ctx, range(1, 5), ctx.inputs[0].shape[1])
     return ctx.emit(
         "BatchNormalization", ctx.inputs[:5], {"epsilon": float(ctx.attr("epsilon", 1e-5))}
     )
@@ -416,6 +450,10 @@ def layer_normalization(ctx):
     bias = ctx.input(2)
     axis = normalize_axis(int(ctx.attr("axis", -1)), len(x.shape))
     epsilon = float(ctx.attr("epsilon", 1e-5))
+    normalized = tuple(x.shape[axis:])
+    for value in (scale, bias):
+        if value is not None and broadcast_shape(value.shape, normalized) != normalized:
+            raise ValueError(f"'{value.name}' {list(value.shape)} does not fit {list(normalized)}")
     if not any(ctx.node.output[1:]):
         return ctx.emit("LayerNormalization", [x, scale, bias], {"axis": axis, "epsilon": epsilon})
     reduce = {"axes": list(range(axis, len(x.shape))), "keepdims": 1}
@@ -514,7 +552,10 @@ def squeeze(ctx):
 @converter("Unsqueeze")
 def unsqueeze(ctx):
     x = ctx.inputs[0]
-    axes = _axes(_axes_operand(ctx, 1), len(x.shape) + len(_axes_operand(ctx, 1)))
+    given = [int(a) for a in _axes_operand(ctx, 1)]
+    axes = _axes(given, len(x.shape) + len(given))
+    if len(axes) != len(given):
+        raise ValueError(f"axes {given} repeat an axis")
     shape, source = [], iter(x.shape)
     for i in range(len(x.shape) + len(axes)):
         shape.append(1 if i in axes else next(source))
@@ -544,7 +585,9 @@ def split(ctx):
     axis = normalize_axis(ctx.attr("axis", 0), len(x.shape))
     sizes = ctx.attr("split") if ctx.opset < 13 else ctx.const(1, "split")
     length = x.shape[axis]
-    if sizes is None:
+    if sizes is not None:
+        sizes = non_negative("split", sizes)
+    else:
         parts = ctx.attr("num_outputs", ctx.num_outputs)
         chunk = math.ceil(length / parts)
         sizes = [min(chunk, length - i * chunk) for i in range(parts)]
@@ -564,6 +607,10 @@ def slice_(ctx):
         list(range(len(starts))) if axes is None else [normalize_axis(int(a), rank) for a in axes]
     )
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError("starts, ends, axes and steps differ in length")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"axes {axes} repeat an axis")
     canon_start, canon_end, canon_step = [0] * rank, list(x.shape), [1] * rank
     for axis, start, end, step in zip(axes, starts, ends, steps):
         dim, start, end = x.shape[axis], int(start), int(end)
@@ -602,6 +649,8 @@ def pad(ctx):
         pads = full
     if len(pads) != 2 * rank:
         raise ctx.fail(f"pads has {len(pads)} entries, expected {2 * rank}")
+    if any(d + pads[i] + pads[i + rank] < 0 for i, d in enumerate(x.shape)):
+        raise ValueError(f"pads {pads} crop more than the input {list(x.shape)} has")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise ctx.fail(f"unknown pad mode '{mode}'")
     return ctx.emit("Pad", [x], {"pads": pads, "mode": mode, "value": value})
@@ -625,7 +674,8 @@ def expand(ctx):
 
 @converter("Tile")
 def tile(ctx):
-    return ctx.emit("Tile", ctx.inputs[:1], {"repeats": [int(r) for r in ctx.const(1, "repeats")]})
+    repeats = non_negative("repeats", ctx.const(1, "repeats"), len(ctx.inputs[0].shape))
+    return ctx.emit("Tile", ctx.inputs[:1], {"repeats": repeats})
 
 
 def _blocks(ctx) -> dict:
@@ -752,6 +802,9 @@ def resize(ctx):
         sizes = [math.floor(d * s * span) for d, s, span in zip(in_dims, part_scales, spans)]
     else:
         raise ctx.fail("Resize needs scales or sizes")
+    positive("sizes", sizes, len(axes))
+    if not all(s > 0 for s in part_scales):
+        raise ValueError(f"scales {part_scales} must be positive")
     full_sizes, full_scales = list(x.shape), [1.0] * rank
     for i, axis in enumerate(axes):
         full_sizes[axis], full_scales[axis] = sizes[i], part_scales[i]
