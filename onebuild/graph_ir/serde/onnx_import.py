@@ -1,10 +1,13 @@
 """ONNX -> IR import, with static shapes.
 
-Nodes are converted in topological order into canonical IR ops (see `onnx_ops`). A node whose
-inputs are all constants is evaluated on the spot, so shape-computing subgraphs
-(Shape -> Gather -> Concat -> Reshape ...) fold away while importing, and every IR node gets its
-output types inferred when it is created. Symbolic dims are fixed by `input_shapes`; a symbolic
-batch dim (axis 0) defaults to 1.
+Nodes are converted in topological order into canonical IR ops (see `onnx_ops` and
+`onnx_ops_nn`), each validated first (`onnx_checks`: signature and input types from the
+operator schema, then per-op attribute and operand rules), so a malformed model fails with one
+line naming the file and the node. A node whose inputs are all constants is evaluated on the
+spot, so shape-computing subgraphs (Shape -> Gather -> Concat -> Reshape ...) fold away while
+importing, and every IR node gets its output types inferred when it is created. Symbolic dims
+(and dims declared 0 or less) are fixed by `input_shapes`; a dynamic batch dim (axis 0)
+defaults to 1. Graph output names are kept exactly.
 """
 
 import heapq
@@ -26,6 +29,7 @@ from ..ir import Graph, Model, Value
 from ..ops import OPS
 from ..tensor import Tensor
 from . import onnx_checks as checks
+from . import onnx_ops_nn  # noqa: F401  (registers the layer converters)
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
 
