@@ -2,10 +2,13 @@
 (bit for bit) the N single runs, whether the graph is batch-separable or falls back to one
 sample at a time; graphs with ops that touch axis 0 either rewrite them for N or fall back."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper
 from onnx_builders import conv_bn_relu_model, make_model
@@ -17,6 +20,7 @@ from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.npz import read_npz, write_npz
 
 ROOT = Path(__file__).parent.parent
 EXPORTS = ROOT / "tests" / "data" / "torch_exports"
@@ -232,3 +236,20 @@ def test_light_architectures_at_small_sizes(name, size, rng):
     dims = data.type.tensor_type.shape.dim
     dims[2].dim_value = dims[3].dim_value = size
     assert check_model(import_onnx(proto), rng, quantized=name == "squeezenet")
+
+
+def test_yolo_head_through_the_cli_matches_onnxruntime(tmp_path, rng):
+    """`onebuild run` on 16 samples (the issue's failing command) against onnxruntime."""
+    path = tmp_path / "yolo.onnx"
+    onnx.save(yolo_head(rng), path)
+    x = rng.normal(size=(16, 1, 6, 20, 1)).astype(np.float32)
+    write_npz(tmp_path / "in.npz", {"x": x})
+    argv = ["run", path, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz"]
+    result = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", *map(str, argv)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    got = read_npz(tmp_path / "out.npz")["y"]
+    session = ort.InferenceSession(str(path))
+    for i in range(16):
+        np.testing.assert_allclose(got[i], session.run(None, {"x": x[i]})[0], rtol=1e-5, atol=1e-5)
