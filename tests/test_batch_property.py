@@ -180,6 +180,8 @@ AXIS0_CASES = [
         [("c", np.ones((2, 1), np.float32))]), False),
     ("matmul_rank2_by_rank3", lambda r: single_op("MatMul", [1, 3], ["c"],
         [("c", np.ones((1, 3, 2), np.float32))]), False),
+    ("matmul_vector", lambda r: single_op("MatMul", [1], ["c"],
+        [("c", np.ones((1, 1), np.float32))]), False),
     ("gemm_bias_from_input", lambda r: single_op("Gemm", [1, 3], ["c", "r"],
         [("c", np.ones((3, 3), np.float32))]), True),
     ("add_lower_rank_activation", lambda r: make_model(

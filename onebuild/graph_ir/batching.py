@@ -58,7 +58,7 @@ def _matmul(node: Node) -> bool:
     for index, value in enumerate(node.inputs):
         if value is None or value.is_const:
             continue
-        if len(value.shape) != rank or (len(value.shape) < 3 and index != 0):
+        if len(value.shape) != rank or len(value.shape) < (2 if index == 0 else 3):
             return False
     return True
 
