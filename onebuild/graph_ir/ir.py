@@ -6,7 +6,7 @@ Passes never edit use lists by hand.
 """
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,7 @@ class Graph:
         self.nodes: list[Node] = []
         self.constants: dict[str, Value] = {}
         self._names: set[str] = set()
+        self._reserved: set[str] = set()
         self._node_names: set[str] = set()
 
     # -- names -------------------------------------------------------------------------------
@@ -173,9 +174,20 @@ class Graph:
             value.graph = self
         return value
 
+    def reserve(self, names: Iterable[str]) -> None:
+        """Keep `names` free: values created meanwhile get `name_1`, ... instead, until `rename`
+        gives a reserved name to its value. An importer reserves the tensor names of its source
+        model, so values made while decomposing one node never take another tensor's name."""
+        fresh = set(names) - self._names
+        self._reserved |= fresh
+        self._names |= fresh
+
     def rename(self, value: Value, name: str) -> None:
-        """Give `value` a new name (made unique within the graph)."""
+        """Give `value` a new name (made unique within the graph; a reserved name exactly)."""
         self._names.discard(value.name)
+        if name in self._reserved:
+            self._reserved.discard(name)
+            self._names.discard(name)
         value.name = self.unique_name(name)
         self._names.add(value.name)
         if value.is_const:

@@ -1,14 +1,18 @@
 """ONNX -> IR import, with static shapes.
 
-Nodes are converted in topological order into canonical IR ops (see `onnx_ops`). A node whose
-inputs are all constants is evaluated on the spot, so shape-computing subgraphs
-(Shape -> Gather -> Concat -> Reshape ...) fold away while importing, and every IR node gets its
-output types inferred when it is created. Symbolic dims are fixed by `input_shapes`; a symbolic
-batch dim (axis 0) defaults to 1.
+Nodes are converted in topological order into canonical IR ops (see `onnx_ops` and
+`onnx_ops_nn`), each validated first (`onnx_checks`: signature and input types from the
+operator schema, then per-op attribute and operand rules), so a malformed model fails with one
+line naming the file and the node. A node whose inputs are all constants is evaluated on the
+spot, so shape-computing subgraphs (Shape -> Gather -> Concat -> Reshape ...) fold away while
+importing, and every IR node gets its output types inferred when it is created. Symbolic dims
+(and dims declared 0 or less) are fixed by `input_shapes`; a dynamic batch dim (axis 0)
+defaults to 1. Graph output names are kept exactly.
 """
 
 import heapq
 import logging
+import math
 import mmap
 import os
 from collections.abc import Mapping, Sequence
@@ -24,6 +28,8 @@ from .. import dtypes
 from ..ir import Graph, Model, Value
 from ..ops import OPS
 from ..tensor import Tensor
+from . import onnx_checks as checks
+from . import onnx_ops_nn  # noqa: F401  (registers the layer converters)
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
 
@@ -92,9 +98,17 @@ class _GraphImporter:
         self._check_text()
         nodes = self._sorted_nodes()
         self._check_supported(nodes)
+        self._check_definitions(nodes)
         for init in self.proto.initializer:
-            self.values[init.name] = self.graph.add_constant(self.tensor(init), init.name)
+            try:
+                tensor = self.tensor(init)
+            except ValueError as error:
+                raise ModelError(f"{self.source}: {error}") from None
+            self.values[init.name] = self.graph.add_constant(tensor, init.name)
         self._add_inputs(input_shapes, input_values)
+        # Values made while converting a node never take a tensor name of the model.
+        self.graph.reserve([o for n in nodes for o in n.output if o])
+        self.graph.reserve(o.name for o in self.proto.output)
         for node in nodes:
             self._convert(node)
         self._set_outputs()
@@ -137,19 +151,29 @@ class _GraphImporter:
             raise ModelError(f"{self.source}: the graph has a cycle through node '{stuck.name}'")
         return order
 
-    def _check_supported(self, nodes: list[onnx.NodeProto]) -> None:
-        unsupported = []
+    def _check_definitions(self, nodes: list[onnx.NodeProto]) -> None:
+        """Every tensor name is defined once (ONNX graphs are in SSA form)."""
+        defined: dict[str, str] = {}
+        for init in self.proto.initializer:
+            if init.name in defined:
+                raise ModelError(f"{self.source}: initializer '{init.name}' is defined twice")
+            defined[init.name] = "an initializer"
+        for info in self.proto.input:
+            if info.name in defined and defined[info.name] != "an initializer":
+                raise ModelError(f"{self.source}: graph input '{info.name}' is listed twice")
+            defined.setdefault(info.name, "a graph input")
         for i, node in enumerate(nodes):
-            if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
-                op = (
-                    node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
-                )
-                unsupported.append((op, node.name or f"#{i}"))
-            elif any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                for a in node.attribute
-            ):
-                unsupported.append((f"{node.op_type} with subgraphs", node.name or f"#{i}"))
+            for name in node.output:
+                if name in defined:
+                    raise ModelError(
+                        f"{self.source}: node '{node.name or f'#{i}'}' ({node.op_type}) writes "
+                        f"'{name}', which {defined[name]} already defines"
+                    )
+                if name:
+                    defined[name] = f"node '{node.name or f'#{i}'}'"
+
+    def _check_supported(self, nodes: list[onnx.NodeProto]) -> None:
+        unsupported = _unsupported_ops(nodes, "")
         if unsupported:
             raise UnsupportedOpsError(self.source, unsupported)
 
@@ -184,11 +208,18 @@ class _GraphImporter:
                     f"{self.source}: input_shapes gives '{info.name}' rank {len(override)}, "
                     f"the model declares rank {len(dims)}"
                 )
+            for axis, new in enumerate(override):
+                if new < 0:
+                    raise UserError(
+                        f"{self.source}: input_shapes sets '{info.name}' axis {axis} to {new}; "
+                        "sizes must not be negative"
+                    )
             for axis, (dim, new) in enumerate(zip(dims or [], override)):
-                if dim.HasField("dim_value") and dim.dim_value != new:
+                fixed = _fixed_dim(dim)
+                if fixed is not None and fixed != new:
                     raise UserError(
                         f"{self.source}: input_shapes sets '{info.name}' axis {axis} to {new}, "
-                        f"but the model fixes it to {dim.dim_value}"
+                        f"but the model fixes it to {fixed}"
                     )
             return dtype, tuple(override)
         if dims is None:
@@ -197,15 +228,16 @@ class _GraphImporter:
             )
         shape = []
         for axis, dim in enumerate(dims):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
-                shape.append(dim.dim_value)
+            fixed = _fixed_dim(dim)
+            if fixed is not None:
+                shape.append(fixed)
             elif axis == 0:
                 log.warning(
                     "input '%s': dynamic batch dim set to 1 (use input_shapes to change)", info.name
                 )
                 shape.append(1)
             else:
-                label = dim.dim_param or "?"
+                label = dim.dim_param or (str(dim.dim_value) if dim.HasField("dim_value") else "?")
                 raise ModelError(
                     f"{self.source}: input '{info.name}' has dynamic dim '{label}' on axis {axis};"
                     f" fix it with input_shapes, e.g. {{ {info.name} = [...] }}"
@@ -213,16 +245,19 @@ class _GraphImporter:
         return dtype, tuple(shape)
 
     def _set_outputs(self) -> None:
+        """Graph outputs keep their names exactly (listed twice, an output is one value twice,
+        as in onnxruntime)."""
         for info in self.proto.output:
             value = self.values.get(info.name)
             if value is None:
                 raise ModelError(f"{self.source}: graph output '{info.name}' is never produced")
-            if value.name != info.name or value in self.graph.outputs or value.producer is None:
-                # A graph input, constant or alias: give the output its own named value.
-                node = self.graph.make_node(
-                    "Identity", [value], name=info.name, output_names=[info.name]
-                )
-                value = node.output
+            if value.name != info.name or value.is_const:
+                # A constant or an alias: give the output its own node, under the exact name.
+                if value.name == info.name:
+                    self.graph.rename(value, f"{info.name}_value")
+                value = self.graph.make_node("Identity", [value], name=info.name).output
+                self.graph.rename(value, info.name)
+                self.values[info.name] = value
             self.graph.outputs.append(value)
 
     # -- tensors -----------------------------------------------------------------------------
@@ -235,40 +270,44 @@ class _GraphImporter:
             raise ModelError(f"{self.source}: {what} has unsupported element type {name}") from None
 
     def tensor(self, proto: onnx.TensorProto) -> Tensor:
+        """An initializer's or attribute's tensor; ValueError naming it if it is malformed."""
         dtype = self.dtype(proto.data_type, f"tensor '{proto.name}'")
+        shape = checks.dims(proto.dims, f"tensor '{proto.name}'")
         if proto.data_location == onnx.TensorProto.EXTERNAL:
-            return self._external_tensor(proto, dtype)
+            return self._external_tensor(proto, dtype, shape)
         try:
             array = numpy_helper.to_array(proto)
         except Exception as error:
-            raise ModelError(f"{self.source}: tensor '{proto.name}' is corrupt ({error})") from None
+            raise ValueError(f"tensor '{proto.name}' is corrupt ({error})") from None
         return Tensor(np.asarray(array, dtype=dtype))
 
-    def _external_tensor(self, proto: onnx.TensorProto, dtype: np.dtype) -> Tensor:
+    def _external_tensor(self, proto: onnx.TensorProto, dtype: np.dtype, shape) -> Tensor:
+        what = f"tensor '{proto.name}'"
         info = {entry.key: entry.value for entry in proto.external_data}
-        location = info.get("location", "")
+        location, offset, length = checks.external_data(info, what)
         base = Path(self.base_dir or Path.cwd()).resolve()
         path = (base / location).resolve()
         if not location or base not in path.parents or not path.is_file():
-            raise ModelError(
-                f"{self.source}: tensor '{proto.name}' refers to external data '{location}' "
-                "that is missing or outside the model's folder"
+            raise ValueError(
+                f"{what} refers to external data '{location}' that is missing or outside the "
+                "model's folder"
             )
-        shape = tuple(int(d) for d in proto.dims)
-        offset = int(info.get("offset", 0))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
+        if length is not None and length != nbytes:
+            raise ValueError(
+                f"{what} has {length} data bytes, its shape {list(shape)} needs {nbytes}"
+            )
         if path not in self._mapped_files:
             with open(path, "rb") as handle:
-                self._mapped_files[path] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                size = os.fstat(handle.fileno()).st_size
+                self._mapped_files[path] = (
+                    mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                )
         buffer = self._mapped_files[path]
-        if offset + nbytes > len(buffer) or int(info.get("length", nbytes)) < nbytes:
-            raise ModelError(
-                f"{self.source}: external data of tensor '{proto.name}' is truncated ({path.name})"
-            )
-        if int(info.get("length", nbytes)) != nbytes:
-            raise ModelError(
-                f"{self.source}: tensor '{proto.name}' has {info['length']} data bytes, its "
-                f"shape {list(shape)} needs {nbytes}"
+        if offset + nbytes > len(buffer):
+            raise ValueError(
+                f"{what}: external data file '{path.name}' has {len(buffer)} bytes, the tensor "
+                f"needs {nbytes} at offset {offset}"
             )
         return Tensor.mapped(buffer, offset, dtype, shape)
 
@@ -276,12 +315,19 @@ class _GraphImporter:
     def _convert(self, node: onnx.NodeProto) -> None:
         ctx = NodeContext(self, node)
         try:
+            checks.signature(node, self.opset)
+            checks.input_types(node, self.opset, [v and v.dtype for v in ctx.inputs])
             results = CONVERTERS[node.op_type](ctx)
         except (DynamicValueError, UserError):
             raise
-        except (ValueError, KeyError, IndexError, TypeError) as error:
+        except (ValueError, KeyError, IndexError, TypeError, ArithmeticError) as error:
             raise ModelError(
                 f"{self.source}: node '{ctx.name}' ({node.op_type}): {error}"
+            ) from None
+        except MemoryError:  # a constant it computes (Range, ConstantOfShape, ...) is too big
+            raise ModelError(
+                f"{self.source}: node '{ctx.name}' ({node.op_type}): out of memory computing "
+                "its constant output"
             ) from None
         wanted = [name for name in node.output]
         for name, value in zip(wanted, results):
@@ -386,6 +432,36 @@ class NodeContext:
         for value in node.outputs:
             self._created.add(id(value))
         return node.outputs
+
+
+def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
+    """(op, node name, where) of every node onebuild cannot convert, in subgraphs too (If
+    branches, Loop and Scan bodies, recursively); `where` is the path to the subgraph, e.g.
+    "If 'cond'.then_branch", empty in the main graph."""
+    found = []
+    for i, node in enumerate(nodes):
+        name = node.name or f"#{i}"
+        subgraphs = [
+            (a.name, graph)
+            for a in node.attribute
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
+        ]
+        if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
+            op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+            found.append((op, name, where))
+        elif subgraphs:
+            found.append((f"{node.op_type} with subgraphs", name, where))
+        for attr, graph in subgraphs:
+            inner = f"{node.op_type} '{name}'.{attr}"
+            found += _unsupported_ops(graph.node, f"{where} / {inner}" if where else inner)
+    return found
+
+
+def _fixed_dim(dim: onnx.TensorShapeProto.Dimension) -> int | None:
+    """A declared dim's size, or None when it is dynamic: symbolic, missing, or a dim_value of
+    0 or less (exporters write -1, and sometimes 0, for "unknown")."""
+    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
 
 
 def _graph_input_roots(value: Value) -> list[str]:

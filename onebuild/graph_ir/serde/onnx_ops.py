@@ -9,9 +9,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...errors import UserError
 from .. import dtypes
 from ..ops import broadcast_shape, normalize_axis
 from ..tensor import Tensor
+from .onnx_checks import axis_in, dims, indices_in, non_negative
 
 CONVERTERS: dict[str, Callable] = {}
 
@@ -25,12 +27,26 @@ def converter(*names: str):
     return wrap
 
 
-def _axes(values, rank: int) -> list[int]:
+def canonical_axes(values, rank: int) -> list[int]:
     return sorted({normalize_axis(int(a), rank) for a in values})
 
 
 def _onnx_type_name(ctx, elem_type: int) -> str:
-    return dtypes.name_of(ctx.importer.dtype(elem_type, "Cast target"))
+    try:
+        return dtypes.name_of(ctx.importer.dtype(elem_type, "the target"))
+    except UserError as error:  # without the file name, which the node's message gives
+        raise ValueError(str(error).split(": ", 1)[-1]) from None
+
+
+def per_channel(ctx, indices, channels: int) -> None:
+    """Operands with one value per channel (BatchNormalization's, a Conv bias, ...)."""
+    for index in indices:
+        value = ctx.input(index)
+        if value is not None and tuple(value.shape) != (channels,):
+            raise ValueError(
+                f"input {index} '{value.name}' has shape {list(value.shape)}, expected "
+                f"[{channels}] (one value per channel)"
+            )
 
 
 # -- pass-through and elementwise --------------------------------------------------------------
@@ -119,7 +135,6 @@ FLOAT_ATTRS = {
     "ThresholdedRelu": ("alpha",),
     "Selu": ("alpha", "gamma"),
     "Shrink": ("bias", "lambd"),
-    "InstanceNormalization": ("epsilon",),
 }
 
 
@@ -223,7 +238,7 @@ def constant(ctx):
 
 @converter("ConstantOfShape")
 def constant_of_shape(ctx):
-    shape = tuple(int(d) for d in ctx.const(0, "shape"))
+    shape = dims(ctx.const(0, "shape"), "shape")
     fill = ctx.attr("value")
     fill = np.zeros(1, np.float32) if fill is None else np.asarray(fill).reshape(-1)
     value = fill[0]
@@ -248,206 +263,10 @@ def size(ctx):
 @converter("Range")
 def range_(ctx):
     start, limit, delta = (ctx.const(i, "range operand") for i in range(3))
+    if delta == 0:
+        raise ValueError("delta is 0")
+    dims([max(math.ceil((float(limit) - float(start)) / float(delta)), 0)], "the range")
     return [ctx.constant(np.arange(start, limit, delta, dtype=start.dtype))]
-
-
-# -- convolution and pooling -------------------------------------------------------------------
-def _spatial(ctx, in_shape, kernel, transposed=False):
-    """strides, dilations and explicit pads (begins, then ends) with auto_pad resolved."""
-    nd = len(kernel)
-    strides = list(ctx.attr("strides", [1] * nd))
-    dilations = list(ctx.attr("dilations", [1] * nd))
-    pads = list(ctx.attr("pads", [0] * (2 * nd)))
-    auto_pad = ctx.attr("auto_pad", "NOTSET")
-    if auto_pad == "VALID":
-        pads = [0] * (2 * nd)
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER") and not transposed:
-        for i in range(nd):
-            out = math.ceil(in_shape[i] / strides[i])
-            total = max(
-                0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_shape[i]
-            )
-            small, large = total // 2, total - total // 2
-            pads[i], pads[i + nd] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
-    elif auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER"):
-        raise ctx.fail(f"unknown auto_pad '{auto_pad}'")
-    return strides, dilations, pads
-
-
-@converter("Conv")
-def conv(ctx):
-    x, w = ctx.inputs[0], ctx.inputs[1]
-    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
-    strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
-    attrs = {
-        "strides": strides,
-        "dilations": dilations,
-        "pads": pads,
-        "group": int(ctx.attr("group", 1)),
-    }
-    return ctx.emit("Conv", [x, w, ctx.input(2)], attrs)
-
-
-@converter("ConvTranspose")
-def conv_transpose(ctx):
-    x, w = ctx.inputs[0], ctx.inputs[1]
-    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
-    nd = len(kernel)
-    strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel, transposed=True)
-    output_padding = list(ctx.attr("output_padding", [0] * nd))
-    output_shape = ctx.attr("output_shape")
-    auto_pad = ctx.attr("auto_pad", "NOTSET")
-    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        output_shape = [x.shape[2 + i] * strides[i] for i in range(nd)]
-    if output_shape is not None:
-        output_shape = list(output_shape)[-nd:]
-        for i in range(nd):
-            total = (
-                strides[i] * (x.shape[2 + i] - 1)
-                + output_padding[i]
-                + (kernel[i] - 1) * dilations[i]
-                + 1
-                - output_shape[i]
-            )
-            if total < 0:
-                output_padding[i] -= total
-                total = 0
-            half = total // 2
-            if auto_pad == "SAME_UPPER":
-                pads[i], pads[i + nd] = half, total - half
-            else:
-                pads[i], pads[i + nd] = total - half, half
-    attrs = {
-        "strides": strides,
-        "dilations": dilations,
-        "pads": pads,
-        "group": int(ctx.attr("group", 1)),
-        "output_padding": output_padding,
-    }
-    return ctx.emit("ConvTranspose", [x, w, ctx.input(2)], attrs)
-
-
-def _pool_attrs(ctx, x):
-    kernel = list(ctx.attr("kernel_shape"))
-    strides, dilations, pads = _spatial(ctx, x.shape[2:], kernel)
-    return {
-        "kernel_shape": kernel,
-        "strides": strides,
-        "dilations": dilations,
-        "pads": pads,
-        "ceil_mode": int(ctx.attr("ceil_mode", 0)),
-    }
-
-
-@converter("MaxPool")
-def max_pool(ctx):
-    if ctx.wants_output(1):
-        raise ctx.fail("the Indices output of MaxPool is not supported")
-    if ctx.attr("storage_order", 0):
-        raise ctx.fail("storage_order=1 is not supported")
-    return ctx.emit("MaxPool", ctx.inputs[:1], _pool_attrs(ctx, ctx.inputs[0]))
-
-
-@converter("AveragePool")
-def average_pool(ctx):
-    attrs = _pool_attrs(ctx, ctx.inputs[0])
-    attrs["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
-    return ctx.emit("AveragePool", ctx.inputs[:1], attrs)
-
-
-@converter("GlobalAveragePool", "GlobalMaxPool")
-def global_pool(ctx):
-    return ctx.emit(ctx.op_type, ctx.inputs)
-
-
-@converter("Gemm")
-def gemm(ctx):
-    attrs = {
-        "alpha": float(ctx.attr("alpha", 1.0)),
-        "beta": float(ctx.attr("beta", 1.0)),
-        "transA": int(ctx.attr("transA", 0)),
-        "transB": int(ctx.attr("transB", 0)),
-    }
-    return ctx.emit("Gemm", [ctx.inputs[0], ctx.inputs[1], ctx.input(2)], attrs)
-
-
-# -- normalization -----------------------------------------------------------------------------
-@converter("BatchNormalization")
-def batch_normalization(ctx):
-    if ctx.attr("training_mode", 0) or any(ctx.node.output[1:]):
-        raise ctx.fail("training-mode BatchNormalization is not supported")
-    if ctx.opset < 9 and not ctx.attr("spatial", 1):
-        raise ctx.fail("BatchNormalization with spatial=0 is not supported")
-    return ctx.emit(
-        "BatchNormalization", ctx.inputs[:5], {"epsilon": float(ctx.attr("epsilon", 1e-5))}
-    )
-
-
-@converter("LRN")
-def lrn(ctx):
-    attrs = {
-        "size": int(ctx.attr("size")),
-        "alpha": float(ctx.attr("alpha", 1e-4)),
-        "beta": float(ctx.attr("beta", 0.75)),
-        "bias": float(ctx.attr("bias", 1.0)),
-    }
-    return ctx.emit("LRN", ctx.inputs, attrs)
-
-
-@converter("LayerNormalization")
-def layer_normalization(ctx):
-    """One IR op; spelled out in reductions when the Mean or InvStdDev output is used too."""
-    x, scale = ctx.inputs[:2]
-    bias = ctx.input(2)
-    axis = normalize_axis(int(ctx.attr("axis", -1)), len(x.shape))
-    epsilon = float(ctx.attr("epsilon", 1e-5))
-    if not any(ctx.node.output[1:]):
-        return ctx.emit("LayerNormalization", [x, scale, bias], {"axis": axis, "epsilon": epsilon})
-    reduce = {"axes": list(range(axis, len(x.shape))), "keepdims": 1}
-    (mean,) = ctx.emit("ReduceMean", [x], reduce)
-    (centered,) = ctx.emit("Sub", [x, mean])
-    (square,) = ctx.emit("Mul", [centered, centered])
-    (variance,) = ctx.emit("ReduceMean", [square], reduce)
-    (shifted,) = ctx.emit("Add", [variance, ctx.constant(np.asarray(epsilon, x.dtype))])
-    (std,) = ctx.emit("Sqrt", [shifted])
-    (inv_std,) = ctx.emit("Reciprocal", [std])
-    (normalized,) = ctx.emit("Mul", [centered, inv_std])
-    (y,) = ctx.emit("Mul", [normalized, scale])
-    if bias is not None:
-        (y,) = ctx.emit("Add", [y, bias])
-    return [y, mean, inv_std]
-
-
-@converter("GroupNormalization")
-def group_normalization(ctx):
-    """Opset 18 gives scale and bias per group, 21 per channel: the IR takes them per channel."""
-    x, scale, bias = ctx.inputs[:3]
-    groups = int(ctx.attr("num_groups"))
-    channels = x.shape[1]
-    if channels % groups:
-        raise ctx.fail(f"{channels} channels do not split into {groups} groups")
-    if scale.shape[0] != channels:
-        scale, bias = (
-            ctx.constant(np.repeat(ctx.const(i, what), channels // groups))
-            for i, what in ((1, "scale"), (2, "bias"))
-        )
-    attrs = {"num_groups": groups, "epsilon": float(ctx.attr("epsilon", 1e-5))}
-    return ctx.emit("GroupNormalization", [x, scale, bias], attrs)
-
-
-@converter("MeanVarianceNormalization")
-def mean_variance_normalization(ctx):
-    rank = len(ctx.inputs[0].shape)
-    axes = _axes(ctx.attr("axes", [0, 2, 3]), rank)
-    return ctx.emit("MeanVarianceNormalization", ctx.inputs, {"axes": axes})
-
-
-@converter("LpNormalization")
-def lp_normalization(ctx):
-    attrs = {"axis": int(ctx.attr("axis", -1)), "p": int(ctx.attr("p", 2))}
-    if attrs["p"] not in (1, 2):
-        raise ctx.fail(f"p = {attrs['p']}; ONNX defines only 1 and 2")
-    return ctx.emit("LpNormalization", ctx.inputs, attrs)
 
 
 # -- shape manipulation ------------------------------------------------------------------------
@@ -476,8 +295,7 @@ def reshape(ctx):
 @converter("Flatten")
 def flatten(ctx):
     x = ctx.inputs[0]
-    axis = ctx.attr("axis", 1)
-    axis = axis + len(x.shape) if axis < 0 else axis
+    axis = axis_in(ctx.attr("axis", 1), len(x.shape), inclusive=True)
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
     return _reshape(ctx, x, [rows, int(np.prod(x.shape[axis:], dtype=np.int64))])
 
@@ -491,7 +309,9 @@ def squeeze(ctx):
     x = ctx.inputs[0]
     axes = _axes_operand(ctx, 1)
     rank = len(x.shape)
-    axes = [i for i, d in enumerate(x.shape) if d == 1] if axes is None else _axes(axes, rank)
+    axes = (
+        [i for i, d in enumerate(x.shape) if d == 1] if axes is None else canonical_axes(axes, rank)
+    )
     if any(x.shape[a] != 1 for a in axes):
         raise ctx.fail(f"cannot squeeze axes {axes} of shape {list(x.shape)}")
     return _reshape(ctx, x, [d for i, d in enumerate(x.shape) if i not in axes])
@@ -500,7 +320,10 @@ def squeeze(ctx):
 @converter("Unsqueeze")
 def unsqueeze(ctx):
     x = ctx.inputs[0]
-    axes = _axes(_axes_operand(ctx, 1), len(x.shape) + len(_axes_operand(ctx, 1)))
+    given = [int(a) for a in _axes_operand(ctx, 1)]
+    axes = canonical_axes(given, len(x.shape) + len(given))
+    if len(axes) != len(given):
+        raise ValueError(f"axes {given} repeat an axis")
     shape, source = [], iter(x.shape)
     for i in range(len(x.shape) + len(axes)):
         shape.append(1 if i in axes else next(source))
@@ -530,7 +353,9 @@ def split(ctx):
     axis = normalize_axis(ctx.attr("axis", 0), len(x.shape))
     sizes = ctx.attr("split") if ctx.opset < 13 else ctx.const(1, "split")
     length = x.shape[axis]
-    if sizes is None:
+    if sizes is not None:
+        sizes = non_negative("split", sizes)
+    else:
         parts = ctx.attr("num_outputs", ctx.num_outputs)
         chunk = math.ceil(length / parts)
         sizes = [min(chunk, length - i * chunk) for i in range(parts)]
@@ -550,6 +375,10 @@ def slice_(ctx):
         list(range(len(starts))) if axes is None else [normalize_axis(int(a), rank) for a in axes]
     )
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError("starts, ends, axes and steps differ in length")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"axes {axes} repeat an axis")
     canon_start, canon_end, canon_step = [0] * rank, list(x.shape), [1] * rank
     for axis, start, end, step in zip(axes, starts, ends, steps):
         dim, start, end = x.shape[axis], int(start), int(end)
@@ -588,6 +417,8 @@ def pad(ctx):
         pads = full
     if len(pads) != 2 * rank:
         raise ctx.fail(f"pads has {len(pads)} entries, expected {2 * rank}")
+    if any(d + pads[i] + pads[i + rank] < 0 for i, d in enumerate(x.shape)):
+        raise ValueError(f"pads {pads} crop more than the input {list(x.shape)} has")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise ctx.fail(f"unknown pad mode '{mode}'")
     return ctx.emit("Pad", [x], {"pads": pads, "mode": mode, "value": value})
@@ -595,8 +426,10 @@ def pad(ctx):
 
 @converter("Gather")
 def gather(ctx):
-    x = ctx.inputs[0]
+    x, indices = ctx.inputs[:2]
     axis = normalize_axis(ctx.attr("axis", 0), len(x.shape))
+    if indices.is_const:
+        indices_in(indices.numpy(), x.shape[axis], "index")
     return ctx.emit("Gather", ctx.inputs[:2], {"axis": axis})
 
 
@@ -609,19 +442,8 @@ def expand(ctx):
 
 @converter("Tile")
 def tile(ctx):
-    return ctx.emit("Tile", ctx.inputs[:1], {"repeats": [int(r) for r in ctx.const(1, "repeats")]})
-
-
-@converter("DepthToSpace")
-def depth_to_space(ctx):
-    attrs = {"blocksize": int(ctx.attr("blocksize")), "mode": ctx.attr("mode", "DCR")}
-    return ctx.emit("DepthToSpace", ctx.inputs, attrs)
-
-
-@converter("SpaceToDepth")
-def space_to_depth(ctx):
-    attrs = {"blocksize": int(ctx.attr("blocksize")), "mode": ctx.attr("mode", "DCR")}
-    return ctx.emit("SpaceToDepth", ctx.inputs, attrs)
+    repeats = non_negative("repeats", ctx.const(1, "repeats"), len(ctx.inputs[0].shape))
+    return ctx.emit("Tile", ctx.inputs[:1], {"repeats": repeats})
 
 
 # -- reductions --------------------------------------------------------------------------------
@@ -634,7 +456,7 @@ def _reduce_attrs(ctx) -> dict | None:
         if ctx.attr("noop_with_empty_axes", 0):
             return None
         axes = list(range(rank))
-    return {"axes": _axes(axes, rank), "keepdims": int(ctx.attr("keepdims", 1))}
+    return {"axes": canonical_axes(axes, rank), "keepdims": int(ctx.attr("keepdims", 1))}
 
 
 @converter("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd")
@@ -688,64 +510,3 @@ def arg_extreme(ctx):
         "select_last_index": int(ctx.attr("select_last_index", 0)),
     }
     return ctx.emit(ctx.op_type, [x], attrs)
-
-
-# -- resize ------------------------------------------------------------------------------------
-@converter("Resize", "Upsample")
-def resize(ctx):
-    x = ctx.inputs[0]
-    rank = len(x.shape)
-    legacy = ctx.op_type == "Upsample" or ctx.opset < 11
-    if legacy:
-        scales = ctx.attr("scales") if ctx.opset < 9 else ctx.const(1, "scales")
-        roi, sizes, axes = None, None, None
-    else:
-        roi, scales, sizes = ctx.const(1, "roi"), ctx.const(2, "scales"), ctx.const(3, "sizes")
-        axes = ctx.attr("axes")
-    axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
-    in_dims = [x.shape[a] for a in axes]
-    if sizes is not None and sizes.size:
-        sizes = [int(s) for s in sizes]
-        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
-        if policy != "stretch":
-            pick = min if policy == "not_larger" else max
-            scale = pick(s / d for s, d in zip(sizes, in_dims))
-            sizes = [round(scale * d) for d in in_dims]
-            part_scales = [scale] * len(axes)
-        else:
-            part_scales = [s / d for s, d in zip(sizes, in_dims)]
-    elif scales is not None and scales.size:
-        part_scales = [float(s) for s in scales]
-        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-        spans = [1.0] * len(axes)
-        if coord == "tf_crop_and_resize" and roi is not None:
-            spans = [float(roi[i + len(axes)] - roi[i]) for i in range(len(axes))]
-        sizes = [math.floor(d * s * span) for d, s, span in zip(in_dims, part_scales, spans)]
-    else:
-        raise ctx.fail("Resize needs scales or sizes")
-    full_sizes, full_scales = list(x.shape), [1.0] * rank
-    for i, axis in enumerate(axes):
-        full_sizes[axis], full_scales[axis] = sizes[i], part_scales[i]
-    full_roi = None
-    if roi is not None and roi.size:
-        full_roi = [0.0] * rank + [1.0] * rank
-        for i, axis in enumerate(axes):
-            full_roi[axis], full_roi[axis + rank] = float(roi[i]), float(roi[i + len(axes)])
-    mode = ctx.attr("mode", "nearest")
-    attrs = {
-        "sizes": full_sizes,
-        "scales": full_scales,
-        "roi": full_roi,
-        "mode": mode,
-        "coordinate_transformation_mode": "asymmetric"
-        if legacy
-        else ctx.attr("coordinate_transformation_mode", "half_pixel"),
-        "nearest_mode": "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor"),
-        "cubic_coeff_a": float(ctx.attr("cubic_coeff_a", -0.75)),
-        "exclude_outside": int(ctx.attr("exclude_outside", 0)),
-        "extrapolation_value": float(ctx.attr("extrapolation_value", 0.0)),
-        "antialias": int(ctx.attr("antialias", 0)),
-    }
-    if mode not in ("nearest", "linear", "cubic"):
-        raise ctx.fail(f"unknown resize mode '{mode}'")
-    return ctx.emit("Resize", [x], attrs)
