@@ -6,6 +6,7 @@ import numpy as np
 
 from ...errors import UserError
 from ...graph_ir.quant.params import dequantize, quantize
+from ...npz import check_finite, source_of
 from .codegen import EXEC, LOAD, STORE, Module
 from .hardware import load_hardware
 from .simulator import Simulator
@@ -15,24 +16,13 @@ def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
     """Outputs for `[N, *dims]` inputs (float, quantized with the I/O parameters, unless raw)
     and the performance summary of one inference."""
     hw = load_hardware(module.meta.get("hardware", "?"))
-    for name in module.inputs:
-        if name not in feeds:
-            raise UserError(f"missing input '{name}'; inputs given: {', '.join(sorted(feeds))}")
-        dims = module.tensors[name].dims
-        if tuple(np.shape(feeds[name])[1:]) != dims:
-            raise UserError(
-                f"input '{name}' has shape {list(np.shape(feeds[name]))}, "
-                f"expected [N, {', '.join(map(str, dims))}]"
-            )
-    count = len(feeds[module.inputs[0]]) if module.inputs else 1
+    count = check_feeds(module, feeds, raw)
     results, report = [], None
     for index in range(count):
         sample = {}
         for name in module.inputs:
             t, x = module.tensors[name], np.asarray(feeds[name][index])
             if raw:
-                if x.dtype != np.dtype(t.dtype):
-                    raise UserError(f"input '{name}' is {x.dtype}; --raw needs {t.dtype} codes")
                 sample[name] = x
             else:
                 sample[name] = quantize(x.astype(np.float64), module.tensors[name].params, t.dtype)
@@ -42,6 +32,35 @@ def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
     if not raw:
         stacked = {n: dequantize(a, module.tensors[n].params) for n, a in stacked.items()}
     return stacked, report.summary(hw, module)
+
+
+def check_feeds(module: Module, feeds: dict[str, np.ndarray], raw: bool) -> int:
+    """One-line errors for inputs the program cannot take; returns the sample count.
+
+    Every input must be given with shape `[N, *dims]`, N >= 1 and the same for all inputs;
+    float data must be finite (NaN and Inf have no quantized code), raw data must already be
+    the input's integer type."""
+    where, counts = source_of(feeds), {}
+    for name in module.inputs:
+        if name not in feeds:
+            given = ", ".join(sorted(feeds)) or "none"
+            raise UserError(f"{where}: missing input '{name}'; inputs given: {given}")
+        t, x = module.tensors[name], np.asarray(feeds[name])
+        if x.ndim == 0 or tuple(x.shape[1:]) != t.dims or not len(x):
+            raise UserError(
+                f"{where}: input '{name}' has shape {list(x.shape)}, "
+                f"expected [N, {', '.join(map(str, t.dims))}] with N >= 1"
+            )
+        if raw and x.dtype != np.dtype(t.dtype):
+            raise UserError(f"{where}: input '{name}' is {x.dtype}; --raw needs {t.dtype} codes")
+        if not raw and x.dtype.kind not in "biuf":
+            raise UserError(f"{where}: input '{name}' has dtype {x.dtype}; expected numbers")
+        counts[name] = len(x)
+    if len(set(counts.values())) > 1:
+        raise UserError(f"{where}: inputs have different sample counts: {counts}")
+    if not raw:
+        check_finite({n: feeds[n] for n in module.inputs}, where)
+    return next(iter(counts.values()), 1)
 
 
 def describe(module: Module) -> dict:
