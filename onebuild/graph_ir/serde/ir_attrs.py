@@ -9,6 +9,8 @@ Attributes whose names are not listed here are checked for their JSON shape only
 boolean, a number, a string, or lists of them).
 """
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from ...fields import MAX_DIM, Fields
 from .. import dtypes
+from ..ops import OPS
 
 Rule = Callable[[Fields, Any, str], None]
 I64 = (-(1 << 63), (1 << 63) - 1)
@@ -183,6 +186,21 @@ def code_range(dtype: np.dtype) -> tuple[int, int]:
 
 def _is_integer(dtype: np.dtype) -> bool:
     return code_range(dtype) != I32 or dtype == np.int32
+
+
+@functools.cache
+def arity(op: str) -> tuple[int, int | None]:
+    """How many inputs a node of `op` takes: (minimum, maximum or None), read from the
+    signature of the op's kernel (the function `register` wrapped)."""
+    kernel = OPS[op].kernel
+    cells = [c.cell_contents for c in kernel.__closure__ or ()]
+    fn = next((c for c in cells if inspect.isfunction(c)), None)
+    if fn is None:
+        return 0, None
+    params = list(inspect.signature(fn).parameters.values())[1:]  # after attrs
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return sum(p.default is p.empty for p in params if p.kind is not p.VAR_POSITIONAL), None
+    return sum(p.default is p.empty for p in params), len(params)
 
 
 def check_attributes(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> None:

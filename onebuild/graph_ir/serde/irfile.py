@@ -25,7 +25,7 @@ from .. import dtypes
 from ..ir import Graph, Model, Value
 from ..ops import OPS
 from ..tensor import QuantParams, Tensor
-from .ir_attrs import check_attributes, code_range
+from .ir_attrs import arity, check_attributes, code_range
 
 MAGIC = b"OBIR\x89\r\n\x1a"
 FORMAT_VERSION = 1
@@ -270,6 +270,11 @@ class _Loader:
                 f.text(ref, f"{path}.inputs[{j}]")
                 f.require(ref in values, f"{path}.inputs[{j}]", f"value '{ref}' is not defined")
             inputs.append(None if ref is None else values[ref])
+        least, most = arity(op)
+        ok = max(least, 1) <= len(inputs) and (most is None or len(inputs) <= most)
+        f.require(ok, f"{path}.inputs", f"{op} takes {least}..{most or 'any'} inputs")
+        required = inputs if most is None else inputs[:least]
+        f.require(None not in required, f"{path}.inputs", f"{op} lacks a required input")
         attrs = f.obj(entry["attrs"], f"{path}.attrs")
         check_attributes(f, op, attrs, inputs, f"{path}.attrs")
         outs = [

@@ -1,15 +1,29 @@
 """Running and describing .tvn files for the CLI: batches of float or raw quantized data."""
 
+import contextlib
 from collections import Counter
 
 import numpy as np
 
-from ...errors import UserError
+from ...errors import FormatError, UserError
 from ...graph_ir.quant.params import dequantize, quantize
 from ...npz import check_finite, source_of
 from .codegen import EXEC, LOAD, STORE, Module
 from .hardware import load_hardware
 from .simulator import Simulator
+
+
+@contextlib.contextmanager
+def _naming_the_file(module: Module):
+    """Format errors the simulator finds (an instruction inconsistent with the program) name
+    the .tvn file, as the decoder's do."""
+    try:
+        yield
+    except FormatError as error:
+        source = getattr(module, "source", "")
+        if not source or str(error).startswith(source):
+            raise
+        raise FormatError(f"{source}: not a valid .tvn file: {error}") from None
 
 
 def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
@@ -26,7 +40,8 @@ def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
                 sample[name] = x
             else:
                 sample[name] = quantize(x.astype(np.float64), module.tensors[name].params, t.dtype)
-        outputs, report = Simulator(module, hw).run(sample)
+        with _naming_the_file(module):
+            outputs, report = Simulator(module, hw).run(sample)
         results.append(outputs)
     stacked = {n: np.stack([r[n] for r in results]) for n in module.outputs}
     if not raw:
@@ -70,7 +85,8 @@ def describe(module: Module) -> dict:
         n: np.full(module.tensors[n].dims, module.tensors[n].zero_point, module.tensors[n].dtype)
         for n in module.inputs
     }
-    _, report = Simulator(module, hw).run(zeros)
+    with _naming_the_file(module):
+        _, report = Simulator(module, hw).run(zeros)
     summary = report.summary(hw, module)
 
     def io(name: str) -> dict:
