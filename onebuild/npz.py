@@ -65,7 +65,8 @@ def read_npz(path: str | os.PathLike, *, batch: bool = True) -> Arrays:
     """The arrays of the npz file at `path` by name (see the module docstring for the checks).
 
     With `batch` (the default: model inputs, labels, sample sets) the archive must hold at
-    least one array and every array needs a sample axis with at least one sample.
+    least one array and no array may have an empty sample axis (0-d arrays are left to the
+    shape checks of whoever uses them).
     """
     path = Path(path)
     if not path.is_file():
@@ -191,9 +192,7 @@ def _check_batch(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     if not arrays:
         raise FormatError(f"{path}: the npz file holds no arrays")
     for name, array in arrays.items():
-        if array.ndim == 0:
-            raise FormatError(f"{path}: array '{name}' is a scalar; expected [N, ...] samples")
-        if array.shape[0] == 0:
+        if array.ndim and array.shape[0] == 0:
             raise FormatError(f"{path}: array '{name}' has 0 samples (shape {list(array.shape)})")
 
 

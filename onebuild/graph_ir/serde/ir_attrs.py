@@ -56,8 +56,12 @@ def _number(positive: bool = False, finite: bool = True) -> Rule:
     return rule
 
 
-def _numbers(positive: bool = False, finite: bool = True, count: int | None = None) -> Rule:
+def _numbers(
+    positive: bool = False, finite: bool = True, count: int | None = None, null: bool = False
+) -> Rule:
     def rule(f: Fields, v, path: str) -> None:
+        if null and v is None:
+            return
         n = {} if count is None else {"min_len": count, "max_len": count}
         for i, x in enumerate(f.array(v, path, **n)):
             f.number(x, f"{path}[{i}]", positive, finite)
@@ -100,7 +104,7 @@ RULES: dict[str, Rule] = {
     "shape": _ints(-1, MAX_DIM),
     "sizes": _ints(0, MAX_DIM),
     "scales": _numbers(positive=True),
-    "roi": _numbers(),
+    "roi": _numbers(null=True),
     **dict.fromkeys(["starts", "ends"], _ints(*I64)),
     "steps": _ints(*I64),
     **dict.fromkeys(["split", "repeats"], _ints(0, MAX_DIM)),

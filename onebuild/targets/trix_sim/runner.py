@@ -26,10 +26,19 @@ def _naming_the_file(module: Module):
         raise FormatError(f"{source}: not a valid .tvn file: {error}") from None
 
 
+def _hardware(module: Module):
+    """The preset the module was compiled for (an unknown one names the file)."""
+    try:
+        return load_hardware(module.meta.get("hardware", "?"))
+    except UserError as error:
+        source = getattr(module, "source", "")
+        raise UserError(f"{source}: {error}" if source else str(error)) from None
+
+
 def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
     """Outputs for `[N, *dims]` inputs (float, quantized with the I/O parameters, unless raw)
     and the performance summary of one inference."""
-    hw = load_hardware(module.meta.get("hardware", "?"))
+    hw = _hardware(module)
     count = check_feeds(module, feeds, raw)
     results, report = [], None
     for index in range(count):
@@ -80,7 +89,7 @@ def check_feeds(module: Module, feeds: dict[str, np.ndarray], raw: bool) -> int:
 
 def describe(module: Module) -> dict:
     """Header, I/O segments, instruction counts and the performance summary (one inference)."""
-    hw = load_hardware(module.meta.get("hardware", "?"))
+    hw = _hardware(module)
     zeros = {
         n: np.full(module.tensors[n].dims, module.tensors[n].zero_point, module.tensors[n].dtype)
         for n in module.inputs
