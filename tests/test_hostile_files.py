@@ -401,10 +401,18 @@ def _raw_case(kind: str, name: str, change: Callable[[bytes], bytes], detail: st
     target = "bad.tvn" if kind == "tvn" else "bad.obir"
 
     def setup(folder: Path) -> None:
-        (folder / target).write_bytes(change(BASE["m.tvn" if kind == "tvn" else "q.obir"]
-                                             .read_bytes()))  # fmt: skip
+        source = BASE["m.tvn" if kind == "tvn" else "q.obir"].read_bytes()
+        with open(folder / target, "wb") as handle:
+            handle.write(change(source))
+            if change is _sparse:
+                handle.truncate(3 << 29)  # 1.5 GiB, no disk blocks
 
     return _case(f"inspect-{kind}-{name}", ["inspect", target], setup, target, detail)
+
+
+def _sparse(data: bytes) -> bytes:
+    """The file's first 64 bytes; `setup` then extends it to 1.5 GiB of (sparse) zeros."""
+    return data[:64]
 
 
 def _flip(data: bytes) -> bytes:
@@ -418,6 +426,7 @@ RAW_CASES = [
         ("flipped-byte", _flip, "checksum"),
         ("truncated", lambda d: d[: len(d) // 2], ""),
         ("empty", lambda d: d[:4], ""),
+        ("huge-sparse", _sparse, ""),
     )
 ]
 
@@ -466,6 +475,20 @@ def _build_case(name: str, content: Callable[[], bytes], detail: str, folder_dat
 
 BUILD_CASES = [_build_case(*case, folder_data=False) for case in CALIBRATION]
 BUILD_CASES += [_build_case(*CALIBRATION[i], folder_data=True) for i in (0, 6, 7)]
+
+
+def _npy_in_folder(folder: Path) -> None:
+    (folder / "calib").mkdir()
+    (folder / "calib" / "a.npz").write_bytes(npz_bytes({"input": X}))
+    (folder / "calib" / "bad.npy").write_bytes(_npy(np.array([{"a": 1}, 2], object)))
+    digits = BASE["digits"]
+    (folder / "r.toml").write_text(RECIPE.format(digits=digits, calibration="calib"))
+
+
+BUILD_CASES.append(
+    _case("build-folder-object-npy", ["build", "r.toml"], _npy_in_folder, "bad.npy", "pickle",
+          codes=(1, 2))
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("case", BUILD_CASES, ids=lambda c: c.id)

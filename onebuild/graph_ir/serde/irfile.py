@@ -157,7 +157,11 @@ def load_ir(path: str | os.PathLike) -> Model:
         header = json.loads(bytes(buffer[_FIXED.size : _FIXED.size + text_len]))
     except (ValueError, RecursionError) as error:
         raise FormatError(f"{path}: the IR description is not valid JSON ({error})") from None
-    fields = Fields(lambda message: FormatError(f"{path}: invalid IR description: {message}"))
+    fields = Fields(
+        lambda message: FormatError(
+            f"{path}: invalid IR description: {message} (re-create the file with onebuild)"
+        )
+    )
     return _Loader(fields, buffer, data_offset, data_length).model(header)
 
 

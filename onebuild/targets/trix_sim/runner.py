@@ -23,7 +23,9 @@ def _naming_the_file(module: Module):
         source = getattr(module, "source", "")
         if not source or str(error).startswith(source):
             raise
-        raise FormatError(f"{source}: not a valid .tvn file: {error}") from None
+        raise FormatError(
+            f"{source}: not a valid .tvn file: {error} (recompile the model to rewrite it)"
+        ) from None
 
 
 def _hardware(module: Module):

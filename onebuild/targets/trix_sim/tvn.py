@@ -132,14 +132,16 @@ class _Reader:
         self.data, self.where = data, where
 
     def fail(self, message: str) -> FormatError:
-        return FormatError(f"{self.where}: not a valid .tvn file: {message}")
+        return FormatError(
+            f"{self.where}: not a valid .tvn file: {message} (recompile the model to rewrite it)"
+        )
 
 
 def _sections(r: _Reader) -> dict[int, bytes]:
     data = r.data
     if len(data) < HEADER.size + DIGEST or data[:4] != MAGIC:
         raise r.fail("bad magic or too short")
-    content, digest = data[:-DIGEST], data[-DIGEST:]
+    content, digest = memoryview(data)[:-DIGEST], data[-DIGEST:]  # no copy of the content
     if hashlib.sha256(content).digest() != digest:
         raise r.fail("checksum mismatch (corrupt or truncated)")
     _, version, _, count, _ = HEADER.unpack_from(content)
@@ -154,7 +156,7 @@ def _sections(r: _Reader) -> dict[int, bytes]:
             raise r.fail(f"unknown or repeated section kind {kind}")
         if offset + size > len(content) or offset < HEADER.size:
             raise r.fail(f"section {KINDS[kind]} [{offset}, {offset + size}) is out of bounds")
-        sections[kind] = content[offset : offset + size]
+        sections[kind] = bytes(content[offset : offset + size])
     missing = set(KINDS) - set(sections)
     if missing:
         raise r.fail(f"missing section(s) {', '.join(KINDS[k] for k in sorted(missing))}")
@@ -456,8 +458,18 @@ def _validate_code(r: _Reader, code: np.ndarray, outs: np.ndarray, dram_size: in
             _check(r, bool((count <= 1 << 16).all()), "a DMA count is out of range")
 
 
+MAX_FILE = 1 << 30  # BLOB and arena share a DRAM of at most a few hundred MiB in practice
+
+
 def load_tvn(path: str | os.PathLike) -> Module:
+    """Decode the file at `path` (its size is checked before it is read)."""
     path = Path(path)
     if not path.is_file():
         raise FormatError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_FILE:
+        raise FormatError(
+            f"{path}: not a valid .tvn file: {size} bytes (a TRIX program is at most "
+            f"{MAX_FILE >> 20} MiB)"
+        )
     return decode(path.read_bytes(), str(path))
