@@ -234,8 +234,8 @@ def _non_finite_sample(
         except NonFiniteError as found:
             error = found
             break
-    else:
-        i = 0
+    else:  # no single sample reproduces it: name the chunk's first
+        i, sample = 0, {name: array[:1] for name, array in part.items()}
     peaks = {n: float(np.abs(a).max()) if a.size else 0.0 for n, a in sample.items()}
     name = max(peaks, key=peaks.get) if peaks else "?"
     return UserError(
