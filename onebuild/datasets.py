@@ -4,6 +4,8 @@ random data (only when asked for: it calibrates badly).
 Batches are yielded one file at a time as `(where, {input name: [N, *shape]})`, so a folder of
 many files is never held in memory at once. A folder's `.npz` files hold arrays keyed by input
 name, `[N, *shape]` or a single sample `[*shape]`; `.npy` files serve single-input models.
+Files are read with `onebuild.npz`'s checks (sizes before data, no pickles); samples must hold
+at least one sample and only finite numbers (an error names the file, the input and the sample).
 """
 
 import os
@@ -13,23 +15,56 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, UserError
-from .npz import read_npz
+from .npz import MAX_HEADER, NPY_MAGIC, byte_limit, check_finite, read_npz
 
 Batch = dict[str, np.ndarray]
 
 
-def _with_sample_axis(arrays: Batch, shapes: dict[str, tuple[int, ...]]) -> Batch:
-    return {
+def _with_sample_axis(
+    where: str, arrays: Batch, shapes: dict[str, tuple[int, ...]]
+) -> tuple[str, Batch]:
+    batch = {
         name: a[None] if name in shapes and a.shape == shapes[name] else a
         for name, a in arrays.items()
     }
+    for name in shapes:
+        if name in batch and (batch[name].ndim == 0 or not len(batch[name])):
+            raise UserError(f"{where}: input '{name}' has no samples")
+    check_finite({name: a for name, a in batch.items() if name in shapes}, where)
+    return where, batch
 
 
 def _read_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise FormatError(f"{path}: not a readable npy file ({error})") from None
+    """A .npy file, its header and size checked before the data is read (no pickles)."""
+    with open(path, "rb") as handle:
+        if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:
+            raise FormatError(f"{path}: not a .npy file (bad magic)")
+        handle.seek(0)
+        try:
+            version = np.lib.format.read_magic(handle)
+            read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+                version, np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(handle, MAX_HEADER)
+        except (ValueError, TypeError, SyntaxError, EOFError, OverflowError) as error:
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise FormatError(f"{path}: no valid .npy header ({message})") from None
+        if dtype.hasobject or dtype.kind not in "biuf" or dtype.fields is not None:
+            raise FormatError(f"{path}: unsupported dtype {dtype} (numbers only; no pickles)")
+        if not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise FormatError(f"{path}: invalid shape {list(shape)}")
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        size = os.fstat(handle.fileno()).st_size - handle.tell()
+        if size != nbytes:
+            raise FormatError(
+                f"{path}: the header {dtype.str}{list(shape)} needs {nbytes} data bytes, the "
+                f"file has {size} (truncated or inconsistent)"
+            )
+        if nbytes > byte_limit():
+            raise FormatError(f"{path}: {nbytes} bytes of data exceed the npz/npy size limit")
+        array = np.fromfile(handle, dtype, int(np.prod(shape, dtype=object)))
+    array = array.reshape(shape, order="F" if fortran else "C")
+    return np.ascontiguousarray(array.astype(dtype.newbyteorder("="), copy=False))
 
 
 def iter_batches(
@@ -39,7 +74,7 @@ def iter_batches(
     path = Path(path)
     shapes = dict(inputs)
     if path.is_file():
-        yield str(path), _with_sample_axis(read_npz(path), shapes)
+        yield _with_sample_axis(str(path), read_npz(path), shapes)
         return
     if not path.is_dir():
         raise UserError(f"{path}: no such file or folder")
@@ -48,7 +83,7 @@ def iter_batches(
         raise UserError(f"{path}: the folder has no .npz or .npy files")
     for file in files:
         if file.suffix == ".npz":
-            yield str(file), _with_sample_axis(read_npz(file), shapes)
+            yield _with_sample_axis(str(file), read_npz(file), shapes)
         elif len(shapes) != 1:
             raise UserError(
                 f"{file}: .npy files only serve single-input models; this model has inputs "
@@ -56,7 +91,7 @@ def iter_batches(
             )
         else:
             (name,) = shapes
-            yield str(file), _with_sample_axis({name: _read_npy(file)}, shapes)
+            yield _with_sample_axis(str(file), {name: _read_npy(file)}, shapes)
 
 
 def random_batch(

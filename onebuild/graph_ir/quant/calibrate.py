@@ -86,6 +86,14 @@ def channel_axes(graph: Graph) -> dict[str, int]:
     return axes
 
 
+class NonFiniteError(UserError):
+    """A float value became NaN or Inf while recording (its range would be useless)."""
+
+    def __init__(self, name: str, bad: float):
+        self.name, self.bad = name, bad
+        super().__init__(f"value '{name}' becomes {bad}")
+
+
 class RangeRecorder:
     """One observer per float value (by name), fed as an interpreter observer: by calibration
     batch by batch, and by an on-device session run by run (the same numbers either way).
@@ -96,11 +104,14 @@ class RangeRecorder:
         method: str = "minmax",
         options: Mapping | None = None,
         channel_axes: Mapping[str, int] | None = None,
+        finite: bool = False,
     ):
+        """`finite`: raise NonFiniteError when a value holds NaN or Inf (before recording it)."""
         if method not in METHODS:
             raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
         self.method, self.options = method, dict(options or {})
         self.channel_axes = dict(channel_axes or {})
+        self.finite = finite
         self.observers: dict[str, object] = {}
         self.sums: dict[str, tuple[int, np.ndarray]] = {}
         self.samples = 0
@@ -123,6 +134,10 @@ class RangeRecorder:
     def observe(self, value: Value, array: np.ndarray) -> None:
         if array.dtype.kind != "f":
             return
+        if self.finite and array.size:
+            for extreme in (array.min(), array.max()):
+                if not np.isfinite(extreme):
+                    raise NonFiniteError(value.name, float(extreme))
         axis = self.channel_axes.get(value.name)
         if axis is not None and array.size:
             self._add_channel_sums(value.name, array, axis)
@@ -179,13 +194,17 @@ def calibrate(
         chunk = options.get("batch", 1)
         if interpreter.batchable:
             options["batch"] = 1  # each observed array is already a whole batch
-    recorder = RangeRecorder(method, options, channel_axes(graph))
+    recorder = RangeRecorder(method, options, channel_axes(graph), finite=True)
     interpreter.observer = recorder.observe
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)
         for start in range(0, samples, chunk):
             part = {v.name: batch[v.name][start : start + chunk] for v in graph.inputs}
-            interpreter.run_batch(part, chunk)
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    interpreter.run_batch(part, chunk)
+            except NonFiniteError as error:
+                raise _non_finite_sample(graph, part, start, where, error) from None
             recorder.samples += len(next(iter(part.values()), ()))
             if progress:
                 progress(recorder.samples)
@@ -194,6 +213,36 @@ def calibrate(
             f"calibration data has {recorder.samples} sample(s); at least {min_samples} are needed"
         )
     return recorder.stats()
+
+
+def _non_finite_sample(
+    graph: Graph, part: Batch, start: int, where: str, error: NonFiniteError
+) -> UserError:
+    """The error naming the first sample of `part` (its first sample is `start`) that drives a
+    value to NaN or Inf, and the input with the largest magnitude in it."""
+
+    def check(value: Value, array: np.ndarray) -> None:
+        if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            raise NonFiniteError(value.name, float(array[~np.isfinite(array)].flat[0]))
+
+    single = Interpreter(graph, observer=check)
+    for i in range(len(next(iter(part.values()), ()))):
+        sample = {name: array[i : i + 1] for name, array in part.items()}
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                single.run_batch(sample, 1)
+        except NonFiniteError as found:
+            error = found
+            break
+    else:  # no single sample reproduces it: name the chunk's first
+        i, sample = 0, {name: array[:1] for name, array in part.items()}
+    peaks = {n: float(np.abs(a).max()) if a.size else 0.0 for n, a in sample.items()}
+    name = max(peaks, key=peaks.get) if peaks else "?"
+    return UserError(
+        f"{where}: input '{name}' sample {start + i} (values up to {peaks.get(name, 0):.3g}) "
+        f"drives value '{error.name}' to {error.bad}; calibration ranges must be finite: "
+        f"scale or clip the data"
+    )
 
 
 def mse_range(

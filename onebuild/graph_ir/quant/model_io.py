@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ...npz import check_finite, source_of
 from ..ir import Graph
 from ..passes.cleanup import eliminate_dead_code
 from .params import dequantize, quantize
@@ -19,13 +20,20 @@ def is_quantized(value) -> bool:
 
 
 def quantize_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Float feeds converted for the graph's quantized inputs (others pass through)."""
+    """Float feeds converted for the graph's quantized inputs (others pass through). In a model
+    that quantizes activations, NaN or Inf in a float feed (they have no quantized code) is a
+    one-line UserError naming the input and the sample (axis 0)."""
     converted = dict(feeds)
+    quantizes = any(node.op == "QuantizeLinear" for node in graph.nodes)
     for value in graph.inputs:
-        if is_quantized(value) and value.name in feeds:
-            array = np.asarray(feeds[value.name])
-            if np.issubdtype(array.dtype, np.floating):
-                converted[value.name] = quantize(array, value.quant, value.dtype.name)
+        if value.name not in feeds:
+            continue
+        array = np.asarray(feeds[value.name])
+        floating = np.issubdtype(array.dtype, np.floating)
+        if floating and (quantizes or is_quantized(value)):
+            check_finite({value.name: array}, source_of(feeds))
+        if is_quantized(value) and floating:
+            converted[value.name] = quantize(array, value.quant, value.dtype.name)
     return converted
 
 

@@ -40,20 +40,44 @@ def save_calibration(stats: CalibrationStats, path: str | os.PathLike) -> None:
     write_npz(path, arrays)
 
 
+def _require(path, condition: bool, message: str) -> None:
+    if not condition:
+        raise FormatError(f"{path}: invalid calibration file: {message}")
+
+
 def load_calibration(path: str | os.PathLike) -> CalibrationStats:
-    arrays = read_npz(path)
+    """Statistics saved by `save_calibration`; every array's dtype and shape is checked and
+    ranges must be finite with lo <= hi (a FormatError names the file and the array)."""
+    arrays = read_npz(path, batch=False)
     missing = KEYS - set(arrays)
     if missing:
         raise FormatError(f"{path}: not a calibration file (missing {', '.join(sorted(missing))})")
-    names = [str(n) for n in arrays["names"]]
-    if arrays["ranges"].shape != (len(names), 2):
-        raise FormatError(f"{path}: calibration ranges do not match the value names")
+    method, samples, names = arrays["method"], arrays["samples"], arrays["names"]
+    ranges = arrays["ranges"]
+    _require(path, method.shape == () and method.dtype.kind == "U", "'method' is not a string")
+    _require(path, samples.shape == () and samples.dtype.kind in "iu", "'samples' not an int")
+    _require(path, int(samples) >= 0, "'samples' is negative")
+    _require(path, names.ndim == 1 and names.dtype.kind == "U", "'names' is not a string list")
+    _require(path, len(set(names.tolist())) == len(names), "'names' has duplicates")
+    _require(path, ranges.dtype.kind == "f", "'ranges' is not float")
+    _require(path, ranges.shape == (len(names), 2), "'ranges' does not match 'names'")
+    finite = np.isfinite(ranges).all(axis=1) & (ranges[:, 0] <= ranges[:, 1])
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise FormatError(
+            f"{path}: invalid calibration file: range of '{names[bad]}' is "
+            f"{ranges[bad].tolist()} (must be finite with lo <= hi; recalibrate)"
+        )
+    names = [str(n) for n in names]
     stats = CalibrationStats(
-        str(arrays["method"]),
-        int(arrays["samples"]),
-        {n: tuple(map(float, r)) for n, r in zip(names, arrays["ranges"])},
+        str(method), int(samples), {n: tuple(map(float, r)) for n, r in zip(names, ranges)}
     )
-    if "limits" in arrays:
+    if "limits" in arrays or "counts" in arrays:
+        limits, counts = arrays.get("limits"), arrays.get("counts")
+        ok = limits is not None and counts is not None and limits.shape == (len(names),)
+        ok = ok and limits.dtype.kind == "f" and bool(np.isfinite(limits).all())
+        ok = ok and counts.ndim == 2 and len(counts) == len(names) and counts.dtype.kind == "i"
+        _require(path, ok and bool((counts >= 0).all()), "histograms do not match 'names'")
         stats.histograms = {
             n: (float(limit), counts)
             for n, limit, counts in zip(names, arrays["limits"], arrays["counts"])

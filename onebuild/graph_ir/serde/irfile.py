@@ -9,6 +9,7 @@ nothing is unpickled or evaluated.
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -18,10 +19,13 @@ from typing import Any
 import numpy as np
 
 from ...errors import FormatError, IRError, UserError
+from ...fields import Fields
 from ...fileio import atomic_writer
 from .. import dtypes
 from ..ir import Graph, Model, Value
+from ..ops import OPS
 from ..tensor import QuantParams, Tensor
+from .ir_attrs import arity, check_attributes, code_range
 
 MAGIC = b"OBIR\x89\r\n\x1a"
 FORMAT_VERSION = 1
@@ -151,50 +155,152 @@ def load_ir(path: str | os.PathLike) -> Model:
         raise FormatError(f"{path}: checksum mismatch: the IR file is corrupt; rebuild it")
     try:
         header = json.loads(bytes(buffer[_FIXED.size : _FIXED.size + text_len]))
-        return _build(header, buffer, data_offset, data_length)
-    except FormatError:
-        raise
-    except (ValueError, KeyError, TypeError, IndexError, IRError) as error:
-        raise FormatError(f"{path}: invalid IR description ({error})") from None
+    except (ValueError, RecursionError) as error:
+        raise FormatError(f"{path}: the IR description is not valid JSON ({error})") from None
+    fields = Fields(
+        lambda message: FormatError(
+            f"{path}: invalid IR description: {message} (re-create the file with onebuild)"
+        )
+    )
+    return _Loader(fields, buffer, data_offset, data_length).model(header)
 
 
-def _value_type(entry: dict) -> tuple[np.dtype, tuple[int, ...], QuantParams | None]:
-    quant = entry.get("quant")
-    if quant is not None:
-        quant = QuantParams(tuple(quant["scale"]), tuple(quant["zero_point"]), quant["axis"])
-    return dtypes.dtype(entry["dtype"]), tuple(entry["shape"]), quant
+MAX_VALUE_BYTES = 1 << 34  # no single tensor of a loadable model is this large (16 GiB)
+HEADER_KEYS = {"format", "version", "metadata", "graphs"}
+GRAPH_KEYS = {"name", "inputs", "outputs", "constants", "nodes"}
+VALUE_KEYS, CONSTANT_KEYS = {"name", "dtype", "shape"}, {"offset", "nbytes"}
+NODE_KEYS = {"name", "op", "inputs", "outputs", "attrs"}
 
 
-def _build(header: dict, buffer, data_offset: int, data_length: int) -> Model:
-    if header.get("format") != "onebuild-ir":
-        raise FormatError("the description is not an onebuild IR model")
-    graphs = []
-    for spec in header["graphs"]:
-        graph = Graph(spec["name"])
+class _Loader:
+    """Builds a Model from a decoded description, checking every field's JSON type and range
+    (through `Fields`, errors name the field's path) before it is used."""
+
+    def __init__(self, fields: Fields, buffer, data_offset: int, data_length: int):
+        self.f, self.buffer = fields, buffer
+        self.data_offset, self.data_length = data_offset, data_length
+
+    def model(self, header) -> Model:
+        f = self.f
+        f.obj(header, "description", HEADER_KEYS)
+        f.require(header["format"] == "onebuild-ir", "format", "is not 'onebuild-ir'")
+        f.integer(header["version"], "version", FORMAT_VERSION, FORMAT_VERSION)
+        metadata = f.obj(header["metadata"], "metadata")
+        for key, text in metadata.items():
+            f.text(text, f"metadata.{key}", empty=True)
+        specs = f.array(header["graphs"], "graphs", min_len=1)
+        graphs = [self.graph(spec, f"graphs[{i}]") for i, spec in enumerate(specs)]
+        return Model(graphs, dict(metadata))
+
+    def value_type(self, entry, path: str, extra=frozenset()):
+        f = self.f
+        f.obj(entry, path, VALUE_KEYS | extra, {"quant"})
+        name = f.text(entry["name"], f"{path}.name")
+        try:
+            dtype = dtypes.dtype(f.text(entry["dtype"], f"{path}.dtype"))
+        except ValueError as error:
+            raise f.error(f"{path}.dtype", str(error)) from None
+        shape = f.shape(entry["shape"], f"{path}.shape")
+        f.require(
+            math.prod(shape) * dtype.itemsize <= MAX_VALUE_BYTES,
+            f"{path}.shape",
+            f"{list(shape)} of {dtypes.name_of(dtype)} exceeds {MAX_VALUE_BYTES} bytes",
+        )
+        quant = entry.get("quant")
+        if quant is not None:
+            quant = self.quant(quant, f"{path}.quant", dtype, shape)
+        return name, dtype, shape, quant
+
+    def quant(self, spec, path: str, dtype: np.dtype, shape) -> QuantParams:
+        f = self.f
+        f.obj(spec, path, {"scale", "zero_point", "axis"})
+        axis = spec["axis"]
+        if axis is not None:
+            f.integer(axis, f"{path}.axis", 0, len(shape) - 1)
+        count = 1 if axis is None else shape[axis]
+        scale = f.array(spec["scale"], f"{path}.scale", count, count)
+        scale = [f.number(s, f"{path}.scale[{i}]", positive=True) for i, s in enumerate(scale)]
+        lo, hi = code_range(dtype)
+        zero_point = f.integers(spec["zero_point"], f"{path}.zero_point", lo, hi)
+        f.require(len(zero_point) == count, f"{path}.zero_point", f"needs {count} entries")
+        return QuantParams(tuple(scale), tuple(zero_point), axis)
+
+    def graph(self, spec, path: str) -> Graph:
+        f = self.f
+        f.obj(spec, path, GRAPH_KEYS)
+        graph = Graph(f.text(spec["name"], f"{path}.name"))
         values: dict[str, Value] = {}
-        for entry in spec["inputs"]:
-            dtype, shape, quant = _value_type(entry)
-            values[entry["name"]] = value = graph.add_input(entry["name"], dtype, shape)
+
+        def define(name: str, where: str) -> None:
+            f.require(name not in values, where, f"value name '{name}' is defined twice")
+
+        for i, entry in enumerate(f.array(spec["inputs"], f"{path}.inputs")):
+            where = f"{path}.inputs[{i}]"
+            name, dtype, shape, quant = self.value_type(entry, where)
+            define(name, where)
+            values[name] = value = graph.add_input(name, dtype, shape)
             value.quant = quant
-        for entry in spec["constants"]:
-            dtype, shape, quant = _value_type(entry)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            offset = int(entry["offset"])
-            if nbytes != entry["nbytes"] or offset < 0 or offset + nbytes > data_length:
-                raise FormatError(f"constant '{entry['name']}' lies outside the data section")
-            tensor = Tensor.mapped(buffer, data_offset + offset, dtype, shape)
-            values[entry["name"]] = value = graph.add_constant(tensor, entry["name"])
+        for i, entry in enumerate(f.array(spec["constants"], f"{path}.constants")):
+            where = f"{path}.constants[{i}]"
+            name, dtype, shape, quant = self.value_type(entry, where, CONSTANT_KEYS)
+            define(name, where)
+            nbytes = math.prod(shape) * dtype.itemsize
+            f.integer(entry["nbytes"], f"{where}.nbytes", nbytes, nbytes)
+            offset = f.integer(entry["offset"], f"{where}.offset", 0, self.data_length - nbytes)
+            tensor = Tensor.mapped(self.buffer, self.data_offset + offset, dtype, shape)
+            values[name] = value = graph.add_constant(tensor, name)
             value.quant = quant
-        for entry in spec["nodes"]:
-            inputs = [None if name is None else values[name] for name in entry["inputs"]]
-            names = [out["name"] for out in entry["outputs"]]
-            node = graph.make_node(entry["op"], inputs, entry["attrs"], entry["name"], names)
-            for value, out in zip(node.outputs, entry["outputs"]):
-                dtype, shape, quant = _value_type(out)
-                if (value.dtype, value.shape, value.name) != (dtype, shape, out["name"]):
-                    raise FormatError(f"node '{entry['name']}': stored output type is inconsistent")
-                value.quant = quant
-                values[value.name] = value
-        graph.outputs = [values[name] for name in spec["outputs"]]
-        graphs.append(graph)
-    return Model(graphs, dict(header.get("metadata", {})))
+        nodes = f.array(spec["nodes"], f"{path}.nodes")
+        names: set[str] = set()
+        for i, entry in enumerate(nodes):
+            self.node(graph, values, names, entry, f"{path}.nodes[{i}]", define)
+        outputs = f.array(spec["outputs"], f"{path}.outputs", min_len=1)
+        for i, name in enumerate(outputs):
+            f.text(name, f"{path}.outputs[{i}]")
+            f.require(name in values, f"{path}.outputs[{i}]", f"'{name}' is not defined")
+        graph.outputs = [values[name] for name in outputs]
+        return graph
+
+    def node(self, graph: Graph, values: dict, names: set, entry, path: str, define) -> None:
+        f = self.f
+        f.obj(entry, path, NODE_KEYS)
+        name = f.text(entry["name"], f"{path}.name")
+        f.require(name not in names, f"{path}.name", f"node name '{name}' is used twice")
+        names.add(name)
+        op = f.choice(f.text(entry["op"], f"{path}.op"), f"{path}.op", sorted(OPS))
+        inputs = []
+        for j, ref in enumerate(f.array(entry["inputs"], f"{path}.inputs")):
+            if ref is not None:
+                f.text(ref, f"{path}.inputs[{j}]")
+                f.require(ref in values, f"{path}.inputs[{j}]", f"value '{ref}' is not defined")
+            inputs.append(None if ref is None else values[ref])
+        least, most = arity(op)
+        ok = max(least, 1) <= len(inputs) and (most is None or len(inputs) <= most)
+        f.require(ok, f"{path}.inputs", f"{op} takes {least}..{most or 'any'} inputs")
+        required = inputs if most is None else inputs[:least]
+        f.require(None not in required, f"{path}.inputs", f"{op} lacks a required input")
+        attrs = f.obj(entry["attrs"], f"{path}.attrs")
+        check_attributes(f, op, attrs, inputs, f"{path}.attrs")
+        outs = [
+            self.value_type(out, f"{path}.outputs[{j}]")
+            for j, out in enumerate(f.array(entry["outputs"], f"{path}.outputs", min_len=1))
+        ]
+        for j, (out_name, *_) in enumerate(outs):
+            define(out_name, f"{path}.outputs[{j}].name")
+        try:
+            node = graph.make_node(op, inputs, attrs, name, [out[0] for out in outs])
+        except (*_INFERENCE_ERRORS, IRError) as error:
+            raise f.error(path, f"node '{name}' ({op}) is invalid: {error}") from None
+        f.require(len(node.outputs) == len(outs), f"{path}.outputs", f"{op} has a different count")
+        for j, (value, (out_name, dtype, shape, quant)) in enumerate(zip(node.outputs, outs)):
+            if (value.dtype, value.shape, value.name) != (dtype, shape, out_name):
+                raise f.error(
+                    f"{path}.outputs[{j}]",
+                    f"stored {dtypes.name_of(dtype)}{list(shape)} but {op} infers "
+                    f"{dtypes.name_of(value.dtype)}{list(value.shape)}",
+                )
+            value.quant = quant
+            values[out_name] = value
+
+
+_INFERENCE_ERRORS = (ValueError, KeyError, TypeError, IndexError, ArithmeticError, AttributeError)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import FormatError
+from ...fields import Fields
 from ...fileio import atomic_write_bytes
 from .codegen import EXEC, LOAD, STORE, Module, align
 from .lower import WINDOWED, Layer, TensorDesc, chw
@@ -131,14 +132,16 @@ class _Reader:
         self.data, self.where = data, where
 
     def fail(self, message: str) -> FormatError:
-        return FormatError(f"{self.where}: not a valid .tvn file: {message}")
+        return FormatError(
+            f"{self.where}: not a valid .tvn file: {message} (recompile the model to rewrite it)"
+        )
 
 
 def _sections(r: _Reader) -> dict[int, bytes]:
     data = r.data
     if len(data) < HEADER.size + DIGEST or data[:4] != MAGIC:
         raise r.fail("bad magic or too short")
-    content, digest = data[:-DIGEST], data[-DIGEST:]
+    content, digest = memoryview(data)[:-DIGEST], data[-DIGEST:]  # no copy of the content
     if hashlib.sha256(content).digest() != digest:
         raise r.fail("checksum mismatch (corrupt or truncated)")
     _, version, _, count, _ = HEADER.unpack_from(content)
@@ -153,7 +156,7 @@ def _sections(r: _Reader) -> dict[int, bytes]:
             raise r.fail(f"unknown or repeated section kind {kind}")
         if offset + size > len(content) or offset < HEADER.size:
             raise r.fail(f"section {KINDS[kind]} [{offset}, {offset + size}) is out of bounds")
-        sections[kind] = content[offset : offset + size]
+        sections[kind] = bytes(content[offset : offset + size])
     missing = set(KINDS) - set(sections)
     if missing:
         raise r.fail(f"missing section(s) {', '.join(KINDS[k] for k in sorted(missing))}")
@@ -196,98 +199,158 @@ def _check(r: _Reader, condition: bool, message: str) -> None:
         raise r.fail(message)
 
 
-def _tensor(r: _Reader, name: str, spec) -> tuple[TensorDesc, int]:
-    _check(r, isinstance(spec, dict), f"tensor '{name}' is not an object")
-    dims, dtype = spec.get("dims"), spec.get("dtype")
-    _check(r, dtype in DTYPES[:3], f"tensor '{name}' has dtype {dtype!r}")
-    _check(
-        r,
-        isinstance(dims, list) and 1 <= len(dims) <= 4 and all(
-            isinstance(d, int) and 1 <= d <= 1 << 20 for d in dims
-        ),
-        f"tensor '{name}' has dims {dims!r}",
-    )  # fmt: skip
-    scale, zp, dram = spec.get("scale"), spec.get("zero_point"), spec.get("dram")
-    _check(r, isinstance(scale, float) and scale > 0, f"tensor '{name}' has scale {scale!r}")
-    _check(r, isinstance(zp, int) and isinstance(dram, int) and dram >= 0, f"tensor '{name}'")
+MAX_DRAM_OFFSET = 1 << 40
+BODY_KEYS = {"tensors", "layers", "inputs", "outputs", "arena_bytes", "sram_peak"}
+TENSOR_KEYS = {"dims", "dtype", "scale", "zero_point", "dram"}
+LAYER_KEYS = {"kind", "name", "inputs", "output", "attrs", "arrays"}
 
-    return TensorDesc(name, chw(tuple(dims)), tuple(dims), dtype, scale, zp), dram
+
+def _code_range(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _tensor(f: Fields, name: str, spec) -> tuple[TensorDesc, int]:
+    path = f"tensors['{name}']"
+    f.obj(spec, path, TENSOR_KEYS)
+    dtype = f.choice(spec["dtype"], f"{path}.dtype", DTYPES[:3])
+    dims = f.integers(spec["dims"], f"{path}.dims", 1, 1 << 20, min_len=1, max_len=4)
+    scale = f.number(spec["scale"], f"{path}.scale", positive=True)
+    zero_point = f.integer(spec["zero_point"], f"{path}.zero_point", *_code_range(dtype))
+    dram = f.integer(spec["dram"], f"{path}.dram", 0, MAX_DRAM_OFFSET)
+    return TensorDesc(name, chw(tuple(dims)), tuple(dims), dtype, scale, zero_point), dram
 
 
 def decode(data: bytes, where: str = "<bytes>") -> Module:
     """A validated module; every offset and size is checked against the file and the DRAM."""
     r = _Reader(bytes(data), where)
+    f = Fields(r.fail)
     sections = _sections(r)
-    meta = _json(r, sections[META], "META")
-    body = _json(r, sections[LAYERS], "LAYERS")
-    _check(r, isinstance(meta, dict) and isinstance(body, dict), "META/LAYERS are not objects")
+    meta = f.obj(_json(r, sections[META], "META"), "META")
+    f.text(meta.get("hardware"), "META.hardware")
+    body = f.obj(_json(r, sections[LAYERS], "LAYERS"), "LAYERS", BODY_KEYS)
     blob = sections[BLOB]
     code_bytes = sections[CODE]
     _check(r, len(code_bytes) % RECORD == 0, "CODE size is not a whole number of records")
     code = np.frombuffer(code_bytes, dtype="<u4").reshape(-1, 10).astype(np.uint32)
     tensors, dram = {}, {}
-    specs = body.get("tensors")
-    _check(r, isinstance(specs, dict), "LAYERS has no tensor table")
-    for name, spec in specs.items():
-        tensors[name], dram[name] = _tensor(r, name, spec)
-    arena = body.get("arena_bytes")
-    _check(r, isinstance(arena, int) and 0 <= arena <= MAX_ARENA, f"arena size {arena!r}")
+    for name, spec in f.obj(body["tensors"], "tensors").items():
+        tensors[name], dram[name] = _tensor(f, name, spec)
+    arena = f.integer(body["arena_bytes"], "arena_bytes", 0, MAX_ARENA)
     dram_size = align(len(blob)) + arena
     for name, t in tensors.items():
         _check(r, dram[name] + t.nbytes <= dram_size, f"tensor '{name}' lies outside the DRAM")
     layers, arrays = [], {}
-    raw_layers = body.get("layers")
-    _check(r, isinstance(raw_layers, list), "LAYERS has no layer list")
-    for index, raw in enumerate(raw_layers):
-        layers.append(_layer(r, index, raw, tensors, blob, arrays))
-    inputs, outputs = body.get("inputs"), body.get("outputs")
-    for names in (inputs, outputs):
-        _check(r, isinstance(names, list) and all(n in tensors for n in names), "bad I/O names")
-    io = _io(r, sections[IO])
-    _check(r, [e[-1] for e in io] == [*inputs, *outputs], "I/O table does not match LAYERS")
-    sram_peak = body.get("sram_peak")
-    _check(r, isinstance(sram_peak, int) and sram_peak >= 0, "bad SRAM peak")
+    for index, raw in enumerate(f.array(body["layers"], "layers", min_len=1)):
+        layers.append(_layer(r, f, index, raw, tensors, blob, arrays))
+    f.unique([layer.name for layer in layers], "layers")
+    inputs = _names(f, body["inputs"], "inputs", tensors, 0)
+    outputs = _names(f, body["outputs"], "outputs", tensors, 1)
+    produced = {layer.output for layer in layers}
+    for name in outputs:
+        _check(r, name in produced or name in inputs, f"no layer produces output '{name}'")
+    _check_io_table(r, _io(r, sections[IO]), [*inputs, *outputs], len(inputs), tensors, dram)
+    sram_peak = f.integer(body["sram_peak"], "sram_peak", 0, MAX_ARENA)
     outs = np.array([tensors[layer.output].shape for layer in layers], np.int64).reshape(-1, 3)
     _validate_code(r, code, outs, dram_size)
-    return Module(
+    module = Module(
         meta, tensors, dram, layers, arrays, blob, code, inputs, outputs, arena, sram_peak
     )
+    module.source = where  # named by errors found while simulating (runner.py)
+    return module
 
 
-def _layer(r: _Reader, index: int, raw, tensors, blob: bytes, arrays: dict) -> Layer:
-    _check(r, isinstance(raw, dict), f"layer {index} is not an object")
-    kind, name = raw.get("kind"), raw.get("name")
-    _check(r, kind in LAYER_KINDS and isinstance(name, str), f"layer {index} kind {kind!r}")
-    ins, out = raw.get("inputs"), raw.get("output")
-    _check(
-        r,
-        isinstance(ins, list) and ins and all(i in tensors for i in ins) and out in tensors,
-        f"layer '{name}' refers to unknown tensors",
-    )
-    attrs = raw.get("attrs")
-    _check(
-        r,
-        isinstance(attrs, dict) and all(map(_small_ints, attrs.values())),
-        f"layer '{name}' attrs",
-    )
+def _names(f: Fields, value, path: str, tensors: dict, minimum: int) -> list[str]:
+    names = f.array(value, path, min_len=minimum)
+    for i, name in enumerate(names):
+        f.choice(f.text(name, f"{path}[{i}]"), f"{path}[{i}]", tensors)
+    f.unique(names, path)
+    return names
+
+
+def _check_io_table(r: _Reader, io: list[tuple], names: list[str], n_in: int, tensors, dram):
+    """The binary I/O table (what a runtime reads) says exactly what LAYERS says."""
+    _check(r, [e[-1] for e in io] == names, "I/O table does not match LAYERS")
+    for position, (direction, dtype, layout, rank, *rest) in enumerate(io):
+        dims, (scale, zero_point, offset, nbytes, name) = rest[:4], rest[4:]
+        t = tensors[name]
+        expected = (
+            int(position >= n_in), DTYPES.index(t.dtype), 0, len(t.dims),
+            [*t.dims, *[1] * (4 - len(t.dims))], t.scale, t.zero_point, dram[name], t.nbytes,
+        )  # fmt: skip
+        got = (direction, dtype, layout, rank, dims, scale, zero_point, offset, nbytes)
+        _check(r, got == expected, f"I/O table entry '{name}' does not match its tensor")
+
+
+def _layer(r: _Reader, f: Fields, index: int, raw, tensors, blob: bytes, arrays: dict) -> Layer:
+    path = f"layers[{index}]"
+    f.obj(raw, path, LAYER_KEYS)
+    kind = f.choice(raw["kind"], f"{path}.kind", sorted(LAYER_KINDS))
+    name = f.text(raw["name"], f"{path}.name")
+    ins = f.array(raw["inputs"], f"{path}.inputs", min_len=1, max_len=1024)
+    for i, tensor in enumerate(ins):
+        f.choice(f.text(tensor, f"{path}.inputs[{i}]"), f"{path}.inputs[{i}]", tensors)
+    out = f.choice(f.text(raw["output"], f"{path}.output"), f"{path}.output", tensors)
+    attrs = f.obj(raw["attrs"], f"{path}.attrs")
+    _check_attrs(f, kind, attrs, [tensors[i] for i in ins], tensors[out], f"{path}.attrs")
     loaded = {}
-    specs = raw.get("arrays")
-    _check(r, isinstance(specs, dict), f"layer '{name}' arrays")
-    for key, spec in specs.items():
-        ok = isinstance(spec, list) and len(spec) == 3 and spec[1] in DTYPES
-        ok = ok and isinstance(spec[0], int) and isinstance(spec[2], list)
-        ok = ok and all(isinstance(d, int) and 0 <= d <= 1 << 28 for d in spec[2])
-        _check(r, ok, f"layer '{name}' array '{key}' is malformed")
-        offset, dtype, shape = spec
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        _check(r, offset >= 0 and offset + nbytes <= len(blob), f"array '{key}' out of bounds")
-        array = np.frombuffer(blob, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize,
-                              offset=offset)  # fmt: skip
+    for key, spec in f.obj(raw["arrays"], f"{path}.arrays").items():
+        where = f"{path}.arrays.{key}"
+        f.array(spec, where, 3, 3)
+        offset = f.integer(spec[0], f"{where}[0]", 0, len(blob))
+        dtype = f.choice(spec[1], f"{where}[1]", DTYPES)
+        shape = f.integers(spec[2], f"{where}[2]", 0, 1 << 28, max_len=4)
+        count = int(np.prod(shape, dtype=object)) if shape else 1
+        nbytes = count * np.dtype(dtype).itemsize
+        f.require(offset + nbytes <= len(blob), where, "lies outside the BLOB")
+        array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset)
         loaded[key] = array.reshape(shape) if shape else array.reshape(())
         arrays[(index, key)] = offset
     layer = Layer(kind, name, ins, out, attrs, loaded)
     _check_layer(r, layer, tensors)
     return layer
+
+
+_WINDOW = {"kernel": (1, 2), "strides": (1, 2), "dilations": (1, 2), "pads": (0, 4)}
+_FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index"}
+_MULTIPLIER, _SHIFT = (0, (1 << 31) - 1), (1, 62)
+
+
+def _check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) -> None:
+    """Types and ranges of a layer's attributes; zero points and clamps inside the range of
+    the tensor they apply to."""
+    wide = (-(1 << 16), 1 << 16)
+    for key, value in attrs.items():
+        where = f"{path}.{key}"
+        if key in _WINDOW:
+            low, count = _WINDOW[key]
+            f.integers(value, where, low, 255, min_len=count, max_len=count)
+        elif key in _FLAGS:
+            f.integer(value, where, 0, 1)
+        elif key == "group":
+            f.integer(value, where, 1, 1 << 20)
+        elif key == "x_zero_point":
+            f.integer(value, where, *_code_range(ins[0].dtype))
+        elif key in ("y_zero_point", "qmin", "qmax"):
+            f.integer(value, where, *_code_range(out.dtype))
+        elif key in ("a_zero_point", "b_zero_point"):
+            f.integer(value, where, *wide)
+        elif key in ("a_rescale", "b_rescale"):
+            f.integers(value, where, 0, (1 << 31) - 1, min_len=2, max_len=2)
+            f.integer(value[1], f"{where}[1]", *_SHIFT)
+        elif key in ("multiplier", "shift") and kind == "concat":
+            limits = _MULTIPLIER if key == "multiplier" else _SHIFT
+            f.integers(value, where, *limits, min_len=len(ins), max_len=len(ins))
+        elif key in ("multiplier", "shift"):
+            f.integer(value, where, *(_MULTIPLIER if key == "multiplier" else _SHIFT))
+        elif key == "x_zero_points":
+            f.integers(value, where, *wide, min_len=len(ins), max_len=len(ins))
+            for i, (zp, t) in enumerate(zip(value, ins)):
+                f.integer(zp, f"{where}[{i}]", *_code_range(t.dtype))
+        else:
+            f.require(_small_ints(value), where, "is not an integer or a list of integers")
+    if "qmin" in attrs and "qmax" in attrs:
+        f.require(attrs["qmin"] <= attrs["qmax"], f"{path}.qmin", "is above qmax")
 
 
 def _small_ints(value) -> bool:
@@ -395,8 +458,18 @@ def _validate_code(r: _Reader, code: np.ndarray, outs: np.ndarray, dram_size: in
             _check(r, bool((count <= 1 << 16).all()), "a DMA count is out of range")
 
 
+MAX_FILE = 1 << 30  # BLOB and arena share a DRAM of at most a few hundred MiB in practice
+
+
 def load_tvn(path: str | os.PathLike) -> Module:
+    """Decode the file at `path` (its size is checked before it is read)."""
     path = Path(path)
     if not path.is_file():
         raise FormatError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_FILE:
+        raise FormatError(
+            f"{path}: not a valid .tvn file: {size} bytes (a TRIX program is at most "
+            f"{MAX_FILE >> 20} MiB)"
+        )
     return decode(path.read_bytes(), str(path))
