@@ -429,6 +429,7 @@ def cmd_build(args) -> int:
             {
                 "recipe": r.recipe,
                 "step": r.step,
+                "part": r.part,
                 "status": r.status,
                 "seconds": round(r.seconds, 4),
                 "outputs": r.outputs,
@@ -465,7 +466,7 @@ def cmd_status(args) -> int:
     results = status(_plans(args))
     if args.json:
         steps = [vars(r) for r in results]
-        packages = sorted({r.outputs[0] for r in results if r.step == "pack"})
+        packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.outputs})
         print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
         return 0
     for r in results:

@@ -317,9 +317,11 @@ def structure_cases():
         "node 'reader' (Add) reads 'ghost'",
     )
     relu_only = {"m.onnx": model_bytes([relu], x_shape=[1, -4, 8, 8]), "in.npz": INPUTS}
-    for i, shape in enumerate(([], ["--input-shape", "x=1,-4,8,8"])):
+    for i, (shape, mentions) in enumerate(
+        (([], "{tmp}/m.onnx: input"), (["--input-shape", "x=1,-4,8,8"], "--input-shape"))
+    ):
         yield Case(f"input_dim_minus_4_{i}", ["inspect", "{tmp}/m.onnx", *shape], relu_only,
-                   "{tmp}/m.onnx: input", codes=(2,))  # fmt: skip
+                   mentions, codes=(2,))  # fmt: skip
     yield node_case("Add_one_input", "Add", ["x"])
     yield node_case("Relu_two_inputs", "Relu", ["x", "x"])
     yield node_case("Sum_empty_input", "Sum", ["x", ""])

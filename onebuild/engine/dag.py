@@ -35,8 +35,15 @@ from ..plan import PLAN_FILE, Plan, real_path
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
-from .ownership import STALE_PLAN_SECONDS, claim, claim_build_folder, refuse_foreign, sweep
-from .step_cache import StepCache, step_key, tree_digest
+from .ownership import (
+    STALE_PLAN_SECONDS,
+    claim,
+    claim_build_folder,
+    outputs_intact,
+    refuse_foreign,
+    sweep,
+)
+from .step_cache import StepCache, fingerprint, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
 
@@ -68,12 +75,13 @@ class StepTask:
 class FanOut:
     """Tasks of one step that exist only once the task named `after` has run: one codegen
     task per NPU part, and the pack that collects them. `expand` returns None until the
-    files it reads exist."""
+    files it reads exist; `expand(folder)` reads the partition from another copy of its
+    folder (a cache entry the partition would be restored from)."""
 
     recipe: Path
     step: str
     after: str
-    expand: Callable[[], list[StepTask] | None]
+    expand: Callable[..., list[StepTask] | None]
 
     @property
     def name(self) -> str:
@@ -145,10 +153,11 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
     codegen = plan.steps["codegen"]
     out = plan.build_dir / "codegen"
 
-    def parts() -> list[tuple[str, Path, Path | None]] | None:
-        if not connection.is_file():
+    def parts(copy: Path | None) -> list[tuple[str, Path, Path | None]] | None:
+        source = (copy or folder) / connection.name
+        if not source.is_file():
             return None
-        info = json.loads(connection.read_text())
+        info = json.loads(source.read_text())
         found = []
         for part in info["parts"]:
             source = folder / part["file"]
@@ -156,8 +165,8 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
             found.append((source.stem.rsplit(".", 1)[-1], source, compiled))
         return found
 
-    def codegen_tasks() -> list[StepTask] | None:
-        found = parts()
+    def codegen_tasks(copy: Path | None = None) -> list[StepTask] | None:
+        found = parts(copy)
         if found is None:
             return None
         return [
@@ -166,8 +175,8 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
             if c is not None
         ]
 
-    def pack_tasks() -> list[StepTask] | None:
-        found = parts()
+    def pack_tasks(copy: Path | None = None) -> list[StepTask] | None:
+        found = parts(copy)
         if found is None or "pack" not in plan.steps:
             return None if found is None else []
         config = plan.steps["pack"]
@@ -280,6 +289,7 @@ class _Runner:
             "config": task.config,
             "inputs": {str(p): d for p, d in zip(task.inputs, input_digests)},
             "outputs": {str(p): tree_digest(p) for p in task.outputs},
+            "fingerprints": {str(p): fingerprint(p) for p in task.outputs},
             "seconds": round(result.seconds, 4),
         }
         text = json.dumps(log, indent=2, sort_keys=True) + "\n"
@@ -310,7 +320,10 @@ class _Runner:
             "actions": [(self.action(task),)],
             "file_dep": files,
             "targets": [str(p) for p in task.targets],
-            "uptodate": [config_changed(json.dumps(check, sort_keys=True))],
+            "uptodate": [
+                config_changed(json.dumps(check, sort_keys=True)),
+                (outputs_intact, (task.outputs,), {}),
+            ],
             "verbosity": 0,
         }
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..fileio import atomic_write_bytes
 from ..plan import BUILD_MARK
+from .step_cache import fingerprint, tree_digest
 
 MARK = BUILD_MARK
 # Files a build folder of an older onebuild holds (adopted: marked on the next build).
@@ -50,6 +51,24 @@ def foreign(outputs: list[Path]) -> list[Path]:
         return []
     claimed = _claimed(outputs)
     return [p for p in present if str(p) not in claimed]
+
+
+def outputs_intact(outputs: list[Path]) -> bool:
+    """Whether every output is as the step's log recorded it (by fingerprint, else by content):
+    an output deleted or edited since is made again, a merely touched one is not."""
+    try:
+        log = json.loads(log_path(outputs).read_bytes())
+        digests, prints = log["outputs"], log.get("fingerprints", {})
+        for path in outputs:
+            if not path.exists():
+                return False
+            if prints.get(str(path)) != fingerprint(path) and digests[str(path)] != tree_digest(
+                path
+            ):
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def refuse_foreign(outputs: list[Path], where: str, verb: str) -> None:

@@ -1,4 +1,11 @@
-"""What a build would do, and why, read from the step logs (no step runs)."""
+"""What a build would do, and why, read from the step logs and the step cache (no step runs).
+
+The prediction follows the build in step order, tracking where each artifact's content will
+come from: unchanged (up-to-date), a cache entry's copy (restored: downstream steps are judged
+on that copy, and a restored partition's parts decide the codegen tasks), or a recomputation
+whose result cannot be known before it runs: the steps that depend on it are `pending` (the
+build will run them, restore them or, when the new output is byte-identical, leave them).
+"""
 
 import json
 from dataclasses import dataclass
@@ -6,27 +13,111 @@ from pathlib import Path
 
 from ..plan import Plan
 from ..tasks import STEPS
-from .dag import FanOut, StepTask, known_tasks
+from .dag import StepTask, plan_tasks
+from .ownership import log_path, outputs_intact
 from .step_cache import StepCache, step_key, tree_digest
+
+UNKNOWN = "unknown"  # the digest of content that a step will recompute
 
 
 @dataclass
 class StepStatus:
     recipe: str
     step: str
-    status: str  # "up-to-date" | "run" | "restored" (from the step cache)
+    status: str  # "up-to-date" | "run" | "restored" (from the step cache) | "pending"
     reasons: list[str]
     outputs: list[str]
     seconds: float = 0.0
     part: str = ""  # the partition a fan-out task works on
 
 
-def _reasons(task: StepTask) -> list[str]:
-    log_path = Path(f"{task.outputs[0]}.log")
-    if not log_path.is_file():
+class _Forecast:
+    """Where each artifact's content will be once the build ran: outputs replaced by a cache
+    entry's copy, or by a recomputation (UNKNOWN)."""
+
+    def __init__(self) -> None:
+        self.replaced: dict[Path, Path | None] = {}
+        self.pending: dict[Path, str] = {}  # output -> the step that recomputes it
+
+    def where(self, path: Path) -> Path | None:
+        for output, copy in self.replaced.items():
+            if path == output or output in path.parents:
+                return None if copy is None else copy / path.relative_to(output)
+        return path
+
+    def digest(self, path: Path) -> str | None:
+        """The content digest `path` will have; UNKNOWN if recomputed, None if missing."""
+        where = self.where(path)
+        if where is None:
+            return UNKNOWN
+        return tree_digest(where) if where.exists() else None
+
+    def producer(self, path: Path) -> str:
+        return next(step for out, step in self.pending.items() if out in (path, *path.parents))
+
+
+def status(plans: list[Plan]) -> list[StepStatus]:
+    results = []
+    for plan in plans:
+        forecast = _Forecast()
+        states: dict[str, str] = {}  # task (or fan-out) name -> predicted state
+        for item in plan_tasks(plan):
+            if isinstance(item, StepTask):
+                tasks = [item]
+            else:  # fan-outs are as the partition goes: `after` names it (or a fan-out of it)
+                states[item.name] = states.get(item.after, "")
+                folder = plan.build_dir / "partition"
+                copy = forecast.where(folder)
+                unknown = states[item.name] in ("run", "pending") or copy is None
+                tasks = None if unknown else item.expand(None if copy == folder else copy)
+            if tasks is None:  # the partition reruns: its parts are not known yet
+                why = "its tasks are created once [partition] has run"
+                results.append(StepStatus(str(plan.recipe), item.step, "pending", [why], []))
+                continue
+            for task in tasks:
+                state, reasons = _predict(task, forecast)
+                states[task.name] = state
+                outputs = [str(p) for p in task.outputs]
+                results.append(
+                    StepStatus(
+                        str(plan.recipe), task.step, state, reasons, outputs, part=task.label
+                    )
+                )
+    return results
+
+
+def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
+    digests = [forecast.digest(p) for p in task.inputs]
+    waits = [forecast.digest(p) for p in task.after]
+    unknown = [p for p, d in zip([*task.inputs, *task.after], [*digests, *waits]) if d == UNKNOWN]
+    if unknown:
+        step = forecast.producer(unknown[0])
+        forecast.replaced.update({p: None for p in task.outputs})
+        forecast.pending.update({p: step for p in task.outputs})
+        return "pending", [f"runs, restores or stays as it is once [{step}] has run"]
+    reasons = _reasons(task, digests)
+    reasons += [f"{p.name} changes" for p, d in zip(task.after, waits) if d != tree_digest(p)]
+    if not reasons:
+        return "up-to-date", []
+    if None not in digests:
+        code = STEPS[task.step].code(task.config)
+        key = step_key(task.step, code, task.config, digests, task.recipe.parent)
+        entry = StepCache(task.cache).entry(key)
+        if entry is not None:
+            forecast.replaced.update({p: entry / str(i) for i, p in enumerate(task.outputs)})
+            return "restored", reasons
+    forecast.replaced.update({p: None for p in task.outputs})
+    forecast.pending.update({p: task.step for p in task.outputs})
+    return "run", reasons
+
+
+def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
+    """Why the build would not leave the step as it is (empty: it would)."""
+    path = log_path(task.outputs)
+    if not path.is_file():
         return ["never built"]
     try:
-        log = json.loads(log_path.read_text())
+        log = json.loads(path.read_text())
     except (OSError, ValueError):
         return ["its build log is unreadable"]
     if log.get("status") == "running":
@@ -38,50 +129,12 @@ def _reasons(task: StepTask) -> list[str]:
     changed = sorted(k for k in set(old) | set(task.config) if old.get(k) != task.config.get(k))
     if changed:
         reasons.append("option(s) changed: " + ", ".join(changed))
-    for kind, paths, verb in (
-        ("input", task.inputs, "changed"),
-        ("output", task.outputs, "was modified"),
-    ):
-        recorded = log.get(f"{kind}s", {})
-        for path in paths:
-            if not path.exists():
-                reasons.append(f"{kind} {path.name} is missing")
-            elif recorded.get(str(path)) != tree_digest(path):
-                reasons.append(f"{kind} {path.name} {verb}")
+    recorded = log.get("inputs", {})
+    for path, digest in zip(task.inputs, digests):
+        if digest is None:
+            reasons.append(f"input {path.name} is missing")
+        elif recorded.get(str(path)) != digest:
+            reasons.append(f"input {path.name} changed")
+    if not outputs_intact(task.outputs):
+        reasons.append("an output is missing or was modified")
     return reasons
-
-
-def status(plans: list[Plan]) -> list[StepStatus]:
-    results = []
-    for plan in plans:
-        upstream = None
-        for task in known_tasks(plan):
-            if isinstance(task, FanOut):
-                why = "its tasks are created once [partition] has run"
-                results.append(StepStatus(str(plan.recipe), task.step, "run", [why], []))
-                continue
-            reasons = _reasons(task)
-            if upstream:
-                reasons.append(f"reruns if [{upstream}] changes its output")
-                state = "run"
-            elif not reasons:
-                state = "up-to-date"
-            elif _cached(task):
-                state = "restored"
-            else:
-                state, upstream = "run", task.step
-            outputs = [str(p) for p in task.outputs]
-            results.append(
-                StepStatus(str(plan.recipe), task.step, state, reasons, outputs, part=task.label)
-            )
-    return results
-
-
-def _cached(task: StepTask) -> bool:
-    """Whether the step cache holds this step's result for its current inputs and config."""
-    if not all(p.exists() for p in task.inputs):
-        return False
-    code = STEPS[task.step].code(task.config)
-    digests = [tree_digest(p) for p in task.inputs]
-    key = step_key(task.step, code, task.config, digests, task.recipe.parent)
-    return StepCache(task.cache).has(key)

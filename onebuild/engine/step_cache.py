@@ -34,6 +34,16 @@ def tree_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
+def fingerprint(path: Path) -> str:
+    """A cheap change detector of a file or folder: names, sizes and modification times."""
+    sha = hashlib.sha256()
+    items = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for item in items:
+        stat = item.stat()
+        sha.update(f"{item.relative_to(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return sha.hexdigest()
+
+
 def step_key(step: str, code: str, config: dict, input_digests: list[str], base: Path) -> str:
     """The cache key of a step execution: the digest of the step's code, input contents (their
     digests), not input paths, and config paths relative to the recipe folder `base`, so another
@@ -64,8 +74,10 @@ class StepCache:
     def _entry(self, key: str) -> Path:
         return self.folder / key[:2] / key
 
-    def has(self, key: str) -> bool:
-        return (self._entry(key) / "entry.json").is_file()
+    def entry(self, key: str) -> Path | None:
+        """The folder of a complete entry (outputs stored as 0, 1, ...), else None."""
+        entry = self._entry(key)
+        return entry if (entry / "entry.json").is_file() else None
 
     def restore(self, key: str, outputs: list[Path]) -> bool:
         """Copy a cached result into place; False if there is no complete entry."""
