@@ -196,22 +196,26 @@ def _check_batch(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
             raise FormatError(f"{path}: array '{name}' has 0 samples (shape {list(array.shape)})")
 
 
-def check_finite(arrays: Mapping[str, np.ndarray], where: str, what: str = "input") -> None:
-    """Raise a one-line UserError naming the first array and sample (axis 0) holding NaN or
-    Inf: quantized models and .tvn programs cannot represent them."""
+def check_finite(
+    arrays: Mapping[str, np.ndarray], where: str, what: str = "input", batched: bool = True
+) -> None:
+    """Raise a one-line UserError naming the first array, sample (axis 0, when `batched`) and
+    position holding NaN or Inf: quantized models and .tvn programs cannot represent them."""
     for name, array in arrays.items():
         array = np.asarray(array)
         if array.dtype.kind not in "fc" or not array.size:
             continue
-        finite = np.isfinite(array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1))
-        rows = finite.all(axis=1)
-        if not rows.all():
-            sample = int(np.argmin(rows))
-            bad = array.reshape(len(rows), -1)[sample][~finite[sample]][0]
-            raise UserError(
-                f"{where}: {what} '{name}' sample {sample} contains NaN or Inf ({bad}); a "
-                f"quantized model cannot represent them: replace them with finite values"
-            )
+        bad = ~np.isfinite(array)
+        if not bad.any():
+            continue
+        first = tuple(int(i) for i in np.argwhere(bad)[0]) if array.ndim else ()
+        sample = f" sample {first[0]}" if batched and first else ""
+        position = list(first[1:] if batched else first)
+        raise UserError(
+            f"{where}: {what} '{name}'{sample} contains NaN or Inf ({array[first]} at "
+            f"{position}; {int(bad.sum())} such value(s)); a quantized model cannot represent "
+            "them: replace them with finite values"
+        )
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:

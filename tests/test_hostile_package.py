@@ -414,12 +414,16 @@ def other_cases():
     yield (
         "input-nan",
         lambda b: folder(
-            b, "input 'x' holds nan (sample 1 at [0, 2, 3, 4]", files={"in.npz": npz(x=with_nan)}
+            b,
+            "input 'x' sample 1 contains NaN or Inf (nan at [0, 2, 3, 4]",
+            files={"in.npz": npz(x=with_nan)},
         ),
     )
     yield (
         "input-inf",
-        lambda b: folder(b, "input 'x' holds -inf (sample 2", files={"in.npz": npz(x=with_inf)}),
+        lambda b: folder(
+            b, "input 'x' sample 2 contains NaN or Inf (-inf", files={"in.npz": npz(x=with_inf)}
+        ),
     )
     yield (
         "input-strings",

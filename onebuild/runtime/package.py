@@ -28,6 +28,7 @@ from ..nnpackage import (
     parse_config,
     parse_manifest,
 )
+from ..npz import check_finite, source_of
 from ..targets.trix_sim.runner import run_batches
 from ..targets.trix_sim.tvn import MAGIC, load_tvn
 from .package_files import check_total, extract_zip, looks_like_zip, package_file, read_bounded
@@ -284,22 +285,6 @@ def _topological(after: dict[int, set[int]], shown: str) -> list[int]:
     return order
 
 
-def check_finite(name: str, array: np.ndarray, batched: bool) -> None:
-    """Float data for a quantized input must be finite: NaN has no integer, and an infinity
-    would saturate silently. The error names the input, the sample and the first position."""
-    if array.dtype.kind != "f":
-        return
-    bad = ~np.isfinite(array)
-    if not bad.any():
-        return
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    where = f"sample {first[0]} at {list(first[1:])}" if batched else f"at {list(first)}"
-    raise UserError(
-        f"input '{name}' holds {array[first]} ({where}; {int(bad.sum())} non-finite value(s)): "
-        "a quantized input needs finite values"
-    )
-
-
 def run_package(
     package: Package, feeds: dict[str, np.ndarray], raw: bool = False
 ) -> tuple[dict[str, np.ndarray], list[dict | None]]:
@@ -319,7 +304,7 @@ def run_package(
         if spec.quantized and not raw:
             if array.dtype.kind not in "fiub":
                 raise UserError(f"input '{spec.name}' is {array.dtype}; expected float data")
-            check_finite(spec.name, array, batched=True)
+            check_finite({spec.name: array}, source_of(feeds))
             array = quantize(array.astype(np.float64), spec.quant, spec.dtype)
         elif array.dtype != np.dtype(spec.dtype):
             raise UserError(f"input '{spec.name}' is {array.dtype}; expected {spec.dtype}")

@@ -27,6 +27,7 @@ from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
+from ..npz import check_finite
 from ..targets.host_cpu import HostCpu
 from ..targets.trix_sim.tvn import MAGIC as TVN_MAGIC
 from ..targets.trix_sim.tvn import load_tvn
@@ -35,7 +36,7 @@ from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import GraphModel, PackageModel, TvnModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
-from .package import check_finite, load_package
+from .package import load_package
 from .package_files import is_package
 from .workspace import Workspace, sha256
 
@@ -219,8 +220,8 @@ class Session:
             log.warning("an input holds NaN or infinity: this run is not recorded")
             record = False
         if not record:
-            for name in self._model.quantized_inputs:
-                check_finite(name, feeds[name], batched=False)
+            quantized = {name: feeds[name] for name in self._model.quantized_inputs}
+            check_finite(quantized, "run", batched=False)
             return self._deliver(self._model.run(feeds))
         self._float_runner.interpreter.observer = self._recorder.observe
         try:
