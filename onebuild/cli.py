@@ -50,16 +50,13 @@ def _load(args):
     return load_model(args.model, shapes or None)
 
 
-def _tvn(args):
-    """The module of a .tvn argument (recognized by content), else None."""
-    from .targets.trix_sim.tvn import MAGIC, load_tvn
+def _binary(args):
+    """The compiled binary a model argument is (recognized by content by the installed
+    targets: a .tvn, say), else None."""
+    from .targets import binary_target
 
-    path = Path(args.model)
-    if path.is_file():
-        with open(path, "rb") as handle:
-            if handle.read(len(MAGIC)) == MAGIC:
-                return load_tvn(path)
-    return None
+    target = binary_target(args.model) if Path(args.model).is_file() else None
+    return target.load(args.model) if target is not None else None
 
 
 def _is_package(path: str) -> bool:
@@ -104,11 +101,11 @@ def cmd_run(args) -> int:
         print(f"{len(package.models)} model(s), per inference:")
         print("\n".join(_package_summary(package, reports)))
         return 0
-    module = _tvn(args)
-    if module is not None:
-        from .targets.trix_sim.runner import run_batches
+    binary = _binary(args)
+    if binary is not None:
+        from .targets.binary import run_binary
 
-        outputs, summary = run_batches(module, feeds, args.raw)
+        outputs, summary = run_binary(binary, feeds, args.raw)
         footer = f"{summary['cycles']} cycles per inference ({summary['milliseconds']} ms)"
     else:
         outputs, footer = _run_model(_load(args).main, feeds, args), None
@@ -285,33 +282,6 @@ def summarize(model) -> dict:
     }
 
 
-def _print_tvn(info: dict) -> None:
-    meta = info["meta"]
-    print(f"TRIX binary for {meta.get('hardware')} ({meta.get('pref')}), {meta.get('compiler')}")
-    for kind in ("inputs", "outputs"):
-        print(f"{kind}:")
-        for v in info[kind]:
-            print(
-                f"  {v['name']}: {v['dtype']}{v['dims']} {v['layout']} "
-                f"scale={v['scale']:.6g} zero_point={v['zero_point']}"
-            )
-    counts = ", ".join(f"{n} {op}" for op, n in info["instructions"].items())
-    print(f"{info['layers']} layers, instructions: {counts}; weights {info['weight_bytes']} bytes")
-    print(
-        f"cycles: {info['cycles']:,} ({info['milliseconds']} ms); roofline "
-        f"{info['roofline_cycles']:,} (x{info['roofline_ratio']}); MAC utilization "
-        f"{info['mac_utilization']:.1%}; DRAM {info['dram_bytes']:,} bytes; SRAM peak "
-        f"{info['sram_peak_bytes']:,}; arena {info['arena_bytes']:,}"
-    )
-    print("layer                          kind       cycles    compute        DMA   DRAM bytes")
-    for name, layer in info["layers_table"].items():
-        print(
-            f"  {name[:28]:<28} {layer['kind']:<8} {layer['cycles']:>9,} "
-            f"{layer['compute_cycles']:>10,} {layer['dma_cycles']:>10,} {layer['dram_bytes']:>12,}"
-        )
-    print("(cycles: the layer's share of the total; compute / DMA: busy cycles of each engine)")
-
-
 def cmd_inspect(args) -> int:
     if _is_package(args.model):
         from .runtime.package import describe_package, load_package
@@ -327,15 +297,13 @@ def cmd_inspect(args) -> int:
         print("package inputs: " + ", ".join(info["inputs"]))
         print("package outputs: " + ", ".join(info["outputs"]))
         return 0
-    module = _tvn(args)
-    if module is not None:
-        from .targets.trix_sim.runner import describe
-
-        info = describe(module)
+    binary = _binary(args)
+    if binary is not None:
+        info = binary.describe()
         if args.json:
             print(json.dumps(info, indent=2, sort_keys=True))
         else:
-            _print_tvn(info)
+            print("\n".join(binary.report(info)))
         return 0
     info = summarize(_load(args))
     if args.json:

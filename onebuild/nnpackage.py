@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .errors import FormatError
 
 VERSION = ("1", "3", "0")
-MODEL_TYPES = ("obir", "tvn")
+MODEL_TYPE = r"[a-z][a-z0-9_]{0,15}"  # "obir", or a target's binaries ("tvn"): the runtime checks
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEPTH = 32  # a valid MANIFEST nests 4 deep
@@ -150,9 +150,10 @@ def parse_manifest(text: str, where: str = "MANIFEST") -> Manifest:
             f"{where}: 'model-types' has {len(types)} entries for {len(models)} models"
         )
     for i, kind in enumerate(types):
-        if kind not in MODEL_TYPES:
+        if not re.fullmatch(MODEL_TYPE, kind):
             raise FormatError(
-                f"{where}: model-types[{i}] {_short(kind)} is not supported (supported: obir, tvn)"
+                f"{where}: model-types[{i}] {_short(kind)} is not a model type (a short "
+                "lowercase name such as obir or tvn)"
             )
     configs = _strings(data, "configs", where)
     if len(configs) > MAX_CONFIGS:

@@ -16,22 +16,24 @@ from .fileio import atomic_folder, atomic_write_bytes
 from .nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
 
 
-def _model_io(source: Path) -> tuple[str, list[str], list[str]]:
-    """Model type and I/O names of an IR file or a .tvn binary."""
-    if source.suffix == ".tvn":
-        from .targets.trix_sim.tvn import load_tvn
+def _model_io(source: Path) -> tuple[str, str, list[str], list[str]]:
+    """Model type, backend and I/O names of an IR file or of a target's binary."""
+    from .targets import binary_target
 
-        module = load_tvn(source)
-        return "tvn", module.inputs, module.outputs
-    from .graph_ir.serde import load_ir  # onnx loads only when a step runs
+    target = binary_target(source)
+    if target is not None:
+        binary = target.load(source)
+        names = [[t.name for t in ts] for ts in (binary.inputs, binary.outputs)]
+        return target.model_type, target.backend, *names
+    from .graph_ir.serde import load_ir
 
     graph = load_ir(source).main
-    return "obir", [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+    return "obir", "cpu", [v.name for v in graph.inputs], [v.name for v in graph.outputs]
 
 
 def _single(source: Path, stem: str) -> tuple[Manifest, dict[str, Path], dict[str, bytes]]:
     """A one-model package: package I/O are the model's own, in order."""
-    kind, inputs, outputs = _model_io(source)
+    kind, backend, inputs, outputs = _model_io(source)
     name = f"{stem}.{kind}"
     meta = Manifest(
         models=[name],
@@ -42,7 +44,6 @@ def _single(source: Path, stem: str) -> tuple[Manifest, dict[str, Path], dict[st
         pkg_outputs=[Ref(0, 0, i) for i in range(len(outputs))],
         connect=[],
     )
-    backend = "trix" if kind == "tvn" else "cpu"
     return meta, {name: source}, {"config.cfg": config_text({"BACKENDS": backend})}
 
 

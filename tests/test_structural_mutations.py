@@ -26,10 +26,11 @@ from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model, save_ir
 from onebuild.graph_ir.serde.irfile import _FIXED, load_ir
 from onebuild.npz import read_npz
+from onebuild.targets.binary import run_binary
 from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
-from onebuild.targets.trix_sim.runner import describe, run_batches
+from onebuild.targets.trix_sim.runner import TvnBinary, describe
 from onebuild.targets.trix_sim.tvn import DIGEST, HEADER, LAYERS, META, SECTION, decode, encode
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
@@ -208,7 +209,7 @@ def test_tvn_structural_mutations_fail_cleanly(data):
         module = decode(blob, "m.tvn")
         feeds = {n: np.linspace(-1, 1, 2 * int(np.prod(module.tensors[n].dims)))
                  .reshape(2, *module.tensors[n].dims) for n in module.inputs}  # fmt: skip
-        run_batches(module, feeds, raw=False)
+        run_binary(TvnBinary(module), feeds, raw=False)
         describe(module)
     except UserError as error:
         _one_line(error)

@@ -1,17 +1,18 @@
-"""What a Session runs: an IR model in the interpreter, a .tvn binary in the TRIX simulator, or
-an nnpackage in the package runtime; float32 in and out, one sample at a time. Each lists the
-inputs it quantizes (`quantized_inputs`), which must be finite."""
+"""What a Session runs: an IR model in the interpreter, a target's binary (a .tvn: the TRIX
+simulator), or an nnpackage in the package runtime; float32 in and out, one sample at a time.
+Each lists the inputs it quantizes (`quantized_inputs`), which must be finite."""
 
 from pathlib import Path
 
 import numpy as np
 
+from ..errors import FormatError
 from ..graph_ir.interpreter import Interpreter
 from ..graph_ir.ir import Graph
 from ..graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
+from ..targets import binary_target
+from ..targets.binary import Binary, run_binary
 from ..targets.host_cpu import HostCpu
-from ..targets.trix_sim.runner import run_batches
-from ..targets.trix_sim.tvn import load_tvn
 from .package import load_package, run_package
 
 
@@ -27,23 +28,23 @@ class GraphModel:
         return dequantize_outputs(self.graph, outputs)
 
 
-class TvnModel:
-    """A .tvn binary in the TRIX simulator."""
+class BinaryModel:
+    """A target's binary, run through its target."""
 
-    def __init__(self, module):
-        self.module, self.summary = module, None  # the last inference's performance
-        self.quantized_inputs = list(module.inputs)  # NPU I/O is quantized
+    def __init__(self, binary: Binary):
+        self.binary, self.summary = binary, None  # the last inference's performance
+        self.quantized_inputs = [t.name for t in binary.inputs]  # NPU I/O is quantized
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch = {k: v[None] for k, v in feeds.items()}
-        outputs, self.summary = run_batches(self.module, batch, False)
+        outputs, self.summary = run_binary(self.binary, batch, False)
         return {name: array[0] for name, array in outputs.items()}
 
     def cost(self, cpu: HostCpu) -> tuple[float, int]:
         """Latency (µs: simulated, plus the invocation and the I/O handoffs) and memory."""
-        handoffs = len(self.module.inputs) + len(self.module.outputs)
+        handoffs = len(self.binary.inputs) + len(self.binary.outputs)
         latency = self.summary["milliseconds"] * 1e3 + cpu.npu_invoke_us + cpu.handoff_us * handoffs
-        return latency, self.module.dram_bytes
+        return latency, self.binary.memory_bytes
 
 
 class PackageModel:
@@ -68,10 +69,20 @@ class PackageModel:
                 memory += cpu.memory_bytes(model.program)
             else:
                 latency += report["milliseconds"] * 1e3 + cpu.npu_invoke_us
-                memory += model.program.dram_bytes
+                memory += model.program.memory_bytes
         return latency, memory
 
 
 def compiled_model(path: Path):
-    """A compiled model: one .tvn, or a package of NPU and CPU parts."""
-    return PackageModel(load_package(path)) if path.is_dir() else TvnModel(load_tvn(path))
+    """A compiled model: one binary, or a package of NPU and CPU parts."""
+    if path.is_dir():
+        return PackageModel(load_package(path))
+    return BinaryModel(load_binary(path))
+
+
+def load_binary(path: Path) -> Binary:
+    """The binary at `path`, loaded by the installed target that recognizes it."""
+    target = binary_target(path)
+    if target is None:
+        raise FormatError(f"{path}: not a compiled binary of any installed target")
+    return target.load(path)

@@ -4,8 +4,9 @@ Everything is checked before anything runs: the MANIFEST's fields, every model f
 validated by its own reader), model paths staying inside the package, each model's config, and
 the connection graph (every reference in range, every model input fed exactly once, edges
 joining tensors of the same dtype, shape and quantization, no cycles). Then IR models run in the
-reference interpreter and .tvn models in the TRIX simulator, in dependency order; the app sees
-float arrays, converted with the package I/O's quantization parameters unless `raw`.
+reference interpreter and binaries through the target of their model type (.tvn: the TRIX
+simulator), in dependency order; the app sees float arrays, converted with the package I/O's
+quantization parameters unless `raw`.
 """
 
 import os
@@ -29,11 +30,11 @@ from ..nnpackage import (
     parse_manifest,
 )
 from ..npz import check_finite, source_of
-from ..targets.trix_sim.runner import run_batches
-from ..targets.trix_sim.tvn import MAGIC, load_tvn
+from ..targets import binary_target, installed, target_of_type
+from ..targets.binary import run_binary
 from .package_files import check_total, extract_zip, looks_like_zip, package_file, read_bounded
 
-BACKEND_OF_TYPE = {"obir": "cpu", "tvn": "trix"}
+IR_TYPE = "obir"  # models the CPU runs in the reference interpreter; other types: targets
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,12 @@ class PackageModel:
     config: dict[str, str]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    program: object  # a Graph or a .tvn Module
+    program: object  # a Graph (IR models) or a target's Binary
 
     def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict | None]:
-        """Raw [N, *dims] arrays in, raw arrays out, and the simulator's summary for .tvn."""
-        if self.kind == "tvn":
-            return run_batches(self.program, feeds, raw=True)
+        """Raw [N, *dims] arrays in, raw arrays out, and a binary's performance summary."""
+        if self.kind != IR_TYPE:
+            return run_binary(self.program, feeds, raw=True)
         return Interpreter(self.program).run_batch(feeds), None
 
 
@@ -135,24 +136,24 @@ def _load_model(root: Path, shown: str, index: int, manifest: Manifest, file: Pa
     if manifest.model_configs[index]:
         sizes: list[int] = []
         config = _read_config(root, f"metadata/{manifest.model_configs[index]}", shown, sizes)
-    backend = config.get("BACKENDS", BACKEND_OF_TYPE[kind])
-    if backend != BACKEND_OF_TYPE[kind]:
+    target = None if kind == IR_TYPE else target_of_type(kind)
+    if kind != IR_TYPE and target is None:
+        known = ", ".join([IR_TYPE, *(t.model_type for t in installed())])
+        raise FormatError(f"{where}: model type '{kind}' is not supported (supported: {known})")
+    runs_on = "cpu" if target is None else target.backend
+    backend = config.get("BACKENDS", runs_on)
+    if backend != runs_on:
         raise FormatError(
             f"{where}: its config asks for backend '{backend}', but a {kind} model runs on "
-            f"'{BACKEND_OF_TYPE[kind]}'"
+            f"'{runs_on}'"
         )
-    with open(file, "rb") as handle:
-        is_tvn = handle.read(len(MAGIC)) == MAGIC
-    if is_tvn != (kind == "tvn"):
+    if binary_target(file) is not target:
         raise FormatError(f"{where}: the file is not a {kind} model")
     try:
-        if kind == "tvn":
-            module = load_tvn(file)
-            specs = [
-                [_tvn_spec(module.tensors[n]) for n in names]
-                for names in (module.inputs, module.outputs)
-            ]
-            return PackageModel(relative, kind, backend, config, *specs, module)
+        if target is not None:
+            binary = target.load(file)
+            specs = [[_binary_spec(t) for t in ts] for ts in (binary.inputs, binary.outputs)]
+            return PackageModel(relative, kind, backend, config, *specs, binary)
         graph = load_ir(file).main
     except FormatError as error:
         raise FormatError(f"{where}: {error}") from None
@@ -160,8 +161,8 @@ def _load_model(root: Path, shown: str, index: int, manifest: Manifest, file: Pa
     return PackageModel(relative, kind, backend, config, *specs, graph)
 
 
-def _tvn_spec(t) -> TensorSpec:
-    return TensorSpec(t.name, t.dtype, tuple(t.dims), t.params)
+def _binary_spec(t) -> TensorSpec:
+    return TensorSpec(t.name, t.dtype, t.dims, t.quant)
 
 
 def _ir_spec(value) -> TensorSpec:

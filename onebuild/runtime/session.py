@@ -28,13 +28,12 @@ from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..npz import check_finite
+from ..targets import binary_target
 from ..targets.host_cpu import HostCpu
-from ..targets.trix_sim.tvn import MAGIC as TVN_MAGIC
-from ..targets.trix_sim.tvn import load_tvn
 from ..tasks.evaluate import json_safe
 from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
-from .models import GraphModel, PackageModel, TvnModel, compiled_model
+from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_binary
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
 from .package import load_package
 from .package_files import is_package
@@ -90,12 +89,9 @@ class Session:
             raise UserError(f"{path}: no such file or nnpackage")
         with open(path, "rb") as handle:
             head = handle.read(8)
-        if head.startswith(TVN_MAGIC):
-            module = load_tvn(path)
-            specs = [
-                [module.tensors[n] for n in names] for names in (module.inputs, module.outputs)
-            ]
-            self._fixed(TvnModel(module), *specs)
+        if binary_target(path) is not None:
+            binary = load_binary(path)
+            self._fixed(BinaryModel(binary), binary.inputs, binary.outputs)
         elif head.startswith(IR_MAGIC):
             self._adopt(load_ir(path), source=path)
         else:
@@ -517,5 +513,5 @@ class Session:
     def _switch_fixed(self, state: str, written: dict[str, Path]) -> None:
         """A session on an already quantized model can still compile it (no workspace state)."""
         if "compiled" in written:
-            self._model = TvnModel(load_tvn(written["compiled"]))
+            self._model = BinaryModel(load_binary(written["compiled"]))
         self._state = state

@@ -2,22 +2,28 @@
 
 A target is any object registered in the `onebuild.targets` entry-point group (pyproject:
 `[project.entry-points."onebuild.targets"] name = "package.module:Class"`); trix_sim registers
-itself exactly this way. onebuild only talks to targets through this protocol.
+itself exactly this way. onebuild only talks to targets through this protocol: it compiles
+graphs with `encode`, and loads, runs and describes the binaries with `load` (a `Binary`,
+`targets/binary.py`); a package names each model's type, and the target of that type runs it.
 """
 
+import os
+from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-import numpy as np
-
 from ..errors import UserError
 from ..graph_ir.ir import Graph, Node
+from .binary import Binary
 
 GROUP = "onebuild.targets"
 
 
 class Target(Protocol):
     name: str
+    backend: str  # the backend its binaries run on (nnpackage BACKENDS, partition names)
+    model_type: str  # its binaries' file suffix and nnpackage model-type ("tvn")
+    magic: bytes  # how its binaries begin
 
     def supports(self, node: Node, hw: str) -> list[str]:
         """Why `node` cannot run on the target (empty when it can)."""
@@ -32,8 +38,8 @@ class Target(Protocol):
         """The performance model's estimate without compiling: `cycles`, `microseconds`,
         `roofline_cycles`, `macs` and per-layer `layers` (cycles, DRAM bytes)."""
 
-    def simulate(self, binary: bytes, inputs: dict[str, np.ndarray]) -> tuple[dict, dict]:
-        """Run a compiled binary: (outputs, performance report)."""
+    def load(self, path: str | os.PathLike) -> Binary:
+        """A compiled binary from a file (validated: a bad file is a FormatError)."""
 
     def describe(self) -> dict:
         """Hardware presets and the supported-operator constraints, for `onebuild targets`."""
@@ -55,3 +61,23 @@ def load_target(name: str) -> Target:
         known = ", ".join(available()) or "none installed"
         raise UserError(f"unknown target '{name}' (known: {known})")
     return found[0].load()()
+
+
+@cache
+def installed() -> tuple[Target, ...]:
+    return tuple(load_target(name) for name in available())
+
+
+def target_of_type(model_type: str) -> Target | None:
+    """The installed target whose binaries are of `model_type` (e.g. "tvn")."""
+    return next((t for t in installed() if t.model_type == model_type), None)
+
+
+def binary_target(path: str | os.PathLike) -> Target | None:
+    """The installed target whose binaries begin as the file at `path` does, if any."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(max((len(t.magic) for t in installed()), default=0))
+    except OSError:
+        return None
+    return next((t for t in installed() if head.startswith(t.magic)), None)

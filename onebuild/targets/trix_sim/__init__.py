@@ -3,9 +3,8 @@
 `TrixSim` is the `Target` that onebuild discovers through the `onebuild.targets` entry point.
 """
 
+import os
 from dataclasses import asdict
-
-import numpy as np
 
 from ... import __version__
 from ...graph_ir.ir import Graph, Node
@@ -14,12 +13,15 @@ from .constraints import CONSTRAINTS, reason, unsupported
 from .hardware import load_hardware, presets
 from .lower import Program, lower
 from .perf import estimate
-from .simulator import Simulator
-from .tvn import decode, encode
+from .runner import TvnBinary
+from .tvn import MAGIC, encode, load_tvn
 
 
 class TrixSim:
     name = "trix_sim"
+    backend = "trix"
+    model_type = "tvn"
+    magic = MAGIC
 
     def supports(self, node: Node, hw: str) -> list[str]:
         return unsupported(node, load_hardware(hw))
@@ -42,8 +44,5 @@ class TrixSim:
             "constraints": {c.__name__: reason(c) for c in CONSTRAINTS},
         }
 
-    def simulate(self, binary: bytes, inputs: dict[str, np.ndarray]) -> tuple[dict, dict]:
-        module = decode(binary)
-        hardware = load_hardware(module.meta["hardware"])
-        outputs, report = Simulator(module, hardware).run(inputs)
-        return outputs, report.summary(hardware, module)
+    def load(self, path: str | os.PathLike) -> TvnBinary:
+        return TvnBinary(load_tvn(path))

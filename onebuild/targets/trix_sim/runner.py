@@ -1,4 +1,4 @@
-"""Running and describing .tvn files for the CLI: batches of float or raw quantized data."""
+"""A .tvn program as a `Binary`: one inference in the simulator, and its description."""
 
 import contextlib
 from collections import Counter
@@ -6,8 +6,7 @@ from collections import Counter
 import numpy as np
 
 from ...errors import FormatError, UserError
-from ...graph_ir.quant.params import dequantize, quantize
-from ...npz import check_finite, source_of
+from ..binary import BinaryTensor
 from .codegen import EXEC, LOAD, STORE, Module
 from .hardware import load_hardware
 from .simulator import Simulator
@@ -37,56 +36,31 @@ def _hardware(module: Module):
         raise UserError(f"{source}: {error}" if source else str(error)) from None
 
 
-def run_batches(module: Module, feeds: dict[str, np.ndarray], raw: bool):
-    """Outputs for `[N, *dims]` inputs (float, quantized with the I/O parameters, unless raw)
-    and the performance summary of one inference."""
-    hw = _hardware(module)
-    count = check_feeds(module, feeds, raw)
-    results, report = [], None
-    for index in range(count):
-        sample = {}
-        for name in module.inputs:
-            t, x = module.tensors[name], np.asarray(feeds[name][index])
-            if raw:
-                sample[name] = x
-            else:
-                sample[name] = quantize(x.astype(np.float64), module.tensors[name].params, t.dtype)
-        with _naming_the_file(module):
-            outputs, report = Simulator(module, hw).run(sample)
-        results.append(outputs)
-    stacked = {n: np.stack([r[n] for r in results]) for n in module.outputs}
-    if not raw:
-        stacked = {n: dequantize(a, module.tensors[n].params) for n, a in stacked.items()}
-    return stacked, report.summary(hw, module)
+class TvnBinary:
+    """A .tvn program as a `Binary` (targets/binary.py): run in the simulator."""
+
+    def __init__(self, module: Module):
+        self.module = module
+        self.source = getattr(module, "source", "")
+        self.inputs = [_tensor(module.tensors[n]) for n in module.inputs]
+        self.outputs = [_tensor(module.tensors[n]) for n in module.outputs]
+        self.memory_bytes = module.dram_bytes
+
+    def run(self, sample: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+        hw = _hardware(self.module)
+        with _naming_the_file(self.module):
+            outputs, report = Simulator(self.module, hw).run(sample)
+        return outputs, report.summary(hw, self.module)
+
+    def describe(self) -> dict:
+        return describe(self.module)
+
+    def report(self, info: dict) -> list[str]:
+        return report(info)
 
 
-def check_feeds(module: Module, feeds: dict[str, np.ndarray], raw: bool) -> int:
-    """One-line errors for inputs the program cannot take; returns the sample count.
-
-    Every input must be given with shape `[N, *dims]`, N >= 1 and the same for all inputs;
-    float data must be finite (NaN and Inf have no quantized code), raw data must already be
-    the input's integer type."""
-    where, counts = source_of(feeds), {}
-    for name in module.inputs:
-        if name not in feeds:
-            given = ", ".join(sorted(feeds)) or "none"
-            raise UserError(f"{where}: missing input '{name}'; inputs given: {given}")
-        t, x = module.tensors[name], np.asarray(feeds[name])
-        if x.ndim == 0 or tuple(x.shape[1:]) != t.dims or not len(x):
-            raise UserError(
-                f"{where}: input '{name}' has shape {list(x.shape)}, "
-                f"expected [N, {', '.join(map(str, t.dims))}] with N >= 1"
-            )
-        if raw and x.dtype != np.dtype(t.dtype):
-            raise UserError(f"{where}: input '{name}' is {x.dtype}; --raw needs {t.dtype} codes")
-        if not raw and x.dtype.kind not in "biuf":
-            raise UserError(f"{where}: input '{name}' has dtype {x.dtype}; expected numbers")
-        counts[name] = len(x)
-    if len(set(counts.values())) > 1:
-        raise UserError(f"{where}: inputs have different sample counts: {counts}")
-    if not raw:
-        check_finite({n: feeds[n] for n in module.inputs}, where)
-    return next(iter(counts.values()), 1)
+def _tensor(t) -> BinaryTensor:
+    return BinaryTensor(t.name, t.dtype, tuple(t.dims), t.params)
 
 
 def describe(module: Module) -> dict:
@@ -116,3 +90,41 @@ def describe(module: Module) -> dict:
         "weight_bytes": len(module.blob),
         **summary,
     }
+
+
+def report(info: dict) -> list[str]:
+    """`describe()` as text for people: header, I/O, instructions, cycles, per layer."""
+    lines = []
+    meta = info["meta"]
+    lines.append(
+        f"TRIX binary for {meta.get('hardware')} ({meta.get('pref')}), {meta.get('compiler')}"
+    )
+    for kind in ("inputs", "outputs"):
+        lines.append(f"{kind}:")
+        for v in info[kind]:
+            lines.append(
+                f"  {v['name']}: {v['dtype']}{v['dims']} {v['layout']} "
+                f"scale={v['scale']:.6g} zero_point={v['zero_point']}"
+            )
+    counts = ", ".join(f"{n} {op}" for op, n in info["instructions"].items())
+    lines.append(
+        f"{info['layers']} layers, instructions: {counts}; weights {info['weight_bytes']} bytes"
+    )
+    lines.append(
+        f"cycles: {info['cycles']:,} ({info['milliseconds']} ms); roofline "
+        f"{info['roofline_cycles']:,} (x{info['roofline_ratio']}); MAC utilization "
+        f"{info['mac_utilization']:.1%}; DRAM {info['dram_bytes']:,} bytes; SRAM peak "
+        f"{info['sram_peak_bytes']:,}; arena {info['arena_bytes']:,}"
+    )
+    lines.append(
+        "layer                          kind       cycles    compute        DMA   DRAM bytes"
+    )
+    for name, layer in info["layers_table"].items():
+        lines.append(
+            f"  {name[:28]:<28} {layer['kind']:<8} {layer['cycles']:>9,} "
+            f"{layer['compute_cycles']:>10,} {layer['dma_cycles']:>10,} {layer['dram_bytes']:>12,}"
+        )
+    lines.append(
+        "(cycles: the layer's share of the total; compute / DMA: busy cycles of each engine)"
+    )
+    return lines
