@@ -72,9 +72,11 @@ def _package_summary(package, reports) -> list[str]:
     lines, cpu = [], HostCpu()
     for model, report in zip(package.models, reports):
         if report is not None:
+            use = report.get("mac_utilization")
             lines.append(
                 f"  {model.path} [{model.backend}]: {report['cycles']} cycles "
-                f"({report['milliseconds']} ms), MAC utilization {report['mac_utilization']:.1%}"
+                f"({report['milliseconds']} ms)"
+                + ("" if use is None else f", MAC utilization {use:.1%}")
             )
         else:
             us = cpu.graph_us(model.program)

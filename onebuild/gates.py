@@ -4,6 +4,7 @@ Shared by the build's [quantize.accuracy] step and the on-device session's switc
 Leaf module: plain data in (metric summaries per output, see `graph_ir.metrics`), checks out.
 """
 
+import math
 from typing import Any
 
 THRESHOLDS = {  # threshold key -> (metric, bound)
@@ -49,3 +50,14 @@ def failures(checks: list[dict[str, Any]]) -> str:
         for c in checks
         if not c["passed"]
     )
+
+
+def json_safe(value):
+    """JSON has no infinity: an SQNR with no noise at all is reported as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value

@@ -32,6 +32,7 @@ from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
 from ..packing import archive_path
 from ..plan import PLAN_FILE, Plan, real_path
+from ..targets import binary_suffix
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
@@ -131,7 +132,8 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
         if step == "pack":
             add(step, config, [previous], *_pack_outputs(config))
         elif step == "codegen":
-            previous = add(step, config, [previous], [plan.build_dir / "codegen.tvn"])
+            binary = f"codegen.{binary_suffix(config['target'])}"
+            previous = add(step, config, [previous], [plan.build_dir / binary])
         else:
             previous = add(step, config, [previous])
         tasks[-1].after, gates = gates, []
@@ -152,6 +154,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
     folder = connection.parent
     codegen = plan.steps["codegen"]
     out = plan.build_dir / "codegen"
+    suffix = binary_suffix(codegen["target"])
 
     def parts(copy: Path | None) -> list[tuple[str, Path, Path | None]] | None:
         source = (copy or folder) / connection.name
@@ -161,7 +164,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         found = []
         for part in info["parts"]:
             source = folder / part["file"]
-            compiled = None if part["backend"] == "cpu" else out / f"{source.stem}.tvn"
+            compiled = None if part["backend"] == "cpu" else out / f"{source.stem}.{suffix}"
             found.append((source.stem.rsplit(".", 1)[-1], source, compiled))
         return found
 

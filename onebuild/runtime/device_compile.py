@@ -18,6 +18,7 @@ from ..fileio import atomic_write_bytes
 from ..graph_ir.serde import load_ir, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 from ..packing import write_package
+from ..targets import binary_suffix
 from .odc import QUANT_TYPES, OdcSettings
 from .workspace import Workspace
 
@@ -43,8 +44,9 @@ def codegen_file(
     """Compile the quantized model `source`: one binary (at `cpath`, else in the workspace,
     else beside `source`); in a workspace, a model the NPU cannot run whole becomes a package
     of NPU and CPU parts."""
-    output = cpath or (ws.compiled if ws else source.with_suffix(".tvn"))
     options = CodegenOptions(settings.target, settings.hw, settings.pref)
+    suffix = f".{binary_suffix(options.target)}"
+    output = cpath or (ws.compiled if ws else source.with_suffix(suffix))  # found by content
     try:
         _compile_file(source, output, options)
     except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
@@ -73,7 +75,7 @@ def partitioned_codegen(
     for file, backend in zip(result.files, result.backends):
         model = ws.partition / file
         if backend != "cpu":
-            compiled = ws.partition / f"{model.stem}.tvn"
+            compiled = ws.partition / f"{model.stem}.{binary_suffix(codegen.target)}"
             _compile_file(model, compiled, codegen)
             model = compiled
         models.append(model)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelError, OneBuildError, UserError
+from ..gates import json_safe
 from ..graph_ir.interpreter import check_feeds
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
@@ -30,7 +31,6 @@ from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..npz import check_finite
 from ..targets import binary_target
 from ..targets.host_cpu import HostCpu
-from ..tasks.evaluate import json_safe
 from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_binary

@@ -7,14 +7,18 @@ graphs with `encode`, and loads, runs and describes the binaries with `load` (a 
 `targets/binary.py`); a package names each model's type, and the target of that type runs it.
 """
 
+from __future__ import annotations
+
 import os
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import UserError
-from ..graph_ir.ir import Graph, Node
-from .binary import Binary
+
+if TYPE_CHECKING:  # finding targets loads no numpy: a no-op build needs their names only
+    from ..graph_ir.ir import Graph, Node
+    from .binary import Binary
 
 GROUP = "onebuild.targets"
 
@@ -81,3 +85,8 @@ def binary_target(path: str | os.PathLike) -> Target | None:
     except OSError:
         return None
     return next((t for t in installed() if head.startswith(t.magic)), None)
+
+
+def binary_suffix(name: str) -> str:
+    """The file suffix of target `name`'s binaries (its model type, e.g. "tvn")."""
+    return load_target(name).model_type

@@ -5,29 +5,17 @@ that failed and the layers that lose the most.
 """
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 WORST_LAYERS = 5
 
 
-def json_safe(value):
-    """JSON has no infinity: an SQNR with no noise at all is reported as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value
-
-
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..datasets import iter_batches
     from ..errors import UserError
     from ..fileio import atomic_write_bytes
-    from ..gates import failures, gate_checks
+    from ..gates import failures, gate_checks, json_safe
     from ..graph_ir.quant.evaluate import compare_graphs
     from ..graph_ir.serde import load_ir
     from ..npz import read_npz

@@ -1,20 +1,21 @@
 """The simulated TRIX NPU: hardware presets, constraints, lowering, codegen, .tvn, simulator.
 
 `TrixSim` is the `Target` that onebuild discovers through the `onebuild.targets` entry point.
+Its modules load when a method needs them: finding the target (a build naming its outputs, the
+CLI recognizing a file) costs no numpy.
 """
 
-import os
-from dataclasses import asdict
+from __future__ import annotations
 
-from ... import __version__
-from ...graph_ir.ir import Graph, Node
-from .codegen import generate
-from .constraints import CONSTRAINTS, reason, unsupported
-from .hardware import load_hardware, presets
-from .lower import Program, lower
-from .perf import estimate
-from .runner import TvnBinary
-from .tvn import MAGIC, encode, load_tvn
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...graph_ir.ir import Graph, Node
+    from .lower import Program
+    from .runner import TvnBinary
+
+MAGIC = b"TVN\0"  # how every .tvn file begins (tvn.py writes and checks it)
 
 
 class TrixSim:
@@ -24,25 +25,49 @@ class TrixSim:
     magic = MAGIC
 
     def supports(self, node: Node, hw: str) -> list[str]:
+        from .constraints import unsupported
+        from .hardware import load_hardware
+
         return unsupported(node, load_hardware(hw))
 
     def lower(self, graph: Graph, hw: str) -> Program:
+        from .hardware import load_hardware
+        from .lower import lower
+
         return lower(graph, load_hardware(hw))
 
     def encode(self, graph: Graph, hw: str, pref: str = "performance", meta=None) -> bytes:
+        from ... import __version__
+        from .codegen import generate
+        from .hardware import load_hardware
+        from .lower import lower
+        from .tvn import encode
+
         hardware = load_hardware(hw)
         meta = {"compiler": f"onebuild {__version__}", **(meta or {})}
         return encode(generate(lower(graph, hardware), hardware, pref, meta))
 
     def estimate(self, graph: Graph, hw: str) -> dict:
+        from .hardware import load_hardware
+        from .lower import lower
+        from .perf import estimate
+
         hardware = load_hardware(hw)
         return estimate(lower(graph, hardware), hardware)
 
     def describe(self) -> dict:
+        from dataclasses import asdict
+
+        from .constraints import CONSTRAINTS, reason
+        from .hardware import load_hardware, presets
+
         return {
             "presets": {name: asdict(load_hardware(name)) for name in presets()},
             "constraints": {c.__name__: reason(c) for c in CONSTRAINTS},
         }
 
     def load(self, path: str | os.PathLike) -> TvnBinary:
+        from .runner import TvnBinary
+        from .tvn import load_tvn
+
         return TvnBinary(load_tvn(path))

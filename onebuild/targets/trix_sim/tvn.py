@@ -19,10 +19,10 @@ import numpy as np
 from ...errors import FormatError
 from ...fields import Fields
 from ...fileio import atomic_write_bytes
+from . import MAGIC  # the package says how .tvn files begin (without loading this module)
 from .codegen import EXEC, LOAD, STORE, Module, align
 from .lower import WINDOWED, Layer, TensorDesc, chw
 
-MAGIC = b"TVN\0"
 VERSION = 1
 HEADER = struct.Struct("<4sHHII")  # magic, version, flags, section count, reserved
 SECTION = struct.Struct("<IIQQ")  # kind, reserved, offset, size

@@ -1,0 +1,70 @@
+"""A second target, installed only through the `onebuild.targets` entry-point group
+(tests/data/tiny_target: its own distribution metadata), compiles, packs, runs and inspects
+like trix_sim: nothing outside a target's package knows it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from onebuild.npz import read_npz
+
+ROOT = Path(__file__).parent.parent
+PLUGIN = Path(__file__).parent / "data" / "tiny_target"
+RECIPE = """
+[import]
+source = "m.onnx"
+input_shapes = { x = [1, 3, 32, 32] }
+[optimize]
+[quantize]
+calibration = "calib.npz"
+[partition]
+backends = ["tiny", "cpu"]
+[codegen]
+target = "tiny"
+hw = "tiny-1"
+[pack]
+output = "out/m.nnpkg"
+"""
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(PLUGIN)}
+    result = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", *args], cwd=cwd, env=env, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
+    models = ROOT / "examples" / "models"
+    shutil.copy(models / "tiny_mobilenet.onnx", tmp_path / "m.onnx")
+    shutil.copy(models / "tiny_mobilenet_calib.npz", tmp_path / "calib.npz")
+    (tmp_path / "r.toml").write_text(RECIPE)
+    targets = json.loads(cli("targets", "--json", cwd=tmp_path).stdout)
+    assert {"tiny", "trix_sim"} <= set(targets)
+
+    cli("build", "r.toml", cwd=tmp_path)
+    manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
+    assert set(manifest["model-types"]) == {"tiny", "obir"}
+    tiny = [m for m, t in zip(manifest["models"], manifest["model-types"]) if t == "tiny"]
+    assert tiny and all(m.endswith("_tiny.tiny") for m in tiny)
+    config = (tmp_path / "out/m.nnpkg/metadata" / f"{Path(tiny[0]).stem}.cfg").read_text()
+    assert "BACKENDS=tiny" in config
+
+    # the package (tiny parts through their target) equals the quantized model, bit for bit
+    cli("run", "out/m.nnpkg", "-i", "calib.npz", "-o", "package.npz", cwd=tmp_path)
+    cli("run", "build/r/quantize.obir", "-i", "calib.npz", "-o", "model.npz", cwd=tmp_path)
+    package, model = read_npz(tmp_path / "package.npz"), read_npz(tmp_path / "model.npz")
+    assert package.keys() == model.keys()
+    for name in model:
+        np.testing.assert_array_equal(package[name], model[name])
+
+    binary = tmp_path / "out/m.nnpkg" / tiny[0]
+    assert cli("inspect", str(binary), cwd=tmp_path).stdout.startswith("tiny binary:")
