@@ -36,13 +36,13 @@ from onebuild.targets import target_module
 def digest(step):
     for f in (cd._digest, cd._file_digest):
         f.cache_clear()
-    extra = target_module("trix_sim") if step in ("codegen", "partition") else None
+    extra = target_module("trix_sim") if step in ("codegen", "partition", "pack") else None
     return cd.step_code_digest("onebuild.tasks." + step, extra)
 
 steps = sys.argv[1].split(",")
 unchanged = []
 for step in steps:
-    extra = target_module("trix_sim") if step in ("codegen", "partition") else None
+    extra = target_module("trix_sim") if step in ("codegen", "partition", "pack") else None
     files = set(cd._closure("onebuild.tasks." + step))
     if extra:
         files |= cd._closure(extra)
@@ -133,23 +133,26 @@ print(json.dumps(sorted(sys.modules[n].__file__ for n in set(sys.modules) - befo
 
 def test_every_module_a_step_loads_when_it_runs_is_in_its_key(tmp_path):
     """Independent of the source scan: run each step of a partitioned NPU build in a fresh
-    interpreter and compare the onebuild modules it loads while running (importing the steps
-    package loads every step module and their top-level imports first) with its key's files."""
+    interpreter and compare the onebuild modules it loads while running with its key's files
+    (a partitioned and a single-binary package: pack reads binaries through their target)."""
     from onebuild.targets import target_module
 
     examples = tmp_path / "examples"
     shutil.copytree(Path(__file__).parent.parent / "examples", examples)
     shutil.copytree(Path(__file__).parent.parent / "recipes", tmp_path / "recipes")
-    recipe = examples / "tiny_mobilenet_npu.toml"
+    recipes = [examples / "tiny_mobilenet_npu.toml", examples / "digits_npu.toml"]
     subprocess.run(
-        [sys.executable, "-m", "onebuild.cli", "build", str(recipe)],
+        [sys.executable, "-m", "onebuild.cli", "build", *map(str, recipes)],
         capture_output=True,
         check=True,
     )
     from onebuild.engine.dag import StepTask, known_tasks
     from onebuild.plan import load_plan
+    from onebuild.targets import available
+    from onebuild.tasks import STEPS
 
-    tasks = [t for t in known_tasks(load_plan(recipe)) if isinstance(t, StepTask)]
+    plans = [load_plan(recipe) for recipe in recipes]
+    tasks = [t for plan in plans for t in known_tasks(plan) if isinstance(t, StepTask)]
     steps_seen = set()
     for index, task in enumerate(tasks):
         step = task.step
@@ -170,8 +173,8 @@ def test_every_module_a_step_loads_when_it_runs_is_in_its_key(tmp_path):
         loaded = {Path(p) for p in json.loads(result.stdout.splitlines()[-1])}
         module = {"import": "import_model"}.get(step, step)
         covered = set(_closure(f"onebuild.tasks.{module}"))
-        target = task.config.get("target")
-        if target:
+        targets = available() if STEPS[step].reads_binaries else [task.config.get("target")]
+        for target in filter(None, targets):
             covered |= _closure(target_module(target))
         missing = sorted(str(p) for p in loaded - covered)
         assert not missing, f"[{step}] loaded modules its cache key does not cover: {missing}"

@@ -24,12 +24,11 @@ _IMPORT = r"^{indent}import[ \t]+([^\n]+)"
 _ANY_INDENT, _NO_INDENT = "[ \t]*", ""
 
 
-def step_code_digest(module: str, target_module: str | None = None) -> str:
+def step_code_digest(module: str, *target_modules: str | None) -> str:
     """Digest of module `module` (e.g. "onebuild.tasks.quantize") and everything it imports;
-    `target_module` adds a target plugin's module (targets are found through entry points,
+    `target_modules` add target plugins' modules (targets are found through entry points,
     which no import statement shows)."""
-    roots = (module,) if target_module is None else (module, target_module)
-    return _digest(roots)
+    return _digest((module, *sorted(m for m in target_modules if m)))
 
 
 @cache
