@@ -449,7 +449,12 @@ def cmd_dag(args) -> int:
     from .engine.dag import FanOut, known_tasks
 
     tasks = [t for plan in _plans(args) for t in known_tasks(plan)]
-    producer = {str(o): t for t in tasks if not isinstance(t, FanOut) for o in t.outputs}
+    made_by = {o: t for t in tasks if not isinstance(t, FanOut) for o in t.outputs}
+
+    def producer(source: Path):
+        """The task whose output is `source` or a folder holding it (a partition's parts)."""
+        return next((made_by[p] for p in (source, *source.parents) if p in made_by), None)
+
     if args.dot:
         print("digraph onebuild {\n  rankdir=LR;")
         for t in tasks:
@@ -458,7 +463,7 @@ def cmd_dag(args) -> int:
                 print(f'  "{t.after}" -> "{t.name}";')
                 continue
             for source in t.inputs:
-                parent = producer.get(str(source))
+                parent = producer(source)
                 origin = parent.name if parent else source.name
                 if not parent:
                     print(f'  "{origin}" [shape=note];')
@@ -471,7 +476,7 @@ def cmd_dag(args) -> int:
                 f"{t.recipe.name} [{t.step}] <- {t.after.split('::')[-1]} -> one task per NPU part"
             )
             continue
-        sources = [producer[str(s)].step if str(s) in producer else str(s) for s in t.inputs]
+        sources = [producer(s).step if producer(s) else str(s) for s in t.inputs]
         outputs = ", ".join(map(str, t.outputs))
         print(f"{t.recipe.name} [{_title(t)}] <- {', '.join(sources)} -> {outputs}")
     return 0

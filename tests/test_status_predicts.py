@@ -87,3 +87,21 @@ def test_status_predicts_the_build_for_random_option_changes(tmp_path):
             if guess != "pending":
                 assert guess == state, (trial, name, current[name], step, part, predicted, built)
     assert all(seen.values()), seen  # every kind of prediction was made and checked
+
+
+def test_dag_draws_the_partition_to_its_codegen_tasks(tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    recipe = str(tmp_path / "examples" / "tiny_mobilenet_npu.toml")
+    cli("build", recipe)
+    result = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", "dag", recipe, "--dot"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    parts = [s["part"] for s in cli("status", recipe)["steps"] if s["step"] == "codegen"]
+    assert len(parts) >= 2
+    for part in parts:
+        assert f'"{recipe}::partition" -> "{recipe}::codegen:{part}";' in result.stdout
+        assert f'"{recipe}::codegen:{part}" -> "{recipe}::pack";' in result.stdout
