@@ -99,6 +99,13 @@ class PartitionOptions:
 DEFAULT_PRESET = "O1"
 
 
+def verify(graph: Graph) -> None:
+    """The IR invariants (graph_ir.verify), checked after every step that changes a graph."""
+    from .graph_ir.verify import verify as check
+
+    check(graph)
+
+
 def optimize(model: Model, preset: str = DEFAULT_PRESET) -> Model:
     """Value-preserving graph optimizations, in place (and returned)."""
     from .graph_ir.passes import run_preset
@@ -128,9 +135,10 @@ def quantize(model: Model, options: QuantizeOptions = QuantizeOptions(), stats=N
     settings = options.quant_config()
     if options.mode == "weight_only":
         weight_only_quantize(model.main, settings)
-        return model
-    ranges = stats.ranges_for(options.dtype)
-    model.graphs[0] = quantize_graph(model.main, ranges, settings, stats.channel_means())
+    else:
+        ranges = stats.ranges_for(options.dtype)
+        model.graphs[0] = quantize_graph(model.main, ranges, settings, stats.channel_means())
+    verify(model.main)
     return model
 
 
@@ -218,6 +226,8 @@ def partition(
         ],
     }
     info = connection_info(placement.partitioning, graph, files)
+    for part in parts:
+        verify(part.graph)
     return Partitioned(name, files, backends, [p.graph for p in parts], info, report)
 
 
@@ -228,4 +238,6 @@ def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta
     from .targets import load_target
 
     target = load_target(options.target)
-    return target.encode(with_quantized_io(graph), options.hw, options.pref, dict(meta or {}))
+    graph = with_quantized_io(graph)
+    verify(graph)
+    return target.encode(graph, options.hw, options.pref, dict(meta or {}))

@@ -11,9 +11,54 @@ def _fail(node: Node, message: str) -> IRError:
     return IRError(f"node '{node.name}' ({node.op}): {message}")
 
 
+# Integer kernels read zero points from their attributes; the values carry them in `quant`.
+# Both must agree: attribute -> (side, input/output index) whose parameters it copies.
+_ZERO_POINTS = {
+    "x_zero_point": ("inputs", 0),
+    "a_zero_point": ("inputs", 0),
+    "b_zero_point": ("inputs", 1),
+    "y_zero_point": ("outputs", 0),
+}
+
+
+def _check_quant_params(node: Node) -> None:
+    """Quantization parameters stored in a node's attributes equal its values' own."""
+    checks = [
+        (attr, getattr(node, side)[i])
+        for attr, (side, i) in _ZERO_POINTS.items()
+        if attr in node.attrs and i < len(getattr(node, side))
+    ]
+    if "x_zero_points" in node.attrs:
+        checks += [(f"x_zero_points[{i}]", v) for i, v in enumerate(node.inputs)]
+    for attr, value in checks:
+        name, _, index = attr.partition("[")
+        stored = node.attrs.get(name)
+        if index and stored is not None:
+            stored = stored[int(index[:-1])]
+        if stored is None or value is None or value.quant is None:
+            continue
+        if int(stored) != int(value.quant.zero_point[0]):
+            raise _fail(
+                node,
+                f"attribute {attr} = {stored}, but '{value.name}' has zero point "
+                f"{value.quant.zero_point[0]}",
+            )
+    value = {"QuantizeLinear": node.outputs, "DequantizeLinear": node.inputs}.get(node.op, [None])[
+        0
+    ]
+    if value is not None and value.quant is not None and "scale" in node.attrs:
+        stored = (tuple(node.attrs["scale"]), tuple(node.attrs["zero_point"]))
+        if stored != (tuple(value.quant.scale), tuple(value.quant.zero_point)):
+            raise _fail(
+                node,
+                f"scale/zero_point attributes {stored} differ from '{value.name}''s parameters",
+            )
+
+
 def verify(graph: Graph) -> None:
     """Ownership, unique names, define-before-use (hence no cycles), consistent use lists,
-    and output types that match the op's type inference."""
+    output types that match the op's type inference, and quantization parameters that agree
+    between attributes and values."""
     defined: set[int] = set()
     names: Counter = Counter()
     for value in graph.inputs + list(graph.constants.values()):
@@ -42,6 +87,7 @@ def verify(graph: Graph) -> None:
             raise _fail(node, f"type inference failed: {error}") from error
         if len(types) != len(node.outputs):
             raise _fail(node, f"has {len(node.outputs)} outputs, the op defines {len(types)}")
+        _check_quant_params(node)
         for value, inferred in zip(node.outputs, types):
             if value.producer is not node or value.graph is not graph:
                 raise _fail(node, f"output '{value.name}' has a broken producer/owner link")
