@@ -1,0 +1,161 @@
+"""The recipe commands of the CLI: build, status, dag, clean, list, schema (printing, exit
+codes); `onebuild.cli` parses the arguments and dispatches here."""
+
+import json
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .plan import PLAN_FILE, load_plan
+
+
+def cmd_schema(args) -> int:
+    from .recipe import json_schema  # pydantic
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_list(args) -> int:
+    plans = [load_plan(path, args.set or []) for path in args.recipes]
+    if args.json:
+        listing = [
+            {"recipe": str(p.recipe), "build_dir": str(p.build_dir), "steps": p.steps}
+            for p in plans
+        ]
+        print(json.dumps(listing, indent=2, sort_keys=True))
+        return 0
+    for plan in plans:
+        print(f"{plan.recipe} (build dir {plan.build_dir})")
+        for step, config in plan.steps.items():
+            options = ", ".join(
+                f"{k}={v!r}" for k, v in sorted(config.items()) if v not in (None, [], {})
+            )
+            print(f"  {step:<10} {options}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    from .engine.dag import build
+
+    results = build(_plans(args), jobs=args.jobs)
+    packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
+    failed = [r for r in results if r.status == "failed"]
+    if args.json:
+        steps = [
+            {
+                "recipe": r.recipe,
+                "step": r.step,
+                "part": r.part,
+                "status": r.status,
+                "seconds": round(r.seconds, 4),
+                "outputs": r.outputs,
+                "error": r.error,
+            }
+            for r in results
+        ]
+        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
+    else:
+        counts = Counter(r.status for r in results)
+        summary = f"{counts['run']} step(s) run, {counts['up-to-date']} up to date"
+        if counts["restored"]:
+            summary += f", {counts['restored']} restored from the step cache"
+        if counts["failed"]:
+            summary += f", {counts['failed']} failed"
+        print(summary)
+        for package in packages:
+            print(f"package: {package}")
+    for result in failed:
+        if not result.blocked:
+            print(
+                f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr
+            )
+    return 1 if failed else 0
+
+
+def _plans(args):
+    return [load_plan(path, args.set or []) for path in args.recipes]
+
+
+def cmd_status(args) -> int:
+    from .engine.status import status
+
+    results = status(_plans(args))
+    if args.json:
+        steps = [vars(r) for r in results]
+        packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.outputs})
+        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
+        return 0
+    for r in results:
+        why = f": {'; '.join(r.reasons)}" if r.reasons else ""
+        print(f"{Path(r.recipe).name} [{f'{r.step} {r.part}'.strip()}] {r.status}{why}")
+    return 0
+
+
+def cmd_dag(args) -> int:
+    from .engine.dag import FanOut, known_tasks
+
+    tasks = [t for plan in _plans(args) for t in known_tasks(plan)]
+    made_by = {o: t for t in tasks if not isinstance(t, FanOut) for o in t.outputs}
+
+    def producer(source: Path):
+        """The task whose output is `source` or a folder holding it (a partition's parts)."""
+        return next((made_by[p] for p in (source, *source.parents) if p in made_by), None)
+
+    if args.dot:
+        print("digraph onebuild {\n  rankdir=LR;")
+        for t in tasks:
+            print(f'  "{t.name}" [label="{t.recipe.stem}\\n{_title(t)}"];')
+            if isinstance(t, FanOut):
+                print(f'  "{t.after}" -> "{t.name}";')
+                continue
+            for source in t.inputs:
+                parent = producer(source)
+                origin = parent.name if parent else source.name
+                if not parent:
+                    print(f'  "{origin}" [shape=note];')
+                print(f'  "{origin}" -> "{t.name}";')
+        print("}")
+        return 0
+    for t in tasks:
+        if isinstance(t, FanOut):
+            print(
+                f"{t.recipe.name} [{t.step}] <- {t.after.split('::')[-1]} -> one task per NPU part"
+            )
+            continue
+        sources = [producer(s).step if producer(s) else str(s) for s in t.inputs]
+        outputs = ", ".join(map(str, t.outputs))
+        print(f"{t.recipe.name} [{_title(t)}] <- {', '.join(sources)} -> {outputs}")
+    return 0
+
+
+def _title(task) -> str:
+    """A task's step, with the partition it works on for fan-out tasks."""
+    return f"{task.step} {getattr(task, 'label', '')}".strip()
+
+
+def cmd_clean(args) -> int:
+    from .engine.dag import DB_NAME, StepTask, known_tasks, locked
+    from .engine.ownership import STALE_PLAN_SECONDS, refuse_foreign, remove, sweep
+
+    for plan in _plans(args):
+        tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
+        for task in tasks:
+            refuse_foreign(task.outputs, f"{plan.recipe}: [{task.step}]", "remove")
+        if not plan.build_dir.is_dir():
+            print(f"cleaned {plan.recipe.name} (nothing was built)")
+            continue
+        with locked(plan.build_dir, plan.recipe):
+            tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
+            for task in tasks:
+                refuse_foreign(task.outputs, f"{plan.recipe}: [{task.step}]", "remove")
+            for task in tasks:
+                remove(task.outputs)
+            (plan.build_dir / DB_NAME).unlink(missing_ok=True)
+            sweep([plan.build_dir / DB_NAME])
+            sweep([plan.build_dir / PLAN_FILE], older_than=STALE_PLAN_SECONDS)
+            if args.cache and plan.cache_dir is None:
+                shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
+        print(f"cleaned {plan.recipe.name}")
+    return 0
