@@ -49,6 +49,11 @@ class ImportStep(_Section):
     input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=MAX_DIM)]]] | None = Field(
         default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
     )
+    constants: dict[str, float | int | bool | list] | None = Field(
+        default=None,
+        description="pin inputs to values, folding what depends on them (an If on a sample "
+        "rate, say), e.g. { sr = 16000 }",
+    )
 
 
 class OptimizeStep(_Section):

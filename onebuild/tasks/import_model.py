@@ -7,5 +7,5 @@ from typing import Any
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..graph_ir.serde import load_onnx, save_ir  # onnx loads only when a step runs
 
-    model = load_onnx(inputs[0], config.get("input_shapes"))
+    model = load_onnx(inputs[0], config.get("input_shapes"), config.get("constants"))
     save_ir(model, outputs[0])

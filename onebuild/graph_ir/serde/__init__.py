@@ -14,12 +14,15 @@ from .irfile import MAGIC, load_ir, save_ir
 
 
 def load_onnx(
-    path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None
+    path: str | os.PathLike,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_values: Mapping[str, object] | None = None,
 ) -> Model:
-    """An ONNX model as IR (see `onnx_import.load_onnx`)."""
+    """An ONNX model as IR (see `onnx_import.load_onnx`); `input_values` pins inputs to
+    constants."""
     from .onnx_import import load_onnx as load
 
-    return load(path, input_shapes)
+    return load(path, input_shapes, input_values)
 
 
 def load_model(

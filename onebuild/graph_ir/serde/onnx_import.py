@@ -30,6 +30,7 @@ from ..ops import OPS
 from ..tensor import Tensor
 from . import onnx_checks as checks
 from . import onnx_ops_nn  # noqa: F401  (registers the layer converters)
+from .onnx_control import fold_if
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
 
@@ -124,9 +125,10 @@ class _GraphImporter:
         if not all(isinstance(name, str) for name in names):
             raise ModelError(f"{self.source}: corrupt model (a name is not valid UTF-8 text)")
 
-    def _sorted_nodes(self) -> list[onnx.NodeProto]:
-        """ONNX nodes in a stable topological order (models should be sorted; some are not)."""
-        nodes = list(self.proto.node)
+    def _sorted_nodes(self, nodes=None) -> list[onnx.NodeProto]:
+        """ONNX nodes (of the graph, or of a subgraph) in a stable topological order (models
+        should be sorted; some are not); names defined outside them count as given."""
+        nodes = list(self.proto.node if nodes is None else nodes)
         producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
         waiting = [
             {producer[name] for name in n.input if producer.get(name, i) != i}
@@ -188,11 +190,27 @@ class _GraphImporter:
             if info.name in self.values:  # an initializer listed as input (IR version < 4)
                 continue
             if info.name in input_values:
-                array = np.asarray(input_values[info.name])
+                array = self._pinned(info, input_values[info.name], input_shapes.get(info.name))
                 self.values[info.name] = self.graph.add_constant(array, info.name)
                 continue
             dtype, shape = self._value_type(info, input_shapes.get(info.name))
             self.values[info.name] = self.graph.add_input(info.name, dtype, shape)
+
+    def _pinned(self, info: onnx.ValueInfoProto, value, shape) -> np.ndarray:
+        """A value pinning an input: of the input's type, broadcast to its declared shape."""
+        dtype = self.dtype(info.type.tensor_type.elem_type, f"input '{info.name}'")
+        try:
+            array = np.asarray(value, dtype=dtype)
+            dims = info.type.tensor_type.shape.dim
+            declared = shape or [_fixed_dim(d) for d in dims]
+            if None not in declared and list(array.shape) != list(declared):
+                array = np.broadcast_to(array, declared).copy()
+        except (ValueError, TypeError) as error:
+            raise UserError(
+                f"{self.source}: the constant given for input '{info.name}' does not fit its "
+                f"type {dtype}{[_fixed_dim(d) for d in info.type.tensor_type.shape.dim]}: {error}"
+            ) from None
+        return array
 
     def _value_type(self, info: onnx.ValueInfoProto, override: Sequence[int] | None):
         kind = info.type.WhichOneof("value")
@@ -313,6 +331,9 @@ class _GraphImporter:
 
     # -- nodes -------------------------------------------------------------------------------
     def _convert(self, node: onnx.NodeProto) -> None:
+        if node.op_type == "If" and node.domain in ONNX_DOMAINS:
+            checks.signature(node, self.opset)
+            return fold_if(self, node)
         ctx = NodeContext(self, node)
         try:
             checks.signature(node, self.opset)
@@ -447,10 +468,11 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
             for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
         ]
-        if node.domain not in ONNX_DOMAINS or node.op_type not in CONVERTERS:
+        foldable = node.op_type == "If" and node.domain in ONNX_DOMAINS  # see onnx_control
+        if node.domain not in ONNX_DOMAINS or (node.op_type not in CONVERTERS and not foldable):
             op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
             found.append((op, name, where))
-        elif subgraphs:
+        elif subgraphs and not foldable:
             found.append((f"{node.op_type} with subgraphs", name, where))
         for attr, graph in subgraphs:
             inner = f"{node.op_type} '{name}'.{attr}"
