@@ -126,7 +126,7 @@ def test_unsupported_ops_inside_subgraphs_are_listed_with_their_path():
     assert "Einsum (node 'deep' in If 'cond'.else_branch / Loop 'loop'.body)" in message
     assert "Einsum, LSTM, Loop" in message
     assert "\n" not in message
-    assert len(error.value.unsupported) == 5
+    assert len(error.value.unsupported) == 4
 
 
 def _relu(out="y"):
