@@ -10,7 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .elementwise import apply_clip
-from .registry import Attrs, TensorType, register
+from .registry import ANY, PER_SAMPLE, Attrs, BatchRule, TensorType, register
 
 
 def window_view(
@@ -71,7 +71,7 @@ def conv_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (x.shape[0], w.shape[0], *spatial))]
 
 
-@register("Conv", conv_type)
+@register("Conv", conv_type, batch=PER_SAMPLE, quant="matmul")
 def conv(attrs, x, w, b=None):
     group, nd = attrs["group"], x.ndim - 2
     strides, dilations = tuple(attrs["strides"]), tuple(attrs["dilations"])
@@ -164,7 +164,7 @@ def _conv_transpose_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (x.shape[0], w.shape[1] * attrs["group"], *spatial))]
 
 
-@register("ConvTranspose", _conv_transpose_type)
+@register("ConvTranspose", _conv_transpose_type, batch=PER_SAMPLE)
 def conv_transpose(attrs, x, w, b=None):
     group, nd = attrs["group"], x.ndim - 2
     strides, dil, pads = attrs["strides"], attrs["dilations"], attrs["pads"]
@@ -215,7 +215,19 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a[:, None, :], b)[:, 0, :]
 
 
-@register("Gemm", gemm_type)
+def _gemm_bias(node) -> bool:
+    """A bias computed from the input must be a [1, N] row, not a broadcast [N] vector."""
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    return c is None or c.is_const or len(c.shape) == 2
+
+
+# Samples are rows of A (and of a bias computed from the input).
+_GEMM_BATCH = BatchRule(
+    (0, 2), condition=lambda node: not node.attrs.get("transA") and _gemm_bias(node)
+)
+
+
+@register("Gemm", gemm_type, batch=_GEMM_BATCH, quant="matmul")
 def gemm(attrs, a, b, c=None):
     a = a.T if attrs.get("transA") else a
     b = b.T if attrs.get("transB") else b
@@ -239,6 +251,20 @@ def _matmul_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, shape)]
 
 
-@register("MatMul", _matmul_type)
+def _matmul_separable(node) -> bool:
+    """[1, M, K] @ [K, N] and stacks of matrices; a batched matrix must be the left operand."""
+    rank = len(node.outputs[0].shape)
+    for index, value in enumerate(node.inputs):
+        if value is None or value.is_const:
+            continue
+        if len(value.shape) != rank or len(value.shape) < (2 if index == 0 else 3):
+            return False
+    return True
+
+
+_MATMUL_BATCH = BatchRule(ANY, condition=_matmul_separable)
+
+
+@register("MatMul", _matmul_type, batch=_MATMUL_BATCH, quant="matmul")
 def matmul(attrs, a, b):
     return apply_clip(attrs, _matmul(a, b).astype(a.dtype, copy=False))

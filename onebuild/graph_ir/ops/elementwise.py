@@ -7,6 +7,8 @@ Add, Conv, Gemm and MatMul may carry a fused activation, the attribute `clip = [
 import numpy as np
 
 from .registry import (
+    BROADCASTING,
+    PER_SAMPLE,
     Attrs,
     TensorType,
     broadcast,
@@ -32,22 +34,22 @@ def _same_dtype(x: np.ndarray, like: np.ndarray) -> np.ndarray:
     return x if x.dtype == like.dtype else x.astype(like.dtype)
 
 
-@register("Add", broadcast)
+@register("Add", broadcast, batch=BROADCASTING, quant="binary")
 def add(attrs, a, b):
     return apply_clip(attrs, _same_dtype(np.add(a, b), a))
 
 
-@register("Sub", broadcast)
+@register("Sub", broadcast, batch=BROADCASTING, quant="binary")
 def sub(attrs, a, b):
     return _same_dtype(np.subtract(a, b), a)
 
 
-@register("Mul", broadcast)
+@register("Mul", broadcast, batch=BROADCASTING, quant="binary")
 def mul(attrs, a, b):
     return _same_dtype(np.multiply(a, b), a)
 
 
-@register("Div", broadcast)
+@register("Div", broadcast, batch=BROADCASTING)
 def div(attrs, a, b):
     """Float division; integer division truncates toward zero (as C and onnxruntime do)."""
     if np.issubdtype(a.dtype, np.integer):
@@ -57,45 +59,45 @@ def div(attrs, a, b):
     return _same_dtype(np.divide(a, b), a)
 
 
-@register("Pow", broadcast)
+@register("Pow", broadcast, batch=BROADCASTING)
 def pow_(attrs, a, b):
     if np.issubdtype(a.dtype, np.integer):
         return np.power(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
     return _same_dtype(np.power(a, b.astype(a.dtype)), a)
 
 
-@register("Max", broadcast)
+@register("Max", broadcast, batch=BROADCASTING)
 def maximum(attrs, *xs):
     return _same_dtype(np.maximum.reduce(np.broadcast_arrays(*xs)), xs[0])
 
 
-@register("Min", broadcast)
+@register("Min", broadcast, batch=BROADCASTING)
 def minimum(attrs, *xs):
     return _same_dtype(np.minimum.reduce(np.broadcast_arrays(*xs)), xs[0])
 
 
-@register("PRelu", broadcast)
+@register("PRelu", broadcast, batch=BROADCASTING)
 def prelu(attrs, x, slope):
     return _same_dtype(np.where(x < 0, x * slope, x), x)
 
 
-@register("Equal", with_dtype(np.bool_))
+@register("Equal", with_dtype(np.bool_), batch=BROADCASTING)
 def equal(attrs, a, b):
     return np.equal(a, b)
 
 
-@register("Less", with_dtype(np.bool_))
+@register("Less", with_dtype(np.bool_), batch=BROADCASTING)
 def less(attrs, a, b):
     return np.less(a, b)
 
 
-@register("Greater", with_dtype(np.bool_))
+@register("Greater", with_dtype(np.bool_), batch=BROADCASTING)
 def greater(attrs, a, b):
     return np.greater(a, b)
 
 
 def _boolean(name: str, fn):
-    @register(name, with_dtype(np.bool_))
+    @register(name, with_dtype(np.bool_), batch=BROADCASTING)
     def kernel(attrs, a, b):
         return fn(a, b)
 
@@ -110,7 +112,7 @@ _boolean("Or", np.logical_or)
 _boolean("Xor", np.logical_xor)
 
 
-@register("Mod", broadcast)
+@register("Mod", broadcast, batch=BROADCASTING)
 def mod(attrs, a, b):
     """Integer `Mod` takes the divisor's sign (Python's %); `fmod` the dividend's (C's fmod)."""
     if attrs.get("fmod"):
@@ -122,13 +124,16 @@ def _where_type(attrs, types):
     return [TensorType(types[1].dtype, broadcast(attrs, types)[0].shape)]
 
 
-@register("Where", _where_type)
+@register("Where", _where_type, batch=BROADCASTING)
 def where(attrs, cond, a, b):
     return np.where(cond, a, b)
 
 
-def _unary(name: str, fn):
-    @register(name, same_as_input)
+def _unary(name: str, fn, quant: str | None = None):
+    """A unary elementwise function, per sample; `quant="lookup"` quantizes it as a table over
+    every input code, None keeps it in float."""
+
+    @register(name, same_as_input, batch=PER_SAMPLE, quant=quant)
     def kernel(attrs, x):
         return _same_dtype(fn(x), x)
 
@@ -155,41 +160,44 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * (1.0 - poly * np.exp(-z * z))
 
 
-_unary("Erf", _erf)
+_unary("Erf", _erf, quant="lookup")
 _unary("Sqrt", np.sqrt)
-_unary("Neg", np.negative)
-_unary("Abs", np.abs)
-_unary("Exp", np.exp)
+_unary("Neg", np.negative, quant="lookup")
+_unary("Abs", np.abs, quant="lookup")
+_unary("Exp", np.exp, quant="lookup")
 _unary("Log", np.log)
 _unary("Floor", np.floor)
 _unary("Ceil", np.ceil)
 _unary("Reciprocal", np.reciprocal)
-_unary("Tanh", np.tanh)
-_unary("Sigmoid", _sigmoid)
+_unary("Tanh", np.tanh, quant="lookup")
+_unary("Sigmoid", _sigmoid, quant="lookup")
 _unary("Not", np.logical_not)
-_unary("Round", np.rint)  # half to even, as ONNX specifies
-_unary("Sign", np.sign)
-_unary("Softsign", lambda x: x / (1 + np.abs(x)))
-_unary("Softplus", _softplus)
-_unary("Mish", lambda x: x * np.tanh(_softplus(x)))
-for _name in "Sin Cos Tan Sinh Cosh".split():
+_unary("Round", np.rint, quant="lookup")  # half to even, as ONNX specifies
+_unary("Sign", np.sign, quant="lookup")
+_unary("Softsign", lambda x: x / (1 + np.abs(x)), quant="lookup")
+_unary("Softplus", _softplus, quant="lookup")
+_unary("Mish", lambda x: x * np.tanh(_softplus(x)), quant="lookup")
+_unary("Sin", np.sin, quant="lookup")
+_unary("Cos", np.cos, quant="lookup")
+_unary("Atan", np.arctan, quant="lookup")
+for _name in "Tan Sinh Cosh".split():
     _unary(_name, getattr(np, _name.lower()))
-for _name in "Asin Acos Atan Asinh Acosh Atanh".split():
+for _name in "Asin Acos Asinh Acosh Atanh".split():
     _unary(_name, getattr(np, "arc" + _name[1:].lower()))
 
 
-@register("IsNaN", with_dtype(np.bool_))
+@register("IsNaN", with_dtype(np.bool_), batch=PER_SAMPLE)
 def is_nan(attrs, x):
     return np.isnan(x)
 
 
-@register("IsInf", with_dtype(np.bool_))
+@register("IsInf", with_dtype(np.bool_), batch=PER_SAMPLE)
 def is_inf(attrs, x):
     positive, negative = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
     return np.isinf(x) & (((x > 0) & bool(positive)) | ((x < 0) & bool(negative)))
 
 
-@register("Gelu", same_as_input)
+@register("Gelu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def gelu(attrs, x):
     """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation when `approximate` is "tanh"."""
     if attrs.get("approximate", "none") == "tanh":
@@ -198,40 +206,40 @@ def gelu(attrs, x):
     return _same_dtype(0.5 * x * (1 + _erf(x / np.sqrt(2))), x)
 
 
-@register("Relu", same_as_input)
+@register("Relu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def relu(attrs, x):
     return np.maximum(x, np.zeros((), x.dtype))
 
 
-@register("LeakyRelu", same_as_input)
+@register("LeakyRelu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def leaky_relu(attrs, x):
     return _same_dtype(np.where(x < 0, x * attrs.get("alpha", 0.01), x), x)
 
 
-@register("Elu", same_as_input)
+@register("Elu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def elu(attrs, x):
     return _same_dtype(np.where(x > 0, x, attrs.get("alpha", 1.0) * np.expm1(x)), x)
 
 
-@register("Celu", same_as_input)
+@register("Celu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def celu(attrs, x):
     alpha = attrs.get("alpha", 1.0)
     return _same_dtype(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)), x)
 
 
-@register("Selu", same_as_input)
+@register("Selu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def selu(attrs, x):
     alpha = attrs.get("alpha", 1.67326319217681884765625)
     gamma = attrs.get("gamma", 1.05070102214813232421875)
     return _same_dtype(gamma * np.where(x > 0, x, alpha * np.expm1(x)), x)
 
 
-@register("ThresholdedRelu", same_as_input)
+@register("ThresholdedRelu", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def thresholded_relu(attrs, x):
     return np.where(x > attrs.get("alpha", 1.0), x, np.zeros((), x.dtype))
 
 
-@register("Shrink", same_as_input)
+@register("Shrink", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def shrink(attrs, x):
     """x + bias below -lambd, x - bias above lambd, 0 between."""
     bias, lambd = attrs.get("bias", 0.0), attrs.get("lambd", 0.5)
@@ -239,17 +247,17 @@ def shrink(attrs, x):
     return _same_dtype(y, x)
 
 
-@register("HardSigmoid", same_as_input)
+@register("HardSigmoid", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def hard_sigmoid(attrs, x):
     return _same_dtype(np.clip(x * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
 
 
-@register("HardSwish", same_as_input)
+@register("HardSwish", same_as_input, batch=PER_SAMPLE, quant="lookup")
 def hard_swish(attrs, x):
     return _same_dtype(x * np.clip(x / 6.0 + 0.5, 0, 1), x)
 
 
-@register("Clip", same_as_input)
+@register("Clip", same_as_input, batch=BROADCASTING, quant="lookup")
 def clip(attrs, x, lo=None, hi=None):
     """Clip to [lo, hi]; an omitted bound is unbounded."""
     if lo is not None:

@@ -3,14 +3,21 @@ InstanceNormalization, GroupNormalization, MeanVarianceNormalization, LpNormaliz
 
 import numpy as np
 
-from .registry import normalize_axis, register, same_as_input
+from .registry import (
+    NOT_ALONG_AXIS_0,
+    NOT_OVER_AXIS_0,
+    PER_SAMPLE,
+    normalize_axis,
+    register,
+    same_as_input,
+)
 
 
 def _channel_shape(x: np.ndarray) -> tuple[int, ...]:
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
-@register("BatchNormalization", same_as_input)
+@register("BatchNormalization", same_as_input, batch=PER_SAMPLE)
 def batch_normalization(attrs, x, scale, bias, mean, var):
     """Inference form: y = (x - mean) / sqrt(var + epsilon) * scale + bias, per channel."""
     factor = scale / np.sqrt(var + np.asarray(attrs.get("epsilon", 1e-5), var.dtype))
@@ -19,7 +26,7 @@ def batch_normalization(attrs, x, scale, bias, mean, var):
     return (x * factor.reshape(shape) + shift.reshape(shape)).astype(x.dtype, copy=False)
 
 
-@register("LRN", same_as_input)
+@register("LRN", same_as_input, batch=PER_SAMPLE)
 def lrn(attrs, x):
     """Local response normalization across channels (window `size`, centered as ONNX defines)."""
     size = attrs["size"]
@@ -33,7 +40,7 @@ def lrn(attrs, x):
     return (x / (bias + alpha / size * window) ** beta).astype(x.dtype)
 
 
-@register("Softmax", same_as_input)
+@register("Softmax", same_as_input, batch=NOT_ALONG_AXIS_0)
 def softmax(attrs, x):
     axis = attrs.get("axis", -1)
     shifted = x - x.max(axis=axis, keepdims=True)
@@ -41,14 +48,14 @@ def softmax(attrs, x):
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
-@register("LogSoftmax", same_as_input)
+@register("LogSoftmax", same_as_input, batch=NOT_ALONG_AXIS_0)
 def log_softmax(attrs, x):
     axis = attrs.get("axis", -1)
     shifted = x - x.max(axis=axis, keepdims=True)
     return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
 
-@register("LayerNormalization", same_as_input)
+@register("LayerNormalization", same_as_input, batch=NOT_ALONG_AXIS_0)
 def layer_normalization(attrs, x, scale, bias=None):
     axis = normalize_axis(attrs.get("axis", -1), x.ndim)
     axes = tuple(range(axis, x.ndim))
@@ -68,7 +75,7 @@ def _standardize(x: np.ndarray, axes: tuple[int, ...], epsilon: float) -> np.nda
     return (x - mean) / np.sqrt(var + epsilon)
 
 
-@register("InstanceNormalization", same_as_input)
+@register("InstanceNormalization", same_as_input, batch=PER_SAMPLE)
 def instance_normalization(attrs, x, scale, bias):
     """Per sample and channel over the spatial axes, then a per-channel affine."""
     y = _standardize(x, tuple(range(2, x.ndim)), attrs.get("epsilon", 1e-5))
@@ -76,7 +83,7 @@ def instance_normalization(attrs, x, scale, bias):
     return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
 
 
-@register("GroupNormalization", same_as_input)
+@register("GroupNormalization", same_as_input, batch=PER_SAMPLE)
 def group_normalization(attrs, x, scale, bias):
     """Per sample over `num_groups` channel groups (and the spatial axes); per-channel affine."""
     groups = attrs["num_groups"]
@@ -86,7 +93,7 @@ def group_normalization(attrs, x, scale, bias):
     return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
 
 
-@register("MeanVarianceNormalization", same_as_input)
+@register("MeanVarianceNormalization", same_as_input, batch=NOT_OVER_AXIS_0)
 def mean_variance_normalization(attrs, x):
     """(x - mean) / sqrt(var) over `axes`; ONNX adds 1e-9 to the deviation."""
     x64 = x.astype(np.float64)
@@ -96,7 +103,7 @@ def mean_variance_normalization(attrs, x):
     return ((x64 - mean) / (std + 1e-9)).astype(x.dtype)
 
 
-@register("LpNormalization", same_as_input)
+@register("LpNormalization", same_as_input, batch=NOT_ALONG_AXIS_0)
 def lp_normalization(attrs, x):
     """x divided by its L1 or L2 norm along `axis` (a zero norm leaves zeros)."""
     axis = normalize_axis(attrs.get("axis", -1), x.ndim)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from .conv import pad_spatial
-from .registry import Attrs, TensorType, register
+from .registry import PER_SAMPLE, Attrs, TensorType, register
 
 
 def pool_output_shape(attrs: Attrs, spatial: tuple[int, ...]) -> tuple[int, ...]:
@@ -68,7 +68,7 @@ def _reduce_windows(attrs: Attrs, xp: np.ndarray, out: tuple[int, ...], combine)
     return y
 
 
-@register("MaxPool", _pool_type)
+@register("MaxPool", _pool_type, batch=PER_SAMPLE, quant="passthrough")
 def max_pool(attrs, x):
     lowest = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
     xp, _ = _padded(attrs, x, lowest)
@@ -97,7 +97,7 @@ def window_sums(attrs: Attrs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-@register("AveragePool", _pool_type)
+@register("AveragePool", _pool_type, batch=PER_SAMPLE, quant="average_pool")
 def average_pool(attrs, x):
     """Mean over each window (divisor as in `window_sums`)."""
     total, counts = window_sums(attrs, x)
@@ -109,11 +109,11 @@ def _global_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (*x.shape[:2], *([1] * (len(x.shape) - 2))))]
 
 
-@register("GlobalAveragePool", _global_type)
+@register("GlobalAveragePool", _global_type, batch=PER_SAMPLE, quant="average_pool")
 def global_average_pool(attrs, x):
     return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)
 
 
-@register("GlobalMaxPool", _global_type)
+@register("GlobalMaxPool", _global_type, batch=PER_SAMPLE, quant="passthrough")
 def global_max_pool(attrs, x):
     return x.max(axis=tuple(range(2, x.ndim)), keepdims=True)

@@ -18,8 +18,8 @@ from ..quant.params import (
 )
 from .conv import conv, conv_type, gemm, gemm_type
 from .pool import _pool_type, window_sums
-from .registry import Attrs, TensorType, broadcast, register
-from .tensor_ops import _concat_type
+from .registry import BROADCASTING, PER_SAMPLE, Attrs, TensorType, broadcast, register
+from .tensor_ops import CONCAT_BATCH, _concat_type
 
 
 def _typed(shape_of):
@@ -45,26 +45,30 @@ def _output(attrs: Attrs, scaled: np.ndarray) -> np.ndarray:
     return np.clip(y, attrs["qmin"], attrs["qmax"]).astype(attrs["dtype"])
 
 
-@register("QuantizeLinear", _typed(_same_shape))
+@register("QuantizeLinear", _typed(_same_shape), batch=PER_SAMPLE)
 def quantize_linear(attrs, x):
     return quantize(x, qdq_params(attrs), attrs["dtype"])
 
 
 @register(
-    "DequantizeLinear", lambda attrs, types: [TensorType(np.dtype(np.float32), types[0].shape)]
+    "DequantizeLinear",
+    lambda attrs, types: [TensorType(np.dtype(np.float32), types[0].shape)],
+    batch=PER_SAMPLE,
 )
 def dequantize_linear(attrs, q):
     return dequantize(q, qdq_params(attrs))
 
 
-@register("Requantize", _typed(_same_shape))
+@register("Requantize", _typed(_same_shape), batch=PER_SAMPLE)
 def requantize_op(attrs, q):
     """Change quantization parameters (or type): y = requantize(q - zp_x) + zp_y."""
     centered = _centered(q, attrs["x_zero_point"])
     return _output(attrs, requantize(centered, attrs["multiplier"], attrs["shift"]))
 
 
-@register("QLookup", lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)])
+@register(
+    "QLookup", lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)], batch=PER_SAMPLE
+)
 def q_lookup(attrs, q, table):
     """Any unary elementwise function as a table over every input code: y = table[q - min]."""
     return table[q.astype(np.int64) - np.iinfo(q.dtype).min]
@@ -82,7 +86,7 @@ def _exact_int(array: np.ndarray) -> np.ndarray:
     return np.rint(array).astype(np.int64)
 
 
-@register("QConv", _typed(lambda attrs, types: conv_type(attrs, types[:2])))
+@register("QConv", _typed(lambda attrs, types: conv_type(attrs, types[:2])), batch=PER_SAMPLE)
 def q_conv(attrs, x, w, b):
     """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized."""
     centered = _centered(x, attrs["x_zero_point"]).astype(np.float64)
@@ -90,14 +94,17 @@ def q_conv(attrs, x, w, b):
     return _per_channel(attrs, _exact_int(acc), 1)
 
 
-@register("QGemm", _typed(lambda attrs, types: gemm_type(attrs, types[:2])))
+_QGEMM_BATCH = PER_SAMPLE.where(lambda node: not node.attrs.get("transA"))
+
+
+@register("QGemm", _typed(lambda attrs, types: gemm_type(attrs, types[:2])), batch=_QGEMM_BATCH)
 def q_gemm(attrs, a, w, b):
     centered = _centered(a, attrs["x_zero_point"]).astype(np.float64)
     acc = gemm({"transB": attrs.get("transB", 0)}, centered, w.astype(np.float64))
     return _per_channel(attrs, _exact_int(acc) + b.astype(np.int64), 1)
 
 
-@register("QAdd", _typed(broadcast))
+@register("QAdd", _typed(broadcast), batch=BROADCASTING)
 def q_add(attrs, a, b):
     """a ± b: each input rescaled to half the larger input scale at 2^20 resolution, summed,
     then requantized to the output (TFLite's scheme)."""
@@ -107,13 +114,13 @@ def q_add(attrs, a, b):
     return _output(attrs, requantize(total, attrs["multiplier"], attrs["shift"]))
 
 
-@register("QMul", _typed(broadcast))
+@register("QMul", _typed(broadcast), batch=BROADCASTING)
 def q_mul(attrs, a, b):
     product = _centered(a, attrs["a_zero_point"]) * _centered(b, attrs["b_zero_point"])
     return _output(attrs, requantize(product, attrs["multiplier"], attrs["shift"]))
 
 
-@register("QConcat", _typed(_concat_type))
+@register("QConcat", _typed(_concat_type), batch=CONCAT_BATCH)
 def q_concat(attrs, *inputs):
     """Each input requantized to the output parameters, then concatenated."""
     parts = [
@@ -123,7 +130,7 @@ def q_concat(attrs, *inputs):
     return _output(attrs, np.concatenate(parts, axis=attrs["axis"]))
 
 
-@register("QAveragePool", _typed(_pool_type))
+@register("QAveragePool", _typed(_pool_type), batch=PER_SAMPLE)
 def q_average_pool(attrs, x):
     """Window sums of (x - zp_x), each rescaled by s_x / (s_y * count) for its window's count.
 

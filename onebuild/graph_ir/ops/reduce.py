@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .registry import Attrs, TensorType, register
+from .registry import NOT_OVER_AXIS_0, Attrs, TensorType, register
 
 
 def _reduce_type(attrs: Attrs, types) -> list[TensorType]:
@@ -16,7 +16,7 @@ def _reduce_type(attrs: Attrs, types) -> list[TensorType]:
 
 
 def _reduction(name: str, fn, empty):
-    @register(name, _reduce_type)
+    @register(name, _reduce_type, batch=NOT_OVER_AXIS_0)
     def kernel(attrs, x):
         axes, keep = tuple(attrs["axes"]), bool(attrs.get("keepdims", 1))
         if x.size == 0 or any(x.shape[a] == 0 for a in axes):
@@ -52,7 +52,7 @@ def _arg_type(attrs: Attrs, types) -> list[TensorType]:
 
 
 def _arg_kernel(name: str, fn):
-    @register(name, _arg_type)
+    @register(name, _arg_type, batch=NOT_OVER_AXIS_0)
     def kernel(attrs, x):
         """Index of the first extreme value, or the last with `select_last_index`."""
         (axis,) = attrs["axes"]

@@ -1,16 +1,27 @@
-"""The closed set of IR operators: for each, a type-inference rule and a numpy kernel.
+"""The closed set of IR operators: one `OpDef` per op holds everything graph_ir knows about it.
 
-A kernel takes the node's attributes and its input arrays (None for an omitted optional input)
-and returns a tuple of output arrays. `infer` takes the attributes and the input types and returns
-the output types. Both see canonical attributes: the ONNX importer resolves opset differences,
+- kernel: takes the node's attributes and its input arrays (None for an omitted optional input)
+  and returns a tuple of output arrays;
+- infer: takes the attributes and the input types and returns the output types;
+- batch: how the op keeps samples apart along axis 0 (a `BatchRule`, read by `batching`), or None
+  when it never runs several samples per pass. Every op states it: the default is `UNSTATED`,
+  which `tests/test_op_registry.py` refuses;
+- quant: the name of the quantizer's rule for it (`QUANT_RULES`, dispatched on by
+  `quant/quantize_graph.py`), or None: the op runs in float between DequantizeLinear and
+  QuantizeLinear.
+
+Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..ir import Node
 
 
 class TensorType(NamedTuple):
@@ -23,18 +34,100 @@ Kernel = Callable[..., tuple[np.ndarray, ...]]
 Infer = Callable[[Attrs, Sequence[TensorType | None]], list[TensorType]]
 
 
+ANY = None  # BatchRule.inputs: every input may carry the batch
+
+
+@dataclass(frozen=True)
+class BatchRule:
+    """When a node of the op, run on [N, ...] activations, gives each sample its single-run result.
+
+    - inputs: the inputs that may carry the batch (the others must be constants: a Conv weight
+      computed from the input would mix samples), or ANY;
+    - broadcasting: numpy broadcasting applies, so every input carrying the batch must have the
+      output's rank (a lower-rank input would line its axis 0 up with a later output axis);
+    - condition: a further check on the node (attributes that look across axis 0, ...);
+    - rewrite: (attributes, N) -> the attributes for N samples, for ops whose attributes spell
+      out axis 0 (a static output shape, say).
+
+    A node none of whose inputs carries the batch is never separable (its output would not grow
+    with N); `batching.separable` applies the rule.
+    """
+
+    inputs: tuple[int, ...] | None = (0,)
+    broadcasting: bool = False
+    condition: "Callable[[Node], bool] | None" = None
+    rewrite: Callable[[Attrs, int], Attrs] | None = None
+
+    def where(self, condition: "Callable[[Node], bool]") -> "BatchRule":
+        """This rule with `condition` added (both must hold)."""
+        if self.condition is None:
+            return replace(self, condition=condition)
+        first = self.condition
+        return replace(self, condition=lambda node: first(node) and condition(node))
+
+
+def _axis(node: "Node") -> int:
+    rank = len(node.inputs[0].shape)
+    return node.attrs.get("axis", -1) % max(rank, 1)
+
+
+# Each input's axis 0 is the op's sample axis and the op never looks across it; only input 0
+# may carry the batch.
+PER_SAMPLE = BatchRule((0,))
+# Numpy broadcasting of any inputs of the output's rank.
+BROADCASTING = BatchRule(ANY, broadcasting=True)
+
+
+def not_along_axis_0(inputs: tuple[int, ...] | None = (0,)) -> BatchRule:
+    """Per sample unless the op's `axis` attribute (default -1) is axis 0 (Softmax, Split,
+    Concat, ...)."""
+    return BatchRule(inputs, condition=lambda node: _axis(node) != 0)
+
+
+NOT_ALONG_AXIS_0 = not_along_axis_0()
+# Per sample unless the op's `axes` attribute (reductions) includes axis 0.
+NOT_OVER_AXIS_0 = PER_SAMPLE.where(lambda node: 0 not in node.attrs["axes"])
+
+# The quantizer's rules (methods of `quant.quantize_graph._Quantizer`, which checks that it has
+# one for each name): integer kernels for conv/gemm/matmul with constant weights, two-input
+# add/sub/mul, concat and average pooling; a lookup table over every input code for unary
+# functions; data movement on the quantized codes with the input's parameters; passthrough of a
+# constant-mode pad whose fill becomes the zero point.
+QUANT_RULES = ("matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad")
+
+
+class _Unstated:
+    def __repr__(self) -> str:
+        return "UNSTATED"
+
+
+UNSTATED: Any = _Unstated()  # `register` without `batch=`: an omission, not a decision
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
     kernel: Kernel
     infer: Infer
+    batch: BatchRule | None = UNSTATED
+    quant: str | None = None
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def register(name: str, infer: Infer) -> Callable[[Callable], Callable]:
-    """Register the decorated function as the kernel of op `name`; it may return one array."""
+def register(
+    name: str, infer: Infer, *, batch: BatchRule | None = UNSTATED, quant: str | None = None
+) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the kernel of op `name`; it may return one array.
+
+    `batch` is the op's BatchRule, or None if it is deliberately never batch-separable; `quant`
+    one of QUANT_RULES, or None to keep the op in float.
+    """
+    if quant is not None and quant not in QUANT_RULES:
+        raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
+    if batch is not None and batch is not UNSTATED and not isinstance(batch, BatchRule):
+        raise TypeError(f"op {name}: batch must be a BatchRule or None, not {batch!r}")
 
     def wrap(fn: Callable) -> Callable:
         def kernel(attrs: Attrs, *inputs: np.ndarray | None) -> tuple[np.ndarray, ...]:
@@ -43,10 +136,17 @@ def register(name: str, infer: Infer) -> Callable[[Callable], Callable]:
 
         kernel.__name__ = kernel.__qualname__ = fn.__name__
         kernel.__doc__ = fn.__doc__
-        OPS[name] = OpDef(name, kernel, infer)
+        if name in OPS:
+            raise ValueError(f"op {name} is registered twice")
+        OPS[name] = OpDef(name, kernel, infer, batch, quant)
         return fn
 
     return wrap
+
+
+def unregister(name: str) -> None:
+    """Remove op `name` (for tests that register an op of their own)."""
+    del OPS[name]
 
 
 def same_as_input(attrs: Attrs, types: Sequence[TensorType | None]) -> list[TensorType]:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .registry import Attrs, TensorType, register
+from .registry import Attrs, BatchRule, TensorType, register
 
 
 def source_coordinates(
@@ -102,7 +102,15 @@ def _resize_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, tuple(attrs["sizes"]))]
 
 
-@register("Resize", _resize_type)
+# Per sample when axis 0 is not interpolated; N samples need N output rows.
+_RESIZE_BATCH = BatchRule(
+    (0,),
+    condition=lambda node: node.attrs["scales"][0] == 1.0 and not node.attrs.get("roi"),
+    rewrite=lambda attrs, n: {**attrs, "sizes": [n, *attrs["sizes"][1:]]},
+)
+
+
+@register("Resize", _resize_type, batch=_RESIZE_BATCH)
 def resize(attrs, x):
     y = x.astype(np.float64)
     outside = np.zeros(attrs["sizes"], dtype=bool)

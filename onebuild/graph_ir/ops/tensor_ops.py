@@ -6,10 +6,33 @@ import ml_dtypes
 import numpy as np
 
 from .. import dtypes
-from .registry import Attrs, TensorType, register, same_as_input
+from .registry import (
+    ANY,
+    NOT_ALONG_AXIS_0,
+    PER_SAMPLE,
+    Attrs,
+    BatchRule,
+    TensorType,
+    not_along_axis_0,
+    register,
+    same_as_input,
+)
 
 
-@register("Reshape", lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))])
+def _with_batch_shape(attrs: Attrs, n: int) -> Attrs:
+    return {**attrs, "shape": [n, *attrs["shape"][1:]]}
+
+
+# Output shape [1, ...] from an input [1, ...]: each sample's block stays contiguous.
+_RESHAPE_BATCH = BatchRule((0,), rewrite=_with_batch_shape)
+
+
+@register(
+    "Reshape",
+    lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))],
+    batch=_RESHAPE_BATCH,
+    quant="passthrough",
+)
 def reshape(attrs, x):
     return x.reshape(attrs["shape"])
 
@@ -19,7 +42,10 @@ def _transpose_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, tuple(x.shape[p] for p in attrs["perm"]))]
 
 
-@register("Transpose", _transpose_type)
+_TRANSPOSE_BATCH = PER_SAMPLE.where(lambda node: node.attrs["perm"][0] == 0)
+
+
+@register("Transpose", _transpose_type, batch=_TRANSPOSE_BATCH, quant="passthrough")
 def transpose(attrs, x):
     return np.ascontiguousarray(x.transpose(attrs["perm"]))
 
@@ -36,7 +62,11 @@ def _concat_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, (*first[:axis], total, *first[axis + 1 :]))]
 
 
-@register("Concat", _concat_type)
+# Every part must carry the batch: a constant part would not grow with N.
+CONCAT_BATCH = not_along_axis_0(ANY).where(lambda node: not any(v.is_const for v in node.inputs))
+
+
+@register("Concat", _concat_type, batch=CONCAT_BATCH, quant="concat")
 def concat(attrs, *xs):
     return np.concatenate(xs, axis=attrs["axis"])
 
@@ -48,7 +78,7 @@ def _split_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (*x.shape[:axis], n, *x.shape[axis + 1 :])) for n in attrs["split"]]
 
 
-@register("Split", _split_type)
+@register("Split", _split_type, batch=NOT_ALONG_AXIS_0, quant="passthrough")
 def split(attrs, x):
     cuts = np.cumsum(attrs["split"])[:-1]
     return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=attrs["axis"]))
@@ -66,7 +96,19 @@ def _slice_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, shape)]
 
 
-@register("Slice", _slice_type)
+# A slice of a length-1 axis that keeps 1 is all of it: for N samples, take all N.
+_SLICE_BATCH = BatchRule(
+    (0,),
+    rewrite=lambda attrs, n: {
+        **attrs,
+        "starts": [0, *attrs["starts"][1:]],
+        "ends": [None, *attrs["ends"][1:]],
+        "steps": [1, *attrs["steps"][1:]],
+    },
+)
+
+
+@register("Slice", _slice_type, batch=_SLICE_BATCH, quant="passthrough")
 def slice_(attrs, x):
     """Per-axis Python slices: `starts`, `ends` (None = to the end) and `steps` for every axis."""
     return np.ascontiguousarray(x[_slices(attrs)])
@@ -78,7 +120,12 @@ def _pad_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, tuple(d + pads[i] + pads[i + rank] for i, d in enumerate(x.shape)))]
 
 
-@register("Pad", _pad_type)
+_PAD_BATCH = PER_SAMPLE.where(
+    lambda node: node.attrs["pads"][0] == 0 == node.attrs["pads"][len(node.inputs[0].shape)]
+)
+
+
+@register("Pad", _pad_type, batch=_PAD_BATCH, quant="pad")
 def pad(attrs, x):
     """Pad by `pads` (begins, then ends; negative crops) in mode constant/reflect/edge/wrap."""
     rank, pads = x.ndim, attrs["pads"]
@@ -97,7 +144,17 @@ def _gather_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]))]
 
 
-@register("Gather", _gather_type)
+# Data gathered along a later axis, or a constant table indexed by the samples' indices.
+_GATHER_BATCH = BatchRule(
+    ANY,
+    condition=lambda node: (
+        (node.attrs["axis"] != 0 and node.inputs[1].is_const)
+        or (node.attrs["axis"] == 0 and node.inputs[0].is_const)
+    ),
+)
+
+
+@register("Gather", _gather_type, batch=_GATHER_BATCH)
 def gather(attrs, x, indices):
     axis = attrs["axis"]
     size = x.shape[axis]
@@ -106,7 +163,18 @@ def gather(attrs, x, indices):
     return np.take(x, indices.astype(np.int64), axis=axis)
 
 
-@register("Expand", lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))])
+_EXPAND_BATCH = BatchRule(
+    (0,),
+    condition=lambda node: len(node.inputs[0].shape) == len(node.outputs[0].shape),
+    rewrite=_with_batch_shape,
+)
+
+
+@register(
+    "Expand",
+    lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))],
+    batch=_EXPAND_BATCH,
+)
 def expand(attrs, x):
     return np.ascontiguousarray(np.broadcast_to(x, attrs["shape"]))
 
@@ -116,7 +184,10 @@ def _tile_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, tuple(d * r for d, r in zip(x.shape, attrs["repeats"])))]
 
 
-@register("Tile", _tile_type)
+_TILE_BATCH = PER_SAMPLE.where(lambda node: node.attrs["repeats"][0] == 1)
+
+
+@register("Tile", _tile_type, batch=_TILE_BATCH)
 def tile(attrs, x):
     return np.tile(x, attrs["repeats"])
 
@@ -127,7 +198,7 @@ def _depth_to_space_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, (n, c // (b * b), h * b, w * b))]
 
 
-@register("DepthToSpace", _depth_to_space_type)
+@register("DepthToSpace", _depth_to_space_type, batch=PER_SAMPLE, quant="passthrough")
 def depth_to_space(attrs, x):
     n, c, h, w = x.shape
     b = attrs["blocksize"]
@@ -146,7 +217,7 @@ def _space_to_depth_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, (n, c * b * b, h // b, w // b))]
 
 
-@register("SpaceToDepth", _space_to_depth_type)
+@register("SpaceToDepth", _space_to_depth_type, batch=PER_SAMPLE)
 def space_to_depth(attrs, x):
     """Each b x b block becomes b*b channels: block offset major (DCR) or channel major (CRD)."""
     n, c, h, w = x.shape
@@ -156,7 +227,11 @@ def space_to_depth(attrs, x):
     return np.ascontiguousarray(y.reshape(n, c * b * b, h // b, w // b))
 
 
-@register("Cast", lambda attrs, types: [TensorType(dtypes.dtype(attrs["to"]), types[0].shape)])
+@register(
+    "Cast",
+    lambda attrs, types: [TensorType(dtypes.dtype(attrs["to"]), types[0].shape)],
+    batch=PER_SAMPLE,
+)
 def cast(attrs, x):
     """Convert element type as ONNX defines it: float8 saturates by default, sub-byte integers
     wrap around, and float8e8m0 rounds the exponent by `round_mode`."""
@@ -193,7 +268,7 @@ def _to_e8m0(x: np.ndarray, round_mode: str, to: np.dtype) -> np.ndarray:
     return np.where(np.isnan(x), np.nan, power).astype(to)
 
 
-@register("Identity", same_as_input)
+@register("Identity", same_as_input, batch=PER_SAMPLE, quant="passthrough")
 def identity(attrs, x):
     return x
 
@@ -206,7 +281,7 @@ def _dropout_type(attrs: Attrs, types) -> list[TensorType]:
     return outputs
 
 
-@register("Dropout", _dropout_type)
+@register("Dropout", _dropout_type, batch=PER_SAMPLE, quant="passthrough")
 def dropout(attrs, x):
     """Inference-mode dropout: the identity (and an all-true mask when asked for)."""
     if attrs.get("mask"):

@@ -95,13 +95,19 @@ def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
     return ((q.astype(np.float64) - zero_point) * scale).astype(np.float32)
 
 
+class MultiplierRangeError(ValueError):
+    """A requantization multiplier the fixed-point form cannot hold (the quantizer then keeps
+    the layer in float)."""
+
+
 def quantize_multiplier(real: float) -> tuple[int, int]:
     """(m, r) with real ~= m * 2^-r, m a 31-bit integer in [2^30, 2^31), 1 <= r <= 62.
 
-    Multipliers below 2^-31 scale any accumulator to 0 and are flushed to (0, 1).
+    Multipliers below 2^-31 scale any accumulator to 0 and are flushed to (0, 1); those outside
+    [0, 2^29) raise MultiplierRangeError.
     """
     if not 0 <= real < 2.0**29:
-        raise ValueError(f"requantization multiplier {real} is outside [0, 2^29)")
+        raise MultiplierRangeError(f"requantization multiplier {real} is outside [0, 2^29)")
     if real < 2.0**-31:
         return 0, 1
     mantissa, exponent = math.frexp(real)  # real = mantissa * 2^exponent, mantissa in [0.5, 1)

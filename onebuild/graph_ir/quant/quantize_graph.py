@@ -1,6 +1,7 @@
 """Full quantization of a float graph into the integer reference form.
 
-Each node runs in its layer's dtype (the default, or a `layers` override):
+Each node runs in its layer's dtype (the default, or a `layers` override), by the rule its op's
+registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RULES` below):
 - Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (symmetric weights per channel
   or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w;
   with the calibration means of the layer's input channels, the bias is corrected by the mean
@@ -10,12 +11,14 @@ Each node runs in its layer's dtype (the default, or a `layers` override):
   input code;
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, ...) runs on the quantized codes
   with the input's parameters;
+- a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
 Model inputs and outputs are float32 unless `input_type` / `output_type` name a quantized dtype.
 """
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -27,6 +30,7 @@ from ..tensor import QuantParams
 from .config import FLOAT, QuantConfig, layer_settings
 from .params import (
     ADD_SHIFT,
+    MultiplierRangeError,
     activation_params,
     dequantize,
     qdq_attrs,
@@ -36,43 +40,8 @@ from .params import (
 )
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
-PASSTHROUGH = {
-    "MaxPool",
-    "GlobalMaxPool",
-    "Reshape",
-    "Transpose",
-    "Identity",
-    "Slice",
-    "Split",
-    "DepthToSpace",
-}
-LOOKUP = {
-    "Relu",
-    "LeakyRelu",
-    "HardSigmoid",
-    "HardSwish",
-    "Clip",
-    "Sigmoid",
-    "Tanh",
-    "Gelu",
-    "Erf",
-    "Exp",
-    "Neg",
-    "Abs",
-    "Elu",
-    "Celu",
-    "Selu",
-    "ThresholdedRelu",
-    "Shrink",
-    "Softplus",
-    "Softsign",
-    "Mish",
-    "Sin",
-    "Cos",
-    "Atan",
-    "Sign",
-    "Round",
-}
+
+log = logging.getLogger(__name__)
 
 
 def weight_dtype(activation_dtype: str) -> str:
@@ -188,29 +157,29 @@ class _Quantizer:
         return result
 
     def _quantized(self, node: Node, dtype: str) -> bool:
-        """Emit the integer form of `node` if it has one; False leaves it to a float island."""
-        op = node.op
+        """Emit the integer form of `node` if its op has a quantization rule (`OPS[op].quant`)
+        and the node meets the rule's conditions; False leaves it to a float island."""
+        rule = OPS[node.op].quant
+        if rule is None:
+            return False
+        applies, emit = RULES[rule]
+        if not applies(self, node):
+            return False
         try:
-            if op in ("Conv", "Gemm", "MatMul") and _constant_weights(node):
-                self._matmul_like(node, dtype)
-            elif op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
-                self._binary(node, dtype)
-            elif op == "Concat":
-                self._concat(node, dtype)
-            elif op in ("AveragePool", "GlobalAveragePool") and len(node.inputs[0].shape) > 2:
-                self._average_pool(node, dtype)
-            elif op in LOOKUP and self._lookup_inputs(node) is not None:
-                self._lookup(node, dtype)
-            elif self._passthrough_ok(node):
-                self._passthrough(node)
-            else:
-                return False
-        except ValueError:  # a requantization multiplier out of range: keep this node float
+            emit(self, node, dtype)
+        except MultiplierRangeError as error:
+            # Scales too far apart for the fixed-point requantization (a near-constant tensor
+            # next to a wide one, say): this node runs in float.
+            log.info("node '%s' (%s) stays float: %s", node.name, node.op, error)
             return False
         return True
 
-    # -- integer kernels ---------------------------------------------------------------------
+    # -- the rules: whether a node qualifies, and its integer form ----------------------------
+    def _matmul_ok(self, node: Node) -> bool:
+        return _constant_weights(node)
+
     def _matmul_like(self, node: Node, dtype: str) -> None:
+        _has_integer_form(node, ("Conv", "Gemm", "MatMul"))
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
         w = node.inputs[1].numpy().astype(np.float64)
@@ -258,7 +227,11 @@ class _Quantizer:
         op = "QConv" if node.op == "Conv" else "QGemm"
         self._produce(node, op, [x, w_value, b_value], attrs, dtype, out_params)
 
+    def _binary_ok(self, node: Node) -> bool:
+        return len(node.inputs) == 2
+
     def _binary(self, node: Node, dtype: str) -> None:
+        _has_integer_form(node, ("Add", "Sub", "Mul"))
         a, b = (self.as_quant(v, dtype) for v in node.inputs)
         out_params = self.params(node.output, dtype)
         s_a, s_b, s_y = a.quant.scale[0], b.quant.scale[0], out_params.scale[0]
@@ -293,7 +266,11 @@ class _Quantizer:
         }
         self._produce(node, "QConcat", inputs, attrs, dtype, out_params)
 
+    def _average_pool_ok(self, node: Node) -> bool:
+        return len(node.inputs[0].shape) > 2
+
     def _average_pool(self, node: Node, dtype: str) -> None:
+        _has_integer_form(node, ("AveragePool", "GlobalAveragePool"))
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
         spatial = x.shape[2:]
@@ -323,6 +300,9 @@ class _Quantizer:
             return None
         return [None if v is None else v.numpy() for v in extra]
 
+    def _lookup_ok(self, node: Node) -> bool:
+        return self._lookup_inputs(node) is not None
+
     def _lookup(self, node: Node, dtype: str) -> None:
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
@@ -335,21 +315,16 @@ class _Quantizer:
         self._produce(node, "QLookup", [x, table], {}, dtype, out_params)
 
     def _passthrough_ok(self, node: Node) -> bool:
-        if node.op == "Dropout":
-            return len(node.outputs) == 1 and id(node.inputs[0]) in self.home
-        if node.op == "Pad":
-            constant = node.attrs.get("mode", "constant") == "constant"
-            return id(node.inputs[0]) in self.home and (
-                not constant or float(node.attrs.get("value", 0.0)) == 0.0
-            )
-        return node.op in PASSTHROUGH and id(node.inputs[0]) in self.home
+        """Data movement runs on the codes of a quantized input when every output is a tensor
+        of the input's type (not Dropout's boolean mask, say)."""
+        x = node.inputs[0]
+        return id(x) in self.home and all(v.dtype == x.dtype for v in node.outputs)
 
-    def _passthrough(self, node: Node) -> None:
+    def _passthrough(self, node: Node, dtype: str, attrs: dict | None = None) -> None:
+        """The node on its input's codes, in the input's dtype (not the layer's `dtype`)."""
         dtype = self.home[id(node.inputs[0])]
         x = self.quant_of[(id(node.inputs[0]), dtype)]
-        attrs = dict(node.attrs)
-        if node.op == "Pad" and attrs.get("mode", "constant") == "constant":
-            attrs["value"] = x.quant.zero_point[0]  # real 0.0 is exactly the zero point
+        attrs = dict(node.attrs if attrs is None else attrs)
         inputs = [x, *node.inputs[1:]]
         names = [f"{v.name}_q" for v in node.outputs]
         new = self.graph.make_node(node.op, inputs, attrs, node.name, output_names=names)
@@ -358,6 +333,20 @@ class _Quantizer:
             self.quant_of[(id(old), dtype)] = value
             self.home[id(old)] = dtype
 
+    def _pad_ok(self, node: Node) -> bool:
+        """Padding passes through unless it fills with a constant other than real 0.0."""
+        constant = node.attrs.get("mode", "constant") == "constant"
+        return self._passthrough_ok(node) and (
+            not constant or float(node.attrs.get("value", 0.0)) == 0.0
+        )
+
+    def _pad(self, node: Node, dtype: str) -> None:
+        attrs = dict(node.attrs)
+        if attrs.get("mode", "constant") == "constant":
+            x = self.quant_of[(id(node.inputs[0]), self.home[id(node.inputs[0])])]
+            attrs["value"] = x.quant.zero_point[0]  # real 0.0 is exactly the zero point
+        self._passthrough(node, dtype, attrs)
+
     def _float_island(self, node: Node) -> None:
         inputs = [None if v is None else self.as_float(v) for v in node.inputs]
         new = self.graph.make_node(
@@ -365,6 +354,34 @@ class _Quantizer:
         )
         for old, value in zip(node.outputs, new.outputs):
             self.float_of[id(old)] = value
+
+
+# OpDef.quant (ops.registry.QUANT_RULES) -> (whether a node qualifies, the method emitting its
+# integer form). The conditions a rule checks are generic (constant weights, two inputs, rank,
+# constant lookup operands, a quantized input); which ops use a rule is stated in ops/.
+Applies = Callable[[_Quantizer, Node], bool]
+Emit = Callable[[_Quantizer, Node, str], None]
+RULES: dict[str, tuple[Applies, Emit]] = {
+    "matmul": (_Quantizer._matmul_ok, _Quantizer._matmul_like),
+    "binary": (_Quantizer._binary_ok, _Quantizer._binary),
+    "concat": (lambda quantizer, node: True, _Quantizer._concat),
+    "average_pool": (_Quantizer._average_pool_ok, _Quantizer._average_pool),
+    "lookup": (_Quantizer._lookup_ok, _Quantizer._lookup),
+    "passthrough": (_Quantizer._passthrough_ok, _Quantizer._passthrough),
+    "pad": (_Quantizer._pad_ok, _Quantizer._pad),
+}
+# The ops quantized as lookup tables (a snapshot of the registry when this module loads).
+LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")
+
+
+def _has_integer_form(node: Node, ops: tuple[str, ...]) -> None:
+    """The rules that emit an op-specific integer kernel know which ops they can: another op
+    registered with such a rule is a programming error, not a float layer."""
+    if node.op not in ops:
+        raise NotImplementedError(
+            f"node '{node.name}': quantization rule '{OPS[node.op].quant}' has no integer form "
+            f"for {node.op} (it knows {', '.join(ops)})"
+        )
 
 
 def _constant_weights(node: Node) -> bool:
