@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_build import RECIPE  # the import -> optimize -> pack project of the build tests
+
 import onebuild
 from onebuild.engine.code_digest import _closure
 
@@ -78,17 +80,6 @@ def test_closure_follows_function_level_imports_and_package_data():
     assert "targets/trix_sim/configs/trix-m.toml" in target
     # the steps package imports no step module: the other steps do not count
     assert "tasks/__init__.py" in files and "tasks/quantize.py" not in files
-
-
-RECIPE = """
-[import]
-source = "model.onnx"
-input_shapes = { x = [1, 3, 32, 32] }
-[optimize]
-preset = "O1"
-[pack]
-output = "out/m.nnpkg"
-"""
 
 
 def test_a_build_after_editing_a_pass_reruns_exactly_the_steps_that_import_it(tmp_path):
