@@ -29,7 +29,7 @@ from ..ir import Graph, Model, Value
 from ..ops import OPS
 from ..tensor import Tensor
 from . import onnx_checks as checks
-from . import onnx_ops_nn  # noqa: F401  (registers the layer converters)
+from . import onnx_ops_index, onnx_ops_nn  # noqa: F401  (register their converters)
 from .onnx_control import fold_if
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
