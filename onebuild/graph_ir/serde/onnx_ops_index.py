@@ -1,8 +1,11 @@
 """ONNX converters of the selection and index operators: TopK, CumSum, Trilu, GatherElements,
 GatherND, ScatterElements (and the older Scatter), ScatterND, Einsum (kernels in
-`graph_ir/ops/indexing.py`). Constant operands (k, axis) become attributes."""
+`graph_ir/ops/indexing.py`), and of the recurrent layers LSTM, GRU, RNN (`ops/recurrent.py`).
+Constant operands (k, axis) become attributes; activations are canonicalized with their
+parameters."""
 
 from ..ops import normalize_axis
+from ..ops.recurrent import ACTIVATIONS, GATE_FUNCTIONS, GATES
 from .onnx_ops import converter
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -94,3 +97,47 @@ def scatter_nd(ctx):
 @converter("Einsum")
 def einsum(ctx):
     return ctx.emit("Einsum", ctx.inputs, {"equation": ctx.attr("equation")})
+
+
+# -- recurrent layers ----------------------------------------------------------------------------
+DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
+                       "RNN": ["Tanh"]}  # fmt: skip
+
+
+@converter("LSTM", "GRU", "RNN")
+def recurrent(ctx):
+
+    op, x, w = ctx.op_type, ctx.inputs[0], ctx.inputs[1]
+    direction = ctx.attr("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ctx.fail(f"unknown direction '{direction}'")
+    dirs = 2 if direction == "bidirectional" else 1
+    hidden = int(ctx.attr("hidden_size", w.shape[1] // GATES[op]))
+    if w.shape[:2] != (dirs, GATES[op] * hidden) or len(x.shape) != 3:
+        raise ctx.fail(f"W {list(w.shape)} does not fit {dirs} direction(s) of {hidden} units")
+    per = GATE_FUNCTIONS[op]
+    names = [n.lower() for n in ctx.attr("activations", DEFAULT_ACTIVATIONS[op] * dirs)]
+    if len(names) != per * dirs or any(n not in ACTIVATIONS for n in names):
+        raise ctx.fail(f"activations {names}: expected {per * dirs} of {', '.join(ACTIVATIONS)}")
+    alphas, betas = ctx.attr("activation_alpha", []), ctx.attr("activation_beta", [])
+    activations, used = [], {"alpha": 0, "beta": 0}
+    for name in names:  # alpha/beta lists hold values only for the functions that take them
+        takes = {"hardsigmoid": "ab", "leakyrelu": "a", "thresholdedrelu": "a",
+                 "scaledtanh": "ab", "affine": "ab", "elu": "a"}.get(name, "")  # fmt: skip
+        alpha = alphas[used["alpha"]] if "a" in takes and used["alpha"] < len(alphas) else None
+        beta = betas[used["beta"]] if "b" in takes and used["beta"] < len(betas) else None
+        used["alpha"] += alpha is not None
+        used["beta"] += beta is not None
+        if name in ("scaledtanh", "affine") and (alpha is None or beta is None):
+            raise ctx.fail(f"activation {name} needs activation_alpha and activation_beta")
+        activations.append([name, alpha, beta])
+    attrs = {
+        "direction": direction,
+        "hidden_size": hidden,
+        "layout": int(ctx.attr("layout", 0)),
+        "cell_clip": None if ctx.attr("clip") is None else float(ctx.attr("clip")),
+        "activations": activations,
+        "input_forget": int(ctx.attr("input_forget", 0)),
+        "linear_before_reset": int(ctx.attr("linear_before_reset", 0)),
+    }
+    return ctx.emit(op, ctx.inputs, attrs)
