@@ -110,3 +110,64 @@ def test_recurrent_layers_match_onnxruntime(op, options):
     got = Interpreter(ir.main).run(feeds)  # sequence lengths too are run-time data
     for name in names:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _conv_lstm_gemm(rng, hidden=8) -> onnx.ModelProto:
+    """Conv -> Relu -> [time, batch, features] -> LSTM -> last state -> Gemm (no transB)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 1], name="time_major"),
+        helper.make_node("LSTM", ["t", "W", "R"], ["Y", "Yh"], hidden_size=hidden, name="lstm"),
+        helper.make_node("Squeeze", ["Yh", "axis0"], ["h"], name="last"),
+        helper.make_node("Gemm", ["h", "fc"], ["y"], name="fc"),
+    ]
+    weights = {
+        "w": rng.normal(0, 0.3, (4, 2, 3)),
+        "W": rng.normal(0, 0.3, (1, 4 * hidden, 4)),
+        "R": rng.normal(0, 0.3, (1, 4 * hidden, hidden)),
+        "fc": rng.normal(0, 0.3, (hidden, 5)),
+    }
+    initializers = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()]
+    initializers.append(numpy_helper.from_array(np.array([0], np.int64), "axis0"))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_model_with_an_lstm_builds_for_the_npu_with_the_lstm_on_the_cpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from onebuild.npz import read_npz, write_npz
+
+    rng = np.random.default_rng(7)
+    onnx.save(_conv_lstm_gemm(rng), tmp_path / "m.onnx")
+    write_npz(tmp_path / "c.npz", {"x": rng.normal(size=(8, 1, 2, 16)).astype(np.float32)})
+    recipes = Path(__file__).parent.parent / "recipes"
+    (tmp_path / "r.toml").write_text(
+        f'extends = "{recipes / "npu-uint8.toml"}"\n[import]\nsource = "m.onnx"\n'
+        '[quantize]\ncalibration = "c.npz"\n[pack]\noutput = "out/m.nnpkg"\n'
+    )
+
+    def cli(*args):
+        command = [sys.executable, "-m", "onebuild.cli", *args]
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+
+    cli("build", "r.toml")
+    report = json.loads((tmp_path / "build/r/partition/m.partition.json").read_text())
+    assert {"node": "lstm", "op": "LSTM", "reasons": ["LSTM is not an NPU operation"]} in (
+        report["fallbacks"]
+    )
+    cli("run", "out/m.nnpkg", "-i", "c.npz", "-o", "package.npz")
+    cli("run", "build/r/quantize.obir", "-i", "c.npz", "-o", "model.npz")
+    np.testing.assert_array_equal(
+        read_npz(tmp_path / "package.npz")["y"], read_npz(tmp_path / "model.npz")["y"]
+    )

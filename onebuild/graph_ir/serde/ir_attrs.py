@@ -248,7 +248,9 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
         for i, (zp, dtype) in enumerate(zip(attrs["x_zero_points"], types)):
             within(f"x_zero_points[{i}]", zp, dtype)
     if op in ("QConv", "QGemm") and len(inputs) > 1 and inputs[1] is not None:
-        channels = inputs[1].shape[0] if inputs[1].shape else 1
+        shape = inputs[1].shape  # QGemm's weight is [N, K] with transB, else [K, N]
+        axis = 1 if op == "QGemm" and not attrs.get("transB") and len(shape) > 1 else 0
+        channels = shape[axis] if shape else 1
         for key in ("multiplier", "shift"):
             value = attrs[key]
             ok = not isinstance(value, list) or len(value) in (1, channels)
