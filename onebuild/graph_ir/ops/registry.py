@@ -136,6 +136,7 @@ def register(
 
         kernel.__name__ = kernel.__qualname__ = fn.__name__
         kernel.__doc__ = fn.__doc__
+        kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
         OPS[name] = OpDef(name, kernel, infer, batch, quant)

@@ -196,9 +196,7 @@ def _is_integer(dtype: np.dtype) -> bool:
 def arity(op: str) -> tuple[int, int | None]:
     """How many inputs a node of `op` takes: (minimum, maximum or None), read from the
     signature of the op's kernel (the function `register` wrapped)."""
-    kernel = OPS[op].kernel
-    cells = [c.cell_contents for c in kernel.__closure__ or ()]
-    fn = next((c for c in cells if inspect.isfunction(c)), None)
+    fn = getattr(OPS[op].kernel, "__wrapped__", None)
     if fn is None:
         return 0, None
     params = list(inspect.signature(fn).parameters.values())[1:]  # after attrs
