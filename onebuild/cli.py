@@ -351,14 +351,12 @@ def cmd_targets(args) -> int:
         return 0
     for name, target in info.items():
         print(f"target {name}")
-        for preset, hw in target["presets"].items():
-            print(
-                f"  preset {preset}: {hw['mac_rows']}x{hw['mac_cols']} MACs at "
-                f"{hw['clock_mhz']} MHz, SRAM {hw['sram_bytes'] // 1024} KiB, DRAM "
-                f"{hw['dram_bytes_per_cycle']} B/cycle, dtypes {', '.join(hw['dtypes'])}"
-            )
-        print("  an op runs on the NPU when:")
-        for constraint, text in target["constraints"].items():
+        for preset, hw in target.get("presets", {}).items():
+            print(f"  preset {preset}: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
+        for op, names in target.get("ops", {}).items():
+            print(f"  {op}: " + ", ".join(names))
+        print("  an op runs on the target when:")
+        for constraint, text in target.get("constraints", {}).items():
             print(f"    {constraint}: {text}")
     return 0
 

@@ -25,8 +25,8 @@ class TrixSim:
     magic = MAGIC
 
     def supports(self, node: Node, hw: str) -> list[str]:
-        from .constraints import unsupported
         from .hardware import load_hardware
+        from .lower import unsupported
 
         return unsupported(node, load_hardware(hw))
 
@@ -58,12 +58,15 @@ class TrixSim:
     def describe(self) -> dict:
         from dataclasses import asdict
 
-        from .constraints import CONSTRAINTS, reason
+        from .constraints import reason
         from .hardware import load_hardware, presets
+        from .lower import LOWERINGS
 
+        constraints = {c: None for lowering in LOWERINGS.values() for c in lowering.constraints}
         return {
             "presets": {name: asdict(load_hardware(name)) for name in presets()},
-            "constraints": {c.__name__: reason(c) for c in CONSTRAINTS},
+            "ops": {op: [c.__name__ for c in lw.constraints] for op, lw in LOWERINGS.items()},
+            "constraints": {c.__name__: reason(c) for c in constraints},
         }
 
     def load(self, path: str | os.PathLike) -> TvnBinary:

@@ -1,5 +1,6 @@
-"""What the TRIX NPU runs. Each constraint is a small function whose docstring is the
-user-facing reason when it fails; partitioning and the supported-ops report use them.
+"""Constraints of the TRIX NPU. Each is a small function whose docstring is the user-facing
+reason when it fails; which ops the NPU runs, and which constraints each must meet besides the
+GENERIC ones, is said once per op where it is lowered (`lower.py`, `LOWERINGS`).
 """
 
 from collections.abc import Callable
@@ -7,17 +8,7 @@ from collections.abc import Callable
 from ...graph_ir.ir import Node
 from .hardware import Hardware
 
-KINDS = {
-    "QConv", "QGemm", "QAdd", "QMul", "QAveragePool", "MaxPool", "QLookup", "Requantize",
-    "QConcat", "Reshape", "Identity", "Dropout",
-}  # fmt: skip
 Constraint = Callable[[Node, Hardware], bool]
-
-
-def op_is_supported(node: Node, hw: Hardware) -> bool:
-    """the op is one of QConv, QGemm, QAdd, QMul, QAveragePool, MaxPool, QLookup, Requantize,
-    QConcat, Reshape (quantized tensors only)"""
-    return node.op in KINDS
 
 
 def quantized_io(node: Node, hw: Hardware) -> bool:
@@ -62,8 +53,6 @@ def channel_limit(node: Node, hw: Hardware) -> bool:
 def same_shape_operands(node: Node, hw: Hardware) -> bool:
     """elementwise operands must have the same shape, or one must be a per-channel or scalar
     constant"""
-    if node.op not in ("QAdd", "QMul"):
-        return True
     a, b = node.inputs
     if a.is_const and b.is_const:
         return False
@@ -77,8 +66,6 @@ def same_shape_operands(node: Node, hw: Hardware) -> bool:
 
 def channel_concat(node: Node, hw: Hardware) -> bool:
     """Concat must join along the channel axis of non-constant tensors"""
-    if node.op != "QConcat":
-        return True
     rank = len(node.outputs[0].shape)
     constant = any(v.is_const for v in node.inputs)
     return rank >= 2 and node.attrs["axis"] % rank == 1 and not constant
@@ -91,45 +78,16 @@ def pool_without_ceil(node: Node, hw: Hardware) -> bool:
 
 def dense_layer(node: Node, hw: Hardware) -> bool:
     """Gemm input must be a [1, K] vector"""
-    return node.op != "QGemm" or len(node.inputs[0].shape) == 2
+    return len(node.inputs[0].shape) == 2
 
 
 def pass_through_dtype(node: Node, hw: Hardware) -> bool:
     """Reshape/MaxPool must keep the quantization of their input"""
-    if node.op not in ("Reshape", "Identity", "Dropout", "MaxPool"):
-        return True
     return node.inputs[0].quant == node.outputs[0].quant and len(node.outputs) == 1
 
 
-CONSTRAINTS: list[Constraint] = [
-    op_is_supported,
-    quantized_io,
-    batch_one,
-    kernel_size,
-    stride_limit,
-    channel_limit,
-    same_shape_operands,
-    channel_concat,
-    pool_without_ceil,
-    dense_layer,
-    pass_through_dtype,
-]
+GENERIC: tuple[Constraint, ...] = (quantized_io, batch_one, channel_limit)  # every op
 
 
 def reason(constraint: Constraint) -> str:
     return " ".join((constraint.__doc__ or constraint.__name__).split())
-
-
-def unsupported(node: Node, hw: Hardware) -> list[str]:
-    """The reasons `node` cannot run on the NPU (empty when it can)."""
-    if not op_is_supported(node, hw):
-        return [f"{node.op} is not an NPU operation"]
-    failed = []
-    for constraint in CONSTRAINTS[1:]:
-        try:
-            ok = constraint(node, hw)
-        except (KeyError, IndexError, AttributeError, ValueError):
-            ok = False
-        if not ok:
-            failed.append(reason(constraint))
-    return failed

@@ -5,6 +5,7 @@ A `Program` holds tensor descriptions (shape as (C, H, W), dtype, scale, zero po
 per-channel multipliers and shifts, lookup tables). Nothing here knows instructions or cycles.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +13,18 @@ import numpy as np
 from ...errors import ModelError
 from ...graph_ir.ir import Graph, Node, Value
 from ...graph_ir.tensor import QuantParams
-from .constraints import unsupported
+from .constraints import (
+    GENERIC,
+    Constraint,
+    channel_concat,
+    dense_layer,
+    kernel_size,
+    pass_through_dtype,
+    pool_without_ceil,
+    reason,
+    same_shape_operands,
+    stride_limit,
+)
 from .hardware import Hardware
 
 
@@ -113,95 +125,171 @@ def _per_channel(node: Node, channels: int) -> dict[str, np.ndarray]:
     return {"multiplier": m.copy(), "shift": r.copy()}
 
 
-def _layer(node: Node) -> Layer:
+@dataclass(frozen=True)
+class OpLowering:
+    """What the NPU does with one IR op: the constraints a node must meet (besides every op's
+    GENERIC ones) and the layer it becomes."""
+
+    constraints: tuple[Constraint, ...]
+    build: Callable[[Node, list[str], str], Layer]
+
+
+LOWERINGS: dict[str, OpLowering] = {}
+
+
+def _lowers(*ops: str, constraints: tuple[Constraint, ...] = ()):
+    """Register the decorated function as the layer builder of `ops` on the NPU."""
+
+    def wrap(build):
+        for op in ops:
+            LOWERINGS[op] = OpLowering((*GENERIC, *constraints), build)
+        return build
+
+    return wrap
+
+
+@_lowers("QConv", constraints=(kernel_size, stride_limit))
+def _conv(node: Node, ins: list[str], out: str) -> Layer:
+    a, w, b = node.attrs, node.inputs[1].numpy(), node.inputs[2].numpy()
+    attrs = {
+        "kernel": list(w.shape[2:]) + [1] * (4 - w.ndim),
+        "strides": list(a["strides"]) + [1] * (2 - len(a["strides"])),
+        "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
+        "pads": _pads_2d(a["pads"]),
+        "group": int(a["group"]),
+        "x_zero_point": int(a["x_zero_point"]),
+        **_output_attrs(node),
+    }
+    weights = w.reshape(w.shape[0], w.shape[1], *attrs["kernel"])
+    arrays = {"weights": weights, "bias": b.astype(np.int64), **_per_channel(node, len(w))}
+    return Layer("conv", node.name, ins, out, attrs, arrays)
+
+
+@_lowers("QGemm", constraints=(dense_layer,))
+def _gemm(node: Node, ins: list[str], out: str) -> Layer:
+    a, w = node.attrs, node.inputs[1].numpy()
+    w = w if a.get("transB") else w.T  # [N, K]
+    arrays = {
+        "weights": np.ascontiguousarray(w),
+        "bias": node.inputs[2].numpy().astype(np.int64),
+        **_per_channel(node, w.shape[0]),
+    }
+    attrs = {"x_zero_point": int(a["x_zero_point"]), **_output_attrs(node)}
+    return Layer("gemm", node.name, ins, out, attrs, arrays)
+
+
+@_lowers("QAdd", "QMul", constraints=(same_shape_operands,))
+def _elementwise(node: Node, ins: list[str], out: str) -> Layer:
     a = node.attrs
-    ins = [v.name for v in node.inputs if v is not None and not v.is_const]
-    out = node.outputs[0].name
-    if node.op == "QConv":
-        w, b = node.inputs[1].numpy(), node.inputs[2].numpy()
-        attrs = {
-            "kernel": list(w.shape[2:]) + [1] * (4 - w.ndim),
-            "strides": list(a["strides"]) + [1] * (2 - len(a["strides"])),
-            "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
-            "pads": _pads_2d(a["pads"]),
-            "group": int(a["group"]),
-            "x_zero_point": int(a["x_zero_point"]),
-            **_output_attrs(node),
-        }
-        weights = w.reshape(w.shape[0], w.shape[1], *attrs["kernel"])
-        arrays = {"weights": weights, "bias": b.astype(np.int64), **_per_channel(node, len(w))}
-        return Layer("conv", node.name, ins, out, attrs, arrays)
-    if node.op == "QGemm":
-        w = node.inputs[1].numpy()
-        w = w if a.get("transB") else w.T  # [N, K]
-        arrays = {
-            "weights": np.ascontiguousarray(w),
-            "bias": node.inputs[2].numpy().astype(np.int64),
-            **_per_channel(node, w.shape[0]),
-        }
-        attrs = {"x_zero_point": int(a["x_zero_point"]), **_output_attrs(node)}
-        return Layer("gemm", node.name, ins, out, attrs, arrays)
-    if node.op in ("QAdd", "QMul"):
-        attrs = {
-            "a_zero_point": int(a["a_zero_point"]),
-            "b_zero_point": int(a["b_zero_point"]),
-            "multiplier": int(a["multiplier"]),
-            "shift": int(a["shift"]),
-            **_output_attrs(node),
-        }
-        arrays = {}
-        const = [i for i, v in enumerate(node.inputs) if v.is_const]
-        if const:  # a per-channel (or scalar) constant operand, kept as one code per channel
-            channels = chw(node.outputs[0].shape)[0]
-            codes = node.inputs[const[0]].numpy().astype(np.int64).reshape(-1)
-            arrays["operand"] = np.ascontiguousarray(np.broadcast_to(codes, (channels,)))
-            attrs["const_index"] = const[0]
-        if node.op == "QAdd":
-            attrs.update(
-                {
-                    "a_rescale": list(a["a_rescale"]),
-                    "b_rescale": list(a["b_rescale"]),
-                    "subtract": int(a.get("subtract", 0)),
-                }
-            )
-        return Layer("add" if node.op == "QAdd" else "mul", node.name, ins, out, attrs, arrays)
-    if node.op in ("QAveragePool", "MaxPool"):
-        attrs = {
-            "kernel": list(a["kernel_shape"]) + [1] * (2 - len(a["kernel_shape"])),
-            "strides": list(a["strides"]) + [1] * (2 - len(a["strides"])),
-            "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
-            "pads": _pads_2d(a["pads"]),
-            "ceil_mode": int(a.get("ceil_mode", 0)),
-        }
-        if node.op == "MaxPool":
-            return Layer("maxpool", node.name, ins, out, attrs)
+    attrs = {
+        "a_zero_point": int(a["a_zero_point"]),
+        "b_zero_point": int(a["b_zero_point"]),
+        "multiplier": int(a["multiplier"]),
+        "shift": int(a["shift"]),
+        **_output_attrs(node),
+    }
+    arrays = {}
+    const = [i for i, v in enumerate(node.inputs) if v.is_const]
+    if const:  # a per-channel (or scalar) constant operand, kept as one code per channel
+        channels = chw(node.outputs[0].shape)[0]
+        codes = node.inputs[const[0]].numpy().astype(np.int64).reshape(-1)
+        arrays["operand"] = np.ascontiguousarray(np.broadcast_to(codes, (channels,)))
+        attrs["const_index"] = const[0]
+    if node.op == "QAdd":
         attrs.update(
             {
-                "count_include_pad": int(a.get("count_include_pad", 0)),
-                "x_zero_point": int(a["x_zero_point"]),
-                **_output_attrs(node),
+                "a_rescale": list(a["a_rescale"]),
+                "b_rescale": list(a["b_rescale"]),
+                "subtract": int(a.get("subtract", 0)),
             }
         )
-        return Layer("avgpool", node.name, ins, out, attrs, {"ratio": np.float64(a["scale_ratio"])})
-    if node.op == "QLookup":
-        return Layer("lookup", node.name, ins, out, {}, {"table": node.inputs[1].numpy()})
-    if node.op == "Requantize":
-        attrs = {
-            "x_zero_point": int(a["x_zero_point"]),
-            "multiplier": int(a["multiplier"]),
-            "shift": int(a["shift"]),
-            **_output_attrs(node),
-        }
-        return Layer("requant", node.name, ins, out, attrs)
-    if node.op == "QConcat":
-        attrs = {
-            "x_zero_points": [int(z) for z in a["x_zero_points"]],
-            "multiplier": [int(m) for m in a["multiplier"]],
-            "shift": [int(r) for r in a["shift"]],
-            **_output_attrs(node),
-        }
-        return Layer("concat", node.name, ins, out, attrs)
-    return Layer("reshape", node.name, ins, out)  # Reshape / Identity / Dropout: a view
+    return Layer("add" if node.op == "QAdd" else "mul", node.name, ins, out, attrs, arrays)
+
+
+def _window(node: Node) -> dict:
+    a = node.attrs
+    return {
+        "kernel": list(a["kernel_shape"]) + [1] * (2 - len(a["kernel_shape"])),
+        "strides": list(a["strides"]) + [1] * (2 - len(a["strides"])),
+        "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
+        "pads": _pads_2d(a["pads"]),
+        "ceil_mode": int(a.get("ceil_mode", 0)),
+    }
+
+
+_POOL = (kernel_size, stride_limit, pool_without_ceil)
+
+
+@_lowers("MaxPool", constraints=(*_POOL, pass_through_dtype))
+def _max_pool(node: Node, ins: list[str], out: str) -> Layer:
+    return Layer("maxpool", node.name, ins, out, _window(node))
+
+
+@_lowers("QAveragePool", constraints=_POOL)
+def _average_pool(node: Node, ins: list[str], out: str) -> Layer:
+    a = node.attrs
+    attrs = {
+        **_window(node),
+        "count_include_pad": int(a.get("count_include_pad", 0)),
+        "x_zero_point": int(a["x_zero_point"]),
+        **_output_attrs(node),
+    }
+    return Layer("avgpool", node.name, ins, out, attrs, {"ratio": np.float64(a["scale_ratio"])})
+
+
+@_lowers("QLookup")
+def _lookup(node: Node, ins: list[str], out: str) -> Layer:
+    return Layer("lookup", node.name, ins, out, {}, {"table": node.inputs[1].numpy()})
+
+
+@_lowers("Requantize")
+def _requantize(node: Node, ins: list[str], out: str) -> Layer:
+    a = node.attrs
+    attrs = {
+        "x_zero_point": int(a["x_zero_point"]),
+        "multiplier": int(a["multiplier"]),
+        "shift": int(a["shift"]),
+        **_output_attrs(node),
+    }
+    return Layer("requant", node.name, ins, out, attrs)
+
+
+@_lowers("QConcat", constraints=(channel_concat,))
+def _concat(node: Node, ins: list[str], out: str) -> Layer:
+    a = node.attrs
+    attrs = {
+        "x_zero_points": [int(z) for z in a["x_zero_points"]],
+        "multiplier": [int(m) for m in a["multiplier"]],
+        "shift": [int(r) for r in a["shift"]],
+        **_output_attrs(node),
+    }
+    return Layer("concat", node.name, ins, out, attrs)
+
+
+@_lowers("Reshape", "Identity", "Dropout", constraints=(pass_through_dtype,))
+def _view(node: Node, ins: list[str], out: str) -> Layer:
+    return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
+
+
+def unsupported(node: Node, hw: Hardware) -> list[str]:
+    """The reasons `node` cannot run on the NPU (empty when it can)."""
+    lowering = LOWERINGS.get(node.op)
+    if lowering is None:
+        return [f"{node.op} is not an NPU operation"]
+    failed = []
+    for constraint in lowering.constraints:
+        try:
+            ok = constraint(node, hw)
+        except (KeyError, IndexError, AttributeError, ValueError):
+            ok = False
+        if not ok:
+            failed.append(reason(constraint))
+    return failed
+
+
+def _layer(node: Node) -> Layer:
+    ins = [v.name for v in node.inputs if v is not None and not v.is_const]
+    return LOWERINGS[node.op].build(node, ins, node.outputs[0].name)
 
 
 def _pads_2d(pads: list[int]) -> list[int]:
@@ -220,15 +308,15 @@ def lower(graph: Graph, hw: Hardware) -> Program:
     """The NPU program of a quantized graph whose inputs and outputs are all quantized."""
     failures: dict[str, list[str]] = {}
     for node in graph.nodes:
-        for reason in unsupported(node, hw):
-            failures.setdefault(reason, []).append(f"{node.name} ({node.op})")
+        for why in unsupported(node, hw):
+            failures.setdefault(why, []).append(f"{node.name} ({node.op})")
     for value in [*graph.inputs, *graph.outputs]:
         if value.quant is None or not np.issubdtype(value.dtype, np.integer):
             failures.setdefault("NPU model inputs and outputs must be quantized", []).append(
                 f"'{value.name}'"
             )
     if failures:
-        problems = [f"{reason}: {_some(nodes)}" for reason, nodes in failures.items()]
+        problems = [f"{why}: {_some(nodes)}" for why, nodes in failures.items()]
         raise ModelError(f"graph '{graph.name}' cannot run on {hw.name}: " + "; ".join(problems))
     tensors = {v.name: _tensor(v) for v in graph.inputs}
     layers = []
