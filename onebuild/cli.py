@@ -485,7 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(_LowercaseLevelFormatter("onebuild: %(levelname)s: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if args.verbose else logging.WARNING)
-    logging.getLogger("onebuild.progress").setLevel(logging.INFO)
+    quiet = getattr(args, "json", False)  # one JSON document on stdout, nothing else
+    logging.getLogger("onebuild.progress").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
         return args.func(args)
     except OneBuildError as error:

@@ -13,6 +13,7 @@ from ..errors import UserError
 from ..graph_ir.quant.params import dequantize, quantize
 from ..graph_ir.tensor import QuantParams
 from ..npz import check_finite, source_of
+from ..progress import Progress
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ def run_binary(binary: Binary, feeds: dict[str, np.ndarray], raw: bool):
     """Outputs for `[N, *dims]` inputs (float, quantized with the I/O parameters, unless raw)
     and the performance summary of one inference."""
     count = check_feeds(binary, feeds, raw)
+    progress = Progress(f"run {binary.source or 'binary'}", count) if count > 1 else None
     results, summary = [], {}
     for index in range(count):
         sample = {}
@@ -55,6 +57,10 @@ def run_binary(binary: Binary, feeds: dict[str, np.ndarray], raw: bool):
             sample[t.name] = x if raw else quantize(x.astype(np.float64), t.quant, t.dtype)
         outputs, summary = binary.run(sample)
         results.append(outputs)
+        if progress:
+            progress(index + 1)
+    if progress:
+        progress.finish()
     stacked = {t.name: np.stack([r[t.name] for r in results]) for t in binary.outputs}
     if not raw:
         stacked = {t.name: dequantize(stacked[t.name], t.quant) for t in binary.outputs}

@@ -19,6 +19,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..graph_ir.quant.evaluate import compare_graphs
     from ..graph_ir.serde import load_ir
     from ..npz import read_npz
+    from ..progress import Progress
 
     reference = load_ir(inputs[0]).main
     candidate = load_ir(inputs[1]).main
@@ -37,7 +38,9 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         raise UserError(
             f"{config['labels']}: {len(labels)} labels for {samples} evaluation samples"
         )
-    comparison = compare_graphs(reference, candidate, batches, labels)
+    progress = Progress("evaluate", samples)
+    comparison = compare_graphs(reference, candidate, batches, labels, progress)
+    progress.finish()
     checks = gate_checks(config, comparison.outputs, comparison.accuracy)
     report = {
         "samples": comparison.samples,

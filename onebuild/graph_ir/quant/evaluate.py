@@ -6,7 +6,7 @@ shape is compared (quantized values dequantized), so the layers that lose the mo
 Layer errors are propagated errors: each graph runs on its own activations, as deployed.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +53,7 @@ def compare_graphs(
     candidate: Graph,
     batches: Iterable[tuple[str, Batch]],
     labels: np.ndarray | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Comparison:
     common = _comparable_nodes(reference, candidate)
     layers = {name: SignalNoise() for name in common}
@@ -92,6 +93,8 @@ def compare_graphs(
                     hits["reference"] += int(np.argmax(want[first][index]) == label)
                     hits["candidate"] += int(np.argmax(got[first][index]) == label)
                 result.samples += 1
+            if progress:
+                progress(result.samples)
     result.outputs = {name: m.summary() for name, m in outputs.items()}
     ranked = sorted(layers.items(), key=lambda item: item[1].db)
     result.layers = [{"node": n, "op": common[n], "sqnr_db": s.db} for n, s in ranked]
