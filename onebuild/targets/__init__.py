@@ -49,22 +49,33 @@ class Target(Protocol):
         """Hardware presets and the supported-operator constraints, for `onebuild targets`."""
 
 
+@cache
+def _registered() -> dict:
+    """The `onebuild.targets` entry points by name (read once per process: a build asks for
+    a target's code digest and suffix for every task)."""
+    found: dict = {}
+    for entry in entry_points(group=GROUP):
+        found.setdefault(entry.name, entry)
+    return found
+
+
 def available() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=GROUP))
+    return sorted(_registered())
 
 
 def target_module(name: str) -> str | None:
     """The module that implements target `name` (None if no such target is installed)."""
-    found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
-    return found[0].value.split(":")[0] if found else None
+    entry = _registered().get(name)
+    return entry.value.split(":")[0] if entry else None
 
 
+@cache
 def load_target(name: str) -> Target:
-    found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
-    if not found:
+    entry = _registered().get(name)
+    if entry is None:
         known = ", ".join(available()) or "none installed"
         raise UserError(f"unknown target '{name}' (known: {known})")
-    return found[0].load()()
+    return entry.load()()
 
 
 @cache
