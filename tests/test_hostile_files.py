@@ -75,6 +75,7 @@ def _npy(array: np.ndarray, header: dict | None = None, version=(1, 0)) -> bytes
     """A .npy file; `header` replaces the header dict (written verbatim, as numpy would)."""
     buffer = io.BytesIO()
     if header is None:
+        # writing only: object arrays become hostile fixtures onebuild must refuse to read
         np.lib.format.write_array(buffer, array, version=version, allow_pickle=True)
         return buffer.getvalue()
     text = repr(header).encode("latin1")

@@ -55,6 +55,7 @@ def _counting(read, sizes):
 
 def test_object_arrays_are_rejected_without_unpickling(tmp_path, monkeypatch):
     buffer = io.BytesIO()
+    # the fixture holds a pickle; the test asserts onebuild never unpickles it
     np.lib.format.write_array(buffer, np.array([{"a": 1}], object), allow_pickle=True)
     with zipfile.ZipFile(tmp_path / "x.npz", "w") as archive:
         archive.writestr("input.npy", buffer.getvalue())
