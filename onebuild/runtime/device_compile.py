@@ -2,19 +2,17 @@
 workspace, with the build's own file conventions, so its files equal what `onebuild build`
 makes from the same data. No recipe, pydantic or doit on this path."""
 
-import hashlib
 from pathlib import Path
 
 from ..compile import (
     CodegenOptions,
     PartitionOptions,
     QuantizeOptions,
-    compile_graph,
+    compile_file,
     partition,
     quantize,
 )
 from ..errors import ModelError, UserError
-from ..fileio import atomic_write_bytes
 from ..graph_ir.serde import load_ir, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 from ..packing import write_package
@@ -48,18 +46,12 @@ def codegen_file(
     suffix = f".{binary_suffix(options.target)}"
     output = cpath or (ws.compiled if ws else source.with_suffix(suffix))  # found by content
     try:
-        _compile_file(source, output, options)
+        compile_file(source, output, options)
     except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
         if ws is None or cpath is not None:
             raise
         return partitioned_codegen(ws, source, options, error)
     return output
-
-
-def _compile_file(source: Path, output: Path, options: CodegenOptions) -> None:
-    """As the build's codegen step: the binary names the digest of the IR file it came from."""
-    meta = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
-    atomic_write_bytes(output, compile_graph(load_ir(source).main, options, meta))
 
 
 def partitioned_codegen(
@@ -76,7 +68,7 @@ def partitioned_codegen(
         model = ws.partition / file
         if backend != "cpu":
             compiled = ws.partition / f"{model.stem}.{binary_suffix(codegen.target)}"
-            _compile_file(model, compiled, codegen)
+            compile_file(model, compiled, codegen)
             model = compiled
         models.append(model)
     write_package(ws.package, models, connection)

@@ -10,13 +10,6 @@ from typing import Any
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    import hashlib
+    from ..compile import CodegenOptions, compile_file, options_from
 
-    from ..compile import CodegenOptions, compile_graph, options_from
-    from ..fileio import atomic_write_bytes
-    from ..graph_ir.serde import load_ir
-
-    source = hashlib.sha256(inputs[0].read_bytes()).hexdigest()
-    options = options_from(CodegenOptions, config)
-    binary = compile_graph(load_ir(inputs[0]).main, options, {"source_sha256": source})
-    atomic_write_bytes(outputs[0], binary)
+    compile_file(inputs[0], outputs[0], options_from(CodegenOptions, config))
