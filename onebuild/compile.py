@@ -186,7 +186,7 @@ def partition(
     from .graph_ir.partition.regions import connection_info
     from .graph_ir.quant.model_io import with_quantized_io
     from .targets import load_target
-    from .targets.placement import Options, place
+    from .targets.placement import Options, mac_share, place
 
     maps = maps or {}
     settings = {"default": options.default, "comply": options.comply}
@@ -220,6 +220,7 @@ def partition(
         "estimate": placement.latency,
         "explanation": placement.explanation,
         "fallbacks": placement.fallbacks,
+        "macs": mac_share(graph, placement.backend_of),
         "parts": [
             {"file": f, "backend": p.backend, "nodes": len(p.graph.nodes)}
             for f, p in zip(files, parts)

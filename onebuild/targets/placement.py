@@ -14,7 +14,7 @@ from ..graph_ir.ir import Graph
 from ..graph_ir.partition.assign import min_cost, override
 from ..graph_ir.partition.regions import Partitioning, split
 from . import Target
-from .host_cpu import HostCpu
+from .host_cpu import MATMUL_LIKE, HostCpu, macs
 
 CPU = "cpu"
 
@@ -190,3 +190,40 @@ class _Latency:
                     handoffs += cpu.handoff(getattr(partitioning.parts[m].graph, side)[i])
         total = sum(p["microseconds"] for p in parts) + handoffs
         return {"microseconds": round(total, 3), "handoffs": round(handoffs, 3), "parts": parts}
+
+
+def mac_share(graph: Graph, backend_of: dict[str, str]) -> dict[str, int]:
+    """Multiply-accumulates of the convolutions and matrix products per backend."""
+    totals: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op in MATMUL_LIKE:
+            backend = backend_of[node.name]
+            totals[backend] = totals.get(backend, 0) + macs(node)
+    return totals
+
+
+def report_lines(name: str, report: dict) -> list[str]:
+    """The partition report as a short console table: parts and nodes per backend with their
+    share of the MACs, then the CPU fallback reasons with the number of nodes each."""
+    macs_of = report["macs"]
+    total = max(sum(macs_of.values()), 1)
+    backends = sorted({p["backend"] for p in report["parts"]}, key=lambda b: (b == CPU, b))
+    lines = [
+        f"partition '{name}' ({report['strategy']}, {report['hardware']}): "
+        f"{len(report['parts'])} part(s), {sum(macs_of.values()) / 1e6:.1f} M MACs",
+        f"  {'backend':<8} {'parts':>5} {'nodes':>6} {'MACs':>7}",
+    ]
+    for backend in backends:
+        parts = [p for p in report["parts"] if p["backend"] == backend]
+        share = 100 * macs_of.get(backend, 0) / total
+        nodes = sum(p["nodes"] for p in parts)
+        lines.append(f"  {backend:<8} {len(parts):>5} {nodes:>6} {share:>6.1f}%")
+    counts: dict[str, int] = {}
+    for fallback in report["fallbacks"]:
+        for why in fallback["reasons"]:
+            counts[why] = counts.get(why, 0) + 1
+    if counts:
+        lines.append("  CPU fallback reasons (nodes):")
+        for why, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+            lines.append(f"  {count:>6}  {why}")
+    return lines

@@ -5,14 +5,18 @@ With `cpu_precision = "float"` the CPU parts are recomputed from the float model
 input), quantizing and dequantizing only at their boundaries.
 """
 
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("onebuild.progress")  # quiet with --json, like progress lines
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..compile import CodegenOptions, PartitionOptions, options_from, partition
     from ..graph_ir.partition.part_file import read_part_file
     from ..graph_ir.serde import load_ir
+    from ..targets.placement import report_lines
 
     maps = read_part_file(config["part_file"]) if config["part_file"] else {}
     float_graph = load_ir(inputs[-1]).main if config["cpu_precision"] == "float" else None
@@ -25,3 +29,4 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         maps,
     )
     result.save(outputs[0])
+    log.info("\n".join(report_lines(config["name"], result.report)))
