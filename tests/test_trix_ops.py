@@ -11,6 +11,9 @@ import pytest
 from test_trix_sim import PRESETS, assert_bit_exact, integer_graph
 
 from onebuild.graph_ir.ir import Graph
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import unsupported
 
@@ -67,3 +70,93 @@ def test_squeeze_excitation_block_is_one_npu_program(rng):
     graph.outputs = [graph.make_node("Mul", [x, gate]).output]
     data = {"x": rng.normal(0, 1, (3, 1, 8, 11, 9)).astype(np.float32)}
     check(integer_graph(graph, data), rng)
+
+
+def _moved(rng, op: str, attrs: dict, shape=(1, 6, 9, 7), extra=()):
+    """op -> Relu on each output, quantized with uint8 I/O (every output kept)."""
+    graph = Graph(op)
+    x = graph.add_input("x", np.float32, shape)
+    moved = graph.make_node(op, [x, *extra], attrs)
+    graph.outputs = [graph.make_node("Relu", [v]).output for v in moved.outputs]
+    data = {"x": rng.normal(0, 1, (3, *shape)).astype(np.float32)}
+    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
+    return quantize_graph(graph, calibrate(graph, data).ranges, config)
+
+
+SLICES = [  # starts, ends, steps over (N, C, H, W)
+    ([0, 1, 2, 0], [1, 5, 9, 7], [1, 1, 1, 1]),
+    ([0, 0, 1, 1], [1, 6, 8, 6], [1, 2, 3, 2]),
+    ([0, 5, 0, 3], [1, 6, None, 4], [1, 1, 2, 1]),
+]
+
+
+@pytest.mark.parametrize("starts, ends, steps", SLICES)
+def test_slice(rng, starts, ends, steps):
+    check(_moved(rng, "Slice", {"starts": starts, "ends": ends, "steps": steps}), rng)
+
+
+@pytest.mark.parametrize("axis, split", [(1, [2, 4]), (2, [4, 5]), (3, [3, 4])])
+def test_split(rng, axis, split):
+    check(_moved(rng, "Split", {"axis": axis, "split": split}), rng)
+
+
+@pytest.mark.parametrize(
+    "perm, shape",
+    [
+        ([0, 1, 3, 2], (1, 6, 9, 7)),
+        ([0, 2, 3, 1], (1, 6, 9, 7)),
+        ([0, 3, 1, 2], (1, 6, 9, 7)),
+        ([0, 2, 1], (1, 11, 21)),  # a detector head: [1, C, H*W] -> [1, H*W, C]
+    ],
+)
+def test_transpose(rng, perm, shape):
+    check(_moved(rng, "Transpose", {"perm": perm}, shape), rng)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad(rng, mode):
+    attrs = {"pads": [0, 0, 1, 2, 0, 0, 3, 1], "mode": mode, "value": 0.0}
+    check(_moved(rng, "Pad", attrs), rng)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_depth_to_space(rng, mode):
+    check(_moved(rng, "DepthToSpace", {"blocksize": 2, "mode": mode}, (1, 8, 5, 3)), rng)
+
+
+def _resize_attrs(mode: str, coordinates: str, scale: float, shape) -> dict:
+    sizes = [shape[0], shape[1], int(shape[2] * scale), int(shape[3] * scale)]
+    return {
+        "mode": mode,
+        "coordinate_transformation_mode": coordinates,
+        "nearest_mode": "floor" if coordinates == "asymmetric" else "round_prefer_floor",
+        "scales": [1.0, 1.0, scale, scale],
+        "sizes": sizes,
+        "roi": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "mode, coordinates, scale",
+    [
+        ("nearest", "asymmetric", 2.0),  # PicoDet's FPN upsampling
+        ("nearest", "half_pixel", 4.0),
+        ("nearest", "asymmetric", 0.5),
+        ("linear", "half_pixel", 2.0),
+        ("linear", "asymmetric", 4.0),
+        ("linear", "pytorch_half_pixel", 2.0),
+    ],
+)
+def test_resize(rng, mode, coordinates, scale):
+    shape = (1, 5, 6, 4)
+    check(_moved(rng, "Resize", _resize_attrs(mode, coordinates, scale, shape), shape), rng)
+
+
+def test_resize_off_the_grid_stays_on_the_cpu(rng):
+    shape = (1, 3, 6, 6)
+    attrs = _resize_attrs("linear", "align_corners", 7 / 6, shape)  # taps in sixths
+    quantized = _moved(rng, "Resize", attrs, shape)
+    resize = next(n for n in quantized.nodes if n.op == "Resize")
+    assert unsupported(resize, load_hardware("trix-m")) == [
+        "Resize must be nearest or linear with every tap a multiple of 1/256 (power-of-two scales)"
+    ]

@@ -110,7 +110,7 @@ _RESIZE_BATCH = BatchRule(
 )
 
 
-@register("Resize", _resize_type, batch=_RESIZE_BATCH)
+@register("Resize", _resize_type, batch=_RESIZE_BATCH, quant="resize")
 def resize(attrs, x):
     y = x.astype(np.float64)
     outside = np.zeros(attrs["sizes"], dtype=bool)

@@ -9,8 +9,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool -> integer kernels;
 - unary elementwise functions (Sigmoid, Tanh, HardSwish, Relu, ...) -> a lookup table over every
   input code;
-- data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, ...) runs on the quantized codes
-  with the input's parameters;
+- data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, nearest or linear Resize, ...)
+  runs on the quantized codes with the input's parameters;
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
@@ -347,6 +347,14 @@ class _Quantizer:
             attrs["value"] = x.quant.zero_point[0]  # real 0.0 is exactly the zero point
         self._passthrough(node, dtype, attrs)
 
+    def _resize_ok(self, node: Node) -> bool:
+        """Nearest and linear interpolation run on the codes (weights sum to one, so the zero
+        point maps to itself and nothing leaves the range); cubic and crops with an
+        extrapolation value stay float."""
+        modes = node.attrs.get("mode", "nearest") in ("nearest", "linear")
+        crop = node.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize"
+        return self._passthrough_ok(node) and modes and not crop
+
     def _float_island(self, node: Node) -> None:
         inputs = [None if v is None else self.as_float(v) for v in node.inputs]
         new = self.graph.make_node(
@@ -369,6 +377,7 @@ RULES: dict[str, tuple[Applies, Emit]] = {
     "lookup": (_Quantizer._lookup_ok, _Quantizer._lookup),
     "passthrough": (_Quantizer._passthrough_ok, _Quantizer._passthrough),
     "pad": (_Quantizer._pad_ok, _Quantizer._pad),
+    "resize": (_Quantizer._resize_ok, _Quantizer._passthrough),
 }
 # The ops quantized as lookup tables (a snapshot of the registry when this module loads).
 LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")

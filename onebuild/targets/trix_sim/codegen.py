@@ -24,6 +24,7 @@ from ...errors import UserError
 from .hardware import Hardware
 from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
 from .memory import ALIGN, align, plan_arena, plan_residency
+from .moves import MOVES, box_shape, source_box
 
 LOAD, STORE, EXEC = 1, 2, 3
 PREFERENCES = ("performance", "memory", "compile_time")
@@ -169,6 +170,8 @@ class _Emitter:
             self.concat(index, layer)
         elif layer.kind == "reshape":
             pass
+        elif layer.kind in MOVES:
+            self.move(index, layer)
         elif any(n in self.resident for n in [*layer.inputs, layer.output]):
             self.whole_height(index, layer)
         else:
@@ -203,6 +206,8 @@ class _Emitter:
         SRAM-resident tensor."""
         if layer.kind == "reshape":
             return 0
+        if layer.kind in MOVES:  # moves read and write DRAM: their tensors stay there
+            return self.hw.sram_bytes + 1
         out_channel = align(self.channel_bytes(layer.output))
         if layer.kind == "gemm":
             x = self.p.tensors[layer.inputs[0]]
@@ -382,6 +387,41 @@ class _Emitter:
             self.emit(EXEC, index, 0, 1, ch0, chs, in_at, 0, w_sram, out_at)
             if out_item:
                 self.store_rows(index, layer.output, 0, 1, ch0, chs, out_at)
+
+    def move(self, index: int, layer: Layer) -> None:
+        """Output channel tiles; each loads the input box it reads (`moves.source_box`)."""
+        x, x_at = self.tensor(layer.inputs[0])
+        m, oh, _ = self.p.tensors[layer.output].shape
+        item = np.dtype(x.dtype).itemsize
+        out_channel = self.channel_bytes(layer.output)
+
+        def slot(chs: int) -> int:
+            return align(int(np.prod(box_shape(layer, x.shape, 0, chs))) * item) + align(
+                chs * out_channel
+            )
+
+        chs = m
+        while self.buffers * slot(chs) > self.avail and chs > 1:
+            chs = (chs + 1) // 2
+        while self.buffers > 1 and chs > 1 and -(-m // chs) < PIPELINE_TILES:
+            chs = (chs + 1) // 2
+        self.use(index, self.buffers * slot(chs))
+        for tile, o0 in enumerate(range(0, m, chs)):
+            count = min(chs, m - o0)
+            self.tile()
+            base = (tile % self.buffers) * slot(chs)
+            axis, lo, hi = source_box(layer, x.shape, o0, o0 + count)
+            c, h, w = x.shape
+            if axis == 0:
+                self.load_rows(index, layer.inputs[0], 0, h, lo, hi - lo, base)
+            elif axis == 1:
+                self.load_rows(index, layer.inputs[0], lo, hi, 0, c, base)
+            else:  # columns [lo, hi) of every row: one strided DMA
+                block = (hi - lo) * item
+                self.emit(LOAD, index, x_at + lo * item, base, block, c * h, w * item, block)
+            out_at = base + slot(chs) - align(chs * out_channel)
+            self.emit(EXEC, index, 0, oh, o0, count, base, 0, 0, out_at)
+            self.store_rows(index, layer.output, 0, oh, o0, count, out_at)
 
     def concat(self, index: int, layer: Layer) -> None:
         """Each input requantized into its channel range of the output: row tiles, or

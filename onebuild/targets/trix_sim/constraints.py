@@ -5,7 +5,10 @@ GENERIC ones, is said once per op where it is lowered (`lower.py`, `LOWERINGS`).
 
 from collections.abc import Callable
 
+import numpy as np
+
 from ...graph_ir.ir import Node
+from ...graph_ir.ops.resize import interpolation_matrix
 from .hardware import Hardware
 
 Constraint = Callable[[Node, Hardware], bool]
@@ -89,8 +92,70 @@ def dense_layer(node: Node, hw: Hardware) -> bool:
 
 
 def pass_through_dtype(node: Node, hw: Hardware) -> bool:
-    """Reshape/MaxPool must keep the quantization of their input"""
-    return node.inputs[0].quant == node.outputs[0].quant and len(node.outputs) == 1
+    """Reshape/MaxPool and data movement must keep the quantization of their input"""
+    return all(node.inputs[0].quant == v.quant for v in node.outputs)
+
+
+def batch_axis_kept(node: Node, hw: Hardware) -> bool:
+    """Transpose must keep the batch axis first"""
+    return node.attrs["perm"][0] == 0
+
+
+def forward_slice(node: Node, hw: Hardware) -> bool:
+    """Slice steps must be positive"""
+    return all(step > 0 for step in node.attrs["steps"])
+
+
+def spatial_pad(node: Node, hw: Hardware) -> bool:
+    """Pad must pad only height and width of a 4-D tensor, by 0 to 255, in mode constant,
+    edge, reflect or wrap"""
+    pads = node.attrs["pads"]
+    return (
+        len(node.inputs[0].shape) == 4
+        and not any(pads[:2] + pads[4:6])
+        and all(0 <= p <= 255 for p in pads)
+        and node.attrs.get("mode", "constant") in ("constant", "edge", "reflect", "wrap")
+    )
+
+
+def spatial_resize(node: Node, hw: Hardware) -> bool:
+    """Resize must scale only height and width of a 4-D tensor"""
+    scales = node.attrs["scales"]
+    return len(scales) == 4 and scales[0] == scales[1] == 1.0 and not node.attrs.get("roi")
+
+
+def move_fits_sram(node: Node, hw: Hardware) -> bool:
+    """a data-movement op must fit one output channel and the input it reads for it in half
+    the SRAM"""
+    x = node.inputs[0]
+    out = max(node.outputs, key=lambda v: v.size)
+    reads = x.size // x.shape[1] if len(x.shape) > 1 else x.size
+    if node.op == "Transpose":
+        reads = x.size // x.shape[node.attrs["perm"][1]]
+    elif node.op == "DepthToSpace":
+        b2 = node.attrs["blocksize"] ** 2
+        reads = x.size if node.attrs.get("mode", "DCR") == "DCR" else reads * b2
+    per_channel = out.size // out.shape[1] if len(out.shape) > 1 else out.size
+    return (reads + per_channel) * x.dtype.itemsize <= hw.sram_bytes // 2
+
+
+def resize_taps(node: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """The integer interpolation matrices (units of 2^-8) over rows and columns, or None when
+    a weight is not on that grid."""
+    taps = []
+    for axis in (2, 3):
+        matrix, outside = interpolation_matrix(node.attrs, axis, node.inputs[0].shape[axis])
+        scaled = matrix * (1 << 8)
+        if outside is not None or not np.array_equal(scaled, np.rint(scaled)):
+            return None
+        taps.append(scaled.astype(np.int16))
+    return taps[0], taps[1]
+
+
+def resize_on_grid(node: Node, hw: Hardware) -> bool:
+    """Resize must be nearest or linear with every tap a multiple of 1/256 (power-of-two
+    scales)"""
+    return node.attrs.get("mode", "nearest") in ("nearest", "linear") and bool(resize_taps(node))
 
 
 GENERIC: tuple[Constraint, ...] = (quantized_io, batch_one, channel_limit)  # every op

@@ -16,13 +16,20 @@ from ...graph_ir.tensor import QuantParams
 from .constraints import (
     GENERIC,
     Constraint,
+    batch_axis_kept,
     broadcast_operands,
     channel_concat,
     dense_layer,
+    forward_slice,
     kernel_size,
+    move_fits_sram,
     pass_through_dtype,
     pool_without_ceil,
     reason,
+    resize_on_grid,
+    resize_taps,
+    spatial_pad,
+    spatial_resize,
     stride_limit,
 )
 from .hardware import Hardware
@@ -48,7 +55,8 @@ class TensorDesc:
 
 @dataclass
 class Layer:
-    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | concat | reshape
+    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | concat | reshape,
+    # or a data move (moves.MOVES)
     name: str
     inputs: list[str]
     output: str
@@ -131,7 +139,7 @@ class OpLowering:
     GENERIC ones) and the layer it becomes."""
 
     constraints: tuple[Constraint, ...]
-    build: Callable[[Node, list[str], str], Layer]
+    build: Callable[[Node, list[str], str], "Layer | list[Layer]"]
 
 
 LOWERINGS: dict[str, OpLowering] = {}
@@ -271,6 +279,69 @@ def _concat(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("concat", node.name, ins, out, attrs)
 
 
+_MOVE = (pass_through_dtype, move_fits_sram)
+PAD_MODES = ("constant", "edge", "reflect", "wrap")
+
+
+def _chw_ranges(node: Node, ranges: list[tuple[int, int, int]]) -> dict:
+    """starts/ends/steps over (C, H, W) from per-IR-axis (start, stop, step) (batch dropped,
+    missing trailing axes whole)."""
+    ranges = list(ranges[1:]) + [(0, 1, 1)] * (4 - len(ranges))
+    return {key: [r[i] for r in ranges] for i, key in enumerate(("starts", "ends", "steps"))}
+
+
+@_lowers("Slice", constraints=(*_MOVE, forward_slice))
+def _slice(node: Node, ins: list[str], out: str) -> Layer:
+    a, shape = node.attrs, node.inputs[0].shape
+    ranges = [
+        slice(start, end, step).indices(size)
+        for start, end, step, size in zip(a["starts"], a["ends"], a["steps"], shape)
+    ]
+    return Layer("slice", node.name, ins, out, _chw_ranges(node, ranges))
+
+
+@_lowers("Split", constraints=_MOVE)
+def _split(node: Node, ins: list[str], out: str) -> list[Layer]:
+    """One slice layer per output."""
+    shape, axis = node.inputs[0].shape, node.attrs["axis"] % len(node.inputs[0].shape)
+    layers, start = [], 0
+    for index, (value, size) in enumerate(zip(node.outputs, node.attrs["split"])):
+        ranges = [(0, n, 1) for n in shape]
+        ranges[axis] = (start, start + size, 1)
+        name = f"{node.name}:{index}"
+        layers.append(Layer("slice", name, ins, value.name, _chw_ranges(node, ranges)))
+        start += size
+    return layers
+
+
+@_lowers("Transpose", constraints=(*_MOVE, batch_axis_kept))
+def _transpose(node: Node, ins: list[str], out: str) -> Layer:
+    perm = [p - 1 for p in node.attrs["perm"][1:]]
+    perm += list(range(len(perm), 3))  # missing trailing axes (size 1) stay in place
+    return Layer("transpose", node.name, ins, out, {"perm": perm})
+
+
+@_lowers("Pad", constraints=(*_MOVE, spatial_pad))
+def _pad(node: Node, ins: list[str], out: str) -> Layer:
+    a = node.attrs
+    pads = [a["pads"][2], a["pads"][3], a["pads"][6], a["pads"][7]]
+    mode = PAD_MODES.index(a.get("mode", "constant"))
+    attrs = {"pads": pads, "mode": mode, "value": int(a.get("value", 0))}
+    return Layer("pad", node.name, ins, out, attrs)
+
+
+@_lowers("DepthToSpace", constraints=_MOVE)
+def _depth_to_space(node: Node, ins: list[str], out: str) -> Layer:
+    attrs = {"blocksize": int(node.attrs["blocksize"]), "crd": int(node.attrs["mode"] == "CRD")}
+    return Layer("depth_to_space", node.name, ins, out, attrs)
+
+
+@_lowers("Resize", constraints=(*_MOVE, spatial_resize, resize_on_grid))
+def _resize(node: Node, ins: list[str], out: str) -> Layer:
+    rows, cols = resize_taps(node)
+    return Layer("resize", node.name, ins, out, {}, {"rows": rows, "cols": cols})
+
+
 @_lowers("Reshape", "Identity", "Dropout", constraints=(pass_through_dtype,))
 def _view(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
@@ -292,9 +363,10 @@ def unsupported(node: Node, hw: Hardware) -> list[str]:
     return failed
 
 
-def _layer(node: Node) -> Layer:
+def _layers(node: Node) -> list[Layer]:
     ins = [v.name for v in node.inputs if v is not None and not v.is_const]
-    return LOWERINGS[node.op].build(node, ins, node.outputs[0].name)
+    built = LOWERINGS[node.op].build(node, ins, node.outputs[0].name)
+    return built if isinstance(built, list) else [built]
 
 
 def _pads_2d(pads: list[int]) -> list[int]:
@@ -326,6 +398,6 @@ def lower(graph: Graph, hw: Hardware) -> Program:
     tensors = {v.name: _tensor(v) for v in graph.inputs}
     layers = []
     for node in graph.nodes:
-        tensors[node.outputs[0].name] = _tensor(node.outputs[0])
-        layers.append(_layer(node))
+        tensors.update({v.name: _tensor(v) for v in node.outputs})
+        layers += _layers(node)
     return Program(tensors, layers, [v.name for v in graph.inputs], [v.name for v in graph.outputs])

@@ -16,6 +16,7 @@ from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .hardware import Hardware
 from .lower import Layer, Program, input_rows, tile_input_rows, window_span
+from .moves import MOVES, box_shape, move_tile
 from .perf import dma_cycles, exec_cycles, roofline
 
 
@@ -194,6 +195,12 @@ class Simulator:
         tensors = self.module.tensors
         out_t = tensors[layer.output]
         x_t = tensors[layer.inputs[0]]
+        if layer.kind in MOVES:
+            box = self._sram_view(in_at, x_t.dtype, box_shape(layer, x_t.shape, ch0, ch0 + chs))
+            y = np.ascontiguousarray(move_tile(layer, box, ch0, ch0 + chs))
+            self._write_sram(out_at, y)
+            cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
+            return [(in_at, in_at + box.nbytes)], [(out_at, out_at + y.nbytes)], cycles, 0
         c, h, w = x_t.shape
         # channelwise ops and concat parts hold the tile's channels only
         c = chs if layer.kind in CHANNELWISE or layer.kind == "concat" else c

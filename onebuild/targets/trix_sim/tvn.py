@@ -22,8 +22,11 @@ from ...fileio import atomic_write_bytes
 from . import MAGIC  # the package says how .tvn files begin (without loading this module)
 from .codegen import EXEC, LOAD, STORE, Module, align
 from .lower import WINDOWED, Layer, TensorDesc, chw
+from .moves import MOVES
+from .moves import valid as valid_move
 
-VERSION = 1
+VERSION = 2  # 2: data-movement kinds, computed per-channel elementwise operands
+READABLE = (1, 2)  # a version-1 file is a version-2 file without those
 HEADER = struct.Struct("<4sHHII")  # magic, version, flags, section count, reserved
 SECTION = struct.Struct("<IIQQ")  # kind, reserved, offset, size
 IO_ENTRY = struct.Struct(
@@ -34,7 +37,7 @@ META, IO, LAYERS, CODE, BLOB = 1, 2, 3, 4, 5
 KINDS = {META: "META", IO: "IO", LAYERS: "LAYERS", CODE: "CODE", BLOB: "BLOB"}
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float64"]
 LAYER_KINDS = {"conv", "gemm", "add", "mul", "avgpool", "maxpool", "lookup", "requant", "concat"}
-LAYER_KINDS |= {"reshape"}
+LAYER_KINDS |= {"reshape", *MOVES}
 DIGEST = 32
 MAX_ARENA = 1 << 30
 
@@ -145,8 +148,8 @@ def _sections(r: _Reader) -> dict[int, bytes]:
     if hashlib.sha256(content).digest() != digest:
         raise r.fail("checksum mismatch (corrupt or truncated)")
     _, version, _, count, _ = HEADER.unpack_from(content)
-    if version != VERSION:
-        raise r.fail(f"version {version} is not supported (this onebuild reads {VERSION})")
+    if version not in READABLE:
+        raise r.fail(f"version {version} is not supported (this onebuild reads 1 and 2)")
     if count > len(KINDS) or HEADER.size + count * SECTION.size > len(content):
         raise r.fail(f"section count {count} is out of range")
     sections = {}
@@ -312,7 +315,7 @@ def _layer(r: _Reader, f: Fields, index: int, raw, tensors, blob: bytes, arrays:
 
 
 _WINDOW = {"kernel": (1, 2), "strides": (1, 2), "dilations": (1, 2), "pads": (0, 4)}
-_FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index"}
+_FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index", "vector_index"}
 _MULTIPLIER, _SHIFT = (0, (1 << 31) - 1), (1, 62)
 
 
@@ -374,17 +377,25 @@ REQUIRED = {
     "requant": ({"x_zero_point", "multiplier", "shift"}, set()),
     "concat": ({"x_zero_points", "multiplier", "shift"}, set()),
     "reshape": (set(), set()),
+    "slice": ({"starts", "ends", "steps"}, set()),
+    "transpose": ({"perm"}, set()),
+    "pad": ({"pads", "mode", "value"}, set()),
+    "depth_to_space": ({"blocksize", "crd"}, set()),
+    "resize": (set(), {"rows", "cols"}),
 }  # fmt: skip
 OUTPUT_ATTRS = {"y_zero_point", "qmin", "qmax"}
 
 
 def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
     attrs, arrays = REQUIRED[layer.kind]
-    if layer.kind not in ("maxpool", "lookup", "reshape"):
+    if layer.kind not in ("maxpool", "lookup", "reshape", *MOVES):
         attrs = attrs | OUTPUT_ATTRS
     _check(r, attrs <= set(layer.attrs), f"layer '{layer.name}' misses attributes")
     _check(r, arrays <= set(layer.arrays), f"layer '{layer.name}' misses arrays")
     out = tensors[layer.output].shape
+    if layer.kind in MOVES:
+        fits = valid_move(layer, tensors[layer.inputs[0]].shape, out)
+        _check(r, fits, f"layer '{layer.name}' attributes do not match its tensors")
     if layer.kind in WINDOWED:
         fits = _window_fits(layer.attrs, tensors[layer.inputs[0]].shape, out)
         _check(r, fits, f"layer '{layer.name}' window attributes do not match its tensors")
@@ -406,6 +417,10 @@ def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
         _check(r, ok and layer.arrays["operand"].shape == (out[0],), f"layer '{layer.name}'")
     elif layer.kind in ("add", "mul"):
         _check(r, len(layer.inputs) == 2, f"layer '{layer.name}' needs two inputs")
+        if "vector_index" in layer.attrs:  # a per-channel (or scalar) vector second
+            c, h, w = tensors[layer.inputs[1]].shape
+            ok = (h, w) == (1, 1) and c in (1, out[0])
+            _check(r, ok, f"layer '{layer.name}' vector operand does not match its output")
     if "shift" in layer.arrays:
         shifts = layer.arrays["shift"]
         _check(r, bool(np.all((shifts >= 1) & (shifts <= 62))), f"layer '{layer.name}' shifts")
