@@ -85,6 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hw", default="trix-m")
     parser.add_argument("--keep", help="build in this folder (kept) instead of a temporary one")
+    parser.add_argument(
+        "--div-as-mul",
+        action="store_true",
+        help="rewrite Div by a constant as Mul by its reciprocal first (what issue 17's fusion "
+        "pass does in O1; a stand-in until that is merged)",
+    )
     args = parser.parse_args()
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     logging.getLogger("onebuild.progress").setLevel(logging.INFO)  # the partition table
@@ -95,7 +101,10 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         write_npz(folder / "calibration.npz", {"image": np.stack(pictures[:-1])})
         recipe = folder / "layout.toml"
-        recipe.write_text(RECIPE.format(model=model_path(), hw=args.hw))
+        model = model_path()
+        if args.div_as_mul:
+            model = divisions_as_multiplications(model, folder / "layout_cdla.onnx")
+        recipe.write_text(RECIPE.format(model=model, hw=args.hw))
         results = build([load_recipe(recipe)])
         failed = [f"{r.step}: {r.error}" for r in results if r.status == "failed"]
         if failed:
@@ -107,6 +116,26 @@ def main() -> None:
         entry["bit_exact"] = bit_exact(reference, folder / "out/layout.nnpkg", pictures[-1])
     entry["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(entry, indent=2))
+
+
+def divisions_as_multiplications(source: Path, target: Path) -> Path:
+    """The model with every Div by a constant initializer a Mul by the reciprocal."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(source))
+    constants = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            constants[node.output[0]] = node.attribute[0].t
+    for node in model.graph.node:
+        if node.op_type == "Div" and node.input[1] in constants:
+            divisor = numpy_helper.to_array(constants[node.input[1]])
+            name = node.input[1] + "_reciprocal"
+            model.graph.initializer.append(numpy_helper.from_array(1 / divisor, name))
+            node.op_type, node.input[1] = "Mul", name
+    onnx.save(model, str(target))
+    return target
 
 
 def summary(report: dict, hw: str) -> dict:

@@ -25,7 +25,8 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def mixed_model(rng) -> onnx.ModelProto:
-    """conv -> relu -> conv -> Softmax (CPU) -> conv -> conv: NPU, CPU, NPU parts."""
+    """conv -> relu -> conv -> Softmax over the width (CPU) -> conv -> conv: NPU, CPU, NPU
+    parts (the NPU runs Softmax over channels only)."""
 
     def conv(x, y, cin, cout, name):
         w = rng.normal(0, 0.4, (cout, cin, 3, 3)).astype(np.float32)
@@ -40,7 +41,7 @@ def mixed_model(rng) -> onnx.ModelProto:
         conv("x", "c1", 3, 8, "conv1"),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         conv("r1", "c2", 8, 8, "conv2"),
-        helper.make_node("Softmax", ["c2"], ["s"], axis=1, name="softmax"),
+        helper.make_node("Softmax", ["c2"], ["s"], axis=3, name="softmax"),
         conv("s", "c3", 8, 8, "conv3"),
         helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
         conv("r3", "y", 8, 4, "conv4"),
@@ -129,7 +130,8 @@ def test_unsupported_op_in_the_middle_gives_npu_cpu_npu(tmp_path, rng):
     report = assert_package_matches_reference(tmp_path)
     assert [p["backend"] for p in report["parts"]] == ["trix", "cpu", "trix"]
     softmax = [f for f in report["fallbacks"] if f["node"] == "softmax"]
-    assert softmax and "Softmax is not an NPU operation" in softmax[0]["reasons"]
+    why = "Softmax must run over axis 1 (the channels of each position)"
+    assert softmax and why in softmax[0]["reasons"]
     connection = json.loads((tmp_path / "build/r/partition/m.conn.json").read_text())
     assert connection["source"] == {
         "inputs": ["0:0:0"],
@@ -179,7 +181,7 @@ def test_impossible_override_is_a_clear_error(tmp_path, rng):
     recipe = write_project(tmp_path, mixed_model(rng), rng, 'opname = { softmax = "trix" }')
     results = build([load_recipe(recipe)], progress=lambda message: None)
     error = next(r.error for r in results if r.step == "partition")
-    assert "node 'softmax' (Softmax) cannot run on trix" in error
+    assert "node 'softmax' (QSoftmax) cannot run on trix" in error
 
 
 def test_cost_strategy_is_never_slower_than_capability(tmp_path, rng):

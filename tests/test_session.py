@@ -125,12 +125,13 @@ def test_a_failed_gate_stays_on_float_and_says_why(tmp_path, data):
 
 
 def softmax_model(rng) -> onnx.ModelProto:
-    """conv -> relu -> Softmax: quantizes, but the NPU has no Softmax."""
+    """conv -> relu -> Softmax over the width: quantizes, but the NPU's Softmax runs over
+    channels only."""
     w = rng.normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32)
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("Softmax", ["r"], ["y"], axis=1, name="softmax"),
+        helper.make_node("Softmax", ["r"], ["y"], axis=3, name="softmax"),
     ]
     return make_model(nodes, [("x", [1, 1, 6, 6])], ["y"], [("w", w)])
 
@@ -417,7 +418,7 @@ def test_explicit_codegen_partitions_or_records_why_not(tmp_path, rng):
     whole.reset_execute_config()
     whole.quantize()
     whole.set_codegen_model_path(tmp_path / "m.tvn")
-    with pytest.raises(UserError, match="Softmax is not an NPU operation.*partitions the model"):
+    with pytest.raises(UserError, match="Softmax must run over axis 1.*partitions the model"):
         whole.codegen("trix_sim")
     assert whole.state == "QUANTIZED" and "Softmax" in whole.reason
     assert not (tmp_path / "m.tvn").exists()

@@ -160,3 +160,47 @@ def test_resize_off_the_grid_stays_on_the_cpu(rng):
     assert unsupported(resize, load_hardware("trix-m")) == [
         "Resize must be nearest or linear with every tap a multiple of 1/256 (power-of-two scales)"
     ]
+
+
+@pytest.mark.parametrize("shape", [(1, 10), (1, 7, 5, 3), (1, 13, 4)])
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_softmax(rng, shape, dtype):
+    """Softmax over the channels: a classifier's [1, K] logits, per-pixel class maps."""
+    graph = Graph("softmax")
+    x = graph.add_input("x", np.float32, shape)
+    graph.outputs = [graph.make_node("Softmax", [x], {"axis": 1}).output]
+    data = {"x": rng.normal(0, 3, (4, *shape)).astype(np.float32)}
+    quantized = integer_graph(graph, data, dtype)
+    assert quantized.nodes[0].op == "QSoftmax"
+    check(quantized, rng, 4096)  # the exponential table alone is 2 KiB
+
+
+def test_softmax_over_another_axis_stays_on_the_cpu(rng):
+    graph = Graph("softmax")
+    x = graph.add_input("x", np.float32, (1, 3, 4, 5))
+    graph.outputs = [graph.make_node("Softmax", [x], {"axis": -1}).output]
+    quantized = integer_graph(graph, {"x": rng.normal(0, 3, (2, 1, 3, 4, 5)).astype(np.float32)})
+    node = next(n for n in quantized.nodes if n.op == "QSoftmax")
+    reasons = unsupported(node, load_hardware("trix-m"))
+    assert reasons == ["Softmax must run over axis 1 (the channels of each position)"]
+
+
+@pytest.mark.parametrize("source, target", [("uint8", "int16"), ("int16", "uint8")])
+def test_requantize_between_uint8_and_int16_layers(rng, source, target):
+    """A uint8 layer feeding an int16 one and back (mixed precision): Requantize nodes run on
+    the NPU between them."""
+    from onebuild.graph_ir.quant.config import LayerOverride
+
+    graph = Graph("mixed")
+    x = graph.add_input("x", np.float32, (1, 5, 9, 7))
+    first = graph.make_node("Add", [x, x], name="first").output
+    second = graph.make_node("Add", [first, first], name="second").output
+    graph.outputs = [graph.make_node("Add", [second, x], name="third").output]
+    data = {"x": rng.normal(0, 2, (3, 1, 5, 9, 7)).astype(np.float32)}
+    config = QuantConfig(
+        source, input_type=source, output_type=source,
+        layers=(LayerOverride(names=("second",), dtype=target),),
+    )  # fmt: skip
+    quantized = quantize_graph(graph, calibrate(graph, data).ranges, config)
+    assert [n.op for n in quantized.nodes].count("Requantize") == 2  # first -> second -> third
+    check(quantized, rng, 2048)

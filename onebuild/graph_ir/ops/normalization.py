@@ -40,7 +40,7 @@ def lrn(attrs, x):
     return (x / (bias + alpha / size * window) ** beta).astype(x.dtype)
 
 
-@register("Softmax", same_as_input, batch=NOT_ALONG_AXIS_0)
+@register("Softmax", same_as_input, batch=NOT_ALONG_AXIS_0, quant="softmax")
 def softmax(attrs, x):
     axis = attrs.get("axis", -1)
     shifted = x - x.max(axis=axis, keepdims=True)

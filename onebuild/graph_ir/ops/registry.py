@@ -92,9 +92,11 @@ NOT_OVER_AXIS_0 = PER_SAMPLE.where(lambda node: 0 not in node.attrs["axes"])
 # one for each name): integer kernels for conv/gemm/matmul with constant weights, two-input
 # add/sub/mul, concat and average pooling; a lookup table over every input code for unary
 # functions; data movement on the quantized codes with the input's parameters; passthrough of a
-# constant-mode pad whose fill becomes the zero point; nearest or linear resizing on the codes.
+# constant-mode pad whose fill becomes the zero point; nearest or linear resizing on the codes;
+# softmax by its integer algorithm (ops/quantized_softmax.py).
 QUANT_RULES = (
     "matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad", "resize",
+    "softmax",
 )  # fmt: skip
 
 

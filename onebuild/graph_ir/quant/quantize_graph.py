@@ -8,7 +8,7 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
   output shift the weight rounding causes, (w_q - w) @ mean, as in Nagel et al. 2019);
 - Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool -> integer kernels;
 - unary elementwise functions (Sigmoid, Tanh, HardSwish, Relu, ...) -> a lookup table over every
-  input code;
+  input code; Softmax -> QSoftmax (an exponential table, integer sums and reciprocals);
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, nearest or linear Resize, ...)
   runs on the quantized codes with the input's parameters;
 - a node whose requantization multiplier is out of range stays float (logged at info level);
@@ -25,6 +25,7 @@ import numpy as np
 from ...errors import UserError
 from ..ir import Graph, Node, Value
 from ..ops import OPS
+from ..ops.quantized_softmax import exp_table, output_multiplier_real
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from .config import FLOAT, QuantConfig, layer_settings
@@ -355,6 +356,16 @@ class _Quantizer:
         crop = node.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize"
         return self._passthrough_ok(node) and modes and not crop
 
+    def _softmax(self, node: Node, dtype: str) -> None:
+        """QSoftmax: the exponential table of the input scale, the output multiplier."""
+        x = self.as_quant(node.inputs[0], dtype)
+        out_params = self.params(node.output, dtype)
+        m, r = quantize_multiplier(output_multiplier_real(out_params.scale[0]))
+        table = self.graph.add_constant(exp_table(x.quant.scale[0]), f"{node.name}_exp")
+        attrs = {"axis": node.attrs.get("axis", -1), **_output_attrs(dtype, out_params)}
+        attrs.update({"multiplier": m, "shift": r})
+        self._produce(node, "QSoftmax", [x, table], attrs, dtype, out_params)
+
     def _float_island(self, node: Node) -> None:
         inputs = [None if v is None else self.as_float(v) for v in node.inputs]
         new = self.graph.make_node(
@@ -378,6 +389,7 @@ RULES: dict[str, tuple[Applies, Emit]] = {
     "passthrough": (_Quantizer._passthrough_ok, _Quantizer._passthrough),
     "pad": (_Quantizer._pad_ok, _Quantizer._pad),
     "resize": (_Quantizer._resize_ok, _Quantizer._passthrough),
+    "softmax": (lambda quantizer, node: True, _Quantizer._softmax),
 }
 # The ops quantized as lookup tables (a snapshot of the registry when this module loads).
 LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")

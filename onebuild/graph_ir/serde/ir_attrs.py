@@ -158,6 +158,7 @@ REQUIRED: dict[str, list[str]] = {
               "x_zero_point"],
     "QGemm": [*_OUT, "multiplier", "shift", "x_zero_point"],
     "QMul": [*_OUT, "a_zero_point", "b_zero_point", "multiplier", "shift"],
+    "QSoftmax": [*_OUT, "axis", "multiplier", "shift"],
     "QuantizeLinear": ["axis", "dtype", "scale", "zero_point"],
     "ReduceMax": _REDUCE,
     "ReduceMean": _REDUCE,
@@ -176,7 +177,7 @@ REQUIRED: dict[str, list[str]] = {
     "Transpose": ["perm"],
 }  # fmt: skip
 _INTEGER_OUTPUT = {"QuantizeLinear", "Requantize", "QConv", "QGemm", "QAdd", "QMul", "QConcat",
-                   "QAveragePool"}  # fmt: skip
+                   "QAveragePool", "QSoftmax"}  # fmt: skip
 
 
 def code_range(dtype: np.dtype) -> tuple[int, int]:

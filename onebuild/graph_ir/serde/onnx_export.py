@@ -31,6 +31,7 @@ QUANTIZED = {  # quantized op -> the float op its QDQ form uses
     "QMul": "Mul",
     "QConcat": "Concat",
     "QAveragePool": "AveragePool",
+    "QSoftmax": "Softmax",
 }
 FLOAT_ATTRS = {  # attributes the float form keeps
     "Conv": ("strides", "dilations", "pads", "group"),
@@ -39,6 +40,7 @@ FLOAT_ATTRS = {  # attributes the float form keeps
     "Add": (),
     "Sub": (),
     "Concat": ("axis",),
+    "Softmax": ("axis",),
     "AveragePool": (
         "kernel_shape",
         "strides",
@@ -164,6 +166,7 @@ class _Exporter:
         else:
             op = QUANTIZED[node.op]
         operands = node.inputs[:2] if node.op in ("QConv", "QGemm") else node.inputs
+        operands = operands[:1] if node.op == "QSoftmax" else operands  # not the exp table
         inputs = [self.dequantize(v, f"{node.name}_in{i}") for i, v in enumerate(operands)]
         if node.op in ("QConv", "QGemm"):
             inputs.append(self.bias(node.inputs[2], node.name))

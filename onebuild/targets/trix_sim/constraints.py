@@ -81,6 +81,11 @@ def channel_concat(node: Node, hw: Hardware) -> bool:
     return rank >= 2 and node.attrs["axis"] % rank == 1 and not constant
 
 
+def channel_softmax(node: Node, hw: Hardware) -> bool:
+    """Softmax must run over axis 1 (the channels of each position)"""
+    return node.attrs.get("axis", -1) % len(node.inputs[0].shape) == 1
+
+
 def pool_without_ceil(node: Node, hw: Hardware) -> bool:
     """pooling must not use ceil_mode"""
     return not node.attrs.get("ceil_mode", 0)

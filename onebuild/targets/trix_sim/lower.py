@@ -17,14 +17,17 @@ from .constraints import (
     GENERIC,
     Constraint,
     batch_axis_kept,
+    batch_one,
     broadcast_operands,
     channel_concat,
+    channel_softmax,
     dense_layer,
     forward_slice,
     kernel_size,
     move_fits_sram,
     pass_through_dtype,
     pool_without_ceil,
+    quantized_io,
     reason,
     resize_on_grid,
     resize_taps,
@@ -145,12 +148,13 @@ class OpLowering:
 LOWERINGS: dict[str, OpLowering] = {}
 
 
-def _lowers(*ops: str, constraints: tuple[Constraint, ...] = ()):
-    """Register the decorated function as the layer builder of `ops` on the NPU."""
+def _lowers(*ops: str, constraints: tuple[Constraint, ...] = (), generic=GENERIC):
+    """Register the decorated function as the layer builder of `ops` on the NPU, with the
+    `generic` constraints (every op's, unless said otherwise) and its own."""
 
     def wrap(build):
         for op in ops:
-            LOWERINGS[op] = OpLowering((*GENERIC, *constraints), build)
+            LOWERINGS[op] = OpLowering((*generic, *constraints), build)
         return build
 
     return wrap
@@ -255,6 +259,13 @@ def _lookup(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("lookup", node.name, ins, out, {}, {"table": node.inputs[1].numpy()})
 
 
+@_lowers("QSoftmax", constraints=(channel_softmax,))
+def _softmax(node: Node, ins: list[str], out: str) -> Layer:
+    a = node.attrs
+    attrs = {"multiplier": int(a["multiplier"]), "shift": int(a["shift"]), **_output_attrs(node)}
+    return Layer("softmax", node.name, ins, out, attrs, {"table": node.inputs[1].numpy()})
+
+
 @_lowers("Requantize")
 def _requantize(node: Node, ins: list[str], out: str) -> Layer:
     a = node.attrs
@@ -280,6 +291,7 @@ def _concat(node: Node, ins: list[str], out: str) -> Layer:
 
 
 _MOVE = (pass_through_dtype, move_fits_sram)
+MOVING = (quantized_io, batch_one)  # no per-channel parameters: any number of channels
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 
@@ -290,7 +302,7 @@ def _chw_ranges(node: Node, ranges: list[tuple[int, int, int]]) -> dict:
     return {key: [r[i] for r in ranges] for i, key in enumerate(("starts", "ends", "steps"))}
 
 
-@_lowers("Slice", constraints=(*_MOVE, forward_slice))
+@_lowers("Slice", constraints=(*_MOVE, forward_slice), generic=MOVING)
 def _slice(node: Node, ins: list[str], out: str) -> Layer:
     a, shape = node.attrs, node.inputs[0].shape
     ranges = [
@@ -300,7 +312,7 @@ def _slice(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("slice", node.name, ins, out, _chw_ranges(node, ranges))
 
 
-@_lowers("Split", constraints=_MOVE)
+@_lowers("Split", constraints=_MOVE, generic=MOVING)
 def _split(node: Node, ins: list[str], out: str) -> list[Layer]:
     """One slice layer per output."""
     shape, axis = node.inputs[0].shape, node.attrs["axis"] % len(node.inputs[0].shape)
@@ -314,14 +326,14 @@ def _split(node: Node, ins: list[str], out: str) -> list[Layer]:
     return layers
 
 
-@_lowers("Transpose", constraints=(*_MOVE, batch_axis_kept))
+@_lowers("Transpose", constraints=(*_MOVE, batch_axis_kept), generic=MOVING)
 def _transpose(node: Node, ins: list[str], out: str) -> Layer:
     perm = [p - 1 for p in node.attrs["perm"][1:]]
     perm += list(range(len(perm), 3))  # missing trailing axes (size 1) stay in place
     return Layer("transpose", node.name, ins, out, {"perm": perm})
 
 
-@_lowers("Pad", constraints=(*_MOVE, spatial_pad))
+@_lowers("Pad", constraints=(*_MOVE, spatial_pad), generic=MOVING)
 def _pad(node: Node, ins: list[str], out: str) -> Layer:
     a = node.attrs
     pads = [a["pads"][2], a["pads"][3], a["pads"][6], a["pads"][7]]
@@ -330,19 +342,19 @@ def _pad(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("pad", node.name, ins, out, attrs)
 
 
-@_lowers("DepthToSpace", constraints=_MOVE)
+@_lowers("DepthToSpace", constraints=_MOVE, generic=MOVING)
 def _depth_to_space(node: Node, ins: list[str], out: str) -> Layer:
     attrs = {"blocksize": int(node.attrs["blocksize"]), "crd": int(node.attrs["mode"] == "CRD")}
     return Layer("depth_to_space", node.name, ins, out, attrs)
 
 
-@_lowers("Resize", constraints=(*_MOVE, spatial_resize, resize_on_grid))
+@_lowers("Resize", constraints=(*_MOVE, spatial_resize, resize_on_grid), generic=MOVING)
 def _resize(node: Node, ins: list[str], out: str) -> Layer:
     rows, cols = resize_taps(node)
     return Layer("resize", node.name, ins, out, {}, {"rows": rows, "cols": cols})
 
 
-@_lowers("Reshape", "Identity", "Dropout", constraints=(pass_through_dtype,))
+@_lowers("Reshape", "Identity", "Dropout", constraints=(pass_through_dtype,), generic=MOVING)
 def _view(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
 

@@ -37,6 +37,8 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
     window = 1
     if layer.kind in ("maxpool", "avgpool"):
         window = layer.attrs["kernel"][0] * layer.attrs["kernel"][1]
+    elif layer.kind == "softmax":
+        window = 4  # maximum, exponentials, sum, scaling: four passes over the tile
     return max(1, math.ceil(chs * pixels * window / hw.vector_lanes))
 
 

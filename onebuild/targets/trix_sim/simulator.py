@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import FormatError, UserError
+from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .hardware import Hardware
@@ -247,6 +248,10 @@ class Simulator:
             codes = self._sram_view(0, table.dtype.name, table.shape)
             reads.append((0, table.nbytes))
             y = codes[x.astype(np.int64) - np.iinfo(x.dtype).min]
+        elif layer.kind == "softmax":
+            table = self._sram_view(0, "int32", layer.arrays["table"].shape)
+            reads.append((0, table.nbytes))
+            y = _softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
         elif layer.kind == "requant":
             a = layer.attrs
             y = _saturate(
@@ -391,3 +396,16 @@ def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
     return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))
+
+
+def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Softmax over the channels (axis 0) of codes, as docs/quantization.md defines it."""
+    distance = x.max(axis=0).astype(np.int64) - x  # [C, rows, W], each >= 0
+    parts = table[distance & 255] * table[256 + (distance >> 8)]
+    e = (parts + (1 << (EXP_BITS - 1))) >> EXP_BITS
+    total = e.sum(axis=0)
+    reciprocal = ((1 << RECIPROCAL_BITS) + total // 2) // total
+    shift = RECIPROCAL_BITS - FRACTION_BITS
+    fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
+    a = layer.attrs
+    return _saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))

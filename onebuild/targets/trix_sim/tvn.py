@@ -37,7 +37,7 @@ META, IO, LAYERS, CODE, BLOB = 1, 2, 3, 4, 5
 KINDS = {META: "META", IO: "IO", LAYERS: "LAYERS", CODE: "CODE", BLOB: "BLOB"}
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float64"]
 LAYER_KINDS = {"conv", "gemm", "add", "mul", "avgpool", "maxpool", "lookup", "requant", "concat"}
-LAYER_KINDS |= {"reshape", *MOVES}
+LAYER_KINDS |= {"reshape", "softmax", *MOVES}
 DIGEST = 32
 MAX_ARENA = 1 << 30
 
@@ -375,6 +375,7 @@ REQUIRED = {
     "maxpool": ({"kernel", "strides", "dilations", "pads"}, set()),
     "lookup": (set(), {"table"}),
     "requant": ({"x_zero_point", "multiplier", "shift"}, set()),
+    "softmax": ({"multiplier", "shift"}, {"table"}),
     "concat": ({"x_zero_points", "multiplier", "shift"}, set()),
     "reshape": (set(), set()),
     "slice": ({"starts", "ends", "steps"}, set()),
@@ -412,6 +413,10 @@ def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
         x = tensors[layer.inputs[0]]
         size = 1 << (8 * np.dtype(x.dtype).itemsize)
         _check(r, layer.arrays["table"].shape == (size,), f"layer '{layer.name}' table size")
+    if layer.kind == "softmax":
+        table = layer.arrays["table"]
+        ok = table.shape == (512,) and table.dtype == np.int32
+        _check(r, ok, f"layer '{layer.name}' exponential table")
     if "operand" in layer.arrays:
         ok = layer.attrs.get("const_index") in (0, 1) and len(layer.inputs) == 1
         _check(r, ok and layer.arrays["operand"].shape == (out[0],), f"layer '{layer.name}'")
