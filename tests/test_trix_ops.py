@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 from test_trix_sim import PRESETS, assert_bit_exact, integer_graph
 
+from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
-from onebuild.targets.trix_sim.lower import unsupported
+from onebuild.targets.trix_sim.lower import lower, unsupported
+from onebuild.targets.trix_sim.simulator import Simulator
+from onebuild.targets.trix_sim.tvn import decode, encode
 
 
 def _all_on_npu(quantized: Graph) -> None:
@@ -24,9 +28,27 @@ def _all_on_npu(quantized: Graph) -> None:
     assert not any(reasons.values()), reasons
 
 
+def _through_tvn(quantized: Graph, rng) -> None:
+    """The .tvn encoding is deterministic and its decoded program is bit-exact too."""
+    hw = load_hardware("trix-m")
+    data = encode(generate(lower(quantized, hw), hw))
+    assert encode(generate(lower(quantized, hw), hw)) == data
+    module = decode(data)
+    feeds = {}
+    for v in quantized.inputs:
+        info = np.iinfo(v.dtype)
+        feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
+    got, _ = Simulator(module, hw).run(feeds)
+    want = Interpreter(quantized).run(feeds)
+    for value in quantized.outputs:
+        np.testing.assert_array_equal(got[value.name], want[value.name])
+
+
 def check(quantized: Graph, rng, tiny_sram: int = 1024) -> None:
-    """Bit-exact on both presets (performance) and on a tiny SRAM (memory preference)."""
+    """Bit-exact on both presets (performance) and on a tiny SRAM (memory preference), also
+    through the .tvn encoding."""
     _all_on_npu(quantized)
+    _through_tvn(quantized, rng)
     for preset in PRESETS:
         assert_bit_exact(quantized, load_hardware(preset), "performance", rng)
     tiny = dataclasses.replace(load_hardware("trix-s"), sram_bytes=tiny_sram)
@@ -204,3 +226,36 @@ def test_requantize_between_uint8_and_int16_layers(rng, source, target):
     quantized = quantize_graph(graph, calibrate(graph, data).ranges, config)
     assert [n.op for n in quantized.nodes].count("Requantize") == 2  # first -> second -> third
     check(quantized, rng, 2048)
+
+
+def test_decoder_rejects_moves_and_vectors_that_do_not_fit_their_tensors(rng):
+    """A re-sealed .tvn whose move attributes or vector operand disagree with its tensors is
+    a one-line FormatError, not an out-of-range read in the simulator."""
+    from onebuild.errors import FormatError
+    from onebuild.targets.trix_sim.tvn import _check_layer, _Reader
+
+    hw = load_hardware("trix-m")
+    cases = [
+        (_moved(rng, "Slice", {"starts": [0, 1, 0, 0], "ends": [1, 4, 9, 7], "steps": [1] * 4}),
+         "slice", "starts", [1, 0, 7]),
+        (_moved(rng, "Transpose", {"perm": [0, 2, 1, 3]}), "transpose", "perm", [1, 1, 2]),
+        (_moved(rng, "Pad", {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "mode": "edge", "value": 0.0}),
+         "pad", "mode", 7),
+    ]  # fmt: skip
+    for quantized, kind, key, bad in cases:
+        module = decode(encode(generate(lower(quantized, hw), hw)))
+        layer = next(layer for layer in module.layers if layer.kind == kind)
+        _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)  # as compiled: fine
+        layer.attrs[key] = bad
+        with pytest.raises(FormatError, match="attributes do not match its tensors"):
+            _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)
+    graph = Graph("mul")
+    x = graph.add_input("x", np.float32, (1, 4, 3, 3))
+    v = graph.add_input("v", np.float32, (1, 4, 1, 1))
+    graph.outputs = [graph.make_node("Mul", [x, v]).output]
+    data = {n: rng.normal(0, 1, (2, *g.shape)).astype(np.float32) for n, g in (("x", x), ("v", v))}
+    module = decode(encode(generate(lower(integer_graph(graph, data), hw), hw)))
+    mul = next(layer for layer in module.layers if layer.kind == "mul")
+    mul.inputs = mul.inputs[::-1]  # the full tensor where the vector belongs
+    with pytest.raises(FormatError, match="vector operand does not match its output"):
+        _check_layer(_Reader(b"", "x.tvn"), mul, module.tensors)
