@@ -14,7 +14,7 @@ from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
-from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.quant.quantize_graph import LOOKUP, quantize_graph
 from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower, unsupported
@@ -259,3 +259,47 @@ def test_decoder_rejects_moves_and_vectors_that_do_not_fit_their_tensors(rng):
     mul.inputs = mul.inputs[::-1]  # the full tensor where the vector belongs
     with pytest.raises(FormatError, match="vector operand does not match its output"):
         _check_layer(_Reader(b"", "x.tvn"), mul, module.tensors)
+
+
+def test_reduce_mean_over_height_and_width(rng):
+    """ReduceMean over H, W (keepdims) quantizes as a global average pool; gating its input by
+    it is a squeeze-excitation without convolutions."""
+    graph = Graph("mean")
+    x = graph.add_input("x", np.float32, (1, 6, 9, 5))
+    mean = graph.make_node("ReduceMean", [x], {"axes": [2, 3], "keepdims": 1}).output
+    graph.outputs = [graph.make_node("Mul", [x, mean]).output]
+    quantized = integer_graph(graph, {"x": rng.normal(0, 1, (3, 1, 6, 9, 5)).astype(np.float32)})
+    assert [n.op for n in quantized.nodes][:2] == ["QAveragePool", "QMul"]
+    check(quantized, rng)
+
+
+LOOKUP_ATTRS = {
+    "LeakyRelu": {"alpha": 0.1}, "HardSigmoid": {"alpha": 1 / 6, "beta": 0.5},
+    "Elu": {"alpha": 1.0}, "Celu": {"alpha": 1.0}, "ThresholdedRelu": {"alpha": 0.5},
+    "Shrink": {"lambd": 0.5, "bias": 0.0}, "Gelu": {"approximate": "none"},
+    "Selu": {"alpha": 1.67, "gamma": 1.05},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(LOOKUP - {"Clip"}))
+def test_every_lookup_activation(rng, op):
+    """Every unary function the quantizer makes a table runs on the NPU as a lookup."""
+    graph = Graph(op)
+    x = graph.add_input("x", np.float32, (1, 3, 5, 7))
+    graph.outputs = [graph.make_node(op, [x], LOOKUP_ATTRS.get(op, {})).output]
+    quantized = integer_graph(graph, {"x": rng.normal(0, 2, (3, 1, 3, 5, 7)).astype(np.float32)})
+    assert quantized.nodes[0].op == "QLookup"
+    check(quantized, rng)
+
+
+def test_int16_lookup_on_both_presets(rng):
+    """An int16 table has 65536 entries (128 KiB): it fits either preset's SRAM with tiles."""
+    graph = Graph("hardswish")
+    x = graph.add_input("x", np.float32, (1, 3, 5, 7))
+    graph.outputs = [graph.make_node("HardSwish", [x]).output]
+    quantized = integer_graph(
+        graph, {"x": rng.normal(0, 2, (3, 1, 3, 5, 7)).astype(np.float32)}, "int16"
+    )
+    for preset in PRESETS:
+        assert_bit_exact(quantized, load_hardware(preset), "performance", rng)
+        assert_bit_exact(quantized, load_hardware(preset), "memory", rng)

@@ -15,8 +15,8 @@ def _reduce_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, shape)]
 
 
-def _reduction(name: str, fn, empty):
-    @register(name, _reduce_type, batch=NOT_OVER_AXIS_0)
+def _reduction(name: str, fn, empty, quant: str | None = None):
+    @register(name, _reduce_type, batch=NOT_OVER_AXIS_0, quant=quant)
     def kernel(attrs, x):
         axes, keep = tuple(attrs["axes"]), bool(attrs.get("keepdims", 1))
         if x.size == 0 or any(x.shape[a] == 0 for a in axes):
@@ -40,7 +40,8 @@ def _highest(dt):
     return np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
 
 
-_reduction("ReduceMean", np.mean, lambda dt: np.nan)
+# ReduceMean over height and width (keepdims) quantizes as a global average pool.
+_reduction("ReduceMean", np.mean, lambda dt: np.nan, quant="average_pool")
 _reduction("ReduceMax", np.max, _lowest)
 _reduction("ReduceMin", np.min, _highest)
 _reduction("ReduceSum", np.sum, lambda dt: 0)

@@ -6,7 +6,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
   or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w;
   with the calibration means of the layer's input channels, the bias is corrected by the mean
   output shift the weight rounding causes, (w_q - w) @ mean, as in Nagel et al. 2019);
-- Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool -> integer kernels;
+- Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool (and ReduceMean over H, W) -> integer
+  kernels;
 - unary elementwise functions (Sigmoid, Tanh, HardSwish, Relu, ...) -> a lookup table over every
   input code; Softmax -> QSoftmax (an exponential table, integer sums and reciprocals);
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, nearest or linear Resize, ...)
@@ -268,14 +269,17 @@ class _Quantizer:
         self._produce(node, "QConcat", inputs, attrs, dtype, out_params)
 
     def _average_pool_ok(self, node: Node) -> bool:
+        if node.op == "ReduceMean":  # over H and W with kept dims: a global average pool
+            kept = bool(node.attrs.get("keepdims", 1))
+            return len(node.inputs[0].shape) == 4 and node.attrs["axes"] == [2, 3] and kept
         return len(node.inputs[0].shape) > 2
 
     def _average_pool(self, node: Node, dtype: str) -> None:
-        _has_integer_form(node, ("AveragePool", "GlobalAveragePool"))
+        _has_integer_form(node, ("AveragePool", "GlobalAveragePool", "ReduceMean"))
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
         spatial = x.shape[2:]
-        if node.op == "GlobalAveragePool":
+        if node.op in ("GlobalAveragePool", "ReduceMean"):
             pool = {
                 "kernel_shape": list(spatial),
                 "strides": [1] * len(spatial),
