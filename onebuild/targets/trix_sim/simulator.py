@@ -85,6 +85,10 @@ class Simulator:
     def __init__(self, module: Module, hw: Hardware):
         if hw.name != module.meta.get("hardware"):
             raise UserError(f"module was compiled for {module.meta.get('hardware')}, not {hw.name}")
+        if module.sram_peak > hw.sram_bytes:
+            raise FormatError(
+                f"module plans {module.sram_peak} bytes of SRAM, {hw.name} has {hw.sram_bytes}"
+            )
         self.module, self.hw = module, hw
         self.dram = np.zeros(module.dram_bytes, np.uint8)
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
