@@ -296,7 +296,7 @@ MOVING = (quantized_io, batch_one)  # no per-channel parameters: any number of c
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 
-def _chw_ranges(node: Node, ranges: list[tuple[int, int, int]]) -> dict:
+def _chw_ranges(ranges: list[tuple[int, int, int]]) -> dict:
     """starts/ends/steps over (C, H, W) from per-IR-axis (start, stop, step) (batch dropped,
     missing trailing axes whole)."""
     ranges = list(ranges[1:]) + [(0, 1, 1)] * (4 - len(ranges))
@@ -310,7 +310,7 @@ def _slice(node: Node, ins: list[str], out: str) -> Layer:
         slice(start, end, step).indices(size)
         for start, end, step, size in zip(a["starts"], a["ends"], a["steps"], shape)
     ]
-    return Layer("slice", node.name, ins, out, _chw_ranges(node, ranges))
+    return Layer("slice", node.name, ins, out, _chw_ranges(ranges))
 
 
 @_lowers("Split", constraints=_MOVE, generic=MOVING)
@@ -322,7 +322,7 @@ def _split(node: Node, ins: list[str], out: str) -> list[Layer]:
         ranges = [(0, n, 1) for n in shape]
         ranges[axis] = (start, start + size, 1)
         name = f"{node.name}:{index}"
-        layers.append(Layer("slice", name, ins, value.name, _chw_ranges(node, ranges)))
+        layers.append(Layer("slice", name, ins, value.name, _chw_ranges(ranges)))
         start += size
     return layers
 
