@@ -31,7 +31,7 @@ from ..tensor import Tensor
 from . import onnx_checks as checks
 from . import onnx_ops_index, onnx_ops_nn  # noqa: F401  (register their converters)
 from .onnx_control import fold_if
-from .onnx_ops import CONVERTERS
+from .onnx_ops import converter_for
 from .onnx_wire import map_embedded_weights
 
 log = logging.getLogger("onebuild")
@@ -338,7 +338,7 @@ class _GraphImporter:
         try:
             checks.signature(node, self.opset)
             checks.input_types(node, self.opset, [v and v.dtype for v in ctx.inputs])
-            results = CONVERTERS[node.op_type](ctx)
+            results = converter_for(node.op_type)(ctx)
         except (DynamicValueError, UserError):
             raise
         except (ValueError, KeyError, IndexError, TypeError, ArithmeticError) as error:
@@ -469,7 +469,9 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
             for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
         ]
         foldable = node.op_type == "If" and node.domain in ONNX_DOMAINS  # see onnx_control
-        if node.domain not in ONNX_DOMAINS or (node.op_type not in CONVERTERS and not foldable):
+        if node.domain not in ONNX_DOMAINS or (
+            converter_for(node.op_type) is None and not foldable
+        ):
             op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
             found.append((op, name, where))
         elif subgraphs and not foldable:
