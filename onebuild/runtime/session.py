@@ -8,8 +8,9 @@ and compiled (`codegen()`) by hand, or by `run_with_auto_compilation`: float run
 until `minmax_records`, then the model is quantized, gated, compiled, gated and switched to
 (`state`: INITIAL -> QUANTIZED -> COMPILED). The gate compares each new model with the float one
 on recorded inputs; a model that fails it, or a codegen that fails, leaves the session on the
-previous model with the reason in `reason`. Quantization and codegen are the build's own steps
-(`onebuild.tasks`), so their files equal what `onebuild build` makes from the same data.
+previous model with the reason in `reason`. Quantization and codegen go through the compile API
+the build's steps call (`onebuild.compile`), so their files equal what `onebuild build` makes
+from the same data.
 Everything lives in a workspace (see `workspace`) that survives restarts and kills.
 """
 
@@ -30,7 +31,7 @@ from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..npz import check_finite
 from ..targets import binary_target
-from ..targets.host_cpu import HostCpu
+from .choice import choose_state
 from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_binary
@@ -40,7 +41,6 @@ from .package_files import is_package
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
-STATES = ("INITIAL", "QUANTIZED", "COMPILED")
 EXECUTE_CONFIGS = ("DUMP_MINMAX",)
 
 
@@ -417,25 +417,10 @@ class Session:
 
     def _choose(self, reason: str | None) -> None:
         """backend = auto: the best gated candidate for the requirement, by the cost models."""
-        cpu = HostCpu()
-        float_graph = self._float.main
-        candidates = {"INITIAL": (cpu.graph_us(float_graph), cpu.memory_bytes(float_graph))}
         quantized = load_ir(self._quantized_path()).main
-        if self.gates.get("quantized", {}).get("passed"):
-            candidates["QUANTIZED"] = (cpu.graph_us(quantized), cpu.memory_bytes(quantized))
-        compiled = self.gates.get("compiled", {})
-        if compiled.get("passed"):
-            candidates["COMPILED"] = (compiled["microseconds"], compiled["memory_bytes"])
-        key = 0 if self.settings.requirement == "performance" else 1
-        best = min(candidates, key=lambda s: (candidates[s][key], -STATES.index(s)))
-        self.choice = {
-            "requirement": self.settings.requirement,
-            "chosen": best,
-            "estimates": {
-                s: {"microseconds": round(us, 1), "memory_bytes": int(mem)}
-                for s, (us, mem) in candidates.items()
-            },
-        }
+        best, self.choice = choose_state(
+            self._float.main, quantized, self.gates, self.settings.requirement
+        )
         self._stop(best, reason)
 
     def _stop(self, state: str, reason: str | None) -> None:
