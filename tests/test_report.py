@@ -156,3 +156,15 @@ def test_report_errors_are_one_line(built, tmp_path):
         "onebuild: error: the HTML report draws its charts with matplotlib, which is not "
         "installed: pip install 'onebuild[report]'"
     )
+
+
+def test_mixed_precision_choices_are_shown_as_the_quantized_model_has_them(built):
+    override = 'quantize.layers=[{names=["conv1", "fc"], dtype="int16"}]'
+    done = onebuild("build", "examples/digits.toml", "--set", "build.report=true", "--set",
+                    override, cwd=built)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = (built / "build/digits/report.html").read_text()
+    row = "<tr><td>conv1, fc</td><td>int16</td><td>channel</td><td>conv1: int16, fc: int16</td>"
+    assert row in text
+    assert '<figure id="sqnr">' in text and '<figure id="histograms">' in text
+    assert '<figure id="roofline">' not in text  # no NPU in this recipe

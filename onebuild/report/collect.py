@@ -47,6 +47,7 @@ class BuildData:
     accuracy: dict | None = None
     calibration: Path | None = None  # statistics file
     float_model: Path | None = None  # the graph calibration observed
+    quantized: Path | None = None  # the quantized model
     binaries: list[Binary] = field(default_factory=list)
     package: list[tuple[str, int]] = field(default_factory=list)
     package_path: Path | None = None
@@ -67,6 +68,8 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
     for task in tasks:
         if task.step == "calibrate" and task.outputs[0].is_file():
             data.calibration, data.float_model = task.outputs[0], task.inputs[0]
+        elif task.step == "quantize" and task.outputs[0].is_file():
+            data.quantized = task.outputs[0]
         elif task.step == "evaluate" and task.outputs[0].is_file():
             data.accuracy = _json(task.outputs[0])
         elif task.step == "partition":

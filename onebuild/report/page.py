@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..engine.dag import StepResult
 from ..fileio import atomic_write_bytes
+from ..graph_ir.serde import load_ir
 from ..plan import Plan
 from .calibration import calibration_histograms
 from .charts_npu import roofline_chart, timeline_chart
@@ -126,12 +127,7 @@ def _quantization(data: BuildData) -> str:
         f"<code>{escape(quantize['method'])}</code>.</p>"
     )
     if quantize.get("layers"):
-        rows = [
-            [escape(", ".join(layer["names"])), escape(layer.get("dtype") or quantize["dtype"]),
-             escape(layer.get("granularity") or quantize["granularity"])]
-            for layer in quantize["layers"]
-        ]  # fmt: skip
-        text += "<h3>Mixed precision</h3>" + _table(["layers", "dtype", "granularity"], rows)
+        text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, data.quantized)
     if data.accuracy:
         gate = data.accuracy.get("gate", {})
         checks = [
@@ -159,6 +155,21 @@ def _quantization(data: BuildData) -> str:
             caption = f"{which}; {method} calibration; counts on the first 256 calibration samples"
             text += _figure("histograms", histogram_chart(items), caption)
     return text
+
+
+def _mixed_precision(quantize: dict, quantized: Path | None) -> str:
+    """The recipe's per-layer settings and the output type each named layer got."""
+    got = {}
+    if quantized is not None:
+        got = {n.name: str(n.outputs[0].dtype) for n in load_ir(quantized).main.nodes if n.outputs}
+    rows = [
+        [escape(", ".join(layer["names"])), escape(layer.get("dtype") or quantize["dtype"]),
+         escape(layer.get("granularity") or quantize["granularity"]),
+         escape(", ".join(f"{name}: {got.get(name, 'not found')}" for name in layer["names"]))]
+        for layer in quantize["layers"]
+    ]  # fmt: skip
+    header = ["layers", "dtype", "granularity", "output type in the quantized model"]
+    return _table(header, rows)
 
 
 def _npu(data: BuildData) -> str:
