@@ -108,6 +108,10 @@ def test_report_is_deterministic_and_written_by_command_and_build(built):
         outputs.append((built / "build/digits_npu/report.html").read_bytes())
     assert outputs[0] == outputs[1]
     assert not list((built / "build/digits_npu").glob("*.tmp*"))  # written atomically
+    assert onebuild("clean", "examples/digits_npu.toml", cwd=built).returncode == 0
+    done = onebuild("build", "examples/digits_npu.toml", "--set", "build.report=true", cwd=built)
+    text = (built / "build/digits_npu/report.html").read_text()
+    assert "7 tasks; 7 last restored from the step cache" in text, done.stderr  # cache hits
 
 
 def test_histograms_agree_with_onnxruntime(built):
