@@ -41,6 +41,10 @@ def cmd_build(args) -> int:
     from .engine.dag import build
 
     plans = _plans(args)
+    if any(plan.report for plan in plans):
+        from .report.figure import pyplot
+
+        pyplot()  # a missing matplotlib is said before the build, not after it
     results = build(plans, jobs=args.jobs)
     reports = [str(_report(plan, results)) for plan in plans if plan.report]
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})

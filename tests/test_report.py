@@ -156,10 +156,22 @@ def test_report_errors_are_one_line(built, tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"}
     missing = onebuild("report", "examples/digits_npu.toml", cwd=built, env=env)
     assert missing.returncode == 2, missing.stderr
-    assert missing.stderr.strip() == (
+    message = (
         "onebuild: error: the HTML report draws its charts with matplotlib, which is not "
         "installed: pip install 'onebuild[report]'"
     )
+    assert missing.stderr.strip() == message
+    before = (built / "build/digits_npu/quantize.obir").stat().st_mtime_ns
+    args = [
+        "examples/digits_npu.toml",
+        "--set",
+        "build.report=true",
+        "--set",
+        "quantize.dtype=int16",
+    ]
+    refused = onebuild("build", *args, cwd=built, env=env)  # said before building anything
+    assert refused.returncode == 2 and refused.stderr.strip() == message
+    assert (built / "build/digits_npu/quantize.obir").stat().st_mtime_ns == before
 
 
 def test_mixed_precision_choices_are_shown_as_the_quantized_model_has_them(built):
