@@ -192,6 +192,9 @@ class PackStep(_Section):
 class BuildSection(_Section):
     dir: str | None = Field(default=None, description="artifacts, logs and the task database")
     cache: str | None = Field(default=None, description="shared content-addressed step cache")
+    report: bool = Field(
+        default=False, description="write report.html in the build folder after every build"
+    )
 
 
 class Recipe(_Section):
@@ -311,7 +314,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
     cache = Path(build.cache) if build.cache else None
-    plan = Plan(path, build_dir, cache, steps)
+    plan = Plan(path, build_dir, cache, steps, build.report)
     check_output_paths(plan)
     return plan
 

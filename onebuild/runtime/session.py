@@ -30,6 +30,7 @@ from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..npz import check_finite
+from ..progress import Progress
 from ..targets import binary_target
 from .choice import choose_state
 from .device_compile import codegen_file, quantize_file
@@ -65,6 +66,7 @@ class Session:
         self._qpath: Path | None = None
         self._cpath: Path | None = None
         self._float: Model | None = None  # the float model, when it can be compiled on the device
+        self._recording: Progress | None = None  # recorded runs towards minmax_records
         self._load(input_shapes)
         self.workspace = None
         if self._float is not None:
@@ -202,6 +204,7 @@ class Session:
 
     def reset_execute_config(self) -> None:
         self._execute.clear()
+        self._end_recording()
 
     def run(self, inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """One inference on the current model: float32 arrays of the model's shapes."""
@@ -232,7 +235,23 @@ class Session:
             self.workspace.write_record(index, feeds)
         self._recorder.samples += 1
         self.workspace.write_minmax(self._recorder.stats())
+        self._count_recorded()
         return self._deliver(outputs)
+
+    def _count_recorded(self) -> None:
+        """Progress of on-device calibration: recorded runs (out of minmax_records when
+        auto-compilation records, open-ended by hand until recording stops)."""
+        total = None if "DUMP_MINMAX" in self._execute else self.settings.minmax_records
+        if self._recording is None:  # a resumed recording starts at the runs it has
+            self._recording = Progress("on-device calibration", total, "runs")
+        self._recording(self._recorder.samples)
+        if total is not None and self._recorder.samples >= total:
+            self._end_recording()
+
+    def _end_recording(self) -> None:
+        if self._recording is not None:
+            self._recording.finish()
+            self._recording = None
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         feeds = dict(self._given_inputs if inputs is None else inputs)
@@ -302,6 +321,7 @@ class Session:
 
     def _quantize_file(self) -> Path:
         self._need_float("quantize()")
+        self._end_recording()
         output = self._qpath or self.workspace.quantized
         return quantize_file(self.workspace, self.settings, self._recorder.samples, output)
 
@@ -372,11 +392,17 @@ class Session:
         """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
         self._need_float("compile_now()")
         self._decided_with, self._reference = self.settings.key, None
-        if self._state == "INITIAL":
-            reason = self._try_quantize()
-            if reason:
-                return self._stop("INITIAL", reason)
-        reason = self._try_codegen() if self._state == "QUANTIZED" else None
+        progress = Progress("on-device compile", 2, "steps")  # quantize+gate, codegen+gate
+        try:
+            if self._state == "INITIAL":
+                reason = self._try_quantize()
+                if reason:
+                    return self._stop("INITIAL", reason)
+            progress(1)
+            reason = self._try_codegen() if self._state == "QUANTIZED" else None
+            progress(2)
+        finally:
+            progress.finish()
         if self.settings.backend == "auto":
             return self._choose(reason)
         self._stop(self._state, reason)
@@ -411,7 +437,7 @@ class Session:
             records = self.workspace.read_records(count)
             self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
         self.gates[candidate] = gate_report(
-            model, self._reference, list(self.outputs), dict(self.settings.gate)
+            model, self._reference, list(self.outputs), dict(self.settings.gate), candidate
         )
         return self.gates[candidate]["passed"]
 
