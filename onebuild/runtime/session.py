@@ -23,7 +23,6 @@ import numpy as np
 
 from ..errors import ModelError, OneBuildError, UserError
 from ..gates import json_safe
-from ..graph_ir.interpreter import check_feeds
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.model_io import is_quantized
@@ -39,6 +38,7 @@ from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
 from .package import load_package
 from .package_files import is_package
+from .session_io import checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
@@ -170,27 +170,16 @@ class Session:
         """nnfw parity: the model is ready to run once loaded."""
 
     def set_input(self, key: int | str, array: np.ndarray) -> None:
-        self._given_inputs[self._name(key, self.inputs)] = np.asarray(array)
+        self._given_inputs[tensor_name(key, self.inputs)] = np.asarray(array)
 
     def set_output(self, key: int | str, buffer: np.ndarray) -> None:
-        name = self._name(key, self.outputs)
+        name = tensor_name(key, self.outputs)
         if tuple(np.shape(buffer)) != self.outputs[name]:
             raise UserError(
                 f"output buffer for '{name}' has shape {list(np.shape(buffer))}, expected "
                 f"{list(self.outputs[name])}"
             )
         self._given_outputs[name] = buffer
-
-    @staticmethod
-    def _name(key: int | str, io: dict) -> str:
-        names = list(io)
-        if isinstance(key, int):
-            if not 0 <= key < len(names):
-                raise UserError(f"index {key} is out of range: the model has {len(names)}")
-            return names[key]
-        if key not in io:
-            raise UserError(f"no tensor '{key}' (the model has {', '.join(names)})")
-        return key
 
     def set_execute_config(self, key: str, value: str = "1") -> None:
         """DUMP_MINMAX: record the activation ranges (and first inputs) of float runs."""
@@ -254,27 +243,11 @@ class Session:
             self._recording = None
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
-        feeds = dict(self._given_inputs if inputs is None else inputs)
-        for name, shape in self.inputs.items():
-            if name not in feeds:
-                raise UserError(f"missing input '{name}' {list(shape)}; set_input or pass it")
-            array = np.asarray(feeds[name])
-            if array.shape != shape:
-                raise UserError(
-                    f"input '{name}' has shape {list(array.shape)}, expected {list(shape)}"
-                )
-            if array.dtype.kind not in "fiub":
-                raise UserError(f"input '{name}' has dtype {array.dtype}; expected float32")
-            feeds[name] = array.astype(np.float32, copy=False)
-        if self._float is not None:
-            check_feeds(self._float.main, feeds, batched=False)
-        return {name: feeds[name] for name in self.inputs}
+        given = self._given_inputs if inputs is None else inputs
+        return checked_feeds(self.inputs, given, self._float.main if self._float else None)
 
     def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = {name: np.asarray(outputs[name], np.float32) for name in self.outputs}
-        for name, buffer in self._given_outputs.items():
-            np.copyto(buffer, result[name], casting="same_kind")
-        return result
+        return delivered(self.outputs, outputs, self._given_outputs)
 
     # ---- on-device quantization and codegen ---------------------------------------------------
 
