@@ -109,12 +109,17 @@ def mlp() -> onnx.ModelProto:
     return _model(nodes, [x], [out], inits)
 
 
+U8S8 = dict(activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
 VARIANTS = {  # name suffix -> quantize_static options
-    "qdq": dict(quant_format=QuantFormat.QDQ),
-    "qdq_pc": dict(quant_format=QuantFormat.QDQ, per_channel=True),
-    "qop": dict(quant_format=QuantFormat.QOperator),
-    "qop_pc": dict(quant_format=QuantFormat.QOperator, per_channel=True),
-    "qdq_s8": dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8),
+    "qdq": dict(quant_format=QuantFormat.QDQ, **U8S8),
+    "qdq_pc": dict(quant_format=QuantFormat.QDQ, per_channel=True, **U8S8),
+    "qop": dict(quant_format=QuantFormat.QOperator, **U8S8),
+    "qop_pc": dict(quant_format=QuantFormat.QOperator, per_channel=True, **U8S8),
+    "qdq_s8": dict(
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    ),
     "qdq_i16": dict(
         quant_format=QuantFormat.QDQ,
         activation_type=QuantType.QInt16,

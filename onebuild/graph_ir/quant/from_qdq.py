@@ -369,7 +369,9 @@ class _Folder:
                 return None
             attrs["value"] = x.quant.zero_point[0]
         inputs = [x, *(None if v is None else self.value(v) for v in node.inputs[1:])]
-        moved = self.graph.make_node(node.op, inputs, attrs, node.name, [f"{node.output.name}_q"])
+        same = x.quant == y and x.dtype == np.dtype(dtype)
+        name = q_node.output.name if same else f"{node.output.name}_q"
+        moved = self.graph.make_node(node.op, inputs, attrs, node.name, [name])
         moved.output.quant = x.quant
         return self._requantize(moved.output, y, dtype, q_node)
 
