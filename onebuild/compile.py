@@ -155,11 +155,11 @@ def quantize(
     """The quantized model (full: with calibration `stats`; weight-only: without). With
     `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
     evaluation inputs); the choice is recorded in the model's metadata "mixed_precision"."""
-    from .graph_ir.quant.from_qdq import is_quantized
+    from .graph_ir.quant.from_qdq import graph_is_quantized
     from .graph_ir.quant.quantize_graph import quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
 
-    if is_quantized(model.main):  # a pre-quantized import keeps its own parameters
+    if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
         log.info("quantize: '%s' is already quantized; its parameters are kept", model.main.name)
         return model
     settings = options.quant_config()

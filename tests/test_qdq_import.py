@@ -36,6 +36,7 @@ STATIC = {
     "cnn_qdq_pc": (0, 0.0),
     "cnn_qdq_s8": (0, 0.0),
     "cnn_qdq_i16": (1, 0.0),
+    "cnn_qdq_u16": (1, 0.0),
     "cnn_qop": (0, 0.0),
     "cnn_qop_pc": (0, 0.0),
     "mlp_qdq": (0, 0.0),
@@ -165,6 +166,58 @@ def test_qdq_cnn_builds_a_trix_package_bit_exact_with_the_import(tmp_path):
     np.testing.assert_array_equal(got, want)
 
 
+def _small_qdq_model(domain: str) -> onnx.ModelProto:
+    """x -> Q -> DQ -> MatMul(DQ(int4 weights per column)) -> Q -> DQ -> Q (other scale) -> DQ,
+    weights from the digits MLP, Q/DQ nodes in `domain`."""
+    w = numpy_helper.to_array(
+        next(t for t in onnx.load(MODELS / "mlp.onnx").graph.initializer if t.name == "w1")
+    )[:, :8]
+    w_scale = np.abs(w).max(axis=0) / 7
+    w_q = np.clip(np.rint(w / w_scale), -8, 7).astype(np.int8)
+    inits = [
+        helper.make_tensor("w_q", TensorProto.INT4, w_q.shape, w_q.ravel().tolist()),
+        numpy_helper.from_array(w_scale.astype(np.float32), "w_s"),
+        numpy_helper.from_array(np.float32(1 / 255), "x_s"),
+        numpy_helper.from_array(np.uint8(0), "x_zp"),
+        numpy_helper.from_array(np.float32(0.05), "h_s"),
+        numpy_helper.from_array(np.uint8(128), "h_zp"),
+        numpy_helper.from_array(np.float32(0.08), "y_s"),
+        numpy_helper.from_array(np.uint8(120), "y_zp"),
+    ]
+    make = helper.make_node
+    q_dq = {"domain": domain}
+    nodes = [
+        make("QuantizeLinear", ["x", "x_s", "x_zp"], ["xq"], **q_dq),
+        make("DequantizeLinear", ["xq", "x_s", "x_zp"], ["xf"], **q_dq),
+        make("DequantizeLinear", ["w_q", "w_s"], ["wf"], axis=1),
+        make("MatMul", ["xf", "wf"], ["h"]),
+        make("QuantizeLinear", ["h", "h_s", "h_zp"], ["hq"], **q_dq),
+        make("DequantizeLinear", ["hq", "h_s", "h_zp"], ["hf"], **q_dq),
+        make("QuantizeLinear", ["hf", "y_s", "y_zp"], ["yq"], **q_dq),
+        make("DequantizeLinear", ["yq", "y_s", "y_zp"], ["y"], **q_dq),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    graph = helper.make_graph(nodes, "small", [x], [y], inits)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+@pytest.mark.parametrize("domain", ["", "com.microsoft"])
+def test_int4_weights_and_requantization_match_onnxruntime(tmp_path, domain):
+    path = tmp_path / "small.onnx"
+    onnx.save(_small_qdq_model(domain), path)
+    model = load_model(path)
+    ops = [node.op for node in model.main.nodes]
+    assert ops == ["QuantizeLinear", "QGemm", "Requantize", "DequantizeLinear"]
+    x = TEST.reshape(len(TEST), 1, 64)
+    ours = Interpreter(model.main).run_batch({"x": x})["y"].reshape(len(TEST), -1)
+    session = runtime(path)
+    theirs = np.concatenate([session.run(None, {"x": sample})[0] for sample in x])
+    lsb = np.rint(np.abs(ours - theirs) / np.float32(0.08))
+    assert lsb.max() <= 1 and np.mean(lsb > 0) < 0.05
+
+
 def _qdq_model(scale: np.ndarray, attrs: dict, opset: int = 21, constant=True):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 2])
     y = helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4, 2])
@@ -195,3 +248,15 @@ def test_bad_quantization_parameters_are_one_line_errors(tmp_path, scale, attrs,
         load_model(path)
     assert "node 'q' (QuantizeLinear)" in str(error.value) or "'s'" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_contrib_operator_with_missing_inputs_is_a_one_line_error(tmp_path):
+    proto = onnx.load(MODELS / "branchy_qop.onnx")
+    add = next(n for n in proto.graph.node if n.op_type == "QLinearAdd")
+    del add.input[5:]
+    path = tmp_path / "bad.onnx"
+    onnx.save(proto, path)
+    with pytest.raises(
+        OneBuildError, match=r"\(QLinearAdd\): has 5 inputs, the operator takes 7 to 8"
+    ):
+        load_model(path, {"input": [1, 1, 8, 8]})

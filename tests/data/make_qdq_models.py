@@ -7,7 +7,8 @@ Float models, all with trained weights on scikit-learn's bundled 8x8 digits:
   (LeakyRelu, Sigmoid, Mul, Add, AveragePool, MaxPool, Concat, GlobalAveragePool);
 - mlp: a 64-32-10 Relu MLP trained by scikit-learn (MLPClassifier, fixed seed).
 Each is quantized by onnxruntime with the digits calibration set (minmax): QDQ and QOperator,
-per tensor and per channel, uint8 activations and int8 weights; int16 activations (QDQ); and
+per tensor and per channel, uint8 activations and int8 weights; int8, uint16 and int16
+activations (QDQ); and
 `quantize_dynamic` (MatMulInteger / ConvInteger). Run: python tests/data/make_qdq_models.py
 """
 
@@ -120,6 +121,11 @@ VARIANTS = {  # name suffix -> quantize_static options
         activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8,
     ),
+    "qdq_u16": dict(
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt16,
+        weight_type=QuantType.QInt8,
+    ),
     "qdq_i16": dict(
         quant_format=QuantFormat.QDQ,
         activation_type=QuantType.QInt16,
@@ -154,7 +160,9 @@ def main() -> None:
             if name == "branchy":
                 onnx.save(model, OUT / "branchy.onnx")
             for suffix, options in VARIANTS.items():
-                if name == "mlp" and suffix not in ("qdq", "qop"):
+                if (name == "mlp" and suffix not in ("qdq", "qop")) or (
+                    name == "branchy" and suffix == "qdq_u16"
+                ):
                     continue
                 target = OUT / f"{name}_{suffix}.onnx"
                 quantize_static(source, target, Reader("input", data), **options)

@@ -41,7 +41,7 @@ QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 log = logging.getLogger(__name__)
 
 
-def is_quantized(graph: Graph) -> bool:
+def graph_is_quantized(graph: Graph) -> bool:
     """Whether `graph` already holds quantized values (a pre-quantized or quantized model)."""
     return any(v.quant is not None for n in graph.nodes for v in n.outputs) or any(
         v.quant is not None for v in graph.inputs

@@ -45,7 +45,10 @@ def _params(ctx, x_shape, s_index: int, zp_index: int, axis: int | None = None) 
         raise ctx.fail(
             "blocked quantization (block_size) is not supported; quantize per tensor or per axis"
         )
-    scale = _scalar_or_vector(ctx, s_index, "scale").astype(np.float64).reshape(-1)
+    scale = _scalar_or_vector(ctx, s_index, "scale")
+    if scale is None:
+        raise ctx.fail(f"input {s_index} (a scale) is missing")
+    scale = scale.astype(np.float64).reshape(-1)
     zp = _scalar_or_vector(ctx, zp_index, "zero point")
     zero_point = np.zeros(scale.shape, np.int64) if zp is None else zp.astype(np.int64).ravel()
     if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
@@ -70,6 +73,8 @@ def _code_type(ctx, name: str) -> str:
 
 def quantize(ctx, x, s_index: int, zp_index: int, dtype: str | None = None):
     """A QuantizeLinear IR node on `x` with the node's operands at s_index / zp_index."""
+    if x is None:
+        raise ctx.fail("the input to quantize is missing")
     zp = ctx.input(zp_index)
     if dtype is None:
         output_dtype = int(ctx.attr("output_dtype", 0) or 0)
@@ -88,6 +93,8 @@ def quantize(ctx, x, s_index: int, zp_index: int, dtype: str | None = None):
 def dequantize(ctx, q, s_index: int, zp_index: int, axis: int | None = None):
     """A DequantizeLinear IR node on codes `q` (kept even on constants: the folding pass needs
     the integer weights); per-axis operands of QOperator nodes along `axis`."""
+    if q is None:
+        raise ctx.fail("a quantized input is missing")
     name = dtypes.name_of(q.dtype)
     if name in SUB_BYTE:
         if not q.is_const:
@@ -101,11 +108,13 @@ def dequantize(ctx, q, s_index: int, zp_index: int, axis: int | None = None):
 
 @converter("QuantizeLinear", MS + "QuantizeLinear")
 def quantize_linear(ctx):
+    _check_inputs(ctx)
     return [quantize(ctx, ctx.inputs[0], 1, 2)]
 
 
 @converter("DequantizeLinear", MS + "DequantizeLinear")
 def dequantize_linear(ctx):
+    _check_inputs(ctx)
     return [dequantize(ctx, ctx.inputs[0], 1, 2)]
 
 
@@ -121,6 +130,32 @@ class _FloatNode:
 
     def input(self, index: int):
         return self.inputs[index] if index < len(self.inputs) else None
+
+
+# Input counts of the com.microsoft operators (ONNX's own are checked against their schema).
+MS_INPUTS = {
+    "QGemm": (6, 9),
+    "QLinearAdd": (7, 8),
+    "QLinearMul": (7, 8),
+    "QLinearConcat": (5, None),
+    "QLinearAveragePool": (4, 5),
+    "QLinearGlobalAveragePool": (4, 5),
+    "QLinearSigmoid": (4, 5),
+    "QLinearLeakyRelu": (4, 5),
+    "QuantizeLinear": (2, 3),
+    "DequantizeLinear": (2, 3),
+}
+
+
+def _check_inputs(ctx) -> None:
+    """A com.microsoft node's input count; every input but the optional zero points present."""
+    if ctx.node.domain != MS[:-1]:
+        return
+    least, most = MS_INPUTS[ctx.op_type]
+    count = len(ctx.inputs)
+    if count < least or (most is not None and count > most):
+        takes = f"{least} or more" if most is None else f"{least} to {most}"
+        raise ctx.fail(f"has {count} inputs, the operator takes {takes}")
 
 
 def _float_op(ctx, op_type: str, inputs):
@@ -160,6 +195,7 @@ def q_linear_mat_mul(ctx):
 @converter(MS + "QGemm")
 def q_gemm(ctx):
     """A, B, C quantized (C int32 at scale s_a * s_b); y quantized, or float without y_scale."""
+    _check_inputs(ctx)
     a = dequantize(ctx, ctx.inputs[0], 1, 2)
     b = dequantize(ctx, ctx.inputs[3], 4, 5, axis=0 if ctx.attr("transB", 0) else 1)
     c = _bias(ctx, 6, 1, 4)
@@ -169,6 +205,7 @@ def q_gemm(ctx):
 
 @converter(MS + "QLinearAdd", MS + "QLinearMul")
 def q_linear_binary(ctx):
+    _check_inputs(ctx)
     a = dequantize(ctx, ctx.inputs[0], 1, 2)
     b = dequantize(ctx, ctx.inputs[3], 4, 5)
     (y,) = _float_op(ctx, ctx.op_type[len("QLinear") :], [a, b])
@@ -178,6 +215,7 @@ def q_linear_binary(ctx):
 @converter(MS + "QLinearConcat")
 def q_linear_concat(ctx):
     """Inputs: y_scale, y_zero_point, then (x, x_scale, x_zero_point) per operand."""
+    _check_inputs(ctx)
     count = len(ctx.inputs) - 2
     if count < 3 or count % 3:
         raise ctx.fail(f"has {len(ctx.inputs)} inputs; expected 2 + 3 per concatenated tensor")
@@ -194,6 +232,7 @@ def q_linear_concat(ctx):
 )
 def q_linear_unary(ctx):
     """Inputs: x, x_scale, x_zero_point, y_scale, y_zero_point (NCHW only)."""
+    _check_inputs(ctx)
     if int(ctx.attr("channels_last", 0)):
         raise ctx.fail("channels_last = 1 is not supported (NCHW only)")
     x = dequantize(ctx, ctx.inputs[0], 1, 2)
