@@ -145,23 +145,31 @@ def test_quantize_keeps_a_pre_quantized_model():
         assert [(n.op, dict(n.attrs), n.output.quant) for n in kept.nodes] == before
 
 
-def test_qdq_cnn_builds_a_trix_package_bit_exact_with_the_import(tmp_path):
-    shutil.copy(MODELS / "cnn_qdq.onnx", tmp_path)
+@pytest.mark.parametrize(
+    ("name", "extra", "models"),
+    [
+        ("cnn_qdq", "[quantize]\nrandom_calibration = true\n", 1),
+        ("branchy_qdq", "[partition]\n", 3),  # the broadcast QMul stays on the CPU
+    ],
+)
+def test_qdq_model_builds_a_trix_package_bit_exact_with_the_import(tmp_path, name, extra, models):
+    """Through a recipe (the quantize step keeps the model's parameters) to a trix_sim
+    package whose outputs equal the imported model's bit for bit."""
+    shutil.copy(MODELS / f"{name}.onnx", tmp_path)
     (tmp_path / "r.toml").write_text(
-        '[import]\nsource = "cnn_qdq.onnx"\ninput_shapes = { input = [1, 1, 8, 8] }\n'
-        "[optimize]\n[quantize]\nrandom_calibration = true\n"
-        '[codegen]\ntarget = "trix_sim"\nhw = "trix-m"\n'
-        '[pack]\noutput = "out/cnn.nnpkg"\n[build]\ndir = "build"\n'
+        f'[import]\nsource = "{name}.onnx"\ninput_shapes = {{ input = [1, 1, 8, 8] }}\n'
+        f'[optimize]\n{extra}[codegen]\ntarget = "trix_sim"\nhw = "trix-m"\n'
+        '[pack]\noutput = "out/m.nnpkg"\n[build]\ndir = "build"\n'
     )
     assert main(["build", str(tmp_path / "r.toml")]) == 0
-    package = tmp_path / "out" / "cnn.nnpkg"
+    package = tmp_path / "out" / "m.nnpkg"
     manifest = json.loads((package / "metadata" / "MANIFEST").read_text())
-    assert manifest["model-types"] == ["tvn"]
+    assert len(manifest["models"]) == models and "tvn" in manifest["model-types"]
     data = tmp_path / "in.npz"
     np.savez(data, input=TEST)
     assert main(["run", str(package), "-i", str(data), "-o", str(tmp_path / "y.npz")]) == 0
     got = read_npz(tmp_path / "y.npz")["logits"].reshape(len(TEST), -1)
-    model = load_model(MODELS / "cnn_qdq.onnx", {"input": [1, 1, 8, 8]})
+    model = load_model(MODELS / f"{name}.onnx", {"input": [1, 1, 8, 8]})
     want = Interpreter(model.main).run_batch({"input": TEST})["logits"].reshape(len(TEST), -1)
     np.testing.assert_array_equal(got, want)
 
