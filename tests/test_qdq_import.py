@@ -20,8 +20,14 @@ from onebuild.cli import main
 from onebuild.compile import QuantizeOptions, quantize
 from onebuild.errors import OneBuildError
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Graph
+from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
+from onebuild.graph_ir.serde.onnx_export import export_onnx
+from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.verify import verify
 from onebuild.npz import read_npz
 
@@ -126,6 +132,34 @@ def test_each_layer_within_one_lsb_of_onnxruntime():
     assert checked >= 40 * 9  # 2 QConv, QGemm, 3 QLookup, 2 QMul, QAdd, QConcat, 2 pools
     assert worst <= 1, f"{worst} LSB"
     assert differing / total < 0.05
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_onebuilds_own_qdq_export_imports_as_the_same_ir(dtype):
+    """quantize -> export (QDQ; int16 keeps Conv -> Relu -> QuantizeLinear) -> import gives the
+    quantizer's IR again: same kernels, multipliers within the float32 rounding of ONNX scales,
+    outputs within 1 LSB (inputs on a rounding tie may land one code apart)."""
+    digits = ROOT / "examples" / "digits"
+    model = load_model(digits / "digits.onnx", {"input": [1, 1, 8, 8]})
+    run_preset(model)
+    ranges = calibrate(model.main, read_npz(digits / "data" / "calib.npz")).ranges
+    quantized = quantize_graph(model.main, ranges, QuantConfig(dtype))
+    back = import_onnx(export_onnx(Model([quantized]))).main
+    assert [n.op for n in back.nodes] == [n.op for n in quantized.nodes]
+    for ours, theirs in zip(quantized.nodes, back.nodes):
+        assert set(ours.attrs) == set(theirs.attrs)
+        if "multiplier" in ours.attrs:
+            want = np.ldexp(
+                np.asarray(ours.attrs["multiplier"], float), -np.asarray(ours.attrs["shift"])
+            )
+            got = np.ldexp(
+                np.asarray(theirs.attrs["multiplier"], float), -np.asarray(theirs.attrs["shift"])
+            )
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    want = Interpreter(quantized).run_batch({"input": TEST})["logits"]
+    got = Interpreter(back).run_batch({"input": TEST})["logits"]
+    lsb = np.rint(np.abs(got - want) / quantized.outputs[0].producer.attrs["scale"][0])
+    assert lsb.max() <= 1
 
 
 @pytest.mark.parametrize("name", ["cnn_dynamic", "mlp_dynamic"])

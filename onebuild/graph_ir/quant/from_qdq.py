@@ -3,7 +3,8 @@
 Importing a quantized ONNX model (QDQ or QOperator format, see `serde/onnx_qdq.py`) gives
 QuantizeLinear / DequantizeLinear nodes around float ops. Each group
 DequantizeLinear(s) -> op -> QuantizeLinear whose op has an integer rule (`OPS[op].quant`) becomes
-that rule's kernel, with the model's own scales and zero points (nothing is recalibrated):
+that rule's kernel, with the model's own scales and zero points (nothing is recalibrated; a Relu
+or Clip between a Conv/Gemm/MatMul/Add and its QuantizeLinear becomes the kernel's clamp):
 - Conv, Gemm, MatMul with constant weights of zero point 0 (per tensor, or per output channel)
   -> QConv / QGemm; an int32 bias at scale s_x * s_w is taken as is, any other is requantized;
 - Add, Sub, Mul -> QAdd / QMul; Concat -> QConcat; AveragePool, GlobalAveragePool ->
@@ -23,6 +24,7 @@ import numpy as np
 from ..ir import Graph, Node, Value
 from ..ops import OPS
 from ..passes.cleanup import eliminate_dead_code
+from ..passes.fuse import fuse_activations
 from ..tensor import QuantParams
 from .params import (
     ADD_SHIFT,
@@ -52,6 +54,7 @@ def fold_qdq(graph: Graph) -> Graph:
     """`graph` with its QDQ groups folded into integer kernels (unchanged without any)."""
     if not any(node.op in QDQ_OPS for node in graph.nodes):
         return graph
+    fuse_activations(graph)  # DQ -> Conv -> Relu -> Q: the Relu becomes the kernel's clamp
     return _Folder(graph).run()
 
 
