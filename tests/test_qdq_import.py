@@ -302,3 +302,30 @@ def test_contrib_operator_with_missing_inputs_is_a_one_line_error(tmp_path):
         OneBuildError, match=r"\(QLinearAdd\): has 5 inputs, the operator takes 7 to 8"
     ):
         load_model(path, {"input": [1, 1, 8, 8]})
+
+
+def test_codes_read_with_other_parameters_are_relabeled(tmp_path):
+    """QuantizeLinear(s = 0.02) -> DequantizeLinear(s = 0.03): the codes get the reader's
+    parameters through an Identity, the graph verifies, and the values are onnxruntime's."""
+    inits = [
+        numpy_helper.from_array(np.float32(0.02), "s1"),
+        numpy_helper.from_array(np.float32(0.03), "s2"),
+        numpy_helper.from_array(np.uint8(10), "zp"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s1", "zp"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s2", "zp"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
+    graph = helper.make_graph(nodes, "relabel", [x], [y], inits)
+    path = tmp_path / "relabel.onnx"
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path
+    )
+    model = load_model(path)
+    verify(model.main)
+    assert [n.op for n in model.main.nodes] == ["QuantizeLinear", "Identity", "DequantizeLinear"]
+    sample = np.linspace(-0.71, 2.13, 64, dtype=np.float32).reshape(1, 64)  # no ties
+    want = runtime(path).run(None, {"x": sample})[0]
+    np.testing.assert_array_equal(Interpreter(model.main).run({"x": sample})["y"], want)

@@ -65,6 +65,7 @@ class _Folder:
         self.new: dict[int, Value] = {}  # source value -> its value in the new graph
         self.dq: dict[int, Node] = {}  # source DequantizeLinear output -> the node
         self.folded: set[int] = set()  # QuantizeLinear nodes folded into their producer
+        self.relabeled: dict[int, Value] = {}  # DequantizeLinear node -> its relabeled codes
 
     def run(self) -> Graph:
         for value in self.source.inputs:
@@ -112,9 +113,12 @@ class _Folder:
         params = qdq_params(node.attrs)
         if q.quant is None:
             q.quant = params
-        elif q.quant != params:  # the codes read with other parameters: relabel them
-            q = self.graph.make_node("Identity", [q], name=f"{node.name}/relabel").output
-            q.quant = params
+        elif q.quant != params:  # the codes read with other parameters: relabel them (once)
+            if id(node) not in self.relabeled:
+                copy = self.graph.make_node("Identity", [q], name=f"{node.name}/relabel").output
+                copy.quant = params
+                self.relabeled[id(node)] = copy
+            q = self.relabeled[id(node)]
         return q
 
     def activation(self, source: Value | None) -> Value | None:
