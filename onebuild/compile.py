@@ -9,6 +9,7 @@ pydantic, doit or onnx.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # the options load without numpy: the recipe schema takes its
     from .graph_ir.quant.config import QuantConfig
 
 OptionsT = TypeVar("OptionsT")
+log = logging.getLogger("onebuild")
 
 
 def options_from(cls: type[OptionsT], config: Mapping[str, Any]) -> OptionsT:
@@ -153,9 +155,13 @@ def quantize(
     """The quantized model (full: with calibration `stats`; weight-only: without). With
     `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
     evaluation inputs); the choice is recorded in the model's metadata "mixed_precision"."""
+    from .graph_ir.quant.from_qdq import graph_is_quantized
     from .graph_ir.quant.quantize_graph import quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
 
+    if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
+        log.info("quantize: '%s' is already quantized; its parameters are kept", model.main.name)
+        return model
     settings = options.quant_config()
     if options.mode == "weight_only":
         weight_only_quantize(model.main, settings)
