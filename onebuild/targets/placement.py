@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 from ..errors import ModelError, UserError
 from ..graph_ir.ir import Graph
+from ..graph_ir.macs import macs
 from ..graph_ir.partition.assign import min_cost, override
 from ..graph_ir.partition.regions import Partitioning, split
 from . import Target
-from .host_cpu import MATMUL_LIKE, HostCpu, macs
+from .host_cpu import HostCpu
 
 CPU = "cpu"
 
@@ -196,7 +197,7 @@ def mac_share(graph: Graph, backend_of: dict[str, str]) -> dict[str, int]:
     """Multiply-accumulates of the convolutions and matrix products per backend."""
     totals: dict[str, int] = {}
     for node in graph.nodes:
-        if node.op in MATMUL_LIKE:
+        if macs(node):
             backend = backend_of[node.name]
             totals[backend] = totals.get(backend, 0) + macs(node)
     return totals

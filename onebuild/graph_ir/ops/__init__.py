@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     normalization,
     pool,
     quantized,
+    quantized_dynamic,
     quantized_softmax,
     recurrent,
     reduce,

@@ -269,9 +269,8 @@ class _Quantizer:
         self._produce(node, "QConcat", inputs, attrs, dtype, out_params)
 
     def _average_pool_ok(self, node: Node) -> bool:
-        if node.op == "ReduceMean":  # over H and W with kept dims: a global average pool
-            kept = bool(node.attrs.get("keepdims", 1))
-            return len(node.inputs[0].shape) == 4 and node.attrs["axes"] == [2, 3] and kept
+        if node.op == "ReduceMean":
+            return spatial_mean(node)
         return len(node.inputs[0].shape) > 2
 
     def _average_pool(self, node: Node, dtype: str) -> None:
@@ -353,12 +352,7 @@ class _Quantizer:
         self._passthrough(node, dtype, attrs)
 
     def _resize_ok(self, node: Node) -> bool:
-        """Nearest and linear interpolation run on the codes (weights sum to one, so the zero
-        point maps to itself and nothing leaves the range); cubic and crops with an
-        extrapolation value stay float."""
-        modes = node.attrs.get("mode", "nearest") in ("nearest", "linear")
-        crop = node.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize"
-        return self._passthrough_ok(node) and modes and not crop
+        return self._passthrough_ok(node) and resizes_codes(node)
 
     def _softmax(self, node: Node, dtype: str) -> None:
         """QSoftmax: the exponential table of the input scale, the output multiplier."""
@@ -397,6 +391,21 @@ RULES: dict[str, tuple[Applies, Emit]] = {
 }
 # The ops quantized as lookup tables (a snapshot of the registry when this module loads).
 LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")
+
+
+def resizes_codes(node: Node) -> bool:
+    """Nearest and linear interpolation run on the codes (weights sum to one, so the zero point
+    maps to itself and nothing leaves the range); cubic and crops with an extrapolation value
+    stay float."""
+    modes = node.attrs.get("mode", "nearest") in ("nearest", "linear")
+    crop = node.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize"
+    return modes and not crop
+
+
+def spatial_mean(node: Node) -> bool:
+    """A ReduceMean over height and width with kept dims: a global average pool."""
+    kept = bool(node.attrs.get("keepdims", 1))
+    return len(node.inputs[0].shape) == 4 and node.attrs["axes"] == [2, 3] and kept
 
 
 def _has_integer_form(node: Node, ops: tuple[str, ...]) -> None:
