@@ -340,3 +340,33 @@ def test_simulator_refuses_a_program_planned_beyond_the_sram(rng):
     module.sram_peak = hw.sram_bytes + 1
     with pytest.raises(FormatError, match="plans 262145 bytes of SRAM, trix-s has 262144"):
         Simulator(module, hw)
+
+
+@pytest.mark.parametrize(
+    "key, bad", [("starts", 3), ("perm", 1), ("blocksize", [2]), ("steps", [[1], 1, 1])]
+)
+def test_decoder_rejects_move_attributes_of_the_wrong_type(rng, key, bad):
+    from onebuild.errors import FormatError
+    from onebuild.targets.trix_sim.tvn import _check_layer, _Reader
+
+    kinds = {
+        "starts": "slice",
+        "steps": "slice",
+        "perm": "transpose",
+        "blocksize": "depth_to_space",
+    }
+    quantized = {
+        "slice": lambda: _moved(
+            rng, "Slice", {"starts": [0] * 4, "ends": [1, 3, 9, 7], "steps": [1] * 4}
+        ),
+        "transpose": lambda: _moved(rng, "Transpose", {"perm": [0, 1, 3, 2]}),
+        "depth_to_space": lambda: _moved(
+            rng, "DepthToSpace", {"blocksize": 2, "mode": "CRD"}, (1, 8, 5, 3)
+        ),
+    }[kinds[key]]()
+    hw = load_hardware("trix-m")
+    module = decode(encode(generate(lower(quantized, hw), hw)))
+    layer = next(layer for layer in module.layers if layer.kind == kinds[key])
+    layer.attrs[key] = bad
+    with pytest.raises(FormatError, match="attributes do not match its tensors"):
+        _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)

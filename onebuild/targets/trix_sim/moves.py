@@ -102,5 +102,9 @@ def _attrs_fit(layer: Layer, shape: tuple[int, int, int]) -> bool:
 
 
 def valid(layer: Layer, shape: tuple[int, int, int], out: tuple[int, int, int]) -> bool:
-    """Whether a decoded move layer's attributes fit its input `shape` and output `out`."""
-    return _attrs_fit(layer, shape) and output_shape(layer, shape) == tuple(out)
+    """Whether a decoded move layer's attributes fit its input `shape` and output `out` (a
+    list where an integer belongs, or the reverse, does not)."""
+    try:
+        return _attrs_fit(layer, shape) and output_shape(layer, shape) == tuple(out)
+    except (TypeError, ValueError, IndexError, KeyError):
+        return False
