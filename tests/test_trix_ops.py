@@ -370,3 +370,18 @@ def test_decoder_rejects_move_attributes_of_the_wrong_type(rng, key, bad):
     layer.attrs[key] = bad
     with pytest.raises(FormatError, match="attributes do not match its tensors"):
         _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)
+
+
+@pytest.mark.parametrize("kernel, stride, pads", [(3, 2, [0, 0, 0, 0]), (2, 2, [1, 0, 0, 1])])
+def test_max_pool_with_ceil_mode(rng, kernel, stride, pads):
+    """ceil_mode runs as extra bottom/right padding."""
+    attrs = {
+        "kernel_shape": [kernel, kernel], "strides": [stride, stride], "pads": pads,
+        "dilations": [1, 1], "ceil_mode": 1,
+    }  # fmt: skip
+    quantized = _moved(rng, "MaxPool", attrs, (1, 4, 10, 7))
+    assert quantized.outputs[0].shape[2:] == (
+        -(-(10 + pads[0] + pads[2] - kernel) // stride) + 1,
+        -(-(7 + pads[1] + pads[3] - kernel) // stride) + 1,
+    )
+    check(quantized, rng)

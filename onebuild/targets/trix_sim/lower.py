@@ -238,9 +238,21 @@ def _window(node: Node) -> dict:
 _POOL = (kernel_size, stride_limit, pool_without_ceil)
 
 
-@_lowers("MaxPool", constraints=(*_POOL, pass_through_dtype))
+@_lowers("MaxPool", constraints=(kernel_size, stride_limit, pass_through_dtype))
 def _max_pool(node: Node, ins: list[str], out: str) -> Layer:
-    return Layer("maxpool", node.name, ins, out, _window(node))
+    """ceil_mode becomes extra bottom/right padding (with the lowest code, which no window's
+    maximum takes: every window holds an input element)."""
+    attrs = _window(node)
+    if attrs["ceil_mode"]:
+        x, y = node.inputs[0].shape[2:], node.outputs[0].shape[2:]
+        x, y = [*x, 1][:2], [*y, 1][:2]
+        for axis in (0, 1):
+            reach = (attrs["kernel"][axis] - 1) * attrs["dilations"][axis] + 1
+            last = (y[axis] - 1) * attrs["strides"][axis] + reach  # padded length needed
+            extra = last - x[axis] - attrs["pads"][axis]
+            attrs["pads"][axis + 2] = max(attrs["pads"][axis + 2], extra)
+        attrs["ceil_mode"] = 0
+    return Layer("maxpool", node.name, ins, out, attrs)
 
 
 @_lowers("QAveragePool", constraints=_POOL)
