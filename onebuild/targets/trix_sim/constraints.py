@@ -87,7 +87,7 @@ def channel_softmax(node: Node, hw: Hardware) -> bool:
 
 
 def pool_without_ceil(node: Node, hw: Hardware) -> bool:
-    """pooling must not use ceil_mode"""
+    """average pooling must not use ceil_mode"""
     return not node.attrs.get("ceil_mode", 0)
 
 
