@@ -46,3 +46,25 @@ def test_integer_softmax_follows_float_softmax(dtype, steps):
     assert error <= steps, error
     assert np.abs(got.sum(axis=-1) - 1).max() <= x.shape[1] * step
     assert (got.argmax(axis=-1) == want.argmax(axis=-1)).mean() > 0.99
+
+
+def test_qdq_export_runs_in_onnxruntime_within_a_step():
+    """QSoftmax exports as DequantizeLinear -> Softmax -> QuantizeLinear; onnxruntime's float
+    softmax of the same codes lands within one output step of the integer algorithm."""
+    import onnxruntime as ort
+
+    from onebuild.graph_ir.ir import Model
+    from onebuild.graph_ir.serde.onnx_export import export_onnx
+
+    calibration, test = _logits("calib"), _logits("test")
+    graph = Graph("softmax")
+    x = graph.add_input("x", np.float32, (1, calibration.shape[-1]))
+    graph.outputs = [graph.make_node("Softmax", [x], {"axis": 1}).output]
+    ranges = calibrate(graph, {"x": calibration}).ranges
+    quantized = quantize_graph(graph, ranges, QuantConfig("uint8"))
+    session = ort.InferenceSession(export_onnx(Model([quantized])).SerializeToString())
+    name = quantized.outputs[0].name
+    theirs = np.concatenate([session.run(None, {"x": sample})[0] for sample in test])
+    ours = Interpreter(quantized).run_batch({"x": test})[name].reshape(theirs.shape)
+    step = next(n for n in quantized.nodes if n.op == "QSoftmax").output.quant.scale[0]
+    assert np.abs(ours - theirs).max() <= step * 1.001
