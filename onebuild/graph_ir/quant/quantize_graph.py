@@ -55,12 +55,20 @@ def weight_dtype(activation_dtype: str) -> str:
 
 
 class _Quantizer:
-    def __init__(self, source: Graph, ranges: Mapping[str, tuple[float, float]], config, means):
+    def __init__(
+        self,
+        source: Graph,
+        ranges: Mapping[str, tuple[float, float]],
+        config,
+        means,
+        round_weights: "WeightRounder",
+    ):
         for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
                 raise UserError(f"full quantization does not support dtype '{dtype}'")
         self.source, self.ranges, self.config = source, ranges, config
         self.means = means if config.bias_correction else {}
+        self.round_weights = round_weights
         self.settings = layer_settings(source, config)
         self.graph = Graph(source.name)
         self.float_of: dict[int, Value] = {}  # source value -> float value in the new graph
@@ -194,7 +202,7 @@ class _Quantizer:
         w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
         channels = w.shape[channel_axis]
         scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
-        wq = quantize(w, w_params, w_dtype)
+        wq = self.round_weights(node, w, w_params, w_dtype)
         s_x = x.quant.scale[0]
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
@@ -366,12 +374,25 @@ def _output_shift(node: Node, weight_error: np.ndarray, mean: np.ndarray, axis: 
     return np.einsum("goi,gi->go", per_group, mean.reshape(groups, in_per_group)).ravel()
 
 
+def nearest(node: Node, weight: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
+    """Weight codes rounded to nearest (the default `WeightRounder`)."""
+    return quantize(weight, params, dtype)
+
+
+WeightRounder = Callable[[Node, np.ndarray, QuantParams, str], np.ndarray]
+
+
 def quantize_graph(
     graph: Graph,
     ranges: Mapping[str, tuple[float, float]],
     config: QuantConfig | None = None,
     channel_means: Mapping[str, np.ndarray] | None = None,
+    round_weights: WeightRounder = nearest,
 ) -> Graph:
     """The integer-reference form of `graph` given calibration ranges per value name and, for
-    bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`)."""
-    return _Quantizer(graph, ranges, config or QuantConfig(), channel_means or {}).run()
+    bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`);
+    `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`)."""
+    quantizer = _Quantizer(
+        graph, ranges, config or QuantConfig(), channel_means or {}, round_weights
+    )
+    return quantizer.run()
