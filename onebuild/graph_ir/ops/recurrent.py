@@ -1,15 +1,18 @@
 """LSTM, GRU and RNN with ONNX semantics: forward, reverse and bidirectional, initial states,
 per-sample sequence lengths (steps past a sample's length output zeros and leave its state),
 peepholes, input-forget coupling, `linear_before_reset`, cell clipping, any activation, both
-layouts. Float only (they stay on the CPU); accumulation in float64, rounded once per output.
+layouts. Accumulation in float64, rounded once per output. Their integer form (quantization
+rule "recurrent") is `quantized_recurrent.py`.
 
 Attributes are canonical: `activations` is one (name, alpha, beta) triple per gate function and
 direction (lowercase names), `cell_clip` (ONNX `clip`) None when absent.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
-from .registry import Attrs, TensorType, register
+from .registry import Attrs, Kernel, TensorType, register
 
 
 def _activation(name: str, alpha: float | None, beta: float | None):
@@ -56,8 +59,9 @@ def _recurrent_type(op: str):
     return infer
 
 
-def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None):
-    """Every direction over every step; returns Y and the final states, ONNX layout 0."""
+def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, report=None):
+    """Every direction over every step; returns Y and the final states, ONNX layout 0.
+    `report`, if given, sees the new cell state (LSTM) of the active samples at every step."""
     hidden, dirs = attrs["hidden_size"], _directions(attrs)
     dtype, x = x.dtype, x.astype(np.float64)
     if attrs["layout"]:
@@ -87,6 +91,8 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None):
             new = _CELLS[op](attrs, xw, state, r[d].astype(np.float64), rh, functions, peep)
             for s, n in zip(state, new):
                 s[active] = n[active]
+            if report is not None and op == "LSTM":
+                report(new[1][active])
             y[t[active], d, rows[active]] = state[0][active]
         for final, s in zip(finals, state):
             final[d] = s
@@ -143,16 +149,31 @@ def _rnn_cell(attrs, xw, state, r, rh, functions, peep):
 _CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN": _rnn_cell}
 
 
-@register("LSTM", _recurrent_type("LSTM"), batch=None)
+@register("LSTM", _recurrent_type("LSTM"), batch=None, quant="recurrent")
 def lstm(attrs, x, w, r, b=None, lengths=None, initial_h=None, initial_c=None, p=None):
     return _run("LSTM", attrs, x, w, r, b, lengths, [initial_h, initial_c], p)
 
 
-@register("GRU", _recurrent_type("GRU"), batch=None)
+def cell_state_name(node_name: str) -> str:
+    """The name under which calibration records an LSTM node's cell states over all steps."""
+    return f"{node_name}::cell_state"
+
+
+def lstm_reporting_cells(report: Callable[[np.ndarray], None]) -> Kernel:
+    """The LSTM kernel, also passing every step's cell state ([active samples, hidden]) to
+    `report`: the range calibration needs for the integer cell state, which no output holds."""
+
+    def kernel(attrs, x, w, r, b=None, lengths=None, initial_h=None, initial_c=None, p=None):
+        return _run("LSTM", attrs, x, w, r, b, lengths, [initial_h, initial_c], p, report)
+
+    return kernel
+
+
+@register("GRU", _recurrent_type("GRU"), batch=None, quant="recurrent")
 def gru(attrs, x, w, r, b=None, lengths=None, initial_h=None):
     return _run("GRU", attrs, x, w, r, b, lengths, [initial_h])
 
 
-@register("RNN", _recurrent_type("RNN"), batch=None)
+@register("RNN", _recurrent_type("RNN"), batch=None, quant="recurrent")
 def rnn(attrs, x, w, r, b=None, lengths=None, initial_h=None):
     return _run("RNN", attrs, x, w, r, b, lengths, [initial_h])
