@@ -98,7 +98,7 @@ def _lstm_step(layer: _Layer, tx, state):
     i, o, g = layer.gate(pi, 0), layer.gate(po, 0), layer.gate(pc, 1)
     f = ONE - i if layer.attrs["input_forget"] else layer.gate(pf, 0)
     k = layer.attrs["cell_shift"]
-    c = _sat16(shift_round(f * c, FUNCTION_BITS) + shift_round(i * g, 2 * FUNCTION_BITS - k))
+    c = _sat16(shift_round((f * c << (FUNCTION_BITS - k)) + i * g, 2 * FUNCTION_BITS - k))
     cell_in = shift_round(c, k - GATE_BITS) if k >= GATE_BITS else _sat16(c << GATE_BITS - k)
     h = layer.tables[2][cell_in - INT16[0]]  # the cell function, unclipped (as ONNX)
     return [layer.saturate(layer.to_hidden(o * h)), c]
@@ -115,7 +115,8 @@ def _gru_step(layer: _Layer, tx, state):
     else:
         recurrent = layer.recurrent_terms(shift_round(reset * hc, FUNCTION_BITS), h_rows)
     n = layer.gate(tx[:, h_rows] + recurrent, 1)
-    return [layer.saturate(layer.to_hidden((ONE - z) * n) + shift_round(z * hc, FUNCTION_BITS))]
+    mixed = layer.to_hidden((ONE - z) * n) + z * hc  # hidden codes with 15 more fraction bits
+    return [layer.saturate(shift_round(mixed, FUNCTION_BITS))]
 
 
 def _rnn_step(layer: _Layer, tx, state):

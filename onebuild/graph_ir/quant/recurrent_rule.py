@@ -119,7 +119,9 @@ def quantize_recurrent(quantizer: "_Quantizer", node: Node, dtype: str, w_dtype:
     bh = _bias(bias[:, rows // wq.shape[0] :].reshape(-1), s_h * s_r, b_type)
     x_multiplier, x_shift = _rescales(s_x * s_w * 2.0**GATE_BITS)
     h_multiplier, h_shift = _rescales(s_h * s_r * 2.0**GATE_BITS)
-    fraction = FUNCTION_BITS if op == "RNN" else 2 * FUNCTION_BITS  # h = f, o·h(c), (1-z)·n
+    # to hidden codes from: f(pre) Q0.15 (RNN), o·h(c) Q0.30 (LSTM); GRU: (1-z)·n Q0.30 to
+    # hidden codes with 15 more fraction bits
+    fraction = 2 * FUNCTION_BITS if op == "LSTM" else FUNCTION_BITS
     clip = node.attrs["cell_clip"]
     attrs = {
         **{k: node.attrs[k] for k in ("direction", "hidden_size", "layout")},
