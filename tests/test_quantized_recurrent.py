@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from test_recurrent import _model
+from test_recurrent import CASES, _model
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
@@ -247,3 +247,38 @@ def test_layers_outside_the_integer_form_stay_float(op, options):
         Interpreter(quantized).run_batch(samples),
     )
     assert _sqnr(reference["Y"], got["Y"]) >= 30.0
+
+
+@pytest.mark.parametrize(
+    ("op", "options"),
+    [case for case in CASES if not case[1].get("peepholes") and "activations" not in case[1]],
+    ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value)),
+)
+def test_every_supported_option_stays_close_to_float(op, options):
+    """Sequence lengths, layouts, directions, initial states, clip, coupling, reset placement:
+    Y, Y_h (and Y_c) of the integer layer against the float layer, uint8 (random weights, 6
+    units; initial states drawn wider than the layer's outputs widen the hidden range: 29 dB)."""
+    rng = np.random.default_rng(11)
+    model, feeds = _model(op, options, rng)
+    graph = import_onnx(model, "m.onnx", {k: list(v.shape) for k, v in feeds.items()}).main
+    samples = {
+        k: np.repeat(v[None], 16, axis=0) if k == "L" else rng.normal(0, 1, (16, *v.shape))
+        for k, v in feeds.items()
+    }
+    samples = {k: v.astype(feeds[k].dtype) for k, v in samples.items()}
+    quantized = quantize_graph(graph, calibrate(graph, samples).ranges, QuantConfig())
+    assert [n.op for n in quantized.nodes if n.name == graph.nodes[0].name] == ["Q" + op]
+    expected, got = Interpreter(graph).run_batch(samples), Interpreter(quantized).run_batch(samples)
+    for name in expected:
+        assert _sqnr(expected[name], got[name]) >= 27.0, name
+
+
+def test_qdq_export_of_an_integer_layer_says_how_to_export_it():
+    from onebuild.errors import UserError
+    from onebuild.graph_ir.ir import Model
+    from onebuild.graph_ir.serde.onnx_export import export_onnx
+
+    graph, samples = _lstm()
+    quantized = quantize_graph(graph, calibrate(graph, samples).ranges, QuantConfig())
+    with pytest.raises(UserError, match=r"node 'rnn' \(QLSTM\) has no QDQ form.*float32"):
+        export_onnx(Model([quantized]))
