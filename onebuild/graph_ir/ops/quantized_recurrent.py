@@ -16,7 +16,7 @@ initial_c.
 import numpy as np
 
 from ..quant.params import requantize
-from .recurrent import _directions
+from .recurrent import directions, recurrent_type
 from .registry import Attrs, TensorType, register
 
 GATE_BITS = 12  # gate pre-activations: int16, scale 2^-12
@@ -36,15 +36,14 @@ def _sat16(value: np.ndarray) -> np.ndarray:
 
 
 def _quantized_type(op: str):
+    """The float layer's shapes; Y and Y_h in the `dtype` attribute, Y_c int16."""
+    float_type = recurrent_type(op)
+
     def infer(attrs: Attrs, types) -> list[TensorType]:
-        x = types[0]
-        seq, batch = x.shape[:2] if not attrs["layout"] else x.shape[1::-1]
-        hidden, dirs = attrs["hidden_size"], _directions(attrs)
-        y = (seq, dirs, batch, hidden) if not attrs["layout"] else (batch, seq, dirs, hidden)
-        state = (dirs, batch, hidden) if not attrs["layout"] else (batch, dirs, hidden)
+        y, h, *cell = float_type(attrs, types)
         dtype = np.dtype(attrs["dtype"])
-        types = [TensorType(dtype, y), TensorType(dtype, state)]
-        return [*types, TensorType(np.dtype(np.int16), state)] if op == "LSTM" else types
+        return [TensorType(dtype, y.shape), TensorType(dtype, h.shape),
+                *(TensorType(np.dtype(np.int16), c.shape) for c in cell)]  # fmt: skip
 
     return infer
 
@@ -137,7 +136,7 @@ def _initial(attrs: Attrs, key: str, codes, d: int, batch: int, bounds) -> np.nd
 
 
 def _run(op: str, attrs: Attrs, x, w, r, bx, bh, tables, lengths, states):
-    layout, dirs = attrs["layout"], _directions(attrs)
+    layout, dirs = attrs["layout"], directions(attrs)
     if layout:
         x = x.transpose(1, 0, 2)
         states = [None if s is None else s.transpose(1, 0, 2) for s in states]

@@ -15,7 +15,8 @@ import numpy as np
 from .registry import Attrs, Kernel, TensorType, register
 
 
-def _activation(name: str, alpha: float | None, beta: float | None):
+def activation(name: str, alpha: float | None, beta: float | None):
+    """The float function of an ONNX recurrent activation (canonical lowercase name)."""
     functions = {
         "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
         "tanh": np.tanh,
@@ -42,15 +43,15 @@ GATE_FUNCTIONS = {"LSTM": 3, "GRU": 2, "RNN": 1}  # activations per direction
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}  # blocks of hidden_size rows in W and R
 
 
-def _directions(attrs: Attrs) -> int:
+def directions(attrs: Attrs) -> int:
     return 2 if attrs["direction"] == "bidirectional" else 1
 
 
-def _recurrent_type(op: str):
+def recurrent_type(op: str):
     def infer(attrs: Attrs, types) -> list[TensorType]:
         x = types[0]
         seq, batch = x.shape[:2] if not attrs["layout"] else x.shape[1::-1]
-        hidden, dirs = attrs["hidden_size"], _directions(attrs)
+        hidden, dirs = attrs["hidden_size"], directions(attrs)
         y = (seq, dirs, batch, hidden) if not attrs["layout"] else (batch, seq, dirs, hidden)
         state = (dirs, batch, hidden) if not attrs["layout"] else (batch, dirs, hidden)
         count = 3 if op == "LSTM" else 2
@@ -62,7 +63,7 @@ def _recurrent_type(op: str):
 def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, report=None):
     """Every direction over every step; returns Y and the final states, ONNX layout 0.
     `report`, if given, sees the new cell state (LSTM) of the active samples at every step."""
-    hidden, dirs = attrs["hidden_size"], _directions(attrs)
+    hidden, dirs = attrs["hidden_size"], directions(attrs)
     dtype, x = x.dtype, x.astype(np.float64)
     if attrs["layout"]:
         x = x.transpose(1, 0, 2)
@@ -76,7 +77,7 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, rep
     finals = [np.zeros((dirs, batch, hidden)) for _ in states]
     for d in range(dirs):
         reverse = attrs["direction"] == "reverse" or d == 1
-        functions = [_activation(*a) for a in attrs["activations"][d * per : (d + 1) * per]]
+        functions = [activation(*a) for a in attrs["activations"][d * per : (d + 1) * per]]
         bias = np.zeros(2 * GATES[op] * hidden) if b is None else b[d].astype(np.float64)
         wx, rh = bias[: GATES[op] * hidden], bias[GATES[op] * hidden :]
         state = [
@@ -149,7 +150,7 @@ def _rnn_cell(attrs, xw, state, r, rh, functions, peep):
 _CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN": _rnn_cell}
 
 
-@register("LSTM", _recurrent_type("LSTM"), batch=None, quant="recurrent")
+@register("LSTM", recurrent_type("LSTM"), batch=None, quant="recurrent")
 def lstm(attrs, x, w, r, b=None, lengths=None, initial_h=None, initial_c=None, p=None):
     return _run("LSTM", attrs, x, w, r, b, lengths, [initial_h, initial_c], p)
 
@@ -169,11 +170,11 @@ def lstm_reporting_cells(report: Callable[[np.ndarray], None]) -> Kernel:
     return kernel
 
 
-@register("GRU", _recurrent_type("GRU"), batch=None, quant="recurrent")
+@register("GRU", recurrent_type("GRU"), batch=None, quant="recurrent")
 def gru(attrs, x, w, r, b=None, lengths=None, initial_h=None):
     return _run("GRU", attrs, x, w, r, b, lengths, [initial_h])
 
 
-@register("RNN", _recurrent_type("RNN"), batch=None, quant="recurrent")
+@register("RNN", recurrent_type("RNN"), batch=None, quant="recurrent")
 def rnn(attrs, x, w, r, b=None, lengths=None, initial_h=None):
     return _run("RNN", attrs, x, w, r, b, lengths, [initial_h])

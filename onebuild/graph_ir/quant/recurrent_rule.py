@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir import Node
 from ..ops.quantized_recurrent import FUNCTION_BITS, GATE_BITS, INT16
-from ..ops.recurrent import GATE_FUNCTIONS, GATES, _activation, cell_state_name
+from ..ops.recurrent import GATE_FUNCTIONS, activation, cell_state_name
 from ..tensor import QuantParams
 from .params import activation_params, quantize, quantize_multiplier, weight_params
 
@@ -25,15 +25,15 @@ QUANTIZED = {"LSTM": "QLSTM", "GRU": "QGRU", "RNN": "QRNN"}
 CODES = np.arange(INT16[0], INT16[1] + 1)
 
 
-def _function_values(activation) -> np.ndarray:
-    """A gate function over every Q3.12 pre-activation code, in float64."""
+def _function_values(spec) -> np.ndarray:
+    """A gate function, (name, alpha, beta), over every Q3.12 pre-activation code, in float64."""
     with np.errstate(over="ignore"):
-        return np.asarray(_activation(*activation)(CODES * 2.0**-GATE_BITS), np.float64)
+        return np.asarray(activation(*spec)(CODES * 2.0**-GATE_BITS), np.float64)
 
 
-def function_table(activation) -> np.ndarray:
+def function_table(spec) -> np.ndarray:
     """The int16 table of a gate function: round_half_even(f(code · 2^-12) · 2^15), saturated."""
-    scaled = np.rint(_function_values(activation) * 2.0**FUNCTION_BITS)
+    scaled = np.rint(_function_values(spec) * 2.0**FUNCTION_BITS)
     return np.clip(scaled, *INT16).astype(np.int16)
 
 
@@ -45,8 +45,8 @@ def _functions(node: Node) -> list | None:
     first = activations[:per]
     if activations != first * (len(activations) // per):
         return None
-    for index, activation in enumerate(first):
-        values = _function_values(activation)
+    for index, spec in enumerate(first):
+        values = _function_values(spec)
         low = 0.0 if index == 0 and node.op != "RNN" else -1.0
         if not np.all(np.isfinite(values)) or values.min() < low or values.max() > 1.0:
             return None
@@ -92,7 +92,7 @@ def _rescales(real: np.ndarray) -> tuple[list[int], list[int]]:
 
 def _bias(real: np.ndarray, scales: np.ndarray, b_type) -> np.ndarray:
     limit = np.iinfo(b_type)
-    return np.clip(np.rint(real / scales), limit.min, limit.max).astype(b_type)
+    return np.clip(np.rint(real.astype(np.float64) / scales), limit.min, limit.max).astype(b_type)
 
 
 def cell_shift(bound: float) -> int:
@@ -104,19 +104,18 @@ def cell_shift(bound: float) -> int:
 
 def quantize_recurrent(quantizer: "_Quantizer", node: Node, dtype: str, w_dtype: str) -> None:
     """Emit the integer layer replacing `node`: activations in `dtype`, weights in `w_dtype`."""
-    op, hidden, inputs = node.op, node.attrs["hidden_size"], list(node.inputs)
+    op, inputs = node.op, list(node.inputs)
     inputs += [None] * (8 - len(inputs))
     x = quantizer.as_quant(inputs[0], dtype)
     h_params = activation_params(*_union(quantizer, [*node.outputs[:2], inputs[5]]), dtype)
     s_x, s_h = x.quant.scale[0], h_params.scale[0]
     wq, s_w = _per_row(inputs[1].numpy(), w_dtype)
     rq, s_r = _per_row(inputs[2].numpy(), w_dtype)
-    rows = wq.shape[0] * GATES[op] * hidden
-    bias = np.zeros((wq.shape[0], 2 * rows // wq.shape[0])) if inputs[3] is None else None
-    bias = inputs[3].numpy().astype(np.float64) if bias is None else bias
+    dirs, rows = wq.shape[:2]
+    bias = np.zeros((dirs, 2 * rows)) if inputs[3] is None else inputs[3].numpy()
     b_type = np.int64 if dtype == "int16" else np.int32
-    bx = _bias(bias[:, : rows // wq.shape[0]].reshape(-1), s_x * s_w, b_type)
-    bh = _bias(bias[:, rows // wq.shape[0] :].reshape(-1), s_h * s_r, b_type)
+    bx = _bias(bias[:, :rows].reshape(-1), s_x * s_w, b_type).reshape(dirs, rows)
+    bh = _bias(bias[:, rows:].reshape(-1), s_h * s_r, b_type).reshape(dirs, rows)
     x_multiplier, x_shift = _rescales(s_x * s_w * 2.0**GATE_BITS)
     h_multiplier, h_shift = _rescales(s_h * s_r * 2.0**GATE_BITS)
     # to hidden codes from: f(pre) Q0.15 (RNN), o·h(c) Q0.30 (LSTM); GRU: (1-z)·n Q0.30 to
@@ -162,8 +161,8 @@ def quantize_recurrent(quantizer: "_Quantizer", node: Node, dtype: str, w_dtype:
     constants = [
         graph.add_constant(wq, f"{inputs[1].name}_q"),
         graph.add_constant(rq, f"{inputs[2].name}_q"),
-        graph.add_constant(bx.reshape(wq.shape[0], -1), f"{node.name}_bias_x_q"),
-        graph.add_constant(bh.reshape(wq.shape[0], -1), f"{node.name}_bias_h_q"),
+        graph.add_constant(bx, f"{node.name}_bias_x_q"),
+        graph.add_constant(bh, f"{node.name}_bias_h_q"),
         graph.add_constant(np.stack([function_table(f) for f in distinct]), f"{node.name}_tables"),
     ]
     lengths = None if inputs[4] is None else quantizer.as_float(inputs[4])
