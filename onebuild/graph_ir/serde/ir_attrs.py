@@ -131,6 +131,7 @@ RULES: dict[str, Rule] = {
     "cell_shift": _int(0, 15),
     "gate_clip": _optional_int(0, 32767),
     "out_rescale": _ints(0, (1 << 31) - 1, count=2),
+    **dict.fromkeys(["h0_rescale", "c0_rescale"], _ints(*I32, count=3)),  # zero point, m, r
 }  # fmt: skip
 
 _OUT = ["dtype", "y_zero_point", "qmin", "qmax"]
