@@ -219,7 +219,7 @@ def test_calibration_records_every_step_of_the_lstm_cell_state():
 
 
 def test_statistics_without_cell_states_leave_the_lstm_float():
-    """An on-device session records only the values of the graph: the LSTM then stays float."""
+    """Ranges recorded by a plain observer (the graph's values only) leave the LSTM float."""
     graph, samples = _lstm()
     recorder = RangeRecorder()
     Interpreter(graph, observer=recorder.observe).run_batch(samples)
@@ -282,3 +282,21 @@ def test_qdq_export_of_an_integer_layer_says_how_to_export_it():
     quantized = quantize_graph(graph, calibrate(graph, samples).ranges, QuantConfig())
     with pytest.raises(UserError, match=r"node 'rnn' \(QLSTM\) has no QDQ form.*float32"):
         export_onnx(Model([quantized]))
+
+
+def test_an_on_device_session_records_the_cell_states_and_runs_the_integer_lstm(tmp_path):
+    from onebuild import Session
+    from onebuild.graph_ir.serde import load_ir
+
+    path = EXAMPLES / "lstm_forward.onnx"
+    samples = read_npz(EXAMPLES / "data" / "calib.npz")["x"]
+    session = Session(path, workspace=tmp_path / "ws")
+    session.set_odc_param_minmax_records_count(6)
+    for x in samples[:6]:
+        session.run_with_auto_compilation({"x": x})
+    assert session.state == "COMPILED", session.reason
+    quantized = load_ir(tmp_path / "ws" / "quantized.obir").main
+    assert [n.op for n in quantized.nodes if n.name == "lstm"] == ["QLSTM"]
+    out = session.run_with_auto_compilation({"x": samples[7]})
+    expected = Interpreter(quantized).run({"x": samples[7]})
+    np.testing.assert_array_equal(out["logits"], expected["logits"])

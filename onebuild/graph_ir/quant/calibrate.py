@@ -17,7 +17,6 @@ from ...errors import UserError
 from ..interpreter import Interpreter, check_feeds
 from ..ir import Graph, Value
 from ..ops.recurrent import cell_state_name, lstm_reporting_cells
-from ..ops.registry import Kernel
 from .observers import Histogram, MinMax, MovingAverage, Percentile
 from .params import activation_params, dequantize, quantize
 
@@ -157,15 +156,15 @@ class RangeRecorder:
             self.observers[name] = observer
         observer.update(array)
 
-    def internal_kernels(self, graph: Graph) -> dict[str, Kernel]:
-        """Kernels (by node name) for an interpreter of `graph` that also record the values
-        inside layers: every LSTM's cell states, as `cell_state_name(node)`."""
+    def interpreter(self, graph: Graph) -> Interpreter:
+        """An interpreter of `graph` recording into this recorder: every float value, and the
+        values inside layers (every LSTM's cell states, as `cell_state_name(node)`)."""
         kernels = {}
         for node in graph.nodes:
             if node.op == "LSTM":
                 name = cell_state_name(node.name)
                 kernels[node.name] = lstm_reporting_cells(lambda a, name=name: self.record(name, a))
-        return kernels
+        return Interpreter(graph, self.observe, kernels)
 
     def _add_channel_sums(self, name: str, array: np.ndarray, axis: int) -> None:
         """Sum sample by sample (leading rows in order), so how samples are split into batches
@@ -207,7 +206,7 @@ def calibrate(
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     options = dict(options or {})
     recorder = RangeRecorder(method, dict(options), channel_axes(graph), finite=True)
-    interpreter = Interpreter(graph, recorder.observe, recorder.internal_kernels(graph))
+    interpreter = recorder.interpreter(graph)
     chunk = CHUNK
     if method == "moving_average":  # ONE blends the min/max of each batch of samples
         chunk = options.get("batch", 1)
