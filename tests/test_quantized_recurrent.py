@@ -215,7 +215,8 @@ def test_calibration_records_every_step_of_the_lstm_cell_state():
     got, expected = reporting.run(sample), Interpreter(graph).run(sample)
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name])
-    assert len(seen) == node.inputs[0].shape[0]  # one report per step
+    assert len(seen) == 1 and seen[0].shape == expected[node.outputs[0].name].shape  # as Y
+    np.testing.assert_array_equal(seen[0][-1], expected[node.outputs[2].name])  # the last: Y_c
 
 
 def test_statistics_without_cell_states_leave_the_lstm_float():

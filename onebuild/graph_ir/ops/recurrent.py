@@ -61,8 +61,8 @@ def recurrent_type(op: str):
 
 
 def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, report=None):
-    """Every direction over every step; returns Y and the final states, ONNX layout 0.
-    `report`, if given, sees the new cell state (LSTM) of the active samples at every step."""
+    """Every direction over every step; returns Y and the final states. `report`, if given,
+    gets the LSTM's cell states once per run, laid out as Y (zeros past a sample's length)."""
     hidden, dirs = attrs["hidden_size"], directions(attrs)
     dtype, x = x.dtype, x.astype(np.float64)
     if attrs["layout"]:
@@ -74,6 +74,7 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, rep
         raise ValueError(f"sequence_lens {lengths.tolist()} outside [0, {seq}]")
     per = GATE_FUNCTIONS[op]
     y = np.zeros((seq, dirs, batch, hidden))
+    cells = np.zeros_like(y) if report is not None else None
     finals = [np.zeros((dirs, batch, hidden)) for _ in states]
     for d in range(dirs):
         reverse = attrs["direction"] == "reverse" or d == 1
@@ -92,11 +93,13 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, rep
             new = _CELLS[op](attrs, xw, state, r[d].astype(np.float64), rh, functions, peep)
             for s, n in zip(state, new):
                 s[active] = n[active]
-            if report is not None and op == "LSTM":
-                report(new[1][active])
             y[t[active], d, rows[active]] = state[0][active]
+            if cells is not None:
+                cells[t[active], d, rows[active]] = state[1][active]
         for final, s in zip(finals, state):
             final[d] = s
+    if report is not None:
+        report((cells.transpose(2, 0, 1, 3) if attrs["layout"] else cells).astype(dtype))
     if attrs["layout"]:
         return (y.transpose(2, 0, 1, 3).astype(dtype),
                 *(f.transpose(1, 0, 2).astype(dtype) for f in finals))  # fmt: skip
@@ -161,8 +164,9 @@ def cell_state_name(node_name: str) -> str:
 
 
 def lstm_reporting_cells(report: Callable[[np.ndarray], None]) -> Kernel:
-    """The LSTM kernel, also passing every step's cell state ([active samples, hidden]) to
-    `report`: the range calibration needs for the integer cell state, which no output holds."""
+    """The LSTM kernel, also passing its cell states of every step (laid out as Y) to `report`
+    once per run: the range calibration needs for the integer cell state, which no output
+    holds (Y_c is the last step's only)."""
 
     def kernel(attrs, x, w, r, b=None, lengths=None, initial_h=None, initial_c=None, p=None):
         return _run("LSTM", attrs, x, w, r, b, lengths, [initial_h, initial_c], p, report)
