@@ -301,3 +301,17 @@ def test_an_on_device_session_records_the_cell_states_and_runs_the_integer_lstm(
     out = session.run_with_auto_compilation({"x": samples[7]})
     expected = Interpreter(quantized).run({"x": samples[7]})
     np.testing.assert_array_equal(out["logits"], expected["logits"])
+
+
+def test_recurrent_layers_count_their_multiply_accumulates():
+    """Every step, direction and sample multiplies x by W and h by R: the CPU cost model and
+    mixed precision's budget see the work (the float and the integer layer alike)."""
+    from onebuild.graph_ir.macs import macs
+
+    rng = np.random.default_rng(2)
+    model, feeds = _model("GRU", {"direction": "bidirectional"}, rng)  # seq 5, batch 3, 4 -> 6
+    graph = import_onnx(model, "m.onnx", {k: list(v.shape) for k, v in feeds.items()}).main
+    samples = {k: rng.normal(0, 1, (4, *v.shape)).astype(np.float32) for k, v in feeds.items()}
+    quantized = quantize_graph(graph, calibrate(graph, samples).ranges, QuantConfig())
+    (qnode,) = [n for n in quantized.nodes if n.op == "QGRU"]
+    assert macs(graph.nodes[0]) == macs(qnode) == 5 * 2 * 3 * (3 * 6) * (4 + 6)
