@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     pool,
     quantized,
     quantized_dynamic,
+    quantized_recurrent,
     recurrent,
     reduce,
     resize,

@@ -96,8 +96,9 @@ NOT_OVER_AXIS_0 = PER_SAMPLE.where(lambda node: 0 not in node.attrs["axes"])
 # one for each name): integer kernels for conv/gemm/matmul with constant weights, two-input
 # add/sub/mul, concat and average pooling; a lookup table over every input code for unary
 # functions; data movement on the quantized codes with the input's parameters; passthrough of a
-# constant-mode pad whose fill becomes the zero point.
-QUANT_RULES = ("matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad")
+# constant-mode pad whose fill becomes the zero point; integer LSTM/GRU/RNN layers.
+QUANT_RULES = ("matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad",
+               "recurrent")  # fmt: skip
 
 
 class _Unstated:

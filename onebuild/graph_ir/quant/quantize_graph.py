@@ -11,6 +11,7 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
   input code;
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, ...) runs on the quantized codes
   with the input's parameters;
+- LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
@@ -43,6 +44,7 @@ from .params import (
     quantize,
     weight_params,
 )
+from .recurrent_rule import quantize_recurrent, recurrent_ok
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
 
@@ -304,6 +306,9 @@ class _Quantizer:
             attrs["value"] = x.quant.zero_point[0]  # real 0.0 is exactly the zero point
         self._passthrough(node, dtype, attrs)
 
+    def _recurrent(self, node: Node, dtype: str) -> None:
+        quantize_recurrent(self, node, dtype, weight_dtype(dtype))
+
     def _float_island(self, node: Node) -> None:
         inputs = [None if v is None else self.as_float(v) for v in node.inputs]
         new = self.graph.make_node(
@@ -326,6 +331,7 @@ RULES: dict[str, tuple[Applies, Emit]] = {
     "lookup": (_Quantizer._lookup_ok, _Quantizer._lookup),
     "passthrough": (_Quantizer._passthrough_ok, _Quantizer._passthrough),
     "pad": (_Quantizer._pad_ok, _Quantizer._pad),
+    "recurrent": (recurrent_ok, _Quantizer._recurrent),
 }
 # The ops quantized as lookup tables (a snapshot of the registry when this module loads).
 LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")
