@@ -8,7 +8,9 @@
   which `tests/test_op_registry.py` refuses;
 - quant: the name of the quantizer's rule for it (`QUANT_RULES`, dispatched on by
   `quant/quantize_graph.py`), or None: the op runs in float between DequantizeLinear and
-  QuantizeLinear.
+  QuantizeLinear;
+- subgraphs: the attributes that hold an IR `Graph` (control flow: If's branches), empty for
+  ordinary ops.
 
 Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
@@ -111,18 +113,25 @@ class OpDef:
     infer: Infer
     batch: BatchRule | None = UNSTATED
     quant: str | None = None
+    subgraphs: tuple[str, ...] = ()
 
 
 OPS: dict[str, OpDef] = {}
 
 
 def register(
-    name: str, infer: Infer, *, batch: BatchRule | None = UNSTATED, quant: str | None = None
+    name: str,
+    infer: Infer,
+    *,
+    batch: BatchRule | None = UNSTATED,
+    quant: str | None = None,
+    subgraphs: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the kernel of op `name`; it may return one array.
 
     `batch` is the op's BatchRule, or None if it is deliberately never batch-separable; `quant`
-    one of QUANT_RULES, or None to keep the op in float.
+    one of QUANT_RULES, or None to keep the op in float; `subgraphs` the attributes holding
+    IR graphs.
     """
     if quant is not None and quant not in QUANT_RULES:
         raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
@@ -139,7 +148,7 @@ def register(
         kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
-        OPS[name] = OpDef(name, kernel, infer, batch, quant)
+        OPS[name] = OpDef(name, kernel, infer, batch, quant, subgraphs)
         return fn
 
     return wrap

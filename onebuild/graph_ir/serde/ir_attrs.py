@@ -141,6 +141,7 @@ REQUIRED: dict[str, list[str]] = {
     "Gemm": ["alpha", "beta", "transA", "transB"],
     "GroupNormalization": ["epsilon", "num_groups"],
     "HardSigmoid": ["alpha", "beta"],
+    "If": ["else_branch", "then_branch"],
     "IsInf": ["detect_negative", "detect_positive"],
     "LRN": ["alpha", "beta", "bias", "size"],
     "LeakyRelu": ["alpha"],

@@ -1,11 +1,17 @@
-"""ONNX control flow at import: an `If` whose condition is known once shapes are fixed (or once
-inputs are pinned to constants) is replaced by the branch it takes.
+"""ONNX control flow at import.
 
-Exporters emit such `If`s for shape checks (`if x.shape[-1] > 1024`), and for inputs that are
-constant in practice (a sample rate); the condition folds like any shape-computing subgraph. A
-condition that depends on run-time data is an error naming the inputs it depends on and how to
-pin them. The branch's nodes are imported in place: they read outer-scope values by name, and
-the `If`'s outputs become the branch's outputs.
+An `If` whose condition is known once shapes are fixed (or once inputs are pinned to
+constants) is replaced by the branch it takes: exporters emit such `If`s for shape checks
+(`if x.shape[-1] > 1024`), and for inputs that are constant in practice (a sample rate). The
+branch's nodes are imported in place: they read outer-scope values by name, and the `If`'s
+outputs become the branch's outputs.
+
+An `If` whose condition depends on run-time data becomes an IR `If` node (`ops/control.py`):
+each branch is imported into a graph of its own whose inputs are the outer values the branches
+read (the node's inputs after the condition; outer constants are copied in and fold there).
+
+`NonZero`'s output shape is the number of nonzero elements: it is evaluated when its input is
+a constant and refused otherwise (onebuild compiles static shapes).
 """
 
 from __future__ import annotations
@@ -16,40 +22,39 @@ import numpy as np
 import onnx
 
 from ...errors import DynamicValueError, ModelError
+from ..ir import Graph, Value
+from ..ops.control import BRANCHES
+from .onnx_ops import converter
 
 if TYPE_CHECKING:
     from .onnx_import import _GraphImporter
 
 
-def fold_if(importer: _GraphImporter, node: onnx.NodeProto) -> None:
-    """Import the branch `node` takes; its condition must be a compile-time constant."""
+def import_if(importer: _GraphImporter, node: onnx.NodeProto) -> None:
+    """Import the branch `node` takes if its condition is a compile-time constant, else the
+    `If` as control flow."""
     name = node.name or (node.output[0] if node.output else "If")
     where = f"{importer.source}: node '{name}' (If)"
     condition = importer.values.get(node.input[0]) if node.input else None
     if condition is None:
         raise ModelError(f"{where}: reads '{node.input[0] if node.input else ''}', undefined")
+    branches = {}
+    for key in BRANCHES:
+        branch = next((a.g for a in node.attribute if a.name == key), None)
+        if branch is None:
+            raise ModelError(f"{where}: has no {key}")
+        if len(branch.output) != len(node.output):
+            raise ModelError(
+                f"{where}: its {key} has {len(branch.output)} outputs, the If {len(node.output)}"
+            )
+        branches[key] = branch
     if not condition.is_const:
-        from .onnx_import import _graph_input_roots
-
-        roots = _graph_input_roots(condition)
-        raise DynamicValueError(
-            f"{where}: its condition depends on the value of input(s) {', '.join(roots) or '?'}; "
-            "control flow that depends on data is not supported: pin those inputs to constants "
-            f"(recipe: [import] constants = {{ {roots[0] if roots else 'name'} = ... }}) to "
-            "fold it",
-            roots,
-        )
+        return _control_flow(importer, node, name, where, condition, branches)
     value = np.asarray(condition.numpy())
     if value.size != 1:
         raise ModelError(f"{where}: its condition has {value.size} elements; If needs one")
-    taken = "then_branch" if bool(value.reshape(-1)[0]) else "else_branch"
-    branch = next((a.g for a in node.attribute if a.name == taken), None)
-    if branch is None:
-        raise ModelError(f"{where}: has no {taken}")
-    if len(branch.output) != len(node.output):
-        raise ModelError(
-            f"{where}: its {taken} has {len(branch.output)} outputs, the If {len(node.output)}"
-        )
+    taken = BRANCHES[0] if bool(value.reshape(-1)[0]) else BRANCHES[1]
+    branch = branches[taken]
     for init in branch.initializer:
         importer.values[init.name] = importer.graph.add_constant(importer.tensor(init), init.name)
     for inner in importer._sorted_nodes(branch.node):
@@ -59,3 +64,93 @@ def fold_if(importer: _GraphImporter, node: onnx.NodeProto) -> None:
             raise ModelError(f"{where}: its {taken} never produces '{info.name}'")
         if output:
             importer.values[output] = importer.values[info.name]
+
+
+def _control_flow(
+    importer: _GraphImporter,
+    node: onnx.NodeProto,
+    name: str,
+    where: str,
+    condition: Value,
+    branches: dict[str, onnx.GraphProto],
+) -> None:
+    """An IR `If` node whose branches are imported as graphs of their own."""
+    outer: dict[str, Value] = {}
+    for read in sorted(set().union(*(free_names(b) for b in branches.values()))):
+        if read not in importer.values:
+            raise ModelError(f"{where}: its branches read '{read}', which nothing defines")
+        outer[read] = importer.values[read]
+    graphs = {
+        key: _import_branch(importer, branch, f"{name}.{key}", outer)
+        for key, branch in branches.items()
+    }
+    captured = [v for v in outer.values() if not v.is_const]
+    try:
+        ir_node = importer.graph.make_node(
+            "If", [condition, *captured], {k: graphs[k] for k in BRANCHES}, name=name
+        )
+    except ValueError as error:
+        raise ModelError(f"{where}: {error}") from None
+    for output, value in zip(node.output, ir_node.outputs):
+        if output:
+            importer.graph.rename(value, output)
+            importer.values[output] = value
+
+
+def _import_branch(
+    importer: _GraphImporter, branch: onnx.GraphProto, name: str, outer: dict[str, Value]
+) -> Graph:
+    """`branch` as a graph with one input per non-constant outer value the If's branches read,
+    and a copy of each outer constant it reads."""
+    from .onnx_import import _GraphImporter
+
+    child = _GraphImporter(branch, importer.opset, importer.source, importer.base_dir)
+    child.graph = Graph(name)
+    reads = free_names(branch)
+    for read, value in outer.items():
+        if value.is_const:
+            if read in reads:
+                child.values[read] = child.graph.add_constant(value.const, read)
+        else:
+            child.values[read] = child.graph.add_input(read, value.dtype, value.shape)
+    child._check_text()
+    nodes = child._sorted_nodes()
+    child._check_definitions(nodes)
+    for init in branch.initializer:
+        child.values[init.name] = child.graph.add_constant(importer.tensor(init), init.name)
+    child.graph.reserve([o for n in nodes for o in n.output if o])
+    child.graph.reserve(o.name for o in branch.output)
+    for inner in nodes:
+        child._convert(inner)
+    child._set_outputs()
+    return child.graph
+
+
+def free_names(graph: onnx.GraphProto) -> set[str]:
+    """Names `graph` (or any subgraph in it) reads but does not define: its outer-scope reads."""
+    defined = {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    defined |= {o for n in graph.node for o in n.output if o}
+    read = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
+    for n in graph.node:
+        for a in n.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                read |= free_names(sub)
+    return read - defined
+
+
+@converter("NonZero")
+def non_zero(ctx):
+    """Indices of the nonzero elements, [rank, count] int64: evaluated from a constant input."""
+    value = ctx.input(0)
+    if not value.is_const:
+        from .onnx_import import _graph_input_roots
+
+        roots = _graph_input_roots(value)
+        raise DynamicValueError(
+            f"{ctx.importer.source}: node '{ctx.name}' (NonZero): its output shape (the number "
+            f"of nonzero elements) depends on the value of input(s) {', '.join(roots) or '?'}; "
+            "onebuild compiles static shapes: pin those inputs to constants (recipe: [import] "
+            f"constants = {{ {roots[0] if roots else 'name'} = ... }})",
+            roots,
+        )
+    return [ctx.constant(np.array(np.nonzero(value.numpy()), dtype=np.int64))]

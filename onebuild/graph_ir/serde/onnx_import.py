@@ -30,7 +30,7 @@ from ..ops import OPS
 from ..tensor import Tensor
 from . import onnx_checks as checks
 from . import onnx_ops_index, onnx_ops_nn  # noqa: F401  (register their converters)
-from .onnx_control import fold_if
+from .onnx_control import import_if
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
 
@@ -333,7 +333,7 @@ class _GraphImporter:
     def _convert(self, node: onnx.NodeProto) -> None:
         if node.op_type == "If" and node.domain in ONNX_DOMAINS:
             checks.signature(node, self.opset)
-            return fold_if(self, node)
+            return import_if(self, node)
         ctx = NodeContext(self, node)
         try:
             checks.signature(node, self.opset)
