@@ -1,6 +1,6 @@
 """`If` at import: folded when its condition is known once shapes are fixed, or once inputs are
 pinned to constants (`[import] constants`); otherwise imported as control flow (an IR If, see
-test_if_control_flow.py). Outputs match onnxruntime running the unfolded model."""
+test_control_flow_ir.py). Outputs match onnxruntime running the unfolded model."""
 
 import subprocess
 import sys

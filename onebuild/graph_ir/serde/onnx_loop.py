@@ -1,11 +1,12 @@
-"""ONNX `Loop` at import, unrolled: its trip count and its condition must be known at compile
-time (constants, shapes, or inputs pinned with `[import] constants`).
+"""ONNX `Loop` and `Scan` at import, unrolled.
 
-Each iteration imports the body in place, binding its inputs (iteration number, condition,
-loop-carried values) to the values of the previous iteration; the body's nodes read outer-scope
-values by name as in the main graph. Scan outputs are stacked along a new axis 0. A condition
-that depends on run-time data (a `while` loop over data) is an error naming the inputs it
-depends on; `Loop` is not run as control flow.
+Each iteration imports the body in place, binding its inputs to values of the outer graph
+(Loop: iteration number, condition and loop-carried values; Scan: state values and one slice of
+each scanned input); the body's nodes read outer-scope values by name as in the main graph, and
+scan outputs are stacked along their axis. A Loop's trip count and condition must be known at
+compile time (constants, shapes, or inputs pinned with `[import] constants`): one that depends
+on run-time data (a `while` loop over data) is an error naming the inputs it depends on. A
+Scan's length is a static dim, so it always unrolls. Neither runs as control flow.
 """
 
 from __future__ import annotations
@@ -43,31 +44,92 @@ def unroll_loop(importer: _GraphImporter, node: onnx.NodeProto) -> None:
     trips = _known(ctx, 0, "trip count", where)
     limit = MAX_ITERATIONS if trips is None else int(trips.reshape(-1)[0])
     if limit > MAX_ITERATIONS:
-        raise ModelError(f"{where}: runs {limit} iterations; onebuild unrolls at most "
-                         f"{MAX_ITERATIONS}")  # fmt: skip
+        raise ModelError(f"{where}: runs {limit} iterations; onebuild unrolls {MAX_ITERATIONS}")
     condition = _known(ctx, 1, "condition", where)
     going = True if condition is None else bool(condition.reshape(-1)[0])
     scans: list[list[Value]] = [[] for _ in body.output[1 + len(carried) :]]
     iteration = 0
     while going and iteration < limit:
-        results = _iterate(importer, body, iteration, going, carried, where)
+        bound = [_scalar(importer, iteration, np.int64, body.input[0].name)]
+        bound += [_scalar(importer, going, np.bool_, body.input[1].name), *carried]
+        results = _import_body(importer, body, bound, where)
         going = _condition(results[0], where)
         carried = results[1 : 1 + len(carried)]
         for stack, value in zip(scans, results[1 + len(carried) :]):
             stack.append(value)
         iteration += 1
     if going and trips is None:
-        raise ModelError(f"{where}: its condition still holds after {MAX_ITERATIONS} "
-                         "iterations; onebuild unrolls at most that many")  # fmt: skip
-    outputs = list(carried)
-    for stack in scans:
-        if not stack:
-            raise ModelError(f"{where}: runs no iteration, its scan outputs have no known shape")
-        rows = [ctx.emit("Reshape", [v], {"shape": [1, *v.shape]})[0] for v in stack]
-        outputs.append(ctx.emit("Concat", rows, {"axis": 0})[0] if len(rows) > 1 else rows[0])
+        raise ModelError(
+            f"{where}: its condition still holds after {MAX_ITERATIONS} iterations; onebuild "
+            "unrolls at most that many"
+        )
+    if scans and not iteration:
+        raise ModelError(f"{where}: runs no iteration, its scan outputs have no known shape")
+    outputs = list(carried) + [_stack(ctx, values, 0) for values in scans]
     for name, value in zip(node.output, outputs):
         if name:
             importer.values[name] = value
+
+
+def unroll_scan(importer: _GraphImporter, node: onnx.NodeProto) -> None:
+    """Import `node` as its body repeated once per slice of its scanned inputs."""
+    from .onnx_import import NodeContext
+
+    ctx = NodeContext(importer, node)
+    where = f"{importer.source}: node '{ctx.name}' (Scan)"
+    if importer.opset < 9:
+        raise ModelError(f"{where}: Scan before opset 9 (batched, sequence_lens) is not supported")
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    count = int(ctx.attr("num_scan_inputs", 0))
+    if body is None or not 0 < count <= len(ctx.inputs) or None in ctx.inputs:
+        raise ModelError(f"{where}: needs a body, num_scan_inputs and every input")
+    states, scanned = ctx.inputs[: len(ctx.inputs) - count], ctx.inputs[len(ctx.inputs) - count :]
+    outs = len(body.output) - len(states)
+    if len(body.input) != len(ctx.inputs) or outs < 0:
+        raise ModelError(f"{where}: its body's inputs and outputs do not fit its inputs")
+    axes = ctx.attr("scan_input_axes", [0] * count)
+    in_axes = [int(a) % max(len(x.shape), 1) for a, x in zip(axes, scanned)]
+    in_reverse = ctx.attr("scan_input_directions", [0] * count)
+    lengths = {x.shape[axis] if x.shape else 0 for x, axis in zip(scanned, in_axes)}
+    steps = lengths.pop()
+    if lengths or not 0 < steps <= MAX_ITERATIONS:
+        raise ModelError(
+            f"{where}: scans {sorted({steps, *lengths})} steps; onebuild unrolls 1 to "
+            f"{MAX_ITERATIONS} steps, the same for every scanned input"
+        )
+    stacks: list[list[Value]] = [[] for _ in range(outs)]
+    for step in range(steps):
+        slices = []
+        for x, axis, back in zip(scanned, in_axes, in_reverse):
+            index = _scalar(importer, steps - 1 - step if back else step, np.int64, "scan_index")
+            slices.append(ctx.emit("Gather", [x, index], {"axis": axis})[0])
+        results = _import_body(importer, body, [*states, *slices], where)
+        states = results[: len(states)]
+        for stack, value in zip(stacks, results[len(states) :]):
+            stack.append(value)
+    axes = ctx.attr("scan_output_axes", [0] * outs)
+    reverse = ctx.attr("scan_output_directions", [0] * outs)
+    outputs = list(states) + [
+        _stack(ctx, stack[::-1] if back else stack, int(axis))
+        for stack, axis, back in zip(stacks, axes, reverse)
+    ]
+    for name, value in zip(node.output, outputs):
+        if name:
+            importer.values[name] = value
+
+
+def _scalar(importer: _GraphImporter, value, dtype, name: str) -> Value:
+    return importer.graph.add_constant(np.array(value, dtype), name)
+
+
+def _stack(ctx, values: list[Value], axis: int) -> Value:
+    """`values` (of one type) stacked along a new `axis`."""
+    axis %= len(values[0].shape) + 1
+    shape = list(values[0].shape)
+    rows = [
+        ctx.emit("Reshape", [v], {"shape": [*shape[:axis], 1, *shape[axis:]]})[0] for v in values
+    ]
+    return ctx.emit("Concat", rows, {"axis": axis})[0] if len(rows) > 1 else rows[0]
 
 
 def _known(ctx, index: int, what: str, where: str) -> np.ndarray | None:
@@ -102,25 +164,17 @@ def _condition(value: Value, where: str) -> bool:
     return bool(np.asarray(value.numpy()).reshape(-1)[0])
 
 
-def _iterate(
-    importer: _GraphImporter,
-    body: onnx.GraphProto,
-    iteration: int,
-    going: bool,
-    carried: list[Value],
-    where: str,
+def _import_body(
+    importer: _GraphImporter, body: onnx.GraphProto, bound: list[Value], where: str
 ) -> list[Value]:
-    """Import one copy of `body`; returns the values of its outputs."""
+    """Import one copy of `body` whose inputs are `bound`; returns its outputs' values."""
     outer = importer.values
     importer.values = dict(outer)  # the body's names are bound for this iteration only
     try:
-        graph = importer.graph
-        first, second, *rest = body.input
-        importer.values[first.name] = graph.add_constant(np.array(iteration, np.int64), first.name)
-        importer.values[second.name] = graph.add_constant(np.array(going), second.name)
-        importer.values.update({info.name: v for info, v in zip(rest, carried)})
+        importer.values.update({info.name: v for info, v in zip(body.input, bound)})
         for init in body.initializer:
-            importer.values[init.name] = graph.add_constant(importer.tensor(init), init.name)
+            tensor = importer.tensor(init)
+            importer.values[init.name] = importer.graph.add_constant(tensor, init.name)
         for inner in importer._sorted_nodes(body.node):
             importer._convert(inner)
         missing = [o.name for o in body.output if o.name not in importer.values]

@@ -15,6 +15,7 @@ from onebuild.errors import DynamicValueError, FormatError, IRError, ModelError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.serde import load_ir, load_model, save_ir
+from onebuild.graph_ir.serde.onnx_export import export_onnx
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.verify import verify
 
@@ -226,3 +227,65 @@ def test_nonzero_of_data_is_refused_with_how_to_pin():
     with pytest.raises(DynamicValueError, match=r"'where' \(NonZero\): its output shape") as info:
         import_onnx(nonzero_model(constant=False), "nz.onnx")
     assert "constants = { x = ... }" in str(info.value) and info.value.graph_inputs == ["x"]
+
+
+def loop_model(trip_count: int | None) -> onnx.ModelProto:
+    """h = x; repeat M times: h = 0.5 h + x (carried), collecting h (scan output); M a constant,
+    or the input `m` when `trip_count` is None."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Mul", ["h_in", "half"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "x"], ["h_out"]),
+            helper.make_node("Identity", ["h_out"], ["h_scan"]),
+        ],
+        "body",
+        [_info("i", [], TensorProto.INT64), _info("cond_in", [], TensorProto.BOOL),
+         _info("h_in", [1, 64])],
+        [_info("cond_out", [], TensorProto.BOOL), _info("h_out", [1, 64]),
+         _info("h_scan", [1, 64])],
+    )  # fmt: skip
+    nodes = [helper.make_node("Constant", [], ["half"], value_float=0.5)]
+    inputs = [_info("x", [1, 64])]
+    if trip_count is None:
+        inputs.append(_info("m", [], TensorProto.INT64))
+    else:
+        m = helper.make_tensor("m", TensorProto.INT64, [], [trip_count])
+        nodes.append(helper.make_node("Constant", [], ["m"], value=m))
+    nodes.append(
+        helper.make_node("Loop", ["m", "", "x"], ["y", "scan"], name="accumulate", body=body)
+    )
+    return _model(nodes, inputs, [_info("y", [1, 64]), _info("scan", None)])
+
+
+def test_loop_with_a_constant_trip_count_is_unrolled():
+    model = loop_model(4)
+    ir = import_onnx(model, "loop.onnx")
+    ops = [n.op for n in ir.main.nodes]
+    assert "Loop" not in ops and ops.count("Add") == 4
+    session = ort.InferenceSession(model.SerializeToString())
+    interpreter = Interpreter(ir.main)
+    for row in ROWS[:8]:
+        want = dict(zip(["y", "scan"], session.run(None, {"x": row[None]})))
+        got = interpreter.run({"x": row[None]})
+        assert got["scan"].shape == (4, 1, 64)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+def test_loop_with_a_data_dependent_trip_count_needs_it_pinned():
+    with pytest.raises(DynamicValueError, match=r"'accumulate' \(Loop\): its trip count.*m"):
+        import_onnx(loop_model(None), "loop.onnx")
+    ir = import_onnx(loop_model(None), "loop.onnx", input_values={"m": 3})
+    assert [n.op for n in ir.main.nodes].count("Add") == 3
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_exported_if_runs_in_onnxruntime(nested):
+    """IR -> ONNX: branches become subgraphs reading the If's inputs by name."""
+    ir = import_onnx(ink_model(nested=nested), "ink.onnx")
+    session = ort.InferenceSession(export_onnx(ir).SerializeToString())
+    interpreter = Interpreter(ir.main)
+    for row in ROWS:
+        want = interpreter.run({"x": row[None]})["y"]
+        np.testing.assert_array_equal(session.run(["y"], {"x": row[None]})[0], want)
