@@ -10,8 +10,9 @@ An `If` whose condition depends on run-time data becomes an IR `If` node (`ops/c
 each branch is imported into a graph of its own whose inputs are the outer values the branches
 read (the node's inputs after the condition; outer constants are copied in and fold there).
 
-`NonZero`'s output shape is the number of nonzero elements: it is evaluated when its input is
-a constant and refused otherwise (onebuild compiles static shapes).
+`Loop` and `Scan` are unrolled (`onnx_loop`). `NonZero`'s output shape is the number of
+nonzero elements: it is evaluated when its input is a constant and refused otherwise (onebuild
+compiles static shapes).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import onnx
 from ...errors import DynamicValueError, ModelError
 from ..ir import Graph, Value
 from ..ops.control import BRANCHES
+from .onnx_loop import unroll_loop, unroll_scan
 from .onnx_ops import converter
 
 if TYPE_CHECKING:
@@ -136,6 +138,10 @@ def free_names(graph: onnx.GraphProto) -> set[str]:
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
                 read |= free_names(sub)
     return read - defined
+
+
+# ONNX ops with subgraphs, imported by the importer's own functions rather than by converters
+WITH_SUBGRAPHS = {"If": import_if, "Loop": unroll_loop, "Scan": unroll_scan}
 
 
 @converter("NonZero")

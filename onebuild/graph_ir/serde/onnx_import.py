@@ -30,8 +30,7 @@ from ..ops import OPS
 from ..tensor import Tensor
 from . import onnx_checks as checks
 from . import onnx_ops_index, onnx_ops_nn  # noqa: F401  (register their converters)
-from .onnx_control import import_if
-from .onnx_loop import unroll_loop, unroll_scan
+from .onnx_control import WITH_SUBGRAPHS
 from .onnx_ops import CONVERTERS
 from .onnx_wire import map_embedded_weights
 
@@ -332,12 +331,9 @@ class _GraphImporter:
 
     # -- nodes -------------------------------------------------------------------------------
     def _convert(self, node: onnx.NodeProto) -> None:
-        if node.op_type == "If" and node.domain in ONNX_DOMAINS:
+        if node.op_type in WITH_SUBGRAPHS and node.domain in ONNX_DOMAINS:
             checks.signature(node, self.opset)
-            return import_if(self, node)
-        if node.op_type in ("Loop", "Scan") and node.domain in ONNX_DOMAINS:
-            checks.signature(node, self.opset)
-            return (unroll_loop if node.op_type == "Loop" else unroll_scan)(self, node)
+            return WITH_SUBGRAPHS[node.op_type](self, node)
         ctx = NodeContext(self, node)
         try:
             checks.signature(node, self.opset)
@@ -472,8 +468,7 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
             for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
         ]
-        # If: onnx_control; Loop, Scan: onnx_loop
-        foldable = node.op_type in ("If", "Loop", "Scan") and node.domain in ONNX_DOMAINS
+        foldable = node.op_type in WITH_SUBGRAPHS and node.domain in ONNX_DOMAINS
         if node.domain not in ONNX_DOMAINS or (node.op_type not in CONVERTERS and not foldable):
             op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
             found.append((op, name, where))
