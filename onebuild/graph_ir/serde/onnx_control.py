@@ -23,10 +23,11 @@ import numpy as np
 import onnx
 
 from ...errors import DynamicValueError, ModelError
-from ..ir import Graph, Value
+from ..ir import Value
 from ..ops.control import BRANCHES
 from .onnx_loop import unroll_loop, unroll_scan
 from .onnx_ops import converter
+from .onnx_subgraph import free_names, import_subgraph
 
 if TYPE_CHECKING:
     from .onnx_import import _GraphImporter
@@ -83,7 +84,7 @@ def _control_flow(
             raise ModelError(f"{where}: its branches read '{read}', which nothing defines")
         outer[read] = importer.values[read]
     graphs = {
-        key: _import_branch(importer, branch, f"{name}.{key}", outer)
+        key: import_subgraph(importer, branch, f"{name}.{key}", outer)
         for key, branch in branches.items()
     }
     captured = [v for v in outer.values() if not v.is_const]
@@ -97,47 +98,6 @@ def _control_flow(
         if output:
             importer.graph.rename(value, output)
             importer.values[output] = value
-
-
-def _import_branch(
-    importer: _GraphImporter, branch: onnx.GraphProto, name: str, outer: dict[str, Value]
-) -> Graph:
-    """`branch` as a graph with one input per non-constant outer value the If's branches read,
-    and a copy of each outer constant it reads."""
-    from .onnx_import import _GraphImporter
-
-    child = _GraphImporter(branch, importer.opset, importer.source, importer.base_dir)
-    child.graph = Graph(name)
-    reads = free_names(branch)
-    for read, value in outer.items():
-        if value.is_const:
-            if read in reads:
-                child.values[read] = child.graph.add_constant(value.const, read)
-        else:
-            child.values[read] = child.graph.add_input(read, value.dtype, value.shape)
-    child._check_text()
-    nodes = child._sorted_nodes()
-    child._check_definitions(nodes)
-    for init in branch.initializer:
-        child.values[init.name] = child.graph.add_constant(importer.tensor(init), init.name)
-    child.graph.reserve([o for n in nodes for o in n.output if o])
-    child.graph.reserve(o.name for o in branch.output)
-    for inner in nodes:
-        child._convert(inner)
-    child._set_outputs()
-    return child.graph
-
-
-def free_names(graph: onnx.GraphProto) -> set[str]:
-    """Names `graph` (or any subgraph in it) reads but does not define: its outer-scope reads."""
-    defined = {i.name for i in graph.initializer} | {i.name for i in graph.input}
-    defined |= {o for n in graph.node for o in n.output if o}
-    read = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
-    for n in graph.node:
-        for a in n.attribute:
-            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                read |= free_names(sub)
-    return read - defined
 
 
 # ONNX ops with subgraphs, imported by the importer's own functions rather than by converters
