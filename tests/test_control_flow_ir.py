@@ -289,3 +289,52 @@ def test_exported_if_runs_in_onnxruntime(nested):
     for row in ROWS:
         want = interpreter.run({"x": row[None]})["y"]
         np.testing.assert_array_equal(session.run(["y"], {"x": row[None]})[0], want)
+
+
+def while_model() -> onnx.ModelProto:
+    """Halve h (starting at x) while mean(h) > 0.02, adding 0.001 x each time; count the steps:
+    the trip count depends on the image, so the Loop stays control flow."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["h_in", "half"], ["halved"]),
+            helper.make_node("Mul", ["x", "small"], ["nudge"]),
+            helper.make_node("Add", ["halved", "nudge"], ["h_out"]),
+            helper.make_node("Add", ["n_in", "one"], ["n_out"]),
+            helper.make_node("ReduceMean", ["h_out"], ["level"], keepdims=0),
+            helper.make_node("Greater", ["level", "cutoff"], ["cond_out"]),
+        ],
+        "body",
+        [_info("i", [], TensorProto.INT64), _info("cond_in", [], TensorProto.BOOL),
+         _info("h_in", [1, 64]), _info("n_in", [])],
+        [_info("cond_out", [], TensorProto.BOOL), _info("h_out", [1, 64]), _info("n_out", [])],
+    )  # fmt: skip
+    constants = [("half", 0.5), ("small", 0.001), ("one", 1.0), ("cutoff", 0.02), ("zero", 0.0)]
+    nodes = [helper.make_node("Constant", [], [n], value_float=v) for n, v in constants]
+    nodes += [
+        helper.make_node("ReduceMean", ["x"], ["start"], keepdims=0),
+        helper.make_node("Greater", ["start", "cutoff"], ["going"]),
+        helper.make_node("Loop", ["", "going", "x", "zero"], ["y", "steps"], name="halve",
+                         body=body),
+    ]  # fmt: skip
+    return _model(nodes, [_info("x", [1, 64])], [_info("y", [1, 64]), _info("steps", [])])
+
+
+def test_data_dependent_loop_runs_as_control_flow(tmp_path):
+    model = while_model()
+    ir = import_onnx(model, "while.onnx")
+    loop = next(n for n in ir.main.nodes if n.op == "Loop")
+    assert [v.name for v in loop.inputs[2:]] == ["x", "zero", "x"]  # carried, then read
+    save_ir(ir, tmp_path / "w.obir")
+    loaded = load_ir(tmp_path / "w.obir")
+    verify(loaded.main)
+    session = ort.InferenceSession(model.SerializeToString())
+    exported = ort.InferenceSession(export_onnx(loaded).SerializeToString())
+    interpreter, steps = Interpreter(loaded.main), set()
+    for row in ROWS:
+        want = session.run(None, {"x": row[None]})
+        got = interpreter.run({"x": row[None]})
+        np.testing.assert_allclose(got["y"], want[0], rtol=1e-6)
+        assert got["steps"] == want[1]
+        steps.add(float(got["steps"]))
+        np.testing.assert_array_equal(exported.run(["y"], {"x": row[None]})[0], got["y"])
+    assert len(steps) > 1  # images loop different numbers of times

@@ -315,20 +315,30 @@ def _if(ex, node, inputs, attrs):
     return "If", inputs[:1], branches
 
 
-def _branch(graph: Graph, outer: list[str], prefix: str) -> onnx.GraphProto:
-    """`graph` exported, its inputs renamed to the `outer` values they stand for and its own
-    names prefixed (ONNX subgraphs share the names of the scopes around them)."""
+def _loop(ex, node, inputs, attrs):
+    """The body keeps its inputs up to the carried values and reads the rest by name."""
+    own = 2 + node.attrs["carried"]
+    body = _branch(node.attrs["body"], inputs[own:], f"{node.name}.body/", own)
+    return "Loop", inputs[:own], {"body": body}
+
+
+def _branch(graph: Graph, outer: list[str], prefix: str, own: int = 0) -> onnx.GraphProto:
+    """`graph` exported, its inputs after the first `own` renamed to the `outer` values they
+    stand for and its own names prefixed (ONNX subgraphs share the names of the scopes around
+    them)."""
     proto = _Exporter(graph).run()
     names = {n: prefix + n for node in proto.node for n in node.output if n}
     names.update({t.name: prefix + t.name for t in proto.initializer})
-    names.update({v.name: name for v, name in zip(graph.inputs, outer)})
+    names.update({v.name: prefix + v.name for v in graph.inputs[:own]})
+    names.update({v.name: name for v, name in zip(graph.inputs[own:], outer)})
     _rename(proto, names)
+    given = {*outer, *(names[v.name] for v in graph.inputs[:own])}
     for output in proto.output:
-        if output.name in outer:  # a branch giving an outer value as it is
+        if output.name in given:  # a subgraph giving one of its inputs as it is
             copy = f"{prefix}{output.name}/output"
             proto.node.append(helper.make_node("Identity", [output.name], [copy]))
             output.name = copy
-    del proto.input[:]
+    del proto.input[own:]
     return proto
 
 
@@ -340,7 +350,7 @@ def _rename(proto: onnx.GraphProto, names: dict[str, str]) -> None:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 _rename(attr.g, names)
-    for item in (*proto.initializer, *proto.output, *proto.value_info):
+    for item in (*proto.initializer, *proto.input, *proto.output, *proto.value_info):
         item.name = names.get(item.name, item.name)
 
 
@@ -366,6 +376,7 @@ SPECIAL: dict[str, Callable] = {
     "Cast": _cast,
     "Dropout": _dropout,
     "If": _if,
+    "Loop": _loop,
 }
 
 

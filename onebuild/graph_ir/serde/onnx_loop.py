@@ -1,12 +1,12 @@
-"""ONNX `Loop` and `Scan` at import, unrolled.
+"""ONNX `Loop` and `Scan` at import: unrolled when their iterations are known at compile time,
+else (a Loop whose trip count or condition depends on data) an IR `Loop` (`ops/control.py`).
 
-Each iteration imports the body in place, binding its inputs to values of the outer graph
-(Loop: iteration number, condition and loop-carried values; Scan: state values and one slice of
-each scanned input); the body's nodes read outer-scope values by name as in the main graph, and
-scan outputs are stacked along their axis. A Loop's trip count and condition must be known at
-compile time (constants, shapes, or inputs pinned with `[import] constants`): one that depends
-on run-time data (a `while` loop over data) is an error naming the inputs it depends on. A
-Scan's length is a static dim, so it always unrolls. Neither runs as control flow.
+Unrolling imports the body once per iteration in place, binding its inputs to values of the
+outer graph (Loop: iteration number, condition and loop-carried values; Scan: state values and
+one slice of each scanned input); the body's nodes read outer-scope values by name as in the
+main graph, and scan outputs are stacked along their axis. A Scan's length is a static dim, so
+it always unrolls. A data-dependent Loop with scan outputs would give outputs of data-dependent
+length: an error naming the inputs to pin (`[import] constants`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import onnx
 
 from ...errors import DynamicValueError, ModelError
 from ..ir import Value
+from .onnx_subgraph import free_names, import_subgraph
 
 if TYPE_CHECKING:
     from .onnx_import import _GraphImporter
@@ -41,6 +42,10 @@ def unroll_loop(importer: _GraphImporter, node: onnx.NodeProto) -> None:
             f"outputs; a Loop with {len(carried)} carried values needs {2 + len(carried)} and "
             f"at least {1 + len(carried)}"
         )
+    scan_outputs = len(body.output) - 1 - len(carried)
+    known = all(v is None or v.is_const for v in ctx.inputs[:2])
+    if not scan_outputs and not (known and _condition_folds(importer, body)):
+        return _control_flow(importer, ctx, node, body, carried, where)
     trips = _known(ctx, 0, "trip count", where)
     limit = MAX_ITERATIONS if trips is None else int(trips.reshape(-1)[0])
     if limit > MAX_ITERATIONS:
@@ -69,6 +74,58 @@ def unroll_loop(importer: _GraphImporter, node: onnx.NodeProto) -> None:
     for name, value in zip(node.output, outputs):
         if name:
             importer.values[name] = value
+
+
+def _condition_folds(importer: _GraphImporter, body: onnx.GraphProto) -> bool:
+    """Whether the body's condition output is computed from nothing but the iteration number,
+    the incoming condition and constants (so it folds while unrolling)."""
+    producers = {o: n for n in body.node for o in n.output if o}
+    carried = {i.name for i in body.input[2:]}
+    fixed = {i.name for i in body.input[:2]} | {t.name for t in body.initializer}
+    stack, seen = [body.output[0].name], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name in fixed:
+            continue
+        seen.add(name)
+        node, outer = producers.get(name), importer.values.get(name)
+        if name in carried or (node is None and outer is not None and not outer.is_const):
+            return False
+        if node is not None:
+            stack.extend(i for i in node.input if i)
+            graphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+            stack.extend(n for g in graphs for n in free_names(g))
+    return True
+
+
+def _control_flow(
+    importer: _GraphImporter, ctx, node: onnx.NodeProto, body, carried: list, where: str
+) -> None:
+    """An IR `Loop` node whose body is imported as a graph of its own."""
+    outer: dict[str, Value] = {}
+    for read in sorted(free_names(body)):
+        if read not in importer.values:
+            raise ModelError(f"{where}: its body reads '{read}', which nothing defines")
+        outer[read] = importer.values[read]
+    own = [(body.input[0].name, np.dtype(np.int64), ()), (body.input[1].name, np.dtype(bool), ())]
+    own += [(info.name, v.dtype, v.shape) for info, v in zip(body.input[2:], carried)]
+    graph = import_subgraph(importer, body, f"{ctx.name}.body", outer, tuple(own))
+    trips = ctx.input(0) or _scalar(importer, np.iinfo(np.int64).max, np.int64, "no_trip_count")
+    condition = ctx.input(1) or _scalar(importer, True, np.bool_, "no_condition")
+    captured = [v for v in outer.values() if not v.is_const]
+    try:
+        loop = importer.graph.make_node(
+            "Loop",
+            [trips, condition, *carried, *captured],
+            {"body": graph, "carried": len(carried)},
+            name=ctx.name,
+        )
+    except ValueError as error:
+        raise ModelError(f"{where}: {error}") from None
+    for output, value in zip(node.output, loop.outputs):
+        if output:
+            importer.graph.rename(value, output)
+            importer.values[output] = value
 
 
 def unroll_scan(importer: _GraphImporter, node: onnx.NodeProto) -> None:
