@@ -1,5 +1,6 @@
-"""Data-dependent control flow (ONNX If as an IR If with branch graphs) and NonZero, against
-onnxruntime, on digits images (scikit-learn's bundled data)."""
+"""Data-dependent control flow (ONNX If and Loop as IR ops holding subgraphs), unrolled Loops,
+and NonZero, against onnxruntime, on digits images (scikit-learn's bundled data): import, IR
+files, verify, passes, ONNX export, and a package whose Loop runs on the CPU."""
 
 import json
 from pathlib import Path
@@ -18,6 +19,7 @@ from onebuild.graph_ir.serde import load_ir, load_model, save_ir
 from onebuild.graph_ir.serde.onnx_export import export_onnx
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.verify import verify
+from onebuild.npz import write_npz
 
 VALUE_IF = Path(__file__).parent / "data" / "torch_models" / "value_if.onnx"
 ROWS = (load_digits().data[:40] / 16.0).astype(np.float32)  # 40 images, flattened to 64
@@ -338,3 +340,22 @@ def test_data_dependent_loop_runs_as_control_flow(tmp_path):
         steps.add(float(got["steps"]))
         np.testing.assert_array_equal(exported.run(["y"], {"x": row[None]})[0], got["y"])
     assert len(steps) > 1  # images loop different numbers of times
+
+
+def test_data_dependent_loop_builds_to_a_package_run_on_the_cpu(tmp_path):
+    from test_partition import assert_package_matches_reference, build_statuses
+
+    onnx.save(while_model(), tmp_path / "m.onnx")
+    write_npz(tmp_path / "calib.npz", {"x": ROWS[:24, None]})
+    write_npz(tmp_path / "eval.npz", {"x": ROWS[24:, None]})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ndtype = "uint8"\n'
+        'calibration = "calib.npz"\n[partition]\n[codegen]\nhw = "trix-m"\n'
+        '[pack]\noutput = "out/m.nnpkg"\n'
+    )
+    build_statuses(recipe)
+    report = assert_package_matches_reference(tmp_path)
+    assert [p["backend"] for p in report["parts"]] == ["cpu"]
+    fallback = next(f for f in report["fallbacks"] if f["op"] == "Loop")
+    assert fallback["reasons"] == ["control flow runs on the CPU"]
