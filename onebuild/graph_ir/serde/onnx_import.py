@@ -31,7 +31,7 @@ from ..quant.from_qdq import fold_qdq
 from ..tensor import Tensor
 from . import onnx_checks as checks
 from . import onnx_ops_index, onnx_ops_nn, onnx_qdq  # noqa: F401  (register their converters)
-from .onnx_control import fold_if
+from .onnx_control import WITH_SUBGRAPHS
 from .onnx_ops import CONVERTERS, converter_for
 from .onnx_wire import map_embedded_weights
 
@@ -334,9 +334,9 @@ class _GraphImporter:
 
     # -- nodes -------------------------------------------------------------------------------
     def _convert(self, node: onnx.NodeProto) -> None:
-        if node.op_type == "If" and node.domain in ONNX_DOMAINS:
+        if node.op_type in WITH_SUBGRAPHS and node.domain in ONNX_DOMAINS:
             checks.signature(node, self.opset)
-            return fold_if(self, node)
+            return WITH_SUBGRAPHS[node.op_type](self, node)
         ctx = NodeContext(self, node)
         try:
             checks.signature(node, self.opset)
@@ -480,7 +480,7 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
             for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
         ]
-        foldable = node.op_type == "If" and node.domain in ONNX_DOMAINS  # see onnx_control
+        foldable = node.op_type in WITH_SUBGRAPHS and node.domain in ONNX_DOMAINS
         if converter_of(node) is None and not foldable:
             op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
             found.append((op, name, where))
