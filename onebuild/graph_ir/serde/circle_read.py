@@ -231,7 +231,15 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
             circle_read_ops.READERS[name](reader, inputs, outputs, options)
         except circle_read_ops.Malformed as error:
             raise ModelError(f"{source}: operator {i} ({name}): {error}") from None
-        except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError, IRError) as error:
+        except (
+            AttributeError,
+            IndexError,
+            KeyError,
+            TypeError,
+            ValueError,
+            ZeroDivisionError,
+            IRError,
+        ) as error:
             # inconsistent shapes, options or operand counts of a damaged or foreign file
             raise ModelError(
                 f"{source}: operator {i} ({name}) does not fit its tensors: "

@@ -412,6 +412,13 @@ def lrn(r, inputs, outputs, options):
 
 def quantize_op(r, inputs, outputs, options, code):
     t, out = r.info(inputs[0]), r.info(outputs[0])
+    if code == "DEQUANTIZE" and t.dtype == np.float16:  # float16 weights of a float model
+        if t.data is None or out.dtype != np.float32 or out.shape != t.shape:
+            raise Malformed("only constant float16 tensors dequantize to float32")
+        out.data = t.data.astype(np.float32)
+        return
+    if t.quant is None and (code == "DEQUANTIZE" or out.quant is None):
+        raise Malformed("the quantized side has no quantization parameters")
     perm = r.perm_of(inputs[0])
     x = r.value(inputs[0], perm)
     if code == "DEQUANTIZE":

@@ -9,12 +9,15 @@ producer wrote, which for CNNs means at graph inputs and outputs (both keep the 
 before a flatten. Weights and other constants are permuted when written.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ...errors import UnsupportedOpsError
 from ..ir import Graph, Model, Value
 from ..tensor import QuantParams
-from . import circle_ops
+from . import circle_ops as ops
+from . import circle_ops_nn as nn
 from .flatbuf import numbers, offsets, raw_bytes, table
 from .tflite_schema import (
     BUILTIN,
@@ -132,12 +135,12 @@ class Writer:
             self.define(value, None)
         unsupported = []
         for node in self.graph.nodes:
-            mapping = circle_ops.WRITERS.get(node.op)
+            mapping = WRITERS.get(node.op)
             try:
                 if mapping is None:
-                    raise circle_ops.Unsupported
+                    raise ops.Unsupported
                 mapping(self, node)
-            except circle_ops.Unsupported:
+            except ops.Unsupported:
                 unsupported.append((node.op, node.name))
                 for value in node.outputs:  # placeholders, so later nodes can still be checked
                     if id(value) not in self.home:
@@ -240,6 +243,41 @@ class Writer:
             values = [(slot, kind, options.get(name, 0)) for slot, (name, kind) in enumerate(spec)]
             fields += [(3, "ubyte", union), (4, "offset", table(b, values))]
         return table(b, fields)
+
+
+# The IR ops written, each by one mapping function (which raises `Unsupported` for nodes
+# without an exact TFLite form).
+WRITERS: dict[str, Callable] = {
+    "Conv": nn.conv,
+    "QConv": nn.conv,
+    "Gemm": nn.gemm,
+    "QGemm": nn.gemm,
+    "MatMul": nn.matmul,
+    **{op: ops.binary for op in ("Add", "Sub", "Mul", "Div", "QAdd", "QMul")},
+    **{op: ops.unary for op in ops.UNARY},
+    "Clip": ops.clip,
+    "QLookup": ops.lookup,
+    "Softmax": ops.softmax,
+    **{
+        op: nn.pool
+        for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "QAveragePool")
+    },
+    "ReduceMean": ops.reduce,
+    "ReduceMax": ops.reduce,
+    "Concat": ops.concat,
+    "QConcat": ops.concat,
+    "Reshape": ops.reshape,
+    "Transpose": ops.transpose,
+    "Pad": ops.pad,
+    "Resize": nn.resize,
+    "BatchNormalization": nn.batch_norm,
+    "LRN": nn.lrn,
+    "Identity": ops.identity,
+    "Dropout": ops.identity,
+    "QuantizeLinear": ops.quantize_op,
+    "DequantizeLinear": ops.quantize_op,
+    "Requantize": ops.quantize_op,
+}
 
 
 def _permuted(quant: QuantParams | None, perm: Perm) -> QuantParams | None:
