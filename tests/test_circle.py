@@ -158,6 +158,7 @@ def lsb_report(model, results, feeds) -> tuple[int, float]:
 @pytest.mark.parametrize(
     "dtype, granularity, runtimes",
     [
+        ("uint8", "channel", ("onert",)),  # LiteRT's uint8 kernels take per-tensor weights only
         ("uint8", "tensor", ("onert", "litert")),
         ("int8", "channel", ("litert",)),
     ],
@@ -176,19 +177,30 @@ def test_quantized_digits_within_one_lsb(dtype, granularity, runtimes, tmp_path)
         assert worst <= 1, (runtime, worst, share)
 
 
-def test_quantized_round_trip_keeps_parameters():
-    model = quantized_digits("uint8", "channel")
+@pytest.mark.parametrize(
+    "dtype, granularity, worst",
+    [
+        ("uint8", "channel", 0),
+        ("uint8", "tensor", 0),
+        ("int8", "channel", 0),
+        ("int16", "channel", 1),
+    ],
+)
+def test_quantized_round_trip_keeps_parameters(dtype, granularity, worst):
+    """Scales pass through float32 in the file: the 8-bit digits models come back exact; int16
+    requantization is finer and moves 0.7 % of the logits by 1 LSB."""
+    model = quantized_digits(dtype, granularity)
     back = read_circle(write_circle(model))
     verify(back.main)
     ops = [n.op for n in back.main.nodes]
-    assert "QConv" in ops and "QGemm" in ops
+    assert ops.count("QConv") + ops.count("QGemm") == 3
     assert back.main.inputs[0].quant.zero_point == model.main.inputs[0].quant.zero_point
-    feeds = quantize_inputs(model.main, {"input": digits_images(64)})
+    feeds = quantize_inputs(model.main, {"input": digits_images(300)})
     want = Interpreter(model.main).run_batch(feeds)
     got = Interpreter(back.main).run_batch(feeds)
     name = model.main.outputs[0].name
     diff = np.abs(got[name].astype(int) - want[name].astype(int))
-    assert diff.max() <= 1  # scales pass through float32 in the file
+    assert diff.max() == worst
 
 
 def test_unsupported_ops_listed_at_once():

@@ -4,7 +4,7 @@ pooling, resizing, normalization), with TFLite's SAME/VALID padding or an explic
 import numpy as np
 
 from ..tensor import QuantParams
-from .circle_ops import NHWC, _finish, _require, _stored
+from .circle_ops import NHWC, _finish, _quantized_activation, _require, _stored
 from .tflite_schema import SAME, VALID
 
 
@@ -28,8 +28,11 @@ def _pad(w, x_index: int, x, perm, pads: list[int], fill: float | None = None) -
     return out
 
 
-def _window(w, node, x, kernel, strides, dilations, fill, exclusive=False):
-    """The NHWC input and TFLite padding for a 2-D window op with the IR's explicit pads."""
+def _window(w, node, x, kernel, strides, dilations, fill, exclusive=False, same_ok=True):
+    """(NHWC input, TFLite padding, kernel, explicit pads or None) of a 2-D window op with the
+    IR's pads: VALID, SAME when the pads are TensorFlow's, else an explicit PAD (filled with
+    `fill`, zero by default) and VALID. `same_ok` is False for an average counting the padding
+    (TFLite's SAME average leaves it out)."""
     _require(len(x.shape) == 4)
     xi = w.get(x, NHWC)
     pads = list(node.attrs.get("pads", [0] * 4))
@@ -49,25 +52,26 @@ def _window(w, node, x, kernel, strides, dilations, fill, exclusive=False):
         and out == (1, 1)
         and all(kernel[i] >= whole[i] and pads[i] + whole[i] <= kernel[i] for i in range(2))
     ):
-        return xi, VALID, whole  # one window over all of the input, padding not counted
+        return xi, VALID, whole, None  # one window over all of the input, padding not counted
     if not any(pads) and all(
         o == (x.shape[2 + i] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1
         for i, o in enumerate(out)
     ):
-        return xi, VALID, kernel
+        return xi, VALID, kernel, None
     if (
-        same is not None
+        same_ok
+        and same is not None
         and [same[0], same[2], same[1], same[3]] == pads
         and all(o == -(-x.shape[2 + i] // strides[i]) for i, o in enumerate(out))
     ):
-        return xi, SAME, kernel
-    _require(not exclusive)
+        return xi, SAME, kernel, None
     ends = [
         (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - x.shape[2 + i] - pads[i]
         for i in range(2)
     ]
     _require(min(ends) >= 0)
-    return _pad(w, xi, x, NHWC, [pads[0], pads[1], *ends], fill), VALID, kernel
+    explicit = [pads[0], pads[1], *ends]
+    return _pad(w, xi, x, NHWC, explicit, fill), VALID, kernel, explicit
 
 
 # -- convolution and matrix products ---------------------------------------------------------------
@@ -101,7 +105,7 @@ def conv(w, node):
     depthwise = group > 1 and per_group == 1 and group == channels
     strides, dilations = attrs["strides"], attrs["dilations"]
     fill = None
-    xi, padding, _ = _window(w, node, x, weight.shape[2:], strides, dilations, fill)
+    xi, padding, _, _ = _window(w, node, x, weight.shape[2:], strides, dilations, fill)
     data = weight.numpy()
     if depthwise:
         data, params = _weights_for(x, weight, data.transpose(1, 2, 3, 0), 3)
@@ -139,9 +143,32 @@ def gemm(w, node):
         bi = w.constant(np.ascontiguousarray(bias), f"{node.name}_bias")
     else:
         weight, params = _weights_for(a, b, data if trans_b else data.T, 0)
+        if params.axis is not None and a.dtype == np.uint8:
+            _pointwise_conv(w, node, weight, params)
+            return
         wi = w.constant(weight, b.name, params)
         bi = _bias(w, node, weight.shape[0])
     _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), wi, bi], None)
+
+
+def _pointwise_conv(w, node, weight: np.ndarray, params: QuantParams) -> None:
+    """A uint8 fully connected layer with per-channel weights as a 1x1 CONV_2D on [rows, 1, 1,
+    K] (onert's uint8 FULLY_CONNECTED applies the first weight scale to every channel; its
+    CONV_2D applies each; docs/circle-tflite.md)."""
+    a, out = node.inputs[0], node.output
+    rows, depth = a.shape
+    channels = weight.shape[0]
+    image = w.new_tensor(f"{a.name}_image", a.dtype, (rows, 1, 1, depth), quant=a.quant)
+    shape = w.constant(np.asarray([rows, 1, 1, depth], np.int32), f"{node.name}_image_shape")
+    w.op("RESHAPE", [w.get(a, None), shape], [image])
+    filt = w.constant(weight.reshape(channels, 1, 1, depth), node.inputs[1].name, params)
+    result = w.new_tensor(f"{out.name}_image", out.dtype, (rows, 1, 1, channels), quant=out.quant)
+    conv_options = dict(padding=VALID, stride_h=1, stride_w=1, dilation_h=1, dilation_w=1)
+    activation = _quantized_activation(out, node.attrs)
+    inputs = [image, filt, _bias(w, node, channels)]
+    w.op("CONV_2D", inputs, [result], activation=activation, **conv_options)
+    flat = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+    w.op("RESHAPE", [result, flat], [w.define(out, None)])
 
 
 def matmul(w, node):
@@ -172,7 +199,9 @@ def pool(w, node):
         fill = None
     exclusive = not maximum and not attrs.get("count_include_pad")
     node_view = _Shim(node, attrs)
-    xi, padding, kernel = _window(w, node_view, x, kernel, strides, (1, 1), fill, exclusive)
+    xi, padding, kernel, explicit = _window(
+        w, node_view, x, kernel, strides, (1, 1), fill, exclusive, same_ok=maximum or exclusive
+    )
     options = dict(
         padding=padding,
         stride_h=strides[0],
@@ -181,6 +210,13 @@ def pool(w, node):
         filter_w=kernel[1],
     )
     code = "MAX_POOL_2D" if maximum else "AVERAGE_POOL_2D"
+    if exclusive and explicit is not None and any(explicit):
+        _require(x.dtype == np.float32 and "clip" not in attrs)
+        pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC))
+        w.op(code, [xi], [pre], **options)
+        ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit)
+        w.op("MUL", [pre, w.constant(ratio, f"{node.name}_counts")], [w.define(out, NHWC)])
+        return
     if node.op == "QAveragePool" and (x.quant != out.quant):
         # TFLite averages in the input's parameters; requantize to the output's after
         pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC), quant=x.quant)
@@ -188,6 +224,17 @@ def pool(w, node):
         w.op("QUANTIZE", [pre], [w.define(out, NHWC)])
         return
     _finish(w, node_view, code, [xi], NHWC, **options)
+
+
+def _count_ratio(size, out, kernel, strides, pads) -> np.ndarray:
+    """[1, H, W, 1]: window size over the number of input cells each window covers (an average
+    that leaves padding out, from TFLite's average over the zero-padded input)."""
+    counts = []
+    for i in range(2):
+        start = np.arange(out[i]) * strides[i] - pads[i]
+        counts.append(np.minimum(start + kernel[i], size[i]) - np.maximum(start, 0))
+    ratio = kernel[0] * kernel[1] / np.outer(counts[0], counts[1])
+    return ratio.astype(np.float32).reshape(1, out[0], out[1], 1)
 
 
 class _Shim:
