@@ -30,23 +30,33 @@ def _require(condition: bool) -> None:
         raise Unsupported
 
 
-def _finish(w, node, code: str, inputs: list[int], perm, **options) -> None:
-    """Emit `code` writing the node's output in `perm`, with its fused activation."""
-    out = node.output
+def fused_activation(node) -> int:
+    """The TFLite fused activation of a node's `clip` (float) or [qmin, qmax] (quantized);
+    `Unsupported` for a float clip no fused activation expresses."""
     attrs = node.attrs
     if "qmin" in attrs:
-        options["activation"] = _quantized_activation(out, attrs)
-        w.op(code, inputs, [w.define(out, perm)], **options)
-        return
+        return _quantized_activation(node.output, attrs)
     lo, hi = attrs.get("clip", (-np.inf, np.inf))
+    if (lo, hi) == (-np.inf, np.inf):
+        return ACT_NONE
     act = FLOAT_ACTIVATIONS.get((float(lo), float(hi)))
-    if act is not None or (lo, hi) == (-np.inf, np.inf):
-        w.op(code, inputs, [w.define(out, perm)], activation=act or ACT_NONE, **options)
+    _require(act is not None)
+    return act
+
+
+def _finish(w, node, code: str, inputs: list[int], perm, **options) -> None:
+    """Emit `code` writing the node's output in `perm`, with its fused activation (or, for a
+    float clip without one, MAXIMUM/MINIMUM after it)."""
+    out = node.output
+    try:
+        activation = fused_activation(node)
+    except Unsupported:
+        lo, hi = node.attrs["clip"]
+        pre = w.new_tensor(f"{out.name}_preact", out.dtype, _stored(out.shape, perm))
+        w.op(code, inputs, [pre], **options)
+        _clamp(w, pre, out, perm, lo, hi)
         return
-    shape = out.shape if perm is None else tuple(out.shape[p] for p in perm)
-    pre = w.new_tensor(f"{out.name}_preact", out.dtype, shape)
-    w.op(code, inputs, [pre], **options)
-    _clamp(w, pre, out, perm, lo, hi)
+    w.op(code, inputs, [w.define(out, perm)], activation=activation, **options)
 
 
 def _clamp(w, source: int, out, perm, lo: float, hi: float) -> None:
@@ -217,6 +227,23 @@ def concat(w, node):
     _finish(
         w, node, "CONCATENATION", operands, perm, axis=axis if perm is None else perm.index(axis)
     )
+
+
+def split(w, node):
+    x = node.inputs[0]
+    perm = w.home_of(x)
+    axis = node.attrs["axis"] % len(x.shape)
+    stored = np.asarray(axis if perm is None else perm.index(axis), np.int32)
+    sizes = node.attrs["split"]
+    source = w.get(x, perm)
+    outputs = [w.define(v, perm) for v in node.outputs]
+    if len(set(sizes)) == 1:
+        operands = [w.constant(stored, f"{node.name}_axis"), source]
+        w.op("SPLIT", operands, outputs, num_splits=len(sizes))
+        return
+    counts = w.constant(np.asarray(sizes, np.int32), f"{node.name}_sizes")
+    operands = [source, counts, w.constant(stored, f"{node.name}_axis")]
+    w.op("SPLIT_V", operands, outputs, num_splits=len(sizes))
 
 
 def reshape(w, node):

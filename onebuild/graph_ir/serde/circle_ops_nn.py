@@ -4,7 +4,14 @@ pooling, resizing, normalization), with TFLite's SAME/VALID padding or an explic
 import numpy as np
 
 from ..tensor import QuantParams
-from .circle_ops import NHWC, _finish, _quantized_activation, _require, _stored
+from .circle_ops import (
+    NHWC,
+    _finish,
+    _quantized_activation,
+    _require,
+    _stored,
+    fused_activation,
+)
 from .tflite_schema import SAME, VALID
 
 
@@ -111,7 +118,6 @@ def conv(w, node):
         data, params = _weights_for(x, weight, data.transpose(1, 2, 3, 0), 3)
     else:
         data, params = _weights_for(x, weight, data.transpose(0, 2, 3, 1), 0)
-    wi = w.constant(data, weight.name, params)
     options = dict(
         padding=padding,
         stride_h=strides[0],
@@ -119,10 +125,48 @@ def conv(w, node):
         dilation_h=dilations[0],
         dilation_w=dilations[1],
     )
+    if group > 1 and not depthwise:
+        _grouped(w, node, xi, data, params, options)
+        return
+    wi = w.constant(data, weight.name, params)
     if depthwise:
         options["depth_multiplier"] = out_channels // channels
     code = "DEPTHWISE_CONV_2D" if depthwise else "CONV_2D"
     _finish(w, node, code, [xi, wi, _bias(w, node, out_channels)], NHWC, **options)
+
+
+def _grouped(w, node, xi: int, data: np.ndarray, params, options: dict) -> None:
+    """A grouped convolution as SPLIT, one CONV_2D per group, CONCATENATION (onert's CONV_2D
+    takes no groups; LiteRT's float one does, its quantized ones do not)."""
+    x, out = node.inputs[0], node.output
+    group = node.attrs["group"]
+    n, h, wd, _ = w.tensors[xi].shape
+    per_in, per_out = x.shape[1] // group, out.shape[1] // group
+    parts = [
+        w.new_tensor(f"{x.name}_g{i}", x.dtype, (n, h, wd, per_in), quant=x.quant)
+        for i in range(group)
+    ]
+    axis = w.constant(np.asarray(3, np.int32), f"{node.name}_axis")
+    w.op("SPLIT", [axis, xi], parts, num_splits=group)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    bias_data = np.zeros(out.shape[1], np.float32) if bias is None else bias.numpy().reshape(-1)
+    results = []
+    for i, part in enumerate(parts):
+        cut = slice(i * per_out, (i + 1) * per_out)
+        filt = w.constant(data[cut], f"{node.inputs[1].name}_g{i}", _sliced(params, cut))
+        b = w.constant(bias_data[cut], f"{node.name}_bias_g{i}", _sliced(bias and bias.quant, cut))
+        result = w.new_tensor(
+            f"{out.name}_g{i}", out.dtype, (*_stored(out.shape, NHWC)[:3], per_out), quant=out.quant
+        )
+        w.op("CONV_2D", [part, filt, b], [result], activation=fused_activation(node), **options)
+        results.append(result)
+    w.op("CONCATENATION", results, [w.define(out, NHWC)], axis=3)
+
+
+def _sliced(params, cut: slice):
+    if params is None or params.axis is None:
+        return params
+    return QuantParams(params.scale[cut], params.zero_point[cut], params.axis)
 
 
 def gemm(w, node):
@@ -183,15 +227,20 @@ def matmul(w, node):
 
 
 # -- elementwise -----------------------------------------------------------------------------------
+def global_pool(w, node):
+    """MEAN / REDUCE_MAX over the spatial axes of NHWC (read back as the global pool)."""
+    x = node.inputs[0]
+    _require(len(x.shape) == 4)
+    code = "MEAN" if node.op == "GlobalAveragePool" else "REDUCE_MAX"
+    axes = w.constant(np.asarray([1, 2], np.int32), f"{node.name}_axes")
+    w.op(code, [w.get(x, NHWC), axes], [w.define(node.output, NHWC)], keep_dims=True)
+
+
 def pool(w, node):
     x, attrs = node.inputs[0], node.attrs
     out = node.output
-    _require(len(x.shape) == 4)
-    if node.op.startswith("Global"):
-        kernel, strides, attrs = x.shape[2:], (1, 1), {**attrs, "pads": [0] * 4}
-    else:
-        kernel, strides = attrs["kernel_shape"], attrs["strides"]
-        _require(set(attrs.get("dilations", [1, 1])) == {1})
+    _require(len(x.shape) == 4 and set(attrs.get("dilations", [1, 1])) == {1})
+    kernel, strides = attrs["kernel_shape"], attrs["strides"]
     maximum = "Max" in node.op
     if maximum:
         fill = float(np.finfo(np.float32).min) if x.dtype == np.float32 else np.iinfo(x.dtype).min

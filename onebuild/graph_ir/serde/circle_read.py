@@ -10,14 +10,17 @@ graph inputs and outputs, as in the source model's own semantics.
 """
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import FormatError, IRError, ModelError, UnsupportedOpsError
 from ..ir import Graph, Model, Value
+from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
-from . import circle_read_ops
+from . import circle_read_nn as nn
+from . import circle_read_ops as ops
 from .flatbuf import Buffer, Table
 from .tflite_schema import BUILTIN_NAMES, IDENTIFIER, TENSOR_TYPES
 
@@ -167,6 +170,39 @@ class Reader:
         self.values.setdefault(index, {})[perm] = value
 
 
+# Each builtin read, by one mapping function (which raises `Malformed` for an operator that
+# does not make sense).
+def _with(fn, **kw) -> Callable:
+    return lambda r, i, o, opts: fn(r, i, o, opts, **kw)
+
+
+READERS: dict[str, Callable] = {
+    "CONV_2D": nn.conv,
+    "DEPTHWISE_CONV_2D": _with(nn.conv, depthwise=True),
+    "FULLY_CONNECTED": nn.fully_connected,
+    "MAX_POOL_2D": _with(nn.pool, code="MAX_POOL_2D"),
+    "AVERAGE_POOL_2D": _with(nn.pool, code="AVERAGE_POOL_2D"),
+    **{c: _with(ops.binary, code=c) for c in ("ADD", "SUB", "MUL", "DIV")},
+    **{c: _with(ops.unary, code=c) for c in ops.UNARY},
+    "RELU6": _with(ops.clamp, code="RELU6"),
+    "RELU_N1_TO_1": _with(ops.clamp, code="RELU_N1_TO_1"),
+    "SOFTMAX": ops.softmax,
+    "CONCATENATION": ops.concatenation,
+    "RESHAPE": ops.reshape,
+    "SPLIT": _with(ops.split, code="SPLIT"),
+    "SPLIT_V": _with(ops.split, code="SPLIT_V"),
+    "TRANSPOSE": ops.transpose,
+    "MEAN": _with(ops.reduce, code="MEAN"),
+    "REDUCE_MAX": _with(ops.reduce, code="REDUCE_MAX"),
+    **{c: _with(ops.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
+    "RESIZE_BILINEAR": _with(nn.resize, code="RESIZE_BILINEAR"),
+    "RESIZE_NEAREST_NEIGHBOR": _with(nn.resize, code="RESIZE_NEAREST_NEIGHBOR"),
+    "LOCAL_RESPONSE_NORMALIZATION": nn.lrn,
+    "QUANTIZE": _with(ops.quantize_op, code="QUANTIZE"),
+    "DEQUANTIZE": _with(ops.quantize_op, code="DEQUANTIZE"),
+}
+
+
 def _permuted(quant, perm):
     """Parameters of a tensor's IR value in `perm` (the channel axis moves with it)."""
     if quant is None or quant.axis is None or perm is None:
@@ -218,7 +254,7 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
             raise buf.fail(f"operator {i} names operator code {opcode} of {len(codes)}")
         code = codes[opcode]
         name = BUILTIN_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
-        if name not in circle_read_ops.READERS:
+        if name not in READERS:
             unsupported.append((name, f"operator {i}"))
     if unsupported:
         raise UnsupportedOpsError(source, unsupported)
@@ -228,8 +264,8 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
         outputs = [int(x) for x in op.array(2, "int32", f"operator {i} outputs")]
         options = op.table(4, f"operator {i} options")
         try:
-            circle_read_ops.READERS[name](reader, inputs, outputs, options)
-        except circle_read_ops.Malformed as error:
+            READERS[name](reader, inputs, outputs, options)
+        except ops.Malformed as error:
             raise ModelError(f"{source}: operator {i} ({name}): {error}") from None
         except (
             AttributeError,
@@ -247,6 +283,7 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
             ) from None
     for index in sub.array(2, "int32", "subgraph outputs"):
         reader.graph.outputs.append(reader.output(int(index)))
+    eliminate_dead_code(reader.graph)  # pads folded into convolutions and pools
     return Model([reader.graph], {"source_format": fmt or "circle/tflite"})
 
 

@@ -1,18 +1,18 @@
-"""Per-operator TFLite -> IR mappings used by `circle_read.Reader` (one function per builtin).
+"""TFLite -> IR mappings of the elementwise, data-movement and (de)quantize operators, for
+`circle_read.Reader` (one function per builtin; convolutions, pools and the other spatial and
+matrix operators are in `circle_read_nn`).
 
 Each takes the reader, the operator's input and output tensor indices (-1: omitted) and its
 options table. Quantized operators become the IR's integer ops with the file's parameters (the
 requantization multipliers computed from them as the quantizer does).
 """
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ..dtypes import name_of
 from ..quant.params import quantize_multiplier
-from ..tensor import QuantParams
-from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS, SAME
+from . import circle_read_fuse as fuse
+from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
 
 NHWC = (0, 2, 3, 1)
 
@@ -47,149 +47,9 @@ def _activation_attrs(r, out_index: int, act: int) -> dict:
     return {"dtype": name_of(t.dtype), "y_zero_point": zp, "qmin": int(qmin), "qmax": int(qmax)}
 
 
-def _same_pads(size, k, s, d) -> list[int]:
-    out = -(-size // s)
-    total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-    return [total // 2, total - total // 2]
-
-
-def _pads(r, x_index, kernel, strides, dilations, padding) -> list[int]:
-    shape = r.info(x_index).shape  # NHWC
-    if padding != SAME:
-        return [0, 0, 0, 0]
-    h = _same_pads(shape[1], kernel[0], strides[0], dilations[0])
-    w = _same_pads(shape[2], kernel[1], strides[1], dilations[1])
-    return [h[0], w[0], h[1], w[1]]
-
-
 def _emit(r, op, inputs, attrs, out_index, perm=None):
     value = r.graph.make_node(op, inputs, attrs, r.info(out_index).name + "/op").output
     r.define(out_index, value, perm)
-
-
-def _symmetric_weights(r, index: int, data: np.ndarray, axis: int | None):
-    """Weights centered on their zero points (the IR's integer kernels take symmetric ones)."""
-    t = r.info(index)
-    q = t.quant
-    zero = np.asarray(q.zero_point, np.int64)
-    if q.axis is not None:
-        shape = [1] * data.ndim
-        shape[axis] = -1
-        zero = zero.reshape(shape)
-    centered = data.astype(np.int64) - zero
-    dtype = (
-        np.int8 if centered.min(initial=0) >= -128 and centered.max(initial=0) <= 127 else np.int16
-    )
-    value = r.graph.add_constant(centered.astype(dtype), t.name)
-    value.quant = QuantParams(q.scale, (0,) * len(q.scale), axis if q.axis is not None else None)
-    return value
-
-
-def _quantized_matmul_attrs(r, x_index, w_index, out_index, act) -> dict:
-    x, w, out = r.info(x_index), r.info(w_index), r.info(out_index)
-    s_x, s_y = x.quant.scale[0], out.quant.scale[0]
-    multipliers = [quantize_multiplier(s_x * s / s_y) for s in w.quant.scale]
-    return {
-        "x_zero_point": x.quant.zero_point[0],
-        **_activation_attrs(r, out_index, act),
-        "multiplier": [m for m, _ in multipliers],
-        "shift": [s for _, s in multipliers],
-    }
-
-
-def _bias(r, index: int, channels: int, quantized: bool):
-    if index < 0:
-        dtype = np.int32 if quantized else np.float32
-        return r.graph.add_constant(np.zeros(channels, dtype), "bias")
-    return r.value(index)
-
-
-def conv(r, inputs, outputs, options, depthwise=False):
-    code = "DEPTHWISE_CONV_2D" if depthwise else "CONV_2D"
-    o = _options(code, options)
-    x_i, w_i, b_i = [*inputs, -1][:3]
-    weights = r.const(w_i)
-    if weights is None or weights.ndim != 4:
-        raise Malformed("the filter must be a constant 4-D tensor")
-    x = r.value(x_i, NHWC)
-    strides, dilations = [o["stride_h"], o["stride_w"]], [o["dilation_h"], o["dilation_w"]]
-    kernel = weights.shape[1:3]
-    pads = _pads(r, x_i, kernel, strides, dilations, o["padding"])
-    channels = x.shape[1]
-    if depthwise:
-        data, axis, group = weights.transpose(3, 0, 1, 2), 0, channels
-    else:
-        data, axis, group = weights.transpose(0, 3, 1, 2), 0, channels // weights.shape[3]
-    attrs = {"strides": strides, "dilations": dilations, "pads": pads, "group": group}
-    quantized = r.info(x_i).quant is not None and r.info(x_i).dtype != np.float32
-    if quantized:
-        w_q = r.info(w_i).quant
-        permuted = QuantParams(w_q.scale, w_q.zero_point, 0 if w_q.axis is not None else None)
-        r.info(w_i).quant = permuted
-        w = _symmetric_weights(r, w_i, np.ascontiguousarray(data), axis)
-        attrs.update(_quantized_matmul_attrs(r, x_i, w_i, outputs[0], o["activation"]))
-        b = _bias(r, b_i, data.shape[0], True)
-        _emit(r, "QConv", [x, w, b], attrs, outputs[0], NHWC)
-        return
-    w = r.graph.add_constant(np.ascontiguousarray(data), r.info(w_i).name)
-    attrs.update(_activation_attrs(r, outputs[0], o["activation"]))
-    b = None if b_i < 0 else r.value(b_i)
-    _emit(r, "Conv", [x, w, b], attrs, outputs[0], NHWC)
-
-
-def fully_connected(r, inputs, outputs, options):
-    o = _options("FULLY_CONNECTED", options)
-    x_i, w_i, b_i = [*inputs, -1][:3]
-    weights = r.const(w_i)
-    if weights is None or weights.ndim != 2:
-        raise Malformed("the weights must be a constant 2-D tensor")
-    x = r.value(x_i)
-    if len(x.shape) != 2:
-        if o["keep_num_dims"]:
-            raise Malformed("keep_num_dims on inputs of rank > 2 is not supported")
-        rows = int(np.prod(x.shape)) // weights.shape[1]
-        x = r.graph.make_node("Reshape", [x], {"shape": [rows, weights.shape[1]]}).output
-    quantized = r.info(x_i).quant is not None and r.info(x_i).dtype != np.float32
-    if quantized:
-        w = _symmetric_weights(r, w_i, weights, 0)
-        attrs = {"transB": 1, **_quantized_matmul_attrs(r, x_i, w_i, outputs[0], o["activation"])}
-        _emit(r, "QGemm", [x, w, _bias(r, b_i, weights.shape[0], True)], attrs, outputs[0])
-        return
-    w = r.value(w_i)
-    attrs = {"transB": 1, **_activation_attrs(r, outputs[0], o["activation"])}
-    b = None if b_i < 0 else r.value(b_i)
-    _emit(r, "Gemm", [x, w, b], attrs, outputs[0])
-
-
-def pool(r, inputs, outputs, options, code):
-    o = _options(code, options)
-    kernel, strides = [o["filter_h"], o["filter_w"]], [o["stride_h"], o["stride_w"]]
-    pads = _pads(r, inputs[0], kernel, strides, [1, 1], o["padding"])
-    x = r.value(inputs[0], NHWC)
-    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": [1, 1]}
-    t, out = r.info(inputs[0]), r.info(outputs[0])
-    whole = list(x.shape[2:]) == kernel and out.shape[1:3] == (1, 1) and not any(pads)
-    if whole and o["activation"] == 0 and (t.quant is None or t.dtype == np.float32):
-        op = "GlobalMaxPool" if code == "MAX_POOL_2D" else "GlobalAveragePool"
-        _emit(r, op, [x], {}, outputs[0], NHWC)  # the same kernel as the IR's global pools
-        return
-    if code == "MAX_POOL_2D":
-        attrs.update(_activation_attrs(r, outputs[0], o["activation"]) if t.quant is None else {})
-        _emit(r, "MaxPool", [x], attrs, outputs[0], NHWC)
-    elif t.quant is not None and t.dtype != np.float32:
-        attrs.update(
-            {
-                "ceil_mode": 0,
-                "count_include_pad": 0,
-                "x_zero_point": t.quant.zero_point[0],
-                **_activation_attrs(r, outputs[0], o["activation"]),
-                "scale_ratio": t.quant.scale[0] / out.quant.scale[0],
-            }
-        )
-        _emit(r, "QAveragePool", [x], attrs, outputs[0], NHWC)
-    else:
-        attrs.update(_activation_attrs(r, outputs[0], o["activation"]))
-        _emit(r, "AveragePool", [x], attrs, outputs[0], NHWC)
 
 
 def _layout(r, indices, rank):
@@ -219,6 +79,10 @@ def binary(r, inputs, outputs, options, code):
     perm = _layout(r, inputs, rank)
     a, b = (_operand(r, i, perm, rank) for i in inputs[:2])
     act = _options(code, options).get("activation", 0)
+    fused = fuse.exclusive_average(r.graph, a, b) if code == "MUL" and not act else None
+    if fused is not None:
+        r.define(outputs[0], fused, perm)
+        return
     if out.quant is None or out.dtype == np.float32:
         op = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div"}[code]
         _emit(r, op, [a, b], _activation_attrs(r, outputs[0], act), outputs[0], perm)
@@ -299,6 +163,10 @@ def concatenation(r, inputs, outputs, options):
     axis = o["axis"] % rank
     ir_axis = axis if perm is None else perm[axis]
     values = [_operand(r, i, perm, rank) for i in inputs]
+    fused = None if o["activation"] else fuse.grouped_conv(r.graph, values, ir_axis)
+    if fused is not None:
+        r.define(outputs[0], fused, perm)
+        return
     if out.quant is None or out.dtype == np.float32:
         attrs = {"axis": ir_axis, **_activation_attrs(r, outputs[0], o["activation"])}
         _emit(r, "Concat", values, attrs, outputs[0], perm)
@@ -313,6 +181,34 @@ def concatenation(r, inputs, outputs, options):
         "shift": [s for _, s in multipliers],
     }
     _emit(r, "QConcat", values, attrs, outputs[0], perm)
+
+
+def split(r, inputs, outputs, options, code):
+    if code == "SPLIT":
+        axis_index, x_index = inputs[:2]
+    else:
+        x_index, sizes_index, axis_index = inputs[:3]
+    axis = r.const(axis_index)
+    shape = r.info(x_index).shape
+    if axis is None or axis.size != 1:
+        raise Malformed("the axis must be a constant scalar")
+    axis = int(np.ravel(axis)[0]) % len(shape)
+    if code == "SPLIT":
+        sizes = [shape[axis] // len(outputs)] * len(outputs)
+    else:
+        given = r.const(sizes_index)
+        if given is None:
+            raise Malformed("the sizes must be constant")
+        sizes = [int(s) for s in np.ravel(given)]
+        if sizes.count(-1) == 1:
+            sizes[sizes.index(-1)] = shape[axis] - (sum(sizes) + 1)
+    perm = r.perm_of(x_index)
+    attrs = {"axis": axis if perm is None else perm[axis], "split": sizes}
+    node = r.graph.make_node("Split", [r.value(x_index, perm)], attrs, r.info(outputs[0]).name)
+    if len(node.outputs) != len(outputs):
+        raise Malformed(f"{len(outputs)} outputs for {len(sizes)} parts")
+    for index, value in zip(outputs, node.outputs):
+        r.define(index, value, perm)
 
 
 def reshape(r, inputs, outputs, options):
@@ -347,6 +243,12 @@ def reduce(r, inputs, outputs, options, code):
     axes = sorted({int(a) % rank for a in np.ravel(axes)})
     ir_axes = sorted(axes if perm is None else [perm[a] for a in axes])
     op = "ReduceMean" if code == "MEAN" else "ReduceMax"
+    if keep and rank == 4 and perm == NHWC and axes == [1, 2]:
+        # the spatial mean of an NHWC tensor: the IR's global pool (float64 sums, as the
+        # writer's source op)
+        op = "GlobalAveragePool" if code == "MEAN" else "GlobalMaxPool"
+        _emit(r, op, [r.value(inputs[0], perm)], {}, outputs[0], perm)
+        return
     _emit(
         r,
         op,
@@ -376,38 +278,6 @@ def pad(r, inputs, outputs, options, code):
     elif t.quant is not None and t.dtype != np.float32:
         attrs["value"] = t.quant.zero_point[0]
     _emit(r, "Pad", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
-
-
-def resize(r, inputs, outputs, options, code):
-    _float_only(r, inputs[0], code)
-    o = _options(code, options)
-    out = r.info(outputs[0]).shape
-    x = r.value(inputs[0], NHWC)
-    sizes = [out[0], out[3], out[1], out[2]]
-    mode = (
-        "align_corners"
-        if o["align_corners"]
-        else ("half_pixel" if o["half_pixel_centers"] else "asymmetric")
-    )
-    attrs = {
-        "sizes": sizes,
-        "scales": [s / d for s, d in zip(sizes, x.shape)],
-        "coordinate_transformation_mode": mode,
-    }
-    if code == "RESIZE_BILINEAR":
-        attrs["mode"] = "linear"
-    else:
-        if mode != "asymmetric":
-            raise Malformed("nearest resizing with aligned or half-pixel centers")
-        attrs.update({"mode": "nearest", "nearest_mode": "floor"})
-    _emit(r, "Resize", [x], attrs, outputs[0], NHWC)
-
-
-def lrn(r, inputs, outputs, options):
-    o = _options("LOCAL_RESPONSE_NORMALIZATION", options)
-    size = 2 * o["radius"] + 1
-    attrs = {"size": size, "alpha": o["alpha"] * size, "beta": o["beta"], "bias": o["bias"]}
-    _emit(r, "LRN", [r.value(inputs[0], NHWC)], attrs, outputs[0], NHWC)
 
 
 def quantize_op(r, inputs, outputs, options, code):
@@ -447,32 +317,3 @@ def quantize_op(r, inputs, outputs, options, code):
             "dtype": name_of(out.dtype),
         }
         _emit(r, "Requantize", [x], attrs, outputs[0], perm)
-
-
-def _with(fn, **kw) -> Callable:
-    return lambda r, i, o, opts: fn(r, i, o, opts, **kw)
-
-
-READERS: dict[str, Callable] = {
-    "CONV_2D": conv,
-    "DEPTHWISE_CONV_2D": _with(conv, depthwise=True),
-    "FULLY_CONNECTED": fully_connected,
-    "MAX_POOL_2D": _with(pool, code="MAX_POOL_2D"),
-    "AVERAGE_POOL_2D": _with(pool, code="AVERAGE_POOL_2D"),
-    **{c: _with(binary, code=c) for c in ("ADD", "SUB", "MUL", "DIV")},
-    **{c: _with(unary, code=c) for c in UNARY},
-    "RELU6": _with(clamp, code="RELU6"),
-    "RELU_N1_TO_1": _with(clamp, code="RELU_N1_TO_1"),
-    "SOFTMAX": softmax,
-    "CONCATENATION": concatenation,
-    "RESHAPE": reshape,
-    "TRANSPOSE": transpose,
-    "MEAN": _with(reduce, code="MEAN"),
-    "REDUCE_MAX": _with(reduce, code="REDUCE_MAX"),
-    **{c: _with(pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
-    "RESIZE_BILINEAR": _with(resize, code="RESIZE_BILINEAR"),
-    "RESIZE_NEAREST_NEIGHBOR": _with(resize, code="RESIZE_NEAREST_NEIGHBOR"),
-    "LOCAL_RESPONSE_NORMALIZATION": lrn,
-    "QUANTIZE": _with(quantize_op, code="QUANTIZE"),
-    "DEQUANTIZE": _with(quantize_op, code="DEQUANTIZE"),
-}

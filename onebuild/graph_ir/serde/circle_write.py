@@ -258,15 +258,15 @@ WRITERS: dict[str, Callable] = {
     "Clip": ops.clip,
     "QLookup": ops.lookup,
     "Softmax": ops.softmax,
-    **{
-        op: nn.pool
-        for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "QAveragePool")
-    },
+    **{op: nn.pool for op in ("MaxPool", "AveragePool", "QAveragePool")},
     "ReduceMean": ops.reduce,
     "ReduceMax": ops.reduce,
     "Concat": ops.concat,
     "QConcat": ops.concat,
+    "GlobalAveragePool": nn.global_pool,
+    "GlobalMaxPool": nn.global_pool,
     "Reshape": ops.reshape,
+    "Split": ops.split,
     "Transpose": ops.transpose,
     "Pad": ops.pad,
     "Resize": nn.resize,
