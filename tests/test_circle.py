@@ -212,39 +212,61 @@ def test_unsupported_ops_listed_at_once():
 
 
 def corruptions(data: bytes, count: int, seed: int = 0):
-    """Truncations, flipped bytes and overwritten 32-bit offsets of a valid file."""
+    """(kind, bytes): truncations, flipped bytes and overwritten 32-bit offsets of a valid file."""
     rng = np.random.default_rng(seed)
-    yield b""
-    yield data[:7]
+    yield "truncated", b""
+    yield "truncated", data[:7]
     for i in range(count):
         kind = i % 3
         if kind == 0:
-            yield data[: int(rng.integers(8, len(data)))]
+            yield "truncated", data[: int(rng.integers(8, len(data)))]
         elif kind == 1:
             mutated = bytearray(data)
             for pos in rng.integers(0, len(data), int(rng.integers(1, 4))):
                 mutated[pos] ^= int(rng.integers(1, 256))
-            yield bytes(mutated)
+            yield "flipped", bytes(mutated)
         else:
             mutated = bytearray(data)
             pos = int(rng.integers(0, (len(data) - 4) // 4)) * 4
             value = int(rng.choice([0xFFFFFFFF, 0x7FFFFFFF, len(data), len(data) - 2, 4]))
             mutated[pos : pos + 4] = value.to_bytes(4, "little")
-            yield bytes(mutated)
+            yield "offset", bytes(mutated)
 
 
 def test_corrupt_files_raise_one_error_never_crash():
+    """302 damaged files: each is rejected with one line, or (a byte of weight data changed,
+    say) reads as a graph that verifies. Every truncation is rejected."""
     data = write_circle(digits_model())
-    rejected = 0
-    for mutated in corruptions(data, 300):
+    rejected = {"truncated": 0, "flipped": 0, "offset": 0}
+    total = dict.fromkeys(rejected, 0)
+    for kind, mutated in corruptions(data, 300):
+        total[kind] += 1
         try:
             model = read_circle(mutated)
         except OneBuildError as error:
             assert isinstance(error, UserError) and "\n" not in str(error)
-            rejected += 1
+            rejected[kind] += 1
         else:
             verify(model.main)
-    assert rejected > 150
+    assert rejected["truncated"] == total["truncated"] == 102
+    assert rejected["offset"] > 0 and rejected["flipped"] > 0
+    print(f"rejected {rejected} of {total}")
+
+
+def test_reader_lists_every_unsupported_operator():
+    """Every operator code of the digits model rewritten to SIN (66): all eight operators (six
+    layers, two layout transposes) listed in one error."""
+    from onebuild.graph_ir.serde.flatbuf import Buffer
+
+    data = bytearray(write_circle(digits_model()))
+    root = Buffer(bytes(data), "x").root()
+    for code in root.tables(1, "operator codes"):
+        for slot, size in ((0, 1), (3, 4)):
+            pos = code._field(slot, size)
+            data[pos : pos + size] = (66).to_bytes(size, "little")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        read_circle(bytes(data))
+    assert len(caught.value.unsupported) == 8 and "builtin 66" in str(caught.value)
 
 
 def test_cli_export_import_and_corrupt_file(tmp_path):
