@@ -348,15 +348,50 @@ def batch_norm(w, node):
 
 
 def lrn(w, node):
+    """LOCAL_RESPONSE_NORMALIZATION in tflite; in circle, which ONE's runtime runs and whose cpu
+    backend has no LRN kernel, x * (bias + CONV_2D(x * x, band of alpha / size)) ^ -beta."""
     x, attrs = node.inputs[0], node.attrs
     size = attrs["size"]
-    _require(len(x.shape) == 4 and size % 2 == 1)
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    _require(len(x.shape) == 4 and x.dtype == np.float32)
+    xi = w.get(x, NHWC)
+    if w.fmt != "circle":
+        _require(size % 2 == 1)
+        w.op(
+            "LOCAL_RESPONSE_NORMALIZATION",
+            [xi],
+            [w.define(node.output, NHWC)],
+            radius=(size - 1) // 2,
+            bias=bias,
+            alpha=alpha / size,
+            beta=beta,
+        )
+        return
+    shape = _stored(x.shape, NHWC)
+    channels = x.shape[1]
+    squares = w.new_tensor(f"{x.name}_squares", x.dtype, shape)
+    w.op("MUL", [xi, xi], [squares])
+    band = np.zeros((channels, 1, 1, channels), np.float32)
+    before, after = (size - 1) // 2, size // 2
+    for c in range(channels):
+        band[c, 0, 0, max(0, c - before) : c + after + 1] = np.float32(alpha / size)
+    scale = w.new_tensor(f"{node.output.name}_scale", x.dtype, shape)
+    operands = [
+        squares,
+        w.constant(band, f"{node.name}_window"),
+        w.constant(np.full(channels, bias, np.float32), f"{node.name}_bias"),
+    ]
     w.op(
-        "LOCAL_RESPONSE_NORMALIZATION",
-        [w.get(x, NHWC)],
-        [w.define(node.output, NHWC)],
-        radius=(size - 1) // 2,
-        bias=attrs.get("bias", 1.0),
-        alpha=attrs.get("alpha", 1e-4) / size,
-        beta=attrs.get("beta", 0.75),
+        "CONV_2D",
+        operands,
+        [scale],
+        padding=VALID,
+        stride_h=1,
+        stride_w=1,
+        dilation_h=1,
+        dilation_w=1,
     )
+    power = w.new_tensor(f"{node.output.name}_power", x.dtype, shape)
+    exponent = w.constant(np.asarray([-beta], np.float32), f"{node.name}_exponent")
+    w.op("POW", [scale, exponent], [power])
+    w.op("MUL", [xi, power], [w.define(node.output, NHWC)])

@@ -182,7 +182,7 @@ READERS: dict[str, Callable] = {
     "FULLY_CONNECTED": nn.fully_connected,
     "MAX_POOL_2D": _with(nn.pool, code="MAX_POOL_2D"),
     "AVERAGE_POOL_2D": _with(nn.pool, code="AVERAGE_POOL_2D"),
-    **{c: _with(ops.binary, code=c) for c in ("ADD", "SUB", "MUL", "DIV")},
+    **{c: _with(ops.binary, code=c) for c in ("ADD", "SUB", "MUL", "DIV", "POW")},
     **{c: _with(ops.unary, code=c) for c in ops.UNARY},
     "RELU6": _with(ops.clamp, code="RELU6"),
     "RELU_N1_TO_1": _with(ops.clamp, code="RELU_N1_TO_1"),

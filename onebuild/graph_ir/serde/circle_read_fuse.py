@@ -4,7 +4,8 @@ graphs and numbers:
 
 - SPLIT along channels, one CONV_2D per part, CONCATENATION along channels -> a grouped Conv;
 - an average counting padding, times each window's size over its count of real cells -> the
-  average that leaves padding out.
+  average that leaves padding out;
+- x * (bias + 1x1 Conv(x * x, a band of alpha / size)) ^ -beta -> LRN (circle's form of it).
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -101,3 +102,41 @@ def exclusive_average(graph: Graph, a: Value, b: Value) -> Value | None:
         return None
     exclusive = {**attrs, "count_include_pad": 0}
     return graph.make_node("AveragePool", [pool.inputs[0]], exclusive, pool.name).output
+
+
+def local_response_norm(graph: Graph, x: Value, power: Value) -> Value | None:
+    """LRN for x * Pow(Conv(x * x, band, bias), -beta), the band of width `size` centered as
+    ONNX centers it and holding alpha / size."""
+    node = power.producer
+    if node is None or node.op != "Pow" or power.uses or not node.inputs[1].is_const:
+        return None
+    exponent = node.inputs[1].numpy()
+    conv = node.inputs[0].producer
+    if exponent.size != 1 or conv is None or conv.op != "Conv" or len(conv.inputs) < 3:
+        return None
+    squares, band, bias = conv.inputs
+    square = squares.producer
+    if square is None or square.op != "Mul" or list(square.inputs) != [x, x]:
+        return None
+    if not (band.is_const and bias is not None and bias.is_const) or len(band.shape) != 4:
+        return None
+    if conv.attrs.get("group") != 1 or any(conv.attrs["pads"]) or "clip" in conv.attrs:
+        return None
+    if set(conv.attrs["strides"]) != {1} or band.shape[2:] != (1, 1):
+        return None
+    weights, offsets = band.numpy()[:, :, 0, 0], bias.numpy()
+    value = weights[0, 0]
+    size = int(np.count_nonzero(weights[weights.shape[0] // 2]))
+    expected = np.zeros_like(weights)
+    before, after = (size - 1) // 2, size // 2
+    for c in range(weights.shape[0]):
+        expected[c, max(0, c - before) : c + after + 1] = value
+    if size < 1 or not np.array_equal(weights, expected) or len(set(offsets.tolist())) != 1:
+        return None
+    attrs = {
+        "size": size,
+        "alpha": float(value) * size,
+        "beta": -float(exponent.reshape(())),
+        "bias": float(offsets[0]),
+    }
+    return graph.make_node("LRN", [x], attrs, conv.name).output

@@ -79,16 +79,18 @@ def binary(r, inputs, outputs, options, code):
     perm = _layout(r, inputs, rank)
     a, b = (_operand(r, i, perm, rank) for i in inputs[:2])
     act = _options(code, options).get("activation", 0)
-    fused = fuse.exclusive_average(r.graph, a, b) if code == "MUL" and not act else None
+    fused = None
+    if code == "MUL" and not act:
+        fused = fuse.exclusive_average(r.graph, a, b) or fuse.local_response_norm(r.graph, a, b)
     if fused is not None:
         r.define(outputs[0], fused, perm)
         return
     if out.quant is None or out.dtype == np.float32:
-        op = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div"}[code]
+        op = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div", "POW": "Pow"}[code]
         _emit(r, op, [a, b], _activation_attrs(r, outputs[0], act), outputs[0], perm)
         return
-    if code == "DIV":
-        raise Malformed("quantized DIV is not supported")
+    if code in ("DIV", "POW"):
+        raise Malformed(f"quantized {code} is not supported")
     qa, qb, qy = r.info(inputs[0]).quant, r.info(inputs[1]).quant, out.quant
     s_a, s_b, s_y = qa.scale[0], qb.scale[0], qy.scale[0]
     attrs = {

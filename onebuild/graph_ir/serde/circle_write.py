@@ -51,8 +51,8 @@ class _Tensor:
 class Writer:
     """Collects tensors, buffers, operator codes and operators of one subgraph."""
 
-    def __init__(self, graph: Graph):
-        self.graph = graph
+    def __init__(self, graph: Graph, fmt: str = "circle"):
+        self.graph, self.fmt = graph, fmt
         self.tensors: list[_Tensor] = []
         self.buffers: list[bytes] = [b""]
         self.opcodes: dict[str, int] = {}
@@ -149,7 +149,7 @@ class Writer:
             raise UnsupportedOpsError("circle/tflite export", unsupported)
 
     # -- serialization -------------------------------------------------------------------------
-    def serialize(self, fmt: str) -> bytes:
+    def serialize(self) -> bytes:
         import flatbuffers
 
         b = flatbuffers.Builder(1024 + sum(len(d) for d in self.buffers))
@@ -187,14 +187,14 @@ class Writer:
         model = table(
             b,
             [
-                (0, "uint", SCHEMA_VERSION[fmt]),
+                (0, "uint", SCHEMA_VERSION[self.fmt]),
                 (1, "offset", offsets(b, codes)),
                 (2, "offset", offsets(b, [subgraph])),
                 (3, "offset", b.CreateString("onebuild")),
                 (4, "offset", offsets(b, buffers)),
             ],
         )
-        b.Finish(model, file_identifier=IDENTIFIER[fmt])
+        b.Finish(model, file_identifier=IDENTIFIER[self.fmt])
         return bytes(b.Output())
 
     def _name_outputs(self, outputs: list[int]) -> None:
@@ -288,9 +288,9 @@ def _permuted(quant: QuantParams | None, perm: Perm) -> QuantParams | None:
 
 def write_flatbuffer(model: Model, fmt: str) -> bytes:
     """The main graph of `model` as a circle (`fmt="circle"`) or tflite flatbuffer."""
-    writer = Writer(model.main)
+    writer = Writer(model.main, fmt)
     writer.run()
-    return writer.serialize(fmt)
+    return writer.serialize()
 
 
 def write_circle(model: Model) -> bytes:
