@@ -211,6 +211,57 @@ def test_quantized_round_trip_keeps_parameters(dtype, granularity, worst):
     assert diff.max() == worst
 
 
+def digits_with_heads(dtype: str, heads: tuple[str, ...], granularity: str = "channel"):
+    """The digits model with activation heads on its logits, quantized (each head becomes a
+    lookup table, written as the TFLite operator it stands for)."""
+    model = digits_model()
+    graph = model.main
+    logits = graph.outputs[0]
+    for op in heads:
+        graph.outputs.append(graph.make_node(op, [logits], name=op.lower()).output)
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
+    stats = C.calibrate(graph, [(f"b{i}", {"input": calib[i : i + 32]}) for i in (0, 32)])
+    options = C.QuantizeOptions(
+        dtype=dtype, granularity=granularity, input_type=dtype, output_type=dtype
+    )
+    return C.quantize(model, options, stats)
+
+
+@pytest.mark.parametrize(
+    "dtype, heads",
+    [
+        # LiteRT only: onert has no HARD_SWISH kernel and no quantized RELU, and its uint8
+        # LOGISTIC and TANH are up to 10 and 19 LSB off (docs/circle-tflite.md)
+        ("uint8", ("Sigmoid", "Tanh")),
+        ("int8", ("Sigmoid", "Tanh", "HardSwish", "Relu")),
+    ],
+)
+def test_lookup_tables_as_tflite_functions(dtype, heads):
+    """Within 1 LSB: LOGISTIC and TANH write TFLite's fixed output parameters, requantized to
+    the table's by a QUANTIZE (two roundings where the table has one)."""
+    granularity = "tensor" if dtype == "uint8" else "channel"  # LiteRT's uint8: per tensor
+    model = quantized = digits_with_heads(dtype, heads, granularity)
+    graph = quantized.main
+    assert [n.op for n in graph.nodes].count("QLookup") == len(heads)
+    feeds = quantize_inputs(graph, {"input": digits_images(64)})["input"]
+    samples = [[x] for x in feeds]
+    data = write_circle(model, "tflite")
+    results = run_litert(data, samples)
+    want = Interpreter(graph).run_batch({"input": feeds})
+    for index, value in enumerate(graph.outputs):
+        got = np.stack([r[index] for r in results])
+        diff = np.abs(got.astype(int) - want[value.name].astype(int))
+        print(f"{dtype} {value.name}: max {diff.max()}, {(diff > 0).mean():.1%} differ")
+        assert diff.max() <= 1, value.name
+    # read back, the tables are rebuilt from the function with the file's float32 scales: a
+    # code on a rounding boundary of 1/255 or 1/127.5 moves by 1 LSB
+    back = read_circle(data)
+    assert [n.op for n in back.main.nodes].count("QLookup") == len(heads)
+    got = Interpreter(back.main).run_batch({"input": feeds})
+    for value in graph.outputs:
+        assert np.abs(got[value.name].astype(int) - want[value.name].astype(int)).max() <= 1
+
+
 def test_unsupported_ops_listed_at_once():
     model = load_onnx(ROOT / "examples" / "models" / "tiny_mobilenet.onnx")
     C.optimize(model)

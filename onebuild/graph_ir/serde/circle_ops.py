@@ -9,6 +9,7 @@ import numpy as np
 
 from ..ops import OPS
 from ..quant.params import dequantize, qdq_params, quantize
+from ..tensor import QuantParams
 from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1
 
 NHWC = (0, 2, 3, 1)
@@ -179,9 +180,28 @@ def lookup(w, node):
         (y,) = OPS[op].kernel(attrs, real)
         if np.array_equal(quantize(np.asarray(y, np.float64), out.quant, out.dtype), table.numpy()):
             perm = w.home_of(x)
-            w.op(code, [w.get(x, perm)], [w.define(out, perm)])
+            fixed = FIXED_OUTPUT.get((code, out.dtype.name))
+            if fixed is None or fixed == out.quant:
+                w.op(code, [w.get(x, perm)], [w.define(out, perm)])
+                return
+            # TFLite's kernel writes these parameters only; requantize to the node's after
+            pre = w.new_tensor(
+                f"{out.name}_fixed", out.dtype, _stored(out.shape, perm), quant=fixed
+            )
+            w.op(code, [w.get(x, perm)], [pre])
+            w.requantize(pre, w.define(out, perm))
             return
     raise Unsupported
+
+
+FIXED_OUTPUT = {  # (op, dtype) -> the output parameters TFLite's quantized kernel requires
+    ("LOGISTIC", "uint8"): QuantParams((1 / 256,), (0,)),
+    ("LOGISTIC", "int8"): QuantParams((1 / 256,), (-128,)),
+    ("LOGISTIC", "int16"): QuantParams((1 / 32768,), (0,)),
+    ("TANH", "uint8"): QuantParams((1 / 128,), (128,)),
+    ("TANH", "int8"): QuantParams((1 / 128,), (0,)),
+    ("TANH", "int16"): QuantParams((1 / 32768,), (0,)),
+}
 
 
 def softmax(w, node):
@@ -221,7 +241,7 @@ def concat(w, node):
             requantized = w.new_tensor(
                 f"{v.name}_rq", out.dtype, _stored(v.shape, perm), quant=out.quant
             )
-            w.op("QUANTIZE", [index], [requantized])
+            w.requantize(index, requantized)
             index = requantized
         operands.append(index)
     _finish(
@@ -296,5 +316,8 @@ def quantize_op(w, node):
     params = out.quant or qdq_params(node.attrs)
     _require(params.axis is None)
     perm = w.home_of(x)
+    if node.op == "Requantize":
+        w.requantize(w.get(x, perm), w.define(out, perm, params))
+        return
     code = "DEQUANTIZE" if node.op == "DequantizeLinear" else "QUANTIZE"
     w.op(code, [w.get(x, perm)], [w.define(out, perm, None if code == "DEQUANTIZE" else params)])

@@ -270,7 +270,7 @@ def pool(w, node):
         # TFLite averages in the input's parameters; requantize to the output's after
         pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC), quant=x.quant)
         w.op(code, [xi], [pre], **options)
-        w.op("QUANTIZE", [pre], [w.define(out, NHWC)])
+        w.requantize(pre, w.define(out, NHWC))
         return
     _finish(w, node_view, code, [xi], NHWC, **options)
 

@@ -50,6 +50,7 @@ class Reader:
             self._tensor(i, t, buffers) for i, t in enumerate(subgraph.tables(0, "tensors"))
         ]
         self.values: dict[int, dict] = {}  # tensor index -> {perm: Value}
+        self.functions: dict[int, tuple] = {}  # id(QLookup output) -> (input, (op, attrs))
         self.graph.reserve(t.name for t in self.tensors)
 
     def fail(self, what: str) -> FormatError:

@@ -10,7 +10,8 @@ requantization multipliers computed from them as the quantizer does).
 import numpy as np
 
 from ..dtypes import name_of
-from ..quant.params import quantize_multiplier
+from ..ops import OPS
+from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
 from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
 
@@ -124,10 +125,32 @@ UNARY = {
 
 
 def unary(r, inputs, outputs, options, code):
-    _float_only(r, inputs[0], code)
     perm = r.perm_of(inputs[0])
     attrs = {"alpha": _options(code, options)["alpha"]} if code == "LEAKY_RELU" else {}
-    _emit(r, UNARY[code], [r.value(inputs[0], perm)], attrs, outputs[0], perm)
+    x = r.value(inputs[0], perm)
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.quant is None or t.dtype == np.float32:
+        _emit(r, UNARY[code], [x], attrs, outputs[0], perm)
+        return
+    if out.quant is None or out.dtype != t.dtype:
+        raise Malformed("a quantized input needs a quantized output of its type")
+    value = _lookup(r, x, (UNARY[code], attrs), out.quant, out.dtype)
+    r.define(outputs[0], value, perm)
+
+
+def _lookup(r, x, function, params, dtype):
+    """A QLookup: the table of `function` over every input code, quantized with `params` (as
+    the quantizer builds it)."""
+    op, attrs = function
+    info = np.iinfo(x.dtype)
+    real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
+    (y,) = OPS[op].kernel(attrs, real)
+    y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
+    table = r.graph.add_constant(quantize(y, params, dtype.name), f"{op.lower()}_table")
+    value = r.graph.make_node("QLookup", [x, table], {}, f"{op.lower()}").output
+    value.quant = params
+    r.functions[id(value)] = (x, function)
+    return value
 
 
 def clamp(r, inputs, outputs, options, code):
@@ -306,6 +329,10 @@ def quantize_op(r, inputs, outputs, options, code):
             "dtype": name_of(out.dtype),
         }
         _emit(r, "QuantizeLinear", [x], attrs, outputs[0], perm)
+    elif id(x) in r.functions and not x.uses and out.dtype == t.dtype:
+        # a function's table at the parameters TFLite's kernel fixes, requantized: one table
+        source, function = r.functions[id(x)]
+        r.define(outputs[0], _lookup(r, source, function, out.quant, out.dtype), perm)
     else:
         m, s = quantize_multiplier(t.quant.scale[0] / out.quant.scale[0])
         info = np.iinfo(out.dtype)

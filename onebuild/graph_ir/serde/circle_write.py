@@ -130,6 +130,17 @@ class Writer:
         opcode = self.opcodes.setdefault(code, len(self.opcodes))
         self.operators.append((opcode, inputs, outputs, code, options))
 
+    def requantize(self, source: int, target: int) -> None:
+        """QUANTIZE between two parameter sets; in circle through float (DEQUANTIZE, QUANTIZE:
+        onert's QUANTIZE takes float input only)."""
+        if self.fmt != "circle":
+            self.op("QUANTIZE", [source], [target])
+            return
+        t = self.tensors[target]
+        real = self.new_tensor(f"{t.name}_real", np.float32, t.shape)
+        self.op("DEQUANTIZE", [source], [real])
+        self.op("QUANTIZE", [real], [target])
+
     def run(self) -> None:
         for value in self.graph.inputs:
             self.define(value, None)
