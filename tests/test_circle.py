@@ -12,7 +12,7 @@ from onebuild import compile as C
 from onebuild.errors import OneBuildError, UnsupportedOpsError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.model_io import quantize_inputs
-from onebuild.graph_ir.serde import load_onnx, read_circle, write_circle
+from onebuild.graph_ir.serde import load_ir, load_onnx, read_circle, save_ir, write_circle
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.verify import verify
@@ -59,6 +59,13 @@ def run_litert(data: bytes, samples: list[list[np.ndarray]]) -> list[list[np.nda
     return results
 
 
+def through_ir_file(model, tmp_path):
+    """The model saved as an IR file and loaded back (the reader's attributes are canonical)."""
+    path = tmp_path / "model.obir"
+    save_ir(model, path)
+    return load_ir(path)
+
+
 def digits_model():
     model = load_onnx(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
     C.optimize(model)
@@ -85,7 +92,7 @@ def test_digits_float_in_onert_and_litert_and_round_trip(tmp_path):
     samples = [[x] for x in digits_images(8)]
     check_float(model, samples, run_onert(write_circle(model), tmp_path, samples))
     check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
-    back = read_circle(write_circle(model))
+    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
     verify(back.main)
     assert [n.op for n in back.main.nodes] == [n.op for n in model.main.nodes]  # no transposes
     feeds = {"input": digits_images(32)}
@@ -130,7 +137,7 @@ def test_light_models_in_onert_and_round_trip(name, tmp_path):
     model, samples = light(name)
     data = write_circle(model)
     check_float(model, samples, run_onert(data, tmp_path, samples))
-    back = read_circle(data)
+    back = through_ir_file(read_circle(data), tmp_path)
     verify(back.main)
     feeds = {v.name: x for v, x in zip(model.main.inputs, samples[0])}
     want = Interpreter(model.main).run(feeds)
@@ -194,11 +201,11 @@ def test_quantized_digits_within_one_lsb(dtype, granularity, runtimes, tmp_path)
         ("int16", "channel", 1),
     ],
 )
-def test_quantized_round_trip_keeps_parameters(dtype, granularity, worst):
+def test_quantized_round_trip_keeps_parameters(dtype, granularity, worst, tmp_path):
     """Scales pass through float32 in the file: the 8-bit digits models come back exact; int16
     requantization is finer and moves 0.7 % of the logits by 1 LSB."""
     model = quantized_digits(dtype, granularity)
-    back = read_circle(write_circle(model))
+    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
     verify(back.main)
     ops = [n.op for n in back.main.nodes]
     assert ops.count("QConv") + ops.count("QGemm") == 3
@@ -236,7 +243,7 @@ def digits_with_heads(dtype: str, heads: tuple[str, ...], granularity: str = "ch
         ("int8", ("Sigmoid", "Tanh", "HardSwish", "Relu")),
     ],
 )
-def test_lookup_tables_as_tflite_functions(dtype, heads):
+def test_lookup_tables_as_tflite_functions(dtype, heads, tmp_path):
     """Within 1 LSB: LOGISTIC and TANH write TFLite's fixed output parameters, requantized to
     the table's by a QUANTIZE (two roundings where the table has one)."""
     granularity = "tensor" if dtype == "uint8" else "channel"  # LiteRT's uint8: per tensor
@@ -255,7 +262,7 @@ def test_lookup_tables_as_tflite_functions(dtype, heads):
         assert diff.max() <= 1, value.name
     # read back, the tables are rebuilt from the function with the file's float32 scales: a
     # code on a rounding boundary of 1/255 or 1/127.5 moves by 1 LSB
-    back = read_circle(data)
+    back = through_ir_file(read_circle(data), tmp_path)
     assert [n.op for n in back.main.nodes].count("QLookup") == len(heads)
     got = Interpreter(back.main).run_batch({"input": feeds})
     for value in graph.outputs:
@@ -348,3 +355,26 @@ def test_cli_export_import_and_corrupt_file(tmp_path):
     done = cli("import", str(bad), "-o", str(tmp_path / "bad.obir"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "bad.circle" in done.stderr
+
+
+def test_recipe_imports_a_circle_source(tmp_path):
+    """`[import] source = "...circle"`: the build imports it, optimizes and packs; the package
+    runs to the float model's logits."""
+    (tmp_path / "digits.circle").write_bytes(write_circle(digits_model()))
+    (tmp_path / "r.toml").write_text(
+        '[import]\nsource = "digits.circle"\n\n[optimize]\n\n[pack]\noutput = "out.nnpkg"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", "build", str(tmp_path / "r.toml")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    feeds = tmp_path / "in.npz"
+    np.savez(feeds, input=digits_images(16))
+    out = tmp_path / "y.npz"
+    run = [sys.executable, "-m", "onebuild.cli", "run", str(tmp_path / "out.nnpkg")]
+    done = subprocess.run([*run, "-i", str(feeds), "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    want = Interpreter(digits_model().main).run_batch({"input": digits_images(16)})["logits"]
+    np.testing.assert_allclose(np.load(out)["logits"], want, rtol=1e-5, atol=1e-6)

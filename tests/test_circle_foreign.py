@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.serde import read_circle, write_circle
+from onebuild.graph_ir.serde import load_ir, read_circle, save_ir, write_circle
 from onebuild.graph_ir.verify import verify
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
@@ -33,8 +33,9 @@ def litert_outputs(path: Path, x: np.ndarray) -> dict[str, np.ndarray]:
     return {d["name"]: interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()}
 
 
-def test_converter_written_tflite_matches_litert():
-    model = read_circle(MODEL, "tflite")
+def test_converter_written_tflite_matches_litert(tmp_path):
+    save_ir(read_circle(MODEL, "tflite"), tmp_path / "face.obir")
+    model = load_ir(tmp_path / "face.obir")
     graph = model.main
     verify(graph)
     ops = [n.op for n in graph.nodes]

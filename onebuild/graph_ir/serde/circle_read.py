@@ -204,6 +204,16 @@ READERS: dict[str, Callable] = {
 }
 
 
+_POOL = {"ceil_mode": 0, "dilations": [1, 1], "count_include_pad": 0}
+DEFAULTS = {  # attributes of the IR ops the reader makes, where TFLite has no counterpart
+    "MaxPool": {"ceil_mode": 0, "dilations": [1, 1]},
+    "AveragePool": _POOL,
+    "QAveragePool": _POOL,
+    "Gemm": {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
+    "Pad": {"mode": "constant", "value": 0.0},
+}
+
+
 def _permuted(quant, perm):
     """Parameters of a tensor's IR value in `perm` (the channel axis moves with it)."""
     if quant is None or quant.axis is None or perm is None:
@@ -285,6 +295,8 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
     for index in sub.array(2, "int32", "subgraph outputs"):
         reader.graph.outputs.append(reader.output(int(index)))
     eliminate_dead_code(reader.graph)  # pads folded into convolutions and pools
+    for node in reader.graph.nodes:  # the canonical attributes IR files spell out
+        node.attrs = {**DEFAULTS.get(node.op, {}), **node.attrs}
     return Model([reader.graph], {"source_format": fmt or "circle/tflite"})
 
 
