@@ -335,6 +335,19 @@ def test_reader_lists_every_unsupported_operator():
     assert len(caught.value.unsupported) == 8 and "builtin 66" in str(caught.value)
 
 
+def test_enormous_declared_shape_rejected():
+    """A tensor declared [2^30, 1, 8, 8] (256 GiB of float32) is refused before anything is
+    allocated."""
+    from onebuild.graph_ir.serde.flatbuf import Buffer
+
+    data = bytearray(write_circle(digits_model()))
+    tensor = Buffer(bytes(data), "x").root().tables(2, "s")[0].tables(0, "t")[0]
+    first_dim = tensor._target(0) + 4
+    data[first_dim : first_dim + 4] = (1 << 30).to_bytes(4, "little")
+    with pytest.raises(UserError, match=r"tensor 0 shape \[1073741824, 1, 8, 8\] is too large"):
+        read_circle(bytes(data))
+
+
 def test_cli_export_import_and_corrupt_file(tmp_path):
     def cli(*args):
         return subprocess.run(

@@ -9,6 +9,7 @@ reader needs a perm no IR value of the tensor has yet, so a CNN's layout changes
 graph inputs and outputs, as in the source model's own semantics.
 """
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,8 @@ from . import circle_read_ops as ops
 from .flatbuf import Buffer, Table
 from .tflite_schema import BUILTIN_NAMES, IDENTIFIER, TENSOR_TYPES
 
+MAX_RANK = 64  # as IR files
+MAX_TENSOR_BYTES = 1 << 34  # no tensor of a loadable model is this large (as IR files)
 MAX_FILE = 1 << 31  # flatbuffers address 2 GiB; larger models keep buffers outside (unsupported)
 
 
@@ -65,6 +68,8 @@ class Reader:
         shape = tuple(int(d) for d in t.array(0, "int32", f"{what} shape"))
         if any(d < 0 for d in shape):
             raise ModelError(f"{self.buf.source}: {what} has a dynamic shape {list(shape)}")
+        if len(shape) > MAX_RANK or math.prod(shape) * dtype.itemsize > MAX_TENSOR_BYTES:
+            raise ModelError(f"{self.buf.source}: {what} shape {list(shape)} is too large")
         if t.table(6, f"{what} sparsity") is not None:
             raise ModelError(f"{self.buf.source}: {what} is sparse (not supported)")
         name = t.string(3, f"{what} name") or f"tensor_{index}"
