@@ -62,7 +62,8 @@ def load_source(
 def load_model(
     path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> Model:
-    """Load an IR file, a circle/tflite model or an ONNX model, recognized by content."""
+    """Load an IR file, a circle/tflite model or an ONNX model, recognized by content (a
+    .circle or .tflite suffix always goes to the flatbuffer reader)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
@@ -72,7 +73,7 @@ def load_model(
         if input_shapes:
             raise UserError(f"{path}: input shapes of an IR file are fixed; set them on import")
         return load_ir(path)
-    if is_flatbuffer_model(path):
+    if path.suffix.lower() in (".circle", ".tflite") or is_flatbuffer_model(path):
         if input_shapes:
             raise UserError(f"{path}: input shapes of a circle/tflite model are fixed")
         return read_circle(path)

@@ -153,7 +153,7 @@ def table(builder: flatbuffers.Builder, fields: Sequence[Field]) -> int:
         if kind == "offset":
             builder.PrependUOffsetTRelativeSlot(slot, value, 0)
         else:
-            builder.__getattribute__(_SLOTS[kind])(slot, value, None)
+            getattr(builder, _SLOTS[kind])(slot, value, None)
     return builder.EndObject()
 
 
