@@ -277,6 +277,24 @@ def test_unsupported_ops_listed_at_once():
     assert {op for op, *_ in caught.value.unsupported} >= {"ConvTranspose", "Erf"}
 
 
+def test_types_circle_cannot_hold_are_named():
+    """bfloat16 has no TFLite tensor type: a graph output of it is one error naming the value;
+    inside the graph, the nodes making it are listed as unsupported, and nothing crashes."""
+    from onebuild.graph_ir.ir import Graph, Model
+
+    graph = Graph("g")
+    x = graph.add_input("x", np.float32, (1, 4))
+    cast = {"round_mode": "up", "saturate": 1}
+    narrow = graph.make_node("Cast", [x], {**cast, "to": "bfloat16"}, name="narrow").output
+    wide = graph.make_node("Cast", [narrow], {**cast, "to": "float32"}, name="wide").output
+    graph.outputs = [graph.make_node("Relu", [wide]).output]
+    with pytest.raises(UnsupportedOpsError, match=r"2 node\(s\).*'narrow'.*'wide'"):
+        write_circle(Model([graph]))
+    graph.outputs = [narrow]
+    with pytest.raises(UserError, match="'narrow' is bfloat16"):
+        write_circle(Model([graph]))
+
+
 def corruptions(data: bytes, count: int, seed: int = 0):
     """(kind, bytes): truncations, flipped bytes and overwritten 32-bit offsets of a valid file."""
     rng = np.random.default_rng(seed)

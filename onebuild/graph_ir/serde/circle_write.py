@@ -10,10 +10,11 @@ before a flatten. Weights and other constants are permuted when written.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import UnsupportedOpsError
+from ...errors import ModelError, UnsupportedOpsError
 from ..ir import Graph, Model, Value
 from ..tensor import QuantParams
 from . import circle_ops as ops
@@ -35,17 +36,13 @@ def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argsort(perm))
 
 
+@dataclass(slots=True)
 class _Tensor:
-    __slots__ = ("buffer", "dtype", "name", "quant", "shape")
-
-    def __init__(self, name, dtype, shape, buffer, quant):
-        self.name, self.dtype, self.shape, self.buffer, self.quant = (
-            name,
-            dtype,
-            shape,
-            buffer,
-            quant,
-        )
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    buffer: int  # index into the model's buffers; 0: no data
+    quant: QuantParams | None
 
 
 class Writer:
@@ -71,6 +68,8 @@ class Writer:
         return name
 
     def new_tensor(self, name, dtype, shape, data=None, quant=None) -> int:
+        if np.dtype(dtype) not in TYPE_CODES:
+            raise ops.Unsupported  # bfloat16, float8, sub-byte integers, ...
         buffer = 0
         if data is not None:
             array = np.ascontiguousarray(data, dtype=np.dtype(dtype).newbyteorder("<"))
@@ -142,6 +141,12 @@ class Writer:
         self.op("QUANTIZE", [real], [target])
 
     def run(self) -> None:
+        for value in [*self.graph.inputs, *self.graph.outputs]:
+            if value.dtype not in TYPE_CODES:
+                raise ModelError(
+                    f"circle/tflite export: {value.name!r} is {value.dtype}, which circle and "
+                    f"tflite cannot hold (types: {', '.join(sorted(map(str, TYPE_CODES)))})"
+                )
         for value in self.graph.inputs:
             self.define(value, None)
         unsupported = []
@@ -155,7 +160,8 @@ class Writer:
                 unsupported.append((node.op, node.name))
                 for value in node.outputs:  # placeholders, so later nodes can still be checked
                     if id(value) not in self.home:
-                        self.define(value, None)
+                        self.home[id(value)] = None
+                        self.index[(id(value), None)] = -1
         if unsupported:
             raise UnsupportedOpsError("circle/tflite export", unsupported)
 
