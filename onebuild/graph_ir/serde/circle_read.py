@@ -12,6 +12,7 @@ graph inputs and outputs, as in the source model's own semantics.
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +35,14 @@ def _inverse(perm):
     return tuple(int(i) for i in np.argsort(perm))
 
 
+@dataclass(slots=True)
 class TensorInfo:
-    __slots__ = ("data", "dtype", "index", "name", "quant", "shape")
-
-    def __init__(self, index, name, dtype, shape, data, quant):
-        self.index, self.name, self.dtype, self.shape = index, name, dtype, shape
-        self.data, self.quant = data, quant
+    index: int
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    data: np.ndarray | None  # a constant's contents
+    quant: QuantParams | None
 
 
 class Reader:
@@ -86,9 +89,9 @@ class Reader:
                         f"{what} '{name}' has {len(raw)} bytes for {count} elements of {dtype}"
                     )
                 data = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
-        return TensorInfo(index, name, dtype, shape, data, self._quant(t, what, shape))
+        return TensorInfo(index, name, dtype, shape, data, self._quant(t, what, shape, dtype))
 
-    def _quant(self, t: Table, what: str, shape) -> QuantParams | None:
+    def _quant(self, t: Table, what: str, shape, dtype: np.dtype) -> QuantParams | None:
         q = t.table(4, f"{what} quantization")
         if q is None:
             return None
@@ -98,6 +101,10 @@ class Reader:
             return None
         if len(zero) != len(scale) or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
             raise ModelError(f"{self.buf.source}: {what} has bad quantization parameters")
+        if np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            if zero.min() < info.min or zero.max() > info.max:
+                raise ModelError(f"{self.buf.source}: {what} has zero points outside {dtype}")
         axis = q.scalar(6, "i")
         if len(scale) == 1:
             return QuantParams((float(scale[0]),), (int(zero[0]),), None)
