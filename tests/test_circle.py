@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ai_edge_litert import interpreter as litert  # the oracles are test extras
 
 from onebuild import compile as C
 from onebuild.errors import OneBuildError, UnsupportedOpsError, UserError
@@ -21,8 +22,6 @@ from onebuild.npz import read_npz
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits"
 
-onert = pytest.importorskip("onert")  # test extras; the CI venv installs them
-litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 RTOL = 1e-4
 

@@ -6,13 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ai_edge_litert import interpreter as litert  # the oracles are test extras
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde import load_ir, read_circle, save_ir, write_circle
 from onebuild.graph_ir.verify import verify
-
-litert = pytest.importorskip("ai_edge_litert.interpreter")
-onert = pytest.importorskip("onert")
 
 MODEL = Path(__file__).parent / "data" / "tflite" / "face_detection_short_range.tflite"
 
