@@ -46,7 +46,7 @@ class _Section(BaseModel):
 class ImportStep(_Section):
     """Read an ONNX model into the IR."""
 
-    source: str = Field(description="ONNX model file, relative to the recipe")
+    source: str = Field(description="ONNX, circle or tflite model file, relative to the recipe")
     input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=MAX_DIM)]]] | None = Field(
         default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
     )
