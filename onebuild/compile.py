@@ -68,6 +68,7 @@ class QuantizeOptions:
     input_type: str = "float32"
     output_type: str = "float32"
     bias_correction: bool = True
+    weight_rounding: str = "nearest"  # "nearest" | "adaround"
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
     mixed_precision: MixedPrecisionOptions | None = None
 
@@ -154,9 +155,10 @@ def quantize(
 ) -> Model:
     """The quantized model (full: with calibration `stats`; weight-only: without). With
     `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
-    evaluation inputs); the choice is recorded in the model's metadata "mixed_precision"."""
+    evaluation inputs); the choice is recorded in the model's metadata "mixed_precision".
+    `weight_rounding = "adaround"` learns each layer's rounding on `samples` too."""
     from .graph_ir.quant.from_qdq import graph_is_quantized
-    from .graph_ir.quant.quantize_graph import quantize_graph
+    from .graph_ir.quant.quantize_graph import nearest, quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
 
     if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
@@ -170,8 +172,14 @@ def quantize(
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
     float_graph = model.main
 
+    rounder = nearest
+    if options.weight_rounding == "adaround":
+        from .graph_ir.quant.adaround import LearnedRounding, input_moments
+
+        rounder = LearnedRounding(input_moments(float_graph, samples))
+
     def build(config: QuantConfig) -> Graph:
-        return quantize_graph(float_graph, ranges, config, means)
+        return quantize_graph(float_graph, ranges, config, means, rounder)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)

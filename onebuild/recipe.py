@@ -46,7 +46,7 @@ class _Section(BaseModel):
 class ImportStep(_Section):
     """Read an ONNX model into the IR."""
 
-    source: str = Field(description="ONNX model file, relative to the recipe")
+    source: str = Field(description="ONNX, circle or tflite model file, relative to the recipe")
     input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=MAX_DIM)]]] | None = Field(
         default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
     )
@@ -123,6 +123,11 @@ class QuantizeStep(_Section):
         default=_Q.bias_correction,
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data",
+    )
+    weight_rounding: Literal["nearest", "adaround"] = Field(
+        default=_Q.weight_rounding,
+        description="adaround: learn each weight's rounding direction on real samples "
+        "(the [quantize.accuracy] data, else the calibration data)",
     )
     layers: list[QuantizeLayer] = Field(default_factory=list)
     mixed_precision: QuantizeMixedPrecision | None = None
@@ -299,16 +304,15 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
             "npz file or a folder of npz/npy files); quantize.random_calibration = true "
             "calibrates on random data instead, which costs accuracy"
         )
-    if (
-        quantize
-        and quantize["mixed_precision"]
-        and not (quantize["accuracy"] or quantize["calibration"])
+    for key, wants in (
+        ("mixed_precision", quantize and quantize["mixed_precision"]),
+        ("weight_rounding", quantize and quantize["weight_rounding"] == "adaround"),
     ):
-        raise UserError(
-            f"{path}: quantize.mixed_precision: measuring needs real samples: set "
-            "quantize.calibration or [quantize.accuracy] data (random calibration data does not "
-            "say which layers matter)"
-        )
+        if wants and not (quantize["accuracy"] or quantize["calibration"]):
+            raise UserError(
+                f"{path}: quantize.{key}: this needs real samples: set quantize.calibration or "
+                "[quantize.accuracy] data (random data does not say what matters)"
+            )
     if "partition" in steps:
         _complete_partition(path, steps)
     build = recipe.build or BuildSection()

@@ -211,14 +211,15 @@ class Session:
             quantized = {name: feeds[name] for name in self._model.quantized_inputs}
             check_finite(quantized, "run", batched=False)
             return self._deliver(self._model.run(feeds))
-        self._float_runner.interpreter.observer = self._recorder.observe
+        runner = self._float_runner  # recording also sees inside layers (LSTM cell states)
+        plain, runner.interpreter = runner.interpreter, self._recorder.interpreter(runner.graph)
         try:
-            outputs = self._float_runner.run(feeds)
+            outputs = runner.run(feeds)
         except BaseException:  # the ranges saw a partial run: back to what the file holds
             self._recorder = self._resume_recorder()
             raise
         finally:
-            self._float_runner.interpreter.observer = None
+            runner.interpreter = plain
         index = self._recorder.samples
         if index < self.settings.gate_samples:
             self.workspace.write_record(index, feeds)

@@ -1,6 +1,7 @@
 """IR operators. Importing this package registers every kernel."""
 
 from . import (  # noqa: F401
+    control,
     conv,
     elementwise,
     indexing,
@@ -8,6 +9,7 @@ from . import (  # noqa: F401
     pool,
     quantized,
     quantized_dynamic,
+    quantized_recurrent,
     quantized_softmax,
     recurrent,
     reduce,

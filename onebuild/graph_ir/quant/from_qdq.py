@@ -25,12 +25,19 @@ import numpy as np
 
 from ..ir import Graph, Node, Value
 from ..ops import OPS
-from ..ops.quantized_softmax import exp_table, output_multiplier_real
+from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..passes.fuse import fuse_activations
 from ..tensor import QuantParams
+from .kernel_attrs import (
+    average_pool_attrs,
+    binary_attrs,
+    concat_attrs,
+    matmul_attrs,
+    requantize_attrs,
+    softmax_attrs,
+)
 from .params import (
-    ADD_SHIFT,
     QRANGE,
     MultiplierRangeError,
     activation_params,
@@ -38,9 +45,8 @@ from .params import (
     qdq_attrs,
     qdq_params,
     quantize,
-    quantize_multiplier,
 )
-from .quantize_graph import _output_attrs, resizes_codes, spatial_mean
+from .quantize_graph import resizes_codes, spatial_mean
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 log = logging.getLogger(__name__)
@@ -184,15 +190,9 @@ class _Folder:
         if params.axis is not None:
             return None
         try:
-            m, r = quantize_multiplier(x.quant.scale[0] / params.scale[0])
+            attrs = requantize_attrs(x.quant, params, dtype)
         except MultiplierRangeError:
             return None
-        attrs = {
-            "x_zero_point": x.quant.zero_point[0],
-            **_output_attrs(dtype, params),
-            "multiplier": m,
-            "shift": r,
-        }
         out = self.graph.make_node("Requantize", [x], attrs, q_node.name, [q_node.output.name])
         out.output.quant = params
         return out.output
@@ -247,19 +247,7 @@ class _Folder:
         bias = self._bias(node.inputs[2] if len(node.inputs) > 2 else None, s_x * scales, dtype)
         if bias is None:
             return None
-        multipliers = [quantize_multiplier(s_x * s / y.scale[0]) for s in scales]
-        if node.op == "Conv":
-            kernel = {k: attrs[k] for k in ("strides", "dilations", "pads", "group")}
-        else:
-            kernel = {"transB": trans_b}
-        kernel.update(
-            {
-                "x_zero_point": x.quant.zero_point[0],
-                **_output_attrs(dtype, y, attrs.get("clip")),
-                "multiplier": [m for m, _ in multipliers],
-                "shift": [r for _, r in multipliers],
-            }
-        )
+        kernel = matmul_attrs(node.op, attrs, x.quant, scales, y, dtype)
         per_channel = w.quant.axis is not None
         b_scales = tuple(float(s_x * s) for s in scales[: channels if per_channel else 1])
         bias.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if per_channel else None)
@@ -298,61 +286,21 @@ class _Folder:
         a, b = (self.operand(v, dtype) for v in node.inputs)
         if a is None or b is None or (a.is_const and b.is_const):
             return None
-        s_a, s_b, s_y = a.quant.scale[0], b.quant.scale[0], y.scale[0]
-        attrs = {
-            "a_zero_point": a.quant.zero_point[0],
-            "b_zero_point": b.quant.zero_point[0],
-            **_output_attrs(dtype, y, node.attrs.get("clip")),
-        }
-        if node.op == "Mul":
-            m, r = quantize_multiplier(s_a * s_b / s_y)
-            op = "QMul"
-        else:
-            largest = 2 * max(s_a, s_b)
-            attrs["a_rescale"] = list(quantize_multiplier(s_a / largest))
-            attrs["b_rescale"] = list(quantize_multiplier(s_b / largest))
-            attrs["subtract"] = int(node.op == "Sub")
-            m, r = quantize_multiplier(largest / (2**ADD_SHIFT * s_y))
-            op = "QAdd"
-        attrs.update({"multiplier": m, "shift": r})
+        op, attrs = binary_attrs(node.op, a.quant, b.quant, y, dtype, node.attrs.get("clip"))
         return self._node(op, [a, b], attrs, node, q_node)
 
     def _concat(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:
         inputs = [self.operand(v, dtype) for v in node.inputs]
         if any(v is None for v in inputs):
             return None
-        multipliers = [quantize_multiplier(v.quant.scale[0] / y.scale[0]) for v in inputs]
-        attrs = {
-            "axis": node.attrs["axis"],
-            "x_zero_points": [v.quant.zero_point[0] for v in inputs],
-            **_output_attrs(dtype, y),
-            "multiplier": [m for m, _ in multipliers],
-            "shift": [r for _, r in multipliers],
-        }
+        attrs = concat_attrs(node.attrs["axis"], [v.quant for v in inputs], y, dtype)
         return self._node("QConcat", inputs, attrs, node, q_node)
 
     def _average_pool(self, node: Node, y: QuantParams, dtype: str, q_node: Node):
         x = self.activation(node.inputs[0])
         if x is None or len(x.shape) < 3 or (node.op == "ReduceMean" and not spatial_mean(node)):
             return None
-        spatial = x.shape[2:]
-        if node.op in ("GlobalAveragePool", "ReduceMean"):
-            pool = {
-                "kernel_shape": list(spatial),
-                "strides": [1] * len(spatial),
-                "pads": [0] * (2 * len(spatial)),
-            }
-        else:
-            pool = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads")}
-        pool["dilations"] = node.attrs.get("dilations", [1] * len(spatial))
-        pool["ceil_mode"] = node.attrs.get("ceil_mode", 0)
-        pool["count_include_pad"] = node.attrs.get("count_include_pad", 0)
-        attrs = {
-            **pool,
-            "x_zero_point": x.quant.zero_point[0],
-            **_output_attrs(dtype, y),
-            "scale_ratio": x.quant.scale[0] / y.scale[0],
-        }
+        attrs = average_pool_attrs(node.op, node.attrs, x.shape[2:], x.quant, y, dtype)
         return self._node("QAveragePool", [x], attrs, node, q_node)
 
     def _lookup(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:
@@ -392,10 +340,8 @@ class _Folder:
         x = self.activation(node.inputs[0])
         if x is None:
             return None
-        m, r = quantize_multiplier(output_multiplier_real(y.scale[0]))
         table = self.graph.add_constant(exp_table(x.quant.scale[0]), f"{node.name}_exp")
-        attrs = {"axis": node.attrs.get("axis", -1), **_output_attrs(dtype, y)}
-        attrs.update({"multiplier": m, "shift": r})
+        attrs = softmax_attrs(node.attrs.get("axis", -1), y, dtype)
         return self._node("QSoftmax", [x, table], attrs, node, q_node)
 
 
