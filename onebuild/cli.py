@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .cli_recipes import cmd_build, cmd_clean, cmd_dag, cmd_list, cmd_schema, cmd_status
+from .cli_recipes import (
+    cmd_build,
+    cmd_cache_gc,
+    cmd_clean,
+    cmd_dag,
+    cmd_list,
+    cmd_schema,
+    cmd_status,
+)
 from .errors import OneBuildError, UserError
 from .plan import MAX_DIM
 from .runtime.odc import PREFS
@@ -470,6 +478,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", action="store_true", help="Graphviz dot output")
     p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
     p.add_argument("--cache", action="store_true", help="also empty the local step cache")
+
+    cache = sub.add_parser("cache", help="manage a step cache")
+    cache = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    p = cache.add_parser("gc", help="evict least recently used entries down to a size")
+    p.add_argument("cache", help="the cache: a folder or an fsspec URL (build.cache)")
+    p.add_argument("--max-size", required=True, help="size to keep, e.g. 500M or 2G")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_cache_gc)
     return parser
 
 

@@ -159,3 +159,17 @@ def cmd_clean(args) -> int:
                 shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
         print(f"cleaned {plan.recipe.name}")
     return 0
+
+
+def cmd_cache_gc(args) -> int:
+    from .engine.cache_gc import collect, parse_size
+
+    result = collect(args.cache, parse_size(args.max_size))
+    if args.json:
+        print(json.dumps(vars(result), sort_keys=True))
+    else:
+        print(
+            f"{result.removed} entr(ies) removed ({result.freed} bytes), "
+            f"{result.kept} kept ({result.size} bytes)"
+        )
+    return 0

@@ -44,7 +44,7 @@ from .ownership import (
     refuse_foreign,
     sweep,
 )
-from .step_cache import StepCache, fingerprint, step_key, tree_digest
+from .step_cache import fingerprint, open_cache, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
 
@@ -66,6 +66,7 @@ class StepTask:
     cache: Path
     after: list[Path] = field(default_factory=list)
     label: str = ""  # tells apart the tasks of a fan-out (one per NPU part)
+    remote: str | None = None  # build.cache as an fsspec URL, fronted by `cache`
 
     @property
     def name(self) -> str:
@@ -111,6 +112,7 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
     def add(step: str, config: dict, inputs: list[Path], outputs=None, targets=None) -> Path:
         outputs = outputs or [plan.build_dir / f"{step}.obir"]
         task = StepTask(plan.recipe, step, config, inputs, outputs, targets or outputs, cache)
+        task.remote = plan.cache_url
         tasks.append(task)
         return outputs[0]
 
@@ -155,6 +157,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
     codegen = plan.steps["codegen"]
     out = plan.build_dir / "codegen"
     suffix = binary_suffix(codegen["target"])
+    remote = plan.cache_url
 
     def parts(copy: Path | None) -> list[tuple[str, Path, Path | None]] | None:
         source = (copy or folder) / connection.name
@@ -173,7 +176,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         if found is None:
             return None
         return [
-            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, label=label)
+            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, [], label, remote)
             for label, s, c in found
             if c is not None
         ]
@@ -186,7 +189,16 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         models = [c or s for _, s, c in found]
         outputs, targets = _pack_outputs(config)
         return [
-            StepTask(plan.recipe, "pack", config, [connection, *models], outputs, targets, cache)
+            StepTask(
+                plan.recipe,
+                "pack",
+                config,
+                [connection, *models],
+                outputs,
+                targets,
+                cache,
+                remote=remote,
+            )
         ]
 
     fan_outs = [FanOut(plan.recipe, "codegen", partition, codegen_tasks)]
@@ -252,7 +264,7 @@ class _Runner:
             start = time.perf_counter()
             step = STEPS[task.step]
             try:
-                cache = StepCache(task.cache)
+                cache = open_cache(task.cache, task.remote)
                 digests = [tree_digest(p) for p in task.inputs]
                 code = step.code(task.config)
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
