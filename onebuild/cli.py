@@ -472,6 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = recipe_command("build", "build recipes (only what changed reruns)", cmd_build)
     p.add_argument("-j", "--jobs", type=_jobs_option, default=1, help="run up to N steps at once")
+    p.add_argument(
+        "--executor",
+        default="local",
+        metavar="local|dask[=ADDRESS]",
+        help="run steps on Dask workers: a local cluster of -j worker processes, or the "
+        "scheduler at ADDRESS (needs onebuild[dask])",
+    )
     recipe_command("status", "what a build would rerun, and why", cmd_status)
     recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)

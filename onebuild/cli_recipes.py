@@ -38,8 +38,15 @@ def cmd_list(args) -> int:
 
 def cmd_build(args) -> int:
     from .engine.dag import build
+    from .engine.dask_executor import DaskExecutor, parse_executor
 
-    results = build(_plans(args), jobs=args.jobs)
+    address, plans = parse_executor(args.executor), _plans(args)
+    executor = None if address is None else DaskExecutor(address, args.jobs)
+    try:
+        results = build(plans, jobs=args.jobs, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
     failed = [r for r in results if r.status == "failed"]
     if args.json:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
@@ -248,6 +249,7 @@ class _Runner:
                 self.register(task)
         self.progress = progress
         self.runtime_errors: list[str] = []
+        self.execute = None  # an executor's run(step name, config, inputs, outputs)
 
     def register(self, task: StepTask) -> None:
         self.tasks[task.name] = task
@@ -274,7 +276,8 @@ class _Runner:
                     result.status = "restored"
                 else:
                     self.progress(f"[{where}] {task.recipe.name}: running")
-                    step.run(task.config, task.inputs, task.outputs)
+                    run = partial(self.execute, task.step) if self.execute else step.run
+                    run(task.config, task.inputs, task.outputs)
                     cache.store(key, task.outputs)
                     result.status = "run"
             except OneBuildError as error:
@@ -440,13 +443,16 @@ def _check_database(db: Path, progress) -> None:
         progress(f"task database {db} was corrupt; moved to {aside.name}, rebuilding state")
 
 
-def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
-    """Build every recipe's steps in one DAG; returns one result per step."""
+def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> list[StepResult]:
+    """Build every recipe's steps in one DAG; returns one result per step. `executor` (with
+    `run` and `slots`, e.g. `DaskExecutor`) runs the steps that must run, `slots` at once."""
     stdout, stderr = sys.stdout, sys.stderr
     progress = progress or (lambda message: print(message, file=stderr, flush=True))
     tasks = [t for plan in plans for t in plan_tasks(plan)]
     _check_outputs(tasks)
     runner = _Runner(tasks, progress)
+    if executor is not None:
+        runner.execute, jobs = executor.run, executor.slots
     db = plans[0].build_dir / DB_NAME
     with ExitStack() as stack:
         for folder, recipe in sorted({p.build_dir: p.recipe for p in plans}.items()):

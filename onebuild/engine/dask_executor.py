@@ -1,0 +1,158 @@
+"""`build --executor dask[=ADDRESS]`: doit decides what is out of date; the steps that must run go
+to Dask workers (`distributed`, the optional extra `dask`).
+
+No shared filesystem is needed: a step's input files travel with the task (tar bytes), the
+worker runs the step in a private temporary folder that mirrors their absolute paths (so the
+step's config, which names the same paths, and files that refer to each other stay valid) and
+sends back its outputs, which the client puts in place atomically. A worker killed mid-step
+leaves nothing behind: the scheduler runs the task again on another worker. Cache restores
+stay on the client (the step cache, local or remote, is consulted before a step is submitted).
+"""
+
+import contextlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..errors import OneBuildError, UserError
+from .step_cache import _replace
+
+INSTALL = "pip install 'onebuild[dask]'"
+
+
+def parse_executor(text: str) -> str | None:
+    """`local` -> None; `dask` -> "" (a LocalCluster); `dask=ADDRESS` -> ADDRESS."""
+    kind, sep, address = text.partition("=")
+    if kind == "local" and not sep:
+        return None
+    if kind != "dask" or (sep and not address):
+        raise UserError(f"--executor '{text}': expected local, dask or dask=SCHEDULER_ADDRESS")
+    return address
+
+
+class DaskExecutor:
+    """Runs steps on a Dask cluster: an existing scheduler at `address`, else a LocalCluster of
+    `workers` single-threaded worker processes on loopback, started when a step must run."""
+
+    def __init__(self, address: str, workers: int):
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise UserError(f"--executor dask needs Dask's distributed: {INSTALL}") from None
+        self.address, self.workers, self.cluster, self.client = address, workers, None, None
+        self._classes, self._lock = (Client, LocalCluster), threading.Lock()
+        self.slots = workers
+        if address:
+            self.slots = max(1, sum(self._connect().nthreads().values()))
+
+    def _connect(self):
+        Client, LocalCluster = self._classes
+        with self._lock:
+            if self.client is not None:
+                return self.client
+            try:
+                if self.address:
+                    self.client = Client(self.address, timeout="20s")
+                else:
+                    self.cluster = LocalCluster(
+                        n_workers=self.workers,
+                        threads_per_worker=1,
+                        processes=True,
+                        host="127.0.0.1",
+                        dashboard_address=None,
+                    )
+                    self.client = Client(self.cluster)
+            except OSError as error:
+                where = f"dask={self.address}" if self.address else "dask"
+                raise UserError(f"--executor {where}: cannot start or reach ({error})") from None
+            return self.client
+
+    def run(self, step: str, config: dict, inputs: list[Path], outputs: list[Path]) -> None:
+        """Run one step on a worker and put its outputs in place."""
+        shipped = {str(p): pack_tree(p) for p in dict.fromkeys(inputs)}
+        key = f"onebuild-{step}-{uuid.uuid4().hex}"
+        future = self._connect().submit(
+            run_step, step, config, shipped, [str(p) for p in outputs], key=key, pure=False
+        )
+        try:
+            results = future.result()
+        finally:
+            future.release()
+        for output, blob in zip(outputs, results):
+            with tempfile.TemporaryDirectory(
+                prefix=f".{output.name}.", dir=_parent(output)
+            ) as staging:
+                unpack_tree(blob, Path(staging) / "x")
+                _replace(Path(staging) / "x", output)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a cluster that lost workers
+            if self.client is not None:
+                self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def _parent(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.parent
+
+
+def run_step(step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]) -> list:
+    """On a worker: the step in a private root that mirrors the client's paths."""
+    from ..tasks import STEPS
+
+    root = Path(tempfile.mkdtemp(prefix="onebuild-step-"))
+    try:
+        for path, blob in inputs.items():
+            unpack_tree(blob, _inside(root, path))
+        local_outputs = [_inside(root, p) for p in outputs]
+        for path in local_outputs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            STEPS[step].run(
+                _relocated(config, root), [_inside(root, p) for p in inputs], local_outputs
+            )
+        except OneBuildError as error:  # name the client's paths, not the worker's
+            raise UserError(str(error).replace(str(root), "")) from None
+        return [pack_tree(p) for p in local_outputs]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _inside(root: Path, path: str | os.PathLike) -> Path:
+    return root / Path(path).relative_to("/")
+
+
+def _relocated(value: Any, root: Path) -> Any:
+    """The config with every absolute path moved under `root`."""
+    if isinstance(value, dict):
+        return {k: _relocated(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, root) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return str(_inside(root, value))
+    return value
+
+
+def pack_tree(path: Path) -> bytes:
+    """A file or folder as tar bytes (member `x`)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(path, "x")
+    return buffer.getvalue()
+
+
+def unpack_tree(blob: bytes, target: Path) -> None:
+    """Write what `pack_tree` packed at `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        with tarfile.open(fileobj=io.BytesIO(blob)) as archive:
+            archive.extractall(staging, filter="data")
+        os.replace(Path(staging) / "x", target)
