@@ -6,6 +6,7 @@ environment variable, as a CI job would (never through the recipe).
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -201,3 +202,15 @@ def test_entry_blob_is_deterministic_and_checked(tmp_path):
     assert blobs[0] == blobs[1] and verified_payload(blobs[0]) is not None
     assert verified_payload(blobs[0][:-1]) is None
     assert verified_payload(b"not an entry") is None
+
+
+def test_unreachable_cache_warns_once_and_builds(server, tmp_path):
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"sftp://127.0.0.1:{sock.getsockname()[1]}/cache"
+    folder = checkout(tmp_path, "a", url)
+    command = [sys.executable, "-m", "onebuild.cli", "build", str(folder / "r.toml"), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=server.env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert {s["status"] for s in json.loads(done.stdout)["steps"]} == {"run"}
+    assert done.stderr.count(f"step cache {url} unreachable") == 1

@@ -9,6 +9,8 @@ the rest, then a deterministic tar of the local entry (outputs `0`, `1`, ... and
   a whole entry or none. Writers of one key write the same bytes: the last rename wins.
 - Integrity: a downloaded entry whose hash does not match its header is deleted (remote and
   local copy) and the step reruns; the local entry's own digests are checked as well.
+- An unreachable cache (server down, permissions) is one warning; the build goes on with the
+  local cache alone.
 - Credentials: only what each filesystem reads from its standard environment and config
   (ssh keys and agent for sftp, AWS variables for s3, `FSSPEC_<PROTOCOL>_<OPTION>` variables);
   a recipe's URL may not carry a password.
@@ -18,6 +20,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -25,8 +28,11 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import OneBuildError, UserError
 from .step_cache import StepCache
+
+log = logging.getLogger("onebuild")
+_UNREACHABLE: set[str] = set()  # cache URLs that failed in this process
 
 HEADER = b"onebuild-cache-v1 "
 SUFFIX = ".entry"
@@ -65,17 +71,36 @@ class RemoteStepCache:
         return f"{self.root.rstrip('/')}/{key[:2]}/{key}{SUFFIX}"
 
     def entry(self, key: str) -> Path | None:
-        return self.local.entry(key) or (self.local.entry(key) if self.pull(key) else None)
+        return self.local.entry(key) or (self.local.entry(key) if self._pull(key) else None)
 
     def restore(self, key: str, outputs: list[Path]) -> bool:
         if self.local.verify(key, len(outputs)):
             return self.local.restore(key, outputs)
-        return self.pull(key) and self.local.restore(key, outputs)
+        return self._pull(key) and self.local.restore(key, outputs)
 
     def store(self, key: str, outputs: list[Path]) -> None:
         self.local.store(key, outputs)
         if self.local.entry(key) is not None:
-            self.publish(key)
+            self._guarded(self.publish, key)
+
+    def _pull(self, key: str) -> bool:
+        return bool(self._guarded(self.pull, key))
+
+    def _guarded(self, action, key: str):
+        """Run a remote action; a failure of the remote side warns once per URL and turns the
+        remote cache off for the rest of the process."""
+        if self.url in _UNREACHABLE:
+            return None
+        try:
+            return action(key)
+        except OneBuildError:
+            raise
+        except Exception as error:  # the filesystem's own errors: OSError, SSHException, ...
+            _UNREACHABLE.add(self.url)
+            log.warning(
+                "step cache %s unreachable (%s); using the local cache only", self.url, error
+            )
+            return None
 
     def publish(self, key: str) -> None:
         """Upload the local entry under a temporary name and rename it into place."""
