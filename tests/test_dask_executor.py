@@ -153,6 +153,19 @@ def test_dask_build_matches_serial_and_second_build_runs_nothing(cluster, serial
     start = time.time()
     assert set(build(recipes, "--executor", f"dask={address}").values()) == {"up-to-date"}
     assert client.run_on_scheduler(steps_run, start) == []
+    # A failing step fails as it does locally: same message, same report left behind.
+    failures = {}
+    for where, executor in (("local", "local"), ("dask", f"dask={address}")):
+        folder = tmp_path / where
+        recipe = project(folder)[0]
+        recipe.write_text(recipe.read_text().replace("[pack]", "min_sqnr_db = 90.0\n[pack]"))
+        command = [sys.executable, "-m", "onebuild.cli", "build", str(recipe)]
+        done = subprocess.run([*command, "--executor", executor], capture_output=True, text=True)
+        report = (folder / "build/a/quantize.accuracy.json").read_bytes()
+        errors = [e for e in done.stderr.splitlines() if e.startswith("onebuild: error:")]
+        failures[where] = (done.returncode, [e.replace(str(folder), "P") for e in errors], report)
+    assert failures["local"][0] == 1 and "accuracy gate failed" in failures["local"][1][0]
+    assert failures["dask"] == failures["local"]
 
 
 def steps_run(start: float, dask_scheduler=None) -> list[str]:

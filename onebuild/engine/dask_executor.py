@@ -74,22 +74,25 @@ class DaskExecutor:
             return self.client
 
     def run(self, step: str, config: dict, inputs: list[Path], outputs: list[Path]) -> None:
-        """Run one step on a worker and put its outputs in place."""
+        """Run one step on a worker and put its outputs in place (those it wrote before
+        failing too, as a local run leaves them: an accuracy report)."""
         shipped = {str(p): pack_tree(p) for p in dict.fromkeys(inputs)}
         key = f"onebuild-{step}-{uuid.uuid4().hex}"
         future = self._connect().submit(
             run_step, step, config, shipped, [str(p) for p in outputs], key=key, pure=False
         )
         try:
-            results = future.result()
+            blobs, error = future.result()
         finally:
             future.release()
-        for output, blob in zip(outputs, results):
-            with tempfile.TemporaryDirectory(
-                prefix=f".{output.name}.", dir=_parent(output)
-            ) as staging:
-                unpack_tree(blob, Path(staging) / "x")
-                _replace(Path(staging) / "x", output)
+        for output, blob in zip(outputs, blobs):
+            if blob is None:
+                continue
+            with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=_parent(output)) as tmp:
+                unpack_tree(blob, Path(tmp) / "x")
+                _replace(Path(tmp) / "x", output)
+        if error is not None:
+            raise UserError(error)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a cluster that lost workers
@@ -104,24 +107,26 @@ def _parent(path: Path) -> Path:
     return path.parent
 
 
-def run_step(step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]) -> list:
-    """On a worker: the step in a private root that mirrors the client's paths."""
+def run_step(
+    step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]
+) -> tuple[list[bytes | None], str | None]:
+    """On a worker: the step in a private root that mirrors the client's paths; returns the
+    outputs it wrote and its error message (naming the client's paths), if it failed."""
     from ..tasks import STEPS
 
     root = Path(tempfile.mkdtemp(prefix="onebuild-step-"))
     try:
         for path, blob in inputs.items():
             unpack_tree(blob, _inside(root, path))
-        local_outputs = [_inside(root, p) for p in outputs]
-        for path in local_outputs:
+        local = [_inside(root, p) for p in outputs]
+        for path in local:
             path.parent.mkdir(parents=True, exist_ok=True)
+        error = None
         try:
-            STEPS[step].run(
-                _relocated(config, root), [_inside(root, p) for p in inputs], local_outputs
-            )
-        except OneBuildError as error:  # name the client's paths, not the worker's
-            raise UserError(str(error).replace(str(root), "")) from None
-        return [pack_tree(p) for p in local_outputs]
+            STEPS[step].run(_relocated(config, root), [_inside(root, p) for p in inputs], local)
+        except OneBuildError as failure:
+            error = str(failure).replace(str(root), "")
+        return [pack_tree(p) if p.exists() else None for p in local], error
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
