@@ -17,10 +17,12 @@ import tarfile
 import tempfile
 import threading
 import uuid
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from ..errors import OneBuildError, UserError
+from ..tasks import STEPS
 from .step_cache import _replace
 
 INSTALL = "pip install 'onebuild[dask]'"
@@ -77,6 +79,11 @@ class DaskExecutor:
         """Run one step on a worker and put its outputs in place (those it wrote before
         failing too, as a local run leaves them: an accuracy report)."""
         shipped = {str(p): pack_tree(p) for p in dict.fromkeys(inputs)}
+        module = import_module(STEPS[step].module)
+        count = module.shards(config, self.slots) if hasattr(module, "run_shard") else 1
+        if count > 1:
+            self._run_sharded(step, module, config, shipped, outputs, count)
+            return
         key = f"onebuild-{step}-{uuid.uuid4().hex}"
         future = self._connect().submit(
             run_step, step, config, shipped, [str(p) for p in outputs], key=key, pure=False
@@ -93,6 +100,33 @@ class DaskExecutor:
                 _replace(Path(tmp) / "x", output)
         if error is not None:
             raise UserError(error)
+
+    def _run_sharded(self, step, module, config, shipped, outputs, count: int) -> None:
+        """A step that splits (calibration): its parts on the workers, merged here."""
+        client, name = self._connect(), uuid.uuid4().hex
+        scattered = client.scatter(list(shipped.values()), hash=False)  # sent once, read by all
+        data = dict(zip(shipped, scattered))
+        futures = [
+            client.submit(
+                run_shard,
+                step,
+                config,
+                data,
+                i,
+                count,
+                key=f"onebuild-{step}-{i}-{name}",
+                pure=False,
+            )
+            for i in range(count)
+        ]
+        try:
+            parts = client.gather(futures)
+        finally:
+            client.cancel(futures)
+        errors = [error for _, error in parts if error is not None]
+        if errors:
+            raise UserError(errors[0])
+        module.merge(config, [part for part, _ in parts], outputs)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a cluster that lost workers
@@ -112,8 +146,6 @@ def run_step(
 ) -> tuple[list[bytes | None], str | None]:
     """On a worker: the step in a private root that mirrors the client's paths; returns the
     outputs it wrote and its error message (naming the client's paths), if it failed."""
-    from ..tasks import STEPS
-
     root = Path(tempfile.mkdtemp(prefix="onebuild-step-"))
     try:
         for path, blob in inputs.items():
@@ -127,6 +159,22 @@ def run_step(
         except OneBuildError as failure:
             error = str(failure).replace(str(root), "")
         return [pack_tree(p) if p.exists() else None for p in local], error
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_shard(step: str, config: dict, inputs: dict[str, bytes], index: int, count: int):
+    """On a worker: part `index` of `count` of a step that splits; (part, error message)."""
+    module = import_module(STEPS[step].module)
+    root = Path(tempfile.mkdtemp(prefix="onebuild-shard-"))
+    try:
+        for path, blob in inputs.items():
+            unpack_tree(blob, _inside(root, path))
+        local = [_inside(root, p) for p in inputs]
+        try:
+            return module.run_shard(_relocated(config, root), local, index, count), None
+        except OneBuildError as failure:
+            return None, str(failure).replace(str(root), "")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -226,8 +226,11 @@ def record(
     method: str = "minmax",
     options: Mapping | None = None,
     progress: Callable[[int], None] | None = None,
+    select: Callable[[int], bool] | None = None,
 ) -> RangeRecorder:
-    """The recorder of one shard of samples (see `calibrate`); shards merge exactly."""
+    """The recorder of one shard of samples (see `calibrate`); shards merge exactly. With
+    `select`, only the interpreter chunks whose running number it accepts are observed (the
+    chunks are the same as in one pass: a file's samples, `CHUNK` at a time)."""
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     options = dict(options or {})
     interpreter = Interpreter(graph)
@@ -238,9 +241,13 @@ def record(
             options["batch"] = 1  # each observed array is already a whole batch
     recorder = RangeRecorder(method, options, channel_axes(graph), finite=True)
     interpreter.observer = recorder.observe
+    number = -1
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)
         for start in range(0, samples, chunk):
+            number += 1
+            if select is not None and not select(number):
+                continue
             part = {v.name: batch[v.name][start : start + chunk] for v in graph.inputs}
             try:
                 with np.errstate(over="ignore", invalid="ignore"):
