@@ -104,18 +104,10 @@ class DaskExecutor:
     def _run_sharded(self, step, module, config, shipped, outputs, count: int) -> None:
         """A step that splits (calibration): its parts on the workers, merged here."""
         client, name = self._connect(), uuid.uuid4().hex
-        scattered = client.scatter(list(shipped.values()), hash=False)  # sent once, read by all
-        data = dict(zip(shipped, scattered))
+        # Inputs travel with each part, not scattered: a killed worker's part can run elsewhere.
         futures = [
             client.submit(
-                run_shard,
-                step,
-                config,
-                data,
-                i,
-                count,
-                key=f"onebuild-{step}-{i}-{name}",
-                pure=False,
+                run_shard, step, config, shipped, i, count, key=f"onebuild-{step}-{i}-{name}"
             )
             for i in range(count)
         ]

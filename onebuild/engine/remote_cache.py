@@ -58,17 +58,21 @@ class RemoteStepCache:
     def __init__(self, local: Path, url: str):
         self.local = StepCache(local)
         self.url = url
-        self._fs = None
+        self._remote = None
+
+    def _connect(self) -> tuple:
+        """(fsspec filesystem, root path), resolved on first use."""
+        if self._remote is None:
+            self._remote = remote_fs(self.url)
+        return self._remote
 
     @property
     def fs(self):
-        if self._fs is None:
-            self._fs, self.root = remote_fs(self.url)
-        return self._fs
+        return self._connect()[0]
 
     def _path(self, key: str) -> str:
-        self.fs  # noqa: B018 (sets self.root)
-        return f"{self.root.rstrip('/')}/{key[:2]}/{key}{SUFFIX}"
+        root = self._connect()[1]
+        return f"{root.rstrip('/')}/{key[:2]}/{key}{SUFFIX}"
 
     def entry(self, key: str) -> Path | None:
         return self.local.entry(key) or (self.local.entry(key) if self._pull(key) else None)
