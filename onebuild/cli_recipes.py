@@ -42,11 +42,13 @@ def cmd_build(args) -> int:
 
     address, plans = parse_executor(args.executor), _plans(args)
     executor = None if address is None else DaskExecutor(address, args.jobs)
+    streams = sys.stdout, sys.stderr
     try:
         results = build(plans, jobs=args.jobs, executor=executor)
     finally:
-        if executor is not None:
+        if executor is not None:  # on Ctrl-C: doit's threads, cut short, may swap the streams
             executor.close()
+            sys.stdout, sys.stderr = streams
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
     failed = [r for r in results if r.status == "failed"]
     if args.json:

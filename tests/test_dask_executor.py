@@ -235,3 +235,33 @@ def test_executor_option_is_checked():
     for bad in ("dask=", "ray", "local=x"):
         with pytest.raises(UserError, match="expected local, dask or dask=SCHEDULER_ADDRESS"):
             parse_executor(bad)
+
+
+def test_ctrl_c_on_a_local_cluster_stops_cleanly_and_the_next_build_completes(serial, tmp_path):
+    """Ctrl-C reaches the whole process group (client and the LocalCluster's workers): one
+    line, exit 130, no worker left behind; the next build completes with identical packages."""
+    import psutil
+
+    recipes = project(tmp_path / "p")
+    command = [sys.executable, "-m", "onebuild.cli", "build", *map(str, recipes)]
+    process = subprocess.Popen(
+        [*command, "--executor", "dask", "-j", "2"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    children, lines = [], []
+    for line in process.stderr:  # the first step run on a worker has finished
+        lines.append(line)
+        if " run in " in line:
+            children = psutil.Process(process.pid).children(recursive=True)
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    rest = process.stderr.read()
+    assert process.wait(120) == 130, "".join(lines) + rest
+    assert rest.strip().splitlines()[-1] == "onebuild: interrupted" and "Traceback" not in rest
+    assert len(children) >= 2  # the workers (and their nannies) ...
+    psutil.wait_procs(children, timeout=30)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    statuses = build(recipes, "--executor", "dask", "-j", "2")
+    assert "run" in statuses.values() and packages(tmp_path / "p") == serial

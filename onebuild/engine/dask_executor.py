@@ -11,8 +11,10 @@ stay on the client (the step cache, local or remote, is consulted before a step 
 
 import contextlib
 import io
+import logging
 import os
 import shutil
+import signal
 import tarfile
 import tempfile
 import threading
@@ -68,6 +70,8 @@ class DaskExecutor:
                         processes=True,
                         host="127.0.0.1",
                         dashboard_address=None,
+                        silence_logs=logging.ERROR,  # a stop's warnings are expected
+                        preload=[__name__],  # dask_setup below
                     )
                     self.client = Client(self.cluster)
             except OSError as error:
@@ -126,6 +130,13 @@ class DaskExecutor:
                 self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+
+
+def dask_setup(worker) -> None:
+    """Preload of the LocalCluster's workers: Ctrl-C reaches the whole process group, but it
+    is the client's to handle (it closes the cluster), so the workers ignore SIGINT."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to change
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _parent(path: Path) -> Path:
