@@ -17,6 +17,7 @@ from .cli_recipes import (
     cmd_clean,
     cmd_dag,
     cmd_list,
+    cmd_report,
     cmd_schema,
     cmd_status,
 )
@@ -258,6 +259,14 @@ def _model_reports(package, reports) -> list[dict]:
 
 def cmd_export(args) -> int:
     model = _load(args)
+    suffix = Path(args.output).suffix.lower()
+    if suffix in (".circle", ".tflite"):
+        from .fileio import atomic_write_bytes
+        from .graph_ir.serde import write_circle
+
+        atomic_write_bytes(args.output, write_circle(model, suffix[1:]))
+        print(f"wrote {args.output} ({suffix[1:]})")
+        return 0
     from .graph_ir.serde.onnx_export import save_onnx
 
     save_onnx(model, args.output)
@@ -431,15 +440,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_verify)
 
-    p = model_command("export", "write a model (any build stage) as ONNX; quantized as QDQ")
-    p.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    p = model_command(
+        "export", "write a model (any build stage) as ONNX (quantized as QDQ), .circle or .tflite"
+    )
+    p.add_argument("-o", "--output", required=True, help="file to write: .onnx, .circle, .tflite")
     p.set_defaults(func=cmd_export)
 
     p = model_command("inspect", "print inputs, outputs, op histogram and parameter count")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
 
-    p = model_command("import", "import an ONNX model (optionally optimized) into an IR file")
+    p = model_command(
+        "import", "import an ONNX, circle or tflite model (optionally optimized) into IR"
+    )
     p.add_argument("-o", "--output", required=True, help="IR file to write")
     p.add_argument(
         "-O",
@@ -485,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", action="store_true", help="Graphviz dot output")
     p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
     p.add_argument("--cache", action="store_true", help="also empty the local step cache")
+    recipe_command("report", "write the HTML build report (report.html)", cmd_report, False)
 
     cache = sub.add_parser("cache", help="manage a step cache")
     cache = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)

@@ -9,6 +9,7 @@ pydantic, doit or onnx.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # the options load without numpy: the recipe schema takes its
     from .graph_ir.quant.config import QuantConfig
 
 OptionsT = TypeVar("OptionsT")
+log = logging.getLogger("onebuild")
 
 
 def options_from(cls: type[OptionsT], config: Mapping[str, Any]) -> OptionsT:
@@ -66,6 +68,7 @@ class QuantizeOptions:
     input_type: str = "float32"
     output_type: str = "float32"
     bias_correction: bool = True
+    weight_rounding: str = "nearest"  # "nearest" | "adaround"
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
     mixed_precision: MixedPrecisionOptions | None = None
 
@@ -169,10 +172,15 @@ def quantize(
 ) -> Model:
     """The quantized model (full: with calibration `stats`; weight-only: without). With
     `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
-    evaluation inputs); the choice is recorded in the model's metadata "mixed_precision"."""
-    from .graph_ir.quant.quantize_graph import quantize_graph
+    evaluation inputs); the choice is recorded in the model's metadata "mixed_precision".
+    `weight_rounding = "adaround"` learns each layer's rounding on `samples` too."""
+    from .graph_ir.quant.from_qdq import graph_is_quantized
+    from .graph_ir.quant.quantize_graph import nearest, quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
 
+    if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
+        log.info("quantize: '%s' is already quantized; its parameters are kept", model.main.name)
+        return model
     settings = options.quant_config()
     if options.mode == "weight_only":
         weight_only_quantize(model.main, settings)
@@ -181,8 +189,14 @@ def quantize(
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
     float_graph = model.main
 
+    rounder = nearest
+    if options.weight_rounding == "adaround":
+        from .graph_ir.quant.adaround import LearnedRounding, input_moments
+
+        rounder = LearnedRounding(input_moments(float_graph, samples))
+
     def build(config: QuantConfig) -> Graph:
-        return quantize_graph(float_graph, ranges, config, means)
+        return quantize_graph(float_graph, ranges, config, means, rounder)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)

@@ -51,6 +51,7 @@ class Plan:
     build_dir: Path
     cache_dir: Path | None
     steps: dict[str, dict[str, Any]]
+    report: bool = False  # [build] report: write report.html at the end of every build
     cache_url: str | None = None  # build.cache as an fsspec URL (then cache_dir is None)
 
 
@@ -289,11 +290,16 @@ def _stored_plan(stored: Path, key: str, path: Path) -> Plan | None:
 
 def _to_json(plan: Plan) -> dict:
     cache = None if plan.cache_dir is None else str(plan.cache_dir)
-    build_dir, url = str(plan.build_dir), plan.cache_url
-    return {"build_dir": build_dir, "cache_dir": cache, "cache_url": url, "steps": plan.steps}
+    return {
+        "build_dir": str(plan.build_dir),
+        "cache_dir": cache,
+        "cache_url": plan.cache_url,
+        "steps": plan.steps,
+        "report": plan.report,
+    }
 
 
 def _from_json(content: dict, path: Path) -> Plan:
     cache, url = content["cache_dir"], content["cache_url"]
-    build_dir, steps = Path(content["build_dir"]), dict(content["steps"])
-    return Plan(path, build_dir, cache and Path(cache), steps, url)
+    steps, report = dict(content["steps"]), bool(content["report"])
+    return Plan(path, Path(content["build_dir"]), cache and Path(cache), steps, report, url)

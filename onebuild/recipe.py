@@ -48,7 +48,7 @@ class _Section(BaseModel):
 class ImportStep(_Section):
     """Read an ONNX model into the IR."""
 
-    source: str = Field(description="ONNX model file, relative to the recipe")
+    source: str = Field(description="ONNX, circle or tflite model file, relative to the recipe")
     input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=MAX_DIM)]]] | None = Field(
         default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
     )
@@ -126,6 +126,11 @@ class QuantizeStep(_Section):
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data",
     )
+    weight_rounding: Literal["nearest", "adaround"] = Field(
+        default=_Q.weight_rounding,
+        description="adaround: learn each weight's rounding direction on real samples "
+        "(the [quantize.accuracy] data, else the calibration data)",
+    )
     layers: list[QuantizeLayer] = Field(default_factory=list)
     mixed_precision: QuantizeMixedPrecision | None = None
     accuracy: QuantizeAccuracy | None = None
@@ -194,6 +199,9 @@ class PackStep(_Section):
 class BuildSection(_Section):
     dir: str | None = Field(default=None, description="artifacts, logs and the task database")
     cache: str | None = Field(default=None, description="shared content-addressed step cache")
+    report: bool = Field(
+        default=False, description="write report.html in the build folder after every build"
+    )
 
 
 class Recipe(_Section):
@@ -298,16 +306,15 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
             "npz file or a folder of npz/npy files); quantize.random_calibration = true "
             "calibrates on random data instead, which costs accuracy"
         )
-    if (
-        quantize
-        and quantize["mixed_precision"]
-        and not (quantize["accuracy"] or quantize["calibration"])
+    for key, wants in (
+        ("mixed_precision", quantize and quantize["mixed_precision"]),
+        ("weight_rounding", quantize and quantize["weight_rounding"] == "adaround"),
     ):
-        raise UserError(
-            f"{path}: quantize.mixed_precision: measuring needs real samples: set "
-            "quantize.calibration or [quantize.accuracy] data (random calibration data does not "
-            "say which layers matter)"
-        )
+        if wants and not (quantize["accuracy"] or quantize["calibration"]):
+            raise UserError(
+                f"{path}: quantize.{key}: this needs real samples: set quantize.calibration or "
+                "[quantize.accuracy] data (random data does not say what matters)"
+            )
     if "partition" in steps:
         _complete_partition(path, steps)
     build = recipe.build or BuildSection()
@@ -316,7 +323,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     cache = Path(build.cache) if build.cache and not url else None
     if url:
         check_url(url, str(path))
-    plan = Plan(path, build_dir, cache, steps, url)
+    plan = Plan(path, build_dir, cache, steps, build.report, url)
     check_output_paths(plan)
     return plan
 

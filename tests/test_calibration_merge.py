@@ -93,16 +93,18 @@ def test_channel_sums_are_correctly_rounded(digits):
     assert count == values.size and sums.tolist() == [math.fsum(values.tolist())]
 
 
-def test_percentile_still_matches_numpy(digits):
-    """The power-of-two histogram range keeps percentiles within a bin of numpy's."""
+def test_histogram_and_percentile_match_numpy(digits):
+    """The power-of-two histogram counts what numpy.histogram counts over its range; the
+    percentile range is numpy's percentiles of the samples' extremes."""
     graph, data = digits
-    stats = calibrate(graph, data, "percentile")
-    values = data["input"].ravel()
-    lo, hi = stats.ranges["input"]
-    limit = 2.0 ** np.ceil(np.log2(np.abs(values).max() * (1 + 1e-12)))
-    width = 2 * limit / 4096
-    assert abs(lo - np.percentile(values, 1)) <= width
-    assert abs(hi - np.percentile(values, 99)) <= width
+    values = data["input"].reshape(len(data["input"]), -1)
+    limit, counts = calibrate(graph, data, "mse").histograms["input"]
+    assert limit == 2.0 ** (np.floor(np.log2(float(np.abs(values).max()))) + 1)  # > the peak
+    expected, _ = np.histogram(values, bins=len(counts), range=(-limit, limit))
+    np.testing.assert_array_equal(counts, expected)
+    lo, hi = calibrate(graph, data, "percentile").ranges["input"]
+    assert lo == np.percentile(values.min(axis=1).astype(np.float64), 1)
+    assert hi == np.percentile(values.max(axis=1).astype(np.float64), 99)
 
 
 def test_moving_average_shards_are_refused(digits):

@@ -4,15 +4,20 @@ import numpy as np
 
 from .ir import Graph, Node
 
-MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul")
+RECURRENT = ("LSTM", "QLSTM", "GRU", "QGRU", "RNN", "QRNN")
+MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul", *RECURRENT)
 
 
 def macs(node: Node) -> int:
-    """Multiply-accumulates of a convolution or matrix product; 0 for any other op."""
+    """Multiply-accumulates of a convolution, matrix product or recurrent layer (its input and
+    recurrent matrix products over every step and direction); 0 for any other op."""
     if node.op not in MATMUL_LIKE:
         return 0
     out = node.outputs[0]
     weight = node.inputs[1]
+    if node.op in RECURRENT:  # Y holds one hidden vector per step, direction and sample
+        rows, columns = weight.shape[1], weight.shape[2] + node.inputs[2].shape[2]
+        return out.size // node.attrs["hidden_size"] * rows * columns
     if node.op in ("Conv", "QConv"):
         return out.size * int(np.prod(weight.shape[1:]))
     if node.op == "ConvTranspose":

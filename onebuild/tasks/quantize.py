@@ -1,8 +1,8 @@
 """The quantize step: IR file (+ calibration statistics for mode "full") -> quantized IR file.
 
-In mode "full" the step also measures: mixed precision searches on evaluation samples (the
-[quantize.accuracy] data, else the calibration data), and without an accuracy gate a few
-calibration samples are compared with the float model, so an unusable model never passes
+In mode "full" the step also reads samples (the [quantize.accuracy] data, else the calibration
+data): mixed precision measures on them, learned weight rounding learns on them, and without an
+accuracy gate a few are compared with the float model, so an unusable model never passes
 silently.
 """
 
@@ -20,10 +20,12 @@ KEYS = (
     "input_type",
     "output_type",
     "bias_correction",
+    "weight_rounding",
     "layers",
     "mixed_precision",
 )
 CHECK_SAMPLES = 8
+ROUNDING_SAMPLES = 32  # learned weight rounding
 MIN_SQNR_DB = 20.0  # below this, an ungated build warns
 WORST_LAYERS = 3
 
@@ -38,7 +40,9 @@ def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
 
 def measured_data(config: dict[str, Any]) -> list[Path]:
     """The samples the step reads (an input of its task), if it measures."""
-    measures = config["mixed_precision"] or config["check_sqnr"]
+    measures = (
+        config["mixed_precision"] or config["check_sqnr"] or config["weight_rounding"] != "nearest"
+    )
     if config["mode"] != "full" or not measures or not config["measure_on"]:
         return []
     return [Path(config["measure_on"])]
@@ -56,6 +60,8 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     samples = []
     if measured_data(config):
         count = options.mixed_precision.samples if options.mixed_precision else CHECK_SAMPLES
+        if options.weight_rounding != "nearest":
+            count = max(count, ROUNDING_SAMPLES)
         specs = [(v.name, v.shape) for v in float_graph.inputs]
         samples = first_samples(config["measure_on"], specs, count)
     stats = load_calibration(inputs[1]) if options.mode == "full" else None

@@ -1,12 +1,15 @@
 """IR operators. Importing this package registers every kernel."""
 
 from . import (  # noqa: F401
+    control,
     conv,
     elementwise,
     indexing,
     normalization,
     pool,
     quantized,
+    quantized_dynamic,
+    quantized_recurrent,
     recurrent,
     reduce,
     resize,

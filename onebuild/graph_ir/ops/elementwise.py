@@ -96,8 +96,13 @@ def greater(attrs, a, b):
     return np.greater(a, b)
 
 
-def _boolean(name: str, fn):
-    @register(name, with_dtype(np.bool_), batch=BROADCASTING, onnx={})
+BOOLEAN = with_dtype(np.bool_)
+
+
+def _elementwise(name: str, fn, infer=broadcast):
+    """The ONNX binary elementwise operator `name`: `fn` of its broadcast operands."""
+
+    @register(name, infer, batch=BROADCASTING, onnx={})
     def kernel(attrs, a, b):
         return fn(a, b)
 
@@ -105,25 +110,14 @@ def _boolean(name: str, fn):
     return kernel
 
 
-_boolean("GreaterOrEqual", np.greater_equal)
-_boolean("LessOrEqual", np.less_equal)
-_boolean("And", np.logical_and)
-_boolean("Or", np.logical_or)
-_boolean("Xor", np.logical_xor)
-
-
-def _bitwise(name: str, fn):
-    @register(name, broadcast, batch=BROADCASTING, onnx={})
-    def kernel(attrs, a, b):
-        return fn(a, b)
-
-    kernel.__name__ = name.lower()
-    return kernel
-
-
-_bitwise("BitwiseAnd", np.bitwise_and)
-_bitwise("BitwiseOr", np.bitwise_or)
-_bitwise("BitwiseXor", np.bitwise_xor)
+_elementwise("GreaterOrEqual", np.greater_equal, BOOLEAN)
+_elementwise("LessOrEqual", np.less_equal, BOOLEAN)
+_elementwise("And", np.logical_and, BOOLEAN)
+_elementwise("Or", np.logical_or, BOOLEAN)
+_elementwise("Xor", np.logical_xor, BOOLEAN)
+_elementwise("BitwiseAnd", np.bitwise_and)
+_elementwise("BitwiseOr", np.bitwise_or)
+_elementwise("BitwiseXor", np.bitwise_xor)
 
 
 def _shift_type(attrs, types):

@@ -49,6 +49,14 @@ def _int_or_ints(lo: int, hi: int) -> Rule:
     return rule
 
 
+def _optional_int(lo: int, hi: int) -> Rule:
+    def rule(f: Fields, v, path: str) -> None:
+        if v is not None:
+            f.integer(v, path, lo, hi)
+
+    return rule
+
+
 def _number(positive: bool = False, finite: bool = True) -> Rule:
     def rule(f: Fields, v, path: str) -> None:
         f.number(v, path, positive, finite)
@@ -91,6 +99,7 @@ RULES: dict[str, Rule] = {
                      "subtract", "antialias", "exclude_outside"], FLAG),
     **dict.fromkeys(["group", "blocksize", "size", "num_groups"], _int(1, MAX_DIM)),
     "p": _int(1, 2),
+    "carried": _int(0, 1 << 16),
     "axis": _axis,
     "axes": _ints(-MAX_RANK, MAX_RANK),
     "perm": _ints(0, MAX_RANK),
@@ -117,11 +126,21 @@ RULES: dict[str, Rule] = {
                      "qmax"], _int(*I32)),
     "x_zero_points": _ints(*I32),
     **dict.fromkeys(["a_rescale", "b_rescale"], _ints(0, (1 << 31) - 1, count=2)),
+    **dict.fromkeys(["x_multiplier", "h_multiplier"], _ints(0, (1 << 31) - 1)),
+    **dict.fromkeys(["x_shift", "h_shift"], _ints(1, 62)),
+    "functions": _ints(0, 2),
+    "cell_shift": _int(0, 15),
+    "gate_clip": _optional_int(0, 32767),
+    "out_rescale": _ints(0, (1 << 31) - 1, count=2),
+    **dict.fromkeys(["h0_rescale", "c0_rescale"], _ints(*I32, count=3)),  # zero point, m, r
 }  # fmt: skip
 
 _OUT = ["dtype", "y_zero_point", "qmin", "qmax"]
 _POOL = ["ceil_mode", "dilations", "kernel_shape", "pads", "strides"]
 _REDUCE = ["axes", "keepdims"]
+_RECURRENT = [*_OUT, "direction", "functions", "gate_clip", "h_multiplier", "h_shift",
+              "hidden_size", "layout", "out_rescale", "x_multiplier", "x_shift",
+              "x_zero_point"]  # fmt: skip
 REQUIRED: dict[str, list[str]] = {
     "ArgMax": [*_REDUCE, "select_last_index"],
     "ArgMin": [*_REDUCE, "select_last_index"],
@@ -139,6 +158,8 @@ REQUIRED: dict[str, list[str]] = {
     "Gather": ["axis"],
     "Gemm": ["alpha", "beta", "transA", "transB"],
     "GroupNormalization": ["epsilon", "num_groups"],
+    "If": ["else_branch", "then_branch"],
+    "Loop": ["body", "carried"],
     "LRN": ["alpha", "beta", "bias", "size"],
     "LogSoftmax": ["axis"],
     "LpNormalization": ["axis", "p"],
@@ -153,6 +174,9 @@ REQUIRED: dict[str, list[str]] = {
               "x_zero_point"],
     "QGemm": [*_OUT, "multiplier", "shift", "x_zero_point"],
     "QMul": [*_OUT, "a_zero_point", "b_zero_point", "multiplier", "shift"],
+    "QLSTM": [*_RECURRENT, "cell_shift", "input_forget"],
+    "QGRU": [*_RECURRENT, "linear_before_reset"],
+    "QRNN": _RECURRENT,
     "QuantizeLinear": ["axis", "dtype", "scale", "zero_point"],
     "ReduceMax": _REDUCE,
     "ReduceMean": _REDUCE,
@@ -170,7 +194,7 @@ REQUIRED: dict[str, list[str]] = {
     "Transpose": ["perm"],
 }  # fmt: skip
 _INTEGER_OUTPUT = {"QuantizeLinear", "Requantize", "QConv", "QGemm", "QAdd", "QMul", "QConcat",
-                   "QAveragePool"}  # fmt: skip
+                   "QAveragePool", "QLSTM", "QGRU", "QRNN"}  # fmt: skip
 
 
 def code_range(dtype: np.dtype) -> tuple[int, int]:
