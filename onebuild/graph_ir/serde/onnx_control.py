@@ -109,9 +109,9 @@ def non_zero(ctx):
     """Indices of the nonzero elements, [rank, count] int64: evaluated from a constant input."""
     value = ctx.input(0)
     if not value.is_const:
-        from .onnx_import import _graph_input_roots
+        from .onnx_context import graph_input_roots
 
-        roots = _graph_input_roots(value)
+        roots = graph_input_roots(value)
         raise DynamicValueError(
             f"{ctx.importer.source}: node '{ctx.name}' (NonZero): its output shape (the number "
             f"of nonzero elements) depends on the value of input(s) {', '.join(roots) or '?'}; "

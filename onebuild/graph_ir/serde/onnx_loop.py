@@ -28,7 +28,7 @@ MAX_ITERATIONS = 1024  # unrolled copies of one Loop's body
 
 def unroll_loop(importer: _GraphImporter, node: onnx.NodeProto) -> None:
     """Import `node` as its body repeated once per iteration."""
-    from .onnx_import import NodeContext
+    from .onnx_context import NodeContext
 
     ctx = NodeContext(importer, node)
     where = f"{importer.source}: node '{ctx.name}' (Loop)"
@@ -130,7 +130,7 @@ def _control_flow(
 
 def unroll_scan(importer: _GraphImporter, node: onnx.NodeProto) -> None:
     """Import `node` as its body repeated once per slice of its scanned inputs."""
-    from .onnx_import import NodeContext
+    from .onnx_context import NodeContext
 
     ctx = NodeContext(importer, node)
     where = f"{importer.source}: node '{ctx.name}' (Scan)"
@@ -195,9 +195,9 @@ def _known(ctx, index: int, what: str, where: str) -> np.ndarray | None:
     if value is None:
         return None
     if not value.is_const:
-        from .onnx_import import _graph_input_roots
+        from .onnx_context import graph_input_roots
 
-        roots = _graph_input_roots(value)
+        roots = graph_input_roots(value)
         raise DynamicValueError(
             f"{where}: its {what} depends on the value of input(s) {', '.join(roots) or '?'}; "
             "Loop is unrolled at import: pin those inputs to constants (recipe: [import] "
@@ -209,9 +209,9 @@ def _known(ctx, index: int, what: str, where: str) -> np.ndarray | None:
 
 def _condition(value: Value, where: str) -> bool:
     if not value.is_const:
-        from .onnx_import import _graph_input_roots
+        from .onnx_context import graph_input_roots
 
-        roots = _graph_input_roots(value)
+        roots = graph_input_roots(value)
         raise DynamicValueError(
             f"{where}: whether it continues depends on the value of input(s) "
             f"{', '.join(roots) or '?'}; Loop is unrolled at import: pin those inputs to "
