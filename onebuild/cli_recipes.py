@@ -103,7 +103,7 @@ def _report(plan, results=None) -> Path:
 
 
 def cmd_report(args) -> int:
-    from .engine.dag import locked
+    from .engine.build_folder import locked
 
     for plan in _plans(args):
         if not plan.build_dir.is_dir():
@@ -175,7 +175,8 @@ def _title(task) -> str:
 
 
 def cmd_clean(args) -> int:
-    from .engine.dag import DB_NAME, StepTask, known_tasks, locked
+    from .engine.build_folder import locked
+    from .engine.dag import DB_NAME, StepTask, known_tasks
     from .engine.ownership import STALE_PLAN_SECONDS, refuse_foreign, remove, sweep
 
     for plan in _plans(args):

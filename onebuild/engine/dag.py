@@ -9,16 +9,12 @@ The task database is doit's sqlite3 backend in the first recipe's build folder: 
 default) corrupts when two processes touch it, sqlite3 locks and stays consistent.
 """
 
-import errno
-import fcntl
 import io
 import json
-import os
-import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -37,10 +33,10 @@ from ..targets import binary_suffix
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
+from .build_folder import check_database, locked, os_error_line, raise_doit_error
 from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
-    claim_build_folder,
     outputs_intact,
     refuse_foreign,
     sweep,
@@ -284,7 +280,7 @@ class _Runner:
                 result.status, result.error = "failed", str(error)
                 return TaskFailed(str(error))
             except OSError as error:
-                result.status, result.error = "failed", _os_error(error, task.outputs[0])
+                result.status, result.error = "failed", os_error_line(error, task.outputs[0])
                 return TaskFailed(result.error)
             except Exception as error:  # a bug: keep the type in the one-line report
                 result.status, result.error = "failed", f"{type(error).__name__}: {error}"
@@ -414,35 +410,6 @@ def _reporter_class(runner: _Runner):
     return Reporter
 
 
-@contextmanager
-def locked(folder: Path, recipe: Path) -> Iterator[None]:
-    """Hold an exclusive lock on a build folder (created or adopted if it is onebuild's); a
-    second build or clean stops with a clear message."""
-    claim_build_folder(folder, str(recipe))
-    with open(folder / ".lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(
-                f"{folder}: another onebuild build is using this build folder; wait for it"
-            ) from None
-        yield
-
-
-def _check_database(db: Path, progress) -> None:
-    """A corrupt task database is moved aside (everything reruns or restores), not fatal."""
-    if not db.exists():
-        return
-    try:
-        with sqlite3.connect(db) as connection:
-            connection.execute("PRAGMA integrity_check").fetchone()
-            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError:
-        aside = db.with_name(f"{db.name}.corrupt-{int(time.time())}")
-        os.replace(db, aside)
-        progress(f"task database {db} was corrupt; moved to {aside.name}, rebuilding state")
-
-
 def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> list[StepResult]:
     """Build every recipe's steps in one DAG; returns one result per step. `executor` (with
     `run` and `slots`, e.g. `DaskExecutor`) runs the steps that must run, `slots` at once."""
@@ -463,7 +430,7 @@ def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> lis
         sweep([p for task in steps for p in task.outputs])
         sweep([p.build_dir / DB_NAME for p in plans])
         sweep([p.build_dir / PLAN_FILE for p in plans], older_than=STALE_PLAN_SECONDS)
-        _check_database(db, progress)
+        check_database(db, progress)
         loader = _Loader(runner, db, _reporter_class(runner))
         args = ["run", "--continue"]
         if jobs > 1:
@@ -476,29 +443,11 @@ def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> lis
             sys.stdout, sys.stderr = stdout, stderr
     if runner.runtime_errors:
         raise OneBuildError("build error: " + " ".join(runner.runtime_errors))
-    _raise_doit_error(doit_errors.getvalue(), db)
+    raise_doit_error(doit_errors.getvalue(), db)
     results = list(runner.results.values())
     if code != 0 and not any(r.status == "failed" for r in results):
         raise OneBuildError(f"build error: doit exited with code {code}")
     return results
-
-
-def _os_error(error: OSError, output: Path) -> str:
-    """A step's I/O failure as one line naming the place: a full disk, permissions, ..."""
-    where = error.filename or output.parent
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{where}: no space left on its device; free space and build again"
-    return f"{where}: {error.strerror or error}"
-
-
-def _raise_doit_error(text: str, db: Path) -> None:
-    """doit's own failures as one line: a full disk is the user's to fix."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return
-    if any(m in text for m in ("database or disk is full", "No space left on device")):
-        raise UserError(f"{db.parent}: no space left on its device; free space and build again")
-    raise OneBuildError(f"build error: {lines[-1]}")
 
 
 def _check_outputs(tasks: list[StepTask | FanOut]) -> None:
