@@ -14,6 +14,7 @@ from . import __version__
 from .cli_device import ODC_QUANTIZE, run_on_device
 from .cli_recipes import (
     cmd_build,
+    cmd_cache_gc,
     cmd_clean,
     cmd_dag,
     cmd_list,
@@ -424,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = recipe_command("build", "build recipes (only what changed reruns)", cmd_build)
     p.add_argument("-j", "--jobs", type=_jobs_option, default=1, help="run up to N steps at once")
+    p.add_argument(
+        "--executor",
+        default="local",
+        metavar="local|dask[=ADDRESS]",
+        help="run steps on Dask workers: a local cluster of -j worker processes, or the "
+        "scheduler at ADDRESS (needs onebuild[dask])",
+    )
     recipe_command("status", "what a build would rerun, and why", cmd_status)
     recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
@@ -431,6 +439,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
     p.add_argument("--cache", action="store_true", help="also empty the local step cache")
     recipe_command("report", "write the HTML build report (report.html)", cmd_report, False)
+
+    cache = sub.add_parser("cache", help="manage a step cache")
+    cache = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    p = cache.add_parser("gc", help="evict least recently used entries down to a size")
+    p.add_argument("cache", help="the cache: a folder or an fsspec URL (build.cache)")
+    p.add_argument("--max-size", required=True, help="size to keep, e.g. 500M or 2G")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_cache_gc)
     return parser
 
 

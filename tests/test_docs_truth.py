@@ -77,12 +77,19 @@ def _commands_block() -> list[str]:
 
 
 def _parser_options() -> dict[str, set[str]]:
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {
-        name: {s for action in p._actions for s in action.option_strings}
-        for name, p in sub.choices.items()
-    }
+    """Options by command, and by "command subcommand" for commands that have subcommands."""
+
+    def commands(parser, prefix: str) -> dict[str, set[str]]:
+        found = {}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    key = f"{prefix} {name}".strip()
+                    found[key] = {s for a in child._actions for s in a.option_strings}
+                    found.update(commands(child, key))
+        return found
+
+    return commands(build_parser(), "")
 
 
 def test_every_command_and_option_in_the_readme_exists():
@@ -90,7 +97,10 @@ def test_every_command_and_option_in_the_readme_exists():
     lines = _commands_block()
     assert len(lines) >= 15
     for line in lines:
-        command = line.split()[1]
+        words = line.split()
+        command = words[1]
+        if len(words) > 2 and f"{command} {words[2]}" in options:
+            command = f"{command} {words[2]}"
         assert command in options, f"README shows 'onebuild {command}', which does not exist"
         code = line.split("#", 1)[0]
         for flag in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", code):

@@ -9,17 +9,14 @@ The task database is doit's sqlite3 backend in the first recipe's build folder: 
 default) corrupts when two processes touch it, sqlite3 locks and stays consistent.
 """
 
-import errno
-import fcntl
 import io
 import json
-import os
-import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
@@ -36,15 +33,15 @@ from ..targets import binary_suffix
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
 from ..tasks import quantize as quantize_step
+from .build_folder import check_database, locked, os_error_line, raise_doit_error
 from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
-    claim_build_folder,
     outputs_intact,
     refuse_foreign,
     sweep,
 )
-from .step_cache import StepCache, fingerprint, step_key, tree_digest
+from .step_cache import fingerprint, open_cache, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
 
@@ -66,6 +63,7 @@ class StepTask:
     cache: Path
     after: list[Path] = field(default_factory=list)
     label: str = ""  # tells apart the tasks of a fan-out (one per NPU part)
+    remote: str | None = None  # build.cache as an fsspec URL, fronted by `cache`
 
     @property
     def name(self) -> str:
@@ -111,6 +109,7 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
     def add(step: str, config: dict, inputs: list[Path], outputs=None, targets=None) -> Path:
         outputs = outputs or [plan.build_dir / f"{step}.obir"]
         task = StepTask(plan.recipe, step, config, inputs, outputs, targets or outputs, cache)
+        task.remote = plan.cache_url
         tasks.append(task)
         return outputs[0]
 
@@ -155,6 +154,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
     codegen = plan.steps["codegen"]
     out = plan.build_dir / "codegen"
     suffix = binary_suffix(codegen["target"])
+    remote = plan.cache_url
 
     def parts(copy: Path | None) -> list[tuple[str, Path, Path | None]] | None:
         source = (copy or folder) / connection.name
@@ -173,7 +173,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         if found is None:
             return None
         return [
-            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, label=label)
+            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, [], label, remote)
             for label, s, c in found
             if c is not None
         ]
@@ -186,7 +186,16 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         models = [c or s for _, s, c in found]
         outputs, targets = _pack_outputs(config)
         return [
-            StepTask(plan.recipe, "pack", config, [connection, *models], outputs, targets, cache)
+            StepTask(
+                plan.recipe,
+                "pack",
+                config,
+                [connection, *models],
+                outputs,
+                targets,
+                cache,
+                remote=remote,
+            )
         ]
 
     fan_outs = [FanOut(plan.recipe, "codegen", partition, codegen_tasks)]
@@ -236,6 +245,7 @@ class _Runner:
                 self.register(task)
         self.progress = progress
         self.runtime_errors: list[str] = []
+        self.execute = None  # an executor's run(step name, config, inputs, outputs)
 
     def register(self, task: StepTask) -> None:
         self.tasks[task.name] = task
@@ -252,7 +262,7 @@ class _Runner:
             start = time.perf_counter()
             step = STEPS[task.step]
             try:
-                cache = StepCache(task.cache)
+                cache = open_cache(task.cache, task.remote)
                 digests = [tree_digest(p) for p in task.inputs]
                 code = step.code(task.config)
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
@@ -262,14 +272,15 @@ class _Runner:
                     result.status = "restored"
                 else:
                     self.progress(f"[{where}] {task.recipe.name}: running")
-                    step.run(task.config, task.inputs, task.outputs)
+                    run = partial(self.execute, task.step) if self.execute else step.run
+                    run(task.config, task.inputs, task.outputs)
                     cache.store(key, task.outputs)
                     result.status = "run"
             except OneBuildError as error:
                 result.status, result.error = "failed", str(error)
                 return TaskFailed(str(error))
             except OSError as error:
-                result.status, result.error = "failed", _os_error(error, task.outputs[0])
+                result.status, result.error = "failed", os_error_line(error, task.outputs[0])
                 return TaskFailed(result.error)
             except Exception as error:  # a bug: keep the type in the one-line report
                 result.status, result.error = "failed", f"{type(error).__name__}: {error}"
@@ -399,42 +410,16 @@ def _reporter_class(runner: _Runner):
     return Reporter
 
 
-@contextmanager
-def locked(folder: Path, recipe: Path) -> Iterator[None]:
-    """Hold an exclusive lock on a build folder (created or adopted if it is onebuild's); a
-    second build or clean stops with a clear message."""
-    claim_build_folder(folder, str(recipe))
-    with open(folder / ".lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(
-                f"{folder}: another onebuild build is using this build folder; wait for it"
-            ) from None
-        yield
-
-
-def _check_database(db: Path, progress) -> None:
-    """A corrupt task database is moved aside (everything reruns or restores), not fatal."""
-    if not db.exists():
-        return
-    try:
-        with sqlite3.connect(db) as connection:
-            connection.execute("PRAGMA integrity_check").fetchone()
-            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError:
-        aside = db.with_name(f"{db.name}.corrupt-{int(time.time())}")
-        os.replace(db, aside)
-        progress(f"task database {db} was corrupt; moved to {aside.name}, rebuilding state")
-
-
-def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
-    """Build every recipe's steps in one DAG; returns one result per step."""
+def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> list[StepResult]:
+    """Build every recipe's steps in one DAG; returns one result per step. `executor` (with
+    `run` and `slots`, e.g. `DaskExecutor`) runs the steps that must run, `slots` at once."""
     stdout, stderr = sys.stdout, sys.stderr
     progress = progress or (lambda message: print(message, file=stderr, flush=True))
     tasks = [t for plan in plans for t in plan_tasks(plan)]
     _check_outputs(tasks)
     runner = _Runner(tasks, progress)
+    if executor is not None:
+        runner.execute, jobs = executor.run, executor.slots
     db = plans[0].build_dir / DB_NAME
     with ExitStack() as stack:
         for folder, recipe in sorted({p.build_dir: p.recipe for p in plans}.items()):
@@ -445,7 +430,7 @@ def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
         sweep([p for task in steps for p in task.outputs])
         sweep([p.build_dir / DB_NAME for p in plans])
         sweep([p.build_dir / PLAN_FILE for p in plans], older_than=STALE_PLAN_SECONDS)
-        _check_database(db, progress)
+        check_database(db, progress)
         loader = _Loader(runner, db, _reporter_class(runner))
         args = ["run", "--continue"]
         if jobs > 1:
@@ -458,29 +443,11 @@ def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
             sys.stdout, sys.stderr = stdout, stderr
     if runner.runtime_errors:
         raise OneBuildError("build error: " + " ".join(runner.runtime_errors))
-    _raise_doit_error(doit_errors.getvalue(), db)
+    raise_doit_error(doit_errors.getvalue(), db)
     results = list(runner.results.values())
     if code != 0 and not any(r.status == "failed" for r in results):
         raise OneBuildError(f"build error: doit exited with code {code}")
     return results
-
-
-def _os_error(error: OSError, output: Path) -> str:
-    """A step's I/O failure as one line naming the place: a full disk, permissions, ..."""
-    where = error.filename or output.parent
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{where}: no space left on its device; free space and build again"
-    return f"{where}: {error.strerror or error}"
-
-
-def _raise_doit_error(text: str, db: Path) -> None:
-    """doit's own failures as one line: a full disk is the user's to fix."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return
-    if any(m in text for m in ("database or disk is full", "No space left on device")):
-        raise UserError(f"{db.parent}: no space left on its device; free space and build again")
-    raise OneBuildError(f"build error: {lines[-1]}")
 
 
 def _check_outputs(tasks: list[StepTask | FanOut]) -> None:

@@ -1,0 +1,60 @@
+"""The build folder's lock and task database, and one-line messages for I/O failures."""
+
+import errno
+import fcntl
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import OneBuildError, UserError
+from .ownership import claim_build_folder
+
+
+@contextmanager
+def locked(folder: Path, recipe: Path) -> Iterator[None]:
+    """Hold an exclusive lock on a build folder (created or adopted if it is onebuild's); a
+    second build or clean stops with a clear message."""
+    claim_build_folder(folder, str(recipe))
+    with open(folder / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"{folder}: another onebuild build is using this build folder; wait for it"
+            ) from None
+        yield
+
+
+def check_database(db: Path, progress) -> None:
+    """A corrupt task database is moved aside (everything reruns or restores), not fatal."""
+    if not db.exists():
+        return
+    try:
+        with sqlite3.connect(db) as connection:
+            connection.execute("PRAGMA integrity_check").fetchone()
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError:
+        aside = db.with_name(f"{db.name}.corrupt-{int(time.time())}")
+        os.replace(db, aside)
+        progress(f"task database {db} was corrupt; moved to {aside.name}, rebuilding state")
+
+
+def os_error_line(error: OSError, output: Path) -> str:
+    """A step's I/O failure as one line naming the place: a full disk, permissions, ..."""
+    where = error.filename or output.parent
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{where}: no space left on its device; free space and build again"
+    return f"{where}: {error.strerror or error}"
+
+
+def raise_doit_error(text: str, db: Path) -> None:
+    """doit's own failures as one line: a full disk is the user's to fix."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return
+    if any(m in text for m in ("database or disk is full", "No space left on device")):
+        raise UserError(f"{db.parent}: no space left on its device; free space and build again")
+    raise OneBuildError(f"build error: {lines[-1]}")
