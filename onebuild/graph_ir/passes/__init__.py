@@ -4,6 +4,7 @@ from .cleanup import eliminate_dead_code, remove_identities
 from .fold import fold_constants
 from .fuse import fold_batchnorm, fuse_activations
 from .manager import PRESETS, Pass, PassRecord, run_passes, run_preset
+from .patterns import fuse_patterns
 
 __all__ = [
     "PRESETS",
@@ -13,6 +14,7 @@ __all__ = [
     "fold_batchnorm",
     "fold_constants",
     "fuse_activations",
+    "fuse_patterns",
     "remove_identities",
     "run_passes",
     "run_preset",

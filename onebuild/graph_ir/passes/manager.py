@@ -11,6 +11,7 @@ from ..verify import verify
 from .cleanup import eliminate_dead_code, remove_identities
 from .fold import fold_constants
 from .fuse import batchnorm_to_conv, fold_batchnorm, fuse_activations
+from .patterns import fuse_patterns
 
 Pass = Callable[[Graph], bool]
 """A pass rewrites a graph in place and returns whether it changed anything."""
@@ -27,6 +28,7 @@ class PassRecord:
 PASSES: dict[str, Pass] = {
     "remove_identities": remove_identities,
     "fold_constants": fold_constants,
+    "fuse_patterns": fuse_patterns,
     "fold_batchnorm": fold_batchnorm,
     "batchnorm_to_conv": batchnorm_to_conv,
     "fuse_activations": fuse_activations,
@@ -38,6 +40,7 @@ PRESETS: dict[str, list[str]] = {
     "O1": [
         "remove_identities",
         "fold_constants",
+        "fuse_patterns",
         "fold_batchnorm",
         "batchnorm_to_conv",
         "fuse_activations",
