@@ -322,3 +322,39 @@ def test_pass_reports_no_change_when_nothing_matches(tmp_path):
     ir = load_model(path)
     (record,) = run_passes(ir, ["fuse_patterns"])
     assert not record.modified
+
+
+def _affine_block(pads):
+    """PP-LCNetV3's learnable affine blocks as paddle2onnx writes them: Conv -> Mul(a) -> Add(b)
+    -> hard-swish -> Mul(c) -> Add(d) -> Conv (scalars a, b, c, d)."""
+    return [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        _const("a", [0.8]),
+        helper.make_node("Mul", ["a", "c1"], ["m1"]),
+        _const("b", [0.3]),
+        helper.make_node("Add", ["m1", "b"], ["h"]),
+        *paddle_hardswish(x="h", y="s", prefix="hs_"),
+        _const("c", [1.3]),
+        helper.make_node("Mul", ["c", "s"], ["m2"]),
+        _const("d", [-0.2]),
+        helper.make_node("Add", ["m2", "d"], ["a2"]),
+        helper.make_node("Conv", ["a2", "w2", "b2"], ["y"], pads=pads),
+    ]
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1]], ids=["1x1", "padded"])
+def test_learnable_affine_blocks_join_the_convs(tmp_path, pads):
+    """Scales fold into the weights on either side; the shift after the activation only into an
+    unpadded Conv (a padded one sees zeros where the shift would have been)."""
+    rng = np.random.default_rng(8)
+    inits = [
+        ("w1", rng.normal(0, 0.3, (6, 8, 3, 3)).astype(np.float32)),
+        ("w2", rng.normal(0, 0.3, (4, 6, 1 + 2 * pads[0], 1 + 2 * pads[0])).astype(np.float32)),
+        ("b2", rng.normal(0, 0.3, 4).astype(np.float32)),
+    ]
+    ops, error, _ = _fused(tmp_path, _affine_block(pads), initializers=inits)
+    expected = {"Conv": 2, "HardSwish": 1}
+    if any(pads):
+        expected |= {"Mul": 1, "Add": 1}  # x * c + d stays before a padded Conv
+    assert ops == expected
+    assert error < 1e-4

@@ -388,6 +388,96 @@ def _fold_bias_add(graph: Graph, node: Node) -> bool:
     return True
 
 
+def _per_channel(value: Value, constant: Value) -> np.ndarray | None:
+    """A constant operand of an elementwise op on `value` ([N, C, ...]) as one number per channel
+    C, or None when it varies along another axis."""
+    rank, shape = len(value.shape), constant.shape
+    aligned = (1,) * (rank - len(shape)) + tuple(shape)
+    if rank < 2 or len(shape) > rank or any(d != 1 for i, d in enumerate(aligned) if i != 1):
+        return None
+    flat = constant.numpy().reshape(-1).astype(np.float64)
+    return np.broadcast_to(flat, (value.shape[1],))
+
+
+def _operands(node: Node) -> tuple[Value, Value] | None:
+    """(the variable operand, the constant one) of a binary node with exactly one constant."""
+    a, b = node.inputs[:2]
+    if a.is_const == b.is_const:
+        return None
+    return (b, a) if a.is_const else (a, b)
+
+
+def _set_constant(graph: Graph, node: Node, index: int, array: np.ndarray, suffix: str) -> Node:
+    """`node` with constant input `index` replaced by `array` (recreated to add a bias slot)."""
+    like = node.inputs[1]
+    value = graph.add_constant(array.astype(like.dtype), f"{like.name}_{suffix}")
+    if index < len(node.inputs):
+        node.set_input(index, value)
+        return node
+    return _replace(graph, [], node, node.op, [*node.inputs, value], node.attrs)
+
+
+def _fold_scale_into_conv(graph: Graph, node: Node) -> bool:
+    """Mul(Conv output, per-channel constant) -> the Conv's weights and bias scaled."""
+    pair = _operands(node)
+    conv = _made_by(pair[0], "Conv") if pair else None
+    if conv is None or not _single(pair[0]) or node.output.shape != pair[0].shape:
+        return False
+    factors = _per_channel(pair[0], pair[1])
+    params = [v for v in conv.inputs[1:3] if v is not None]
+    if factors is None or not all(v.is_const for v in params):
+        return False
+    weights = conv.inputs[1].numpy().astype(np.float64)
+    shape = (-1,) + (1,) * (weights.ndim - 1)
+    _set_constant(graph, conv, 1, weights * factors.reshape(shape), "scaled")
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
+        _set_constant(graph, conv, 2, conv.inputs[2].numpy() * factors, "scaled")
+    replace_node(graph, node, [conv.output])
+    return True
+
+
+def _consumer(node: Node) -> Node | None:
+    """The Conv or Gemm (constant weights, no alpha/beta) reading `node`'s output as its data
+    input and nothing else reading it."""
+    value = node.output
+    if not _single(value):
+        return None
+    user = value.users[0]
+    if user.op not in ("Conv", "Gemm") or user.inputs[0] is not value:
+        return None
+    if user.op == "Gemm" and (user.attrs.get("transA") or user.attrs.get("alpha", 1.0) != 1.0
+                              or user.attrs.get("beta", 1.0) != 1.0):  # fmt: skip
+        return None
+    params = [v for v in user.inputs[1:3] if v is not None]
+    return user if all(v.is_const for v in params) else None
+
+
+def _fold_into_consumer(graph: Graph, node: Node) -> bool:
+    """x * c or x + d (c, d scalars) read only by a Conv/Gemm: c joins its weights; d its bias
+    (sum of each output's weights times d), when the Conv has no padding to see zeros."""
+    pair = _operands(node)
+    number = _scalar(pair[1]) if pair else None
+    user = _consumer(node) if number is not None else None
+    if user is None or node.output.shape != pair[0].shape:
+        return False
+    weights = user.inputs[1].numpy().astype(np.float64)
+    if node.op == "Mul":
+        _set_constant(graph, user, 1, weights * number, "scaled")
+    else:
+        if user.op == "Conv" and any(user.attrs.get("pads", [])):
+            return False
+        axes = tuple(range(1, weights.ndim)) if user.op == "Conv" else (
+            1 if user.attrs.get("transB") else 0)  # fmt: skip
+        shift = number * weights.sum(axis=axes)
+        bias = user.inputs[2] if len(user.inputs) > 2 else None
+        if bias is not None and bias.shape != shift.shape:
+            return False
+        old = bias.numpy().astype(np.float64) if bias is not None else 0.0
+        _set_constant(graph, user, 2, old + shift, "shifted")
+    replace_node(graph, node, [pair[0]])
+    return True
+
+
 def _replace(graph, nodes, last, op, inputs, attrs) -> Node:
     """A new `op` node computing `last`'s output (named after it); `nodes` go when unread."""
     name = last.output.name
@@ -447,5 +537,7 @@ def fuse_patterns(graph: Graph) -> bool:
         elif node.op == "Div":
             modified |= _division_as_product(graph, node)
         elif node.op == "Add":
-            modified |= _fold_bias_add(graph, node)
+            modified |= _fold_bias_add(graph, node) or _fold_into_consumer(graph, node)
+        elif node.op == "Mul":
+            modified |= _fold_scale_into_conv(graph, node) or _fold_into_consumer(graph, node)
     return modified
