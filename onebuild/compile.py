@@ -55,6 +55,7 @@ class QuantizeOptions:
     input_type: str = "float32"
     output_type: str = "float32"
     bias_correction: bool = True
+    equalization: bool = False  # full mode: cross-layer equalization before calibration
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
 
     def quant_config(self) -> QuantConfig:
@@ -114,6 +115,17 @@ def optimize(model: Model, preset: str = DEFAULT_PRESET) -> Model:
     return model
 
 
+def equalize(graph: Graph, options: QuantizeOptions) -> Graph:
+    """Cross-layer equalization of a float graph in place when `options` ask for it (full
+    mode): float outputs are unchanged, so calibration, quantization and the accuracy gate's
+    reference all apply it to the same graph (`quant.equalize`)."""
+    if options.mode == "full" and options.equalization:
+        from .graph_ir.quant.equalize import equalize as rescale
+
+        rescale(graph)
+    return graph
+
+
 def calibrate(
     graph: Graph,
     batches: Iterable,
@@ -136,6 +148,7 @@ def quantize(model: Model, options: QuantizeOptions = QuantizeOptions(), stats=N
     if options.mode == "weight_only":
         weight_only_quantize(model.main, settings)
     else:
+        equalize(model.main, options)
         ranges = stats.ranges_for(options.dtype)
         model.graphs[0] = quantize_graph(model.main, ranges, settings, stats.channel_means())
     verify(model.main)

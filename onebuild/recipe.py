@@ -111,6 +111,11 @@ class QuantizeStep(_Section):
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data",
     )
+    equalization: bool = Field(
+        default=_Q.equalization,
+        description="full mode: cross-layer equalization of Conv/Gemm -> (Relu) -> Conv/Gemm "
+        "chains before calibration (float outputs unchanged)",
+    )
     layers: list[QuantizeLayer] = Field(default_factory=list)
     accuracy: QuantizeAccuracy | None = None
 

@@ -9,7 +9,14 @@ from typing import Any
 
 log = logging.getLogger("onebuild")
 
-KEYS = ("calibration", "method", "random_calibration", "random_samples", "min_samples")
+KEYS = (
+    "calibration",
+    "method",
+    "random_calibration",
+    "random_samples",
+    "min_samples",
+    "equalization",
+)
 METHOD_KEYS = {  # the options each method reads
     "percentile": ("min_percentile", "max_percentile"),
     "moving_average": ("moving_avg_batch", "moving_avg_const"),
@@ -23,13 +30,13 @@ def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    from ..compile import CalibrationOptions, calibrate, options_from
+    from ..compile import CalibrationOptions, QuantizeOptions, calibrate, equalize, options_from
     from ..datasets import iter_batches, random_batch
     from ..graph_ir.serde import load_ir
     from ..graph_ir.serde.calibration_file import save_calibration
     from ..progress import Progress
 
-    graph = load_ir(inputs[0]).main
+    graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
     specs = [(v.name, v.shape) for v in graph.inputs]
     if config["calibration"]:
         batches = iter_batches(config["calibration"], specs)

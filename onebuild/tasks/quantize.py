@@ -6,7 +6,16 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("onebuild")
-KEYS = ("mode", "dtype", "granularity", "input_type", "output_type", "bias_correction", "layers")
+KEYS = (
+    "mode",
+    "dtype",
+    "granularity",
+    "input_type",
+    "output_type",
+    "bias_correction",
+    "equalization",
+    "layers",
+)
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
