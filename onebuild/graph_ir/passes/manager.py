@@ -10,6 +10,7 @@ from ..ir import Graph, Model
 from ..verify import verify
 from .cleanup import eliminate_dead_code, remove_identities
 from .fold import fold_constants
+from .fold_affine import fold_affine
 from .fuse import batchnorm_to_conv, fold_batchnorm, fuse_activations
 from .patterns import fuse_patterns
 
@@ -29,6 +30,7 @@ PASSES: dict[str, Pass] = {
     "remove_identities": remove_identities,
     "fold_constants": fold_constants,
     "fuse_patterns": fuse_patterns,
+    "fold_affine": fold_affine,
     "fold_batchnorm": fold_batchnorm,
     "batchnorm_to_conv": batchnorm_to_conv,
     "fuse_activations": fuse_activations,
@@ -41,6 +43,7 @@ PRESETS: dict[str, list[str]] = {
         "remove_identities",
         "fold_constants",
         "fuse_patterns",
+        "fold_affine",
         "fold_batchnorm",
         "batchnorm_to_conv",
         "fuse_activations",

@@ -12,7 +12,6 @@ by a constant read as a multiplication by its reciprocal):
   x * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2
 - LayerNormalization: (x - mean) / Sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta] over
   trailing axes
-- a Conv or Gemm followed by the addition of a per-channel constant: the constant joins its bias
 - what remains of a division by a constant: a multiplication by its reciprocal
 
 A pattern fuses only when every intermediate value is read inside the pattern alone (and is not
@@ -24,7 +23,7 @@ import math
 import numpy as np
 
 from ..ir import Graph, Node, Value
-from .rewrite import replace_node
+from .rewrite import made_by, replace_with, scalar, single
 
 RTOL = 1e-4  # how closely an exporter's constant must match the pattern's (float32 spellings)
 
@@ -33,37 +32,13 @@ def _near(value: float | None, expected: float) -> bool:
     return value is not None and math.isclose(value, expected, rel_tol=RTOL, abs_tol=1e-7)
 
 
-def _scalar(value: Value | None) -> float | None:
-    """The number held by a one-element floating-point constant."""
-    if value is None or not value.is_const or value.size != 1:
-        return None
-    if not np.issubdtype(value.dtype, np.floating):
-        return None
-    return float(value.numpy().reshape(-1)[0])
-
-
-def _single(value: Value) -> bool:
-    """Whether `value` is read by one node only and is not a graph output."""
-    graph = value.graph
-    return len(value.users) == 1 and (graph is None or value not in graph.outputs)
-
-
-def _made_by(value: Value, ops: str | tuple[str, ...]) -> Node | None:
-    """The node producing `value` when its op is one of `ops` and it carries no fused clip."""
-    node = value.producer
-    ops = (ops,) if isinstance(ops, str) else ops
-    if node is None or node.op not in ops or "clip" in node.attrs or len(node.outputs) != 1:
-        return None
-    return node
-
-
 def _with_constant(node: Node) -> tuple[Value, float] | None:
     """(the other operand, the number) of a binary node with one scalar-constant operand."""
     a, b = node.inputs[:2]
-    if _scalar(b) is not None and _scalar(a) is None:
-        return a, _scalar(b)
-    if _scalar(a) is not None and _scalar(b) is None:
-        return b, _scalar(a)
+    if scalar(b) is not None and scalar(a) is None:
+        return a, scalar(b)
+    if scalar(a) is not None and scalar(b) is None:
+        return b, scalar(a)
     return None
 
 
@@ -95,15 +70,15 @@ class _Match:
 def _product(match: _Match, value: Value, top: bool = False) -> tuple[list[Value], float]:
     """`value` as (non-constant factors, constant factor): Mul nodes and divisions by a constant
     are opened while their result is read once (the anchor itself always)."""
-    number = _scalar(value)
+    number = scalar(value)
     if number is not None:
         return [], number
-    node = _made_by(value, ("Mul", "Div"))
-    if node is None or not (top or _single(value)):
+    node = made_by(value, ("Mul", "Div"))
+    if node is None or not (top or single(value)):
         return [value], 1.0
     a, b = node.inputs[:2]
     if node.op == "Div":
-        divisor = _scalar(b)
+        divisor = scalar(b)
         if not divisor:
             return [value], 1.0
         if not top:
@@ -119,7 +94,7 @@ def _product(match: _Match, value: Value, top: bool = False) -> tuple[list[Value
 
 def _scaled(match: _Match, value: Value) -> tuple[Value, float]:
     """`value` as (x, k) with value = k * x (k = 1 when it is no such product)."""
-    if not _single(value):
+    if not single(value):
         return value, 1.0
     factors, scale = _product(match, value)
     if len(factors) == 1 and factors[0] is not value:
@@ -129,8 +104,8 @@ def _scaled(match: _Match, value: Value) -> tuple[Value, float]:
 
 def _shifted(match: _Match, value: Value) -> tuple[Value, float]:
     """`value` as (x, b) with value = x + b (b = 0 when it is no such sum)."""
-    node = _made_by(value, "Add")
-    pair = _with_constant(node) if node is not None and _single(value) else None
+    node = made_by(value, "Add")
+    pair = _with_constant(node) if node is not None and single(value) else None
     if pair is None:
         return value, 0.0
     match.take(node)
@@ -140,7 +115,7 @@ def _shifted(match: _Match, value: Value) -> tuple[Value, float]:
 def _relu6_of(match: _Match, value: Value) -> tuple[Value, float] | None:
     """(x, b) with value = min(max(x + b, 0), 6), in the Clip, fused-clip and Min/Relu forms."""
     node = value.producer
-    if node is None or not _single(value):
+    if node is None or not single(value):
         return None
     if node.op == "Add" and node.attrs.get("clip") == [0.0, 6.0]:
         pair = _with_constant(node)
@@ -154,8 +129,8 @@ def _relu6_of(match: _Match, value: Value) -> tuple[Value, float] | None:
             clipped = node.inputs[0]
     elif node.op == "Min" and len(node.inputs) == 2 and "clip" not in node.attrs:
         pair = _with_constant(node)
-        relu = _made_by(pair[0], "Relu") if pair and _near(pair[1], 6.0) else None
-        if relu is not None and _single(pair[0]):
+        relu = made_by(pair[0], "Relu") if pair and _near(pair[1], 6.0) else None
+        if relu is not None and single(pair[0]):
             match.take(relu)
             clipped = relu.inputs[0]
     if clipped is None:
@@ -165,13 +140,13 @@ def _relu6_of(match: _Match, value: Value) -> tuple[Value, float] | None:
 
 
 def _scalar_input(node: Node, index: int) -> float | None:
-    return _scalar(node.inputs[index]) if index < len(node.inputs) else None
+    return scalar(node.inputs[index]) if index < len(node.inputs) else None
 
 
 def _unary_of(match: _Match, value: Value, op: str) -> Value | None:
     """The input of the single-reader `op` node producing `value`."""
-    node = _made_by(value, op)
-    if node is None or not _single(value):
+    node = made_by(value, op)
+    if node is None or not single(value):
         return None
     match.take(node)
     return node.inputs[0]
@@ -187,23 +162,23 @@ def _is_cube(match: _Match, factors: list[Value], x: Value) -> bool:
     """Whether the product of `factors` is x^3 (x * x * x, or Pow(x, 3))."""
     if len(factors) == 3:
         return all(f is x for f in factors)
-    node = _made_by(factors[0], "Pow") if len(factors) == 1 else None
-    if node is None or not _single(factors[0]) or node.inputs[0] is not x:
+    node = made_by(factors[0], "Pow") if len(factors) == 1 else None
+    if node is None or not single(factors[0]) or node.inputs[0] is not x:
         return False
     match.take(node)
-    return _near(_scalar(node.inputs[1]), 3.0)
+    return _near(scalar(node.inputs[1]), 3.0)
 
 
 def _gelu_tanh_input(match: _Match, value: Value, x: Value) -> bool:
     """Whether value = sqrt(2/pi) * (x + 0.044715 x^3)."""
     inner, k = _scaled(match, value)
-    node = _made_by(inner, "Add")
-    if node is None or not _near(k, math.sqrt(2 / math.pi)) or not _single(inner):
+    node = made_by(inner, "Add")
+    if node is None or not _near(k, math.sqrt(2 / math.pi)) or not single(inner):
         return False
     match.take(node)
     a, b = node.inputs[:2]
     cubic = b if a is x else a if b is x else None
-    if cubic is None or not _single(cubic):
+    if cubic is None or not single(cubic):
         return False
     factors, c = _product(match, cubic)
     return _near(c, 0.044715) and _is_cube(match, factors, x)
@@ -239,8 +214,8 @@ def _activation_times_x(match: _Match, x: Value, other: Value, scale: float):
         if relu6 is not None and relu6[0] is x and _near(relu6[1], 3.0):
             return "HardSwish", x, {}
     elif _near(scale, 1.0):
-        node = _made_by(other, "HardSigmoid")
-        if node is not None and node.inputs[0] is x and _single(other) and _hard_sigmoid_6(node):
+        node = made_by(other, "HardSigmoid")
+        if node is not None and node.inputs[0] is x and single(other) and _hard_sigmoid_6(node):
             match.take(node)
             return "HardSwish", x, {}
         inner = _unary_of(match, other, "Sigmoid")
@@ -279,7 +254,7 @@ def _hard_sigmoid_clip(graph: Graph, match: _Match):
 
 
 def _reduce_mean(match: _Match, value: Value) -> tuple[Value, tuple[int, ...]] | None:
-    node = _made_by(value, "ReduceMean")
+    node = made_by(value, "ReduceMean")
     if node is None or not node.attrs.get("keepdims", 1):
         return None
     match.take(node)
@@ -289,8 +264,8 @@ def _reduce_mean(match: _Match, value: Value) -> tuple[Value, tuple[int, ...]] |
 def _layer_norm(graph: Graph, match: _Match):
     """(x - mean) / Sqrt(var + eps) over trailing axes, with a following * gamma and + beta."""
     centered, root = match.anchor.inputs[:2]
-    sub = _made_by(centered, "Sub")
-    sqrt = _made_by(root, "Sqrt")
+    sub = made_by(centered, "Sub")
+    sqrt = made_by(root, "Sqrt")
     if sub is None or sqrt is None:
         return None
     match.take(sub)
@@ -301,12 +276,12 @@ def _layer_norm(graph: Graph, match: _Match):
     var = _reduce_mean(match, variance)
     if mean is None or var is None or mean[0] is not x or mean[1] != var[1] or eps <= 0:
         return None
-    square = _made_by(var[0], ("Pow", "Mul"))
+    square = made_by(var[0], ("Pow", "Mul"))
     if square is None or square.inputs[0] is not centered:
         return None
     match.take(square)
     other = square.inputs[1]
-    if not (other is centered if square.op == "Mul" else _near(_scalar(other), 2.0)):
+    if not (other is centered if square.op == "Mul" else _near(scalar(other), 2.0)):
         return None
     rank = len(x.shape)
     axis = rank - len(mean[1])
@@ -318,7 +293,7 @@ def _layer_norm(graph: Graph, match: _Match):
 def _affine_after(value: Value, op: str, shape: tuple[int, ...]) -> Node | None:
     """The single reader of `value` when it is `op` with a constant that broadcasts to `shape`
     (the normalized axes) and no further."""
-    if not _single(value):
+    if not single(value):
         return None
     user = value.users[0]
     if user.op != op or "clip" in user.attrs:
@@ -355,141 +330,7 @@ def _replace_layer_norm(graph: Graph, match: _Match, x: Value, attrs: dict) -> N
     inputs = [x, graph.add_constant(scale, f"{last.output.name}_scale")]
     if bias is not None:
         inputs.append(graph.add_constant(bias, f"{last.output.name}_bias"))
-    _replace(graph, match.nodes, last, "LayerNormalization", inputs, attrs)
-
-
-def _fold_bias_add(graph: Graph, node: Node) -> bool:
-    """Add(Conv/Gemm output, per-channel constant) -> the constant joins the producer's bias."""
-    if sum(v.is_const for v in node.inputs) != 1:
-        return False
-    source, constant = sorted(node.inputs, key=lambda v: v.is_const)
-    producer = _made_by(source, ("Conv", "Gemm"))
-    if producer is None or not _single(source) or node.output.shape != source.shape:
-        return False
-    if producer.op == "Gemm" and producer.attrs.get("beta", 1.0) != 1.0:
-        return False
-    bias = producer.inputs[2] if len(producer.inputs) > 2 else None
-    if not producer.inputs[1].is_const or (bias is not None and not bias.is_const):
-        return False
-    rank, shape = len(source.shape), constant.shape
-    aligned = (1,) * (rank - len(shape)) + tuple(shape)
-    if len(shape) > rank or any(d != 1 for i, d in enumerate(aligned) if i != 1):
-        return False
-    channels = source.shape[1]
-    values = np.broadcast_to(constant.numpy().reshape(-1), (channels,)).astype(np.float64)
-    old = bias.numpy().astype(np.float64) if bias is not None else 0.0
-    new_bias = graph.add_constant((old + values).astype(source.dtype), f"{producer.name}_bias")
-    if len(producer.inputs) > 2:
-        producer.set_input(2, new_bias)
-    else:
-        inputs = [*producer.inputs, new_bias]
-        producer = _replace(graph, [], producer, producer.op, inputs, producer.attrs)
-    replace_node(graph, node, [producer.output])
-    return True
-
-
-def _per_channel(value: Value, constant: Value) -> np.ndarray | None:
-    """A constant operand of an elementwise op on `value` ([N, C, ...]) as one number per channel
-    C, or None when it varies along another axis."""
-    rank, shape = len(value.shape), constant.shape
-    aligned = (1,) * (rank - len(shape)) + tuple(shape)
-    if rank < 2 or len(shape) > rank or any(d != 1 for i, d in enumerate(aligned) if i != 1):
-        return None
-    flat = constant.numpy().reshape(-1).astype(np.float64)
-    return np.broadcast_to(flat, (value.shape[1],))
-
-
-def _operands(node: Node) -> tuple[Value, Value] | None:
-    """(the variable operand, the constant one) of a binary node with exactly one constant."""
-    a, b = node.inputs[:2]
-    if a.is_const == b.is_const:
-        return None
-    return (b, a) if a.is_const else (a, b)
-
-
-def _set_constant(graph: Graph, node: Node, index: int, array: np.ndarray, suffix: str) -> Node:
-    """`node` with constant input `index` replaced by `array` (recreated to add a bias slot)."""
-    like = node.inputs[1]
-    value = graph.add_constant(array.astype(like.dtype), f"{like.name}_{suffix}")
-    if index < len(node.inputs):
-        node.set_input(index, value)
-        return node
-    return _replace(graph, [], node, node.op, [*node.inputs, value], node.attrs)
-
-
-def _fold_scale_into_conv(graph: Graph, node: Node) -> bool:
-    """Mul(Conv output, per-channel constant) -> the Conv's weights and bias scaled."""
-    pair = _operands(node)
-    conv = _made_by(pair[0], "Conv") if pair else None
-    if conv is None or not _single(pair[0]) or node.output.shape != pair[0].shape:
-        return False
-    factors = _per_channel(pair[0], pair[1])
-    params = [v for v in conv.inputs[1:3] if v is not None]
-    if factors is None or not all(v.is_const for v in params):
-        return False
-    weights = conv.inputs[1].numpy().astype(np.float64)
-    shape = (-1,) + (1,) * (weights.ndim - 1)
-    _set_constant(graph, conv, 1, weights * factors.reshape(shape), "scaled")
-    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
-        _set_constant(graph, conv, 2, conv.inputs[2].numpy() * factors, "scaled")
-    replace_node(graph, node, [conv.output])
-    return True
-
-
-def _consumer(node: Node) -> Node | None:
-    """The Conv or Gemm (constant weights, no alpha/beta) reading `node`'s output as its data
-    input and nothing else reading it."""
-    value = node.output
-    if not _single(value):
-        return None
-    user = value.users[0]
-    if user.op not in ("Conv", "Gemm") or user.inputs[0] is not value:
-        return None
-    if user.op == "Gemm" and (user.attrs.get("transA") or user.attrs.get("alpha", 1.0) != 1.0
-                              or user.attrs.get("beta", 1.0) != 1.0):  # fmt: skip
-        return None
-    params = [v for v in user.inputs[1:3] if v is not None]
-    return user if all(v.is_const for v in params) else None
-
-
-def _fold_into_consumer(graph: Graph, node: Node) -> bool:
-    """x * c or x + d (c, d scalars) read only by a Conv/Gemm: c joins its weights; d its bias
-    (sum of each output's weights times d), when the Conv has no padding to see zeros."""
-    pair = _operands(node)
-    number = _scalar(pair[1]) if pair else None
-    user = _consumer(node) if number is not None else None
-    if user is None or node.output.shape != pair[0].shape:
-        return False
-    weights = user.inputs[1].numpy().astype(np.float64)
-    if node.op == "Mul":
-        _set_constant(graph, user, 1, weights * number, "scaled")
-    else:
-        if user.op == "Conv" and any(user.attrs.get("pads", [])):
-            return False
-        axes = tuple(range(1, weights.ndim)) if user.op == "Conv" else (
-            1 if user.attrs.get("transB") else 0)  # fmt: skip
-        shift = number * weights.sum(axis=axes)
-        bias = user.inputs[2] if len(user.inputs) > 2 else None
-        if bias is not None and bias.shape != shift.shape:
-            return False
-        old = bias.numpy().astype(np.float64) if bias is not None else 0.0
-        _set_constant(graph, user, 2, old + shift, "shifted")
-    replace_node(graph, node, [pair[0]])
-    return True
-
-
-def _replace(graph, nodes, last, op, inputs, attrs) -> Node:
-    """A new `op` node computing `last`'s output (named after it); `nodes` go when unread."""
-    name = last.output.name
-    fused = graph.make_node(op, inputs, attrs, name=name, before=last)
-    replace_node(graph, last, [fused.output])
-    position = {id(n): i for i, n in enumerate(graph.nodes)}
-    for node in sorted(nodes, key=lambda n: -position.get(id(n), -1)):
-        if node.graph is not None and not any(v.uses for v in node.outputs):
-            graph.remove(node)
-    if fused.output.name != name and fused.output not in graph.outputs:
-        graph.rename(fused.output, name)
-    return fused
+    replace_with(graph, match.nodes, last, "LayerNormalization", inputs, attrs)
 
 
 def _division_as_product(graph: Graph, node: Node) -> bool:
@@ -501,7 +342,7 @@ def _division_as_product(graph: Graph, node: Node) -> bool:
     if not np.all(np.isfinite(values)) or np.any(values == 0):
         return False
     reciprocal = graph.add_constant((1.0 / values).astype(values.dtype), f"{divisor.name}_inv")
-    _replace(graph, [node], node, "Mul", [node.inputs[0], reciprocal], {})
+    replace_with(graph, [node], node, "Mul", [node.inputs[0], reciprocal], {})
     return True
 
 
@@ -532,12 +373,8 @@ def fuse_patterns(graph: Graph) -> bool:
             if op == "LayerNormalization":
                 _replace_layer_norm(graph, match, x, attrs)
             else:
-                _replace(graph, match.nodes, node, op, [x], attrs)
+                replace_with(graph, match.nodes, node, op, [x], attrs)
             modified = True
         elif node.op == "Div":
             modified |= _division_as_product(graph, node)
-        elif node.op == "Add":
-            modified |= _fold_bias_add(graph, node) or _fold_into_consumer(graph, node)
-        elif node.op == "Mul":
-            modified |= _fold_scale_into_conv(graph, node) or _fold_into_consumer(graph, node)
     return modified
