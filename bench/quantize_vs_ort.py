@@ -2,12 +2,14 @@
 
 Both quantizers get the same float ONNX file, the same calibration samples and the same settings:
 uint8 asymmetric activations, int8 symmetric per-channel weights, MinMax calibration; onnxruntime
-writes QDQ. onebuild runs with its defaults otherwise (bias correction on; `onebuild_plain` is
-without it). Accuracy is the SQNR (dB) of each quantized model's logits against the float model on
-the same evaluation samples (onebuild's integer reference interpreter; onnxruntime running its own
-QDQ model). Time is file in -> quantized model out: onebuild import + O1 + calibration +
-quantization + IR file write; onnxruntime quantize_static (which loads, calibrates and writes).
-`onebuild_mse` is onebuild with its search-based calibration (`method = "mse"`) instead of MinMax.
+writes QDQ. onebuild's variants (`VARIANTS`): `onebuild_plain` is like for like (no bias
+correction), `onebuild` its defaults (bias correction), `_mse` the search-based calibration
+(`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`); all
+run O1 (pattern fusion included); `best` names the best variant. Accuracy is the SQNR (dB) of
+each quantized model's logits against the float model on the same evaluation samples (onebuild's
+integer reference interpreter; onnxruntime running its own QDQ model). Time is file in ->
+quantized model out: onebuild import + O1 (+ equalization) + calibration + quantization + IR
+file write; onnxruntime quantize_static (which loads, calibrates and writes).
 
 Models: real trained models from PyPI wheels fed real images (`real_models.py`: a PicoDet
 layout detector, PP-OCR's text-direction classifier, text detector and text recognizer), the
@@ -36,11 +38,11 @@ from onnxruntime.quantization import (
 )
 from real_models import MODELS, fetch, samples
 
+from onebuild.compile import QuantizeOptions, equalize
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
-from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_onnx, save_ir
 from onebuild.graph_ir.serde.model_zoo import light_model
@@ -72,31 +74,44 @@ def _run(graph, x: str, names: list[str], evaluation: np.ndarray) -> list[list[n
     return [[out[n] for n in names] for out in (interpreter.run({x: s}) for s in evaluation)]
 
 
-def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every: bool = False):
-    """Both quantizers on one model; `every`: measure all outputs, else the last (the logits)."""
+VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
+    "onebuild_plain": {"bias_correction": False},  # like for like with onnxruntime
+    "onebuild": {},  # defaults: bias correction
+    "onebuild_mse": {"method": "mse"},
+    "onebuild_cle": {"equalization": True},
+    "onebuild_cle_mse": {"equalization": True, "method": "mse"},
+}
+
+
+def _onebuild(path: Path, shapes, calib, work: Path, method="minmax", **options):
+    """File in -> quantized IR file out (import, O1, [equalization], calibration, quantization,
+    write): (float graph, quantized graph, seconds)."""
     start = time.perf_counter()
     model = load_onnx(path, shapes)
     run_preset(model)
     graph = model.main
-    x = graph.inputs[0].name
-    names = [v.name for v in graph.outputs] if every else [graph.outputs[-1].name]
-    stats = calibrate(graph, {x: calib})
-    quantized = quantize_graph(graph, stats.ranges, None, stats.channel_means())
-    model.graphs[0] = quantized
-    save_ir(model, work / f"{name}.obir")
-    onebuild_seconds = time.perf_counter() - start
-
-    reference = _run(graph, x, names, evaluation)
-    plain = quantize_graph(graph, stats.ranges, QuantConfig(bias_correction=False))
-    searched_stats = calibrate(graph, {x: calib}, "mse")
-    searched = quantize_graph(
-        graph, searched_stats.ranges_for("uint8"), None, searched_stats.channel_means()
+    settings = QuantizeOptions(**options)
+    equalize(graph, settings)
+    stats = calibrate(graph, {graph.inputs[0].name: calib}, method)
+    quantized = quantize_graph(
+        graph, stats.ranges_for("uint8"), settings.quant_config(), stats.channel_means()
     )
-    sqnr = {
-        "onebuild": _sqnr(reference, _run(quantized, x, names, evaluation)),
-        "onebuild_plain": _sqnr(reference, _run(plain, x, names, evaluation)),
-        "onebuild_mse": _sqnr(reference, _run(searched, x, names, evaluation)),
-    }
+    model.graphs[0] = quantized
+    save_ir(model, work / f"{path.stem}.obir")
+    return graph, quantized, time.perf_counter() - start
+
+
+def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every: bool = False):
+    """Both quantizers on one model; `every`: measure all outputs, else the last (the logits)."""
+    sqnr, seconds, reference = {}, {}, None
+    for key, options in VARIANTS.items():
+        graph, quantized, spent = _onebuild(path, shapes, calib, work, **options)
+        x = graph.inputs[0].name
+        names = [v.name for v in graph.outputs] if every else [graph.outputs[-1].name]
+        if reference is None:
+            reference = _run(graph, x, names, evaluation)
+        sqnr[key] = _sqnr(reference, _run(quantized, x, names, evaluation))
+        seconds[key] = round(spent, 3)
 
     start = time.perf_counter()
     quantize_static(
@@ -118,13 +133,17 @@ def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every:
     index = [[o.name for o in session.get_outputs()].index(n) for n in names]
     theirs = [[outs[i] for i in index] for outs in (session.run(None, {x: s}) for s in evaluation)]
     sqnr["onnxruntime"] = _sqnr(reference, theirs)
+    best = max((k for k in VARIANTS), key=lambda k: sqnr[k])
+    seconds["onnxruntime"] = round(ort_seconds, 3)
     return {
         "model": name,
         "calibration_samples": len(calib),
         "evaluation_samples": len(evaluation),
         "sqnr_db": sqnr,
-        "seconds": {"onebuild": round(onebuild_seconds, 3), "onnxruntime": round(ort_seconds, 3)},
-        "time_ratio": round(onebuild_seconds / ort_seconds, 3),
+        "best": best,
+        "seconds": seconds,
+        "time_ratio": round(seconds["onebuild"] / ort_seconds, 3),
+        "time_ratio_cle": round(seconds["onebuild_cle"] / ort_seconds, 3),
     }
 
 
