@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .cli_recipes import cmd_build, cmd_clean, cmd_dag, cmd_list, cmd_schema, cmd_status
+from .cli_recipes import (
+    cmd_build,
+    cmd_clean,
+    cmd_dag,
+    cmd_list,
+    cmd_report,
+    cmd_schema,
+    cmd_status,
+)
 from .errors import OneBuildError, UserError
 from .plan import MAX_DIM
 from .runtime.odc import PREFS
@@ -470,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", action="store_true", help="Graphviz dot output")
     p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
     p.add_argument("--cache", action="store_true", help="also empty the local step cache")
+    recipe_command("report", "write the HTML build report (report.html)", cmd_report, False)
     return parser
 
 

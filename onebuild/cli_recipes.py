@@ -1,5 +1,5 @@
-"""The recipe commands of the CLI: build, status, dag, clean, list, schema (printing, exit
-codes); `onebuild.cli` parses the arguments and dispatches here."""
+"""The recipe commands of the CLI: build, status, dag, clean, list, schema, report (printing,
+exit codes); `onebuild.cli` parses the arguments and dispatches here."""
 
 import json
 import shutil
@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .errors import UserError
 from .plan import PLAN_FILE, load_plan
 
 
@@ -39,7 +40,13 @@ def cmd_list(args) -> int:
 def cmd_build(args) -> int:
     from .engine.dag import build
 
-    results = build(_plans(args), jobs=args.jobs)
+    plans = _plans(args)
+    if any(plan.report for plan in plans):
+        from .report.figure import pyplot
+
+        pyplot()  # a missing matplotlib is said before the build, not after it
+    results = build(plans, jobs=args.jobs)
+    reports = [str(_report(plan, results)) for plan in plans if plan.report]
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
     failed = [r for r in results if r.status == "failed"]
     if args.json:
@@ -55,7 +62,12 @@ def cmd_build(args) -> int:
             }
             for r in results
         ]
-        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
+        document = {
+            "steps": steps,
+            "packages": packages,
+            **({"reports": reports} if reports else {}),
+        }
+        print(json.dumps(document, indent=2, sort_keys=True))
     else:
         counts = Counter(r.status for r in results)
         summary = f"{counts['run']} step(s) run, {counts['up-to-date']} up to date"
@@ -66,12 +78,31 @@ def cmd_build(args) -> int:
         print(summary)
         for package in packages:
             print(f"package: {package}")
+        for report in reports:
+            print(f"report: {report}")
     for result in failed:
         if not result.blocked:
             print(
                 f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr
             )
     return 1 if failed else 0
+
+
+def _report(plan, results=None) -> Path:
+    from .report import write_report  # matplotlib
+
+    return write_report(plan, results)
+
+
+def cmd_report(args) -> int:
+    from .engine.dag import locked
+
+    for plan in _plans(args):
+        if not plan.build_dir.is_dir():
+            raise UserError(f"{plan.recipe}: not built yet; run 'onebuild build {plan.recipe}'")
+        with locked(plan.build_dir, plan.recipe):  # not while a build changes what it reads
+            print(_report(plan))
+    return 0
 
 
 def _plans(args):

@@ -9,7 +9,8 @@ pydantic, doit or onnx.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # the options load without numpy: the recipe schema takes its
     from .graph_ir.quant.config import QuantConfig
 
 OptionsT = TypeVar("OptionsT")
+log = logging.getLogger("onebuild")
 
 
 def options_from(cls: type[OptionsT], config: Mapping[str, Any]) -> OptionsT:
@@ -48,6 +50,17 @@ class CalibrationOptions:
 
 
 @dataclass(frozen=True)
+class MixedPrecisionOptions:
+    """Promote the fewest MACs to `dtype` until every output reaches `target_sqnr_db` on
+    `samples` evaluation samples (see `graph_ir.quant.mixed_precision`)."""
+
+    target_sqnr_db: float = 30.0
+    dtype: str = "int16"  # "int16" | "float32"
+    max_high_precision_mac_fraction: float | None = None
+    samples: int = 16
+
+
+@dataclass(frozen=True)
 class QuantizeOptions:
     mode: str = "full"  # "full" | "weight_only"
     dtype: str = "uint8"
@@ -56,7 +69,14 @@ class QuantizeOptions:
     output_type: str = "float32"
     bias_correction: bool = True
     equalization: bool = False  # full mode: cross-layer equalization before calibration
+    weight_rounding: str = "nearest"  # "nearest" | "adaround"
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
+    mixed_precision: MixedPrecisionOptions | None = None
+
+    def __post_init__(self):
+        if isinstance(self.mixed_precision, Mapping):  # from a step config
+            settings = options_from(MixedPrecisionOptions, self.mixed_precision)
+            object.__setattr__(self, "mixed_precision", settings)
 
     def quant_config(self) -> QuantConfig:
         from .graph_ir.quant.config import LayerOverride, QuantConfig
@@ -139,18 +159,53 @@ def calibrate(
     return observe(graph, batches, method, observer, options.min_samples, progress)
 
 
-def quantize(model: Model, options: QuantizeOptions = QuantizeOptions(), stats=None) -> Model:
-    """The quantized model (full: with calibration `stats`; weight-only: without)."""
-    from .graph_ir.quant.quantize_graph import quantize_graph
+def quantize(
+    model: Model,
+    options: QuantizeOptions = QuantizeOptions(),
+    stats=None,
+    samples: Sequence[Mapping[str, Any]] = (),
+) -> Model:
+    """The quantized model (full: with calibration `stats`; weight-only: without). With
+    `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
+    evaluation inputs); the choice is recorded in the model's metadata "mixed_precision".
+    `weight_rounding = "adaround"` learns each layer's rounding on `samples` too."""
+    from .graph_ir.quant.from_qdq import graph_is_quantized
+    from .graph_ir.quant.quantize_graph import nearest, quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
 
+    if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
+        log.info("quantize: '%s' is already quantized; its parameters are kept", model.main.name)
+        return model
     settings = options.quant_config()
     if options.mode == "weight_only":
         weight_only_quantize(model.main, settings)
+        verify(model.main)
+        return model
+    ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
+    float_graph = equalize(model.main, options)
+
+    rounder = nearest
+    if options.weight_rounding == "adaround":
+        from .graph_ir.quant.adaround import LearnedRounding, input_moments
+
+        rounder = LearnedRounding(input_moments(float_graph, samples))
+
+    def build(config: QuantConfig) -> Graph:
+        return quantize_graph(float_graph, ranges, config, means, rounder)
+
+    if options.mixed_precision is None:
+        model.graphs[0] = build(settings)
     else:
-        equalize(model.main, options)
-        ranges = stats.ranges_for(options.dtype)
-        model.graphs[0] = quantize_graph(model.main, ranges, settings, stats.channel_means())
+        from .gates import json_safe
+        from .graph_ir.quant.mixed_precision import MixedPrecisionTarget, search
+
+        mixed = options.mixed_precision
+        target = MixedPrecisionTarget(
+            mixed.target_sqnr_db, mixed.dtype, mixed.max_high_precision_mac_fraction
+        )
+        result = search(float_graph, build, settings, samples, target)
+        model.graphs[0] = result.graph
+        model.metadata["mixed_precision"] = json.dumps(json_safe(result.record), sort_keys=True)
     verify(model.main)
     return model
 

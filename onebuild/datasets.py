@@ -102,3 +102,18 @@ def random_batch(
     return "random data", {
         name: rng.random((samples, *shape), dtype=np.float32) for name, shape in inputs
     }
+
+
+def first_samples(
+    path: str | os.PathLike, inputs: Sequence[tuple[str, tuple[int, ...]]], count: int
+) -> list[Batch]:
+    """The first `count` samples of the data at `path` (fewer if it holds fewer), as batches."""
+    batches, taken = [], 0
+    for _, batch in iter_batches(path, inputs):
+        if taken >= count:
+            break
+        size = len(next(iter(batch.values())))
+        keep = min(size, count - taken)
+        batches.append({name: array[:keep] for name, array in batch.items()})
+        taken += keep
+    return batches

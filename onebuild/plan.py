@@ -50,6 +50,7 @@ class Plan:
     build_dir: Path
     cache_dir: Path | None
     steps: dict[str, dict[str, Any]]
+    report: bool = False  # [build] report: write report.html at the end of every build
 
 
 def absolute(path: str | os.PathLike) -> Path:
@@ -270,9 +271,15 @@ def _stored_plan(stored: Path, key: str, path: Path) -> Plan | None:
 
 def _to_json(plan: Plan) -> dict:
     cache = None if plan.cache_dir is None else str(plan.cache_dir)
-    return {"build_dir": str(plan.build_dir), "cache_dir": cache, "steps": plan.steps}
+    return {
+        "build_dir": str(plan.build_dir),
+        "cache_dir": cache,
+        "steps": plan.steps,
+        "report": plan.report,
+    }
 
 
 def _from_json(content: dict, path: Path) -> Plan:
     cache = content["cache_dir"]
-    return Plan(path, Path(content["build_dir"]), cache and Path(cache), dict(content["steps"]))
+    steps, report = dict(content["steps"]), bool(content["report"])
+    return Plan(path, Path(content["build_dir"]), cache and Path(cache), steps, report)

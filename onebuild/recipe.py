@@ -24,6 +24,7 @@ from pydantic import (
 from .compile import DEFAULT_PRESET
 from .compile import CalibrationOptions as _C
 from .compile import CodegenOptions as _G
+from .compile import MixedPrecisionOptions as _M
 from .compile import PartitionOptions as _P
 from .compile import QuantizeOptions as _Q
 from .errors import UserError
@@ -85,6 +86,18 @@ class QuantizeAccuracy(_Section):
     )
 
 
+class QuantizeMixedPrecision(_Section):
+    """Promote the fewest MACs to a higher-precision type until the outputs reach an SQNR
+    (measured on the [quantize.accuracy] data, else on the calibration data)."""
+
+    target_sqnr_db: float = Field(description="every output's SQNR must reach this")
+    dtype: Literal["int16", "float32"] = _M.dtype
+    max_high_precision_mac_fraction: float | None = Field(
+        default=_M.max_high_precision_mac_fraction, ge=0, le=1
+    )
+    samples: int = Field(default=_M.samples, ge=1, le=4096, description="samples measured")
+
+
 class QuantizeStep(_Section):
     """Weight-only or full quantization with calibration data."""
 
@@ -116,7 +129,13 @@ class QuantizeStep(_Section):
         description="full mode: cross-layer equalization of Conv/Gemm -> (Relu) -> Conv/Gemm "
         "chains before calibration (float outputs unchanged)",
     )
+    weight_rounding: Literal["nearest", "adaround"] = Field(
+        default=_Q.weight_rounding,
+        description="adaround: learn each weight's rounding direction on real samples "
+        "(the [quantize.accuracy] data, else the calibration data)",
+    )
     layers: list[QuantizeLayer] = Field(default_factory=list)
+    mixed_precision: QuantizeMixedPrecision | None = None
     accuracy: QuantizeAccuracy | None = None
 
     @model_validator(mode="after")
@@ -125,6 +144,10 @@ class QuantizeStep(_Section):
             raise ValueError("weight_only quantization stores int8 or int16 weights, not uint8")
         if self.min_percentile >= self.max_percentile:
             raise ValueError("min_percentile must be below max_percentile")
+        if self.mixed_precision and self.mode != "full":
+            raise ValueError('mixed_precision needs mode = "full"')
+        if self.mixed_precision and self.mixed_precision.dtype == self.dtype:
+            raise ValueError(f"mixed_precision.dtype must differ from dtype ({self.dtype})")
         return self
 
 
@@ -179,6 +202,9 @@ class PackStep(_Section):
 class BuildSection(_Section):
     dir: str | None = Field(default=None, description="artifacts, logs and the task database")
     cache: str | None = Field(default=None, description="shared content-addressed step cache")
+    report: bool = Field(
+        default=False, description="write report.html in the build folder after every build"
+    )
 
 
 class Recipe(_Section):
@@ -283,12 +309,21 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
             "npz file or a folder of npz/npy files); quantize.random_calibration = true "
             "calibrates on random data instead, which costs accuracy"
         )
+    for key, wants in (
+        ("mixed_precision", quantize and quantize["mixed_precision"]),
+        ("weight_rounding", quantize and quantize["weight_rounding"] == "adaround"),
+    ):
+        if wants and not (quantize["accuracy"] or quantize["calibration"]):
+            raise UserError(
+                f"{path}: quantize.{key}: this needs real samples: set quantize.calibration or "
+                "[quantize.accuracy] data (random data does not say what matters)"
+            )
     if "partition" in steps:
         _complete_partition(path, steps)
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
     cache = Path(build.cache) if build.cache else None
-    plan = Plan(path, build_dir, cache, steps)
+    plan = Plan(path, build_dir, cache, steps, build.report)
     check_output_paths(plan)
     return plan
 

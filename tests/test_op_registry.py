@@ -5,7 +5,9 @@ needs nothing but its `register` call."""
 import logging
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from onebuild.graph_ir import batching
 from onebuild.graph_ir.interpreter import Interpreter
@@ -23,6 +25,7 @@ from onebuild.graph_ir.ops.registry import (
 from onebuild.graph_ir.quant import quantize_graph as qg
 from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.params import MultiplierRangeError, quantize_multiplier
+from onebuild.graph_ir.serde import load_onnx
 
 
 def test_every_op_states_its_batch_rule():
@@ -111,6 +114,43 @@ def test_an_op_without_rules_stays_float_and_unbatched(rng):
         assert "TestPlain" in ops and "QGemm" in ops  # its neighbour is still quantized
     finally:
         unregister("TestPlain")
+
+
+_ONNX_ATTRIBUTE_TYPES = {"INT": int, "FLOAT": float, "STRING": str}
+
+
+def test_every_declared_onnx_form_matches_the_onnx_schema():
+    """An op registered with `onnx=` is the ONNX operator of its name: that operator exists,
+    and each attribute the op reads is one of its attributes, of the declared type."""
+    declared = {name: op.onnx for name, op in OPS.items() if op.onnx is not None}
+    assert len(declared) > 50
+    for name, attributes in declared.items():
+        schema = onnx.defs.get_schema(name)
+        for attribute, kind in attributes.items():
+            assert attribute in schema.attributes, f"{name} has no attribute {attribute}"
+            onnx_type = schema.attributes[attribute].type.name
+            assert _ONNX_ATTRIBUTE_TYPES[onnx_type] is kind, (name, attribute, onnx_type)
+
+
+def test_an_op_registered_with_its_onnx_form_imports_from_onnx(rng, tmp_path):
+    """Nothing but the register call: the importer converts it, the interpreter runs it."""
+
+    @register("Shrink2", same_as_input, batch=PER_SAMPLE, onnx={"lambd": float})
+    def shrink2(attrs, x):
+        return np.where(np.abs(x) > attrs.get("lambd", 0.5), x, 0).astype(x.dtype)
+
+    try:
+        node = helper.make_node("Shrink2", ["x"], ["y"], lambd=1.0)
+        info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "xy"]
+        model = helper.make_model(helper.make_graph([node], "g", info[:1], info[1:]))
+        path = tmp_path / "m.onnx"
+        onnx.save(model, path)
+        graph = load_onnx(path).main
+        x = rng.normal(0, 1, (2, 3)).astype(np.float32)
+        got = Interpreter(graph).run({"x": x})["y"]
+        np.testing.assert_array_equal(got, np.where(np.abs(x) > 1.0, x, 0))
+    finally:
+        unregister("Shrink2")
 
 
 def _mul_graph() -> Graph:

@@ -78,3 +78,50 @@ def test_calibration_progress_is_one_line_without_a_terminal_and_none_with_json(
     shutil.rmtree(project / "build")
     quiet = subprocess.run([*command, "--json"], cwd=project, capture_output=True, text=True)
     assert quiet.returncode == 0 and "calibrate: 2048" not in quiet.stderr
+
+
+SESSION_MODEL = MODEL.parent / "tiny_mobilenet.onnx"
+SESSION_DATA = MODEL.parent / "tiny_mobilenet_calib.npz"  # 16 real samples
+RUN = [sys.executable, "-m", "onebuild.cli", "run", str(SESSION_MODEL), "-i", str(SESSION_DATA)]
+
+
+def test_on_device_calibration_shows_live_progress_on_a_terminal(tmp_path):
+    """The Session records 96 runs (each a float inference, cycling over the samples) before
+    it quantizes and partitions for the NPU: a live count of recorded runs with its rate."""
+    manual = ["-o", "y.npz", "--workspace", "ws", "--quantize", "uint8", "--minmax-runs", "96",
+              "--codegen", "trix_sim"]  # fmt: skip
+    text = _under_a_terminal([*RUN, *manual], tmp_path)
+    end = text.index("on-device calibration: 96 runs in")
+    redraws = [p for p in text[:end].split("\r") if p.startswith("on-device calibration:")]
+    counts = {part.split("runs")[0] for part in redraws if "runs/s" in part}
+    assert len(counts) >= 3, redraws
+    assert "on-device codegen: 3 parts in" in text  # the NPU parts of the partitioned model
+
+
+def test_session_compile_progress_is_one_line_per_stage_without_a_terminal(tmp_path):
+    auto = ["-o", "z.npz", "--workspace", "auto", "--auto-compile", "--minmax-runs", "8"]
+    done = subprocess.run([*RUN, *auto], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr
+    for line in ("on-device calibration: 8 runs in", "gate quantized: 8 samples in",
+                 "on-device codegen: 3 parts in", "gate compiled: 8 samples in",
+                 "on-device compile: 2 steps in"):  # fmt: skip
+        assert done.stderr.count(line) == 1, (line, done.stderr)
+
+
+def test_session_progress_is_silent_when_not_asked(tmp_path):
+    """An app using the Session (no CLI, logging not configured) sees no progress."""
+    script = f"""
+import numpy as np
+from onebuild.runtime.session import Session
+session = Session({str(SESSION_MODEL)!r}, workspace="ws")
+session.set_odc_param_minmax_records_count(4)
+x = np.load({str(SESSION_DATA)!r})["x"]
+for sample in x[:6]:
+    session.run_with_auto_compilation({{"x": sample}})
+assert session.state == "COMPILED", session.reason
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "on-device" not in done.stderr and "gate " not in done.stderr and "\r" not in done.stderr

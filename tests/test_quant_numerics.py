@@ -102,17 +102,32 @@ def test_minmax_and_moving_average():
     assert average.range()[0] == pytest.approx(lo * 0.9 + 4.0 * 0.1)
 
 
-def test_percentile_matches_numpy_within_a_bin(rng):
-    observer = Percentile(1.0, 99.0, bins=4096)
-    batches = [rng.normal(0, 1, 5000) * (1 + i) for i in range(6)]  # range grows: rebinning
-    for batch in batches:
-        observer.update(batch)
-    data = np.concatenate(batches)
-    lo, hi = observer.range()
-    width = 2 * observer.limit / 4096
-    assert abs(lo - np.percentile(data, 1)) <= 2 * width
-    assert abs(hi - np.percentile(data, 99)) <= 2 * width
-    assert observer.counts.shape == (4096,) and observer.counts.sum() == data.size
+def _nth_percentile(values: list[float], percentile: float) -> float:
+    """ONE's record-minmax definition, written out: sort, then interpolate linearly between the
+    two order statistics around (n - 1) * p / 100."""
+    ordered = sorted(values)
+    if len(ordered) == 1 or percentile == 0:
+        return ordered[0]
+    if percentile == 100:
+        return ordered[-1]
+    position = (len(ordered) - 1) * percentile / 100
+    index = int(np.floor(position))
+    return ordered[index] + (position - index) * (ordered[index + 1] - ordered[index])
+
+
+def test_percentile_is_ones_percentile_of_per_sample_extremes(rng):
+    """Not a percentile of all values (which clips every tensor's tails): of each sample's
+    minimum and maximum, as ONE's record-minmax computes it; chunking does not matter."""
+    samples = rng.normal(0, 1, (37, 3, 5)) * rng.uniform(0.5, 3, (37, 1, 1))
+    chunked, single = Percentile(1.0, 99.0), Percentile(1.0, 99.0)
+    for start in range(0, 37, 8):
+        chunked.update(samples[start : start + 8])
+    for sample in samples:
+        single.update(sample[None])
+    lo = _nth_percentile([float(s.min()) for s in samples], 1.0)
+    hi = _nth_percentile([float(s.max()) for s in samples], 99.0)
+    assert chunked.range() == single.range() == (pytest.approx(lo), pytest.approx(hi))
+    assert hi < samples.max() and hi > np.percentile(samples, 99)  # not the values' percentile
 
 
 def _digits():

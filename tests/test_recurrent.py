@@ -112,6 +112,9 @@ def test_recurrent_layers_match_onnxruntime(op, options):
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+FLOAT_LSTM = '[[quantize.layers]]\nnames = ["lstm"]\ndtype = "float32"\n'
+
+
 def _conv_lstm_gemm(rng, hidden=8) -> onnx.ModelProto:
     """Conv -> Relu -> [time, batch, features] -> LSTM -> last state -> Gemm (no transB)."""
     nodes = [
@@ -139,12 +142,16 @@ def _conv_lstm_gemm(rng, hidden=8) -> onnx.ModelProto:
     return model
 
 
-def test_a_model_with_an_lstm_builds_for_the_npu_with_the_lstm_on_the_cpu(tmp_path):
+@pytest.mark.parametrize(("layers", "op"), [("", "QLSTM"), (FLOAT_LSTM, "LSTM")])
+def test_a_model_with_an_lstm_builds_for_the_npu_with_the_lstm_on_the_cpu(tmp_path, layers, op):
+    """Quantized to uint8, the LSTM becomes the integer QLSTM (or stays float in a float32
+    layer) and runs as a CPU part of the package, bit-exact with the quantized model."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
+    from onebuild.graph_ir.serde.irfile import load_ir
     from onebuild.npz import read_npz, write_npz
 
     rng = np.random.default_rng(7)
@@ -153,7 +160,7 @@ def test_a_model_with_an_lstm_builds_for_the_npu_with_the_lstm_on_the_cpu(tmp_pa
     recipes = Path(__file__).parent.parent / "recipes"
     (tmp_path / "r.toml").write_text(
         f'extends = "{recipes / "npu-uint8.toml"}"\n[import]\nsource = "m.onnx"\n'
-        '[quantize]\ncalibration = "c.npz"\n[pack]\noutput = "out/m.nnpkg"\n'
+        f'[quantize]\ncalibration = "c.npz"\n{layers}[pack]\noutput = "out/m.nnpkg"\n'
     )
 
     def cli(*args):
@@ -163,9 +170,11 @@ def test_a_model_with_an_lstm_builds_for_the_npu_with_the_lstm_on_the_cpu(tmp_pa
 
     cli("build", "r.toml")
     report = json.loads((tmp_path / "build/r/partition/m.partition.json").read_text())
-    assert {"node": "lstm", "op": "LSTM", "reasons": ["LSTM is not an NPU operation"]} in (
+    assert {"node": "lstm", "op": op, "reasons": [f"{op} is not an NPU operation"]} in (
         report["fallbacks"]
     )
+    quantized = load_ir(tmp_path / "build/r/quantize.obir").main
+    assert [n.op for n in quantized.nodes if n.name == "lstm"] == [op]
     cli("run", "out/m.nnpkg", "-i", "c.npz", "-o", "package.npz")
     cli("run", "build/r/quantize.obir", "-i", "c.npz", "-o", "model.npz")
     np.testing.assert_array_equal(

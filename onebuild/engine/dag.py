@@ -213,7 +213,8 @@ def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Pa
         stats = build_dir / "calibrate.npz"
         add("calibrate", calibrate_step.step_config(config), [model, *data], [stats])
         inputs.append(stats)
-    quantized = add("quantize", quantize_step.step_config(config), inputs)
+    step = quantize_step.step_config(config)
+    quantized = add("quantize", step, inputs + quantize_step.measured_data(step))
     accuracy = config.get("accuracy")
     if not accuracy:
         return quantized, []

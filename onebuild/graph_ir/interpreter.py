@@ -13,6 +13,7 @@ from ..errors import ExecutionError, UserError
 from .batching import batch_plan
 from .ir import Graph, Node, Value
 from .ops import OPS
+from .ops.registry import Kernel
 
 Observer = Callable[[Value, np.ndarray], None]
 
@@ -55,7 +56,14 @@ def release_schedule(graph: Graph) -> list[list[int]]:
 class Interpreter:
     """Runs one graph; build once, call `run` or `run_batch` many times."""
 
-    def __init__(self, graph: Graph, observer: Observer | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        observer: Observer | None = None,
+        kernels: Mapping[str, Kernel] | None = None,
+    ):
+        """`kernels`: node name -> a kernel run instead of the registered one (calibration's
+        LSTM kernels that report their cell states)."""
         self.graph = graph
         self.observer = observer
         self._kernels = []
@@ -63,7 +71,7 @@ class Interpreter:
             opdef = OPS.get(node.op)
             if opdef is None:
                 raise ExecutionError(f"node '{node.name}': no kernel for op '{node.op}'")
-            self._kernels.append(opdef.kernel)
+            self._kernels.append((kernels or {}).get(node.name, opdef.kernel))
         self._release = release_schedule(graph)
         self._batch_plan = batch_plan(graph)
 

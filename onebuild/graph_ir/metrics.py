@@ -69,17 +69,35 @@ class OutputMetrics:
 
 
 class SignalNoise:
-    """Running SQNR of one tensor (per-layer reports)."""
+    """Running SQNR of one tensor of a batched run (per-layer reports), overall and per
+    channel (axis 1): a channel with a small range matters downstream as much as a large one
+    when the next layer's weights scale it back up, and the overall SQNR cannot see its noise."""
 
     def __init__(self):
         self.signal = self.noise = 0.0
+        self.channel_signal = self.channel_noise = 0.0
 
     def update(self, reference: np.ndarray, test: np.ndarray) -> None:
-        ref = np.asarray(reference, np.float64).reshape(-1)
-        diff = ref - np.asarray(test, np.float64).reshape(-1)
-        self.signal += float(ref @ ref)
-        self.noise += float(diff @ diff)
+        ref = np.asarray(reference, np.float64)
+        diff = ref - np.asarray(test, np.float64)
+        self.signal += float(np.vdot(ref, ref))
+        self.noise += float(np.vdot(diff, diff))
+        if ref.ndim >= 2:
+            axes = tuple(a for a in range(ref.ndim) if a != 1)
+            self.channel_signal = self.channel_signal + np.square(ref).sum(axis=axes)
+            self.channel_noise = self.channel_noise + np.square(diff).sum(axis=axes)
 
     @property
     def db(self) -> float:
         return sqnr_db(self.signal, self.noise)
+
+    @property
+    def channel_noise_ratio(self) -> float:
+        """The mean over channels of noise / signal (channels without signal left out); the
+        overall ratio for tensors without a channel axis."""
+        signal = np.atleast_1d(self.channel_signal)
+        noise = np.atleast_1d(self.channel_noise)
+        alive = signal > 0
+        if not np.any(alive) or signal.size == 1:
+            return self.noise / self.signal if self.signal else 0.0
+        return float(np.mean(noise[alive] / signal[alive]))

@@ -16,6 +16,7 @@ from ..errors import ModelError, UserError
 from ..graph_ir.serde import load_ir, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 from ..packing import write_package
+from ..progress import Progress
 from ..targets import binary_suffix
 from .odc import QUANT_TYPES, OdcSettings
 from .workspace import Workspace
@@ -64,12 +65,16 @@ def partitioned_codegen(
         raise whole
     connection = result.save(ws.partition)
     models = []
+    npu_parts = sum(backend != "cpu" for backend in result.backends)
+    progress = Progress("on-device codegen", npu_parts, "parts")
     for file, backend in zip(result.files, result.backends):
         model = ws.partition / file
         if backend != "cpu":
             compiled = ws.partition / f"{model.stem}.{binary_suffix(codegen.target)}"
             compile_file(model, compiled, codegen)
             model = compiled
+            progress(progress.done + 1)
         models.append(model)
+    progress.finish()
     write_package(ws.package, models, connection)
     return ws.package

@@ -4,20 +4,27 @@ import numpy as np
 
 from ..gates import failures, gate_checks
 from ..graph_ir.metrics import OutputMetrics
+from ..progress import Progress
 from ..targets.host_cpu import HostCpu
 
 Reference = list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
 
 
-def gate_report(model, reference: Reference, outputs: list[str], thresholds: dict) -> dict:
-    """Run `model` on each recorded input of `reference` (inputs, float outputs) and check the
-    metrics per output against `thresholds`; with no records nothing passes. Models with a
-    cost estimate (binaries, packages) add it, from the last gate run, for backend = auto."""
+def gate_report(
+    model, reference: Reference, outputs: list[str], thresholds: dict, candidate: str = "model"
+) -> dict:
+    """Run `model` (the `candidate`) on each recorded input of `reference` (inputs, float
+    outputs) and check the metrics per output against `thresholds`; with no records nothing
+    passes. Models with a cost estimate (binaries, packages) add it, from the last gate run,
+    for backend = auto."""
     metrics = {name: OutputMetrics() for name in outputs}
-    for feeds, want in reference:
+    progress = Progress(f"gate {candidate}", len(reference))
+    for index, (feeds, want) in enumerate(reference):
         got = model.run(feeds)
         for name, metric in metrics.items():
             metric.update(want[name], got[name])
+        progress(index + 1)
+    progress.finish()
     summaries = {name: metric.summary() for name, metric in metrics.items()}
     checks = gate_checks(thresholds, summaries)
     report = {

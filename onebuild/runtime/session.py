@@ -8,8 +8,9 @@ and compiled (`codegen()`) by hand, or by `run_with_auto_compilation`: float run
 until `minmax_records`, then the model is quantized, gated, compiled, gated and switched to
 (`state`: INITIAL -> QUANTIZED -> COMPILED). The gate compares each new model with the float one
 on recorded inputs; a model that fails it, or a codegen that fails, leaves the session on the
-previous model with the reason in `reason`. Quantization and codegen are the build's own steps
-(`onebuild.tasks`), so their files equal what `onebuild build` makes from the same data.
+previous model with the reason in `reason`. Quantization and codegen go through the compile API
+the build's steps call (`onebuild.compile`), so their files equal what `onebuild build` makes
+from the same data.
 Everything lives in a workspace (see `workspace`) that survives restarts and kills.
 """
 
@@ -22,25 +23,25 @@ import numpy as np
 
 from ..errors import ModelError, OneBuildError, UserError
 from ..gates import json_safe
-from ..graph_ir.interpreter import check_feeds
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..npz import check_finite
+from ..progress import Progress
 from ..targets import binary_target
-from ..targets.host_cpu import HostCpu
+from .choice import choose_state
 from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_binary
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
 from .package import load_package
 from .package_files import is_package
+from .session_io import checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
-STATES = ("INITIAL", "QUANTIZED", "COMPILED")
 EXECUTE_CONFIGS = ("DUMP_MINMAX",)
 
 
@@ -65,6 +66,7 @@ class Session:
         self._qpath: Path | None = None
         self._cpath: Path | None = None
         self._float: Model | None = None  # the float model, when it can be compiled on the device
+        self._recording: Progress | None = None  # recorded runs towards minmax_records
         self._load(input_shapes)
         self.workspace = None
         if self._float is not None:
@@ -168,27 +170,16 @@ class Session:
         """nnfw parity: the model is ready to run once loaded."""
 
     def set_input(self, key: int | str, array: np.ndarray) -> None:
-        self._given_inputs[self._name(key, self.inputs)] = np.asarray(array)
+        self._given_inputs[tensor_name(key, self.inputs)] = np.asarray(array)
 
     def set_output(self, key: int | str, buffer: np.ndarray) -> None:
-        name = self._name(key, self.outputs)
+        name = tensor_name(key, self.outputs)
         if tuple(np.shape(buffer)) != self.outputs[name]:
             raise UserError(
                 f"output buffer for '{name}' has shape {list(np.shape(buffer))}, expected "
                 f"{list(self.outputs[name])}"
             )
         self._given_outputs[name] = buffer
-
-    @staticmethod
-    def _name(key: int | str, io: dict) -> str:
-        names = list(io)
-        if isinstance(key, int):
-            if not 0 <= key < len(names):
-                raise UserError(f"index {key} is out of range: the model has {len(names)}")
-            return names[key]
-        if key not in io:
-            raise UserError(f"no tensor '{key}' (the model has {', '.join(names)})")
-        return key
 
     def set_execute_config(self, key: str, value: str = "1") -> None:
         """DUMP_MINMAX: record the activation ranges (and first inputs) of float runs."""
@@ -202,6 +193,7 @@ class Session:
 
     def reset_execute_config(self) -> None:
         self._execute.clear()
+        self._end_recording()
 
     def run(self, inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """One inference on the current model: float32 arrays of the model's shapes."""
@@ -219,43 +211,44 @@ class Session:
             quantized = {name: feeds[name] for name in self._model.quantized_inputs}
             check_finite(quantized, "run", batched=False)
             return self._deliver(self._model.run(feeds))
-        self._float_runner.interpreter.observer = self._recorder.observe
+        runner = self._float_runner  # recording also sees inside layers (LSTM cell states)
+        plain, runner.interpreter = runner.interpreter, self._recorder.interpreter(runner.graph)
         try:
-            outputs = self._float_runner.run(feeds)
+            outputs = runner.run(feeds)
         except BaseException:  # the ranges saw a partial run: back to what the file holds
             self._recorder = self._resume_recorder()
             raise
         finally:
-            self._float_runner.interpreter.observer = None
+            runner.interpreter = plain
         index = self._recorder.samples
         if index < self.settings.gate_samples:
             self.workspace.write_record(index, feeds)
         self._recorder.samples += 1
         self.workspace.write_minmax(self._recorder.stats())
+        self._count_recorded()
         return self._deliver(outputs)
 
+    def _count_recorded(self) -> None:
+        """Progress of on-device calibration: recorded runs (out of minmax_records when
+        auto-compilation records, open-ended by hand until recording stops)."""
+        total = None if "DUMP_MINMAX" in self._execute else self.settings.minmax_records
+        if self._recording is None:  # a resumed recording starts at the runs it has
+            self._recording = Progress("on-device calibration", total, "runs")
+        self._recording(self._recorder.samples)
+        if total is not None and self._recorder.samples >= total:
+            self._end_recording()
+
+    def _end_recording(self) -> None:
+        if self._recording is not None:
+            self._recording.finish()
+            self._recording = None
+
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
-        feeds = dict(self._given_inputs if inputs is None else inputs)
-        for name, shape in self.inputs.items():
-            if name not in feeds:
-                raise UserError(f"missing input '{name}' {list(shape)}; set_input or pass it")
-            array = np.asarray(feeds[name])
-            if array.shape != shape:
-                raise UserError(
-                    f"input '{name}' has shape {list(array.shape)}, expected {list(shape)}"
-                )
-            if array.dtype.kind not in "fiub":
-                raise UserError(f"input '{name}' has dtype {array.dtype}; expected float32")
-            feeds[name] = array.astype(np.float32, copy=False)
-        if self._float is not None:
-            check_feeds(self._float.main, feeds, batched=False)
-        return {name: feeds[name] for name in self.inputs}
+        given = self._given_inputs if inputs is None else inputs
+        return checked_feeds(self.inputs, given, self._float.main if self._float else None)
 
     def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = {name: np.asarray(outputs[name], np.float32) for name in self.outputs}
-        for name, buffer in self._given_outputs.items():
-            np.copyto(buffer, result[name], casting="same_kind")
-        return result
+        return delivered(self.outputs, outputs, self._given_outputs)
 
     # ---- on-device quantization and codegen ---------------------------------------------------
 
@@ -302,6 +295,7 @@ class Session:
 
     def _quantize_file(self) -> Path:
         self._need_float("quantize()")
+        self._end_recording()
         output = self._qpath or self.workspace.quantized
         return quantize_file(self.workspace, self.settings, self._recorder.samples, output)
 
@@ -372,11 +366,17 @@ class Session:
         """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
         self._need_float("compile_now()")
         self._decided_with, self._reference = self.settings.key, None
-        if self._state == "INITIAL":
-            reason = self._try_quantize()
-            if reason:
-                return self._stop("INITIAL", reason)
-        reason = self._try_codegen() if self._state == "QUANTIZED" else None
+        progress = Progress("on-device compile", 2, "steps")  # quantize+gate, codegen+gate
+        try:
+            if self._state == "INITIAL":
+                reason = self._try_quantize()
+                if reason:
+                    return self._stop("INITIAL", reason)
+            progress(1)
+            reason = self._try_codegen() if self._state == "QUANTIZED" else None
+            progress(2)
+        finally:
+            progress.finish()
         if self.settings.backend == "auto":
             return self._choose(reason)
         self._stop(self._state, reason)
@@ -411,31 +411,16 @@ class Session:
             records = self.workspace.read_records(count)
             self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
         self.gates[candidate] = gate_report(
-            model, self._reference, list(self.outputs), dict(self.settings.gate)
+            model, self._reference, list(self.outputs), dict(self.settings.gate), candidate
         )
         return self.gates[candidate]["passed"]
 
     def _choose(self, reason: str | None) -> None:
         """backend = auto: the best gated candidate for the requirement, by the cost models."""
-        cpu = HostCpu()
-        float_graph = self._float.main
-        candidates = {"INITIAL": (cpu.graph_us(float_graph), cpu.memory_bytes(float_graph))}
         quantized = load_ir(self._quantized_path()).main
-        if self.gates.get("quantized", {}).get("passed"):
-            candidates["QUANTIZED"] = (cpu.graph_us(quantized), cpu.memory_bytes(quantized))
-        compiled = self.gates.get("compiled", {})
-        if compiled.get("passed"):
-            candidates["COMPILED"] = (compiled["microseconds"], compiled["memory_bytes"])
-        key = 0 if self.settings.requirement == "performance" else 1
-        best = min(candidates, key=lambda s: (candidates[s][key], -STATES.index(s)))
-        self.choice = {
-            "requirement": self.settings.requirement,
-            "chosen": best,
-            "estimates": {
-                s: {"microseconds": round(us, 1), "memory_bytes": int(mem)}
-                for s, (us, mem) in candidates.items()
-            },
-        }
+        best, self.choice = choose_state(
+            self._float.main, quantized, self.gates, self.settings.requirement
+        )
         self._stop(best, reason)
 
     def _stop(self, state: str, reason: str | None) -> None:

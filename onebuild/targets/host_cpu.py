@@ -11,8 +11,8 @@ import numpy as np
 
 from ..graph_ir.interpreter import release_schedule
 from ..graph_ir.ir import Graph, Node, Value
+from ..graph_ir.macs import MATMUL_LIKE, macs
 
-MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul")
 WINDOWED = ("MaxPool", "AveragePool", "QAveragePool", "LRN")
 
 
@@ -65,17 +65,6 @@ class HostCpu:
     def handoff(self, value: Value) -> float:
         """Handing one tensor between the CPU and the NPU (shared DRAM: sync plus one copy)."""
         return self.handoff_us + _nbytes(value) / self.dram_bytes_per_cycle / self.clock_mhz
-
-
-def macs(node: Node) -> int:
-    """Multiply-accumulates of a convolution or matrix product."""
-    out = node.outputs[0]
-    weight = node.inputs[1]
-    if node.op in ("Conv", "QConv"):
-        return out.size * int(np.prod(weight.shape[1:]))
-    if node.op == "ConvTranspose":
-        return node.inputs[0].size * int(np.prod(weight.shape[1:]))
-    return out.size * int(node.inputs[0].shape[-1])
 
 
 def _nbytes(value: Value) -> int:

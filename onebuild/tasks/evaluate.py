@@ -26,7 +26,8 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         from ..compile import QuantizeOptions, equalize
 
         equalize(reference, QuantizeOptions(equalization=True))
-    candidate = load_ir(inputs[1]).main
+    quantized = load_ir(inputs[1])
+    candidate = quantized.main
     labels = None
     if config.get("labels"):
         arrays = read_npz(config["labels"])
@@ -53,6 +54,8 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         "layers": comparison.layers,
         "gate": {"passed": all(c["passed"] for c in checks), "checks": checks},
     }
+    if "mixed_precision" in quantized.metadata:
+        report["mixed_precision"] = json.loads(quantized.metadata["mixed_precision"])
     text = json.dumps(json_safe(report), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(outputs[0], text.encode())
     failed = [c for c in checks if not c["passed"]]

@@ -1,5 +1,12 @@
-"""The quantize step: IR file (+ calibration statistics for mode "full") -> quantized IR file."""
+"""The quantize step: IR file (+ calibration statistics for mode "full") -> quantized IR file.
 
+In mode "full" the step also reads samples (the [quantize.accuracy] data, else the calibration
+data): mixed precision measures on them, learned weight rounding learns on them, and without an
+accuracy gate a few are compared with the float model, so an unusable model never passes
+silently.
+"""
+
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -14,22 +21,95 @@ KEYS = (
     "output_type",
     "bias_correction",
     "equalization",
+    "weight_rounding",
     "layers",
+    "mixed_precision",
 )
+CHECK_SAMPLES = 8
+ROUNDING_SAMPLES = 32  # learned weight rounding
+MIN_SQNR_DB = 20.0  # below this, an ungated build warns
+WORST_LAYERS = 3
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
-    return {key: quantize[key] for key in KEYS}
+    config = {key: quantize[key] for key in KEYS}
+    accuracy = quantize.get("accuracy")
+    config["check_sqnr"] = accuracy is None
+    config["measure_on"] = accuracy["data"] if accuracy else quantize["calibration"]
+    return config
+
+
+def measured_data(config: dict[str, Any]) -> list[Path]:
+    """The samples the step reads (an input of its task), if it measures."""
+    measures = (
+        config["mixed_precision"] or config["check_sqnr"] or config["weight_rounding"] != "nearest"
+    )
+    if config["mode"] != "full" or not measures or not config["measure_on"]:
+        return []
+    return [Path(config["measure_on"])]
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..compile import QuantizeOptions, options_from, quantize
+    from ..datasets import first_samples
     from ..graph_ir.serde import load_ir, save_ir
     from ..graph_ir.serde.calibration_file import load_calibration
 
     options = options_from(QuantizeOptions, config)
-    full = options.mode == "full"
-    model = quantize(load_ir(inputs[0]), options, load_calibration(inputs[1]) if full else None)
+    model = load_ir(inputs[0])
+    float_graph = model.main
+    samples = []
+    if measured_data(config):
+        count = options.mixed_precision.samples if options.mixed_precision else CHECK_SAMPLES
+        if options.weight_rounding != "nearest":
+            count = max(count, ROUNDING_SAMPLES)
+        specs = [(v.name, v.shape) for v in float_graph.inputs]
+        samples = first_samples(config["measure_on"], specs, count)
+    stats = load_calibration(inputs[1]) if options.mode == "full" else None
+    model = quantize(model, options, stats, samples)
     ops = Counter(node.op for node in model.main.nodes)
     log.info("quantize: %s", ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())))
+    if "mixed_precision" in model.metadata:
+        _report_mixed_precision(json.loads(model.metadata["mixed_precision"]))
+    elif config["check_sqnr"] and samples:
+        _check_sqnr(float_graph, model.main, samples)
     save_ir(model, outputs[0])
+
+
+def _report_mixed_precision(record: dict) -> None:
+    reached = record["sqnr_db"]
+    line = (
+        f"quantize: mixed precision promoted {len(record['promoted'])} layer(s) to "
+        f"{record['dtype']} ({100 * record['high_precision_mac_fraction']:.1f} % of MACs); "
+        f"worst output {'∞' if reached is None else f'{reached:.1f}'} dB, target "
+        f"{record['target_sqnr_db']} dB"
+    )
+    if record["target_met"]:
+        log.info(line)
+    else:
+        log.warning(
+            '%s NOT met (raise max_high_precision_mac_fraction or use dtype = "float32")', line
+        )
+
+
+def _check_sqnr(float_graph, quantized, samples) -> None:
+    """Warn when an output of the quantized model is below MIN_SQNR_DB on a few samples."""
+    from ..graph_ir.quant.evaluate import compare_graphs
+
+    comparison = compare_graphs(float_graph, quantized, [("samples", b) for b in samples])
+    low = {k: v["sqnr_db"] for k, v in comparison.outputs.items() if v["sqnr_db"] < MIN_SQNR_DB}
+    if not low:
+        return
+    outputs = ", ".join(f"'{name}' {db:.1f} dB" for name, db in sorted(low.items()))
+    worst = ", ".join(
+        f"{layer['node']} ({layer['sqnr_db']:.1f} dB)" for layer in comparison.layers[:WORST_LAYERS]
+    )
+    log.warning(
+        "quantize: low accuracy on %d calibration samples: output SQNR %s (below %.0f dB); "
+        "worst layers: %s. Try [quantize.mixed_precision] target_sqnr_db = 30, method = "
+        '"mse", or dtype = "int16"; [quantize.accuracy] gates the build',
+        comparison.samples,
+        outputs,
+        MIN_SQNR_DB,
+        worst,
+    )

@@ -7,6 +7,8 @@ from . import (  # noqa: F401
     normalization,
     pool,
     quantized,
+    quantized_dynamic,
+    quantized_recurrent,
     recurrent,
     reduce,
     resize,

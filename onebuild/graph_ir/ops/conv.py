@@ -265,6 +265,6 @@ def _matmul_separable(node) -> bool:
 _MATMUL_BATCH = BatchRule(ANY, condition=_matmul_separable)
 
 
-@register("MatMul", _matmul_type, batch=_MATMUL_BATCH, quant="matmul")
+@register("MatMul", _matmul_type, batch=_MATMUL_BATCH, quant="matmul", onnx={})
 def matmul(attrs, a, b):
     return apply_clip(attrs, _matmul(a, b).astype(a.dtype, copy=False))

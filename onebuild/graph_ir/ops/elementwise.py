@@ -34,22 +34,22 @@ def _same_dtype(x: np.ndarray, like: np.ndarray) -> np.ndarray:
     return x if x.dtype == like.dtype else x.astype(like.dtype)
 
 
-@register("Add", broadcast, batch=BROADCASTING, quant="binary")
+@register("Add", broadcast, batch=BROADCASTING, quant="binary", onnx={})
 def add(attrs, a, b):
     return apply_clip(attrs, _same_dtype(np.add(a, b), a))
 
 
-@register("Sub", broadcast, batch=BROADCASTING, quant="binary")
+@register("Sub", broadcast, batch=BROADCASTING, quant="binary", onnx={})
 def sub(attrs, a, b):
     return _same_dtype(np.subtract(a, b), a)
 
 
-@register("Mul", broadcast, batch=BROADCASTING, quant="binary")
+@register("Mul", broadcast, batch=BROADCASTING, quant="binary", onnx={})
 def mul(attrs, a, b):
     return _same_dtype(np.multiply(a, b), a)
 
 
-@register("Div", broadcast, batch=BROADCASTING)
+@register("Div", broadcast, batch=BROADCASTING, onnx={})
 def div(attrs, a, b):
     """Float division; integer division truncates toward zero (as C and onnxruntime do)."""
     if np.issubdtype(a.dtype, np.integer):
@@ -59,7 +59,7 @@ def div(attrs, a, b):
     return _same_dtype(np.divide(a, b), a)
 
 
-@register("Pow", broadcast, batch=BROADCASTING)
+@register("Pow", broadcast, batch=BROADCASTING, onnx={})
 def pow_(attrs, a, b):
     if np.issubdtype(a.dtype, np.integer):
         return np.power(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
@@ -76,28 +76,33 @@ def minimum(attrs, *xs):
     return _same_dtype(np.minimum.reduce(np.broadcast_arrays(*xs)), xs[0])
 
 
-@register("PRelu", broadcast, batch=BROADCASTING)
+@register("PRelu", broadcast, batch=BROADCASTING, onnx={})
 def prelu(attrs, x, slope):
     return _same_dtype(np.where(x < 0, x * slope, x), x)
 
 
-@register("Equal", with_dtype(np.bool_), batch=BROADCASTING)
+@register("Equal", with_dtype(np.bool_), batch=BROADCASTING, onnx={})
 def equal(attrs, a, b):
     return np.equal(a, b)
 
 
-@register("Less", with_dtype(np.bool_), batch=BROADCASTING)
+@register("Less", with_dtype(np.bool_), batch=BROADCASTING, onnx={})
 def less(attrs, a, b):
     return np.less(a, b)
 
 
-@register("Greater", with_dtype(np.bool_), batch=BROADCASTING)
+@register("Greater", with_dtype(np.bool_), batch=BROADCASTING, onnx={})
 def greater(attrs, a, b):
     return np.greater(a, b)
 
 
-def _boolean(name: str, fn):
-    @register(name, with_dtype(np.bool_), batch=BROADCASTING)
+BOOLEAN = with_dtype(np.bool_)
+
+
+def _elementwise(name: str, fn, infer=broadcast):
+    """The ONNX binary elementwise operator `name`: `fn` of its broadcast operands."""
+
+    @register(name, infer, batch=BROADCASTING, onnx={})
     def kernel(attrs, a, b):
         return fn(a, b)
 
@@ -105,14 +110,37 @@ def _boolean(name: str, fn):
     return kernel
 
 
-_boolean("GreaterOrEqual", np.greater_equal)
-_boolean("LessOrEqual", np.less_equal)
-_boolean("And", np.logical_and)
-_boolean("Or", np.logical_or)
-_boolean("Xor", np.logical_xor)
+_elementwise("GreaterOrEqual", np.greater_equal, BOOLEAN)
+_elementwise("LessOrEqual", np.less_equal, BOOLEAN)
+_elementwise("And", np.logical_and, BOOLEAN)
+_elementwise("Or", np.logical_or, BOOLEAN)
+_elementwise("Xor", np.logical_xor, BOOLEAN)
+_elementwise("BitwiseAnd", np.bitwise_and)
+_elementwise("BitwiseOr", np.bitwise_or)
+_elementwise("BitwiseXor", np.bitwise_xor)
 
 
-@register("Mod", broadcast, batch=BROADCASTING)
+def _shift_type(attrs, types):
+    if attrs.get("direction") not in ("LEFT", "RIGHT"):
+        raise ValueError(f"direction must be LEFT or RIGHT, got {attrs.get('direction')!r}")
+    return broadcast(attrs, types)
+
+
+@register("BitShift", _shift_type, batch=BROADCASTING, onnx={"direction": str})
+def bit_shift(attrs, x, shift):
+    """x shifted LEFT or RIGHT (`direction`) by `shift` bits, wrapping within the type; a shift
+    outside [0, width) gives the full-width result: 0, or the sign for a right shift of a signed
+    value (numpy's, and ONNX's, not C's masking of the count)."""
+    width = x.dtype.itemsize * 8
+    outside = (shift < 0) | (shift >= width)
+    count = np.where(outside, 0, shift).astype(x.dtype)
+    if attrs["direction"] == "LEFT":
+        return np.where(outside, np.zeros((), x.dtype), np.left_shift(x, count))
+    fill = np.right_shift(x, width - 1) if x.dtype.kind == "i" else np.zeros((), x.dtype)
+    return np.where(outside, fill, np.right_shift(x, count))
+
+
+@register("Mod", broadcast, batch=BROADCASTING, onnx={"fmod": int})
 def mod(attrs, a, b):
     """Integer `Mod` takes the divisor's sign (Python's %); `fmod` the dividend's (C's fmod)."""
     if attrs.get("fmod"):
@@ -124,16 +152,16 @@ def _where_type(attrs, types):
     return [TensorType(types[1].dtype, broadcast(attrs, types)[0].shape)]
 
 
-@register("Where", _where_type, batch=BROADCASTING)
+@register("Where", _where_type, batch=BROADCASTING, onnx={})
 def where(attrs, cond, a, b):
     return np.where(cond, a, b)
 
 
 def _unary(name: str, fn, quant: str | None = None):
-    """A unary elementwise function, per sample; `quant="lookup"` quantizes it as a table over
-    every input code, None keeps it in float."""
+    """The ONNX unary elementwise operator `name`, per sample; `quant="lookup"` quantizes it as
+    a table over every input code, None keeps it in float."""
 
-    @register(name, same_as_input, batch=PER_SAMPLE, quant=quant)
+    @register(name, same_as_input, batch=PER_SAMPLE, quant=quant, onnx={})
     def kernel(attrs, x):
         return _same_dtype(fn(x), x)
 
@@ -172,6 +200,7 @@ _unary("Reciprocal", np.reciprocal)
 _unary("Tanh", np.tanh, quant="lookup")
 _unary("Sigmoid", _sigmoid, quant="lookup")
 _unary("Not", np.logical_not)
+_unary("BitwiseNot", np.invert)
 _unary("Round", np.rint, quant="lookup")  # half to even, as ONNX specifies
 _unary("Sign", np.sign, quant="lookup")
 _unary("Softsign", lambda x: x / (1 + np.abs(x)), quant="lookup")
@@ -186,18 +215,23 @@ for _name in "Asin Acos Asinh Acosh Atanh".split():
     _unary(_name, getattr(np, "arc" + _name[1:].lower()))
 
 
-@register("IsNaN", with_dtype(np.bool_), batch=PER_SAMPLE)
+@register("IsNaN", with_dtype(np.bool_), batch=PER_SAMPLE, onnx={})
 def is_nan(attrs, x):
     return np.isnan(x)
 
 
-@register("IsInf", with_dtype(np.bool_), batch=PER_SAMPLE)
+@register(
+    "IsInf",
+    with_dtype(np.bool_),
+    batch=PER_SAMPLE,
+    onnx={"detect_positive": int, "detect_negative": int},
+)
 def is_inf(attrs, x):
     positive, negative = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
     return np.isinf(x) & (((x > 0) & bool(positive)) | ((x < 0) & bool(negative)))
 
 
-@register("Gelu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("Gelu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"approximate": str})
 def gelu(attrs, x):
     """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation when `approximate` is "tanh"."""
     if attrs.get("approximate", "none") == "tanh":
@@ -206,40 +240,44 @@ def gelu(attrs, x):
     return _same_dtype(0.5 * x * (1 + _erf(x / np.sqrt(2))), x)
 
 
-@register("Relu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("Relu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={})
 def relu(attrs, x):
     return np.maximum(x, np.zeros((), x.dtype))
 
 
-@register("LeakyRelu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("LeakyRelu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"alpha": float})
 def leaky_relu(attrs, x):
     return _same_dtype(np.where(x < 0, x * attrs.get("alpha", 0.01), x), x)
 
 
-@register("Elu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("Elu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"alpha": float})
 def elu(attrs, x):
     return _same_dtype(np.where(x > 0, x, attrs.get("alpha", 1.0) * np.expm1(x)), x)
 
 
-@register("Celu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("Celu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"alpha": float})
 def celu(attrs, x):
     alpha = attrs.get("alpha", 1.0)
     return _same_dtype(np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)), x)
 
 
-@register("Selu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register(
+    "Selu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"alpha": float, "gamma": float}
+)
 def selu(attrs, x):
     alpha = attrs.get("alpha", 1.67326319217681884765625)
     gamma = attrs.get("gamma", 1.05070102214813232421875)
     return _same_dtype(gamma * np.where(x > 0, x, alpha * np.expm1(x)), x)
 
 
-@register("ThresholdedRelu", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("ThresholdedRelu", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"alpha": float})
 def thresholded_relu(attrs, x):
     return np.where(x > attrs.get("alpha", 1.0), x, np.zeros((), x.dtype))
 
 
-@register("Shrink", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register(
+    "Shrink", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={"bias": float, "lambd": float}
+)
 def shrink(attrs, x):
     """x + bias below -lambd, x - bias above lambd, 0 between."""
     bias, lambd = attrs.get("bias", 0.0), attrs.get("lambd", 0.5)
@@ -247,12 +285,18 @@ def shrink(attrs, x):
     return _same_dtype(y, x)
 
 
-@register("HardSigmoid", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register(
+    "HardSigmoid",
+    same_as_input,
+    batch=PER_SAMPLE,
+    quant="lookup",
+    onnx={"alpha": float, "beta": float},
+)
 def hard_sigmoid(attrs, x):
     return _same_dtype(np.clip(x * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
 
 
-@register("HardSwish", same_as_input, batch=PER_SAMPLE, quant="lookup")
+@register("HardSwish", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={})
 def hard_swish(attrs, x):
     return _same_dtype(x * np.clip(x / 6.0 + 0.5, 0, 1), x)
 

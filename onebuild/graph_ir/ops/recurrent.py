@@ -1,18 +1,22 @@
 """LSTM, GRU and RNN with ONNX semantics: forward, reverse and bidirectional, initial states,
 per-sample sequence lengths (steps past a sample's length output zeros and leave its state),
 peepholes, input-forget coupling, `linear_before_reset`, cell clipping, any activation, both
-layouts. Float only (they stay on the CPU); accumulation in float64, rounded once per output.
+layouts. Accumulation in float64, rounded once per output. Their integer form (quantization
+rule "recurrent") is `quantized_recurrent.py`.
 
 Attributes are canonical: `activations` is one (name, alpha, beta) triple per gate function and
 direction (lowercase names), `cell_clip` (ONNX `clip`) None when absent.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
-from .registry import Attrs, TensorType, register
+from .registry import Attrs, Kernel, TensorType, register
 
 
-def _activation(name: str, alpha: float | None, beta: float | None):
+def activation(name: str, alpha: float | None, beta: float | None):
+    """The float function of an ONNX recurrent activation (canonical lowercase name)."""
     functions = {
         "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
         "tanh": np.tanh,
@@ -39,15 +43,15 @@ GATE_FUNCTIONS = {"LSTM": 3, "GRU": 2, "RNN": 1}  # activations per direction
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}  # blocks of hidden_size rows in W and R
 
 
-def _directions(attrs: Attrs) -> int:
+def directions(attrs: Attrs) -> int:
     return 2 if attrs["direction"] == "bidirectional" else 1
 
 
-def _recurrent_type(op: str):
+def recurrent_type(op: str):
     def infer(attrs: Attrs, types) -> list[TensorType]:
         x = types[0]
         seq, batch = x.shape[:2] if not attrs["layout"] else x.shape[1::-1]
-        hidden, dirs = attrs["hidden_size"], _directions(attrs)
+        hidden, dirs = attrs["hidden_size"], directions(attrs)
         y = (seq, dirs, batch, hidden) if not attrs["layout"] else (batch, seq, dirs, hidden)
         state = (dirs, batch, hidden) if not attrs["layout"] else (batch, dirs, hidden)
         count = 3 if op == "LSTM" else 2
@@ -56,9 +60,10 @@ def _recurrent_type(op: str):
     return infer
 
 
-def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None):
-    """Every direction over every step; returns Y and the final states, ONNX layout 0."""
-    hidden, dirs = attrs["hidden_size"], _directions(attrs)
+def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, report=None):
+    """Every direction over every step; returns Y and the final states. `report`, if given,
+    gets the LSTM's cell states once per run, laid out as Y (zeros past a sample's length)."""
+    hidden, dirs = attrs["hidden_size"], directions(attrs)
     dtype, x = x.dtype, x.astype(np.float64)
     if attrs["layout"]:
         x = x.transpose(1, 0, 2)
@@ -69,10 +74,11 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None):
         raise ValueError(f"sequence_lens {lengths.tolist()} outside [0, {seq}]")
     per = GATE_FUNCTIONS[op]
     y = np.zeros((seq, dirs, batch, hidden))
+    cells = np.zeros_like(y) if report is not None else None
     finals = [np.zeros((dirs, batch, hidden)) for _ in states]
     for d in range(dirs):
         reverse = attrs["direction"] == "reverse" or d == 1
-        functions = [_activation(*a) for a in attrs["activations"][d * per : (d + 1) * per]]
+        functions = [activation(*a) for a in attrs["activations"][d * per : (d + 1) * per]]
         bias = np.zeros(2 * GATES[op] * hidden) if b is None else b[d].astype(np.float64)
         wx, rh = bias[: GATES[op] * hidden], bias[GATES[op] * hidden :]
         state = [
@@ -88,8 +94,12 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None):
             for s, n in zip(state, new):
                 s[active] = n[active]
             y[t[active], d, rows[active]] = state[0][active]
+            if cells is not None:
+                cells[t[active], d, rows[active]] = state[1][active]
         for final, s in zip(finals, state):
             final[d] = s
+    if report is not None:
+        report((cells.transpose(2, 0, 1, 3) if attrs["layout"] else cells).astype(dtype))
     if attrs["layout"]:
         return (y.transpose(2, 0, 1, 3).astype(dtype),
                 *(f.transpose(1, 0, 2).astype(dtype) for f in finals))  # fmt: skip
@@ -143,16 +153,32 @@ def _rnn_cell(attrs, xw, state, r, rh, functions, peep):
 _CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN": _rnn_cell}
 
 
-@register("LSTM", _recurrent_type("LSTM"), batch=None)
+@register("LSTM", recurrent_type("LSTM"), batch=None, quant="recurrent")
 def lstm(attrs, x, w, r, b=None, lengths=None, initial_h=None, initial_c=None, p=None):
     return _run("LSTM", attrs, x, w, r, b, lengths, [initial_h, initial_c], p)
 
 
-@register("GRU", _recurrent_type("GRU"), batch=None)
+def cell_state_name(node_name: str) -> str:
+    """The name under which calibration records an LSTM node's cell states over all steps."""
+    return f"{node_name}::cell_state"
+
+
+def lstm_reporting_cells(report: Callable[[np.ndarray], None]) -> Kernel:
+    """The LSTM kernel, also passing its cell states of every step (laid out as Y) to `report`
+    once per run: the range calibration needs for the integer cell state, which no output
+    holds (Y_c is the last step's only)."""
+
+    def kernel(attrs, x, w, r, b=None, lengths=None, initial_h=None, initial_c=None, p=None):
+        return _run("LSTM", attrs, x, w, r, b, lengths, [initial_h, initial_c], p, report)
+
+    return kernel
+
+
+@register("GRU", recurrent_type("GRU"), batch=None, quant="recurrent")
 def gru(attrs, x, w, r, b=None, lengths=None, initial_h=None):
     return _run("GRU", attrs, x, w, r, b, lengths, [initial_h])
 
 
-@register("RNN", _recurrent_type("RNN"), batch=None)
+@register("RNN", recurrent_type("RNN"), batch=None, quant="recurrent")
 def rnn(attrs, x, w, r, b=None, lengths=None, initial_h=None):
     return _run("RNN", attrs, x, w, r, b, lengths, [initial_h])

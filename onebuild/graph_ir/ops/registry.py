@@ -8,13 +8,17 @@
   which `tests/test_op_registry.py` refuses;
 - quant: the name of the quantizer's rule for it (`QUANT_RULES`, dispatched on by
   `quant/quantize_graph.py`), or None: the op runs in float between DequantizeLinear and
-  QuantizeLinear.
+  QuantizeLinear;
+- onnx: when the op is the ONNX operator of the same name (same inputs, same semantics), the
+  ONNX attributes it reads, each with the type it takes (absent ones keep the kernel's default);
+  the ONNX importer then converts it without a converter of its own. None: the importer has a
+  converter for it (opset differences to resolve, operands to canonicalize) or it is IR-only.
 
 Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -92,8 +96,9 @@ NOT_OVER_AXIS_0 = PER_SAMPLE.where(lambda node: 0 not in node.attrs["axes"])
 # one for each name): integer kernels for conv/gemm/matmul with constant weights, two-input
 # add/sub/mul, concat and average pooling; a lookup table over every input code for unary
 # functions; data movement on the quantized codes with the input's parameters; passthrough of a
-# constant-mode pad whose fill becomes the zero point.
-QUANT_RULES = ("matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad")
+# constant-mode pad whose fill becomes the zero point; integer LSTM/GRU/RNN layers.
+QUANT_RULES = ("matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad",
+               "recurrent")  # fmt: skip
 
 
 class _Unstated:
@@ -111,18 +116,25 @@ class OpDef:
     infer: Infer
     batch: BatchRule | None = UNSTATED
     quant: str | None = None
+    onnx: Mapping[str, type] | None = None
 
 
 OPS: dict[str, OpDef] = {}
 
 
 def register(
-    name: str, infer: Infer, *, batch: BatchRule | None = UNSTATED, quant: str | None = None
+    name: str,
+    infer: Infer,
+    *,
+    batch: BatchRule | None = UNSTATED,
+    quant: str | None = None,
+    onnx: Mapping[str, type] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the kernel of op `name`; it may return one array.
 
     `batch` is the op's BatchRule, or None if it is deliberately never batch-separable; `quant`
-    one of QUANT_RULES, or None to keep the op in float.
+    one of QUANT_RULES, or None to keep the op in float; `onnx` the attributes of the ONNX
+    operator it is, by type (`{}`: one without attributes), or None.
     """
     if quant is not None and quant not in QUANT_RULES:
         raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
@@ -139,7 +151,7 @@ def register(
         kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
-        OPS[name] = OpDef(name, kernel, infer, batch, quant)
+        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx)
         return fn
 
     return wrap

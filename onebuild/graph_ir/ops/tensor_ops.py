@@ -268,7 +268,7 @@ def _to_e8m0(x: np.ndarray, round_mode: str, to: np.dtype) -> np.ndarray:
     return np.where(np.isnan(x), np.nan, power).astype(to)
 
 
-@register("Identity", same_as_input, batch=PER_SAMPLE, quant="passthrough")
+@register("Identity", same_as_input, batch=PER_SAMPLE, quant="passthrough", onnx={})
 def identity(attrs, x):
     return x
 

@@ -16,6 +16,7 @@ import numpy as np
 from ...errors import UserError
 from ..interpreter import Interpreter, check_feeds
 from ..ir import Graph, Value
+from ..ops.recurrent import cell_state_name, lstm_reporting_cells
 from .observers import Histogram, MinMax, MovingAverage, Percentile
 from .params import activation_params, dequantize, quantize
 
@@ -132,23 +133,38 @@ class RangeRecorder:
         return recorder
 
     def observe(self, value: Value, array: np.ndarray) -> None:
+        self.record(value.name, array)
+
+    def record(self, name: str, array: np.ndarray) -> None:
+        """Observe `array` as the value `name` (a value of the graph or a layer's internal
+        values, such as an LSTM's cell states)."""
         if array.dtype.kind != "f":
             return
         if self.finite and array.size:
             for extreme in (array.min(), array.max()):
                 if not np.isfinite(extreme):
-                    raise NonFiniteError(value.name, float(extreme))
-        axis = self.channel_axes.get(value.name)
+                    raise NonFiniteError(name, float(extreme))
+        axis = self.channel_axes.get(name)
         if axis is not None and array.size:
-            self._add_channel_sums(value.name, array, axis)
-        observer = self.observers.get(value.name)
+            self._add_channel_sums(name, array, axis)
+        observer = self.observers.get(name)
         if observer is None:
             try:
                 observer = METHODS[self.method](**self.options)
             except (TypeError, ValueError) as error:
                 raise UserError(f"calibration method '{self.method}': {error}") from None
-            self.observers[value.name] = observer
+            self.observers[name] = observer
         observer.update(array)
+
+    def interpreter(self, graph: Graph) -> Interpreter:
+        """An interpreter of `graph` recording into this recorder: every float value, and the
+        values inside layers (every LSTM's cell states, as `cell_state_name(node)`)."""
+        kernels = {}
+        for node in graph.nodes:
+            if node.op == "LSTM":
+                name = cell_state_name(node.name)
+                kernels[node.name] = lstm_reporting_cells(lambda a, name=name: self.record(name, a))
+        return Interpreter(graph, self.observe, kernels)
 
     def _add_channel_sums(self, name: str, array: np.ndarray, axis: int) -> None:
         """Sum sample by sample (leading rows in order), so how samples are split into batches
@@ -181,21 +197,21 @@ def calibrate(
     min_samples: int = 1,
     progress: Callable[[int], None] | None = None,
 ) -> CalibrationStats:
-    """Observe every float value (graph inputs and node outputs) over all samples.
+    """Observe every float value (graph inputs and node outputs) and every LSTM's cell states
+    over all samples.
 
     `data` is one batch (`{input name: [N, *shape]}`) or an iterable of (where, batch) pairs,
     `where` naming the batch's source in error messages.
     """
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     options = dict(options or {})
-    interpreter = Interpreter(graph)
+    recorder = RangeRecorder(method, dict(options), channel_axes(graph), finite=True)
+    interpreter = recorder.interpreter(graph)
     chunk = CHUNK
     if method == "moving_average":  # ONE blends the min/max of each batch of samples
         chunk = options.get("batch", 1)
         if interpreter.batchable:
-            options["batch"] = 1  # each observed array is already a whole batch
-    recorder = RangeRecorder(method, options, channel_axes(graph), finite=True)
-    interpreter.observer = recorder.observe
+            recorder.options["batch"] = 1  # each observed array is already a whole batch
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)
         for start in range(0, samples, chunk):

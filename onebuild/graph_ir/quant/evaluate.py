@@ -97,7 +97,10 @@ def compare_graphs(
                 progress(result.samples)
     result.outputs = {name: m.summary() for name, m in outputs.items()}
     ranked = sorted(layers.items(), key=lambda item: item[1].db)
-    result.layers = [{"node": n, "op": common[n], "sqnr_db": s.db} for n, s in ranked]
+    result.layers = [
+        {"node": n, "op": common[n], "sqnr_db": s.db, "channel_noise_ratio": s.channel_noise_ratio}
+        for n, s in ranked
+    ]
     if labels is not None:
         n = max(result.samples, 1)
         result.accuracy = {

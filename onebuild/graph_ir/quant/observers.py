@@ -1,12 +1,13 @@
 """Calibration observers: range statistics of one tensor, updated batch by batch, bounded memory.
 
 - `MinMax`: the extreme values seen.
-- `Percentile`: the lo/hi percentiles of all values seen (ONE's default 1/99), from a fixed-size
-  histogram whose range doubles (merging bin pairs) when new values fall outside it.
+- `Percentile`: ONE's percentile: the lo-th percentile of the samples' minima and the hi-th of
+  their maxima (default 1/99), linearly interpolated; one pair of numbers per sample.
 - `MovingAverage`: ONE's moving average: the min/max of each batch of `batch` samples blended
   into the running value with weight `constant` (the first batch initializes it).
-- `Histogram` (method `mse`): the percentile histogram, kept for a search at quantization time
-  (`calibrate.mse_range`: the clipping range with the least squared error for a dtype).
+- `Histogram` (method `mse`): a fixed-size histogram whose range doubles (merging bin pairs) when
+  new values fall outside it, kept for a search at quantization time (`calibrate.mse_range`:
+  the clipping range with the least squared error for a dtype).
 """
 
 import numpy as np
@@ -25,12 +26,39 @@ class MinMax:
 
 
 class Percentile:
-    """Histogram of [-limit, limit) in `bins` equal bins; the limit doubles as needed."""
+    """Per sample (a row of axis 0: calibration arrays carry samples along it, a session's runs
+    one each), the minimum and the maximum; the range is their lo-th and hi-th percentiles.
 
-    def __init__(self, lo_percent: float = 1.0, hi_percent: float = 99.0, bins: int = 4096):
+    Percentiles of the samples' extremes, not of all values: clipping the top 1 % of every
+    tensor's values would cut the informative tails of most activations."""
+
+    def __init__(self, lo_percent: float = 1.0, hi_percent: float = 99.0):
         if not 0 <= lo_percent < hi_percent <= 100:
             raise ValueError(f"percentiles {lo_percent}/{hi_percent} are not 0 <= lo < hi <= 100")
         self.lo_percent, self.hi_percent = lo_percent, hi_percent
+        self.minima: list[float] = []
+        self.maxima: list[float] = []
+
+    def update(self, x: np.ndarray) -> None:
+        if not x.size:
+            return
+        rows = x.reshape(len(x), -1) if x.ndim else x.reshape(1, 1)
+        self.minima.extend(rows.min(axis=1).tolist())
+        self.maxima.extend(rows.max(axis=1).tolist())
+
+    def range(self) -> tuple[float, float]:
+        if not self.minima:
+            return 0.0, 0.0
+        lo = float(np.percentile(np.asarray(self.minima, np.float64), self.lo_percent))
+        hi = float(np.percentile(np.asarray(self.maxima, np.float64), self.hi_percent))
+        return lo, hi
+
+
+class Histogram:
+    """Values in `bins` equal bins over [-limit, limit); the limit doubles as needed. Its range
+    is the observed min/max (the search uses the counts)."""
+
+    def __init__(self, bins: int = 2048):
         self.counts = np.zeros(bins, np.int64)
         self.limit = 0.0
         self.minmax = MinMax()
@@ -57,14 +85,7 @@ class Percentile:
         self.limit *= 2
 
     def range(self) -> tuple[float, float]:
-        total = self.counts.sum()
-        if total == 0:
-            return 0.0, 0.0
-        edges = np.linspace(-self.limit, self.limit, len(self.counts) + 1)
-        cumulative = np.cumsum(self.counts) / total
-        lo = edges[np.searchsorted(cumulative, self.lo_percent / 100, side="left")]
-        hi = edges[np.searchsorted(cumulative, self.hi_percent / 100, side="left") + 1]
-        return max(float(lo), self.minmax.lo), min(float(hi), self.minmax.hi)
+        return self.minmax.range()
 
 
 class MovingAverage:
@@ -98,13 +119,3 @@ class MovingAverage:
         if self.seen % self.batch and self.lo is None:  # fewer samples than one batch
             return self.pending.range()
         return (self.lo, self.hi) if self.lo is not None else (0.0, 0.0)
-
-
-class Histogram(Percentile):
-    """Percentile's histogram, kept for a per-dtype search later; its range is the min/max."""
-
-    def __init__(self, bins: int = 2048):
-        super().__init__(0.0, 100.0, bins)
-
-    def range(self) -> tuple[float, float]:
-        return self.minmax.range()

@@ -11,6 +11,7 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
   input code;
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, ...) runs on the quantized codes
   with the input's parameters;
+- LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
@@ -28,16 +29,22 @@ from ..ops import OPS
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from .config import FLOAT, QuantConfig, layer_settings
+from .kernel_attrs import (
+    average_pool_attrs,
+    binary_attrs,
+    concat_attrs,
+    matmul_attrs,
+    requantize_attrs,
+)
 from .params import (
-    ADD_SHIFT,
     MultiplierRangeError,
     activation_params,
     dequantize,
     qdq_attrs,
     quantize,
-    quantize_multiplier,
     weight_params,
 )
+from .recurrent_rule import quantize_recurrent, recurrent_ok
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
 
@@ -50,12 +57,20 @@ def weight_dtype(activation_dtype: str) -> str:
 
 
 class _Quantizer:
-    def __init__(self, source: Graph, ranges: Mapping[str, tuple[float, float]], config, means):
+    def __init__(
+        self,
+        source: Graph,
+        ranges: Mapping[str, tuple[float, float]],
+        config,
+        means,
+        round_weights: "WeightRounder",
+    ):
         for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
                 raise UserError(f"full quantization does not support dtype '{dtype}'")
         self.source, self.ranges, self.config = source, ranges, config
         self.means = means if config.bias_correction else {}
+        self.round_weights = round_weights
         self.settings = layer_settings(source, config)
         self.graph = Graph(source.name)
         self.float_of: dict[int, Value] = {}  # source value -> float value in the new graph
@@ -100,13 +115,7 @@ class _Quantizer:
             )
         elif id(value) in self.home:
             source = self.quant_of[(id(value), self.home[id(value)])]
-            m, r = quantize_multiplier(source.quant.scale[0] / params.scale[0])
-            attrs = {
-                "x_zero_point": source.quant.zero_point[0],
-                **_output_attrs(dtype, params),
-                "multiplier": m,
-                "shift": r,
-            }
+            attrs = requantize_attrs(source.quant, params, dtype)
             new = self._node("Requantize", [source], attrs, f"{value.name}/to_{dtype}")
         else:
             attrs = {**qdq_attrs(params), "dtype": dtype}
@@ -195,7 +204,7 @@ class _Quantizer:
         w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
         channels = w.shape[channel_axis]
         scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
-        wq = quantize(w, w_params, w_dtype)
+        wq = self.round_weights(node, w, w_params, w_dtype)
         s_x = x.quant.scale[0]
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
@@ -205,19 +214,7 @@ class _Quantizer:
             error = wq * np.asarray(w_params.scale).reshape(_channel_shape(w, channel_axis)) - w
             b_real = b_real - _output_shift(node, error, mean, channel_axis)
         bq = np.clip(np.rint(b_real / (s_x * scales)), limit.min, limit.max).astype(b_type)
-        multipliers = [quantize_multiplier(s_x * s / out_params.scale[0]) for s in scales]
-        if node.op == "Conv":
-            attrs = {k: node.attrs[k] for k in ("strides", "dilations", "pads", "group")}
-        else:
-            attrs = {"transB": trans_b}
-        attrs.update(
-            {
-                "x_zero_point": x.quant.zero_point[0],
-                **_output_attrs(dtype, out_params, node.attrs.get("clip")),
-                "multiplier": [m for m, _ in multipliers],
-                "shift": [r for _, r in multipliers],
-            }
-        )
+        attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype)
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
         w_value.quant = w_params
         b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"
@@ -234,36 +231,15 @@ class _Quantizer:
         _has_integer_form(node, ("Add", "Sub", "Mul"))
         a, b = (self.as_quant(v, dtype) for v in node.inputs)
         out_params = self.params(node.output, dtype)
-        s_a, s_b, s_y = a.quant.scale[0], b.quant.scale[0], out_params.scale[0]
-        attrs = {
-            "a_zero_point": a.quant.zero_point[0],
-            "b_zero_point": b.quant.zero_point[0],
-            **_output_attrs(dtype, out_params, node.attrs.get("clip")),
-        }
-        if node.op == "Mul":
-            m, r = quantize_multiplier(s_a * s_b / s_y)
-            op = "QMul"
-        else:
-            largest = 2 * max(s_a, s_b)
-            attrs["a_rescale"] = list(quantize_multiplier(s_a / largest))
-            attrs["b_rescale"] = list(quantize_multiplier(s_b / largest))
-            attrs["subtract"] = int(node.op == "Sub")
-            m, r = quantize_multiplier(largest / (2**ADD_SHIFT * s_y))
-            op = "QAdd"
-        attrs.update({"multiplier": m, "shift": r})
+        clip = node.attrs.get("clip")
+        op, attrs = binary_attrs(node.op, a.quant, b.quant, out_params, dtype, clip)
         self._produce(node, op, [a, b], attrs, dtype, out_params)
 
     def _concat(self, node: Node, dtype: str) -> None:
         inputs = [self.as_quant(v, dtype) for v in node.inputs]
         out_params = self.params(node.output, dtype)
-        multipliers = [quantize_multiplier(v.quant.scale[0] / out_params.scale[0]) for v in inputs]
-        attrs = {
-            "axis": node.attrs["axis"],
-            "x_zero_points": [v.quant.zero_point[0] for v in inputs],
-            **_output_attrs(dtype, out_params),
-            "multiplier": [m for m, _ in multipliers],
-            "shift": [r for _, r in multipliers],
-        }
+        params = [v.quant for v in inputs]
+        attrs = concat_attrs(node.attrs["axis"], params, out_params, dtype)
         self._produce(node, "QConcat", inputs, attrs, dtype, out_params)
 
     def _average_pool_ok(self, node: Node) -> bool:
@@ -273,24 +249,7 @@ class _Quantizer:
         _has_integer_form(node, ("AveragePool", "GlobalAveragePool"))
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
-        spatial = x.shape[2:]
-        if node.op == "GlobalAveragePool":
-            pool = {
-                "kernel_shape": list(spatial),
-                "strides": [1] * len(spatial),
-                "pads": [0] * (2 * len(spatial)),
-            }
-        else:
-            pool = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads")}
-        pool["dilations"] = node.attrs.get("dilations", [1] * len(spatial))
-        pool["ceil_mode"] = node.attrs.get("ceil_mode", 0)
-        pool["count_include_pad"] = node.attrs.get("count_include_pad", 0)
-        attrs = {
-            **pool,
-            "x_zero_point": x.quant.zero_point[0],
-            **_output_attrs(dtype, out_params),
-            "scale_ratio": x.quant.scale[0] / out_params.scale[0],
-        }
+        attrs = average_pool_attrs(node.op, node.attrs, x.shape[2:], x.quant, out_params, dtype)
         self._produce(node, "QAveragePool", [x], attrs, dtype, out_params)
 
     def _lookup_inputs(self, node: Node) -> list[np.ndarray] | None:
@@ -347,6 +306,9 @@ class _Quantizer:
             attrs["value"] = x.quant.zero_point[0]  # real 0.0 is exactly the zero point
         self._passthrough(node, dtype, attrs)
 
+    def _recurrent(self, node: Node, dtype: str) -> None:
+        quantize_recurrent(self, node, dtype, weight_dtype(dtype))
+
     def _float_island(self, node: Node) -> None:
         inputs = [None if v is None else self.as_float(v) for v in node.inputs]
         new = self.graph.make_node(
@@ -369,6 +331,7 @@ RULES: dict[str, tuple[Applies, Emit]] = {
     "lookup": (_Quantizer._lookup_ok, _Quantizer._lookup),
     "passthrough": (_Quantizer._passthrough_ok, _Quantizer._passthrough),
     "pad": (_Quantizer._pad_ok, _Quantizer._pad),
+    "recurrent": (recurrent_ok, _Quantizer._recurrent),
 }
 # The ops quantized as lookup tables (a snapshot of the registry when this module loads).
 LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")
@@ -417,18 +380,12 @@ def _output_shift(node: Node, weight_error: np.ndarray, mean: np.ndarray, axis: 
     return np.einsum("goi,gi->go", per_group, mean.reshape(groups, in_per_group)).ravel()
 
 
-def _output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:
-    """Output type, zero point and saturation bounds (narrowed by a fused activation clip)."""
-    info = np.iinfo(dtype)
-    qmin, qmax = int(info.min), int(info.max)
-    zp, scale = params.zero_point[0], params.scale[0]
-    if clip is not None:
-        lo, hi = clip
-        if np.isfinite(lo):
-            qmin = max(qmin, min(qmax, int(np.ceil(lo / scale + zp))))
-        if np.isfinite(hi):
-            qmax = min(qmax, max(qmin, int(np.floor(hi / scale + zp))))
-    return {"dtype": dtype, "y_zero_point": zp, "qmin": qmin, "qmax": qmax}
+def nearest(node: Node, weight: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
+    """Weight codes rounded to nearest (the default `WeightRounder`)."""
+    return quantize(weight, params, dtype)
+
+
+WeightRounder = Callable[[Node, np.ndarray, QuantParams, str], np.ndarray]
 
 
 def quantize_graph(
@@ -436,7 +393,12 @@ def quantize_graph(
     ranges: Mapping[str, tuple[float, float]],
     config: QuantConfig | None = None,
     channel_means: Mapping[str, np.ndarray] | None = None,
+    round_weights: WeightRounder = nearest,
 ) -> Graph:
     """The integer-reference form of `graph` given calibration ranges per value name and, for
-    bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`)."""
-    return _Quantizer(graph, ranges, config or QuantConfig(), channel_means or {}).run()
+    bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`);
+    `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`)."""
+    quantizer = _Quantizer(
+        graph, ranges, config or QuantConfig(), channel_means or {}, round_weights
+    )
+    return quantizer.run()

@@ -49,6 +49,14 @@ def _int_or_ints(lo: int, hi: int) -> Rule:
     return rule
 
 
+def _optional_int(lo: int, hi: int) -> Rule:
+    def rule(f: Fields, v, path: str) -> None:
+        if v is not None:
+            f.integer(v, path, lo, hi)
+
+    return rule
+
+
 def _number(positive: bool = False, finite: bool = True) -> Rule:
     def rule(f: Fields, v, path: str) -> None:
         f.number(v, path, positive, finite)
@@ -117,18 +125,28 @@ RULES: dict[str, Rule] = {
                      "qmax"], _int(*I32)),
     "x_zero_points": _ints(*I32),
     **dict.fromkeys(["a_rescale", "b_rescale"], _ints(0, (1 << 31) - 1, count=2)),
+    **dict.fromkeys(["x_multiplier", "h_multiplier"], _ints(0, (1 << 31) - 1)),
+    **dict.fromkeys(["x_shift", "h_shift"], _ints(1, 62)),
+    "functions": _ints(0, 2),
+    "cell_shift": _int(0, 15),
+    "gate_clip": _optional_int(0, 32767),
+    "out_rescale": _ints(0, (1 << 31) - 1, count=2),
+    **dict.fromkeys(["h0_rescale", "c0_rescale"], _ints(*I32, count=3)),  # zero point, m, r
 }  # fmt: skip
 
 _OUT = ["dtype", "y_zero_point", "qmin", "qmax"]
 _POOL = ["ceil_mode", "dilations", "kernel_shape", "pads", "strides"]
 _REDUCE = ["axes", "keepdims"]
+_RECURRENT = [*_OUT, "direction", "functions", "gate_clip", "h_multiplier", "h_shift",
+              "hidden_size", "layout", "out_rescale", "x_multiplier", "x_shift",
+              "x_zero_point"]  # fmt: skip
 REQUIRED: dict[str, list[str]] = {
     "ArgMax": [*_REDUCE, "select_last_index"],
     "ArgMin": [*_REDUCE, "select_last_index"],
     "AveragePool": [*_POOL, "count_include_pad"],
     "BatchNormalization": ["epsilon"],
+    "BitShift": ["direction"],
     "Cast": ["round_mode", "saturate", "to"],
-    "Celu": ["alpha"],
     "Concat": ["axis"],
     "Conv": ["dilations", "group", "pads", "strides"],
     "ConvTranspose": ["dilations", "group", "output_padding", "pads", "strides"],
@@ -137,18 +155,13 @@ REQUIRED: dict[str, list[str]] = {
     "Dropout": ["mask"],
     "Expand": ["shape"],
     "Gather": ["axis"],
-    "Gelu": ["approximate"],
     "Gemm": ["alpha", "beta", "transA", "transB"],
     "GroupNormalization": ["epsilon", "num_groups"],
-    "HardSigmoid": ["alpha", "beta"],
-    "IsInf": ["detect_negative", "detect_positive"],
     "LRN": ["alpha", "beta", "bias", "size"],
-    "LeakyRelu": ["alpha"],
     "LogSoftmax": ["axis"],
     "LpNormalization": ["axis", "p"],
     "MaxPool": _POOL,
     "MeanVarianceNormalization": ["axes"],
-    "Mod": ["fmod"],
     "Pad": ["mode", "pads", "value"],
     "QAdd": [*_OUT, "a_rescale", "a_zero_point", "b_rescale", "b_zero_point", "multiplier",
              "shift", "subtract"],
@@ -158,6 +171,9 @@ REQUIRED: dict[str, list[str]] = {
               "x_zero_point"],
     "QGemm": [*_OUT, "multiplier", "shift", "x_zero_point"],
     "QMul": [*_OUT, "a_zero_point", "b_zero_point", "multiplier", "shift"],
+    "QLSTM": [*_RECURRENT, "cell_shift", "input_forget"],
+    "QGRU": [*_RECURRENT, "linear_before_reset"],
+    "QRNN": _RECURRENT,
     "QuantizeLinear": ["axis", "dtype", "scale", "zero_point"],
     "ReduceMax": _REDUCE,
     "ReduceMean": _REDUCE,
@@ -167,7 +183,6 @@ REQUIRED: dict[str, list[str]] = {
     "Requantize": [*_OUT, "multiplier", "shift", "x_zero_point"],
     "Reshape": ["shape"],
     "Resize": ["scales", "sizes"],
-    "Shrink": ["lambd"],
     "Slice": ["ends", "starts", "steps"],
     "Softmax": ["axis"],
     "SpaceToDepth": ["blocksize", "mode"],
@@ -177,7 +192,7 @@ REQUIRED: dict[str, list[str]] = {
     "Transpose": ["perm"],
 }  # fmt: skip
 _INTEGER_OUTPUT = {"QuantizeLinear", "Requantize", "QConv", "QGemm", "QAdd", "QMul", "QConcat",
-                   "QAveragePool"}  # fmt: skip
+                   "QAveragePool", "QLSTM", "QGRU", "QRNN"}  # fmt: skip
 
 
 def code_range(dtype: np.dtype) -> tuple[int, int]:

@@ -28,6 +28,8 @@ _VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
 
 
 def _schema(node: onnx.NodeProto, opset: int) -> defs.OpSchema | None:
+    if node.domain not in ("", "ai.onnx"):  # onnxruntime's contrib ops: their converters check
+        return None
     try:
         return defs.get_schema(node.op_type, opset, "")
     except defs.SchemaError:

@@ -49,6 +49,11 @@ FLOAT_ATTRS = {  # attributes the float form keeps
     ),
 }
 INTERNAL_ATTRS = {"clip", "mask", "round_mode"}
+NO_QDQ_FORM = {
+    "QLSTM",
+    "QGRU",
+    "QRNN",
+}  # int16 gates and cell state: no ONNX operator computes them
 
 
 def _onnx_type(dtype: np.dtype) -> int:
@@ -137,6 +142,11 @@ class _Exporter:
             self.quantized_node(node)
         elif node.op == "QLookup":
             self.lookup(node)
+        elif node.op in NO_QDQ_FORM:
+            raise UserError(
+                f"node '{node.name}' ({node.op}) has no QDQ form; to export, keep it float: "
+                f'[[quantize.layers]] names = ["{node.name}"], dtype = "float32"'
+            )
         elif node.op == "Requantize":
             x = node.inputs[0]
             self.quantize(self.dequantize(x, node.name), node.output, node.name)

@@ -15,7 +15,7 @@ import logging
 import math
 import mmap
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +27,19 @@ from ...errors import DynamicValueError, ModelError, UnsupportedOpsError, UserEr
 from .. import dtypes
 from ..ir import Graph, Model, Value
 from ..ops import OPS
+from ..quant.from_qdq import fold_qdq
 from ..tensor import Tensor
 from . import onnx_checks as checks
-from . import onnx_ops_index, onnx_ops_nn  # noqa: F401  (register their converters)
+from . import onnx_ops_index, onnx_ops_nn, onnx_qdq  # noqa: F401  (register their converters)
 from .onnx_control import fold_if
-from .onnx_ops import CONVERTERS
+from .onnx_ops import CONVERTERS, converter_for
 from .onnx_wire import map_embedded_weights
 
 log = logging.getLogger("onebuild")
 
 ONNX_DOMAINS = ("", "ai.onnx")
+# Other domains whose operators have converters, registered as "<domain>.<op_type>".
+EXTRA_DOMAINS = ("com.microsoft",)
 MIN_OPSET = 7
 
 
@@ -83,7 +86,7 @@ def import_onnx(
     if opset < MIN_OPSET:
         raise ModelError(f"{source}: opset {opset} is too old; onebuild reads opset {MIN_OPSET}+")
     importer = _GraphImporter(proto.graph, opset, source, base_dir)
-    graph = importer.run(dict(input_shapes or {}), dict(input_values or {}))
+    graph = fold_qdq(importer.run(dict(input_shapes or {}), dict(input_values or {})))
     metadata = {"source_opset": str(opset), "producer": proto.producer_name or ""}
     return Model([graph], metadata)
 
@@ -338,7 +341,7 @@ class _GraphImporter:
         try:
             checks.signature(node, self.opset)
             checks.input_types(node, self.opset, [v and v.dtype for v in ctx.inputs])
-            results = CONVERTERS[node.op_type](ctx)
+            results = converter_of(node)(ctx)
         except (DynamicValueError, UserError):
             raise
         except (ValueError, KeyError, IndexError, TypeError, ArithmeticError) as error:
@@ -437,12 +440,13 @@ class NodeContext:
         return value
 
     def emit(
-        self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None
+        self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None, fold: bool = True
     ) -> list[Value]:
-        """Add an IR node, or evaluate it at once when all its inputs are constants."""
+        """Add an IR node, or evaluate it at once when all its inputs are constants (unless
+        `fold` is False)."""
         attrs = dict(attrs or {})
         present = [v for v in inputs if v is not None]
-        if present and all(v.is_const for v in present):
+        if fold and present and all(v.is_const for v in present):
             arrays = [None if v is None else v.numpy() for v in inputs]
             results = OPS[op].kernel(attrs, *arrays)
             return [self.constant(np.asarray(r)) for r in results]
@@ -453,6 +457,14 @@ class NodeContext:
         for value in node.outputs:
             self._created.add(id(value))
         return node.outputs
+
+
+def converter_of(node: onnx.NodeProto) -> Callable | None:
+    """The converter of a node (None: not supported); operators of EXTRA_DOMAINS are
+    registered as "<domain>.<op_type>"."""
+    if node.domain in ONNX_DOMAINS:
+        return converter_for(node.op_type)
+    return CONVERTERS.get(f"{node.domain}.{node.op_type}") if node.domain in EXTRA_DOMAINS else None
 
 
 def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
@@ -469,7 +481,7 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
             for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
         ]
         foldable = node.op_type == "If" and node.domain in ONNX_DOMAINS  # see onnx_control
-        if node.domain not in ONNX_DOMAINS or (node.op_type not in CONVERTERS and not foldable):
+        if converter_of(node) is None and not foldable:
             op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
             found.append((op, name, where))
         elif subgraphs and not foldable:

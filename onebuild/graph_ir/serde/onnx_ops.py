@@ -11,11 +11,11 @@ import numpy as np
 
 from ...errors import UserError
 from .. import dtypes
-from ..ops import broadcast_shape, normalize_axis
+from ..ops import OPS, broadcast_shape, normalize_axis
 from ..tensor import Tensor
 from .onnx_checks import axis_in, dims, indices_in, non_negative
 
-CONVERTERS: dict[str, Callable] = {}
+CONVERTERS: dict[str, Callable] = {}  # beside these, `declared` converts ops registered with onnx=
 
 
 def converter(*names: str):
@@ -50,51 +50,13 @@ def per_channel(ctx, indices, channels: int) -> None:
 
 
 # -- pass-through and elementwise --------------------------------------------------------------
-SIMPLE = [
-    "Abs",
-    "Neg",
-    "Sqrt",
-    "Exp",
-    "Log",
-    "Floor",
-    "Ceil",
-    "Reciprocal",
-    "Relu",
-    "Sigmoid",
-    "Tanh",
-    "HardSwish",
-    "Not",
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "PRelu",
-    "Equal",
-    "Less",
-    "Greater",
-    "Where",
-    "MatMul",
-    "Identity",
-    "Erf",
-    "GreaterOrEqual",
-    "LessOrEqual",
-    "And",
-    "Or",
-    "Xor",
-    "Round",
-    "Sign",
-    "Softsign",
-    "Softplus",
-    "Mish",
-    "IsNaN",
-    *"Sin Cos Tan Sinh Cosh Asin Acos Atan Asinh Acosh Atanh".split(),
-]
-
-
-@converter(*SIMPLE)
-def simple(ctx):
-    return ctx.emit(ctx.op_type, ctx.inputs)
+def declared(ctx):
+    """An op registered as the ONNX operator of the same name (`OpDef.onnx`): its inputs as
+    they are, the attributes it reads by their declared types."""
+    kinds = OPS[ctx.op_type].onnx
+    given = {name: ctx.attr(name) for name in kinds}
+    attrs = {name: kinds[name](value) for name, value in given.items() if value is not None}
+    return ctx.emit(ctx.op_type, ctx.inputs, attrs)
 
 
 @converter("Max", "Min")
@@ -121,50 +83,6 @@ def mean(ctx):
     (total,) = sum_(ctx)
     count = ctx.constant(np.asarray(len(ctx.inputs), total.dtype))
     return ctx.emit("Div", [total, count])
-
-
-@converter("LeakyRelu")
-def leaky_relu(ctx):
-    return ctx.emit("LeakyRelu", ctx.inputs, {"alpha": float(ctx.attr("alpha", 0.01))})
-
-
-# Ops whose only attributes are these floats; the kernels hold ONNX's defaults.
-FLOAT_ATTRS = {
-    "Elu": ("alpha",),
-    "Celu": ("alpha",),
-    "ThresholdedRelu": ("alpha",),
-    "Selu": ("alpha", "gamma"),
-    "Shrink": ("bias", "lambd"),
-}
-
-
-@converter(*FLOAT_ATTRS)
-def float_attrs(ctx):
-    given = {name: ctx.attr(name) for name in FLOAT_ATTRS[ctx.op_type]}
-    attrs = {name: float(value) for name, value in given.items() if value is not None}
-    return ctx.emit(ctx.op_type, ctx.inputs, attrs)
-
-
-@converter("IsInf")
-def is_inf(ctx):
-    attrs = {k: int(ctx.attr(k, 1)) for k in ("detect_positive", "detect_negative")}
-    return ctx.emit("IsInf", ctx.inputs, attrs)
-
-
-@converter("Mod")
-def mod(ctx):
-    return ctx.emit("Mod", ctx.inputs, {"fmod": int(ctx.attr("fmod", 0))})
-
-
-@converter("Gelu")
-def gelu(ctx):
-    return ctx.emit("Gelu", ctx.inputs, {"approximate": ctx.attr("approximate", "none")})
-
-
-@converter("HardSigmoid")
-def hard_sigmoid(ctx):
-    attrs = {"alpha": float(ctx.attr("alpha", 0.2)), "beta": float(ctx.attr("beta", 0.5))}
-    return ctx.emit("HardSigmoid", ctx.inputs, attrs)
 
 
 @converter("Clip")
@@ -510,3 +428,11 @@ def arg_extreme(ctx):
         "select_last_index": int(ctx.attr("select_last_index", 0)),
     }
     return ctx.emit(ctx.op_type, [x], attrs)
+
+
+def converter_for(op_type: str) -> Callable | None:
+    """The converter of ONNX operator `op_type` (None: not supported)."""
+    if op_type in CONVERTERS:
+        return CONVERTERS[op_type]
+    op = OPS.get(op_type)
+    return declared if op is not None and op.onnx is not None else None

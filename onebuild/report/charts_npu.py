@@ -1,0 +1,82 @@
+"""NPU pictures from what a target reports about one inference of a binary: the per-layer
+timeline (each layer's share of the cycles, and its compute and DMA engine busy time) and a
+roofline chart (attained MACs per cycle against arithmetic intensity)."""
+
+import numpy as np
+
+from .collect import Binary
+from .figure import clip, figure, svg_text
+
+PALETTE = ("#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac")
+
+
+def timeline_chart(binary: Binary, index: int) -> str:
+    """Top: the layers one after another, each as long as its share of the cycles. Bottom:
+    per layer, compute and DMA busy cycles (they overlap when tiles are double-buffered)."""
+    layers = list(binary.info["layers_table"].items())
+    names = [name for name, _ in layers]
+    with figure(f"timeline{index}", 8.0, 2.4 + 0.22 * len(layers)) as fig:
+        top, bottom = fig.subplots(2, 1, height_ratios=[1, max(1.6, len(layers) * 0.3)])
+        kinds = sorted({str(layer.get("kind", "?")) for _, layer in layers})
+        colours = {kind: PALETTE[i % len(PALETTE)] for i, kind in enumerate(kinds)}
+        start = 0
+        for name, layer in layers:
+            colour = colours[str(layer.get("kind", "?"))]
+            top.barh(0, layer["cycles"], left=start, color=colour, edgecolor="white")
+            if layer["cycles"] > binary.info["cycles"] * 0.06:
+                top.text(start + layer["cycles"] / 2, 0, clip(name, 12), ha="center",
+                         va="center", fontsize=7, color="white")  # fmt: skip
+            start += layer["cycles"]
+        for kind in kinds:
+            top.barh(0, 0, color=colours[kind], label=kind)
+        top.legend(loc="lower left", bbox_to_anchor=(0, 1.15), ncols=len(kinds), frameon=False)
+        top.set_yticks([])
+        top.set_xlim(0, max(start, 1))
+        top.set_xlabel("cycles (one inference)")
+        info = binary.info
+        fig.suptitle(
+            f"{binary.name}: {info['cycles']} cycles, {info.get('milliseconds')} ms on "
+            f"{info.get('hardware')}"
+        )
+        y = np.arange(len(layers))[::-1]
+        compute = [layer.get("compute_cycles", 0) for _, layer in layers]
+        dma = [layer.get("dma_cycles", 0) for _, layer in layers]
+        bottom.barh(y + 0.2, compute, height=0.4, color="#4e79a7", label="compute busy")
+        bottom.barh(y - 0.2, dma, height=0.4, color="#f28e2b", label="DMA busy")
+        bottom.set_yticks(y, [clip(n, 28) for n in names])
+        bottom.set_xlabel("engine busy cycles per layer")
+        bottom.legend(loc="lower left", bbox_to_anchor=(0, 1), ncols=2, frameon=False)
+        return svg_text(fig, f"timeline{index}")
+
+
+def roofline_chart(binaries: list[Binary]) -> str:
+    """Each layer that multiplies (MACs > 0) as a point: MACs per DRAM byte against attained
+    MACs per cycle; the roof is min(peak, intensity x DRAM bytes per cycle) of its hardware."""
+    with figure("roofline", 7.0, 4.2) as fig:
+        ax = fig.add_subplot()
+        roofs = {}
+        for index, binary in enumerate(binaries):
+            points = [
+                (
+                    layer["macs"] / max(layer["dram_bytes"], 1),
+                    layer["macs"] / max(layer["cycles"], 1),
+                )
+                for layer in binary.info["layers_table"].values()
+                if layer.get("macs")
+            ]
+            if points:
+                x, y = zip(*points)
+                ax.scatter(x, y, s=22, label=binary.name, marker="os^Dv<>p"[index % 8])
+            if binary.peak_macs and binary.bytes_per_cycle:
+                roofs[binary.info.get("hardware")] = (binary.peak_macs, binary.bytes_per_cycle)
+        for hardware, (peak, bandwidth) in sorted(roofs.items()):
+            x = np.logspace(-2, 4, 200)
+            ax.plot(x, np.minimum(peak, x * bandwidth), color="#333", linewidth=1)
+            ax.text(1e4, peak, f"{hardware} peak {peak} MAC/cycle", ha="right", va="bottom")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (MACs per DRAM byte)")
+        ax.set_ylabel("attained MACs per cycle")
+        ax.set_title("Roofline: NPU layers against the hardware's compute and DMA limits")
+        ax.legend(loc="lower right", fontsize=7)
+        return svg_text(fig, "roofline")

@@ -1,0 +1,53 @@
+"""Quantization pictures: per-layer SQNR (worst first) and calibration histograms with the
+ranges quantization used."""
+
+import numpy as np
+
+from .figure import clip, figure, svg_text
+
+MAX_BARS = 30
+
+
+def sqnr_chart(layers: list[dict], threshold: float | None = None) -> str:
+    """Horizontal bars of each layer's SQNR in dB, the worst at the top (the evaluate step's
+    `layers`, already worst first); the gate's SQNR minimum as a line when it has one."""
+    shown = layers[:MAX_BARS]
+    values = [layer["sqnr_db"] for layer in shown]
+    labels = [f"{layer['node']} ({layer['op']})" for layer in shown]
+    with figure("sqnr", 7.5, 0.9 + 0.24 * len(shown)) as fig:
+        ax = fig.add_subplot()
+        positions = np.arange(len(shown))[::-1]
+        finite = [v if np.isfinite(v) else 0.0 for v in values]
+        colours = ["#e15759" if v < 20 else "#f28e2b" if v < 30 else "#59a14f" for v in finite]
+        ax.barh(positions, finite, color=colours)
+        for y, v in zip(positions, values):
+            ax.annotate(f"{v:.1f}", (max(v, 0) if np.isfinite(v) else 0, y), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+        if threshold is not None:
+            ax.axvline(threshold, color="#333", linestyle="--", label=f"gate: {threshold} dB")
+            ax.legend(loc="lower right")
+        ax.set_yticks(positions, labels)
+        ax.set_xlabel("SQNR of the layer's output, quantized vs float (dB; higher is better)")
+        more = f" (worst {len(shown)} of {len(layers)})" if len(layers) > len(shown) else ""
+        ax.set_title(f"Per-layer SQNR, worst first{more}")
+        return svg_text(fig, "sqnr")
+
+
+def histogram_chart(items: list[tuple[str, np.ndarray, np.ndarray, tuple[float, float]]]) -> str:
+    """Small multiples: each value's activation histogram (log counts) with the range it was
+    quantized with as two red lines; (name, bin edges, counts, (lo, hi)) per value."""
+    columns = min(3, len(items))
+    rows = -(-len(items) // columns)
+    with figure("histograms", 3.0 * columns, 2.2 * rows) as fig:
+        axes = np.atleast_1d(fig.subplots(rows, columns)).ravel()
+        for ax, (name, edges, counts, (lo, hi)) in zip(axes, items):
+            ax.stairs(counts, edges, fill=True, color="#4e79a7")
+            ax.set_yscale("log")
+            for x in (lo, hi):
+                ax.axvline(x, color="#e15759", linewidth=1.2)
+            ax.set_title(clip(name, 34), fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in axes[len(items) :]:
+            ax.set_visible(False)
+        fig.suptitle("Calibration: activation histograms and the chosen ranges (red)")
+        return svg_text(fig, "histograms")

@@ -1,0 +1,152 @@
+"""What a build left behind, gathered for the report: step records (the `<artifact>.log` files
+the engine writes), the partition and accuracy reports, calibration statistics, what each
+compiled binary's target says about it, and the package's files. Reads only; a missing
+artifact (a step not enabled or not built yet) leaves its part out."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..engine.dag import StepResult, StepTask, known_tasks
+from ..errors import UserError
+from ..plan import Plan
+from ..targets import binary_target
+
+
+@dataclass
+class StepRecord:
+    """One task: what its log says (the last time it ran or was restored) and, when the
+    report is written by a build, what that build did."""
+
+    step: str
+    part: str
+    status: str  # from the log: run, restored; "not built" without one
+    seconds: float | None
+    cache_key: str
+    outputs: list[tuple[str, int]]  # (path relative to the build folder or recipe, bytes)
+    this_build: str = ""
+
+
+@dataclass
+class Binary:
+    """A compiled binary: its file, the target's description of one inference, the peak
+    MACs per cycle and DRAM bytes per cycle of its hardware (None when the target says not)."""
+
+    name: str
+    info: dict
+    peak_macs: float | None
+    bytes_per_cycle: float | None
+
+
+@dataclass
+class BuildData:
+    plan: Plan
+    steps: list[StepRecord]
+    graphs: list[tuple[str, str, Path]] = field(default_factory=list)  # (label, backend, IR)
+    partition: dict | None = None
+    accuracy: dict | None = None
+    calibration: Path | None = None  # statistics file
+    float_model: Path | None = None  # the graph calibration observed
+    quantized: Path | None = None  # the quantized model
+    binaries: list[Binary] = field(default_factory=list)
+    package: list[tuple[str, int]] = field(default_factory=list)
+    package_path: Path | None = None
+
+
+def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
+    """The build of `plan` as it is on disk; `results` are the statuses of the build that
+    just ran (if any)."""
+    tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
+    if not any(_log(t) for t in tasks):
+        raise UserError(
+            f"{plan.recipe}: nothing built yet in {plan.build_dir}; run 'onebuild build "
+            f"{plan.recipe.name}' first"
+        )
+    now = {(r.step, r.part): r.status for r in results or [] if r.recipe == str(plan.recipe)}
+    data = BuildData(plan, [_record(plan, t, now.get((t.step, t.label), "")) for t in tasks])
+    by_step = {t.step: t for t in tasks if not t.label}
+    for task in tasks:
+        if task.step == "calibrate" and task.outputs[0].is_file():
+            data.calibration, data.float_model = task.outputs[0], task.inputs[0]
+        elif task.step == "quantize" and task.outputs[0].is_file():
+            data.quantized = task.outputs[0]
+        elif task.step == "evaluate" and task.outputs[0].is_file():
+            data.accuracy = _json(task.outputs[0])
+        elif task.step == "partition":
+            _partition(data, task.outputs[0], plan.steps["partition"]["name"])
+        elif task.step == "codegen" and task.outputs[0].is_file():
+            data.binaries.append(_binary(task.outputs[0], plan.build_dir))
+        elif task.step == "pack" and task.outputs[0].is_dir():
+            data.package_path = task.outputs[0]
+            data.package = _files(task.outputs[0], task.outputs[0])
+    if "partition" not in by_step:
+        model = by_step.get("quantize") or by_step.get("optimize") or by_step.get("import")
+        backend = "npu" if "codegen" in by_step else "cpu"
+        if model and model.outputs[0].is_file():
+            data.graphs = [("whole model", backend, model.outputs[0])]
+    return data
+
+
+def _log(task: StepTask) -> dict | None:
+    path = Path(f"{task.outputs[0]}.log")
+    return _json(path) if path.is_file() else None
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: unreadable build record ({error}); build again") from None
+
+
+def _relative(path: Path, plan: Plan) -> str:
+    for base in (plan.build_dir, plan.recipe.parent):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
+def _record(plan: Plan, task: StepTask, this_build: str) -> StepRecord:
+    log = _log(task) or {}
+    outputs = [(_relative(p, plan), _size(p)) for p in task.outputs]
+    return StepRecord(
+        task.step,
+        task.label,
+        log.get("status", "not built"),
+        log.get("seconds"),
+        str(log.get("cache_key", ""))[:12],
+        outputs,
+        this_build,
+    )
+
+
+def _partition(data: BuildData, folder: Path, name: str) -> None:
+    report = folder / f"{name}.partition.json"
+    if not report.is_file():
+        return
+    data.partition = _json(report)
+    for number, part in enumerate(data.partition["parts"], 1):
+        backend = "cpu" if part["backend"] == "cpu" else "npu"
+        data.graphs.append((f"part {number} ({part['backend']})", backend, folder / part["file"]))
+
+
+def _binary(path: Path, build_dir: Path) -> Binary:
+    target = binary_target(path)
+    if target is None:
+        raise UserError(f"{path}: no installed target reads this binary")
+    info = target.load(path).describe()
+    hardware = target.describe().get("presets", {}).get(info.get("hardware"), {})
+    peak = hardware.get("mac_rows", 0) * hardware.get("mac_cols", 0) or None
+    name = str(path.relative_to(build_dir)) if path.is_relative_to(build_dir) else path.name
+    return Binary(name, info, peak, hardware.get("dram_bytes_per_cycle"))
+
+
+def _files(folder: Path, base: Path) -> list[tuple[str, int]]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return [(str(p.relative_to(base)), p.stat().st_size) for p in files]

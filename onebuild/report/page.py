@@ -1,0 +1,207 @@
+"""The report page: one self-contained HTML file (inline SVG and CSS, no script, no network)
+written atomically to `<build dir>/report.html`."""
+
+from html import escape
+from pathlib import Path
+
+from ..engine.dag import StepResult
+from ..fileio import atomic_write_bytes
+from ..graph_ir.serde import load_ir
+from ..plan import Plan
+from .calibration import calibration_histograms
+from .charts_npu import roofline_chart, timeline_chart
+from .charts_quant import histogram_chart, sqnr_chart
+from .collect import BuildData, collect
+from .figure import pyplot
+from .graph_svg import graph_svg, part_colours
+
+REPORT_FILE = "report.html"
+
+STYLE = """
+body { font-family: sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 0.5em 0; overflow-x: auto; }
+.run { color: #1a6; } .restored { color: #26a; } .failed { color: #c22; font-weight: bold; }
+.swatch { display: inline-block; width: 1em; height: 1em; vertical-align: middle;
+          border: 1px solid #333; margin: 0 0.3em 0 1em; }
+.note { color: #666; }
+"""
+
+
+def write_report(plan: Plan, results: list[StepResult] | None = None) -> Path:
+    """Write the report of `plan`'s build (with the statuses of the build that just ran, if
+    given) and return its path."""
+    pyplot()  # a missing matplotlib is one line, before any work
+    data = collect(plan, results)
+    sections = [_pipeline(data), _graph(data), _quantization(data), _npu(data), _package(data)]
+    title = f"onebuild report: {plan.recipe.name}"
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
+        f"<h1>{escape(title)}</h1>\n<p>recipe {escape(str(plan.recipe))}, build folder "
+        f"{escape(str(plan.build_dir))}</p>\n"
+        + "\n".join(s for s in sections if s)
+        + "\n</body></html>\n"
+    )
+    path = plan.build_dir / REPORT_FILE
+    atomic_write_bytes(path, page.encode())
+    return path
+
+
+def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="num">{escape(str(c))}</td>' if i in numeric else f"<td>{c}</td>"
+            for i, c in enumerate(row)
+        ) + "</tr>"
+        for row in rows
+    )  # fmt: skip
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _figure(name: str, svg: str, caption: str) -> str:
+    return (
+        f'<figure id="{name}">{svg}<figcaption class="note">{escape(caption)}</figcaption></figure>'
+    )
+
+
+def _pipeline(data: BuildData) -> str:
+    rows = []
+    for s in data.steps:
+        status = f'<span class="{s.status}">{escape(s.status)}</span>'
+        now = f'<span class="{s.this_build}">{escape(s.this_build)}</span>' if s.this_build else ""
+        seconds = "" if s.seconds is None else f"{s.seconds:.3f}"
+        outputs = "<br>".join(f"{escape(p)} ({_size(n)})" for p, n in s.outputs)
+        rows.append([escape(s.step), escape(s.part), now, status, seconds, s.cache_key, outputs])
+    hits = sum(s.status == "restored" for s in data.steps)
+    header = ["step", "part", "this build", "last made by", "seconds", "cache key", "outputs"]
+    return (
+        "<h2>Pipeline</h2>"
+        f"<p>{len(data.steps)} tasks; {hits} last restored from the step cache. "
+        "<i>last made by</i> is what each task's log records: <code>run</code> computed it, "
+        "<code>restored</code> copied it from the step cache.</p>" + _table(header, rows, {4})
+    )
+
+
+def _graph(data: BuildData) -> str:
+    if not data.graphs:
+        return ""
+    fallbacks = (data.partition or {}).get("fallbacks", [])
+    reasons = {f["node"]: f["reasons"] for f in fallbacks}
+    colours = part_colours([backend for _, backend, _ in data.graphs])
+    legend = "".join(
+        f'<span class="swatch" style="background:{c}"></span>{escape(label)}'
+        for (label, _, _), c in zip(data.graphs, colours)
+    )
+    svg = graph_svg(data.graphs, reasons)
+    text = "<h2>Model graph</h2>"
+    if data.partition:
+        text += (
+            f"<p>Partitioned by the <code>{escape(data.partition.get('strategy', ''))}</code> "
+            f"strategy for {escape(str(data.partition.get('hardware', '')))}: NPU parts in blues "
+            "and greens, CPU parts in oranges and reds; dashed nodes fell back to the CPU, with "
+            "the reason on the right (hover a node for its full name).</p>"
+        )
+    text += f"<p>{legend}</p>" + _figure(
+        "graph", svg, "nodes in execution layers, inputs at the top"
+    )
+    if fallbacks:
+        rows = [
+            [escape(f["node"]), escape(f["op"]), escape("; ".join(f["reasons"]))] for f in fallbacks
+        ]
+        text += "<h3>CPU fallbacks</h3>" + _table(["node", "op", "why not on the NPU"], rows)
+    return text
+
+
+def _quantization(data: BuildData) -> str:
+    quantize = data.plan.steps.get("quantize")
+    if not quantize:
+        return ""
+    text = (
+        f"<h2>Quantization</h2><p>{escape(quantize['mode'])} {escape(quantize['dtype'])}, "
+        f"{escape(quantize['granularity'])} granularity, calibration method "
+        f"<code>{escape(quantize['method'])}</code>.</p>"
+    )
+    if quantize.get("layers"):
+        text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, data.quantized)
+    if data.accuracy:
+        gate = data.accuracy.get("gate", {})
+        checks = [
+            [escape(c["check"]), f"{c['value']:.4g}", escape(str(c.get("min", c.get("max")))),
+             "passed" if c["passed"] else '<span class="failed">failed</span>']
+            for c in gate.get("checks", [])
+        ]  # fmt: skip
+        if checks:
+            text += "<h3>Accuracy gate</h3>" + _table(["check", "value", "limit", ""], checks)
+        threshold = (quantize.get("accuracy") or {}).get("min_sqnr_db")
+        svg = sqnr_chart(data.accuracy["layers"], threshold)
+        text += _figure("sqnr", svg, f"{data.accuracy.get('samples')} evaluation samples")
+    else:
+        text += (
+            '<p class="note">No per-layer SQNR: this recipe has no [quantize.accuracy] table '
+            "(add one with evaluation data to see which layers lose the most).</p>"
+        )
+    if data.calibration and data.float_model:
+        method, items = calibration_histograms(
+            data.float_model, data.calibration, quantize.get("calibration"), quantize["dtype"],
+            data.accuracy,
+        )  # fmt: skip
+        if items:
+            which = "the worst layers' outputs" if data.accuracy else "the widest ranges"
+            caption = f"{which}; {method} calibration; counts on the first 256 calibration samples"
+            text += _figure("histograms", histogram_chart(items), caption)
+    return text
+
+
+def _mixed_precision(quantize: dict, quantized: Path | None) -> str:
+    """The recipe's per-layer settings and the output type each named layer got."""
+    got = {}
+    if quantized is not None:
+        got = {n.name: str(n.outputs[0].dtype) for n in load_ir(quantized).main.nodes if n.outputs}
+    rows = [
+        [escape(", ".join(layer["names"])), escape(layer.get("dtype") or quantize["dtype"]),
+         escape(layer.get("granularity") or quantize["granularity"]),
+         escape(", ".join(f"{name}: {got.get(name, 'not found')}" for name in layer["names"]))]
+        for layer in quantize["layers"]
+    ]  # fmt: skip
+    header = ["layers", "dtype", "granularity", "output type in the quantized model"]
+    return _table(header, rows)
+
+
+def _npu(data: BuildData) -> str:
+    binaries = [b for b in data.binaries if "layers_table" in b.info]
+    if not binaries:
+        return ""
+    text = "<h2>NPU</h2>"
+    rows = [
+        [escape(b.name), b.info.get("layers"), b.info.get("cycles"), b.info.get("milliseconds"),
+         b.info.get("macs"), b.info.get("mac_utilization"), b.info.get("dram_bytes"),
+         b.info.get("weight_bytes")]
+        for b in binaries
+    ]  # fmt: skip
+    header = ["binary", "layers", "cycles", "ms", "MACs", "MAC use", "DRAM bytes", "weights"]
+    text += _table(header, rows, set(range(1, 8)))
+    for index, binary in enumerate(binaries):
+        caption = "layer spans follow each other; compute and DMA busy times overlap"
+        text += _figure(f"timeline{index}", timeline_chart(binary, index), caption)
+    text += _figure("roofline", roofline_chart(binaries), "one point per layer with MACs")
+    return text
+
+
+def _package(data: BuildData) -> str:
+    if not data.package:
+        return ""
+    rows = [[escape(name), _size(size)] for name, size in data.package]
+    total = sum(size for _, size in data.package)
+    return (
+        f"<h2>Package</h2><p>{escape(str(data.package_path))}: {len(data.package)} files, "
+        f"{_size(total)}.</p>" + _table(["file", "size"], rows, {1})
+    )
+
+
+def _size(count: int) -> str:
+    return f"{count} B" if count < 10240 else f"{count / 1024:.1f} KiB"

@@ -1,0 +1,132 @@
+"""Automatic mixed precision on the trained digits CNN and real digit images.
+
+The "outlier" variant has the digits model's float function exactly, but four of conv1's eight
+output channels are scaled down 300x and conv2 scales them back up: what BatchNorm folding does
+to real networks. Per-tensor uint8 activations then lose those channels entirely.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from test_partition import assert_package_matches_reference, build_statuses
+
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
+from onebuild.datasets import first_samples, iter_batches
+from onebuild.graph_ir.quant.evaluate import compare_graphs
+from onebuild.graph_ir.serde import load_onnx
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+SHAPES = {"input": [1, 1, 8, 8]}
+
+
+def outlier_digits(path: Path) -> Path:
+    model = onnx.load(DIGITS / "digits.onnx")
+    weights = {t.name: t for t in model.graph.initializer}
+    factors = np.ones(8, np.float32)
+    factors[:4] = 1 / 300
+
+    def scale(name: str, fn) -> None:
+        array = fn(numpy_helper.to_array(weights[name]).astype(np.float32))
+        weights[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
+
+    scale("w1", lambda w: w * factors[:, None, None, None])
+    scale("b1", lambda b: b * factors)
+    scale("w2", lambda w: w / factors[None, :, None, None])
+    onnx.save(model, path)
+    return path
+
+
+def _float(path: Path):
+    return optimize(load_onnx(path, SHAPES))
+
+
+def _quantized_db(path: Path, mixed: MixedPrecisionOptions | None):
+    """(the quantized model, its worst output SQNR on the held-out test images)."""
+    reference = _float(path)
+    specs = [(v.name, v.shape) for v in reference.main.inputs]
+    stats = calibrate(reference.main, iter_batches(DIGITS / "data/calib.npz", specs))
+    samples = first_samples(DIGITS / "data/calib.npz", specs, 16)
+    model = quantize(_float(path), QuantizeOptions(mixed_precision=mixed), stats, samples)
+    test = list(iter_batches(DIGITS / "data/test.npz", specs))
+    comparison = compare_graphs(reference.main, model.main, test)
+    return model, min(o["sqnr_db"] for o in comparison.outputs.values())
+
+
+def test_outlier_channels_are_promoted_and_the_target_met(tmp_path):
+    path = outlier_digits(tmp_path / "outlier.onnx")
+    _, uint8_db = _quantized_db(path, None)
+    assert uint8_db < 5  # the failure mode: small channels lose every code
+    model, mixed_db = _quantized_db(path, MixedPrecisionOptions(target_sqnr_db=30))
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["target_met"] and record["sqnr_db"] >= 30
+    assert mixed_db >= 30  # holds on the held-out images too
+    # conv1's output must stay int16 up to conv2, which reads it; the classifier need not
+    assert {"conv1", "pool1", "conv2"} <= set(record["promoted"])
+    assert "fc" not in record["promoted"]
+    assert record["high_precision_mac_fraction"] < 1
+    dtypes = {n.name: n.outputs[0].dtype for n in model.main.nodes}
+    assert dtypes["conv1"] == np.int16 and dtypes["fc"] == np.uint8
+
+
+def test_a_target_already_met_promotes_nothing(tmp_path):
+    model, db = _quantized_db(DIGITS / "digits.onnx", MixedPrecisionOptions(target_sqnr_db=30))
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["promoted"] == [] and record["high_precision_mac_fraction"] == 0
+    assert len(record["steps"]) == 1 and db > 30
+
+
+def test_a_mac_budget_is_respected_and_a_missed_target_said(tmp_path):
+    path = outlier_digits(tmp_path / "outlier.onnx")
+    budget = MixedPrecisionOptions(target_sqnr_db=30, max_high_precision_mac_fraction=0.5)
+    model, _ = _quantized_db(path, budget)
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["high_precision_mac_fraction"] <= 0.5
+    assert record["target_met"] is False  # conv2 alone is 78 % of the MACs
+
+
+@pytest.fixture
+def project(tmp_path, rng):
+    shutil.copytree(DIGITS / "data", tmp_path / "data")
+    outlier_digits(tmp_path / "m.onnx")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        """
+[import]
+source = "m.onnx"
+input_shapes = { input = [1, 1, 8, 8] }
+[optimize]
+[quantize]
+calibration = "data/calib.npz"
+[quantize.mixed_precision]
+target_sqnr_db = 30
+[quantize.accuracy]
+data = "data/test.npz"
+min_sqnr_db = 30
+[partition]
+[codegen]
+hw = "trix-m"
+[pack]
+output = "out/m.nnpkg"
+"""
+    )
+    samples = np.load(tmp_path / "data/test.npz")
+    np.savez(tmp_path / "eval.npz", input=samples[samples.files[0]][:8])
+    return recipe
+
+
+def test_a_mixed_precision_build_is_reported_cached_and_bit_exact_on_the_npu(project):
+    statuses = build_statuses(project)
+    assert statuses["quantize"] == "run" and statuses["evaluate"] == "run"
+    report = json.loads((project.parent / "build/r/quantize.accuracy.json").read_text())
+    assert report["mixed_precision"]["target_met"]
+    assert report["outputs"]["logits"]["sqnr_db"] >= 30
+    partition = assert_package_matches_reference(project.parent)
+    assert [p["backend"] for p in partition["parts"]] == ["trix"]  # int16 layers on the NPU too
+    assert set(build_statuses(project).values()) == {"up-to-date"}
+    changed = build_statuses(project, "quantize.mixed_precision.target_sqnr_db=32")
+    assert changed["calibrate"] == "up-to-date" and changed["quantize"] == "run"

@@ -1,0 +1,186 @@
+"""The HTML build report: built for the two NPU examples with `[build] report = true`, rendered
+in a real headless chromium (no console errors, no network, every figure drawn), screenshots
+kept under build/report-screenshots/ (a CI artifact); deterministic; its histograms checked
+against onnxruntime; its graph layout and its errors."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from browser import Chromium, chromium_path
+
+from onebuild.datasets import iter_batches
+from onebuild.graph_ir.quant.histograms import value_histograms
+from onebuild.graph_ir.serde import load_ir
+from onebuild.report.graph_svg import _layers, _Node
+
+ROOT = Path(__file__).parent.parent
+SCREENSHOTS = ROOT / "build" / "report-screenshots"
+EXAMPLES = ("digits_npu", "tiny_mobilenet_npu")
+
+
+def onebuild(*args: str, cwd: Path, env=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "onebuild.cli", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """The examples and presets copied and both NPU examples built with report = true."""
+    root = tmp_path_factory.mktemp("report")
+    shutil.copytree(ROOT / "examples", root / "examples")
+    shutil.copytree(ROOT / "recipes", root / "recipes")
+    recipes = [f"examples/{name}.toml" for name in EXAMPLES]
+    done = onebuild("build", *recipes, "--set", "build.report=true", cwd=root)
+    assert done.returncode == 0, done.stderr
+    for name in EXAMPLES:
+        assert f"report: {root / 'build' / name / 'report.html'}" in done.stdout
+    return root
+
+
+def test_reports_render_in_headless_chromium(built):
+    assert chromium_path(), "chromium is not installed: apt-get install -y chromium (.ci/run does)"
+    expected = {
+        "digits_npu": {"graph", "sqnr", "histograms", "timeline0", "roofline"},
+        "tiny_mobilenet_npu": {"graph", "histograms", "timeline0", "timeline1", "timeline2",
+                               "roofline"},
+    }  # fmt: skip
+    with Chromium() as browser:
+        for name in EXAMPLES:
+            page = built / "build" / name / "report.html"
+            load = browser.open(page, SCREENSHOTS / f"{name}.png", "figure > svg")
+            assert load.errors == [], (name, load.errors)
+            assert load.requests == [page.resolve().as_uri()]  # self-contained: nothing fetched
+            assert {figure for figure, _, _ in load.sizes} == expected[name]
+            assert all(w > 100 and h > 100 for _, w, h in load.sizes), load.sizes
+            shot = (SCREENSHOTS / f"{name}.png").read_bytes()
+            assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 50_000
+            width, height = int.from_bytes(shot[16:20]), int.from_bytes(shot[20:24])
+            assert width == 1280 and height >= load.height - 1
+        broken = built / "broken.html"  # the checks above can fail: a page that breaks them
+        broken.write_text(
+            '<figure id="f"><svg width="0" height="0"></svg></figure><img src="missing.png">'
+            "<script>console.error('drawn wrong'); undefinedFunction();</script>"
+        )
+        load = browser.open(broken, built / "broken.png", "figure > svg")
+        assert len(load.errors) == 3, load.errors  # console error, exception, failed fetch
+        assert load.requests[1:] == [(built / "missing.png").as_uri()]
+        assert load.sizes == [("f", 0, 0)]
+
+
+def test_report_content_follows_the_build_records(built):
+    text = (built / "build/tiny_mobilenet_npu/report.html").read_text()
+    assert "<script" not in text and "<img" not in text and "<link" not in text
+    partition = built / "build/tiny_mobilenet_npu/partition/tiny_mobilenet.partition.json"
+    fallbacks = json.loads(partition.read_text())["fallbacks"]
+    assert len(fallbacks) >= 5
+    for fallback in fallbacks:  # each CPU fallback is listed with its reason
+        row = f"<td>{fallback['node']}</td><td>{fallback['op']}</td><td>{fallback['reasons'][0]}"
+        assert row in text
+    assert text.count("<tr><td>codegen</td>") == 3  # one task per NPU part
+    for part in sorted((built / "out/tiny_mobilenet_npu.nnpkg").rglob("*.tvn")):
+        assert f'<td>{part.name}</td><td class="num">' in text
+    digits = (built / "build/digits_npu/report.html").read_text()
+    assert re.search(r"<td>accuracy drop</td><td>0</td><td>0.01</td><td>passed", digits)
+
+
+def test_report_is_deterministic_and_written_by_command_and_build(built):
+    first = (built / "build/digits_npu/report.html").read_bytes()
+    assert b'<td><span class="run">run</span></td>' in first  # what this build did
+    again = onebuild("build", "examples/digits_npu.toml", "--set", "build.report=true", cwd=built)
+    assert again.returncode == 0, again.stderr
+    second = (built / "build/digits_npu/report.html").read_bytes()
+    assert b'<span class="up-to-date">up-to-date</span>' in second
+    third = onebuild("build", "examples/digits_npu.toml", "--set", "build.report=true", cwd=built)
+    assert third.returncode == 0 and (built / "build/digits_npu/report.html").read_bytes() == second
+    outputs = []
+    for _ in range(2):
+        done = onebuild("report", "examples/digits_npu.toml", cwd=built)
+        assert done.returncode == 0, done.stderr
+        outputs.append((built / "build/digits_npu/report.html").read_bytes())
+    assert outputs[0] == outputs[1]
+    assert not list((built / "build/digits_npu").glob("*.tmp*"))  # written atomically
+    assert onebuild("clean", "examples/digits_npu.toml", cwd=built).returncode == 0
+    done = onebuild("build", "examples/digits_npu.toml", "--set", "build.report=true", cwd=built)
+    text = (built / "build/digits_npu/report.html").read_text()
+    assert "7 tasks; 7 last restored from the step cache" in text, done.stderr  # cache hits
+
+
+def test_histograms_agree_with_onnxruntime(built):
+    """The report's activation counts against onnxruntime's values of the same layers."""
+    model = onnx.load(ROOT / "examples/digits/digits.onnx")
+    names = ["p1", "logits"]
+    for name in names[:-1]:
+        model.graph.output.append(onnx.helper.make_value_info(name, onnx.TypeProto()))
+    session = ort.InferenceSession(model.SerializeToString())
+    data = np.load(ROOT / "examples/digits/data/calib.npz")["input"][:100]
+    reference = {n: [] for n in names}
+    for sample in data:
+        for n, v in zip(names, session.run(names, {"input": sample})):
+            reference[n].append(v)
+    edges = {"p1": np.linspace(-0.5, 4.0, 41), "logits": np.linspace(-30, 20, 51)}
+    graph = load_ir(built / "build/digits_npu/optimize.obir").main
+    batches = iter_batches(built / "examples/digits/data/calib.npz", [("input", (1, 1, 8, 8))])
+    counts = value_histograms(graph, batches, edges, max_samples=100, chunk=7)
+    for n in names:
+        values = np.clip(np.concatenate([r.ravel() for r in reference[n]]), *edges[n][[0, -1]])
+        expected = np.histogram(values, edges[n])[0]
+        assert counts[n].sum() == expected.sum() == values.size
+        assert np.abs(counts[n] - expected).sum() <= 2, (n, counts[n], expected)  # bin edges
+
+
+def test_layered_layout_orders_a_diamond_and_a_chain():
+    nodes = [_Node(f"n{i}", "Op", 0, [], []) for i in range(5)]
+    rows = _layers(nodes, [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)])
+    assert rows == [[0], [1, 2], [3], [4]]
+    assert nodes[1].x < nodes[2].x and nodes[0].x == nodes[3].x == nodes[4].x == 0.5
+
+
+def test_report_errors_are_one_line(built, tmp_path):
+    (tmp_path / "r.toml").write_text('[import]\nsource = "m.onnx"\n')
+    shutil.copy(ROOT / "examples/models/tiny_mobilenet.onnx", tmp_path / "m.onnx")
+    unbuilt = onebuild("report", "r.toml", cwd=tmp_path)
+    assert unbuilt.returncode == 2 and "not built yet; run 'onebuild build" in unbuilt.stderr
+    assert len(unbuilt.stderr.splitlines()) == 1
+    blocker = tmp_path / "no_matplotlib"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text("raise ImportError('blocked for this test')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"}
+    missing = onebuild("report", "examples/digits_npu.toml", cwd=built, env=env)
+    assert missing.returncode == 2, missing.stderr
+    message = (
+        "onebuild: error: the HTML report draws its charts with matplotlib, which is not "
+        "installed: pip install 'onebuild[report]'"
+    )
+    assert missing.stderr.strip() == message
+    before = (built / "build/digits_npu/quantize.obir").stat().st_mtime_ns
+    args = [
+        "examples/digits_npu.toml",
+        "--set",
+        "build.report=true",
+        "--set",
+        "quantize.dtype=int16",
+    ]
+    refused = onebuild("build", *args, cwd=built, env=env)  # said before building anything
+    assert refused.returncode == 2 and refused.stderr.strip() == message
+    assert (built / "build/digits_npu/quantize.obir").stat().st_mtime_ns == before
+
+
+def test_mixed_precision_choices_are_shown_as_the_quantized_model_has_them(built):
+    override = 'quantize.layers=[{names=["conv1", "fc"], dtype="int16"}]'
+    done = onebuild("build", "examples/digits.toml", "--set", "build.report=true", "--set",
+                    override, cwd=built)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = (built / "build/digits/report.html").read_text()
+    row = "<tr><td>conv1, fc</td><td>int16</td><td>channel</td><td>conv1: int16, fc: int16</td>"
+    assert row in text
+    assert '<figure id="sqnr">' in text and '<figure id="histograms">' in text
+    assert '<figure id="roofline">' not in text  # no NPU in this recipe
