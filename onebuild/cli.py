@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .cli_device import ODC_QUANTIZE, run_on_device
 from .cli_recipes import (
     cmd_build,
+    cmd_cache_gc,
     cmd_clean,
     cmd_dag,
     cmd_list,
@@ -99,7 +101,7 @@ def cmd_run(args) -> int:
     from .npz import read_npz, write_npz
 
     if args.quantize or args.codegen or args.auto_compile:
-        return _run_on_device(args)
+        return run_on_device(args)
     feeds = read_npz(args.inputs)
     if _is_package(args.model):
         from .runtime.package import load_package, run_package
@@ -125,67 +127,6 @@ def cmd_run(args) -> int:
         print(f"{name}: {array.dtype}{list(array.shape)}")
     if footer:
         print(footer)
-    return 0
-
-
-ODC_QUANTIZE = {"uint8": "U8_ASYM", "int16": "I16_SYM", "int8_wo": "WO_I8_SYM",
-                "int16_wo": "WO_I16_SYM"}  # fmt: skip
-
-
-def _run_on_device(args) -> int:
-    """onert_run's on-device compilation: record, quantize, codegen (or --auto-compile), then
-    run every input sample on the resulting model."""
-    import numpy as np
-
-    from .npz import read_npz, write_npz
-    from .runtime.session import Session
-
-    if args.raw:
-        raise UserError("--raw does not apply to on-device compilation: its I/O is float")
-    shapes = dict(args.input_shape or [])
-    session = Session(args.model, workspace=args.workspace, input_shapes=shapes or None)
-    feeds = read_npz(args.inputs)
-    missing = [name for name in session.inputs if name not in feeds]
-    if missing:
-        raise UserError(f"{args.inputs}: no array for input(s) {', '.join(missing)}")
-    count = len(feeds[next(iter(session.inputs))])
-    samples = [{name: feeds[name][i] for name in session.inputs} for i in range(count)]
-    if not samples:
-        raise UserError(f"{args.inputs}: holds no samples")
-    if args.quantize:
-        session.set_quantization_type(ODC_QUANTIZE[args.quantize])
-    session.set_hardware(args.hw)
-    if args.min_sqnr_db is not None:
-        session.set_accuracy_gate(min_sqnr_db=args.min_sqnr_db)
-    if args.qpath:
-        session.set_quantized_model_path(args.qpath)
-    if args.cpath:
-        session.set_codegen_model_path(args.cpath)
-    results = []
-    if args.auto_compile:
-        session.set_odc_param_minmax_records_count(args.minmax_runs)
-        target = args.codegen or "trix_sim"
-        for sample in samples:
-            before = session.state
-            results.append(session.run_with_auto_compilation(sample, target, args.pref))
-            if session.state != before:
-                print(f"run {len(results)}: switched {before} -> {session.state}")
-    else:
-        if args.quantize:
-            session.set_execute_config("DUMP_MINMAX")
-            for run in range(args.minmax_runs):
-                session.run(samples[run % count])
-            session.reset_execute_config()
-            print(f"quantized ({session.settings.quant_type}): {session.quantize()}")
-        if args.codegen:
-            print(f"compiled ({args.codegen}, {args.hw}, {args.pref}): "
-                  f"{session.codegen(args.codegen, args.pref)}")  # fmt: skip
-    results = results or [session.run(sample) for sample in samples]
-    outputs = {name: np.stack([r[name] for r in results]) for name in session.outputs}
-    write_npz(args.outputs, outputs)
-    for name, array in outputs.items():
-        print(f"{name}: {array.dtype}{list(array.shape)}")
-    print(f"state: {session.state}" + (f" ({session.reason})" if session.reason else ""))
     return 0
 
 
@@ -258,6 +199,14 @@ def _model_reports(package, reports) -> list[dict]:
 
 def cmd_export(args) -> int:
     model = _load(args)
+    suffix = Path(args.output).suffix.lower()
+    if suffix in (".circle", ".tflite"):
+        from .fileio import atomic_write_bytes
+        from .graph_ir.serde import write_circle
+
+        atomic_write_bytes(args.output, write_circle(model, suffix[1:]))
+        print(f"wrote {args.output} ({suffix[1:]})")
+        return 0
     from .graph_ir.serde.onnx_export import save_onnx
 
     save_onnx(model, args.output)
@@ -431,15 +380,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_verify)
 
-    p = model_command("export", "write a model (any build stage) as ONNX; quantized as QDQ")
-    p.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    p = model_command(
+        "export", "write a model (any build stage) as ONNX (quantized as QDQ), .circle or .tflite"
+    )
+    p.add_argument("-o", "--output", required=True, help="file to write: .onnx, .circle, .tflite")
     p.set_defaults(func=cmd_export)
 
     p = model_command("inspect", "print inputs, outputs, op histogram and parameter count")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
 
-    p = model_command("import", "import an ONNX model (optionally optimized) into an IR file")
+    p = model_command(
+        "import", "import an ONNX, circle or tflite model (optionally optimized) into IR"
+    )
     p.add_argument("-o", "--output", required=True, help="IR file to write")
     p.add_argument(
         "-O",
@@ -472,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = recipe_command("build", "build recipes (only what changed reruns)", cmd_build)
     p.add_argument("-j", "--jobs", type=_jobs_option, default=1, help="run up to N steps at once")
+    p.add_argument(
+        "--executor",
+        default="local",
+        metavar="local|dask[=ADDRESS]",
+        help="run steps on Dask workers: a local cluster of -j worker processes, or the "
+        "scheduler at ADDRESS (needs onebuild[dask])",
+    )
     recipe_command("status", "what a build would rerun, and why", cmd_status)
     recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
@@ -479,6 +439,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
     p.add_argument("--cache", action="store_true", help="also empty the local step cache")
     recipe_command("report", "write the HTML build report (report.html)", cmd_report, False)
+
+    cache = sub.add_parser("cache", help="manage a step cache")
+    cache = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    p = cache.add_parser("gc", help="evict least recently used entries down to a size")
+    p.add_argument("cache", help="the cache: a folder or an fsspec URL (build.cache)")
+    p.add_argument("--max-size", required=True, help="size to keep, e.g. 500M or 2G")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_cache_gc)
     return parser
 
 

@@ -39,13 +39,21 @@ def cmd_list(args) -> int:
 
 def cmd_build(args) -> int:
     from .engine.dag import build
+    from .engine.dask_executor import DaskExecutor, parse_executor
 
-    plans = _plans(args)
+    address, plans = parse_executor(args.executor), _plans(args)
     if any(plan.report for plan in plans):
         from .report.figure import pyplot
 
         pyplot()  # a missing matplotlib is said before the build, not after it
-    results = build(plans, jobs=args.jobs)
+    executor = None if address is None else DaskExecutor(address, args.jobs)
+    streams = sys.stdout, sys.stderr
+    try:
+        results = build(plans, jobs=args.jobs, executor=executor)
+    finally:
+        if executor is not None:  # on Ctrl-C: doit's threads, cut short, may swap the streams
+            executor.close()
+            sys.stdout, sys.stderr = streams
     reports = [str(_report(plan, results)) for plan in plans if plan.report]
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
     failed = [r for r in results if r.status == "failed"]
@@ -189,4 +197,18 @@ def cmd_clean(args) -> int:
             if args.cache and plan.cache_dir is None:
                 shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
         print(f"cleaned {plan.recipe.name}")
+    return 0
+
+
+def cmd_cache_gc(args) -> int:
+    from .engine.cache_gc import collect, parse_size
+
+    result = collect(args.cache, parse_size(args.max_size))
+    if args.json:
+        print(json.dumps(vars(result), sort_keys=True))
+    else:
+        print(
+            f"{result.removed} entr(ies) removed ({result.freed} bytes), "
+            f"{result.kept} kept ({result.size} bytes)"
+        )
     return 0

@@ -159,6 +159,23 @@ def calibrate(
     return observe(graph, batches, method, observer, options.min_samples, progress)
 
 
+def calibrate_shard(
+    graph: Graph, batches: Iterable, options: CalibrationOptions, index: int, count: int
+):
+    """The recorder of every `count`-th sample chunk from chunk `index` (see `calibrate`)."""
+    from .graph_ir.quant.calibrate import record
+
+    method, observer = options.method, options.observer_options()
+    return record(graph, batches, method, observer, select=lambda n: n % count == index)
+
+
+def merge_calibration(recorders: Sequence, options: CalibrationOptions):
+    """The statistics of all shards, identical to one pass's (see `quant.calibrate`)."""
+    from .graph_ir.quant.calibrate import merge_recorders
+
+    return merge_recorders(list(recorders), options.min_samples)
+
+
 def quantize(
     model: Model,
     options: QuantizeOptions = QuantizeOptions(),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import __version__
 from .errors import UserError
@@ -51,6 +52,23 @@ class Plan:
     cache_dir: Path | None
     steps: dict[str, dict[str, Any]]
     report: bool = False  # [build] report: write report.html at the end of every build
+    cache_url: str | None = None  # build.cache as an fsspec URL (then cache_dir is None)
+
+
+def is_url(value: str) -> bool:
+    """Whether a path value is an fsspec URL (`sftp://host/path`), left as it is."""
+    scheme, sep, _ = value.partition("://")
+    return bool(sep) and len(scheme) > 1 and scheme.replace("+", "").isalnum()
+
+
+def check_url(url: str, where: str) -> None:
+    """A one-line error for a cache URL that carries a password: credentials come from the
+    filesystem's own environment and config, never from a recipe."""
+    if urlsplit(url).password is not None:
+        raise UserError(
+            f"{where}: build.cache: the URL carries a password; remove it and give credentials "
+            "through the filesystem's environment or config (ssh keys, AWS_* variables, ...)"
+        )
 
 
 def absolute(path: str | os.PathLike) -> Path:
@@ -117,8 +135,9 @@ def _absolutize(data: dict, folder: Path) -> None:
         table = data
         for key in keys[:-1]:
             table = table.get(key) if isinstance(table, dict) else None
-        if isinstance(table, dict) and isinstance(table.get(keys[-1]), str):
-            table[keys[-1]] = str(absolute(folder / table[keys[-1]]))
+        value = table.get(keys[-1]) if isinstance(table, dict) else None
+        if isinstance(value, str) and not is_url(value):
+            table[keys[-1]] = str(absolute(folder / value))
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -150,7 +169,7 @@ def _apply_override(data: dict, override: str) -> None:
     except (tomllib.TOMLDecodeError, RecursionError):
         value = text
     _check_depth(value, f"--set '{override[:80]}'", len(keys))
-    if tuple(keys) in PATH_KEYS and isinstance(value, str):
+    if tuple(keys) in PATH_KEYS and isinstance(value, str) and not is_url(value):
         value = str(absolute(value))
     table = data
     for key in keys[:-1]:
@@ -274,12 +293,13 @@ def _to_json(plan: Plan) -> dict:
     return {
         "build_dir": str(plan.build_dir),
         "cache_dir": cache,
+        "cache_url": plan.cache_url,
         "steps": plan.steps,
         "report": plan.report,
     }
 
 
 def _from_json(content: dict, path: Path) -> Plan:
-    cache = content["cache_dir"]
+    cache, url = content["cache_dir"], content["cache_url"]
     steps, report = dict(content["steps"]), bool(content["report"])
-    return Plan(path, Path(content["build_dir"]), cache and Path(cache), steps, report)
+    return Plan(path, Path(content["build_dir"]), cache and Path(cache), steps, report, url)

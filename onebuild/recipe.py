@@ -35,6 +35,8 @@ from .plan import (
     absolute,
     check_inputs,
     check_output_paths,
+    check_url,
+    is_url,
     read_recipe_data,
 )
 
@@ -46,7 +48,7 @@ class _Section(BaseModel):
 class ImportStep(_Section):
     """Read an ONNX model into the IR."""
 
-    source: str = Field(description="ONNX model file, relative to the recipe")
+    source: str = Field(description="ONNX, circle or tflite model file, relative to the recipe")
     input_shapes: dict[str, list[Annotated[int, Field(ge=1, le=MAX_DIM)]]] | None = Field(
         default=None, description="fix dynamic dims, e.g. { input = [1, 3, 224, 224] }"
     )
@@ -322,8 +324,11 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
         _complete_partition(path, steps)
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
-    cache = Path(build.cache) if build.cache else None
-    plan = Plan(path, build_dir, cache, steps, build.report)
+    url = build.cache if build.cache and is_url(build.cache) else None
+    cache = Path(build.cache) if build.cache and not url else None
+    if url:
+        check_url(url, str(path))
+    plan = Plan(path, build_dir, cache, steps, build.report, url)
     check_output_paths(plan)
     return plan
 

@@ -1,6 +1,6 @@
 """`If` at import: folded when its condition is known once shapes are fixed, or once inputs are
-pinned to constants (`[import] constants`); otherwise a one-line error naming the inputs.
-Outputs match onnxruntime running the unfolded model."""
+pinned to constants (`[import] constants`); otherwise imported as control flow (an IR If, see
+test_control_flow_ir.py). Outputs match onnxruntime running the unfolded model."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onebuild.errors import DynamicValueError, UnsupportedOpsError
+from onebuild.errors import UnsupportedOpsError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde import load_onnx
 
@@ -87,18 +87,21 @@ def test_a_shape_only_if_folds_to_the_branch_it_takes(tmp_path, rng, width):
     np.testing.assert_allclose(got, _ort(model, {"x": x}), rtol=1e-6, atol=1e-7)
 
 
-def test_a_value_dependent_if_needs_its_input_pinned(tmp_path, rng):
+def test_a_value_dependent_if_folds_once_its_input_is_pinned(tmp_path, rng):
     model = rate_if_model()
     onnx.save(model, tmp_path / "m.onnx")
-    with pytest.raises(DynamicValueError, match=r"node 'by_rate' \(If\).*input\(s\) sr.*constants"):
-        load_onnx(tmp_path / "m.onnx")
+    dynamic = load_onnx(tmp_path / "m.onnx")
+    assert "If" in {n.op for n in dynamic.main.nodes}
     x = rng.normal(size=(1, 4)).astype(np.float32)
     for rate in (16000, 8000):
         ir = load_onnx(tmp_path / "m.onnx", input_values={"sr": rate})
         assert [v.name for v in ir.main.inputs] == ["x"]
+        assert "If" not in {n.op for n in ir.main.nodes}
         expected = _ort(model, {"x": x, "sr": np.array(rate, np.int64)})
         got = Interpreter(ir.main).run({"x": x})["y"]
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+        feeds = {"x": x, "sr": np.array(rate, np.int64)}
+        np.testing.assert_allclose(Interpreter(dynamic.main).run(feeds)["y"], expected, 1e-6)
 
 
 def test_a_recipe_pins_an_input_with_constants(tmp_path):
@@ -107,9 +110,9 @@ def test_a_recipe_pins_an_input_with_constants(tmp_path):
     recipe.write_text('[import]\nsource = "m.onnx"\nconstants = { sr = 16000 }\n[optimize]\n')
     command = [sys.executable, "-m", "onebuild.cli", "build", str(recipe)]
     assert subprocess.run(command, capture_output=True).returncode == 0
-    recipe.write_text('[import]\nsource = "m.onnx"\n[optimize]\n')
+    recipe.write_text('[import]\nsource = "m.onnx"\n[optimize]\n')  # the If stays
     result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 1 and "pin those inputs" in result.stderr
+    assert result.returncode == 0, result.stderr
 
 
 def test_unsupported_ops_inside_an_if_are_still_listed(tmp_path):

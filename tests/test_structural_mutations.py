@@ -34,6 +34,7 @@ from onebuild.targets.trix_sim.runner import TvnBinary, describe
 from onebuild.targets.trix_sim.tvn import DIGEST, HEADER, LAYERS, META, SECTION, decode, encode
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+CONTROL_FLOW = Path(__file__).parent / "data" / "torch_models" / "value_if.onnx"  # If, branches
 HW = load_hardware("trix-s")
 EXAMPLES = 300
 SMALL = 1 << 22  # run a mutated model only when its inputs are this small (bytes)
@@ -59,6 +60,9 @@ def ir_files(tmp_path_factory):
         path = folder / f"{name}.obir"
         save_ir(type(FLOAT_MODEL)([graph], dict(FLOAT_MODEL.metadata)), path)
         files.append(path.read_bytes())
+    path = folder / "control_flow.obir"
+    save_ir(load_model(CONTROL_FLOW, {"x": [1, 1, 8, 8]}), path)
+    files.append(path.read_bytes())
     return files
 
 

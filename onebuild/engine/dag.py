@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
@@ -44,7 +45,7 @@ from .ownership import (
     refuse_foreign,
     sweep,
 )
-from .step_cache import StepCache, fingerprint, step_key, tree_digest
+from .step_cache import fingerprint, open_cache, step_key, tree_digest
 
 DB_NAME = "tasks.sqlite3"
 
@@ -66,6 +67,7 @@ class StepTask:
     cache: Path
     after: list[Path] = field(default_factory=list)
     label: str = ""  # tells apart the tasks of a fan-out (one per NPU part)
+    remote: str | None = None  # build.cache as an fsspec URL, fronted by `cache`
 
     @property
     def name(self) -> str:
@@ -111,6 +113,7 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
     def add(step: str, config: dict, inputs: list[Path], outputs=None, targets=None) -> Path:
         outputs = outputs or [plan.build_dir / f"{step}.obir"]
         task = StepTask(plan.recipe, step, config, inputs, outputs, targets or outputs, cache)
+        task.remote = plan.cache_url
         tasks.append(task)
         return outputs[0]
 
@@ -155,6 +158,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
     codegen = plan.steps["codegen"]
     out = plan.build_dir / "codegen"
     suffix = binary_suffix(codegen["target"])
+    remote = plan.cache_url
 
     def parts(copy: Path | None) -> list[tuple[str, Path, Path | None]] | None:
         source = (copy or folder) / connection.name
@@ -173,7 +177,7 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         if found is None:
             return None
         return [
-            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, label=label)
+            StepTask(plan.recipe, "codegen", codegen, [s], [c], [c], cache, [], label, remote)
             for label, s, c in found
             if c is not None
         ]
@@ -186,7 +190,16 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
         models = [c or s for _, s, c in found]
         outputs, targets = _pack_outputs(config)
         return [
-            StepTask(plan.recipe, "pack", config, [connection, *models], outputs, targets, cache)
+            StepTask(
+                plan.recipe,
+                "pack",
+                config,
+                [connection, *models],
+                outputs,
+                targets,
+                cache,
+                remote=remote,
+            )
         ]
 
     fan_outs = [FanOut(plan.recipe, "codegen", partition, codegen_tasks)]
@@ -238,6 +251,7 @@ class _Runner:
                 self.register(task)
         self.progress = progress
         self.runtime_errors: list[str] = []
+        self.execute = None  # an executor's run(step name, config, inputs, outputs)
 
     def register(self, task: StepTask) -> None:
         self.tasks[task.name] = task
@@ -254,7 +268,7 @@ class _Runner:
             start = time.perf_counter()
             step = STEPS[task.step]
             try:
-                cache = StepCache(task.cache)
+                cache = open_cache(task.cache, task.remote)
                 digests = [tree_digest(p) for p in task.inputs]
                 code = step.code(task.config)
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
@@ -264,7 +278,8 @@ class _Runner:
                     result.status = "restored"
                 else:
                     self.progress(f"[{where}] {task.recipe.name}: running")
-                    step.run(task.config, task.inputs, task.outputs)
+                    run = partial(self.execute, task.step) if self.execute else step.run
+                    run(task.config, task.inputs, task.outputs)
                     cache.store(key, task.outputs)
                     result.status = "run"
             except OneBuildError as error:
@@ -430,13 +445,16 @@ def _check_database(db: Path, progress) -> None:
         progress(f"task database {db} was corrupt; moved to {aside.name}, rebuilding state")
 
 
-def build(plans: list[Plan], jobs: int = 1, progress=None) -> list[StepResult]:
-    """Build every recipe's steps in one DAG; returns one result per step."""
+def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> list[StepResult]:
+    """Build every recipe's steps in one DAG; returns one result per step. `executor` (with
+    `run` and `slots`, e.g. `DaskExecutor`) runs the steps that must run, `slots` at once."""
     stdout, stderr = sys.stdout, sys.stderr
     progress = progress or (lambda message: print(message, file=stderr, flush=True))
     tasks = [t for plan in plans for t in plan_tasks(plan)]
     _check_outputs(tasks)
     runner = _Runner(tasks, progress)
+    if executor is not None:
+        runner.execute, jobs = executor.run, executor.slots
     db = plans[0].build_dir / DB_NAME
     with ExitStack() as stack:
         for folder, recipe in sorted({p.build_dir: p.recipe for p in plans}.items()):

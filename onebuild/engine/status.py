@@ -15,7 +15,7 @@ from ..plan import Plan
 from ..tasks import STEPS
 from .dag import StepTask, plan_tasks
 from .ownership import log_path, outputs_intact
-from .step_cache import StepCache, step_key, tree_digest
+from .step_cache import open_cache, step_key, tree_digest
 
 UNKNOWN = "unknown"  # the digest of content that a step will recompute
 
@@ -102,7 +102,7 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     if None not in digests:
         code = STEPS[task.step].code(task.config)
         key = step_key(task.step, code, task.config, digests, task.recipe.parent)
-        entry = StepCache(task.cache).entry(key)
+        entry = open_cache(task.cache, task.remote).entry(key)
         if entry is not None:
             forecast.replaced.update({p: entry / str(i) for i, p in enumerate(task.outputs)})
             return "restored", reasons

@@ -3,9 +3,12 @@
 doit knows only the last build; this cache remembers every result, so switching an option back
 and forth, or a CI job that restores the cache folder, restores outputs instead of recomputing.
 Entries are written to a temporary folder and renamed into place, so a killed build never
-leaves a half-written entry.
+leaves a half-written entry; each records its outputs' digests, checked before a restore (a
+corrupt entry is dropped and the step reruns). `build.cache` may also be an fsspec URL
+(`remote_cache.py`): this local cache then fronts it.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -80,16 +83,41 @@ class StepCache:
         return entry if (entry / "entry.json").is_file() else None
 
     def restore(self, key: str, outputs: list[Path]) -> bool:
-        """Copy a cached result into place; False if there is no complete entry."""
+        """Copy a cached result into place; False if there is no complete entry. An entry whose
+        content does not match its recorded digests is removed (the step reruns)."""
         entry = self._entry(key)
-        if not (entry / "entry.json").is_file():
+        if not self.verify(key, len(outputs)):
             return False
         for index, output in enumerate(outputs):
-            stored = entry / str(index)
-            if not stored.exists():
-                return False
-            _replace(stored, output)
+            _replace(entry / str(index), output)
+        with contextlib.suppress(OSError):  # last use, for `cache gc` (least recently used first)
+            os.utime(entry / "entry.json")
         return True
+
+    def verify(self, key: str, count: int) -> bool:
+        """Whether the entry exists whole with the content it recorded; a corrupt one is
+        dropped."""
+        entry = self._entry(key)
+        try:
+            digests = json.loads((entry / "entry.json").read_text())["digests"]
+            stored = [entry / str(i) for i in range(count)]
+            if len(digests) == count and [tree_digest(p) for p in stored] == digests:
+                return True
+        except FileNotFoundError:
+            if not entry.exists():
+                return False
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        self.drop(key)
+        return False
+
+    def drop(self, key: str) -> None:
+        """Remove an entry (renamed aside first, so no reader sees it half removed)."""
+        entry = self._entry(key)
+        aside = entry.with_name(f".drop.{key[:8]}.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            os.replace(entry, aside)
+        shutil.rmtree(aside, ignore_errors=True)
 
     def store(self, key: str, outputs: list[Path]) -> None:
         entry = self._entry(key)
@@ -101,7 +129,9 @@ class StepCache:
             for index, output in enumerate(outputs):
                 _copy(output, staging / str(index))
             names = [str(p.name) for p in outputs]
-            (staging / "entry.json").write_text(json.dumps({"outputs": names}) + "\n")
+            digests = [tree_digest(staging / str(i)) for i in range(len(outputs))]
+            entry_json = json.dumps({"outputs": names, "digests": digests}) + "\n"
+            (staging / "entry.json").write_text(entry_json)
             staging.chmod(0o777 & ~current_umask())
             os.replace(staging, entry)
         except OSError:
@@ -132,3 +162,12 @@ def _replace(stored: Path, output: Path) -> None:
         os.replace(staging / "x", output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def open_cache(folder: Path, url: str | None = None):
+    """The step cache in `folder`, fronting the fsspec cache at `url` when there is one."""
+    if url is None:
+        return StepCache(folder)
+    from .remote_cache import RemoteStepCache
+
+    return RemoteStepCache(folder, url)

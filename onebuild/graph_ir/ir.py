@@ -112,6 +112,12 @@ class Node:
             raise IRError(f"node '{self.name}' ({self.op}) has {len(self.outputs)} outputs")
         return self.outputs[0]
 
+    @property
+    def subgraphs(self) -> list["Graph"]:
+        """The IR graphs held in this node's attributes (control flow), else empty."""
+        opdef = OPS.get(self.op)
+        return [self.attrs[key] for key in (opdef.subgraphs if opdef else ()) if key in self.attrs]
+
     def set_input(self, index: int, value: Value | None) -> None:
         old = self._inputs[index]
         if old is not None:
@@ -292,6 +298,9 @@ class Graph:
         self.nodes = order
 
     # -- queries -----------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"<Graph '{self.name}': {len(self.nodes)} nodes>"
+
     def __iter__(self) -> Iterator[Node]:
         """Iterate over a snapshot of the nodes, so passes may remove nodes while iterating."""
         return iter(list(self.nodes))

@@ -58,7 +58,7 @@ def _check_quant_params(node: Node) -> None:
 def verify(graph: Graph) -> None:
     """Ownership, unique names, define-before-use (hence no cycles), consistent use lists,
     output types that match the op's type inference, and quantization parameters that agree
-    between attributes and values."""
+    between attributes and values; in the subgraphs of control-flow nodes too."""
     defined: set[int] = set()
     names: Counter = Counter()
     for value in graph.inputs + list(graph.constants.values()):
@@ -88,6 +88,11 @@ def verify(graph: Graph) -> None:
         if len(types) != len(node.outputs):
             raise _fail(node, f"has {len(node.outputs)} outputs, the op defines {len(types)}")
         _check_quant_params(node)
+        for subgraph in node.subgraphs:
+            try:
+                verify(subgraph)
+            except IRError as error:
+                raise _fail(node, f"subgraph '{subgraph.name}': {error}") from error
         for value, inferred in zip(node.outputs, types):
             if value.producer is not node or value.graph is not graph:
                 raise _fail(node, f"output '{value.name}' has a broken producer/owner link")

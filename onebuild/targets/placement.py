@@ -17,6 +17,7 @@ from . import Target
 from .host_cpu import HostCpu
 
 CPU = "cpu"
+CONTROL_FLOW = "control flow runs on the CPU"
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,10 @@ def place(
             f"(got '{options.default}')"
         )
     accel = options.accelerator
-    reasons = {n.name: target.supports(n, options.hw) for n in graph.nodes}
+    reasons = {
+        n.name: [CONTROL_FLOW] if n.subgraphs else target.supports(n, options.hw)
+        for n in graph.nodes
+    }
     pinned = _pinned(graph, options, reasons)
     capability = {
         n.name: pinned.get(n.name) or (accel if not reasons[n.name] else options.default)

@@ -31,23 +31,58 @@ def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..compile import CalibrationOptions, QuantizeOptions, calibrate, equalize, options_from
-    from ..datasets import iter_batches, random_batch
     from ..graph_ir.serde import load_ir
     from ..graph_ir.serde.calibration_file import save_calibration
     from ..progress import Progress
 
     graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
-    specs = [(v.name, v.shape) for v in graph.inputs]
-    if config["calibration"]:
-        batches = iter_batches(config["calibration"], specs)
-    else:
-        log.warning(
-            "calibrating on %d RANDOM samples (quantize.random_calibration = true): activation "
-            "ranges will not match real data and accuracy will suffer",
-            config["random_samples"],
-        )
-        batches = [random_batch(specs, config["random_samples"])]
     progress = Progress("calibrate")
-    stats = calibrate(graph, batches, options_from(CalibrationOptions, config), progress)
+    stats = calibrate(
+        graph, _batches(config, graph), options_from(CalibrationOptions, config), progress
+    )
     progress.finish()
     save_calibration(stats, outputs[0])
+
+
+def shards(config: dict[str, Any], workers: int) -> int:
+    """Into how many parts an executor may split the step (moving_average: order matters)."""
+    return 1 if config["method"] == "moving_average" else workers
+
+
+def run_shard(config: dict[str, Any], inputs: list[Path], index: int, count: int):
+    """Part `index` of `count` (on a worker): the statistics recorder of its samples."""
+    from ..compile import (
+        CalibrationOptions,
+        QuantizeOptions,
+        calibrate_shard,
+        equalize,
+        options_from,
+    )
+    from ..graph_ir.serde import load_ir
+
+    graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
+    options = options_from(CalibrationOptions, config)
+    return calibrate_shard(graph, _batches(config, graph), options, index, count)
+
+
+def merge(config: dict[str, Any], parts: list, outputs: list[Path]) -> None:
+    """The statistics file of all parts: byte-identical to `run`'s."""
+    from ..compile import CalibrationOptions, merge_calibration, options_from
+    from ..graph_ir.serde.calibration_file import save_calibration
+
+    stats = merge_calibration(parts, options_from(CalibrationOptions, config))
+    save_calibration(stats, outputs[0])
+
+
+def _batches(config: dict[str, Any], graph):
+    from ..datasets import iter_batches, random_batch
+
+    specs = [(v.name, v.shape) for v in graph.inputs]
+    if config["calibration"]:
+        return iter_batches(config["calibration"], specs)
+    log.warning(
+        "calibrating on %d RANDOM samples (quantize.random_calibration = true): activation "
+        "ranges will not match real data and accuracy will suffer",
+        config["random_samples"],
+    )
+    return [random_batch(specs, config["random_samples"])]

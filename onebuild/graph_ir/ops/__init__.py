@@ -1,6 +1,7 @@
 """IR operators. Importing this package registers every kernel."""
 
 from . import (  # noqa: F401
+    control,
     conv,
     elementwise,
     indexing,

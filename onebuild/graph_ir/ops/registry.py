@@ -12,7 +12,9 @@
 - onnx: when the op is the ONNX operator of the same name (same inputs, same semantics), the
   ONNX attributes it reads, each with the type it takes (absent ones keep the kernel's default);
   the ONNX importer then converts it without a converter of its own. None: the importer has a
-  converter for it (opset differences to resolve, operands to canonicalize) or it is IR-only.
+  converter for it (opset differences to resolve, operands to canonicalize) or it is IR-only;
+- subgraphs: the attributes that hold an IR `Graph` (control flow: If's branches), empty for
+  ordinary ops.
 
 Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
@@ -117,6 +119,7 @@ class OpDef:
     batch: BatchRule | None = UNSTATED
     quant: str | None = None
     onnx: Mapping[str, type] | None = None
+    subgraphs: tuple[str, ...] = ()
 
 
 OPS: dict[str, OpDef] = {}
@@ -129,12 +132,14 @@ def register(
     batch: BatchRule | None = UNSTATED,
     quant: str | None = None,
     onnx: Mapping[str, type] | None = None,
+    subgraphs: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the kernel of op `name`; it may return one array.
 
     `batch` is the op's BatchRule, or None if it is deliberately never batch-separable; `quant`
     one of QUANT_RULES, or None to keep the op in float; `onnx` the attributes of the ONNX
-    operator it is, by type (`{}`: one without attributes), or None.
+    operator it is, by type (`{}`: one without attributes), or None; `subgraphs` the attributes
+    holding IR graphs.
     """
     if quant is not None and quant not in QUANT_RULES:
         raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
@@ -151,7 +156,7 @@ def register(
         kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
-        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx)
+        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx, subgraphs)
         return fn
 
     return wrap

@@ -3,7 +3,10 @@
 Memory stays bounded: batches arrive one at a time (one npz file of a folder, say) and each value
 keeps one observer (a few numbers, or a fixed histogram), never the activations themselves.
 The inputs of Conv/Gemm/MatMul layers also get per-channel sums (their means drive bias
-correction at quantization time).
+correction at quantization time), kept exactly (integers in units of the smallest float64) and
+rounded once at the end.
+Recorders of sample shards merge (`RangeRecorder.merge`, `merge_recorders`) into exactly the
+statistics of one pass over all samples, when shards start at multiples of `CHUNK` samples.
 The result, `CalibrationStats`, does not depend on the quantized dtype, so it is computed once
 and reused when only the dtype changes (the `mse` search runs per dtype from the histogram).
 """
@@ -29,6 +32,14 @@ METHODS = {
 
 Batch = Mapping[str, np.ndarray]
 CHUNK = 32  # samples per interpreter pass (bounded memory: one chunk of activations at a time)
+EXACT_BITS = 1074  # every finite float64 is an integer multiple of 2**-1074
+EXACT_ONE = 1 << EXACT_BITS
+
+
+def _exact(value: float) -> int:
+    """`value` as an exact integer count of 2**-EXACT_BITS."""
+    numerator, denominator = value.as_integer_ratio()  # the denominator is a power of two
+    return numerator << (EXACT_BITS + 1 - denominator.bit_length())
 
 
 @dataclass
@@ -114,7 +125,7 @@ class RangeRecorder:
         self.channel_axes = dict(channel_axes or {})
         self.finite = finite
         self.observers: dict[str, object] = {}
-        self.sums: dict[str, tuple[int, np.ndarray]] = {}
+        self.sums: dict[str, tuple[int, list[int]]] = {}  # exact: units of 2**-EXACT_BITS
         self.samples = 0
 
     @classmethod
@@ -128,7 +139,10 @@ class RangeRecorder:
         for name, (lo, hi) in stats.ranges.items():
             observer = recorder.observers[name] = MinMax()
             observer.lo, observer.hi = lo, hi
-        recorder.sums = dict(stats.channel_sums)
+        recorder.sums = {
+            name: (count, [_exact(v) for v in total.tolist()])
+            for name, (count, total) in stats.channel_sums.items()
+        }
         recorder.samples = stats.samples
         return recorder
 
@@ -167,14 +181,28 @@ class RangeRecorder:
         return Interpreter(graph, self.observe, kernels)
 
     def _add_channel_sums(self, name: str, array: np.ndarray, axis: int) -> None:
-        """Sum sample by sample (leading rows in order), so how samples are split into batches
-        or files does not change a bit of the result."""
+        """Sum each sample's channels in float64, then add those exactly: how samples are split
+        into batches, files or shards does not change a bit of the result."""
         inner = tuple(range(1, array.ndim))
         rows = array.sum(axis=tuple(i for i in inner if i != axis), dtype=np.float64)
-        count, total = self.sums.get(name, (0, np.zeros(array.shape[axis])))
-        for row in rows.reshape(len(rows), -1):
-            total = total + row
+        count, total = self.sums.get(name, (0, [0] * array.shape[axis]))
+        columns = rows.reshape(len(rows), -1).T.tolist()
+        total = [t + sum(map(_exact, column)) for t, column in zip(total, columns)]
         self.sums[name] = (count + array.size // array.shape[axis], total)
+
+    def merge(self, other: "RangeRecorder") -> None:
+        """Add the statistics of another shard of samples (same method and options)."""
+        if (other.method, other.options) != (self.method, self.options):
+            raise UserError("cannot merge calibration shards recorded with different methods")
+        for name, observer in other.observers.items():
+            if name in self.observers:
+                self.observers[name].merge(observer)
+            else:
+                self.observers[name] = observer
+        for name, (count, total) in other.sums.items():
+            mine, summed = self.sums.get(name, (0, [0] * len(total)))
+            self.sums[name] = (mine + count, [a + b for a, b in zip(summed, total)])
+        self.samples += other.samples
 
     def stats(self) -> CalibrationStats:
         items = self.observers.items()
@@ -182,7 +210,10 @@ class RangeRecorder:
             self.method,
             self.samples,
             {n: tuple(map(float, o.range())) for n, o in items},
-            channel_sums=dict(self.sums),
+            channel_sums={
+                name: (count, np.array([t / EXACT_ONE for t in total], np.float64))
+                for name, (count, total) in self.sums.items()
+            },
         )
         if self.method == "mse":
             stats.histograms = {n: (o.limit, o.counts) for n, o in items}
@@ -203,6 +234,20 @@ def calibrate(
     `data` is one batch (`{input name: [N, *shape]}`) or an iterable of (where, batch) pairs,
     `where` naming the batch's source in error messages.
     """
+    return merge_recorders([record(graph, data, method, options, progress)], min_samples)
+
+
+def record(
+    graph: Graph,
+    data: Batch | Iterable[tuple[str, Batch]],
+    method: str = "minmax",
+    options: Mapping | None = None,
+    progress: Callable[[int], None] | None = None,
+    select: Callable[[int], bool] | None = None,
+) -> RangeRecorder:
+    """The recorder of one shard of samples (see `calibrate`); shards merge exactly. With
+    `select`, only the interpreter chunks whose running number it accepts are observed (the
+    chunks are the same as in one pass: a file's samples, `CHUNK` at a time)."""
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     options = dict(options or {})
     recorder = RangeRecorder(method, dict(options), channel_axes(graph), finite=True)
@@ -212,9 +257,13 @@ def calibrate(
         chunk = options.get("batch", 1)
         if interpreter.batchable:
             recorder.options["batch"] = 1  # each observed array is already a whole batch
+    number = -1
     for where, batch in batches:
         samples = check_calibration_data(graph, batch, where)
         for start in range(0, samples, chunk):
+            number += 1
+            if select is not None and not select(number):
+                continue
             part = {v.name: batch[v.name][start : start + chunk] for v in graph.inputs}
             try:
                 with np.errstate(over="ignore", invalid="ignore"):
@@ -224,11 +273,19 @@ def calibrate(
             recorder.samples += len(next(iter(part.values()), ()))
             if progress:
                 progress(recorder.samples)
-    if recorder.samples < min_samples:
+    return recorder
+
+
+def merge_recorders(recorders: list[RangeRecorder], min_samples: int = 1) -> CalibrationStats:
+    """The statistics of shards recorded separately (in any grouping), as of one pass."""
+    merged = recorders[0]
+    for recorder in recorders[1:]:
+        merged.merge(recorder)
+    if merged.samples < min_samples:
         raise UserError(
-            f"calibration data has {recorder.samples} sample(s); at least {min_samples} are needed"
+            f"calibration data has {merged.samples} sample(s); at least {min_samples} are needed"
         )
-    return recorder.stats()
+    return merged.stats()
 
 
 def _non_finite_sample(

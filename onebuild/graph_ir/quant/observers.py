@@ -7,10 +7,18 @@
   into the running value with weight `constant` (the first batch initializes it).
 - `Histogram` (method `mse`): a fixed-size histogram whose range doubles (merging bin pairs) when
   new values fall outside it, kept for a search at quantization time (`calibrate.mse_range`:
-  the clipping range with the least squared error for a dtype).
+  the clipping range with the least squared error for a dtype). The range is a power of two and
+  bins are found by exact scaling, so a histogram doubled k times equals one built at that
+  range: histograms of sample shards merge into exactly the one-pass histogram.
+
+Each observer's `merge` adds another's observations of other samples (shards of calibration).
 """
 
+import math
+
 import numpy as np
+
+from ...errors import UserError
 
 
 class MinMax:
@@ -23,6 +31,9 @@ class MinMax:
 
     def range(self) -> tuple[float, float]:
         return (self.lo, self.hi) if self.lo <= self.hi else (0.0, 0.0)
+
+    def merge(self, other: "MinMax") -> None:
+        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
 
 
 class Percentile:
@@ -46,6 +57,10 @@ class Percentile:
         self.minima.extend(rows.min(axis=1).tolist())
         self.maxima.extend(rows.max(axis=1).tolist())
 
+    def merge(self, other: "Percentile") -> None:
+        self.minima.extend(other.minima)  # percentiles do not depend on the order
+        self.maxima.extend(other.maxima)
+
     def range(self) -> tuple[float, float]:
         if not self.minima:
             return 0.0, 0.0
@@ -68,24 +83,43 @@ class Histogram:
             return
         self.minmax.update(x)
         peak = max(abs(self.minmax.lo), abs(self.minmax.hi))
-        if self.limit == 0.0:
-            self.limit = peak * 1.0001 if peak > 0 else 1e-8
+        if self.limit == 0.0:  # the power of two above the peak
+            self.limit = math.ldexp(1.0, math.frexp(peak)[1]) if peak > 0 else 2.0**-30
         while peak >= self.limit:
             self._double()
         bins = len(self.counts)
-        index = ((x.reshape(-1) + self.limit) * (bins / (2 * self.limit))).astype(np.int64)
+        scaled = np.floor(x.reshape(-1) * (bins / (2 * self.limit)))  # exact: a power of two
+        index = scaled.astype(np.int64) + bins // 2
         self.counts += np.bincount(np.clip(index, 0, bins - 1), minlength=bins)
 
+    def merge(self, other: "Histogram") -> None:
+        """Add another histogram of the same settings (both doubled to the larger range)."""
+        if other.limit == 0.0:
+            return
+        if self.limit == 0.0:
+            self.counts, self.limit = other.counts.copy(), other.limit
+        else:
+            counts, limit = other.counts.copy(), other.limit
+            while self.limit < limit:
+                self._double()
+            while limit < self.limit:
+                counts, limit = _doubled(counts), limit * 2
+            self.counts = self.counts + counts
+        self.minmax.merge(other.minmax)
+
     def _double(self) -> None:
-        """Double the range: old bins map to the middle half, merged in pairs."""
-        bins = len(self.counts)
-        merged = self.counts.reshape(-1, 2).sum(axis=1)
-        self.counts = np.zeros(bins, np.int64)
-        self.counts[bins // 4 : bins // 4 + bins // 2] = merged
-        self.limit *= 2
+        self.counts, self.limit = _doubled(self.counts), self.limit * 2
 
     def range(self) -> tuple[float, float]:
         return self.minmax.range()
+
+
+def _doubled(counts: np.ndarray) -> np.ndarray:
+    """A histogram over twice the range: old bins map to the middle half, merged in pairs."""
+    bins = len(counts)
+    doubled = np.zeros(bins, np.int64)
+    doubled[bins // 4 : bins // 4 + bins // 2] = counts.reshape(-1, 2).sum(axis=1)
+    return doubled
 
 
 class MovingAverage:
@@ -114,6 +148,12 @@ class MovingAverage:
             c = self.constant
             self.lo = self.lo * (1 - c) + lo * c
             self.hi = self.hi * (1 - c) + hi * c
+
+    def merge(self, other: "MovingAverage") -> None:
+        raise UserError(
+            "moving_average statistics depend on the order of all samples and cannot be merged "
+            "from shards; calibrate in one pass or use minmax, percentile or mse"
+        )
 
     def range(self) -> tuple[float, float]:
         if self.seen % self.batch and self.lo is None:  # fewer samples than one batch

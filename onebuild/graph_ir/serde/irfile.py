@@ -60,10 +60,31 @@ def _value_entry(value: Value) -> dict:
     return entry
 
 
+def _all_graphs(model: Model) -> tuple[list[Graph], dict[int, int]]:
+    """The model's graphs, then the subgraphs their nodes hold (breadth first, each once), and
+    each graph's index in that list (keyed by id)."""
+    graphs = list(model.graphs)
+    index = {id(g): i for i, g in enumerate(graphs)}
+    for graph in graphs:  # grows while iterating: subgraphs of subgraphs come later
+        for node in graph.nodes:
+            for subgraph in node.subgraphs:
+                if id(subgraph) not in index:
+                    index[id(subgraph)] = len(graphs)
+                    graphs.append(subgraph)
+    return graphs, index
+
+
+def _node_attrs(node, index: dict[int, int]) -> dict:
+    """A node's attributes with each subgraph replaced by its index in `graphs`."""
+    keys = OPS[node.op].subgraphs
+    return {k: index[id(v)] if k in keys else v for k, v in node.attrs.items()}
+
+
 def describe(model: Model) -> tuple[dict, list[tuple[int, Value]]]:
     """The JSON description and the (offset, constant) layout of the data section."""
     offset, layout, graphs = 0, [], []
-    for graph in model.graphs:
+    all_graphs, index = _all_graphs(model)
+    for graph in all_graphs:
         constants = []
         for value in graph.constants.values():
             entry = _value_entry(value)
@@ -78,7 +99,7 @@ def describe(model: Model) -> tuple[dict, list[tuple[int, Value]]]:
                 "op": node.op,
                 "inputs": [None if v is None else v.name for v in node.inputs],
                 "outputs": [_value_entry(v) for v in node.outputs],
-                "attrs": node.attrs,
+                "attrs": _node_attrs(node, index),
             }
             for node in graph.nodes
         ]
@@ -189,8 +210,12 @@ class _Loader:
         for key, text in metadata.items():
             f.text(text, f"metadata.{key}", empty=True)
         specs = f.array(header["graphs"], "graphs", min_len=1)
-        graphs = [self.graph(spec, f"graphs[{i}]") for i, spec in enumerate(specs)]
-        return Model(graphs, dict(metadata))
+        # A node's subgraph comes later in the list than its graph: build from the end.
+        self.graphs: list[Graph | None] = [None] * len(specs)
+        self.held: set[int] = set()
+        for i in reversed(range(len(specs))):
+            self.graphs[i] = self.graph(specs[i], f"graphs[{i}]", i)
+        return Model([g for i, g in enumerate(self.graphs) if i not in self.held], dict(metadata))
 
     def value_type(self, entry, path: str, extra=frozenset()):
         f = self.f
@@ -225,7 +250,7 @@ class _Loader:
         f.require(len(zero_point) == count, f"{path}.zero_point", f"needs {count} entries")
         return QuantParams(tuple(scale), tuple(zero_point), axis)
 
-    def graph(self, spec, path: str) -> Graph:
+    def graph(self, spec, path: str, index: int) -> Graph:
         f = self.f
         f.obj(spec, path, GRAPH_KEYS)
         graph = Graph(f.text(spec["name"], f"{path}.name"))
@@ -253,7 +278,7 @@ class _Loader:
         nodes = f.array(spec["nodes"], f"{path}.nodes")
         names: set[str] = set()
         for i, entry in enumerate(nodes):
-            self.node(graph, values, names, entry, f"{path}.nodes[{i}]", define)
+            self.node(graph, values, names, entry, f"{path}.nodes[{i}]", define, index)
         outputs = f.array(spec["outputs"], f"{path}.outputs", min_len=1)
         for i, name in enumerate(outputs):
             f.text(name, f"{path}.outputs[{i}]")
@@ -261,7 +286,9 @@ class _Loader:
         graph.outputs = [values[name] for name in outputs]
         return graph
 
-    def node(self, graph: Graph, values: dict, names: set, entry, path: str, define) -> None:
+    def node(
+        self, graph: Graph, values: dict, names: set, entry, path: str, define, index: int
+    ) -> None:
         f = self.f
         f.obj(entry, path, NODE_KEYS)
         name = f.text(entry["name"], f"{path}.name")
@@ -281,6 +308,14 @@ class _Loader:
         f.require(None not in required, f"{path}.inputs", f"{op} lacks a required input")
         attrs = f.obj(entry["attrs"], f"{path}.attrs")
         check_attributes(f, op, attrs, inputs, f"{path}.attrs")
+        attrs = dict(attrs)
+        for key in OPS[op].subgraphs:
+            if key in attrs:
+                where, last = f"{path}.attrs.{key}", len(self.graphs) - 1
+                f.require(index < last, where, "names a subgraph, but no graph follows this one")
+                held = f.integer(attrs[key], where, index + 1, last)
+                attrs[key] = self.graphs[held]
+                self.held.add(held)
         outs = [
             self.value_type(out, f"{path}.outputs[{j}]")
             for j, out in enumerate(f.array(entry["outputs"], f"{path}.outputs", min_len=1))

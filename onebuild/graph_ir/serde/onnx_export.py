@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from ...errors import UserError
 from ...fileio import atomic_write_bytes
 from ..ir import Graph, Model, Node, Value
+from ..ops.control import BRANCHES
 from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
 from ..tensor import QuantParams
@@ -316,6 +317,53 @@ def _cast(ex, node, inputs, attrs):
     return "Cast", inputs, {"to": _onnx_type(node.output.dtype)}
 
 
+def _if(ex, node, inputs, attrs):
+    """Branches become ONNX subgraphs without inputs that read the If's inputs by name."""
+    branches = {
+        key: _branch(node.attrs[key], inputs[1:], f"{node.name}.{key}/") for key in BRANCHES
+    }
+    return "If", inputs[:1], branches
+
+
+def _loop(ex, node, inputs, attrs):
+    """The body keeps its inputs up to the carried values and reads the rest by name."""
+    own = 2 + node.attrs["carried"]
+    body = _branch(node.attrs["body"], inputs[own:], f"{node.name}.body/", own)
+    return "Loop", inputs[:own], {"body": body}
+
+
+def _branch(graph: Graph, outer: list[str], prefix: str, own: int = 0) -> onnx.GraphProto:
+    """`graph` exported, its inputs after the first `own` renamed to the `outer` values they
+    stand for and its own names prefixed (ONNX subgraphs share the names of the scopes around
+    them)."""
+    proto = _Exporter(graph).run()
+    names = {n: prefix + n for node in proto.node for n in node.output if n}
+    names.update({t.name: prefix + t.name for t in proto.initializer})
+    names.update({v.name: prefix + v.name for v in graph.inputs[:own]})
+    names.update({v.name: name for v, name in zip(graph.inputs[own:], outer)})
+    _rename(proto, names)
+    given = {*outer, *(names[v.name] for v in graph.inputs[:own])}
+    for output in proto.output:
+        if output.name in given:  # a subgraph giving one of its inputs as it is
+            copy = f"{prefix}{output.name}/output"
+            proto.node.append(helper.make_node("Identity", [output.name], [copy]))
+            output.name = copy
+    del proto.input[own:]
+    return proto
+
+
+def _rename(proto: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Apply `names` to every reference in `proto` and the subgraphs it holds."""
+    for node in proto.node:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _rename(attr.g, names)
+    for item in (*proto.initializer, *proto.input, *proto.output, *proto.value_info):
+        item.name = names.get(item.name, item.name)
+
+
 def _dropout(ex, node, inputs, attrs):
     """Inference-mode Dropout is the identity, unless its mask output is read."""
     return ("Dropout" if attrs.get("mask") else "Identity"), inputs[:1], {}
@@ -351,6 +399,8 @@ SPECIAL: dict[str, Callable] = {
     "ArgMax": _arg_max,
     "Cast": _cast,
     "Dropout": _dropout,
+    "If": _if,
+    "Loop": _loop,
 }
 
 

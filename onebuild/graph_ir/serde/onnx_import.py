@@ -26,12 +26,12 @@ from onnx import helper, numpy_helper
 from ...errors import DynamicValueError, ModelError, UnsupportedOpsError, UserError
 from .. import dtypes
 from ..ir import Graph, Model, Value
-from ..ops import OPS
 from ..quant.from_qdq import fold_qdq
 from ..tensor import Tensor
 from . import onnx_checks as checks
 from . import onnx_ops_index, onnx_ops_nn, onnx_qdq  # noqa: F401  (register their converters)
-from .onnx_control import fold_if
+from .onnx_context import NodeContext
+from .onnx_control import WITH_SUBGRAPHS
 from .onnx_ops import CONVERTERS, converter_for
 from .onnx_wire import map_embedded_weights
 
@@ -334,9 +334,9 @@ class _GraphImporter:
 
     # -- nodes -------------------------------------------------------------------------------
     def _convert(self, node: onnx.NodeProto) -> None:
-        if node.op_type == "If" and node.domain in ONNX_DOMAINS:
+        if node.op_type in WITH_SUBGRAPHS and node.domain in ONNX_DOMAINS:
             checks.signature(node, self.opset)
-            return fold_if(self, node)
+            return WITH_SUBGRAPHS[node.op_type](self, node)
         ctx = NodeContext(self, node)
         try:
             checks.signature(node, self.opset)
@@ -362,103 +362,6 @@ class _GraphImporter:
             self.values[name] = value
 
 
-class NodeContext:
-    """What a converter sees of one ONNX node: its inputs, attributes and an `emit` function."""
-
-    def __init__(self, importer: _GraphImporter, node: onnx.NodeProto):
-        self.importer = importer
-        self.node = node
-        self.op_type = node.op_type
-        self.opset = importer.opset
-        self.name = node.name or (node.output[0] if node.output else node.op_type)
-        self.attrs = {a.name: a for a in node.attribute}
-        self._created: set[int] = set()
-        graph_values = importer.values
-        self.inputs: list[Value | None] = []
-        for name in node.input:
-            if not name:
-                self.inputs.append(None)
-            elif name not in graph_values:
-                raise ModelError(
-                    f"{importer.source}: node '{self.name}' ({node.op_type}) reads '{name}', "
-                    "which no node, input or initializer defines"
-                )
-            else:
-                self.inputs.append(graph_values[name])
-
-    @property
-    def graph(self) -> Graph:
-        return self.importer.graph
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.node.output)
-
-    def wants_output(self, index: int) -> bool:
-        return index < len(self.node.output) and bool(self.node.output[index])
-
-    def created(self, value: Value) -> bool:
-        return id(value) in self._created
-
-    def input(self, index: int) -> Value | None:
-        return self.inputs[index] if index < len(self.inputs) else None
-
-    def attr(self, name: str, default=None):
-        proto = self.attrs.get(name)
-        if proto is None:
-            return default
-        value = helper.get_attribute_value(proto)
-        if isinstance(value, onnx.TensorProto):
-            return self.importer.tensor(value).numpy()
-        if isinstance(value, bytes):
-            return value.decode()
-        if isinstance(value, list) and value and isinstance(value[0], bytes):
-            return [v.decode() for v in value]
-        return value
-
-    def const(self, index: int, what: str) -> np.ndarray | None:
-        """The data of a constant input (None if omitted); shape operands must be constants."""
-        value = self.input(index)
-        if value is None:
-            return None
-        if not value.is_const:
-            roots = _graph_input_roots(value)
-            raise DynamicValueError(
-                f"{self.importer.source}: node '{self.name}' ({self.op_type}): {what} "
-                f"'{value.name}' must be known at compile time, but it depends on graph "
-                f"input(s) {', '.join(roots) or '?'}; fix them with input_shapes or freeze them",
-                roots,
-            )
-        return value.numpy()
-
-    def fail(self, message: str) -> ModelError:
-        return ModelError(f"{self.importer.source}: node '{self.name}' ({self.op_type}): {message}")
-
-    def constant(self, array: np.ndarray | Tensor) -> Value:
-        value = self.graph.add_constant(array, self.node.output[0] if self.node.output else "c")
-        self._created.add(id(value))
-        return value
-
-    def emit(
-        self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None, fold: bool = True
-    ) -> list[Value]:
-        """Add an IR node, or evaluate it at once when all its inputs are constants (unless
-        `fold` is False)."""
-        attrs = dict(attrs or {})
-        present = [v for v in inputs if v is not None]
-        if fold and present and all(v.is_const for v in present):
-            arrays = [None if v is None else v.numpy() for v in inputs]
-            results = OPS[op].kernel(attrs, *arrays)
-            return [self.constant(np.asarray(r)) for r in results]
-        try:
-            node = self.graph.make_node(op, inputs, attrs, name=self.name)
-        except ValueError as error:
-            raise self.fail(str(error)) from None
-        for value in node.outputs:
-            self._created.add(id(value))
-        return node.outputs
-
-
 def converter_of(node: onnx.NodeProto) -> Callable | None:
     """The converter of a node (None: not supported); operators of EXTRA_DOMAINS are
     registered as "<domain>.<op_type>"."""
@@ -480,7 +383,7 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
             for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
         ]
-        foldable = node.op_type == "If" and node.domain in ONNX_DOMAINS  # see onnx_control
+        foldable = node.op_type in WITH_SUBGRAPHS and node.domain in ONNX_DOMAINS
         if converter_of(node) is None and not foldable:
             op = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
             found.append((op, name, where))
@@ -496,19 +399,3 @@ def _fixed_dim(dim: onnx.TensorShapeProto.Dimension) -> int | None:
     """A declared dim's size, or None when it is dynamic: symbolic, missing, or a dim_value of
     0 or less (exporters write -1, and sometimes 0, for "unknown")."""
     return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
-
-
-def _graph_input_roots(value: Value) -> list[str]:
-    """Names of the graph inputs a value is computed from."""
-    seen, stack, roots = set(), [value], []
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if v.producer is None:
-            if not v.is_const:
-                roots.append(v.name)
-        else:
-            stack.extend(i for i in v.producer.inputs if i is not None)
-    return sorted(roots)

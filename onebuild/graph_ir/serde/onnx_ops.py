@@ -181,6 +181,10 @@ def size(ctx):
 @converter("Range")
 def range_(ctx):
     start, limit, delta = (ctx.const(i, "range operand") for i in range(3))
+    if any(operand.size != 1 for operand in (start, limit, delta)):
+        raise ValueError("start, limit and delta must each have one element")
+    # one-element vectors are accepted as scalars, as onnxruntime does (the expanded AffineGrid)
+    start, limit, delta = (operand.reshape(()) for operand in (start, limit, delta))
     if delta == 0:
         raise ValueError("delta is 0")
     dims([max(math.ceil((float(limit) - float(start)) / float(delta)), 0)], "the range")
@@ -219,7 +223,11 @@ def flatten(ctx):
 
 
 def _axes_operand(ctx, index: int):
-    return ctx.attr("axes") if ctx.opset < 13 else ctx.const(index, "axes")
+    """Squeeze's/Unsqueeze's axes; a scalar operand is one axis, as in onnxruntime."""
+    if ctx.opset < 13:
+        return ctx.attr("axes")
+    axes = ctx.const(index, "axes")
+    return None if axes is None else np.atleast_1d(axes)
 
 
 @converter("Squeeze")

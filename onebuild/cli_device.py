@@ -1,0 +1,65 @@
+"""`onebuild run MODEL --quantize/--codegen/--auto-compile`: onert_run's on-device compilation
+through the Session, printing each switch (with cli.py and cli_recipes.py, a module that
+prints)."""
+
+from .errors import UserError
+
+ODC_QUANTIZE = {"uint8": "U8_ASYM", "int16": "I16_SYM", "int8_wo": "WO_I8_SYM",
+                "int16_wo": "WO_I16_SYM"}  # fmt: skip
+
+
+def run_on_device(args) -> int:
+    """onert_run's on-device compilation: record, quantize, codegen (or --auto-compile), then
+    run every input sample on the resulting model."""
+    import numpy as np
+
+    from .npz import read_npz, write_npz
+    from .runtime.session import Session
+
+    if args.raw:
+        raise UserError("--raw does not apply to on-device compilation: its I/O is float")
+    shapes = dict(args.input_shape or [])
+    session = Session(args.model, workspace=args.workspace, input_shapes=shapes or None)
+    feeds = read_npz(args.inputs)
+    missing = [name for name in session.inputs if name not in feeds]
+    if missing:
+        raise UserError(f"{args.inputs}: no array for input(s) {', '.join(missing)}")
+    count = len(feeds[next(iter(session.inputs))])
+    samples = [{name: feeds[name][i] for name in session.inputs} for i in range(count)]
+    if not samples:
+        raise UserError(f"{args.inputs}: holds no samples")
+    if args.quantize:
+        session.set_quantization_type(ODC_QUANTIZE[args.quantize])
+    session.set_hardware(args.hw)
+    if args.min_sqnr_db is not None:
+        session.set_accuracy_gate(min_sqnr_db=args.min_sqnr_db)
+    if args.qpath:
+        session.set_quantized_model_path(args.qpath)
+    if args.cpath:
+        session.set_codegen_model_path(args.cpath)
+    results = []
+    if args.auto_compile:
+        session.set_odc_param_minmax_records_count(args.minmax_runs)
+        target = args.codegen or "trix_sim"
+        for sample in samples:
+            before = session.state
+            results.append(session.run_with_auto_compilation(sample, target, args.pref))
+            if session.state != before:
+                print(f"run {len(results)}: switched {before} -> {session.state}")
+    else:
+        if args.quantize:
+            session.set_execute_config("DUMP_MINMAX")
+            for run in range(args.minmax_runs):
+                session.run(samples[run % count])
+            session.reset_execute_config()
+            print(f"quantized ({session.settings.quant_type}): {session.quantize()}")
+        if args.codegen:
+            print(f"compiled ({args.codegen}, {args.hw}, {args.pref}): "
+                  f"{session.codegen(args.codegen, args.pref)}")  # fmt: skip
+    results = results or [session.run(sample) for sample in samples]
+    outputs = {name: np.stack([r[name] for r in results]) for name in session.outputs}
+    write_npz(args.outputs, outputs)
+    for name, array in outputs.items():
+        print(f"{name}: {array.dtype}{list(array.shape)}")
+    print(f"state: {session.state}" + (f" ({session.reason})" if session.reason else ""))
+    return 0

@@ -1,0 +1,214 @@
+"""`build --executor dask[=ADDRESS]`: doit decides what is out of date; the steps that must run go
+to Dask workers (`distributed`, the optional extra `dask`).
+
+No shared filesystem is needed: a step's input files travel with the task (tar bytes), the
+worker runs the step in a private temporary folder that mirrors their absolute paths (so the
+step's config, which names the same paths, and files that refer to each other stay valid) and
+sends back its outputs, which the client puts in place atomically. A worker killed mid-step
+leaves nothing behind: the scheduler runs the task again on another worker. Cache restores
+stay on the client (the step cache, local or remote, is consulted before a step is submitted).
+"""
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import signal
+import tarfile
+import tempfile
+import threading
+import uuid
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from ..errors import OneBuildError, UserError
+from ..tasks import STEPS
+from .step_cache import _replace
+
+INSTALL = "pip install 'onebuild[dask]'"
+
+
+def parse_executor(text: str) -> str | None:
+    """`local` -> None; `dask` -> "" (a LocalCluster); `dask=ADDRESS` -> ADDRESS."""
+    kind, sep, address = text.partition("=")
+    if kind == "local" and not sep:
+        return None
+    if kind != "dask" or (sep and not address):
+        raise UserError(f"--executor '{text}': expected local, dask or dask=SCHEDULER_ADDRESS")
+    return address
+
+
+class DaskExecutor:
+    """Runs steps on a Dask cluster: an existing scheduler at `address`, else a LocalCluster of
+    `workers` single-threaded worker processes on loopback, started when a step must run."""
+
+    def __init__(self, address: str, workers: int):
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise UserError(f"--executor dask needs Dask's distributed: {INSTALL}") from None
+        self.address, self.workers, self.cluster, self.client = address, workers, None, None
+        self._classes, self._lock = (Client, LocalCluster), threading.Lock()
+        self.slots = workers
+        if address:
+            self.slots = max(1, sum(self._connect().nthreads().values()))
+
+    def _connect(self):
+        Client, LocalCluster = self._classes
+        with self._lock:
+            if self.client is not None:
+                return self.client
+            try:
+                if self.address:
+                    self.client = Client(self.address, timeout="20s")
+                else:
+                    self.cluster = LocalCluster(
+                        n_workers=self.workers,
+                        threads_per_worker=1,
+                        processes=True,
+                        host="127.0.0.1",
+                        dashboard_address=None,
+                        silence_logs=logging.ERROR,  # a stop's warnings are expected
+                        preload=[__name__],  # dask_setup below
+                    )
+                    self.client = Client(self.cluster)
+            except OSError as error:
+                where = f"dask={self.address}" if self.address else "dask"
+                raise UserError(f"--executor {where}: cannot start or reach ({error})") from None
+            return self.client
+
+    def run(self, step: str, config: dict, inputs: list[Path], outputs: list[Path]) -> None:
+        """Run one step on a worker and put its outputs in place (those it wrote before
+        failing too, as a local run leaves them: an accuracy report)."""
+        shipped = {str(p): pack_tree(p) for p in dict.fromkeys(inputs)}
+        module = import_module(STEPS[step].module)
+        count = module.shards(config, self.slots) if hasattr(module, "run_shard") else 1
+        if count > 1:
+            self._run_sharded(step, module, config, shipped, outputs, count)
+            return
+        key = f"onebuild-{step}-{uuid.uuid4().hex}"
+        future = self._connect().submit(
+            run_step, step, config, shipped, [str(p) for p in outputs], key=key, pure=False
+        )
+        try:
+            blobs, error = future.result()
+        finally:
+            future.release()
+        for output, blob in zip(outputs, blobs):
+            if blob is None:
+                continue
+            with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=_parent(output)) as tmp:
+                unpack_tree(blob, Path(tmp) / "x")
+                _replace(Path(tmp) / "x", output)
+        if error is not None:
+            raise UserError(error)
+
+    def _run_sharded(self, step, module, config, shipped, outputs, count: int) -> None:
+        """A step that splits (calibration): its parts on the workers, merged here."""
+        client, name = self._connect(), uuid.uuid4().hex
+        # Inputs travel with each part, not scattered: a killed worker's part can run elsewhere.
+        futures = [
+            client.submit(
+                run_shard, step, config, shipped, i, count, key=f"onebuild-{step}-{i}-{name}"
+            )
+            for i in range(count)
+        ]
+        try:
+            parts = client.gather(futures)
+        finally:
+            client.cancel(futures)
+        errors = [error for _, error in parts if error is not None]
+        if errors:
+            raise UserError(errors[0])
+        module.merge(config, [part for part, _ in parts], outputs)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a cluster that lost workers
+            if self.client is not None:
+                self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def dask_setup(worker) -> None:
+    """Preload of the LocalCluster's workers: Ctrl-C reaches the whole process group, but it
+    is the client's to handle (it closes the cluster), so the workers ignore SIGINT."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to change
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _parent(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.parent
+
+
+def run_step(
+    step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]
+) -> tuple[list[bytes | None], str | None]:
+    """On a worker: the step in a private root that mirrors the client's paths; returns the
+    outputs it wrote and its error message (naming the client's paths), if it failed."""
+    root = Path(tempfile.mkdtemp(prefix="onebuild-step-"))
+    try:
+        for path, blob in inputs.items():
+            unpack_tree(blob, _inside(root, path))
+        local = [_inside(root, p) for p in outputs]
+        for path in local:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        error = None
+        try:
+            STEPS[step].run(_relocated(config, root), [_inside(root, p) for p in inputs], local)
+        except OneBuildError as failure:
+            error = str(failure).replace(str(root), "")
+        return [pack_tree(p) if p.exists() else None for p in local], error
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_shard(step: str, config: dict, inputs: dict[str, bytes], index: int, count: int):
+    """On a worker: part `index` of `count` of a step that splits; (part, error message)."""
+    module = import_module(STEPS[step].module)
+    root = Path(tempfile.mkdtemp(prefix="onebuild-shard-"))
+    try:
+        for path, blob in inputs.items():
+            unpack_tree(blob, _inside(root, path))
+        local = [_inside(root, p) for p in inputs]
+        try:
+            return module.run_shard(_relocated(config, root), local, index, count), None
+        except OneBuildError as failure:
+            return None, str(failure).replace(str(root), "")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _inside(root: Path, path: str | os.PathLike) -> Path:
+    return root / Path(path).relative_to("/")
+
+
+def _relocated(value: Any, root: Path) -> Any:
+    """The config with every absolute path moved under `root`."""
+    if isinstance(value, dict):
+        return {k: _relocated(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, root) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return str(_inside(root, value))
+    return value
+
+
+def pack_tree(path: Path) -> bytes:
+    """A file or folder as tar bytes (member `x`)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(path, "x")
+    return buffer.getvalue()
+
+
+def unpack_tree(blob: bytes, target: Path) -> None:
+    """Write what `pack_tree` packed at `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        with tarfile.open(fileobj=io.BytesIO(blob)) as archive:
+            archive.extractall(staging, filter="data")
+        os.replace(Path(staging) / "x", target)

@@ -1,0 +1,323 @@
+"""IR -> TFLite mappings of the elementwise and data-movement ops, for `circle_write.Writer`
+(one function per IR op; the spatial and matrix ones are in `circle_ops_nn`).
+
+A mapping raises `Unsupported` when the node has no exact TFLite form; the writer collects every
+such node and reports them all at once.
+"""
+
+import numpy as np
+
+from ..ops import OPS
+from ..quant.params import dequantize, qdq_params, quantize
+from ..tensor import QuantParams
+from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1
+
+NHWC = (0, 2, 3, 1)
+FLOAT_ACTIVATIONS = {(0.0, np.inf): ACT_RELU, (0.0, 6.0): ACT_RELU6, (-1.0, 1.0): ACT_RELU_N1_TO_1}
+
+
+def _stored(shape, perm):
+    """A shape as written in layout `perm`."""
+    return tuple(shape) if perm is None else tuple(shape[p] for p in perm)
+
+
+class Unsupported(Exception):
+    """The node has no exact TFLite form."""
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _require(condition: bool) -> None:
+    if not condition:
+        raise Unsupported
+
+
+def fused_activation(node) -> int:
+    """The TFLite fused activation of a node's `clip` (float) or [qmin, qmax] (quantized);
+    `Unsupported` for a float clip no fused activation expresses."""
+    attrs = node.attrs
+    if "qmin" in attrs:
+        return _quantized_activation(node.output, attrs)
+    lo, hi = attrs.get("clip", (-np.inf, np.inf))
+    if (lo, hi) == (-np.inf, np.inf):
+        return ACT_NONE
+    act = FLOAT_ACTIVATIONS.get((float(lo), float(hi)))
+    _require(act is not None)
+    return act
+
+
+def _finish(w, node, code: str, inputs: list[int], perm, **options) -> None:
+    """Emit `code` writing the node's output in `perm`, with its fused activation (or, for a
+    float clip without one, MAXIMUM/MINIMUM after it)."""
+    out = node.output
+    try:
+        activation = fused_activation(node)
+    except Unsupported:
+        lo, hi = node.attrs["clip"]
+        pre = w.new_tensor(f"{out.name}_preact", out.dtype, _stored(out.shape, perm))
+        w.op(code, inputs, [pre], **options)
+        _clamp(w, pre, out, perm, lo, hi)
+        return
+    w.op(code, inputs, [w.define(out, perm)], activation=activation, **options)
+
+
+def _clamp(w, source: int, out, perm, lo: float, hi: float) -> None:
+    """MAXIMUM / MINIMUM with constant bounds (the ones that are finite)."""
+    steps = [(op, b) for op, b in (("MAXIMUM", lo), ("MINIMUM", hi)) if np.isfinite(b)]
+    for i, (op, bound) in enumerate(steps):
+        const = w.constant(np.asarray(bound, out.dtype), f"{out.name}_{op.lower()}")
+        if i == len(steps) - 1:
+            target = w.define(out, perm)
+        else:
+            shape = out.shape if perm is None else tuple(out.shape[p] for p in perm)
+            target = w.new_tensor(f"{out.name}_{op.lower()}", out.dtype, shape)
+        w.op(op, [source, const], [target])
+        source = target
+
+
+def _quantized_activation(out, attrs) -> int:
+    """The fused activation whose TFLite integer range matches the node's [qmin, qmax]."""
+    info = np.iinfo(out.dtype)
+    scale, zp = out.quant.scale[0], out.quant.zero_point[0]
+    best, best_gap = None, 3
+    for act, (lo, hi) in (
+        (ACT_NONE, (-np.inf, np.inf)),
+        (ACT_RELU, (0.0, np.inf)),
+        (ACT_RELU6, (0.0, 6.0)),
+        (ACT_RELU_N1_TO_1, (-1.0, 1.0)),
+    ):
+        qlo = info.min if not np.isfinite(lo) else max(info.min, zp + round(lo / scale))
+        qhi = info.max if not np.isfinite(hi) else min(info.max, zp + round(hi / scale))
+        gap = abs(qlo - attrs["qmin"]) + abs(qhi - attrs["qmax"])
+        if gap < best_gap:
+            best, best_gap = act, gap
+    _require(best is not None)
+    return best
+
+
+def _common_layout(w, node, inputs):
+    """The layout of the node's output: that of its first activation input when every input
+    can be read in it (same rank as the output), else the IR's."""
+    rank = len(node.outputs[0].shape)
+    active = [v for v in inputs if v is not None and not v.is_const]
+    perm = w.home_of(active[0]) if active else None
+    if perm is not None and all(len(v.shape) == rank for v in active):
+        return perm
+    return None
+
+
+def _operand(w, value, perm, rank: int) -> int:
+    if value.is_const and perm is not None:
+        data = value.numpy()
+        data = data.reshape((1,) * (rank - data.ndim) + data.shape).transpose(perm)
+        return w.constant(np.ascontiguousarray(data), value.name, value.quant)
+    if perm is not None and len(value.shape) != rank:
+        raise Unsupported
+    return w.get(value, perm)
+
+
+BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "DIV", "QMul": "MUL"}
+
+
+def binary(w, node):
+    code = BINARY.get(node.op) or ("SUB" if node.attrs.get("subtract") else "ADD")
+    perm = _common_layout(w, node, node.inputs)
+    rank = len(node.output.shape)
+    inputs = [_operand(w, v, perm, rank) for v in node.inputs]
+    _finish(w, node, code, inputs, perm)
+
+
+UNARY = {
+    "Relu": "RELU",
+    "Sigmoid": "LOGISTIC",
+    "Tanh": "TANH",
+    "HardSwish": "HARD_SWISH",
+    "LeakyRelu": "LEAKY_RELU",
+    "Exp": "EXP",
+    "Sqrt": "SQRT",
+}
+
+
+def unary(w, node):
+    x = node.inputs[0]
+    perm = w.home_of(x)
+    options = {"alpha": node.attrs.get("alpha", 0.01)} if node.op == "LeakyRelu" else {}
+    w.op(UNARY[node.op], [w.get(x, perm)], [w.define(node.output, perm)], **options)
+
+
+def clip(w, node):
+    x = node.inputs[0]
+    bounds = [
+        v.numpy().item() if v is not None else inf
+        for v, inf in zip((*node.inputs[1:], None, None)[:2], (-np.inf, np.inf))
+    ]
+    _require(all(v is None or v.is_const for v in node.inputs[1:]))
+    perm = w.home_of(x)
+    act = {ACT_RELU: "RELU", ACT_RELU6: "RELU6", ACT_RELU_N1_TO_1: "RELU_N1_TO_1"}.get(
+        FLOAT_ACTIVATIONS.get(tuple(float(b) for b in bounds))
+    )
+    if act:
+        w.op(act, [w.get(x, perm)], [w.define(node.output, perm)])
+    else:
+        _clamp(w, w.get(x, perm), node.output, perm, *bounds)
+
+
+LOOKUP_FUNCTIONS = (  # (IR op, attributes, TFLite op) a quantized lookup table may stand for
+    ("Relu", {}, "RELU"),
+    ("Sigmoid", {}, "LOGISTIC"),
+    ("Tanh", {}, "TANH"),
+    ("HardSwish", {}, "HARD_SWISH"),
+)
+
+
+def lookup(w, node):
+    """A QLookup becomes the TFLite op whose function, quantized like the quantizer does it,
+    gives exactly its table."""
+    x, table = node.inputs
+    out = node.output
+    info = np.iinfo(x.dtype)
+    real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
+    for op, attrs, code in LOOKUP_FUNCTIONS:
+        (y,) = OPS[op].kernel(attrs, real)
+        if np.array_equal(quantize(np.asarray(y, np.float64), out.quant, out.dtype), table.numpy()):
+            perm = w.home_of(x)
+            fixed = FIXED_OUTPUT.get((code, out.dtype.name))
+            if fixed is None or fixed == out.quant:
+                w.op(code, [w.get(x, perm)], [w.define(out, perm)])
+                return
+            # TFLite's kernel writes these parameters only; requantize to the node's after
+            pre = w.new_tensor(
+                f"{out.name}_fixed", out.dtype, _stored(out.shape, perm), quant=fixed
+            )
+            w.op(code, [w.get(x, perm)], [pre])
+            w.requantize(pre, w.define(out, perm))
+            return
+    raise Unsupported
+
+
+FIXED_OUTPUT = {  # (op, dtype) -> the output parameters TFLite's quantized kernel requires
+    ("LOGISTIC", "uint8"): QuantParams((1 / 256,), (0,)),
+    ("LOGISTIC", "int8"): QuantParams((1 / 256,), (-128,)),
+    ("LOGISTIC", "int16"): QuantParams((1 / 32768,), (0,)),
+    ("TANH", "uint8"): QuantParams((1 / 128,), (128,)),
+    ("TANH", "int8"): QuantParams((1 / 128,), (0,)),
+    ("TANH", "int16"): QuantParams((1 / 32768,), (0,)),
+}
+
+
+def softmax(w, node):
+    x = node.inputs[0]
+    rank = len(x.shape)
+    axis = node.attrs.get("axis", -1) % rank
+    perm = w.home_of(x)
+    if perm is not None and perm.index(axis) != rank - 1:
+        perm = None
+    _require((axis if perm is None else perm.index(axis)) == rank - 1)
+    w.op("SOFTMAX", [w.get(x, perm)], [w.define(node.output, perm)], beta=1.0)
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+def reduce(w, node):
+    x = node.inputs[0]
+    axes = node.attrs["axes"]
+    keep = bool(node.attrs.get("keepdims", 1))
+    perm = w.home_of(x) if keep else None
+    stored = sorted(axes if perm is None else [perm.index(a) for a in axes])
+    code = "MEAN" if node.op == "ReduceMean" else "REDUCE_MAX"
+    operands = [w.get(x, perm), w.constant(np.asarray(stored, np.int32), f"{node.name}_axes")]
+    w.op(code, operands, [w.define(node.output, perm)], keep_dims=keep)
+
+
+# -- data movement ---------------------------------------------------------------------------------
+def concat(w, node):
+    inputs = node.inputs
+    perm = _common_layout(w, node, inputs)
+    rank = len(node.output.shape)
+    axis = node.attrs["axis"] % rank
+    out = node.output
+    operands = []
+    for v in inputs:
+        index = _operand(w, v, perm, rank)
+        if node.op == "QConcat" and v.quant != out.quant:
+            requantized = w.new_tensor(
+                f"{v.name}_rq", out.dtype, _stored(v.shape, perm), quant=out.quant
+            )
+            w.requantize(index, requantized)
+            index = requantized
+        operands.append(index)
+    _finish(
+        w, node, "CONCATENATION", operands, perm, axis=axis if perm is None else perm.index(axis)
+    )
+
+
+def split(w, node):
+    x = node.inputs[0]
+    perm = w.home_of(x)
+    axis = node.attrs["axis"] % len(x.shape)
+    stored = np.asarray(axis if perm is None else perm.index(axis), np.int32)
+    sizes = node.attrs["split"]
+    source = w.get(x, perm)
+    outputs = [w.define(v, perm) for v in node.outputs]
+    if len(set(sizes)) == 1:
+        operands = [w.constant(stored, f"{node.name}_axis"), source]
+        w.op("SPLIT", operands, outputs, num_splits=len(sizes))
+        return
+    counts = w.constant(np.asarray(sizes, np.int32), f"{node.name}_sizes")
+    operands = [source, counts, w.constant(stored, f"{node.name}_axis")]
+    w.op("SPLIT_V", operands, outputs, num_splits=len(sizes))
+
+
+def reshape(w, node):
+    shape = w.constant(np.asarray(node.output.shape, np.int32), f"{node.name}_shape")
+    w.op("RESHAPE", [w.get(node.inputs[0], None), shape], [w.define(node.output, None)])
+
+
+def transpose(w, node):
+    x = node.inputs[0]
+    home = w.home_of(x)
+    inner = tuple(range(len(x.shape))) if home is None else tuple(np.argsort(home))
+    order = np.asarray([inner[p] for p in node.attrs["perm"]], np.int32)
+    operands = [w.get(x, home), w.constant(order, f"{node.name}_perm")]
+    w.op("TRANSPOSE", operands, [w.define(node.output, None)])
+
+
+def pad(w, node):
+    x, attrs = node.inputs[0], node.attrs
+    mode = attrs.get("mode", "constant")
+    perm = w.home_of(x)
+    rank = len(x.shape)
+    pads = attrs["pads"]
+    pairs = [[pads[i], pads[i + rank]] for i in range(rank)]
+    order = range(rank) if perm is None else perm
+    paddings = w.constant(np.asarray([pairs[p] for p in order], np.int32), f"{node.name}_pads")
+    operands = [w.get(x, perm), paddings]
+    value = float(attrs.get("value", 0.0))
+    if mode == "reflect":
+        w.op("MIRROR_PAD", operands, [w.define(node.output, perm)], mode=0)
+        return
+    _require(mode == "constant")
+    if x.quant is not None:
+        _require(value == x.quant.zero_point[0])  # TFLite pads quantized tensors with it
+        code = "PAD"
+    elif value == 0.0:
+        code = "PAD"
+    else:
+        operands.append(w.constant(np.asarray([value], x.dtype), f"{node.name}_value"))
+        code = "PADV2"
+    w.op(code, operands, [w.define(node.output, perm)])
+
+
+def identity(w, node):
+    _require(all(not v.uses and v not in w.graph.outputs for v in node.outputs[1:]))
+    w.alias(node.outputs[0], node.inputs[0])
+
+
+def quantize_op(w, node):
+    x, out = node.inputs[0], node.output
+    params = out.quant or qdq_params(node.attrs)
+    _require(params.axis is None)
+    perm = w.home_of(x)
+    if node.op == "Requantize":
+        w.requantize(w.get(x, perm), w.define(out, perm, params))
+        return
+    code = "DEQUANTIZE" if node.op == "DequantizeLinear" else "QUANTIZE"
+    w.op(code, [w.get(x, perm)], [w.define(out, perm, None if code == "DEQUANTIZE" else params)])

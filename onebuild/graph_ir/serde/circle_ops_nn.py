@@ -1,0 +1,397 @@
+"""IR -> TFLite mappings of the spatial and matrix operators (convolution, fully connected,
+pooling, resizing, normalization), with TFLite's SAME/VALID padding or an explicit PAD."""
+
+import numpy as np
+
+from ..tensor import QuantParams
+from .circle_ops import (
+    NHWC,
+    _finish,
+    _quantized_activation,
+    _require,
+    _stored,
+    fused_activation,
+)
+from .tflite_schema import SAME, VALID
+
+
+def _pad(w, x_index: int, x, perm, pads: list[int], fill: float | None = None) -> int:
+    """An explicit PAD (or PADV2 with `fill`) of the spatial dims given in IR order."""
+    nd = len(pads) // 2
+    rank = len(x.shape)
+    ir_pads = [[0, 0] for _ in range(rank)]
+    for i in range(nd):
+        ir_pads[2 + i] = [pads[i], pads[i + nd]]
+    order = range(rank) if perm is None else perm
+    paddings = np.asarray([ir_pads[p] for p in order], np.int32)
+    shape = tuple(d + a + b for d, (a, b) in zip(_stored(x.shape, perm), paddings))
+    out = w.new_tensor(f"{x.name}_padded", x.dtype, shape, quant=x.quant)
+    operands = [x_index, w.constant(paddings, f"{x.name}_paddings")]
+    if fill is None:
+        w.op("PAD", operands, [out])
+    else:
+        operands.append(w.constant(np.asarray([fill], x.dtype), f"{x.name}_fill"))
+        w.op("PADV2", operands, [out])
+    return out
+
+
+def _window(w, node, x, kernel, strides, dilations, fill, exclusive=False, same_ok=True):
+    """(NHWC input, TFLite padding, kernel, explicit pads or None) of a 2-D window op with the
+    IR's pads: VALID, SAME when the pads are TensorFlow's, else an explicit PAD (filled with
+    `fill`, zero by default) and VALID. `same_ok` is False for an average counting the padding
+    (TFLite's SAME average leaves it out)."""
+    _require(len(x.shape) == 4)
+    xi = w.get(x, NHWC)
+    pads = list(node.attrs.get("pads", [0] * 4))
+    out = node.output.shape[2:]
+    same = []
+    for i in range(2):
+        size, k, s, d = x.shape[2 + i], kernel[i], strides[i], dilations[i]
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        same += [total // 2, total - total // 2]
+        valid = (size - (k - 1) * d - 1) // s + 1
+        if out[i] not in (valid, -(-size // s)):
+            same = None
+            break
+    whole = [x.shape[2 + i] for i in range(2)]
+    if (
+        exclusive
+        and out == (1, 1)
+        and all(kernel[i] >= whole[i] and pads[i] + whole[i] <= kernel[i] for i in range(2))
+    ):
+        return xi, VALID, whole, None  # one window over all of the input, padding not counted
+    if not any(pads) and all(
+        o == (x.shape[2 + i] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1
+        for i, o in enumerate(out)
+    ):
+        return xi, VALID, kernel, None
+    if (
+        same_ok
+        and same is not None
+        and [same[0], same[2], same[1], same[3]] == pads
+        and all(o == -(-x.shape[2 + i] // strides[i]) for i, o in enumerate(out))
+    ):
+        return xi, SAME, kernel, None
+    ends = [
+        (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - x.shape[2 + i] - pads[i]
+        for i in range(2)
+    ]
+    _require(min(ends) >= 0)
+    explicit = [pads[0], pads[1], *ends]
+    return _pad(w, xi, x, NHWC, explicit, fill), VALID, kernel, explicit
+
+
+# -- convolution and matrix products ---------------------------------------------------------------
+def _weights_for(x, weight, data: np.ndarray, axis: int | None):
+    """Weight data and parameters: int8 symmetric weights under uint8 activations become uint8
+    with zero point 128 (the TFLite/circle uint8 kernels take weights of the input's type)."""
+    quant = weight.quant
+    if quant is None:
+        return data, None
+    params = QuantParams(quant.scale, quant.zero_point, axis if quant.axis is not None else None)
+    if x.dtype == np.uint8 and data.dtype == np.int8:
+        data = (data.astype(np.int16) + 128).astype(np.uint8)
+        params = QuantParams(params.scale, (128,) * len(params.scale), params.axis)
+    return data, params
+
+
+def _bias(w, node, channels: int) -> int:
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is None:
+        return w.constant(np.zeros(channels, np.float32), f"{node.name}_bias")
+    _require(bias.is_const)
+    return w.constant(bias.numpy().reshape(-1), bias.name, bias.quant)
+
+
+def conv(w, node):
+    x, weight = node.inputs[:2]
+    _require(weight.is_const and len(x.shape) == 4)
+    attrs = node.attrs
+    out_channels, per_group = weight.shape[:2]
+    group, channels = attrs["group"], x.shape[1]
+    depthwise = group > 1 and per_group == 1 and group == channels
+    strides, dilations = attrs["strides"], attrs["dilations"]
+    fill = None
+    xi, padding, _, _ = _window(w, node, x, weight.shape[2:], strides, dilations, fill)
+    data = weight.numpy()
+    if depthwise:
+        data, params = _weights_for(x, weight, data.transpose(1, 2, 3, 0), 3)
+    else:
+        data, params = _weights_for(x, weight, data.transpose(0, 2, 3, 1), 0)
+    options = dict(
+        padding=padding,
+        stride_h=strides[0],
+        stride_w=strides[1],
+        dilation_h=dilations[0],
+        dilation_w=dilations[1],
+    )
+    if group > 1 and not depthwise:
+        _grouped(w, node, xi, data, params, options)
+        return
+    wi = w.constant(data, weight.name, params)
+    if depthwise:
+        options["depth_multiplier"] = out_channels // channels
+    code = "DEPTHWISE_CONV_2D" if depthwise else "CONV_2D"
+    _finish(w, node, code, [xi, wi, _bias(w, node, out_channels)], NHWC, **options)
+
+
+def _grouped(w, node, xi: int, data: np.ndarray, params, options: dict) -> None:
+    """A grouped convolution as SPLIT, one CONV_2D per group, CONCATENATION (onert's CONV_2D
+    takes no groups; LiteRT's float one does, its quantized ones do not)."""
+    x, out = node.inputs[0], node.output
+    group = node.attrs["group"]
+    n, h, wd, _ = w.tensors[xi].shape
+    per_in, per_out = x.shape[1] // group, out.shape[1] // group
+    parts = [
+        w.new_tensor(f"{x.name}_g{i}", x.dtype, (n, h, wd, per_in), quant=x.quant)
+        for i in range(group)
+    ]
+    axis = w.constant(np.asarray(3, np.int32), f"{node.name}_axis")
+    w.op("SPLIT", [axis, xi], parts, num_splits=group)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    bias_data = np.zeros(out.shape[1], np.float32) if bias is None else bias.numpy().reshape(-1)
+    results = []
+    for i, part in enumerate(parts):
+        cut = slice(i * per_out, (i + 1) * per_out)
+        filt = w.constant(data[cut], f"{node.inputs[1].name}_g{i}", _sliced(params, cut))
+        b = w.constant(bias_data[cut], f"{node.name}_bias_g{i}", _sliced(bias and bias.quant, cut))
+        result = w.new_tensor(
+            f"{out.name}_g{i}", out.dtype, (*_stored(out.shape, NHWC)[:3], per_out), quant=out.quant
+        )
+        w.op("CONV_2D", [part, filt, b], [result], activation=fused_activation(node), **options)
+        results.append(result)
+    w.op("CONCATENATION", results, [w.define(out, NHWC)], axis=3)
+
+
+def _sliced(params, cut: slice):
+    if params is None or params.axis is None:
+        return params
+    return QuantParams(params.scale[cut], params.zero_point[cut], params.axis)
+
+
+def gemm(w, node):
+    a, b = node.inputs[:2]
+    attrs = node.attrs
+    _require(b.is_const and len(a.shape) == 2 and not attrs.get("transA"))
+    data = b.numpy()
+    trans_b = attrs.get("transB", 0)
+    if node.op == "Gemm":
+        alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+        weight = (data if trans_b else data.T) * np.float32(alpha)
+        wi = w.constant(weight.astype(np.float32), b.name)
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        _require(c is None or c.is_const)
+        bias = np.zeros(weight.shape[0], np.float32)
+        if c is not None:
+            bias = np.broadcast_to(c.numpy().astype(np.float32) * np.float32(beta), bias.shape)
+        bi = w.constant(np.ascontiguousarray(bias), f"{node.name}_bias")
+    else:
+        weight, params = _weights_for(a, b, data if trans_b else data.T, 0)
+        if params.axis is not None and a.dtype == np.uint8:
+            _pointwise_conv(w, node, weight, params)
+            return
+        wi = w.constant(weight, b.name, params)
+        bi = _bias(w, node, weight.shape[0])
+    _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), wi, bi], None)
+
+
+def _pointwise_conv(w, node, weight: np.ndarray, params: QuantParams) -> None:
+    """A uint8 fully connected layer with per-channel weights as a 1x1 CONV_2D on [rows, 1, 1,
+    K] (onert's uint8 FULLY_CONNECTED applies the first weight scale to every channel; its
+    CONV_2D applies each; docs/circle-tflite.md)."""
+    a, out = node.inputs[0], node.output
+    rows, depth = a.shape
+    channels = weight.shape[0]
+    image = w.new_tensor(f"{a.name}_image", a.dtype, (rows, 1, 1, depth), quant=a.quant)
+    shape = w.constant(np.asarray([rows, 1, 1, depth], np.int32), f"{node.name}_image_shape")
+    w.op("RESHAPE", [w.get(a, None), shape], [image])
+    filt = w.constant(weight.reshape(channels, 1, 1, depth), node.inputs[1].name, params)
+    result = w.new_tensor(f"{out.name}_image", out.dtype, (rows, 1, 1, channels), quant=out.quant)
+    conv_options = dict(padding=VALID, stride_h=1, stride_w=1, dilation_h=1, dilation_w=1)
+    activation = _quantized_activation(out, node.attrs)
+    inputs = [image, filt, _bias(w, node, channels)]
+    w.op("CONV_2D", inputs, [result], activation=activation, **conv_options)
+    flat = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+    w.op("RESHAPE", [result, flat], [w.define(out, None)])
+
+
+def matmul(w, node):
+    a, b = node.inputs
+    if b.is_const and len(b.shape) == 2:
+        weight = w.constant(np.ascontiguousarray(b.numpy().T), b.name)
+        keep = len(a.shape) > 2
+        _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None, keep_num_dims=keep)
+        return
+    _require(len(a.shape) >= 2 and len(b.shape) >= 2)
+    _finish(w, node, "BATCH_MATMUL", [w.get(a, None), w.get(b, None)], None)
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+def global_pool(w, node):
+    """MEAN / REDUCE_MAX over the spatial axes of NHWC (read back as the global pool)."""
+    x = node.inputs[0]
+    _require(len(x.shape) == 4)
+    code = "MEAN" if node.op == "GlobalAveragePool" else "REDUCE_MAX"
+    axes = w.constant(np.asarray([1, 2], np.int32), f"{node.name}_axes")
+    w.op(code, [w.get(x, NHWC), axes], [w.define(node.output, NHWC)], keep_dims=True)
+
+
+def pool(w, node):
+    x, attrs = node.inputs[0], node.attrs
+    out = node.output
+    _require(len(x.shape) == 4 and set(attrs.get("dilations", [1, 1])) == {1})
+    kernel, strides = attrs["kernel_shape"], attrs["strides"]
+    maximum = "Max" in node.op
+    if maximum:
+        fill = float(np.finfo(np.float32).min) if x.dtype == np.float32 else np.iinfo(x.dtype).min
+    else:
+        fill = None
+    exclusive = not maximum and not attrs.get("count_include_pad")
+    node_view = _Shim(node, attrs)
+    xi, padding, kernel, explicit = _window(
+        w, node_view, x, kernel, strides, (1, 1), fill, exclusive, same_ok=maximum or exclusive
+    )
+    options = dict(
+        padding=padding,
+        stride_h=strides[0],
+        stride_w=strides[1],
+        filter_h=kernel[0],
+        filter_w=kernel[1],
+    )
+    code = "MAX_POOL_2D" if maximum else "AVERAGE_POOL_2D"
+    if exclusive and explicit is not None and any(explicit):
+        _require(x.dtype == np.float32 and "clip" not in attrs)
+        pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC))
+        w.op(code, [xi], [pre], **options)
+        ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit)
+        w.op("MUL", [pre, w.constant(ratio, f"{node.name}_counts")], [w.define(out, NHWC)])
+        return
+    if node.op == "QAveragePool" and (x.quant != out.quant):
+        # TFLite averages in the input's parameters; requantize to the output's after
+        pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC), quant=x.quant)
+        w.op(code, [xi], [pre], **options)
+        w.requantize(pre, w.define(out, NHWC))
+        return
+    _finish(w, node_view, code, [xi], NHWC, **options)
+
+
+def _count_ratio(size, out, kernel, strides, pads) -> np.ndarray:
+    """[1, H, W, 1]: window size over the number of input cells each window covers (an average
+    that leaves padding out, from TFLite's average over the zero-padded input)."""
+    counts = []
+    for i in range(2):
+        start = np.arange(out[i]) * strides[i] - pads[i]
+        counts.append(np.minimum(start + kernel[i], size[i]) - np.maximum(start, 0))
+    ratio = kernel[0] * kernel[1] / np.outer(counts[0], counts[1])
+    return ratio.astype(np.float32).reshape(1, out[0], out[1], 1)
+
+
+class _Shim:
+    """A node seen with other attributes (global pooling as a full-window pool)."""
+
+    def __init__(self, node, attrs):
+        self.output, self.outputs, self.attrs, self.name = (
+            node.output,
+            node.outputs,
+            attrs,
+            node.name,
+        )
+
+
+def resize(w, node):
+    x, attrs = node.inputs[0], node.attrs
+    sizes = attrs["sizes"]
+    _require(len(x.shape) == 4 and list(sizes[:2]) == list(x.shape[:2]) and not attrs.get("roi"))
+    mode = attrs.get("mode", "nearest")
+    coords = attrs.get("coordinate_transformation_mode", "half_pixel")
+    if mode == "linear":
+        _require(
+            coords in ("half_pixel", "align_corners", "asymmetric") and not attrs.get("antialias")
+        )
+        code = "RESIZE_BILINEAR"
+    else:
+        _require(
+            mode == "nearest"
+            and coords == "asymmetric"
+            and attrs.get("nearest_mode", "round_prefer_floor") == "floor"
+        )
+        code = "RESIZE_NEAREST_NEIGHBOR"
+    size = w.constant(np.asarray(sizes[2:], np.int32), f"{node.name}_size")
+    w.op(
+        code,
+        [w.get(x, NHWC), size],
+        [w.define(node.output, NHWC)],
+        align_corners=coords == "align_corners",
+        half_pixel_centers=coords == "half_pixel",
+    )
+
+
+def batch_norm(w, node):
+    x, scale, bias, mean, var = node.inputs
+    _require(all(v.is_const for v in (scale, bias, mean, var)) and len(x.shape) >= 2)
+    eps = node.attrs.get("epsilon", 1e-5)
+    factor = scale.numpy() / np.sqrt(var.numpy() + eps)
+    shift = bias.numpy() - mean.numpy() * factor
+    perm = w.home_of(x)
+    rank = len(x.shape)
+    shape = [1] * rank
+    shape[1] = -1
+    operands = []
+    for data, name in ((factor, "scale"), (shift, "shift")):
+        data = data.astype(x.dtype).reshape(shape)
+        if perm is not None:
+            data = data.transpose(perm)
+        operands.append(w.constant(np.ascontiguousarray(data), f"{node.name}_{name}"))
+    scaled = w.new_tensor(f"{node.output.name}_scaled", x.dtype, _stored(x.shape, perm))
+    w.op("MUL", [w.get(x, perm), operands[0]], [scaled])
+    w.op("ADD", [scaled, operands[1]], [w.define(node.output, perm)])
+
+
+def lrn(w, node):
+    """LOCAL_RESPONSE_NORMALIZATION in tflite; in circle, which ONE's runtime runs and whose cpu
+    backend has no LRN kernel, x * (bias + CONV_2D(x * x, band of alpha / size)) ^ -beta."""
+    x, attrs = node.inputs[0], node.attrs
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    _require(len(x.shape) == 4 and x.dtype == np.float32)
+    xi = w.get(x, NHWC)
+    if w.fmt != "circle":
+        _require(size % 2 == 1)
+        w.op(
+            "LOCAL_RESPONSE_NORMALIZATION",
+            [xi],
+            [w.define(node.output, NHWC)],
+            radius=(size - 1) // 2,
+            bias=bias,
+            alpha=alpha / size,
+            beta=beta,
+        )
+        return
+    shape = _stored(x.shape, NHWC)
+    channels = x.shape[1]
+    squares = w.new_tensor(f"{x.name}_squares", x.dtype, shape)
+    w.op("MUL", [xi, xi], [squares])
+    band = np.zeros((channels, 1, 1, channels), np.float32)
+    before, after = (size - 1) // 2, size // 2
+    for c in range(channels):
+        band[c, 0, 0, max(0, c - before) : c + after + 1] = np.float32(alpha / size)
+    scale = w.new_tensor(f"{node.output.name}_scale", x.dtype, shape)
+    operands = [
+        squares,
+        w.constant(band, f"{node.name}_window"),
+        w.constant(np.full(channels, bias, np.float32), f"{node.name}_bias"),
+    ]
+    w.op(
+        "CONV_2D",
+        operands,
+        [scale],
+        padding=VALID,
+        stride_h=1,
+        stride_w=1,
+        dilation_h=1,
+        dilation_w=1,
+    )
+    power = w.new_tensor(f"{node.output.name}_power", x.dtype, shape)
+    exponent = w.constant(np.asarray([-beta], np.float32), f"{node.name}_exponent")
+    w.op("POW", [scale, exponent], [power])
+    w.op("MUL", [xi, power], [w.define(node.output, NHWC)])

@@ -1,0 +1,142 @@
+"""Patterns the circle/tflite writer (and converters) spell with several TFLite operators,
+folded back into the one IR op they stand for while reading, so round trips give identical
+graphs and numbers:
+
+- SPLIT along channels, one CONV_2D per part, CONCATENATION along channels -> a grouped Conv;
+- an average counting padding, times each window's size over its count of real cells -> the
+  average that leaves padding out;
+- x * (bias + 1x1 Conv(x * x, a band of alpha / size)) ^ -beta -> LRN (circle's form of it).
+
+Each function returns the replacement value, or None when the pattern does not hold exactly;
+the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
+dead-code elimination when nothing does.
+"""
+
+import numpy as np
+
+from ..ir import Graph, Value
+from ..tensor import QuantParams
+
+CONV_KEYS = (
+    "strides",
+    "dilations",
+    "pads",
+    "clip",
+    "x_zero_point",
+    "y_zero_point",
+    "qmin",
+    "qmax",
+    "dtype",
+)
+
+
+def grouped_conv(graph: Graph, values: list[Value], axis: int) -> Value | None:
+    """One grouped Conv/QConv for a channel concatenation of per-group convolutions of the
+    parts of one channel split, in order."""
+    convs = [v.producer for v in values]
+    if axis != 1 or len(values) < 2 or any(c is None for c in convs):
+        return None
+    op = convs[0].op
+    split = convs[0].inputs[0].producer
+    if op not in ("Conv", "QConv") or split is None or split.op != "Split":
+        return None
+    if split.attrs["axis"] != 1 or len(split.outputs) != len(convs):
+        return None
+    for conv, part, value in zip(convs, split.outputs, values):
+        if conv.op != op or conv.inputs[0] is not part or conv.attrs.get("group") != 1:
+            return None
+        if value.uses or value in graph.outputs or len(part.uses) != 1:
+            return None
+        if any(conv.attrs.get(k) != convs[0].attrs.get(k) for k in CONV_KEYS):
+            return None
+        if not all(v is not None and v.is_const for v in conv.inputs[1:3]):
+            return None
+        if value.quant != values[0].quant:
+            return None
+    weight = graph.add_constant(
+        np.concatenate([c.inputs[1].numpy() for c in convs]), convs[0].inputs[1].name
+    )
+    bias = graph.add_constant(
+        np.concatenate([c.inputs[2].numpy().reshape(-1) for c in convs]), convs[0].inputs[2].name
+    )
+    attrs = {**convs[0].attrs, "group": len(convs)}
+    if op == "QConv":
+        counts = [c.output.shape[1] for c in convs]
+        for key in ("multiplier", "shift"):
+            attrs[key] = [
+                int(m) for c, n in zip(convs, counts) for m in np.broadcast_to(c.attrs[key], (n,))
+            ]
+        weight.quant = _channels([c.inputs[1].quant for c in convs], counts)
+        bias.quant = _channels([c.inputs[2].quant for c in convs], counts)
+    node = graph.make_node(op, [split.inputs[0], weight, bias], attrs, convs[0].name)
+    node.output.quant = values[0].quant
+    return node.output
+
+
+def _channels(params: list[QuantParams], counts: list[int]) -> QuantParams:
+    """Per-channel parameters (axis 0) of concatenated per-group weights or biases."""
+    scale, zero = [], []
+    for p, n in zip(params, counts):
+        scale += list(np.broadcast_to(p.scale, (n,)))
+        zero += list(np.broadcast_to(p.zero_point, (n,)))
+    return QuantParams(tuple(float(s) for s in scale), tuple(int(z) for z in zero), 0)
+
+
+def exclusive_average(graph: Graph, a: Value, b: Value) -> Value | None:
+    """An AveragePool counting its padding (`a`) times the constant `b` that rescales each
+    window to its real cells: the AveragePool that leaves padding out."""
+    pool = a.producer
+    if pool is None or pool.op != "AveragePool" or not b.is_const or a.uses:
+        return None
+    attrs = pool.attrs
+    if not attrs.get("count_include_pad") or not any(attrs["pads"]) or a in graph.outputs:
+        return None
+    size, out = pool.inputs[0].shape[2:], a.shape[2:]
+    counts = []
+    for i in range(len(size)):
+        start = np.arange(out[i]) * attrs["strides"][i] - attrs["pads"][i]
+        counts.append(np.minimum(start + attrs["kernel_shape"][i], size[i]) - np.maximum(start, 0))
+    window = float(np.prod(attrs["kernel_shape"]))
+    ratio = (window / np.outer(counts[0], counts[1])).astype(np.float32)
+    if len(size) != 2 or b.shape != (1, 1, *out) or not np.array_equal(b.numpy()[0, 0], ratio):
+        return None
+    exclusive = {**attrs, "count_include_pad": 0}
+    return graph.make_node("AveragePool", [pool.inputs[0]], exclusive, pool.name).output
+
+
+def local_response_norm(graph: Graph, x: Value, power: Value) -> Value | None:
+    """LRN for x * Pow(Conv(x * x, band, bias), -beta), the band of width `size` centered as
+    ONNX centers it and holding alpha / size."""
+    node = power.producer
+    if node is None or node.op != "Pow" or power.uses or not node.inputs[1].is_const:
+        return None
+    exponent = node.inputs[1].numpy()
+    conv = node.inputs[0].producer
+    if exponent.size != 1 or conv is None or conv.op != "Conv" or len(conv.inputs) < 3:
+        return None
+    squares, band, bias = conv.inputs
+    square = squares.producer
+    if square is None or square.op != "Mul" or list(square.inputs) != [x, x]:
+        return None
+    if not (band.is_const and bias is not None and bias.is_const) or len(band.shape) != 4:
+        return None
+    if conv.attrs.get("group") != 1 or any(conv.attrs["pads"]) or "clip" in conv.attrs:
+        return None
+    if set(conv.attrs["strides"]) != {1} or band.shape[2:] != (1, 1):
+        return None
+    weights, offsets = band.numpy()[:, :, 0, 0], bias.numpy()
+    value = weights[0, 0]
+    size = int(np.count_nonzero(weights[weights.shape[0] // 2]))
+    expected = np.zeros_like(weights)
+    before, after = (size - 1) // 2, size // 2
+    for c in range(weights.shape[0]):
+        expected[c, max(0, c - before) : c + after + 1] = value
+    if size < 1 or not np.array_equal(weights, expected) or len(set(offsets.tolist())) != 1:
+        return None
+    attrs = {
+        "size": size,
+        "alpha": float(value) * size,
+        "beta": -float(exponent.reshape(())),
+        "bias": float(offsets[0]),
+    }
+    return graph.make_node("LRN", [x], attrs, conv.name).output

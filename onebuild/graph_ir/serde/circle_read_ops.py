@@ -1,0 +1,348 @@
+"""TFLite -> IR mappings of the elementwise, data-movement and (de)quantize operators, for
+`circle_read.Reader` (one function per builtin; convolutions, pools and the other spatial and
+matrix operators are in `circle_read_nn`).
+
+Each takes the reader, the operator's input and output tensor indices (-1: omitted) and its
+options table. Quantized operators become the IR's integer ops with the file's parameters (the
+requantization multipliers computed from them as the quantizer does).
+"""
+
+import numpy as np
+
+from ..dtypes import name_of
+from ..ops import OPS
+from ..quant.params import dequantize, quantize, quantize_multiplier
+from . import circle_read_fuse as fuse
+from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
+
+NHWC = (0, 2, 3, 1)
+
+
+class Malformed(Exception):
+    """The operator's inputs or options do not make sense."""
+
+
+def _options(code: str, table) -> dict:
+    """The options table's fields by name (defaults where absent)."""
+    _, spec = OPTIONS.get(code, (0, ()))
+    fmt = {"byte": "b", "int": "i", "float": "f", "bool": "?"}
+    values = {}
+    for slot, (name, kind) in enumerate(spec):
+        default = 1 if name.startswith("dilation") else 0
+        values[name] = default if table is None else table.scalar(slot, fmt[kind], default)
+    return values
+
+
+def _activation_attrs(r, out_index: int, act: int) -> dict:
+    """A fused activation: `clip` for float outputs, [qmin, qmax] for quantized ones."""
+    if act not in ACTIVATION_BOUNDS:
+        raise Malformed(f"fused activation {act} is not supported")
+    lo, hi = ACTIVATION_BOUNDS[act]
+    t = r.info(out_index)
+    if t.quant is None:
+        return {} if act == 0 else {"clip": (lo, hi)}
+    info = np.iinfo(t.dtype)
+    scale, zp = t.quant.scale[0], t.quant.zero_point[0]
+    qmin = info.min if not np.isfinite(lo) else max(info.min, zp + round(lo / scale))
+    qmax = info.max if not np.isfinite(hi) else min(info.max, zp + round(hi / scale))
+    return {"dtype": name_of(t.dtype), "y_zero_point": zp, "qmin": int(qmin), "qmax": int(qmax)}
+
+
+def _emit(r, op, inputs, attrs, out_index, perm=None):
+    value = r.graph.make_node(op, inputs, attrs, r.info(out_index).name + "/op").output
+    r.define(out_index, value, perm)
+
+
+def _layout(r, indices, rank):
+    """The perm of the first non-constant input when all of them have the output's rank."""
+    active = [i for i in indices if r.const(i) is None]
+    perm = r.perm_of(active[0]) if active else None
+    if perm is not None and all(len(r.info(i).shape) == rank for i in active):
+        return perm
+    return None
+
+
+def _operand(r, index, perm, rank):
+    data = r.const(index)
+    if data is not None and perm is not None and data.ndim < rank:
+        data = data.reshape((1,) * (rank - data.ndim) + data.shape)
+        value = r.graph.add_constant(
+            np.ascontiguousarray(data.transpose(np.argsort(perm))), r.info(index).name
+        )
+        value.quant = r.info(index).quant
+        return value
+    return r.value(index, perm)
+
+
+def binary(r, inputs, outputs, options, code):
+    out = r.info(outputs[0])
+    rank = len(out.shape)
+    perm = _layout(r, inputs, rank)
+    a, b = (_operand(r, i, perm, rank) for i in inputs[:2])
+    act = _options(code, options).get("activation", 0)
+    fused = None
+    if code == "MUL" and not act:
+        fused = fuse.exclusive_average(r.graph, a, b) or fuse.local_response_norm(r.graph, a, b)
+    if fused is not None:
+        r.define(outputs[0], fused, perm)
+        return
+    if out.quant is None or out.dtype == np.float32:
+        op = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div", "POW": "Pow"}[code]
+        _emit(r, op, [a, b], _activation_attrs(r, outputs[0], act), outputs[0], perm)
+        return
+    if code in ("DIV", "POW"):
+        raise Malformed(f"quantized {code} is not supported")
+    qa, qb, qy = r.info(inputs[0]).quant, r.info(inputs[1]).quant, out.quant
+    s_a, s_b, s_y = qa.scale[0], qb.scale[0], qy.scale[0]
+    attrs = {
+        "a_zero_point": qa.zero_point[0],
+        "b_zero_point": qb.zero_point[0],
+        **_activation_attrs(r, outputs[0], act),
+    }
+    if code == "MUL":
+        m, s = quantize_multiplier(s_a * s_b / s_y)
+        op = "QMul"
+    else:
+        largest = 2 * max(s_a, s_b)
+        attrs["a_rescale"] = list(quantize_multiplier(s_a / largest))
+        attrs["b_rescale"] = list(quantize_multiplier(s_b / largest))
+        attrs["subtract"] = int(code == "SUB")
+        m, s = quantize_multiplier(largest / (2**20 * s_y))
+        op = "QAdd"
+    attrs.update({"multiplier": m, "shift": s})
+    _emit(r, op, [a, b], attrs, outputs[0], perm)
+
+
+UNARY = {
+    "RELU": "Relu",
+    "LOGISTIC": "Sigmoid",
+    "TANH": "Tanh",
+    "HARD_SWISH": "HardSwish",
+    "LEAKY_RELU": "LeakyRelu",
+    "EXP": "Exp",
+    "SQRT": "Sqrt",
+}
+
+
+def unary(r, inputs, outputs, options, code):
+    perm = r.perm_of(inputs[0])
+    attrs = {"alpha": _options(code, options)["alpha"]} if code == "LEAKY_RELU" else {}
+    x = r.value(inputs[0], perm)
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.quant is None or t.dtype == np.float32:
+        _emit(r, UNARY[code], [x], attrs, outputs[0], perm)
+        return
+    if out.quant is None or out.dtype != t.dtype:
+        raise Malformed("a quantized input needs a quantized output of its type")
+    value = _lookup(r, x, (UNARY[code], attrs), out.quant, out.dtype)
+    r.define(outputs[0], value, perm)
+
+
+def _lookup(r, x, function, params, dtype):
+    """A QLookup: the table of `function` over every input code, quantized with `params` (as
+    the quantizer builds it)."""
+    op, attrs = function
+    info = np.iinfo(x.dtype)
+    real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
+    (y,) = OPS[op].kernel(attrs, real)
+    y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
+    table = r.graph.add_constant(quantize(y, params, dtype.name), f"{op.lower()}_table")
+    value = r.graph.make_node("QLookup", [x, table], {}, f"{op.lower()}").output
+    value.quant = params
+    r.functions[id(value)] = (x, function)
+    return value
+
+
+def clamp(r, inputs, outputs, options, code):
+    _float_only(r, inputs[0], code)
+    lo, hi = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}[code]
+    perm = r.perm_of(inputs[0])
+    bounds = [
+        r.graph.add_constant(np.float32(b), f"{code.lower()}_{k}")
+        for b, k in ((lo, "min"), (hi, "max"))
+    ]
+    _emit(r, "Clip", [r.value(inputs[0], perm), *bounds], {}, outputs[0], perm)
+
+
+def _float_only(r, index, code):
+    t = r.info(index)
+    if t.quant is not None and t.dtype != np.float32:
+        raise Malformed(f"quantized {code} is not supported")
+
+
+def softmax(r, inputs, outputs, options):
+    _float_only(r, inputs[0], "SOFTMAX")
+    if _options("SOFTMAX", options)["beta"] != 1.0:
+        raise Malformed("beta other than 1 is not supported")
+    perm = r.perm_of(inputs[0])
+    rank = len(r.info(inputs[0]).shape)
+    axis = rank - 1 if perm is None else perm[rank - 1]
+    _emit(r, "Softmax", [r.value(inputs[0], perm)], {"axis": axis}, outputs[0], perm)
+
+
+def concatenation(r, inputs, outputs, options):
+    o = _options("CONCATENATION", options)
+    out = r.info(outputs[0])
+    rank = len(out.shape)
+    perm = _layout(r, inputs, rank)
+    axis = o["axis"] % rank
+    ir_axis = axis if perm is None else perm[axis]
+    values = [_operand(r, i, perm, rank) for i in inputs]
+    fused = None if o["activation"] else fuse.grouped_conv(r.graph, values, ir_axis)
+    if fused is not None:
+        r.define(outputs[0], fused, perm)
+        return
+    if out.quant is None or out.dtype == np.float32:
+        attrs = {"axis": ir_axis, **_activation_attrs(r, outputs[0], o["activation"])}
+        _emit(r, "Concat", values, attrs, outputs[0], perm)
+        return
+    params = [r.info(i).quant for i in inputs]
+    multipliers = [quantize_multiplier(p.scale[0] / out.quant.scale[0]) for p in params]
+    attrs = {
+        "axis": ir_axis,
+        "x_zero_points": [p.zero_point[0] for p in params],
+        **_activation_attrs(r, outputs[0], o["activation"]),
+        "multiplier": [m for m, _ in multipliers],
+        "shift": [s for _, s in multipliers],
+    }
+    _emit(r, "QConcat", values, attrs, outputs[0], perm)
+
+
+def split(r, inputs, outputs, options, code):
+    if code == "SPLIT":
+        axis_index, x_index = inputs[:2]
+    else:
+        x_index, sizes_index, axis_index = inputs[:3]
+    axis = r.const(axis_index)
+    shape = r.info(x_index).shape
+    if axis is None or axis.size != 1:
+        raise Malformed("the axis must be a constant scalar")
+    axis = int(np.ravel(axis)[0]) % len(shape)
+    if code == "SPLIT":
+        sizes = [shape[axis] // len(outputs)] * len(outputs)
+    else:
+        given = r.const(sizes_index)
+        if given is None:
+            raise Malformed("the sizes must be constant")
+        sizes = [int(s) for s in np.ravel(given)]
+        if sizes.count(-1) == 1:
+            sizes[sizes.index(-1)] = shape[axis] - (sum(sizes) + 1)
+    perm = r.perm_of(x_index)
+    attrs = {"axis": axis if perm is None else perm[axis], "split": sizes}
+    node = r.graph.make_node("Split", [r.value(x_index, perm)], attrs, r.info(outputs[0]).name)
+    if len(node.outputs) != len(outputs):
+        raise Malformed(f"{len(outputs)} outputs for {len(sizes)} parts")
+    for index, value in zip(outputs, node.outputs):
+        r.define(index, value, perm)
+
+
+def reshape(r, inputs, outputs, options):
+    shape = list(r.info(outputs[0]).shape)
+    _emit(r, "Reshape", [r.value(inputs[0])], {"shape": shape}, outputs[0])
+
+
+def transpose(r, inputs, outputs, options):
+    """No IR node: the output is the input's value seen through one more permutation (a
+    reader needing another layout transposes once; an inverse pair cancels)."""
+    order = r.const(inputs[1])
+    t = r.info(inputs[0])
+    rank = len(t.shape)
+    if order is None or sorted(int(p) for p in np.ravel(order)) != list(range(rank)):
+        raise Malformed("the permutation must be a constant permutation of the axes")
+    known = r.perm_of(inputs[0])
+    value = r.value(inputs[0], known)
+    have = tuple(range(rank)) if known is None else known
+    composed = tuple(have[int(p)] for p in np.ravel(order))
+    perm = None if composed == tuple(range(rank)) else composed
+    r.alias(outputs[0], value, perm)
+
+
+def reduce(r, inputs, outputs, options, code):
+    _float_only(r, inputs[0], code)
+    axes = r.const(inputs[1])
+    if axes is None:
+        raise Malformed("the axes must be constant")
+    keep = bool(_options(code, options)["keep_dims"])
+    rank = len(r.info(inputs[0]).shape)
+    perm = r.perm_of(inputs[0]) if keep else None
+    axes = sorted({int(a) % rank for a in np.ravel(axes)})
+    ir_axes = sorted(axes if perm is None else [perm[a] for a in axes])
+    op = "ReduceMean" if code == "MEAN" else "ReduceMax"
+    if keep and rank == 4 and perm == NHWC and axes == [1, 2]:
+        # the spatial mean of an NHWC tensor: the IR's global pool (float64 sums, as the
+        # writer's source op)
+        op = "GlobalAveragePool" if code == "MEAN" else "GlobalMaxPool"
+        _emit(r, op, [r.value(inputs[0], perm)], {}, outputs[0], perm)
+        return
+    _emit(
+        r,
+        op,
+        [r.value(inputs[0], perm)],
+        {"axes": ir_axes, "keepdims": int(keep)},
+        outputs[0],
+        perm,
+    )
+
+
+def pad(r, inputs, outputs, options, code):
+    paddings = r.const(inputs[1])
+    if paddings is None:
+        raise Malformed("the paddings must be constant")
+    t = r.info(inputs[0])
+    rank = len(t.shape)
+    perm = r.perm_of(inputs[0])
+    order = range(rank) if perm is None else np.argsort(perm)
+    pairs = [paddings[int(i)] for i in order]
+    attrs = {"pads": [int(p[0]) for p in pairs] + [int(p[1]) for p in pairs], "mode": "constant"}
+    if code == "MIRROR_PAD":
+        if _options(code, options)["mode"] != 0:
+            raise Malformed("SYMMETRIC mirror padding is not supported")
+        attrs["mode"] = "reflect"
+    elif code == "PADV2" and len(inputs) > 2:
+        attrs["value"] = float(np.ravel(r.const(inputs[2]))[0])
+    elif t.quant is not None and t.dtype != np.float32:
+        attrs["value"] = t.quant.zero_point[0]
+    _emit(r, "Pad", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
+
+
+def quantize_op(r, inputs, outputs, options, code):
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if code == "DEQUANTIZE" and t.dtype == np.float16:  # float16 weights of a float model
+        if t.data is None or out.dtype != np.float32 or out.shape != t.shape:
+            raise Malformed("only constant float16 tensors dequantize to float32")
+        out.data = t.data.astype(np.float32)
+        return
+    if t.quant is None and (code == "DEQUANTIZE" or out.quant is None):
+        raise Malformed("the quantized side has no quantization parameters")
+    perm = r.perm_of(inputs[0])
+    x = r.value(inputs[0], perm)
+    if code == "DEQUANTIZE":
+        q = t.quant
+        attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "axis": q.axis}
+        _emit(r, "DequantizeLinear", [x], attrs, outputs[0], perm)
+    elif t.quant is None or t.dtype == np.float32:
+        q = out.quant
+        attrs = {
+            "scale": list(q.scale),
+            "zero_point": list(q.zero_point),
+            "axis": None,
+            "dtype": name_of(out.dtype),
+        }
+        _emit(r, "QuantizeLinear", [x], attrs, outputs[0], perm)
+    elif id(x) in r.functions and not x.uses and out.dtype == t.dtype:
+        # a function's table at the parameters TFLite's kernel fixes, requantized: one table
+        source, function = r.functions[id(x)]
+        r.define(outputs[0], _lookup(r, source, function, out.quant, out.dtype), perm)
+    else:
+        m, s = quantize_multiplier(t.quant.scale[0] / out.quant.scale[0])
+        info = np.iinfo(out.dtype)
+        attrs = {
+            "x_zero_point": t.quant.zero_point[0],
+            "y_zero_point": out.quant.zero_point[0],
+            "multiplier": m,
+            "shift": s,
+            "qmin": int(info.min),
+            "qmax": int(info.max),
+            "dtype": name_of(out.dtype),
+        }
+        _emit(r, "Requantize", [x], attrs, outputs[0], perm)

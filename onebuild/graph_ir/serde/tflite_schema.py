@@ -1,0 +1,179 @@
+"""The parts of the TFLite schema (`schema.fbs`) and of its circle extension
+(`circle_schema.fbs` 0.8, which keeps TFLite's tables and numbering and adds codes below zero and
+options from 250 up) that onebuild reads and writes: field slots, enums, operator codes.
+
+Slots are field positions in declaration order; a union takes two (its type, then its value).
+"""
+
+import numpy as np
+
+IDENTIFIER = {"circle": b"CIR0", "tflite": b"TFL3"}
+SCHEMA_VERSION = {"circle": 0, "tflite": 3}
+
+# table fields --------------------------------------------------------------------------------
+MODEL_VERSION, MODEL_OPCODES, MODEL_SUBGRAPHS, MODEL_DESCRIPTION, MODEL_BUFFERS = range(5)
+SUBGRAPH_TENSORS, SUBGRAPH_INPUTS, SUBGRAPH_OUTPUTS, SUBGRAPH_OPERATORS, SUBGRAPH_NAME = range(5)
+TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_QUANT = range(5)
+TENSOR_SPARSITY = 6
+QUANT_MIN, QUANT_MAX, QUANT_SCALE, QUANT_ZERO_POINT, QUANT_DETAILS_TYPE = range(5)
+QUANT_DIMENSION = 6
+OPCODE_DEPRECATED, OPCODE_CUSTOM, OPCODE_VERSION, OPCODE_BUILTIN = range(4)
+OP_OPCODE, OP_INPUTS, OP_OUTPUTS, OP_OPTIONS_TYPE, OP_OPTIONS = range(5)
+BUFFER_DATA, BUFFER_OFFSET, BUFFER_SIZE = range(3)
+PLACEHOLDER_FOR_GREATER_OP_CODES = 127
+
+# element types -------------------------------------------------------------------------------
+TENSOR_TYPES: dict[int, np.dtype] = {
+    0: np.dtype(np.float32),
+    1: np.dtype(np.float16),
+    2: np.dtype(np.int32),
+    3: np.dtype(np.uint8),
+    4: np.dtype(np.int64),
+    6: np.dtype(np.bool_),
+    7: np.dtype(np.int16),
+    9: np.dtype(np.int8),
+    10: np.dtype(np.float64),
+    12: np.dtype(np.uint64),
+    15: np.dtype(np.uint32),
+    16: np.dtype(np.uint16),
+}
+TYPE_CODES = {dt: code for code, dt in TENSOR_TYPES.items()}
+
+# enums ---------------------------------------------------------------------------------------
+SAME, VALID = 0, 1
+ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6 = 0, 1, 2, 3
+ACTIVATION_BOUNDS = {  # fused activation -> (lo, hi) of the real output
+    ACT_NONE: (-np.inf, np.inf),
+    ACT_RELU: (0.0, np.inf),
+    ACT_RELU_N1_TO_1: (-1.0, 1.0),
+    ACT_RELU6: (0.0, 6.0),
+}
+
+# builtin operators ---------------------------------------------------------------------------
+BUILTIN = {
+    "ADD": 0,
+    "AVERAGE_POOL_2D": 1,
+    "CONCATENATION": 2,
+    "CONV_2D": 3,
+    "DEPTHWISE_CONV_2D": 4,
+    "DEQUANTIZE": 6,
+    "FULLY_CONNECTED": 9,
+    "LOCAL_RESPONSE_NORMALIZATION": 13,
+    "LOGISTIC": 14,
+    "MAX_POOL_2D": 17,
+    "MUL": 18,
+    "RELU": 19,
+    "RELU_N1_TO_1": 20,
+    "RELU6": 21,
+    "RESHAPE": 22,
+    "RESIZE_BILINEAR": 23,
+    "SOFTMAX": 25,
+    "TANH": 28,
+    "PAD": 34,
+    "TRANSPOSE": 39,
+    "MEAN": 40,
+    "SUB": 41,
+    "DIV": 42,
+    "EXP": 47,
+    "SPLIT": 49,
+    "MAXIMUM": 55,
+    "MINIMUM": 57,
+    "PADV2": 60,
+    "SQRT": 75,
+    "POW": 78,
+    "REDUCE_MAX": 82,
+    "RESIZE_NEAREST_NEIGHBOR": 97,
+    "LEAKY_RELU": 98,
+    "MIRROR_PAD": 100,
+    "SPLIT_V": 102,
+    "QUANTIZE": 114,
+    "HARD_SWISH": 117,
+    "BATCH_MATMUL": 126,
+}
+BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
+
+# BuiltinOptions union: the options table each operator takes (union type index, and the
+# table's fields in slot order with their kinds).
+OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
+    "CONV_2D": (
+        1,
+        (
+            ("padding", "byte"),
+            ("stride_w", "int"),
+            ("stride_h", "int"),
+            ("activation", "byte"),
+            ("dilation_w", "int"),
+            ("dilation_h", "int"),
+        ),
+    ),
+    "DEPTHWISE_CONV_2D": (
+        2,
+        (
+            ("padding", "byte"),
+            ("stride_w", "int"),
+            ("stride_h", "int"),
+            ("depth_multiplier", "int"),
+            ("activation", "byte"),
+            ("dilation_w", "int"),
+            ("dilation_h", "int"),
+        ),
+    ),
+    "AVERAGE_POOL_2D": (
+        5,
+        (
+            ("padding", "byte"),
+            ("stride_w", "int"),
+            ("stride_h", "int"),
+            ("filter_w", "int"),
+            ("filter_h", "int"),
+            ("activation", "byte"),
+        ),
+    ),
+    "FULLY_CONNECTED": (
+        8,
+        (
+            ("activation", "byte"),
+            ("weights_format", "byte"),
+            ("keep_num_dims", "bool"),
+        ),
+    ),
+    "SOFTMAX": (9, (("beta", "float"),)),
+    "CONCATENATION": (10, (("axis", "int"), ("activation", "byte"))),
+    "ADD": (11, (("activation", "byte"),)),
+    "LOCAL_RESPONSE_NORMALIZATION": (
+        13,
+        (("radius", "int"), ("bias", "float"), ("alpha", "float"), ("beta", "float")),
+    ),
+    "RESIZE_BILINEAR": (
+        15,
+        (
+            ("new_height", "int"),
+            ("new_width", "int"),
+            ("align_corners", "bool"),
+            ("half_pixel_centers", "bool"),
+        ),
+    ),
+    "RESHAPE": (17, ()),
+    "MUL": (21, (("activation", "byte"),)),
+    "PAD": (22, ()),
+    "TRANSPOSE": (26, ()),
+    "MEAN": (27, (("keep_dims", "bool"),)),
+    "SUB": (28, (("activation", "byte"),)),
+    "DIV": (29, (("activation", "byte"),)),
+    "EXP": (33, ()),
+    "SPLIT": (35, (("num_splits", "int"),)),
+    "SPLIT_V": (79, (("num_splits", "int"),)),
+    "DEQUANTIZE": (38, ()),
+    "MAXIMUM": (39, ()),
+    "PADV2": (43, ()),
+    "POW": (56, ()),
+    "RESIZE_NEAREST_NEIGHBOR": (74, (("align_corners", "bool"), ("half_pixel_centers", "bool"))),
+    "LEAKY_RELU": (75, (("alpha", "float"),)),
+    "MIRROR_PAD": (77, (("mode", "byte"),)),
+    "QUANTIZE": (89, ()),
+    "HARD_SWISH": (91, ()),
+    "BATCH_MATMUL": (101, (("adj_x", "bool"), ("adj_y", "bool"))),
+}
+OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
+OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]
+OPTIONS["MINIMUM"] = OPTIONS["MAXIMUM"]

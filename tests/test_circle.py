@@ -1,0 +1,432 @@
+"""circle / tflite export and import, checked by the reference runtimes onert (circle) and
+LiteRT (tflite), by round trips through the reader, and by corrupt files."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ai_edge_litert import interpreter as litert  # the oracles are test extras
+
+from onebuild import compile as C
+from onebuild.errors import OneBuildError, UnsupportedOpsError, UserError
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.quant.model_io import quantize_inputs
+from onebuild.graph_ir.serde import load_ir, load_onnx, read_circle, save_ir, write_circle
+from onebuild.graph_ir.serde.model_zoo import light_model
+from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.graph_ir.verify import verify
+from onebuild.npz import read_npz
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "examples" / "digits"
+
+
+RTOL = 1e-4
+
+
+def run_onert(data: bytes, tmp_path, samples: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """onert's cpu backend through its native session (the Python wrapper's `infer` fails on
+    quantized inputs: it sets tensor infos onert rejects and then hits a NameError)."""
+    from onert.native import libnnfw_api_pybind as nnfw
+
+    path = tmp_path / "model.circle"
+    path.write_bytes(data)
+    session = nnfw.infer.nnfw_session(str(path), "cpu")
+    session.set_prepare_config(nnfw.prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
+    session.prepare()
+    results = []
+    for feeds in samples:
+        for i, array in enumerate(feeds):
+            session.set_input(i, np.ascontiguousarray(array))
+        session.run()
+        results.append([np.array(session.get_output(i)) for i in range(session.output_size())])
+    return results
+
+
+def run_litert(data: bytes, samples: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    interpreter = litert.Interpreter(model_content=data)
+    interpreter.allocate_tensors()
+    inputs, outputs = interpreter.get_input_details(), interpreter.get_output_details()
+    results = []
+    for feeds in samples:
+        for detail, array in zip(inputs, feeds):
+            interpreter.set_tensor(detail["index"], array)
+        interpreter.invoke()
+        results.append([interpreter.get_tensor(d["index"]).copy() for d in outputs])
+    return results
+
+
+def through_ir_file(model, tmp_path):
+    """The model saved as an IR file and loaded back (the reader's attributes are canonical)."""
+    path = tmp_path / "model.obir"
+    save_ir(model, path)
+    return load_ir(path)
+
+
+def digits_model():
+    model = load_onnx(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    C.optimize(model)
+    return model
+
+
+def digits_images(count: int) -> np.ndarray:
+    return read_npz(DIGITS / "data" / "test.npz")["input"][:count]
+
+
+def check_float(model, samples, results):
+    graph = model.main
+    for feeds, got in zip(samples, results):
+        want = Interpreter(graph).run({v.name: x for v, x in zip(graph.inputs, feeds)})
+        for value, array in zip(graph.outputs, got):
+            expected = want[value.name]
+            assert array.shape == expected.shape
+            error = np.abs(array - expected).max() / np.abs(expected).max()
+            assert error < RTOL, (value.name, error)
+
+
+def test_digits_float_in_onert_and_litert_and_round_trip(tmp_path):
+    model = digits_model()
+    samples = [[x] for x in digits_images(8)]
+    check_float(model, samples, run_onert(write_circle(model), tmp_path, samples))
+    check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
+    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
+    verify(back.main)
+    assert [n.op for n in back.main.nodes] == [n.op for n in model.main.nodes]  # no transposes
+    feeds = {"input": digits_images(32)}
+    want = Interpreter(model.main).run_batch(feeds)
+    got = Interpreter(back.main).run_batch(feeds)
+    assert np.array_equal(got["logits"], want["logits"])
+
+
+def test_file_identifiers_and_opcodes():
+    model = digits_model()
+    circle, tflite = write_circle(model), write_circle(model, "tflite")
+    assert circle[4:8] == b"CIR0" and tflite[4:8] == b"TFL3"
+    assert write_circle(model) == circle  # deterministic
+    with pytest.raises(UserError, match="expected b'TFL3'"):
+        read_circle(circle, "tflite")
+
+
+# Light architectures (seeded random weights; vgg19 and zfnet512 are left out for time: the
+# interpreter and the runtimes take 30 s to 90 s on each).
+ONERT_MODELS = [
+    "squeezenet",
+    "resnet50",
+    "densenet121",
+    "inception_v2",
+    "shufflenet",
+    "inception_v1",
+    "bvlc_alexnet",
+]
+LITERT_MODELS = ONERT_MODELS
+
+
+def light(name):
+    model = import_onnx(light_model(name, seed=0), name)
+    C.optimize(model)
+    rng = np.random.default_rng(3)
+    samples = [[rng.random(v.shape, dtype=np.float32) for v in model.main.inputs]]
+    return model, samples
+
+
+@pytest.mark.parametrize("name", ONERT_MODELS)
+def test_light_models_in_onert_and_round_trip(name, tmp_path):
+    model, samples = light(name)
+    data = write_circle(model)
+    check_float(model, samples, run_onert(data, tmp_path, samples))
+    back = through_ir_file(read_circle(data), tmp_path)
+    verify(back.main)
+    feeds = {v.name: x for v, x in zip(model.main.inputs, samples[0])}
+    want = Interpreter(model.main).run(feeds)
+    got = Interpreter(back.main).run(feeds)
+    for value in model.main.outputs:  # identical: the reader folds back what the writer split
+        assert np.array_equal(got[value.name], want[value.name]), value.name
+
+
+@pytest.mark.parametrize("name", LITERT_MODELS)
+def test_light_models_in_litert(name):
+    model, samples = light(name)
+    check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
+
+
+def test_onert_mixes_up_an_output_beside_a_reshape(tmp_path):
+    """The reason the light-model tests expose no second output (docs/circle-tflite.md):
+    x -> RELU -> a (output), a -> RESHAPE -> SOFTMAX -> c (output). LiteRT returns both; onert
+    0.1.0 returns c's values for a. Fails when onert is fixed: then expose the logits again."""
+    from onebuild.graph_ir.ir import Graph, Model
+
+    graph = Graph("reshape_output")
+    x = graph.add_input("x", np.float32, (1, 6))
+    a = graph.make_node("Relu", [x], name="a").output
+    b = graph.make_node("Reshape", [a], {"shape": [2, 3]}, name="b").output
+    c = graph.make_node("Softmax", [b], {"axis": -1}, name="c").output
+    graph.outputs = [a, c]
+    model = Model([graph])
+    feed = np.arange(-2, 4, dtype=np.float32).reshape(1, 6)
+    want = Interpreter(graph).run({"x": feed})
+    ((litert_a, litert_c),) = run_litert(write_circle(model, "tflite"), [[feed]])
+    assert np.array_equal(litert_a, want["a"]) and np.allclose(litert_c, want["c"], rtol=1e-6)
+    ((onert_a, onert_c),) = run_onert(write_circle(model), tmp_path, [[feed]])
+    assert np.allclose(onert_c, want["c"], rtol=1e-6)
+    assert np.allclose(onert_a.reshape(2, 3), want["c"], rtol=1e-6)  # c's values, not a's
+
+
+def quantized_digits(dtype: str, granularity: str):
+    model = digits_model()
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
+    stats = C.calibrate(model.main, [(f"b{i}", {"input": calib[i : i + 32]}) for i in (0, 32)])
+    options = C.QuantizeOptions(
+        dtype=dtype, granularity=granularity, input_type=dtype, output_type=dtype
+    )
+    return C.quantize(model, options, stats)
+
+
+def lsb_report(model, results, feeds) -> tuple[int, float]:
+    graph = model.main
+    want = Interpreter(graph).run_batch({"input": feeds})[graph.outputs[0].name]
+    got = np.stack([r[0] for r in results])
+    diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+    return int(diff.max()), float((diff > 0).mean())
+
+
+@pytest.mark.parametrize(
+    "dtype, granularity, runtimes",
+    [
+        ("uint8", "channel", ("onert",)),  # LiteRT's uint8 kernels take per-tensor weights only
+        ("uint8", "tensor", ("onert", "litert")),
+        ("int8", "channel", ("litert",)),
+    ],
+)
+def test_quantized_digits_within_one_lsb(dtype, granularity, runtimes, tmp_path):
+    model = quantized_digits(dtype, granularity)
+    feeds = quantize_inputs(model.main, {"input": digits_images(64)})["input"]
+    samples = [[x] for x in feeds]
+    for runtime in runtimes:
+        if runtime == "onert":
+            results = run_onert(write_circle(model), tmp_path, samples)
+        else:
+            results = run_litert(write_circle(model, "tflite"), samples)
+        worst, share = lsb_report(model, results, feeds)
+        print(f"{dtype}/{granularity} {runtime}: max {worst} LSB, {share:.1%} differ")
+        assert worst <= 1, (runtime, worst, share)
+
+
+@pytest.mark.parametrize(
+    "dtype, granularity, worst",
+    [
+        ("uint8", "channel", 0),
+        ("uint8", "tensor", 0),
+        ("int8", "channel", 0),
+        ("int16", "channel", 1),
+    ],
+)
+def test_quantized_round_trip_keeps_parameters(dtype, granularity, worst, tmp_path):
+    """Scales pass through float32 in the file: the 8-bit digits models come back exact; int16
+    requantization is finer and moves 0.7 % of the logits by 1 LSB."""
+    model = quantized_digits(dtype, granularity)
+    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
+    verify(back.main)
+    ops = [n.op for n in back.main.nodes]
+    assert ops.count("QConv") + ops.count("QGemm") == 3
+    assert back.main.inputs[0].quant.zero_point == model.main.inputs[0].quant.zero_point
+    feeds = quantize_inputs(model.main, {"input": digits_images(300)})
+    want = Interpreter(model.main).run_batch(feeds)
+    got = Interpreter(back.main).run_batch(feeds)
+    name = model.main.outputs[0].name
+    diff = np.abs(got[name].astype(int) - want[name].astype(int))
+    assert diff.max() == worst
+
+
+def digits_with_heads(dtype: str, heads: tuple[str, ...], granularity: str = "channel"):
+    """The digits model with activation heads on its logits, quantized (each head becomes a
+    lookup table, written as the TFLite operator it stands for)."""
+    model = digits_model()
+    graph = model.main
+    logits = graph.outputs[0]
+    for op in heads:
+        graph.outputs.append(graph.make_node(op, [logits], name=op.lower()).output)
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
+    stats = C.calibrate(graph, [(f"b{i}", {"input": calib[i : i + 32]}) for i in (0, 32)])
+    options = C.QuantizeOptions(
+        dtype=dtype, granularity=granularity, input_type=dtype, output_type=dtype
+    )
+    return C.quantize(model, options, stats)
+
+
+@pytest.mark.parametrize(
+    "dtype, heads",
+    [
+        # LiteRT only: onert has no HARD_SWISH kernel and no quantized RELU, and its uint8
+        # LOGISTIC and TANH are up to 10 and 19 LSB off (docs/circle-tflite.md)
+        ("uint8", ("Sigmoid", "Tanh")),
+        ("int8", ("Sigmoid", "Tanh", "HardSwish", "Relu")),
+    ],
+)
+def test_lookup_tables_as_tflite_functions(dtype, heads, tmp_path):
+    """Within 1 LSB: LOGISTIC and TANH write TFLite's fixed output parameters, requantized to
+    the table's by a QUANTIZE (two roundings where the table has one)."""
+    granularity = "tensor" if dtype == "uint8" else "channel"  # LiteRT's uint8: per tensor
+    model = quantized = digits_with_heads(dtype, heads, granularity)
+    graph = quantized.main
+    assert [n.op for n in graph.nodes].count("QLookup") == len(heads)
+    feeds = quantize_inputs(graph, {"input": digits_images(64)})["input"]
+    samples = [[x] for x in feeds]
+    data = write_circle(model, "tflite")
+    results = run_litert(data, samples)
+    want = Interpreter(graph).run_batch({"input": feeds})
+    for index, value in enumerate(graph.outputs):
+        got = np.stack([r[index] for r in results])
+        diff = np.abs(got.astype(int) - want[value.name].astype(int))
+        print(f"{dtype} {value.name}: max {diff.max()}, {(diff > 0).mean():.1%} differ")
+        assert diff.max() <= 1, value.name
+    # read back, the tables are rebuilt from the function with the file's float32 scales: a
+    # code on a rounding boundary of 1/255 or 1/127.5 moves by 1 LSB
+    back = through_ir_file(read_circle(data), tmp_path)
+    assert [n.op for n in back.main.nodes].count("QLookup") == len(heads)
+    got = Interpreter(back.main).run_batch({"input": feeds})
+    for value in graph.outputs:
+        assert np.abs(got[value.name].astype(int) - want[value.name].astype(int)).max() <= 1
+
+
+def test_unsupported_ops_listed_at_once():
+    model = load_onnx(ROOT / "examples" / "models" / "tiny_mobilenet.onnx")
+    C.optimize(model)
+    with pytest.raises(UnsupportedOpsError) as caught:
+        write_circle(model)
+    assert {op for op, *_ in caught.value.unsupported} >= {"ConvTranspose", "Erf"}
+
+
+def test_types_circle_cannot_hold_are_named():
+    """bfloat16 has no TFLite tensor type: a graph output of it is one error naming the value;
+    inside the graph, the nodes making it are listed as unsupported, and nothing crashes."""
+    from onebuild.graph_ir.ir import Graph, Model
+
+    graph = Graph("g")
+    x = graph.add_input("x", np.float32, (1, 4))
+    cast = {"round_mode": "up", "saturate": 1}
+    narrow = graph.make_node("Cast", [x], {**cast, "to": "bfloat16"}, name="narrow").output
+    wide = graph.make_node("Cast", [narrow], {**cast, "to": "float32"}, name="wide").output
+    graph.outputs = [graph.make_node("Relu", [wide]).output]
+    with pytest.raises(UnsupportedOpsError, match=r"2 node\(s\).*'narrow'.*'wide'"):
+        write_circle(Model([graph]))
+    graph.outputs = [narrow]
+    with pytest.raises(UserError, match="'narrow' is bfloat16"):
+        write_circle(Model([graph]))
+
+
+def corruptions(data: bytes, count: int, seed: int = 0):
+    """(kind, bytes): truncations, flipped bytes and overwritten 32-bit offsets of a valid file."""
+    rng = np.random.default_rng(seed)
+    yield "truncated", b""
+    yield "truncated", data[:7]
+    for i in range(count):
+        kind = i % 3
+        if kind == 0:
+            yield "truncated", data[: int(rng.integers(8, len(data)))]
+        elif kind == 1:
+            mutated = bytearray(data)
+            for pos in rng.integers(0, len(data), int(rng.integers(1, 4))):
+                mutated[pos] ^= int(rng.integers(1, 256))
+            yield "flipped", bytes(mutated)
+        else:
+            mutated = bytearray(data)
+            pos = int(rng.integers(0, (len(data) - 4) // 4)) * 4
+            value = int(rng.choice([0xFFFFFFFF, 0x7FFFFFFF, len(data), len(data) - 2, 4]))
+            mutated[pos : pos + 4] = value.to_bytes(4, "little")
+            yield "offset", bytes(mutated)
+
+
+def test_corrupt_files_raise_one_error_never_crash():
+    """302 damaged files: each is rejected with one line, or (a byte of weight data changed,
+    say) reads as a graph that verifies. Every truncation is rejected."""
+    data = write_circle(digits_model())
+    rejected = {"truncated": 0, "flipped": 0, "offset": 0}
+    total = dict.fromkeys(rejected, 0)
+    for kind, mutated in corruptions(data, 300):
+        total[kind] += 1
+        try:
+            model = read_circle(mutated)
+        except OneBuildError as error:
+            assert isinstance(error, UserError) and "\n" not in str(error)
+            rejected[kind] += 1
+        else:
+            verify(model.main)
+    assert rejected["truncated"] == total["truncated"] == 102
+    assert rejected["offset"] > 0 and rejected["flipped"] > 0
+    print(f"rejected {rejected} of {total}")
+
+
+def test_reader_lists_every_unsupported_operator():
+    """Every operator code of the digits model rewritten to SIN (66): all eight operators (six
+    layers, two layout transposes) listed in one error."""
+    from onebuild.graph_ir.serde.flatbuf import Buffer
+
+    data = bytearray(write_circle(digits_model()))
+    root = Buffer(bytes(data), "x").root()
+    for code in root.tables(1, "operator codes"):
+        for slot, size in ((0, 1), (3, 4)):
+            pos = code._field(slot, size)
+            data[pos : pos + size] = (66).to_bytes(size, "little")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        read_circle(bytes(data))
+    assert len(caught.value.unsupported) == 8 and "builtin 66" in str(caught.value)
+
+
+def test_enormous_declared_shape_rejected():
+    """A tensor declared [2^30, 1, 8, 8] (256 GiB of float32) is refused before anything is
+    allocated."""
+    from onebuild.graph_ir.serde.flatbuf import Buffer
+
+    data = bytearray(write_circle(digits_model()))
+    tensor = Buffer(bytes(data), "x").root().tables(2, "s")[0].tables(0, "t")[0]
+    first_dim = tensor._target(0) + 4
+    data[first_dim : first_dim + 4] = (1 << 30).to_bytes(4, "little")
+    with pytest.raises(UserError, match=r"tensor 0 shape \[1073741824, 1, 8, 8\] is too large"):
+        read_circle(bytes(data))
+
+
+def test_cli_export_import_and_corrupt_file(tmp_path):
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "onebuild.cli", *args], capture_output=True, text=True
+        )
+
+    for suffix in ("circle", "tflite"):
+        out = tmp_path / f"digits.{suffix}"
+        done = cli(
+            "export", str(DIGITS / "digits.onnx"), "--input-shape", "input=1,1,8,8", "-o", str(out)
+        )
+        assert done.returncode == 0, done.stderr
+        assert out.read_bytes()[4:8] == (b"CIR0" if suffix == "circle" else b"TFL3")
+        done = cli("import", str(out), "-o", str(tmp_path / f"{suffix}.obir"))
+        assert done.returncode == 0, done.stderr
+    bad = tmp_path / "bad.circle"
+    bad.write_bytes((tmp_path / "digits.circle").read_bytes()[:300])
+    done = cli("import", str(bad), "-o", str(tmp_path / "bad.obir"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "bad.circle" in done.stderr
+
+
+def test_recipe_imports_a_circle_source(tmp_path):
+    """`[import] source = "...circle"`: the build imports it, optimizes and packs; the package
+    runs to the float model's logits."""
+    (tmp_path / "digits.circle").write_bytes(write_circle(digits_model()))
+    (tmp_path / "r.toml").write_text(
+        '[import]\nsource = "digits.circle"\n\n[optimize]\n\n[pack]\noutput = "out.nnpkg"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", "build", str(tmp_path / "r.toml")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    feeds = tmp_path / "in.npz"
+    np.savez(feeds, input=digits_images(16))
+    out = tmp_path / "y.npz"
+    run = [sys.executable, "-m", "onebuild.cli", "run", str(tmp_path / "out.nnpkg")]
+    done = subprocess.run([*run, "-i", str(feeds), "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    want = Interpreter(digits_model().main).run_batch({"input": digits_images(16)})["logits"]
+    np.testing.assert_allclose(np.load(out)["logits"], want, rtol=1e-5, atol=1e-6)
