@@ -255,7 +255,7 @@ def _hard_sigmoid_clip(graph: Graph, match: _Match):
 
 def _reduce_mean(match: _Match, value: Value) -> tuple[Value, tuple[int, ...]] | None:
     node = made_by(value, "ReduceMean")
-    if node is None or not node.attrs.get("keepdims", 1):
+    if node is None or not node.attrs.get("keepdims", 1) or not node.attrs.get("axes"):
         return None
     match.take(node)
     return node.inputs[0], tuple(node.attrs["axes"])
