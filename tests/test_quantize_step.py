@@ -93,6 +93,21 @@ def test_bias_correction_improves_digits_and_reuses_calibration(project):
     assert corrected > plain + 0.3  # measured: 39.0 vs 38.3 dB
 
 
+def test_equalization_reruns_calibration_and_layers_stay_comparable(project):
+    """quantize.equalization rescales conv1 -> (relu, max pool) -> conv2 before calibration;
+    the gate's float reference is equalized alike, so conv1 still compares like for like."""
+    run(project)
+    before = {layer["node"]: layer["sqnr_db"] for layer in report(project)["layers"]}
+    statuses = run(project, "quantize.equalization=true")
+    assert statuses["optimize"] == "up-to-date"
+    assert statuses["calibrate"] == statuses["quantize"] == statuses["evaluate"] == "run"
+    data = report(project)
+    after = {layer["node"]: layer["sqnr_db"] for layer in data["layers"]}
+    assert abs(after["conv1"] - before["conv1"]) < 6, (before, after)
+    assert data["accuracy"]["reference"] >= 0.95
+    assert data["accuracy"]["reference"] - data["accuracy"]["candidate"] <= 0.01
+
+
 def test_accuracy_gate_fails_the_build_and_names_the_worst_layers(project):
     plan = load_recipe(project / "r.toml", ["quantize.accuracy.min_sqnr_db=80.0"])
     results = {r.step: r for r in build([plan], progress=lambda message: None)}

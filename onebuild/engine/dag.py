@@ -229,7 +229,9 @@ def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Pa
         return quantized, []
     data = [Path(accuracy["data"])] + ([Path(accuracy["labels"])] if accuracy["labels"] else [])
     report = build_dir / "quantize.accuracy.json"
-    add("evaluate", accuracy, [model, quantized, *data], [report])
+    # the float reference is equalized as the quantized model was, so layers compare like for like
+    gate = {**accuracy, "equalization": config["mode"] == "full" and config["equalization"]}
+    add("evaluate", gate, [model, quantized, *data], [report])
     return quantized, [report]
 
 

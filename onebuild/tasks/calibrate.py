@@ -9,7 +9,14 @@ from typing import Any
 
 log = logging.getLogger("onebuild")
 
-KEYS = ("calibration", "method", "random_calibration", "random_samples", "min_samples")
+KEYS = (
+    "calibration",
+    "method",
+    "random_calibration",
+    "random_samples",
+    "min_samples",
+    "equalization",
+)
 METHOD_KEYS = {  # the options each method reads
     "percentile": ("min_percentile", "max_percentile"),
     "moving_average": ("moving_avg_batch", "moving_avg_const"),
@@ -23,12 +30,12 @@ def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    from ..compile import CalibrationOptions, calibrate, options_from
+    from ..compile import CalibrationOptions, QuantizeOptions, calibrate, equalize, options_from
     from ..graph_ir.serde import load_ir
     from ..graph_ir.serde.calibration_file import save_calibration
     from ..progress import Progress
 
-    graph = load_ir(inputs[0]).main
+    graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
     progress = Progress("calibrate")
     stats = calibrate(
         graph, _batches(config, graph), options_from(CalibrationOptions, config), progress
@@ -44,10 +51,16 @@ def shards(config: dict[str, Any], workers: int) -> int:
 
 def run_shard(config: dict[str, Any], inputs: list[Path], index: int, count: int):
     """Part `index` of `count` (on a worker): the statistics recorder of its samples."""
-    from ..compile import CalibrationOptions, calibrate_shard, options_from
+    from ..compile import (
+        CalibrationOptions,
+        QuantizeOptions,
+        calibrate_shard,
+        equalize,
+        options_from,
+    )
     from ..graph_ir.serde import load_ir
 
-    graph = load_ir(inputs[0]).main
+    graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
     options = options_from(CalibrationOptions, config)
     return calibrate_shard(graph, _batches(config, graph), options, index, count)
 

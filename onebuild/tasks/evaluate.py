@@ -22,6 +22,10 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..progress import Progress
 
     reference = load_ir(inputs[0]).main
+    if config.get("equalization"):
+        from ..compile import QuantizeOptions, equalize
+
+        equalize(reference, QuantizeOptions(equalization=True))
     quantized = load_ir(inputs[1])
     candidate = quantized.main
     labels = None

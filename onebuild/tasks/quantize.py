@@ -20,6 +20,7 @@ KEYS = (
     "input_type",
     "output_type",
     "bias_correction",
+    "equalization",
     "weight_rounding",
     "layers",
     "mixed_precision",

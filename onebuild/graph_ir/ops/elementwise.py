@@ -301,6 +301,12 @@ def hard_swish(attrs, x):
     return _same_dtype(x * np.clip(x / 6.0 + 0.5, 0, 1), x)
 
 
+@register("Swish", same_as_input, batch=PER_SAMPLE, quant="lookup")
+def swish(attrs, x):
+    """x * sigmoid(alpha x) (SiLU when alpha is 1), as ONNX opset 24 defines it."""
+    return _same_dtype(x * _sigmoid(attrs.get("alpha", 1.0) * x), x)
+
+
 @register("Clip", same_as_input, batch=BROADCASTING, quant="lookup")
 def clip(attrs, x, lo=None, hi=None):
     """Clip to [lo, hi]; an omitted bound is unbounded."""

@@ -10,7 +10,9 @@ from ..ir import Graph, Model
 from ..verify import verify
 from .cleanup import eliminate_dead_code, remove_identities
 from .fold import fold_constants
+from .fold_affine import fold_affine
 from .fuse import batchnorm_to_conv, fold_batchnorm, fuse_activations
+from .patterns import fuse_patterns
 
 Pass = Callable[[Graph], bool]
 """A pass rewrites a graph in place and returns whether it changed anything."""
@@ -27,6 +29,8 @@ class PassRecord:
 PASSES: dict[str, Pass] = {
     "remove_identities": remove_identities,
     "fold_constants": fold_constants,
+    "fuse_patterns": fuse_patterns,
+    "fold_affine": fold_affine,
     "fold_batchnorm": fold_batchnorm,
     "batchnorm_to_conv": batchnorm_to_conv,
     "fuse_activations": fuse_activations,
@@ -38,6 +42,8 @@ PRESETS: dict[str, list[str]] = {
     "O1": [
         "remove_identities",
         "fold_constants",
+        "fuse_patterns",
+        "fold_affine",
         "fold_batchnorm",
         "batchnorm_to_conv",
         "fuse_activations",

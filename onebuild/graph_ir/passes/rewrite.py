@@ -1,5 +1,7 @@
 """Small graph rewrites shared by passes."""
 
+import numpy as np
+
 from ..ir import Graph, Node, Value
 
 
@@ -36,3 +38,41 @@ def single_reader(value: Value) -> Node | None:
     if len(value.uses) != 1 or (graph is not None and value in graph.outputs):
         return None
     return value.uses[0][0]
+
+
+def scalar(value: Value | None) -> float | None:
+    """The number held by a one-element floating-point constant."""
+    if value is None or not value.is_const or value.size != 1:
+        return None
+    if not np.issubdtype(value.dtype, np.floating):
+        return None
+    return float(value.numpy().reshape(-1)[0])
+
+
+def single(value: Value) -> bool:
+    """Whether `value` is read by one node only and is not a graph output."""
+    graph = value.graph
+    return len(value.users) == 1 and (graph is None or value not in graph.outputs)
+
+
+def made_by(value: Value, ops: str | tuple[str, ...]) -> Node | None:
+    """The node producing `value` when its op is one of `ops` and it carries no fused clip."""
+    node = value.producer
+    ops = (ops,) if isinstance(ops, str) else ops
+    if node is None or node.op not in ops or "clip" in node.attrs or len(node.outputs) != 1:
+        return None
+    return node
+
+
+def replace_with(graph: Graph, nodes, last: Node, op: str, inputs, attrs) -> Node:
+    """A new `op` node computing `last`'s output (named after it); `nodes` go when unread."""
+    name = last.output.name
+    fused = graph.make_node(op, inputs, attrs, name=name, before=last)
+    replace_node(graph, last, [fused.output])
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    for node in sorted(nodes, key=lambda n: -position.get(id(n), -1)):
+        if node.graph is not None and not any(v.uses for v in node.outputs):
+            graph.remove(node)
+    if fused.output.name != name and fused.output not in graph.outputs:
+        graph.rename(fused.output, name)
+    return fused

@@ -144,6 +144,17 @@ def unary(w, node):
     w.op(UNARY[node.op], [w.get(x, perm)], [w.define(node.output, perm)], **options)
 
 
+def swish(w, node):
+    """x * sigmoid(x) as LOGISTIC then MUL (TFLite has no SiLU; only alpha = 1)."""
+    _require(node.attrs.get("alpha", 1.0) == 1.0)
+    x = node.inputs[0]
+    perm = w.home_of(x)
+    source = w.get(x, perm)
+    gate = w.new_tensor(f"{node.output.name}_gate", x.dtype, _stored(x.shape, perm))
+    w.op("LOGISTIC", [source], [gate])
+    w.op("MUL", [source, gate], [w.define(node.output, perm)], activation=ACT_NONE)
+
+
 def clip(w, node):
     x = node.inputs[0]
     bounds = [

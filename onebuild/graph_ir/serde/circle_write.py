@@ -273,6 +273,7 @@ WRITERS: dict[str, Callable] = {
     **{op: ops.binary for op in ("Add", "Sub", "Mul", "Div", "QAdd", "QMul")},
     **{op: ops.unary for op in ops.UNARY},
     "Clip": ops.clip,
+    "Swish": ops.swish,
     "QLookup": ops.lookup,
     "Softmax": ops.softmax,
     **{op: nn.pool for op in ("MaxPool", "AveragePool", "QAveragePool")},

@@ -191,6 +191,7 @@ REQUIRED: dict[str, list[str]] = {
     "Softmax": ["axis"],
     "SpaceToDepth": ["blocksize", "mode"],
     "Split": ["axis", "split"],
+    "Swish": ["alpha"],
     "Tile": ["repeats"],
     "Transpose": ["perm"],
 }  # fmt: skip

@@ -372,7 +372,21 @@ def _dropout(ex, node, inputs, attrs):
     return ("Dropout" if attrs.get("mask") else "Identity"), inputs[:1], {}
 
 
+def _swish(ex, node, inputs, attrs):
+    """Swish is ONNX opset 24: x * Sigmoid(alpha x) at opset 21."""
+    x = inputs[0]
+    if attrs.get("alpha", 1.0) != 1.0:
+        scaled = ex.fresh(f"{node.name}_scaled")
+        alpha = ex.constant(np.asarray(attrs["alpha"], node.inputs[0].dtype), f"{node.name}_alpha")
+        ex.emit("Mul", [x, alpha], [scaled], f"{node.name}_scale")
+        x = scaled
+    gate = ex.fresh(f"{node.name}_gate")
+    ex.emit("Sigmoid", [x], [gate], f"{node.name}_sigmoid")
+    return "Mul", [inputs[0], gate], {}
+
+
 SPECIAL: dict[str, Callable] = {
+    "Swish": _swish,
     "Reshape": _reshape,
     "Expand": _reshape,
     "Tile": _tile,
