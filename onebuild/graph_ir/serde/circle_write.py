@@ -20,6 +20,7 @@ from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
 from .flatbuf import numbers, offsets, raw_bytes, table
+from .naming import fresh_name
 from .tflite_schema import (
     BUILTIN,
     IDENTIFIER,
@@ -60,12 +61,7 @@ class Writer:
 
     # -- tensors -------------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
-        name, counter = base, 0
-        while name in self.names:
-            counter += 1
-            name = f"{base}_{counter}"
-        self.names.add(name)
-        return name
+        return fresh_name(self.names, base)
 
     def new_tensor(self, name, dtype, shape, data=None, quant=None) -> int:
         if np.dtype(dtype) not in TYPE_CODES:
