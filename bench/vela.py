@@ -70,6 +70,16 @@ def parse_vela_summary(text: str) -> dict[str, float | str]:
     return summary
 
 
+def parse_vela_layers(text: str) -> dict[str, int]:
+    """Cycles per original TFLite operator type from Vela's `<name>_per-layer.csv` (written
+    with `--verbose-performance`), largest first."""
+    cycles: dict[str, int] = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        op = row["Original Operator"]
+        cycles[op] = cycles.get(op, 0) + round(float(row["Op Cycles"]))
+    return dict(sorted(cycles.items(), key=lambda item: -item[1]))
+
+
 def parse_cpu_operators(stdout: str) -> dict[str, int]:
     """Operator types Vela leaves on the CPU, with counts, from the "   CPU: Type = name
     (outputs [...])" lines that `--show-cpu-operations` prints."""
@@ -221,7 +231,14 @@ def run_vela(graph: Graph, folder: Path) -> dict:
     data, substituted = tflite_for_vela(graph)
     path.write_bytes(data)
     options = [f"--{k.replace('_', '-')}={v}" for k, v in VELA.items()]
-    command = [sys.executable, "-m", "ethosu.vela", *options, "--show-cpu-operations"]
+    command = [
+        sys.executable,
+        "-m",
+        "ethosu.vela",
+        *options,
+        "--show-cpu-operations",
+        "--verbose-performance",
+    ]
     start = time.perf_counter()
     done = subprocess.run(
         [*command, f"--output-dir={folder / 'vela'}", str(path)],
@@ -234,6 +251,9 @@ def run_vela(graph: Graph, folder: Path) -> dict:
         raise RuntimeError(f"vela failed on {path}: {done.stderr.strip()[-2000:]}")
     csv_path = next((folder / "vela").glob(f"{path.stem}_summary_*.csv"))
     summary = parse_vela_summary(csv_path.read_text())
+    layers = parse_vela_layers(
+        next((folder / "vela").glob(f"{path.stem}_per-layer.csv")).read_text()
+    )
     npu_ops = re.search(r"NPU operators = (\d+)", done.stdout)
     return {
         "cycles": int(summary["cycles_total"]),
@@ -243,6 +263,10 @@ def run_vela(graph: Graph, folder: Path) -> dict:
         "npu_operators": int(npu_ops.group(1)) if npu_ops else None,
         "cpu_operators": parse_cpu_operators(done.stdout),
         "lookups_written_as_requantize": substituted,
+        # TRANSPOSE operators: the model's own, and one after each NCHW graph input (onebuild's
+        # writer), which Vela runs on the NPU and the TRIX target does not need
+        "transpose_cycles": layers.get("Transpose", 0),
+        "cycles_by_operator": layers,
         "compile_seconds": round(seconds, 2),
     }
 

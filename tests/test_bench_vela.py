@@ -46,3 +46,25 @@ def test_cpu_operators_are_counted_by_type_and_npu_ones_ignored():
     assert (
         vela.parse_cpu_operators("CPU operators = 0 (0.0%)\n   NPU: Conv2D = x (outputs [1])") == {}
     )
+
+
+# rows of the per-layer CSV Vela 5.2.0 wrote for the layout detector (--verbose-performance)
+PER_LAYER = (
+    (
+        "Original Operator,NNG Operator,Target,Staging Usage,Peak% (Staging),Op Cycles,"
+        "Network% (cycles),NPU,SRAM AC,DRAM AC,OnFlash AC,OffFlash AC,MAC Count,Network% (MAC),"
+        "Util% (MAC),Name\n"
+    )
+    + """\
+Transpose,Transpose,NPU,0,0.0,1459200,3.04,973050,0,1459200,0,0,0,0.0,0.0,#1024
+Conv2D,Conv2D,NPU,332848,64.84,2338266,4.87,1950109,157700,0,0,0,1000,1.0,1.0,conv_0
+HardSwish,LUT,NPU,0,0.0,0,0.0,0,0,0,0,0,0,0.0,0.0,conv_0
+Conv2D,Conv2D,NPU,332848,64.84,100,0.1,100,0,0,0,0,10,0.0,1.0,conv_1
+"""
+)
+
+
+def test_per_layer_cycles_are_summed_by_operator_type_largest_first():
+    layers = vela.parse_vela_layers(PER_LAYER)
+    assert layers == {"Conv2D": 2338366, "Transpose": 1459200, "HardSwish": 0}
+    assert list(layers) == ["Conv2D", "Transpose", "HardSwish"]
