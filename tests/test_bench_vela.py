@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _PATH = Path(__file__).resolve().parent.parent / "bench" / "vela.py"
@@ -68,3 +69,32 @@ def test_per_layer_cycles_are_summed_by_operator_type_largest_first():
     layers = vela.parse_vela_layers(PER_LAYER)
     assert layers == {"Conv2D": 2338366, "Transpose": 1459200, "HardSwish": 0}
     assert list(layers) == ["Conv2D", "Transpose", "HardSwish"]
+
+
+@pytest.mark.parametrize(
+    ("channels", "size", "bound"),
+    [
+        (64, 16, "compute"),  # 16x16x64 outputs x 64 x 9 MACs / 256 > bytes / 12
+        (256, 1, "memory"),  # 1x1 outputs: the 2.4 MB of float weights dominate
+    ],
+)
+def test_roofline_is_the_larger_of_mac_and_byte_time(channels, size, bound):
+    from onnx import helper
+    from onnx_builders import make_model
+
+    from onebuild.graph_ir.serde.onnx_import import import_onnx
+
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)
+    bias = np.zeros(channels, np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])
+    proto = make_model(
+        [conv], [("x", [1, channels, size, size])], ["y"], [("w", weights), ("b", bias)]
+    )
+    graph = import_onnx(proto).main
+    result = vela.roofline_cycles(graph)
+    macs = size * size * channels * channels * 9
+    nbytes = 4 * (weights.size + bias.size + 2 * channels * size * size)
+    assert result["macs"] == macs and result["bytes"] == nbytes
+    cycles = {"compute": macs / 256, "memory": nbytes / 12}
+    assert result["cycles"] == round(cycles[bound]) == round(max(cycles.values()))
