@@ -16,6 +16,7 @@ from onebuild.graph_ir.quant.model_io import quantize_inputs
 from onebuild.graph_ir.serde import load_ir, load_onnx, read_circle, save_ir, write_circle
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.graph_ir.serde.tflite_schema import EXACT_SCALES
 from onebuild.graph_ir.verify import verify
 from onebuild.npz import read_npz
 
@@ -214,23 +215,31 @@ def test_quantized_digits_within_one_lsb(dtype, granularity, runtimes, tmp_path)
 
 
 @pytest.mark.parametrize(
-    "dtype, granularity, worst",
+    "dtype, granularity, exact, worst",
     [
-        ("uint8", "channel", 0),
-        ("uint8", "tensor", 0),
-        ("int8", "channel", 0),
-        ("int16", "channel", 1),
+        ("uint8", "channel", True, 0),
+        ("uint8", "tensor", True, 0),
+        ("int8", "channel", True, 0),
+        ("int16", "channel", True, 0),
+        ("int16", "channel", False, 1),
     ],
 )
-def test_quantized_round_trip_keeps_parameters(dtype, granularity, worst, tmp_path):
-    """Scales pass through float32 in the file: the 8-bit digits models come back exact; int16
-    requantization is finer and moves 0.7 % of the logits by 1 LSB."""
+def test_quantized_round_trip_keeps_parameters(dtype, granularity, exact, worst, tmp_path):
+    """The file's scales are float32; onebuild's metadata entry keeps the IR's float64 ones, so
+    round trips are exact. Without it (a renamed entry, as another writer's file would be) the
+    8-bit digits models still come back exact, but int16 requantization is finer and moves
+    0.7 % of the logits by 1 LSB."""
     model = quantized_digits(dtype, granularity)
-    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
+    data = write_circle(model)
+    if not exact:
+        assert data.count(EXACT_SCALES.encode()) == 1
+        data = data.replace(EXACT_SCALES.encode(), EXACT_SCALES.encode()[:-3] + b"xyz")
+    back = through_ir_file(read_circle(data), tmp_path)
     verify(back.main)
     ops = [n.op for n in back.main.nodes]
     assert ops.count("QConv") + ops.count("QGemm") == 3
     assert back.main.inputs[0].quant.zero_point == model.main.inputs[0].quant.zero_point
+    assert (back.main.inputs[0].quant == model.main.inputs[0].quant) == exact
     feeds = quantize_inputs(model.main, {"input": digits_images(300)})
     want = Interpreter(model.main).run_batch(feeds)
     got = Interpreter(back.main).run_batch(feeds)

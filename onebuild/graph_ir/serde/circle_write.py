@@ -22,6 +22,7 @@ from . import circle_ops_nn as nn
 from .flatbuf import numbers, offsets, raw_bytes, table
 from .tflite_schema import (
     BUILTIN,
+    EXACT_SCALES,
     IDENTIFIER,
     OPTIONS,
     PLACEHOLDER_FOR_GREATER_OP_CODES,
@@ -173,6 +174,9 @@ class Writer:
         outputs = [self.get(v, None) for v in self.graph.outputs]
         inputs = [self.index[(id(v), None)] for v in self.graph.inputs]
         self._name_outputs(outputs)
+        scales = [s for t in self.tensors if t.quant is not None for s in t.quant.scale]
+        if scales:
+            self.buffers.append(np.asarray(scales, "<f8").tobytes())
         buffers = [
             table(b, [(0, "offset", raw_bytes(b, data))] if data else []) for data in self.buffers
         ]
@@ -201,6 +205,9 @@ class Writer:
                     ],
                 )
             )
+        if scales:  # the scales as float64, after the data buffers (see EXACT_SCALES)
+            name = b.CreateString(EXACT_SCALES)
+            metadata = table(b, [(0, "offset", name), (1, "uint", len(self.buffers) - 1)])
         model = table(
             b,
             [
@@ -209,6 +216,7 @@ class Writer:
                 (2, "offset", offsets(b, [subgraph])),
                 (3, "offset", b.CreateString("onebuild")),
                 (4, "offset", offsets(b, buffers)),
+                *([(6, "offset", offsets(b, [metadata]))] if scales else []),
             ],
         )
         b.Finish(model, file_identifier=IDENTIFIER[self.fmt])

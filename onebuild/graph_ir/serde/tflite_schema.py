@@ -12,6 +12,11 @@ SCHEMA_VERSION = {"circle": 0, "tflite": 3}
 
 # table fields --------------------------------------------------------------------------------
 MODEL_VERSION, MODEL_OPCODES, MODEL_SUBGRAPHS, MODEL_DESCRIPTION, MODEL_BUFFERS = range(5)
+MODEL_METADATA = 6  # [Metadata]: (name, buffer index); slot 5 is the deprecated metadata_buffer
+METADATA_NAME, METADATA_BUFFER = range(2)
+# onebuild's metadata entry: every quantized tensor's scales as float64, in tensor order (the
+# schema's scales are float32; the IR's are float64, and requantization depends on them)
+EXACT_SCALES = "onebuild.scales_f64"
 SUBGRAPH_TENSORS, SUBGRAPH_INPUTS, SUBGRAPH_OUTPUTS, SUBGRAPH_OPERATORS, SUBGRAPH_NAME = range(5)
 TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_QUANT = range(5)
 TENSOR_SPARSITY = 6
