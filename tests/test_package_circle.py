@@ -1,0 +1,196 @@
+"""Packages in ONE's formats: whole models and CPU parts as `.circle`, run by onebuild's runtime
+bit for bit as the IR they came from, and by onert (the real ONE runtime, a test extra) to the
+same numbers; what the circle writer cannot express stays an IR file, and the build says why."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onert  # the oracle is a test extra
+import onnx
+import pytest
+from onnx import helper
+from onnx_builders import make_model
+from test_partition import assert_package_matches_reference, build_statuses, write_project
+
+from onebuild.engine.dag import build
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.serde import load_ir, read_circle
+from onebuild.recipe import load_recipe
+from onebuild.runtime.package import load_package, run_package
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS_IMPORT = '[import]\nsource = "digits/digits.onnx"\ninput_shapes = { input = [1, 1, 8, 8] }\n'
+MOBILENET_IMPORT = (
+    '[import]\nsource = "models/tiny_mobilenet.onnx"\ninput_shapes = { x = [1, 3, 32, 32] }\n'
+)
+RECIPES = {  # name: (recipe, test data, input)
+    "digits_float": (DIGITS_IMPORT + "[optimize]\n", "digits/data/test.npz"),
+    "digits_uint8": (None, "digits/data/test.npz"),  # examples/digits.toml itself
+    "mobilenet_float": (MOBILENET_IMPORT + "[optimize]\n", "models/tiny_mobilenet_calib.npz"),
+    "mobilenet_uint8": (
+        MOBILENET_IMPORT + '[optimize]\n[quantize]\ndtype = "uint8"\n'
+        'calibration = "models/tiny_mobilenet_calib.npz"\n',
+        "models/tiny_mobilenet_calib.npz",
+    ),
+}
+
+
+class Collect(logging.Handler):
+    """The onebuild logger's messages, kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
+    """Each recipe built in a copy of the examples: (package, build folder, pack warnings)."""
+    folder = tmp_path_factory.mktemp("pkgcircle")
+    examples = folder / "examples"
+    shutil.copytree(ROOT / "examples", examples)
+    shutil.copytree(ROOT / "recipes", folder / "recipes")
+    result = {}
+    for name, (text, _) in RECIPES.items():
+        recipe = examples / "digits.toml"
+        if text is not None:
+            recipe = examples / f"{name}.toml"
+            recipe.write_text(
+                text + f'[pack]\noutput = "../out/{name}.nnpkg"\n[build]\ndir = "../build/{name}"\n'
+            )
+        handler = Collect()
+        logger = logging.getLogger("onebuild")
+        logger.addHandler(handler)
+        try:
+            results = build([load_recipe(recipe, [])], progress=lambda message: None)
+        finally:
+            logger.removeHandler(handler)
+        assert not [r.error for r in results if r.status == "failed"]
+        stem = "digits" if text is None else name
+        package = folder / "out" / f"{stem}.nnpkg"
+        warnings = [m for m in handler.messages if "pack:" in m]
+        result[name] = (package, folder / "build" / stem, warnings)
+    return result
+
+
+def test_digits_packages_hold_circle_and_run_as_their_ir(built):
+    """float and uint8: one `.circle`, model type "circle", outputs equal the IR model's."""
+    for name, stage in (("digits_float", "optimize"), ("digits_uint8", "quantize")):
+        package, build_dir, warnings = built[name]
+        manifest = json.loads((package / "metadata/MANIFEST").read_text())
+        stem = package.stem
+        assert manifest["models"] == [f"{stem}.circle"] and manifest["model-types"] == ["circle"]
+        assert (package / f"{stem}.circle").read_bytes()[4:8] == b"CIR0" and not warnings
+        feeds = dict(np.load(ROOT / "examples/digits/data/test.npz"))
+        got, _ = run_package(load_package(package), feeds)
+        want = Interpreter(load_ir(build_dir / f"{stage}.obir").main).run_batch(feeds)
+        np.testing.assert_array_equal(got["logits"], want["logits"])
+
+
+def onert_outputs(package: Path, images: np.ndarray) -> np.ndarray:
+    """onert's outputs for each sample, the package folder loaded by `onert.infer.session`."""
+    session = onert.infer.session(str(package))
+    return np.stack([session.infer([x])[0] for x in images])
+
+
+def test_onert_runs_the_digits_packages(built):
+    """onert 0.1.0 loads each package folder (MANIFEST, circle) and gives onebuild's numbers:
+    float within 1e-4 relative, uint8 within 1 LSB (onert rounds requantization twice)."""
+    images = np.load(ROOT / "examples/digits/data/test.npz")["input"]
+    float_package = built["digits_float"][0]
+    want, _ = run_package(load_package(float_package), {"input": images})
+    got = onert_outputs(float_package, images)
+    rel = np.abs(got - want["logits"]).max() / np.abs(want["logits"]).max()
+    print(f"digits float in onert: {rel:.2g} relative over {len(images)} test images")
+    assert rel <= 1e-4
+
+    package, build_dir, _ = built["digits_uint8"]
+    want, _ = run_package(load_package(package), {"input": images})
+    graph = load_ir(build_dir / "quantize.obir").main
+    dequantize = next(n for n in graph.nodes if n.op == "DequantizeLinear")
+    scale = dequantize.inputs[0].quant.scale[0]
+    lsb = np.rint(np.abs(onert_outputs(package, images) - want["logits"]) / scale)
+    share = float(np.mean(lsb > 0))
+    print(f"digits uint8 in onert: max {lsb.max():.0f} LSB, {share:.1%} of logits differ")
+    assert lsb.max() <= 1 and share < 0.5  # a systematic offset would move nearly all
+
+
+def test_tiny_mobilenet_stays_ir_and_says_why(built):
+    """The circle writer has no ConvTranspose or GELU (float), nor (uint8) a GELU lookup table
+    or a quantized Softmax: tiny_mobilenet's packages keep the IR file, the build warns with
+    the reason, the package runs as before, and onert cannot load what it cannot read."""
+    for name, stage, missing in (
+        ("mobilenet_float", "optimize", "ConvTranspose, Gelu"),
+        ("mobilenet_uint8", "quantize", "ConvTranspose, QLookup, QSoftmax"),
+    ):
+        package, build_dir, warnings = built[name]
+        manifest = json.loads((package / "metadata/MANIFEST").read_text())
+        assert manifest["model-types"] == ["obir"] and manifest["models"] == [f"{name}.obir"]
+        assert len(warnings) == 1 and "not circle" in warnings[0] and missing in warnings[0]
+        feeds = dict(np.load(ROOT / "examples/models/tiny_mobilenet_calib.npz"))
+        feeds = {k: v[:4] for k, v in feeds.items()}
+        got, _ = run_package(load_package(package), feeds)
+        want = Interpreter(load_ir(build_dir / f"{stage}.obir").main).run_batch(feeds)
+        for key, array in want.items():
+            np.testing.assert_array_equal(got[key], array)
+        with pytest.raises(Exception, match="NNFW_STATUS_ERROR|failed|Failed"):
+            onert_outputs(package, feeds["x"][:1])
+
+
+def conv_chain(rng) -> onnx.ModelProto:
+    """conv -> relu -> conv -> relu -> conv, 3x3 with padding."""
+    nodes, inits, x = [], [], "x"
+    for i, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 4)], start=1):
+        w = rng.normal(0, 0.4, (cout, cin, 3, 3)).astype(np.float32)
+        inits += [(f"w{i}", w), (f"b{i}", rng.normal(0, 0.1, cout).astype(np.float32))]
+        y = f"c{i}" if i < 3 else "y"
+        nodes.append(
+            helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [y], pads=[1] * 4, name=f"conv{i}")
+        )
+        if i < 3:
+            nodes.append(helper.make_node("Relu", [y], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    return make_model(nodes, [("x", [1, 3, 12, 12])], ["y"], inits)
+
+
+def test_a_cpu_part_the_writer_expresses_is_circle(tmp_path):
+    """A convolution pinned to the CPU: the package holds `m.part.00002_cpu.circle` between two
+    `.tvn` parts, named as ONE's partitioner names them, and runs bit for bit as the quantized
+    model; onert runs that part alone within 1 LSB of onebuild's runtime."""
+    rng = np.random.default_rng(3)
+    recipe = write_project(tmp_path, conv_chain(rng), rng, 'opname = { conv2 = "cpu" }')
+    build_statuses(recipe)
+    package = tmp_path / "out/m.nnpkg"
+    manifest = json.loads((package / "metadata/MANIFEST").read_text())
+    assert manifest["models"] == [
+        "m.part.00001_trix.tvn",
+        "m.part.00002_cpu.circle",
+        "m.part.00003_trix.tvn",
+    ]
+    assert manifest["model-types"] == ["tvn", "circle", "tvn"]
+    assert manifest["model-configs"][1] == "m.part.00002_cpu.cfg"
+    assert_package_matches_reference(tmp_path)
+    part = read_circle(package / "m.part.00002_cpu.circle").main
+    assert [n.op for n in part.nodes] == ["QConv"]
+    x = part.inputs[0]
+    feeds = np.random.default_rng(5).integers(0, 256, (8, *x.shape), dtype=np.uint8)
+    want = Interpreter(part).run_batch({x.name: feeds})[part.outputs[0].name]
+    from onert.native import libnnfw_api_pybind as nnfw
+
+    session = nnfw.infer.nnfw_session(str(package / "m.part.00002_cpu.circle"), "cpu")
+    session.set_prepare_config(nnfw.prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
+    session.prepare()
+    got = []
+    for sample in feeds:
+        session.set_input(0, np.ascontiguousarray(sample))
+        session.run()
+        got.append(np.array(session.get_output(0)))
+    lsb = np.abs(np.stack(got).astype(int) - want.astype(int))
+    print(f"cpu part in onert: max {lsb.max()} LSB, {np.mean(lsb > 0):.1%} differ")
+    assert lsb.max() <= 1
