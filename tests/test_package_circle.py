@@ -194,3 +194,65 @@ def test_a_cpu_part_the_writer_expresses_is_circle(tmp_path):
     lsb = np.abs(np.stack(got).astype(int) - want.astype(int))
     print(f"cpu part in onert: max {lsb.max()} LSB, {np.mean(lsb > 0):.1%} differ")
     assert lsb.max() <= 1
+
+
+def test_session_on_a_circle_package_writes_a_quantized_circle_and_a_tvn(built, tmp_path):
+    """The on-device flow in ONE's formats: a Session on the float `digits_float.circle`
+    package records 12 runs, writes `quantized.circle` and `model.tvn`; both give what the
+    build makes from the same circle and the same 12 inputs."""
+    from onebuild.npz import write_npz
+    from onebuild.runtime.models import BinaryModel, load_binary
+    from onebuild.runtime.session import Session
+
+    package = built["digits_float"][0]
+    calib = np.load(ROOT / "examples/digits/data/calib.npz")["input"][:12]
+    session = Session(package, workspace=tmp_path / "ws")
+    session.set_odc_param_minmax_records_count(len(calib))
+    for x in calib:
+        session.run_with_auto_compilation({"input": x})
+    assert session.state == "COMPILED" and session.reason is None
+    ws = tmp_path / "ws"
+    assert (ws / "quantized.circle").read_bytes()[4:8] == b"CIR0"
+    assert not (ws / "quantized.obir").exists() and (ws / "model.tvn").is_file()
+
+    write_npz(tmp_path / "calib.npz", {"input": calib})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        f'[import]\nsource = "{package / "digits_float.circle"}"\n[quantize]\ndtype = "uint8"\n'
+        'calibration = "calib.npz"\n[codegen]\n[build]\ndir = "b"\n'
+    )
+    results = build([load_recipe(recipe, [])], progress=lambda message: None)
+    assert not [r.error for r in results if r.status == "failed"]
+    images = np.load(ROOT / "examples/digits/data/test.npz")["input"][:32]
+    quantized = Interpreter(read_circle(ws / "quantized.circle").main)
+    reference = Interpreter(load_ir(tmp_path / "b/quantize.obir").main)
+    np.testing.assert_array_equal(
+        quantized.run_batch({"input": images})["logits"],
+        reference.run_batch({"input": images})["logits"],
+    )
+    binary = BinaryModel(load_binary(tmp_path / "b/codegen.tvn"))
+    for x in images[:8]:
+        want = binary.run({"input": x})["logits"]
+        np.testing.assert_array_equal(session.run({"input": x})["logits"], want)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data[: len(data) // 2], "models[0] 'digits.circle'"),
+        (lambda data: data[:4] + b"TFL3" + data[8:], "not a circle model (no CIR0 identifier)"),
+        (lambda data: data[:4] + b"XXXX" + data[8:], "not a circle model (no CIR0 identifier)"),
+    ],
+)
+def test_a_damaged_circle_in_a_package_is_one_line(built, tmp_path, capsys, damage, message):
+    from onebuild.cli import main
+
+    package = tmp_path / "digits.nnpkg"
+    shutil.copytree(built["digits_uint8"][0], package)
+    model = package / "digits.circle"
+    model.write_bytes(damage(model.read_bytes()))
+    images = tmp_path / "x.npz"
+    np.savez(images, input=np.load(ROOT / "examples/digits/data/test.npz")["input"][:2])
+    code = main(["run", str(package), "-i", str(images), "-o", str(tmp_path / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
