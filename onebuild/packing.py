@@ -21,9 +21,8 @@ from typing import Any
 from .fileio import atomic_folder, atomic_write_bytes
 from .nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
 
-PART = re.compile(
-    r"\d{5}_[a-z][a-z0-9_]*"
-)  # a part's number and backend, as the partition names it
+# a part's number and backend, as the partition step names its files (m.00002_cpu.obir)
+PART = re.compile(r"\d{5}_[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)

@@ -91,5 +91,6 @@ def partitioned_codegen(
             progress(progress.done + 1)
         models.append(model)
     progress.finish()
-    write_package(ws.package, models, connection)
+    for note in write_package(ws.package, models, connection):
+        log.warning("on-device codegen: %s", note)
     return ws.package

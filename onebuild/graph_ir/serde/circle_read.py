@@ -24,7 +24,15 @@ from ..tensor import QuantParams
 from . import circle_read_nn as nn
 from . import circle_read_ops as ops
 from .flatbuf import Buffer, Table
-from .tflite_schema import BUILTIN_NAMES, EXACT_SCALES, IDENTIFIER, TENSOR_TYPES
+from .tflite_schema import (
+    BUILTIN_NAMES,
+    EXACT_SCALES,
+    IDENTIFIER,
+    METADATA_BUFFER,
+    METADATA_NAME,
+    MODEL_METADATA,
+    TENSOR_TYPES,
+)
 
 MAX_RANK = 64  # as IR files
 MAX_TENSOR_BYTES = 1 << 34  # no tensor of a loadable model is this large (as IR files)
@@ -117,12 +125,14 @@ class Reader:
         """onebuild's float64 scales (metadata EXACT_SCALES) replace the float32 ones, when
         they are as many and each rounds to the file's float32 scale; else they are ignored."""
         entries = [
-            m for m in model.tables(6, "metadata") if m.string(0, "metadata name") == EXACT_SCALES
+            m
+            for m in model.tables(MODEL_METADATA, "metadata")
+            if m.string(METADATA_NAME, "metadata name") == EXACT_SCALES
         ]
         quantized = [t for t in self.tensors if t.quant is not None]
         if len(entries) != 1 or not quantized:
             return
-        index = entries[0].scalar(1, "I")
+        index = entries[0].scalar(METADATA_BUFFER, "I")
         if index >= len(buffers):
             raise self.fail(f"metadata '{EXACT_SCALES}' names buffer {index} of {len(buffers)}")
         raw = buffers[index].bytes(0, f"buffer {index}")

@@ -24,6 +24,9 @@ from .tflite_schema import (
     BUILTIN,
     EXACT_SCALES,
     IDENTIFIER,
+    METADATA_BUFFER,
+    METADATA_NAME,
+    MODEL_METADATA,
     OPTIONS,
     PLACEHOLDER_FOR_GREATER_OP_CODES,
     SCHEMA_VERSION,
@@ -207,7 +210,11 @@ class Writer:
             )
         if scales:  # the scales as float64, after the data buffers (see EXACT_SCALES)
             name = b.CreateString(EXACT_SCALES)
-            metadata = table(b, [(0, "offset", name), (1, "uint", len(self.buffers) - 1)])
+            entry = [
+                (METADATA_NAME, "offset", name),
+                (METADATA_BUFFER, "uint", len(self.buffers) - 1),
+            ]
+            metadata = table(b, entry)
         model = table(
             b,
             [
@@ -216,7 +223,7 @@ class Writer:
                 (2, "offset", offsets(b, [subgraph])),
                 (3, "offset", b.CreateString("onebuild")),
                 (4, "offset", offsets(b, buffers)),
-                *([(6, "offset", offsets(b, [metadata]))] if scales else []),
+                *([(MODEL_METADATA, "offset", offsets(b, [metadata]))] if scales else []),
             ],
         )
         b.Finish(model, file_identifier=IDENTIFIER[self.fmt])
