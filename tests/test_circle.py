@@ -87,6 +87,47 @@ def check_float(model, samples, results):
             assert error < RTOL, (value.name, error)
 
 
+def up_gelu_model(tmp_path, approximate: str, upsample: bool = True):
+    """[ConvTranspose (k2, s2, bias) ->] Gelu on the 8x8 digit images."""
+    from onnx import helper
+    from onnx_builders import make_model
+
+    rng = np.random.default_rng(11)
+    w = rng.normal(0, 0.5, (1, 3, 2, 2)).astype(np.float32)
+    nodes = [helper.make_node("Gelu", ["t"], ["y"], approximate=approximate, name="gelu")]
+    if upsample:
+        up = helper.make_node("ConvTranspose", ["input", "w", "b"], ["t"], strides=[2, 2])
+        nodes.insert(0, up)
+    else:
+        nodes[0].input[0] = "input"
+    inits = [("w", w), ("b", np.ones(3, np.float32))] if upsample else []
+    onnx_model = make_model(nodes, [("input", [1, 1, 8, 8])], ["y"], inits, opset=20)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(onnx_model.SerializeToString())
+    return load_onnx(path)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_transpose_conv_and_gelu(approximate, tmp_path, capfd):
+    """ConvTranspose (TRANSPOSE_CONV + ADD) and GELU: LiteRT within RTOL of the interpreter on
+    digit images, onert for GELU (it has no TRANSPOSE_CONV kernel on its cpu backend: asserted),
+    and the round trip gives the same outputs bit for bit (the bias comes back as an Add)."""
+    model = up_gelu_model(tmp_path, approximate)
+    samples = [[x] for x in digits_images(8)]
+    check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
+    gelu = up_gelu_model(tmp_path, approximate, upsample=False)
+    check_float(gelu, samples, run_onert(write_circle(gelu), tmp_path, samples))
+    with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
+        run_onert(write_circle(model), tmp_path, samples[:1])
+    assert "NYI for operation 'TransposeConv'" in capfd.readouterr().err
+    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
+    assert [n.op for n in back.main.nodes] == ["ConvTranspose", "Add", "Gelu"]  # bias: ADD
+    feeds = {"input": digits_images(32)}
+    np.testing.assert_array_equal(
+        Interpreter(back.main).run_batch(feeds)["y"], Interpreter(model.main).run_batch(feeds)["y"]
+    )
+
+
 def test_digits_float_in_onert_and_litert_and_round_trip(tmp_path):
     model = digits_model()
     samples = [[x] for x in digits_images(8)]

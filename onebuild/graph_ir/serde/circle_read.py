@@ -231,6 +231,8 @@ READERS: dict[str, Callable] = {
     "CONV_2D": nn.conv,
     "DEPTHWISE_CONV_2D": _with(nn.conv, depthwise=True),
     "FULLY_CONNECTED": nn.fully_connected,
+    "TRANSPOSE_CONV": nn.conv_transpose,
+    "GELU": ops.gelu,
     "MAX_POOL_2D": _with(nn.pool, code="MAX_POOL_2D"),
     "AVERAGE_POOL_2D": _with(nn.pool, code="AVERAGE_POOL_2D"),
     **{c: _with(ops.binary, code=c) for c in ("ADD", "SUB", "MUL", "DIV", "POW")},

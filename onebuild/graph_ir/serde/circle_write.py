@@ -288,6 +288,8 @@ WRITERS: dict[str, Callable] = {
     **{op: ops.binary for op in ("Add", "Sub", "Mul", "Div", "QAdd", "QMul")},
     **{op: ops.unary for op in ops.UNARY},
     "Clip": ops.clip,
+    "Gelu": ops.gelu,
+    "ConvTranspose": nn.conv_transpose,
     "Swish": ops.swish,
     "QLookup": ops.lookup,
     "Softmax": ops.softmax,

@@ -94,6 +94,8 @@ BUILTIN = {
     "QUANTIZE": 114,
     "HARD_SWISH": 117,
     "BATCH_MATMUL": 126,
+    "TRANSPOSE_CONV": 67,
+    "GELU": 150,
 }
 BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
 
@@ -178,6 +180,11 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
     "QUANTIZE": (89, ()),
     "HARD_SWISH": (91, ()),
     "BATCH_MATMUL": (101, (("adj_x", "bool"), ("adj_y", "bool"))),
+    "TRANSPOSE_CONV": (
+        49,
+        (("padding", "byte"), ("stride_w", "int"), ("stride_h", "int"), ("activation", "byte")),
+    ),
+    "GELU": (116, (("approximate", "bool"),)),
 }
 OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
 OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]
