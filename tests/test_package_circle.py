@@ -17,7 +17,7 @@ from test_partition import assert_package_matches_reference, build_statuses, wri
 
 from onebuild.engine.dag import build
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.serde import load_ir, read_circle
+from onebuild.graph_ir.serde import load_ir, read_circle, write_circle
 from onebuild.recipe import load_recipe
 from onebuild.runtime.package import load_package, run_package
 
@@ -123,7 +123,8 @@ def test_onert_runs_the_digits_packages(built):
 
 def test_tiny_mobilenet_float_is_circle_and_onert_lacks_hard_swish(built, capfd):
     """The float package holds `.circle` and runs as its IR; onert 0.1.0 refuses to load it
-    for want of a HARD_SWISH kernel (docs/circle-tflite.md), which this asserts."""
+    for want of a HARD_SWISH kernel (docs/circle-tflite.md), which this asserts; LiteRT runs the
+    same model (as tflite) within 1e-4 relative."""
     package, build_dir, warnings = built["mobilenet_float"]
     manifest = json.loads((package / "metadata/MANIFEST").read_text())
     assert manifest["model-types"] == ["circle"] and not warnings
@@ -135,6 +136,21 @@ def test_tiny_mobilenet_float_is_circle_and_onert_lacks_hard_swish(built, capfd)
     with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
         onert_outputs(package, feeds["x"][:1])
     assert "Unsupported operation: HARD_SWISH" in capfd.readouterr().err
+    # LiteRT stands in: the same model as tflite (same operators, identifier TFL3)
+    from ai_edge_litert import interpreter as litert
+
+    model = read_circle(package / "mobilenet_float.circle")
+    runner = litert.Interpreter(model_content=write_circle(model, "tflite"))
+    runner.allocate_tensors()
+    (given,), outputs = runner.get_input_details(), runner.get_output_details()
+    assert sorted(d["name"] for d in outputs) == sorted(want)
+    for i, x in enumerate(feeds["x"]):
+        runner.set_tensor(given["index"], x)
+        runner.invoke()
+        for detail in outputs:
+            expected = want[detail["name"]][i]
+            rel = np.abs(runner.get_tensor(detail["index"]) - expected).max()
+            assert rel / np.abs(expected).max() <= 1e-4, (detail["name"], rel)
 
 
 def test_tiny_mobilenet_uint8_stays_ir_and_says_why(built):
