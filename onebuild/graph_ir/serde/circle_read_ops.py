@@ -150,6 +150,13 @@ def clamp(r, inputs, outputs, options, code):
     _emit(r, "Clip", [r.value(inputs[0], perm), *bounds], {}, outputs[0], perm)
 
 
+def gelu(r, inputs, outputs, options):
+    _float_only(r, inputs[0], "GELU")
+    perm = r.perm_of(inputs[0])
+    approximate = "tanh" if _options("GELU", options)["approximate"] else "none"
+    _emit(r, "Gelu", [r.value(inputs[0], perm)], {"approximate": approximate}, outputs[0], perm)
+
+
 def _float_only(r, index, code):
     t = r.info(index)
     if t.quant is not None and t.dtype != np.float32:
