@@ -14,7 +14,9 @@ result was computed from (else it computes its tile alone), so the outputs are e
 tile-by-tile execution.
 """
 
+import math
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -105,7 +107,7 @@ class Simulator:
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if offset + nbytes > len(self.sram):
             raise FormatError(f"instruction reads SRAM [{offset}, {offset + nbytes}) out of range")
         return self.sram[offset : offset + nbytes].view(dtype).reshape(shape)
@@ -126,9 +128,12 @@ class Simulator:
             dst_at + (count - 1) * dst_stride + block > len(dst)
         ):
             raise FormatError("DMA transfer out of range")
-        view = np.lib.stride_tricks.as_strided
-        source = view(src[src_at:], (count, block), (src_stride, 1), writeable=False)
-        view(dst[dst_at:], (count, block), (dst_stride, 1))[...] = source
+        if count == 1 or (block == src_stride and block == dst_stride):  # one contiguous run
+            dst[dst_at : dst_at + count * block] = src[src_at : src_at + count * block]
+            return
+        _blocks(dst, dst_at, block, count, dst_stride)[...] = _blocks(
+            src, src_at, block, count, src_stride
+        )
 
     # -- run ---------------------------------------------------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Report]:
@@ -228,7 +233,7 @@ class Simulator:
         if layer.kind == "conv":
             weights = layer.arrays["weights"]
             shape = (chs, *weights.shape[1:])
-            wq = self._sram_view(w_at, weights.dtype.name, shape)
+            wq = self._sram_view(w_at, weights.dtype, shape)
             reads.append((w_at, w_at + wq.nbytes))
             whole = self._whole_conv(index, layer, held, t0, t1)
             if (
@@ -245,7 +250,7 @@ class Simulator:
             k = weights.shape[1]
             xq = self._sram_view(in_at, x_t.dtype, (k,))
             xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
-            wq = self._sram_view(w_at, weights.dtype.name, (chs, k))
+            wq = self._sram_view(w_at, weights.dtype, (chs, k))
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
             acc = exact_dot(wq, xv[:, None], _product_bound(xq.dtype, wq.dtype))[:, 0]
             acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
@@ -288,7 +293,7 @@ class Simulator:
             y = _saturate(layer, requantize(centered, a["multiplier"][part], a["shift"][part]))
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
-        y = np.asarray(y).astype(out_t.dtype)
+        y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
         cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
         return reads, [(out_at, out_at + y.nbytes)], cycles, macs
@@ -373,7 +378,7 @@ class Simulator:
         a = layer.attrs
         if maximum:
             padded = self._padded(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
-            return self._windows(layer, padded, rows, ow).max(axis=(3, 4))
+            return _window_max(layer, padded, rows, ow)
         padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
         sums = self._windows(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
         counted = np.zeros((1, *padded.shape[1:]), np.int64)
@@ -391,6 +396,31 @@ class Simulator:
                 float(layer.arrays["ratio"]) / int(count)
             )
         return _saturate(layer, requantize(sums, m, r))
+
+
+def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:
+    """[count, block] view of `count` blocks `stride` bytes apart (a reshape where the last
+    stride fits the memory, which is cheaper than as_strided)."""
+    if stride >= block and at + count * stride <= len(memory):
+        return memory[at : at + count * stride].reshape(count, stride)[:, :block]
+    return np.lib.stride_tricks.as_strided(memory[at:], (count, block), (stride, 1))
+
+
+def _window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
+    a = layer.attrs
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+    taps = (
+        padded[
+            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
+        ]
+        for i in range(kh)
+        for j in range(kw)
+    )
+    result = next(taps).copy()
+    for tap in taps:
+        np.maximum(result, tap, out=result)
+    return result
 
 
 def _exactly_tiled(module: Module) -> list[int]:
@@ -423,19 +453,41 @@ FLOAT32_EXACT = 1 << 24
 
 def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
-    BLAS over reduction chunks short enough that partial sums stay below 2^24 (any summation
-    order is then exact), chunks summed in int64; float64 when products are too large."""
-    chunk = FLOAT32_EXACT // max(bound, 1)
-    if chunk < 64:
+    BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
+    summation order is then exact), chunks summed in int64; float64 when products are too
+    large. Chunks are as long as the data allows (`_reduction_chunks`)."""
+    worst = FLOAT32_EXACT // max(bound, 1)
+    if worst < 64:
         return _exact(a.astype(np.float64) @ b.astype(np.float64))
-    a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    k = a.shape[1]
-    if k <= chunk:
+    a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    edges = _reduction_chunks(a32, b32, worst)
+    if len(edges) == 2:
         return (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
-    for k0 in range(0, k, chunk):
-        total += (a32[:, k0 : k0 + chunk] @ b32[k0 : k0 + chunk]).astype(np.int64)
+    for k0, k1 in pairwise(edges):
+        total += (a32[:, k0:k1] @ b32[k0:k1]).astype(np.int64)
     return total
+
+
+def _reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int) -> list[int]:
+    """Edges of the fewest equal reduction chunks (halving) in which every partial sum of row
+    i of `a` times column j of `b` is below 2^24: by Cauchy-Schwarz it is at most
+    |a_i| |b_j| over the chunk; the float32 sums of squares are within 7 % for chunks of at most
+    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do."""
+    k = a.shape[1]
+    least = -(-k // worst)
+    pieces = 1
+    while pieces < least and k <= 1 << 20:
+        edges = [k * i // pieces for i in range(pieces + 1)]
+        if all(
+            float(np.einsum("mk,mk->m", a[:, k0:k1], a[:, k0:k1]).max(initial=0))
+            * float(np.einsum("kn,kn->n", b[k0:k1], b[k0:k1]).max(initial=0))
+            <= float(1 << 46)
+            for k0, k1 in pairwise(edges)
+        ):
+            return edges
+        pieces *= 2
+    return [*range(0, k, worst), k]
 
 
 def _product_bound(codes: np.dtype, weights: np.dtype) -> int:
