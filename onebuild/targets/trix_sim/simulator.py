@@ -265,7 +265,11 @@ class Simulator:
             shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
             b = self._sram_view(in2_at, b_t.dtype, shape)
             reads.append((in2_at, in2_at + b.nbytes))
-            y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
+            whole = self._whole_pair(index, layer, (x, b), (in_at, in2_at), ch0, r0)
+            if whole is not None:
+                y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
+            else:
+                y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
             y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
@@ -317,6 +321,45 @@ class Simulator:
             y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
             self._whole[index] = (x, y.astype(out_t.dtype))
         return self._whole[index]
+
+    def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
+        """The whole output of an elementwise layer of two same-shape tensors, if its tiles
+        cover its output exactly and both operand tiles equal the slices it was computed from.
+        Each operand tensor is found at the first tile: in DRAM, or (a whole-height tile) in
+        SRAM where the tile's channels sit in the tensor kept there."""
+        if index not in self._whole:
+            return None
+        if self._whole[index] is None:
+            operands = [
+                self._find_tensor(n, t, at, ch0, r0) for n, t, at in zip(layer.inputs, tiles, ats)
+            ]
+            if any(o is None for o in operands):
+                self._whole[index] = False
+            else:
+                y = _binary(layer, *operands).astype(self.module.tensors[layer.output].dtype)
+                self._whole[index] = (*operands, y)
+        if self._whole[index] is False:
+            return None
+        *operands, y = self._whole[index]
+        box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
+        if all(np.array_equal(t, o[box]) for t, o in zip(tiles, operands)):
+            return y
+        return None
+
+    def _find_tensor(self, name: str, tile: np.ndarray, at: int, ch0: int, r0: int):
+        """A copy of tensor `name` whose slice at (ch0, r0) equals `tile`: from the SRAM copy
+        the tile is part of (whole-height tiles), else from DRAM; None if neither matches."""
+        t = self.module.tensors[name]
+        c, h, w = t.shape
+        places = [(self.dram, self.module.dram[name])]
+        if tile.shape[1] == h:
+            places.insert(0, (self.sram, at - ch0 * tile[0].nbytes))
+        for memory, base in places:
+            if base >= 0 and base + t.nbytes <= len(memory):
+                whole = memory[base : base + t.nbytes].view(t.dtype).reshape(c, h, w)
+                if np.array_equal(whole[ch0 : ch0 + len(tile), r0 : r0 + tile.shape[1]], tile):
+                    return whole.copy()
+        return None
 
     def _padded(
         self, layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill
@@ -424,13 +467,17 @@ def _window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndar
 
 
 def _exactly_tiled(module: Module) -> list[int]:
-    """The convolution layers whose EXEC tiles cover every output element exactly once."""
+    """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
+    cover every output element exactly once."""
     code = module.code
     execs = code[code[:, 0] == EXEC].astype(np.int64)
     tiled = []
     for index, layer in enumerate(module.layers):
         tiles = execs[execs[:, 1] == index]
-        if layer.kind != "conv" or not len(tiles):
+        pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
+        if not len(tiles) or not (
+            layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
+        ):
             continue
         m, oh, _ = module.tensors[layer.output].shape
         r0, rows, ch0, chs = tiles[:, 2:6].T
