@@ -21,16 +21,16 @@ from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.npz import read_npz
 from onebuild.targets.trix_sim.codegen import LOAD, generate
+from onebuild.targets.trix_sim.exact import (
+    FLOAT32_EXACT,
+    exact_dot,
+    product_bound,
+    reduction_chunks,
+)
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.perf import roofline
-from onebuild.targets.trix_sim.simulator import (
-    FLOAT32_EXACT,
-    Simulator,
-    _product_bound,
-    _reduction_chunks,
-    exact_dot,
-)
+from onebuild.targets.trix_sim.simulator import Simulator
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 PRESETS = ["trix-s", "trix-m"]
@@ -257,8 +257,8 @@ def test_exact_dot_is_exact_where_float32_sums_would_round(rng):
         a[0] = -128
         b = rng.integers(low, high, (k, 30)).astype(np.float32)
         b[:, 0] = -255 if low == -255 else b[:, 0]
-        bound = _product_bound(np.dtype(np.uint8), np.dtype(np.int8))
-        edges = _reduction_chunks(a.astype(np.float32), b, FLOAT32_EXACT // bound)
+        bound = product_bound(np.dtype(np.uint8), np.dtype(np.int8))
+        edges = reduction_chunks(a.astype(np.float32), b, FLOAT32_EXACT // bound)
         assert (len(edges) == 2) == one_gemm
         expected = a.astype(np.int64) @ b.astype(np.int64)
         np.testing.assert_array_equal(exact_dot(a, b, bound), expected)

@@ -16,7 +16,6 @@ tile-by-tile execution.
 
 import math
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
+from .exact import exact_dot, exact_int, product_bound, window_max
 from .hardware import Hardware
 from .lower import Layer, Program, input_rows, tile_input_rows, window_span
 from .moves import MOVES, box_shape, move_tile
@@ -252,7 +252,7 @@ class Simulator:
             xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
             wq = self._sram_view(w_at, weights.dtype, (chs, k))
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
-            acc = exact_dot(wq, xv[:, None], _product_bound(xq.dtype, wq.dtype))[:, 0]
+            acc = exact_dot(wq, xv[:, None], product_bound(xq.dtype, wq.dtype))[:, 0]
             acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
             y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
             macs = chs * k
@@ -394,13 +394,13 @@ class Simulator:
         else:
             padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
             windows = self._windows(layer, padded, rows, ow)
-        bound = _product_bound(x.dtype, wq.dtype)
+        bound = product_bound(x.dtype, wq.dtype)
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
         if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
             taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
-            acc = _exact(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
+            acc = exact_int(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
         else:
             acc = np.empty((chs, rows, ow), np.int64)
             for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
@@ -421,7 +421,7 @@ class Simulator:
         a = layer.attrs
         if maximum:
             padded = self._padded(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
-            return _window_max(layer, padded, rows, ow)
+            return window_max(layer, padded, rows, ow)
         padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
         sums = self._windows(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
         counted = np.zeros((1, *padded.shape[1:]), np.int64)
@@ -449,23 +449,6 @@ def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) ->
     return np.lib.stride_tricks.as_strided(memory[at:], (count, block), (stride, 1))
 
 
-def _window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
-    a = layer.attrs
-    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    taps = (
-        padded[
-            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
-        ]
-        for i in range(kh)
-        for j in range(kw)
-    )
-    result = next(taps).copy()
-    for tap in taps:
-        np.maximum(result, tap, out=result)
-    return result
-
-
 def _exactly_tiled(module: Module) -> list[int]:
     """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
     cover every output element exactly once."""
@@ -489,58 +472,6 @@ def _exactly_tiled(module: Module) -> list[int]:
         if (covered == 1).all():
             tiled.append(index)
     return tiled
-
-
-def _exact(array: np.ndarray) -> np.ndarray:
-    return np.rint(array).astype(np.int64)
-
-
-FLOAT32_EXACT = 1 << 24
-
-
-def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
-    """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
-    BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
-    summation order is then exact), chunks summed in int64; float64 when products are too
-    large. Chunks are as long as the data allows (`_reduction_chunks`)."""
-    worst = FLOAT32_EXACT // max(bound, 1)
-    if worst < 64:
-        return _exact(a.astype(np.float64) @ b.astype(np.float64))
-    a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    edges = _reduction_chunks(a32, b32, worst)
-    if len(edges) == 2:
-        return (a32 @ b32).astype(np.int64)
-    total = np.zeros((a.shape[0], b.shape[1]), np.int64)
-    for k0, k1 in pairwise(edges):
-        total += (a32[:, k0:k1] @ b32[k0:k1]).astype(np.int64)
-    return total
-
-
-def _reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int) -> list[int]:
-    """Edges of the fewest equal reduction chunks (halving) in which every partial sum of row
-    i of `a` times column j of `b` is below 2^24: by Cauchy-Schwarz it is at most
-    |a_i| |b_j| over the chunk; the float32 sums of squares are within 7 % for chunks of at most
-    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do."""
-    k = a.shape[1]
-    least = -(-k // worst)
-    pieces = 1
-    while pieces < least and k <= 1 << 20:
-        edges = [k * i // pieces for i in range(pieces + 1)]
-        if all(
-            float(np.einsum("mk,mk->m", a[:, k0:k1], a[:, k0:k1]).max(initial=0))
-            * float(np.einsum("kn,kn->n", b[k0:k1], b[k0:k1]).max(initial=0))
-            <= float(1 << 46)
-            for k0, k1 in pairwise(edges)
-        ):
-            return edges
-        pieces *= 2
-    return [*range(0, k, worst), k]
-
-
-def _product_bound(codes: np.dtype, weights: np.dtype) -> int:
-    """The largest |(x - zero point) * w| of these code and weight dtypes."""
-    x, w = np.iinfo(codes), np.iinfo(weights)
-    return (int(x.max) - int(x.min)) * (int(w.max) + 1)
 
 
 def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
