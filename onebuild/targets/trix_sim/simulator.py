@@ -104,6 +104,7 @@ class Simulator:
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
         self._tiled = _exactly_tiled(module)
         self._whole: dict[int, tuple | None] = {}
+        self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -172,17 +173,16 @@ class Simulator:
     def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> int:
         """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
-        stats = report.layers.setdefault(
-            layer.name,
-            {
+        stats = report.layers.get(layer.name)
+        if stats is None:
+            stats = report.layers[layer.name] = {
                 "kind": layer.kind,
                 "cycles": 0,
                 "compute_cycles": 0,
                 "dma_cycles": 0,
                 "dram_bytes": 0,
                 "macs": 0,
-            },
-        )
+            }
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
             self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
@@ -219,7 +219,7 @@ class Simulator:
             box = self._sram_view(in_at, x_t.dtype, box_shape(layer, x_t.shape, ch0, ch0 + chs))
             y = np.ascontiguousarray(move_tile(layer, box, ch0, ch0 + chs))
             self._write_sram(out_at, y)
-            cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
+            cycles = self._exec_cycles(index, rows, chs)
             return [(in_at, in_at + box.nbytes)], [(out_at, out_at + y.nbytes)], cycles, 0
         c, h, w = x_t.shape
         # channelwise ops and concat parts hold the tile's channels only
@@ -299,8 +299,16 @@ class Simulator:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
         y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
-        cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
+        cycles = self._exec_cycles(index, rows, chs)
         return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+
+    def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
+        key = (index, rows, chs)
+        if key not in self._cycles:
+            layer = self.module.layers[index]
+            out, x = (self.module.tensors[n].shape for n in (layer.output, layer.inputs[0]))
+            self._cycles[key] = exec_cycles(self.hw, layer, rows, chs, out, x)
+        return self._cycles[key]
 
     def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, t0: int, t1: int):
         """(input codes, output codes) of the whole convolution, computed at its first tile if
@@ -476,7 +484,8 @@ def _exactly_tiled(module: Module) -> list[int]:
 
 def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
     a = layer.attrs
-    return np.clip(scaled + a["y_zero_point"], a["qmin"], a["qmax"])
+    shifted = np.asarray(scaled + a["y_zero_point"])
+    return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)
 
 
 def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
