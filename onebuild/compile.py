@@ -330,12 +330,12 @@ def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta
 
 
 def compile_file(source: Path, output: Path, options: CodegenOptions = CodegenOptions()) -> None:
-    """An IR file compiled to a binary file (written atomically) whose metadata names the
-    digest of the IR file it came from; the codegen step and the Session both write these."""
+    """An IR (or circle) file compiled to a binary file (written atomically) whose metadata
+    names the digest of the file it came from; the codegen step and the Session both write these."""
     import hashlib
 
     from .fileio import atomic_write_bytes
-    from .graph_ir.serde import load_ir
+    from .graph_ir.serde import load_model
 
     meta = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
-    atomic_write_bytes(output, compile_graph(load_ir(source).main, options, meta))
+    atomic_write_bytes(output, compile_graph(load_model(source).main, options, meta))

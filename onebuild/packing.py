@@ -1,5 +1,9 @@
 """Writing nnpackages: model file(s) -> a package folder (MANIFEST v1.3, config files).
 
+Models are written in ONE's formats: IR models (CPU parts, whole models) as `.circle` when the
+circle is exact, else as `.obir` with the reason returned; parts are named as ONE's partitioner
+names them (`<model>.part.NNNNN_<backend>.<type>`).
+
 The package is assembled in a temporary sibling folder and swapped in, so a killed build never
 leaves a half-written package under the final name. The pack step and the on-device Session
 both write packages with `write_package`.
@@ -7,61 +11,96 @@ both write packages with `write_package`.
 
 import io
 import json
+import re
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .fileio import atomic_folder, atomic_write_bytes
 from .nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
 
+# a part's number and backend, as the partition step names its files (m.00002_cpu.obir)
+PART = re.compile(r"\d{5}_[a-z][a-z0-9_]*")
 
-def _model_io(source: Path) -> tuple[str, str, list[str], list[str]]:
-    """Model type, backend and I/O names of an IR file or of a target's binary."""
+
+@dataclass(frozen=True)
+class _Member:
+    """A model as the package holds it: its type, backend, I/O names and, for an IR model
+    shipped as circle, the circle's bytes (else the source file is copied)."""
+
+    source: Path
+    kind: str
+    backend: str
+    inputs: list[str]
+    outputs: list[str]
+    data: bytes | None = None
+
+
+def _member(source: Path, notes: list[str]) -> _Member:
+    """A target's binary as it is; an IR model as circle when the circle is exact (see
+    `circle_exact`), else as the IR file, with the reason in `notes`."""
     from .targets import binary_target
 
     target = binary_target(source)
     if target is not None:
         binary = target.load(source)
         names = [[t.name for t in ts] for ts in (binary.inputs, binary.outputs)]
-        return target.model_type, target.backend, *names
+        return _Member(source, target.model_type, target.backend, *names)
     from .graph_ir.serde import load_ir
+    from .graph_ir.serde.circle_exact import exact_circle
 
-    graph = load_ir(source).main
-    return "obir", "cpu", [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+    model = load_ir(source)
+    graph = model.main
+    names = [[v.name for v in values] for values in (graph.inputs, graph.outputs)]
+    data, reason = exact_circle(model)
+    if data is None:
+        notes.append(f"{source.name} stays an IR file (.obir), not circle: {reason}")
+        return _Member(source, "obir", "cpu", *names)
+    return _Member(source, "circle", "cpu", *names, data)
 
 
-def _single(source: Path, stem: str) -> tuple[Manifest, dict[str, Path], dict[str, bytes]]:
+def _part_name(stem: str) -> str:
+    """ONE's partitioner's name for a part: `m.00002_cpu` -> `m.part.00002_cpu`."""
+    base, dot, part = stem.rpartition(".")
+    if dot and PART.fullmatch(part):
+        return f"{base}.part.{part}"
+    return stem
+
+
+def _single(member: _Member, stem: str) -> tuple[Manifest, dict[str, _Member], dict[str, bytes]]:
     """A one-model package: package I/O are the model's own, in order."""
-    kind, backend, inputs, outputs = _model_io(source)
-    name = f"{stem}.{kind}"
+    name = f"{stem}.{member.kind}"
     meta = Manifest(
         models=[name],
-        model_types=[kind],
+        model_types=[member.kind],
         configs=["config.cfg"],
         model_configs=[""],
-        pkg_inputs=[Ref(0, 0, i) for i in range(len(inputs))],
-        pkg_outputs=[Ref(0, 0, i) for i in range(len(outputs))],
+        pkg_inputs=[Ref(0, 0, i) for i in range(len(member.inputs))],
+        pkg_outputs=[Ref(0, 0, i) for i in range(len(member.outputs))],
         connect=[],
     )
-    return meta, {name: source}, {"config.cfg": config_text({"BACKENDS": backend})}
+    return meta, {name: member}, {"config.cfg": config_text({"BACKENDS": member.backend})}
 
 
-def _partitioned(connection: Path, models: list[Path]):
-    """A multi-model package from a partition's connection JSON and the parts' model files
-    (NPU parts compiled, in the connection's order); one config per model."""
+def _partitioned(connection: Path, members: list[_Member]):
+    """A multi-model package from a partition's connection JSON and the parts' models (NPU
+    parts compiled, in the connection's order); one config per model."""
     info = json.loads(connection.read_text())
     parts = info["parts"]
+    stems = [_part_name(m.source.stem) for m in members]
     configs = {}
-    for model, part in zip(models, parts):
-        configs[f"{model.stem}.cfg"] = config_text({"BACKENDS": part["backend"]})
+    for stem, part in zip(stems, parts):
+        configs[f"{stem}.cfg"] = config_text({"BACKENDS": part["backend"]})
     backends = list(dict.fromkeys(p["backend"] for p in parts))
     configs["config.cfg"] = config_text({"BACKENDS": ";".join(backends)})
+    names = [f"{stem}.{m.kind}" for stem, m in zip(stems, members)]
     meta = Manifest(
-        models=[m.name for m in models],
-        model_types=[m.suffix.lstrip(".") for m in models],
+        models=names,
+        model_types=[m.kind for m in members],
         configs=["config.cfg"],
-        model_configs=[f"{m.stem}.cfg" for m in models],
+        model_configs=[f"{stem}.cfg" for stem in stems],
         pkg_inputs=[parse_ref(r, str(connection)) for r in info["source"]["inputs"]],
         pkg_outputs=[parse_ref(r, str(connection)) for r in info["source"]["outputs"]],
         connect=[
@@ -72,7 +111,7 @@ def _partitioned(connection: Path, models: list[Path]):
             for e in info["conn"]
         ],
     )
-    return meta, {m.name: m for m in models}, configs
+    return meta, dict(zip(names, members)), configs
 
 
 def write_package(
@@ -81,26 +120,33 @@ def write_package(
     connection: Path | None = None,
     config: dict[str, Any] | None = None,
     archive: Path | None = None,
-) -> None:
+) -> list[str]:
     """An nnpackage at `package` of one model, or of the parts a partition's `connection`
     JSON lists (`models` in its order, NPU parts compiled); `config` adds config.cfg keys;
-    `archive` also writes a deterministic zip of it."""
+    `archive` also writes a deterministic zip of it. IR models go in as circle where the
+    circle is exact; returns why the others stay IR files."""
+    notes: list[str] = []
+    members = [_member(model, notes) for model in models]
     if connection is not None:
-        meta, files, configs = _partitioned(connection, models)
+        meta, files, configs = _partitioned(connection, members)
     else:
-        meta, files, configs = _single(models[0], package.stem)
+        meta, files, configs = _single(members[0], package.stem)
     if config:
         extra = {key: _config_value(value) for key, value in config.items()}
         current = parse_config(configs["config.cfg"].decode(), "config.cfg")
         configs["config.cfg"] = config_text({**current, **extra})
     with atomic_folder(package) as staging:
-        for name, source in files.items():
-            shutil.copyfile(source, staging / name)
+        for name, member in files.items():
+            if member.data is None:
+                shutil.copyfile(member.source, staging / name)
+            else:
+                (staging / name).write_bytes(member.data)
         atomic_write_bytes(staging / "metadata" / "MANIFEST", manifest_json(meta))
         for name, text in configs.items():
             atomic_write_bytes(staging / "metadata" / name, text)
         if archive is not None:
             atomic_write_bytes(archive, zip_bytes(staging, package.name))
+    return notes
 
 
 def _config_value(value) -> str:

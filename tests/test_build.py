@@ -41,7 +41,8 @@ def test_first_build_then_noop(project):
     assert run(project) == {"import": "run", "optimize": "run", "pack": "run"}
     assert run(project) == {"import": "up-to-date", "optimize": "up-to-date", "pack": "up-to-date"}
     manifest = json.loads((project / "out/m.nnpkg/metadata/MANIFEST").read_text())
-    assert manifest["models"] == ["m.obir"] and manifest["minor-version"] == "3"
+    assert manifest["models"] == ["m.circle"] and manifest["minor-version"] == "3"
+    assert manifest["model-types"] == ["circle"]
     log = json.loads((project / "build/r/optimize.obir.log").read_text())
     assert log["step"] == "optimize" and all(log["outputs"].values())
 

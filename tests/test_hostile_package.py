@@ -123,7 +123,7 @@ def copy_outside(relative: str, name: str):
     return lambda folder: shutil.copy(folder / "pkg" / relative, folder / name)
 
 
-TVN, OBIR = "m.00001_trix.tvn", "m.00002_cpu.obir"
+TVN, OBIR = "m.part.00001_trix.tvn", "m.part.00002_cpu.obir"
 
 
 def manifest_cases():
@@ -148,7 +148,7 @@ def manifest_cases():
     yield (
         "duplicate-key",
         lambda b: folder(
-            b, MANIFEST, text=json.dumps(b.manifest)[:-1] + ', "models": ["m.00002_cpu.obir"]}'
+            b, MANIFEST, text=json.dumps(b.manifest)[:-1] + ', "models": ["m.part.00002_cpu.obir"]}'
         ),
     )
     yield "models-dict", lambda b: folder(b, MANIFEST, changed(b, models={"a": TVN}))
@@ -269,9 +269,9 @@ def path_cases():
                     link("pkg/metadata/config.cfg", "{tmp}/config.cfg")),
     )  # fmt: skip
     yield "model-config-link-outside", lambda b: folder(
-        b, "'metadata/m.00002_cpu.cfg' points outside",
-        setup=chain(copy_outside("metadata/m.00002_cpu.cfg", "c.cfg"),
-                    link("pkg/metadata/m.00002_cpu.cfg", "{tmp}/c.cfg")),
+        b, "'metadata/m.part.00002_cpu.cfg' points outside",
+        setup=chain(copy_outside("metadata/m.part.00002_cpu.cfg", "c.cfg"),
+                    link("pkg/metadata/m.part.00002_cpu.cfg", "{tmp}/c.cfg")),
     )  # fmt: skip
     yield "config-fifo", lambda b: folder(
         b, "'metadata/config.cfg' is not a regular file",
@@ -286,11 +286,13 @@ def path_cases():
     )
     yield (
         "config-backend-mismatch",
-        lambda b: folder(b, "models[0]", files={"pkg/metadata/m.00001_trix.cfg": "BACKENDS=cpu\n"}),
+        lambda b: folder(
+            b, "models[0]", files={"pkg/metadata/m.part.00001_trix.cfg": "BACKENDS=cpu\n"}
+        ),
     )
     yield (
         "type-mismatch",
-        lambda b: folder(b, "models[0]", changed(b, models=[OBIR, OBIR, "m.00003_trix.tvn"])),
+        lambda b: folder(b, "models[0]", changed(b, models=[OBIR, OBIR, "m.part.00003_trix.tvn"])),
     )
     for name in (TVN, OBIR):
         yield (

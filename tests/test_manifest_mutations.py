@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onebuild.errors import FormatError, UserError
 from onebuild.runtime.package import load_package, run_package
 
-TVN = "m.00001_trix.tvn"
+TVN = "m.part.00001_trix.tvn"
 
 
 @pytest.fixture(scope="module")

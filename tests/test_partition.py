@@ -232,7 +232,8 @@ def _truncate(m, folder):
         (_drop("models"), "missing 'models'"),
         (_drop("pkg-inputs"), "missing 'pkg-inputs'"),
         (_set("major-version", 2), "'major-version' must be a version number string"),
-        (_set("model-types", ["tvn", "obir", "circle"]), "'circle' is not supported"),
+        (_set("model-types", ["tvn", "obir", "onnx"]), "'onnx' is not supported"),
+        (_set("model-types", ["tvn", "circle", "tvn"]), "not a circle model (no CIR0"),
         (_set("pkg-inputs", ["7:0:0"]), "names model 7, the package has 3"),
         (_set("pkg-outputs", ["2:0:5"]), "names output 5 of"),
         (_set("pkg-inputs", ["0-0-0"]), 'is not a "model:subgraph:io" reference'),
@@ -252,13 +253,16 @@ def _truncate(m, folder):
             _set("model-connect", [{"from": "0:0:0", "to": ["2:0:0"]}, {"from": "1:0:0"}]),
             'expected {"from": ref',
         ),
-        (_set("models", ["../m.00001_trix.tvn", "a", "b"]), "points outside the package"),
+        (_set("models", ["../m.part.00001_trix.tvn", "a", "b"]), "points outside the package"),
         (_set("models", ["/etc/passwd", "a", "b"]), "points outside the package"),
         (
-            _set("model-configs", ["m.00002_cpu.cfg", "m.00002_cpu.cfg", "m.00003_trix.cfg"]),
+            _set(
+                "model-configs",
+                ["m.part.00002_cpu.cfg", "m.part.00002_cpu.cfg", "m.part.00003_trix.cfg"],
+            ),
             "asks for backend 'cpu', but a tvn model runs on 'trix'",
         ),
-        (_truncate, "models[0] 'm.00001_trix.tvn'"),
+        (_truncate, "models[0] 'm.part.00001_trix.tvn'"),
     ],
 )
 def test_malformed_packages_are_rejected_in_one_line(package, tmp_path, capsys, edit, message):

@@ -4,6 +4,7 @@ when the step ends otherwise, nothing with --json."""
 import fcntl
 import os
 import pty
+import re
 import select
 import shutil
 import struct
@@ -95,7 +96,7 @@ def test_on_device_calibration_shows_live_progress_on_a_terminal(tmp_path):
     redraws = [p for p in text[:end].split("\r") if p.startswith("on-device calibration:")]
     counts = {part.split("runs")[0] for part in redraws if "runs/s" in part}
     assert len(counts) >= 3, redraws
-    assert "on-device codegen: 3 parts in" in text  # the NPU parts of the partitioned model
+    assert re.search(r"on-device codegen: [1-9]\d* parts? in", text)  # the partitioned NPU parts
 
 
 def test_session_compile_progress_is_one_line_per_stage_without_a_terminal(tmp_path):
@@ -104,9 +105,10 @@ def test_session_compile_progress_is_one_line_per_stage_without_a_terminal(tmp_p
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr
     for line in ("on-device calibration: 8 runs in", "gate quantized: 8 samples in",
-                 "on-device codegen: 3 parts in", "gate compiled: 8 samples in",
+                 "on-device codegen: ", "gate compiled: 8 samples in",
                  "on-device compile: 2 steps in"):  # fmt: skip
         assert done.stderr.count(line) == 1, (line, done.stderr)
+    assert re.search(r"on-device codegen: [1-9]\d* parts? in", done.stderr)
 
 
 def test_session_progress_is_silent_when_not_asked(tmp_path):

@@ -31,7 +31,16 @@ from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.runner import TvnBinary, describe
-from onebuild.targets.trix_sim.tvn import DIGEST, HEADER, LAYERS, META, SECTION, decode, encode
+from onebuild.targets.trix_sim.tvn import (
+    DIGEST,
+    HEADER,
+    LAYERS,
+    META,
+    SECTION,
+    VERSION,
+    decode,
+    encode,
+)
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 CONTROL_FLOW = Path(__file__).parent / "data" / "torch_models" / "value_if.onnx"  # If, branches
@@ -187,7 +196,7 @@ def _tvn_resealed(sections: list[tuple[int, bytes]]) -> bytes:
     for kind, blob in sections:
         table.append(SECTION.pack(kind, 0, offset + len(body), len(blob)))
         body += blob + b"\0" * (-len(blob) % 16)
-    head = HEADER.pack(b"TVN\0", 1, 0, len(sections), 0) + b"".join(table)
+    head = HEADER.pack(b"TVN\0", VERSION, 0, len(sections), 0) + b"".join(table)
     content = head + b"\0" * (offset - len(head)) + body
     return content + hashlib.sha256(content).digest()
 

@@ -2,6 +2,7 @@
 workspace, with the build's own file conventions, so its files equal what `onebuild build`
 makes from the same data. No recipe, pydantic or doit on this path."""
 
+import logging
 from pathlib import Path
 
 from ..compile import (
@@ -13,18 +14,24 @@ from ..compile import (
     quantize,
 )
 from ..errors import ModelError, UserError
-from ..graph_ir.serde import load_ir, save_ir
+from ..fileio import atomic_write_bytes
+from ..graph_ir.serde import load_ir, load_model, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
+from ..graph_ir.serde.circle_exact import exact_circle
 from ..packing import write_package
 from ..progress import Progress
 from ..targets import binary_suffix
 from .odc import QUANT_TYPES, OdcSettings
 from .workspace import Workspace
 
+log = logging.getLogger("onebuild")
+
 
 def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Path) -> Path:
     """Quantize the workspace's prepared model (for full quantization with its recorded
-    ranges, `samples` runs of them); the other options are the compile API's defaults."""
+    ranges, `samples` runs of them); the other options are the compile API's defaults. An
+    `output` ending in .circle gets a circle when the circle is exact, else an IR file beside
+    it (returned)."""
     options = QuantizeOptions(**QUANT_TYPES[settings.quant_type])
     full = options.mode == "full"
     if full and not samples:
@@ -33,7 +40,15 @@ def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Pa
             "set_execute_config('DUMP_MINMAX') first"
         )
     stats = load_calibration(ws.minmax) if full else None
-    save_ir(quantize(load_ir(ws.model), options, stats), output)
+    model = quantize(load_ir(ws.model), options, stats)
+    if output.suffix == ".circle":
+        data, reason = exact_circle(model)
+        if data is not None:
+            atomic_write_bytes(output, data)
+            return output
+        output = output.with_suffix(".obir")
+        log.warning("the quantized model is written as %s, not circle: %s", output.name, reason)
+    save_ir(model, output)
     return output
 
 
@@ -60,7 +75,7 @@ def partitioned_codegen(
 ) -> Path:
     """As the build's partition, codegen (per NPU part) and pack steps: an nnpackage in the
     workspace with the NPU parts as binaries and the rest on the CPU."""
-    result = partition(load_ir(source).main, "model", PartitionOptions(), codegen)
+    result = partition(load_model(source).main, "model", PartitionOptions(), codegen)
     if all(backend == "cpu" for backend in result.backends):
         raise whole
     connection = result.save(ws.partition)
@@ -76,5 +91,6 @@ def partitioned_codegen(
             progress(progress.done + 1)
         models.append(model)
     progress.finish()
-    write_package(ws.package, models, connection)
+    for note in write_package(ws.package, models, connection):
+        log.warning("on-device codegen: %s", note)
     return ws.package

@@ -3,10 +3,10 @@
 Everything is checked before anything runs: the MANIFEST's fields, every model file (loaded and
 validated by its own reader), model paths staying inside the package, each model's config, and
 the connection graph (every reference in range, every model input fed exactly once, edges
-joining tensors of the same dtype, shape and quantization, no cycles). Then IR models run in the
-reference interpreter and binaries through the target of their model type (.tvn: the TRIX
-simulator), in dependency order; the app sees float arrays, converted with the package I/O's
-quantization parameters unless `raw`.
+joining tensors of the same dtype, shape and quantization, no cycles). Then CPU models (circle,
+read into the IR, or IR files) run in the reference interpreter and binaries through the target
+of their model type (.tvn: the TRIX simulator), in dependency order; the app sees float
+arrays, converted with the package I/O's quantization parameters unless `raw`.
 """
 
 import os
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError, UserError
+from ..errors import FormatError, ModelError, UserError
 from ..graph_ir.interpreter import Interpreter
+from ..graph_ir.ir import Model
 from ..graph_ir.quant.params import dequantize, quantize
-from ..graph_ir.serde import load_ir
+from ..graph_ir.serde import load_ir, read_circle
 from ..graph_ir.tensor import QuantParams
 from ..nnpackage import (
     MAX_CONFIG_BYTES,
@@ -34,7 +35,7 @@ from ..targets import binary_target, installed, target_of_type
 from ..targets.binary import run_binary
 from .package_files import check_total, extract_zip, looks_like_zip, package_file, read_bounded
 
-IR_TYPE = "obir"  # models the CPU runs in the reference interpreter; other types: targets
+IR_TYPES = ("circle", "obir")  # models the CPU runs in the reference interpreter; others: targets
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class PackageModel:
 
     def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict | None]:
         """Raw [N, *dims] arrays in, raw arrays out, and a binary's performance summary."""
-        if self.kind != IR_TYPE:
+        if self.kind not in IR_TYPES:
             return run_binary(self.program, feeds, raw=True)
         return Interpreter(self.program).run_batch(feeds), None
 
@@ -136,9 +137,9 @@ def _load_model(root: Path, shown: str, index: int, manifest: Manifest, file: Pa
     if manifest.model_configs[index]:
         sizes: list[int] = []
         config = _read_config(root, f"metadata/{manifest.model_configs[index]}", shown, sizes)
-    target = None if kind == IR_TYPE else target_of_type(kind)
-    if kind != IR_TYPE and target is None:
-        known = ", ".join([IR_TYPE, *(t.model_type for t in installed())])
+    target = None if kind in IR_TYPES else target_of_type(kind)
+    if kind not in IR_TYPES and target is None:
+        known = ", ".join([*IR_TYPES, *(t.model_type for t in installed())])
         raise FormatError(f"{where}: model type '{kind}' is not supported (supported: {known})")
     runs_on = "cpu" if target is None else target.backend
     backend = config.get("BACKENDS", runs_on)
@@ -154,11 +155,21 @@ def _load_model(root: Path, shown: str, index: int, manifest: Manifest, file: Pa
             binary = target.load(file)
             specs = [[_binary_spec(t) for t in ts] for ts in (binary.inputs, binary.outputs)]
             return PackageModel(relative, kind, backend, config, *specs, binary)
-        graph = load_ir(file).main
-    except FormatError as error:
+        graph = load_cpu_model(file, kind).main
+    except (FormatError, ModelError) as error:
         raise FormatError(f"{where}: {error}") from None
     specs = [[_ir_spec(v) for v in values] for values in (graph.inputs, graph.outputs)]
     return PackageModel(relative, kind, backend, config, *specs, graph)
+
+
+def load_cpu_model(file: Path, kind: str) -> Model:
+    """A CPU model of a package: an IR file, or a circle read into the IR."""
+    if kind == "obir":
+        return load_ir(file)
+    with open(file, "rb") as handle:
+        if handle.read(8)[4:8] != b"CIR0":
+            raise FormatError("the file is not a circle model (no CIR0 identifier)")
+    return read_circle(file, "circle")
 
 
 def _binary_spec(t) -> TensorSpec:

@@ -26,7 +26,7 @@ from ..gates import json_safe
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.model_io import is_quantized
-from ..graph_ir.serde import load_ir, load_onnx, save_ir
+from ..graph_ir.serde import load_ir, load_model, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..npz import check_finite
 from ..progress import Progress
@@ -36,7 +36,7 @@ from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
 from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_binary
 from .odc import QUANT_TYPES, OdcSettings, settings_from_config
-from .package import load_package
+from .package import IR_TYPES, load_cpu_model, load_package
 from .package_files import is_package
 from .session_io import checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
@@ -67,6 +67,7 @@ class Session:
         self._cpath: Path | None = None
         self._float: Model | None = None  # the float model, when it can be compiled on the device
         self._recording: Progress | None = None  # recorded runs towards minmax_records
+        self._circle = False  # the app's model is a circle: the quantized model is one too
         self._load(input_shapes)
         self.workspace = None
         if self._float is not None:
@@ -81,9 +82,11 @@ class Session:
         if is_package(path):
             package = self._package = load_package(path)  # (keeps a zip's extraction alive)
             self.settings = settings_from_config(package.config, f"{path}: config.cfg")
-            if len(package.models) == 1 and package.models[0].kind == "obir":
+            if len(package.models) == 1 and package.models[0].kind in IR_TYPES:
+                kind = package.models[0].kind
                 model_file = Path(package.root) / package.models[0].path
-                self._adopt(load_ir(model_file), source=model_file)
+                self._circle = kind == "circle"  # quantized on the device as circle too
+                self._adopt(load_cpu_model(model_file, kind), source=model_file)
             else:
                 self._fixed(PackageModel(package), package.inputs, package.outputs)
             return
@@ -296,7 +299,8 @@ class Session:
     def _quantize_file(self) -> Path:
         self._need_float("quantize()")
         self._end_recording()
-        output = self._qpath or self.workspace.quantized
+        default = self.workspace.quantized
+        output = self._qpath or (default.with_suffix(".circle") if self._circle else default)
         return quantize_file(self.workspace, self.settings, self._recorder.samples, output)
 
     def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
@@ -387,7 +391,7 @@ class Session:
             output = self._quantize_file()
         except OneBuildError as error:
             return f"quantization failed, staying on the float model: {error}"
-        if not self._gate("quantized", GraphModel(load_ir(output).main)):
+        if not self._gate("quantized", GraphModel(load_model(output).main)):
             return gate_reason(self.gates, "quantized")
         self._commit("QUANTIZED", quantized=output)
         return None
@@ -417,7 +421,7 @@ class Session:
 
     def _choose(self, reason: str | None) -> None:
         """backend = auto: the best gated candidate for the requirement, by the cost models."""
-        quantized = load_ir(self._quantized_path()).main
+        quantized = load_model(self._quantized_path()).main
         best, self.choice = choose_state(
             self._float.main, quantized, self.gates, self.settings.requirement
         )
@@ -483,7 +487,9 @@ class Session:
             path = self._artifact(kind)
             if artifact and sha256(path) == artifact["sha256"]:
                 self._model = (
-                    compiled_model(path) if kind == "compiled" else GraphModel(load_ir(path).main)
+                    compiled_model(path)
+                    if kind == "compiled"
+                    else GraphModel(load_model(path).main)
                 )
                 self._state = state
                 return

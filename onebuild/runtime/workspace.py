@@ -4,7 +4,8 @@
     model.obir          the float model as prepared (imported, O1): the quantizer's input
     minmax.npz          recorded activation ranges, in the calibration statistics format
     records/NNNNNN.npz  the first recorded inputs (float, one sample each), for the gate
-    quantized.obir      the quantized model (unless set_quantized_model_path chose another)
+    quantized.obir      the quantized model (unless set_quantized_model_path chose another;
+                        quantized.circle when the app gave a circle package)
     model.tvn           the compiled model (unless set_codegen_model_path chose another), or
     compiled.nnpkg/     when only parts of it run on the NPU: the build's partition, codegen and
     partition/          pack steps' package of .tvn and CPU parts, and the parts themselves
@@ -123,7 +124,8 @@ class Workspace:
     def forget(self) -> None:
         """Drop what was recorded and built (the model changed)."""
         self.keep_records(0)
-        for path in (self.minmax, self.quantized, self.compiled, self.state_file):
+        circle = self.quantized.with_suffix(".circle")
+        for path in (self.minmax, self.quantized, circle, self.compiled, self.state_file):
             path.unlink(missing_ok=True)
         for folder in (self.partition, self.package):
             shutil.rmtree(folder, ignore_errors=True)

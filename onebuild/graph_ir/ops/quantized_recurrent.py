@@ -16,7 +16,7 @@ initial_c.
 import numpy as np
 
 from ..quant.params import requantize
-from .recurrent import directions, recurrent_type
+from .recurrent import directions, recurrent_type, time_major
 from .registry import Attrs, TensorType, register
 
 GATE_BITS = 12  # gate pre-activations: int16, scale 2^-12
@@ -137,13 +137,8 @@ def _initial(attrs: Attrs, key: str, codes, d: int, batch: int, bounds) -> np.nd
 
 def _run(op: str, attrs: Attrs, x, w, r, bx, bh, tables, lengths, states):
     layout, dirs = attrs["layout"], directions(attrs)
-    if layout:
-        x = x.transpose(1, 0, 2)
-        states = [None if s is None else s.transpose(1, 0, 2) for s in states]
+    x, states, lengths = time_major(attrs, x, states, lengths)
     seq, batch = x.shape[:2]
-    lengths = np.full(batch, seq) if lengths is None else lengths.astype(np.int64)
-    if np.any((lengths < 0) | (lengths > seq)):
-        raise ValueError(f"sequence_lens {lengths.tolist()} outside [0, {seq}]")
     hidden, zp = attrs["hidden_size"], attrs["y_zero_point"]
     y = np.zeros((seq, dirs, batch, hidden), np.int64)
     finals = [np.zeros((dirs, batch, hidden), np.int64) for _ in states]

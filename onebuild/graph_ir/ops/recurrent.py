@@ -60,11 +60,9 @@ def recurrent_type(op: str):
     return infer
 
 
-def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, report=None):
-    """Every direction over every step; returns Y and the final states. `report`, if given,
-    gets the LSTM's cell states once per run, laid out as Y (zeros past a sample's length)."""
-    hidden, dirs = attrs["hidden_size"], directions(attrs)
-    dtype, x = x.dtype, x.astype(np.float64)
+def time_major(attrs: Attrs, x: np.ndarray, states, lengths):
+    """x [seq, batch, in] and states [dirs, batch, hidden] whatever the `layout`, and every
+    sample's length checked (the full sequence when none are given)."""
     if attrs["layout"]:
         x = x.transpose(1, 0, 2)
         states = [None if s is None else s.transpose(1, 0, 2) for s in states]
@@ -72,6 +70,16 @@ def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, rep
     lengths = np.full(batch, seq) if lengths is None else lengths.astype(np.int64)
     if np.any((lengths < 0) | (lengths > seq)):
         raise ValueError(f"sequence_lens {lengths.tolist()} outside [0, {seq}]")
+    return x, states, lengths
+
+
+def _run(op: str, attrs: Attrs, x, w, r, b, lengths, states, peepholes=None, report=None):
+    """Every direction over every step; returns Y and the final states. `report`, if given,
+    gets the LSTM's cell states once per run, laid out as Y (zeros past a sample's length)."""
+    hidden, dirs = attrs["hidden_size"], directions(attrs)
+    dtype, x = x.dtype, x.astype(np.float64)
+    x, states, lengths = time_major(attrs, x, states, lengths)
+    seq, batch = x.shape[:2]
     per = GATE_FUNCTIONS[op]
     y = np.zeros((seq, dirs, batch, hidden))
     cells = np.zeros_like(y) if report is not None else None

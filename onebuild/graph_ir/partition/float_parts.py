@@ -51,6 +51,7 @@ def float_part(part: Graph, source: Graph) -> Graph | None:
         for v in node.inputs:
             if v is not None and v.is_const and id(v) not in copies:
                 copies[id(v)] = graph.add_constant(v.const, v.name)
+                copies[id(v)].quant = v.quant
             inputs.append(None if v is None else copies[id(v)])
         names = [v.name for v in node.outputs]
         new = graph.make_node(node.op, inputs, node.attrs, node.name, output_names=names)

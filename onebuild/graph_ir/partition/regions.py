@@ -209,6 +209,7 @@ def _extract(
         for v in node.inputs:
             if v is not None and v.is_const and id(v) not in copies:
                 copies[id(v)] = part.add_constant(v.const, v.name)
+                copies[id(v)].quant = v.quant
             inputs.append(None if v is None else copies[id(v)])
         new = part.make_node(
             node.op, inputs, node.attrs, node.name, output_names=[v.name for v in node.outputs]

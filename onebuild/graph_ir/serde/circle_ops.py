@@ -144,6 +144,15 @@ def unary(w, node):
     w.op(UNARY[node.op], [w.get(x, perm)], [w.define(node.output, perm)], **options)
 
 
+def gelu(w, node):
+    """GELU, exact (erf) or tanh-approximated; float only."""
+    x = node.inputs[0]
+    _require(x.dtype == np.float32)
+    perm = w.home_of(x)
+    approximate = node.attrs.get("approximate", "none") == "tanh"
+    w.op("GELU", [w.get(x, perm)], [w.define(node.output, perm)], approximate=approximate)
+
+
 def swish(w, node):
     """x * sigmoid(x) as LOGISTIC then MUL (TFLite has no SiLU; only alpha = 1)."""
     _require(node.attrs.get("alpha", 1.0) == 1.0)

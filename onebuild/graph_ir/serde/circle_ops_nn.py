@@ -135,6 +135,33 @@ def conv(w, node):
     _finish(w, node, code, [xi, wi, _bias(w, node, out_channels)], NHWC, **options)
 
 
+def conv_transpose(w, node):
+    """A float 2-D ConvTranspose without groups, dilation, padding or output padding:
+    TRANSPOSE_CONV (VALID; weights [I, O, kh, kw] -> [O, kh, kw, I]), then ADD of the bias
+    (onert's loader takes TRANSPOSE_CONV with three inputs only)."""
+    x, weight = node.inputs[:2]
+    attrs = node.attrs
+    _require(weight.is_const and len(x.shape) == 4 and x.dtype == np.float32)
+    _require(attrs["group"] == 1 and list(attrs["dilations"]) == [1, 1])
+    _require(not any(attrs["pads"]) and not any(attrs["output_padding"]))
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    _require(bias is None or bias.is_const)
+    out = node.output
+    stored = _stored(out.shape, NHWC)
+    shape = w.constant(np.asarray(stored, np.int32), f"{node.name}_output_shape")
+    filt = w.constant(weight.numpy().transpose(1, 2, 3, 0), weight.name)
+    operands = [shape, filt, w.get(x, NHWC)]
+    strides = attrs["strides"]
+    options = dict(padding=VALID, stride_h=strides[0], stride_w=strides[1])
+    if bias is None:
+        w.op("TRANSPOSE_CONV", operands, [w.define(out, NHWC)], **options)
+        return
+    raw = w.new_tensor(f"{out.name}_nobias", out.dtype, stored)
+    w.op("TRANSPOSE_CONV", operands, [raw], **options)
+    b = w.constant(bias.numpy().reshape(-1), bias.name)
+    w.op("ADD", [raw, b], [w.define(out, NHWC)], activation=0)
+
+
 def _grouped(w, node, xi: int, data: np.ndarray, params, options: dict) -> None:
     """A grouped convolution as SPLIT, one CONV_2D per group, CONCATENATION (onert's CONV_2D
     takes no groups; LiteRT's float one does, its quantized ones do not)."""

@@ -24,7 +24,15 @@ from ..tensor import QuantParams
 from . import circle_read_nn as nn
 from . import circle_read_ops as ops
 from .flatbuf import Buffer, Table
-from .tflite_schema import BUILTIN_NAMES, IDENTIFIER, TENSOR_TYPES
+from .tflite_schema import (
+    BUILTIN_NAMES,
+    EXACT_SCALES,
+    IDENTIFIER,
+    METADATA_BUFFER,
+    METADATA_NAME,
+    MODEL_METADATA,
+    TENSOR_TYPES,
+)
 
 MAX_RANK = 64  # as IR files
 MAX_TENSOR_BYTES = 1 << 34  # no tensor of a loadable model is this large (as IR files)
@@ -55,6 +63,7 @@ class Reader:
         self.tensors = [
             self._tensor(i, t, buffers) for i, t in enumerate(subgraph.tables(0, "tensors"))
         ]
+        self._exact_scales(model, buffers)
         self.values: dict[int, dict] = {}  # tensor index -> {perm: Value}
         self.functions: dict[int, tuple] = {}  # id(QLookup output) -> (input, (op, attrs))
         self.graph.reserve(t.name for t in self.tensors)
@@ -111,6 +120,35 @@ class Reader:
         if not 0 <= axis < len(shape) or shape[axis] != len(scale):
             raise ModelError(f"{self.buf.source}: {what} has {len(scale)} scales for axis {axis}")
         return QuantParams(tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis)
+
+    def _exact_scales(self, model: Table, buffers: list[Table]) -> None:
+        """onebuild's float64 scales (metadata EXACT_SCALES) replace the float32 ones, when
+        they are as many and each rounds to the file's float32 scale; else they are ignored."""
+        entries = [
+            m
+            for m in model.tables(MODEL_METADATA, "metadata")
+            if m.string(METADATA_NAME, "metadata name") == EXACT_SCALES
+        ]
+        quantized = [t for t in self.tensors if t.quant is not None]
+        if len(entries) != 1 or not quantized:
+            return
+        index = entries[0].scalar(METADATA_BUFFER, "I")
+        if index >= len(buffers):
+            raise self.fail(f"metadata '{EXACT_SCALES}' names buffer {index} of {len(buffers)}")
+        raw = buffers[index].bytes(0, f"buffer {index}")
+        count = sum(len(t.quant.scale) for t in quantized)
+        if len(raw) != 8 * count:
+            return
+        exact = np.frombuffer(raw, "<f8")
+        stored = np.concatenate([np.asarray(t.quant.scale, np.float64) for t in quantized])
+        if not np.all(np.isfinite(exact)) or not np.array_equal(exact.astype(np.float32), stored):
+            return
+        start = 0
+        for t in quantized:
+            n = len(t.quant.scale)
+            scale = tuple(float(x) for x in exact[start : start + n])
+            t.quant = QuantParams(scale, t.quant.zero_point, t.quant.axis)
+            start += n
 
     # -- values ----------------------------------------------------------------------------------
     def info(self, index: int) -> TensorInfo:
@@ -193,6 +231,8 @@ READERS: dict[str, Callable] = {
     "CONV_2D": nn.conv,
     "DEPTHWISE_CONV_2D": _with(nn.conv, depthwise=True),
     "FULLY_CONNECTED": nn.fully_connected,
+    "TRANSPOSE_CONV": nn.conv_transpose,
+    "GELU": ops.gelu,
     "MAX_POOL_2D": _with(nn.pool, code="MAX_POOL_2D"),
     "AVERAGE_POOL_2D": _with(nn.pool, code="AVERAGE_POOL_2D"),
     **{c: _with(ops.binary, code=c) for c in ("ADD", "SUB", "MUL", "DIV", "POW")},

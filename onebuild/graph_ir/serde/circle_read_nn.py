@@ -8,7 +8,7 @@ import numpy as np
 from ..quant.params import quantize_multiplier
 from ..tensor import QuantParams
 from .circle_read_ops import NHWC, Malformed, _activation_attrs, _emit, _float_only, _options
-from .tflite_schema import SAME
+from .tflite_schema import SAME, VALID
 
 
 def _same_pads(size, k, s, d) -> list[int]:
@@ -116,6 +116,29 @@ def conv(r, inputs, outputs, options, depthwise=False):
     attrs.update(_activation_attrs(r, outputs[0], o["activation"]))
     b = None if b_i < 0 else r.value(b_i)
     _emit(r, "Conv", [x, w, b], attrs, outputs[0], NHWC)
+
+
+def conv_transpose(r, inputs, outputs, options):
+    """TRANSPOSE_CONV (float, VALID, no fused activation) as ConvTranspose."""
+    o = _options("TRANSPOSE_CONV", options)
+    _, w_i, x_i, b_i = [*inputs, -1][:4]
+    _float_only(r, x_i, "TRANSPOSE_CONV")
+    weights = r.const(w_i)
+    if weights is None or weights.ndim != 4:
+        raise Malformed("the filter must be a constant 4-D tensor")
+    if o["padding"] != VALID or o["activation"]:
+        raise Malformed("only VALID padding without a fused activation is supported")
+    x = r.value(x_i, NHWC)
+    w = r.graph.add_constant(np.ascontiguousarray(weights.transpose(3, 0, 1, 2)), r.info(w_i).name)
+    attrs = {
+        "strides": [o["stride_h"], o["stride_w"]],
+        "dilations": [1, 1],
+        "pads": [0, 0, 0, 0],
+        "output_padding": [0, 0],
+        "group": 1,
+    }
+    b = None if b_i < 0 else r.value(b_i)
+    _emit(r, "ConvTranspose", [x, w, b], attrs, outputs[0], NHWC)
 
 
 def fully_connected(r, inputs, outputs, options):

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..dtypes import name_of
 from ..ops import OPS
+from ..quant.kernel_attrs import binary_attrs
 from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
 from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
@@ -93,23 +94,8 @@ def binary(r, inputs, outputs, options, code):
     if code in ("DIV", "POW"):
         raise Malformed(f"quantized {code} is not supported")
     qa, qb, qy = r.info(inputs[0]).quant, r.info(inputs[1]).quant, out.quant
-    s_a, s_b, s_y = qa.scale[0], qb.scale[0], qy.scale[0]
-    attrs = {
-        "a_zero_point": qa.zero_point[0],
-        "b_zero_point": qb.zero_point[0],
-        **_activation_attrs(r, outputs[0], act),
-    }
-    if code == "MUL":
-        m, s = quantize_multiplier(s_a * s_b / s_y)
-        op = "QMul"
-    else:
-        largest = 2 * max(s_a, s_b)
-        attrs["a_rescale"] = list(quantize_multiplier(s_a / largest))
-        attrs["b_rescale"] = list(quantize_multiplier(s_b / largest))
-        attrs["subtract"] = int(code == "SUB")
-        m, s = quantize_multiplier(largest / (2**20 * s_y))
-        op = "QAdd"
-    attrs.update({"multiplier": m, "shift": s})
+    op, attrs = binary_attrs(code.capitalize(), qa, qb, qy, name_of(out.dtype))
+    attrs.update(_activation_attrs(r, outputs[0], act))  # TFLite rounds the bounds
     _emit(r, op, [a, b], attrs, outputs[0], perm)
 
 
@@ -162,6 +148,13 @@ def clamp(r, inputs, outputs, options, code):
         for b, k in ((lo, "min"), (hi, "max"))
     ]
     _emit(r, "Clip", [r.value(inputs[0], perm), *bounds], {}, outputs[0], perm)
+
+
+def gelu(r, inputs, outputs, options):
+    _float_only(r, inputs[0], "GELU")
+    perm = r.perm_of(inputs[0])
+    approximate = "tanh" if _options("GELU", options)["approximate"] else "none"
+    _emit(r, "Gelu", [r.value(inputs[0], perm)], {"approximate": approximate}, outputs[0], perm)
 
 
 def _float_only(r, index, code):

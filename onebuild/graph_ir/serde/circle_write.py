@@ -20,9 +20,14 @@ from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
 from .flatbuf import numbers, offsets, raw_bytes, table
+from .naming import fresh_name
 from .tflite_schema import (
     BUILTIN,
+    EXACT_SCALES,
     IDENTIFIER,
+    METADATA_BUFFER,
+    METADATA_NAME,
+    MODEL_METADATA,
     OPTIONS,
     PLACEHOLDER_FOR_GREATER_OP_CODES,
     SCHEMA_VERSION,
@@ -60,12 +65,7 @@ class Writer:
 
     # -- tensors -------------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
-        name, counter = base, 0
-        while name in self.names:
-            counter += 1
-            name = f"{base}_{counter}"
-        self.names.add(name)
-        return name
+        return fresh_name(self.names, base)
 
     def new_tensor(self, name, dtype, shape, data=None, quant=None) -> int:
         if np.dtype(dtype) not in TYPE_CODES:
@@ -173,6 +173,9 @@ class Writer:
         outputs = [self.get(v, None) for v in self.graph.outputs]
         inputs = [self.index[(id(v), None)] for v in self.graph.inputs]
         self._name_outputs(outputs)
+        scales = [s for t in self.tensors if t.quant is not None for s in t.quant.scale]
+        if scales:
+            self.buffers.append(np.asarray(scales, "<f8").tobytes())
         buffers = [
             table(b, [(0, "offset", raw_bytes(b, data))] if data else []) for data in self.buffers
         ]
@@ -201,6 +204,13 @@ class Writer:
                     ],
                 )
             )
+        if scales:  # the scales as float64, after the data buffers (see EXACT_SCALES)
+            name = b.CreateString(EXACT_SCALES)
+            entry = [
+                (METADATA_NAME, "offset", name),
+                (METADATA_BUFFER, "uint", len(self.buffers) - 1),
+            ]
+            metadata = table(b, entry)
         model = table(
             b,
             [
@@ -209,6 +219,7 @@ class Writer:
                 (2, "offset", offsets(b, [subgraph])),
                 (3, "offset", b.CreateString("onebuild")),
                 (4, "offset", offsets(b, buffers)),
+                *([(MODEL_METADATA, "offset", offsets(b, [metadata]))] if scales else []),
             ],
         )
         b.Finish(model, file_identifier=IDENTIFIER[self.fmt])
@@ -273,6 +284,8 @@ WRITERS: dict[str, Callable] = {
     **{op: ops.binary for op in ("Add", "Sub", "Mul", "Div", "QAdd", "QMul")},
     **{op: ops.unary for op in ops.UNARY},
     "Clip": ops.clip,
+    "Gelu": ops.gelu,
+    "ConvTranspose": nn.conv_transpose,
     "Swish": ops.swish,
     "QLookup": ops.lookup,
     "Softmax": ops.softmax,

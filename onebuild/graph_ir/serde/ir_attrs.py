@@ -146,7 +146,6 @@ REQUIRED: dict[str, list[str]] = {
     "ArgMin": [*_REDUCE, "select_last_index"],
     "AveragePool": [*_POOL, "count_include_pad"],
     "BatchNormalization": ["epsilon"],
-    "BitShift": ["direction"],
     "Cast": ["round_mode", "saturate", "to"],
     "Concat": ["axis"],
     "Conv": ["dilations", "group", "pads", "strides"],

@@ -21,6 +21,7 @@ from ..ops.control import BRANCHES
 from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
 from ..tensor import QuantParams
+from .naming import fresh_name
 
 OPSET = 21
 IR_VERSION = 10
@@ -72,12 +73,7 @@ class _Exporter:
         self.names |= {v.name for n in graph.nodes for v in n.outputs}
 
     def fresh(self, base: str) -> str:
-        name, counter = base, 0
-        while name in self.names:
-            counter += 1
-            name = f"{base}_{counter}"
-        self.names.add(name)
-        return name
+        return fresh_name(self.names, base)
 
     def constant(self, array: np.ndarray, base: str) -> str:
         name = self.fresh(base)

@@ -12,6 +12,11 @@ SCHEMA_VERSION = {"circle": 0, "tflite": 3}
 
 # table fields --------------------------------------------------------------------------------
 MODEL_VERSION, MODEL_OPCODES, MODEL_SUBGRAPHS, MODEL_DESCRIPTION, MODEL_BUFFERS = range(5)
+MODEL_METADATA = 6  # [Metadata]: (name, buffer index); slot 5 is the deprecated metadata_buffer
+METADATA_NAME, METADATA_BUFFER = range(2)
+# onebuild's metadata entry: every quantized tensor's scales as float64, in tensor order (the
+# schema's scales are float32; the IR's are float64, and requantization depends on them)
+EXACT_SCALES = "onebuild.scales_f64"
 SUBGRAPH_TENSORS, SUBGRAPH_INPUTS, SUBGRAPH_OUTPUTS, SUBGRAPH_OPERATORS, SUBGRAPH_NAME = range(5)
 TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_QUANT = range(5)
 TENSOR_SPARSITY = 6
@@ -89,6 +94,8 @@ BUILTIN = {
     "QUANTIZE": 114,
     "HARD_SWISH": 117,
     "BATCH_MATMUL": 126,
+    "TRANSPOSE_CONV": 67,
+    "GELU": 150,
 }
 BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
 
@@ -173,6 +180,11 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
     "QUANTIZE": (89, ()),
     "HARD_SWISH": (91, ()),
     "BATCH_MATMUL": (101, (("adj_x", "bool"), ("adj_y", "bool"))),
+    "TRANSPOSE_CONV": (
+        49,
+        (("padding", "byte"), ("stride_w", "int"), ("stride_h", "int"), ("activation", "byte")),
+    ),
+    "GELU": (116, (("approximate", "bool"),)),
 }
 OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
 OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]

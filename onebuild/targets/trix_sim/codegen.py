@@ -314,10 +314,17 @@ class _Emitter:
         # tiles of a convolution keep whole MAC-array columns busy where they can
         least = min(m, self.hw.mac_cols) if layer.kind == "conv" else 1
         chs = chunk
+        while need(chunk, chs) > self.avail and chs > least:
+            chs = max(least, (chs + 1) // 2)
+        # smaller weight chunks before tiles narrower than the array (which idle its columns)
+        while need(chunk, chs) > self.avail and chunk > least:
+            chunk = max(least, (chunk + 1) // 2)
+        chs = min(chs, chunk)
         while need(chunk, chs) > self.avail and chs > 1:
             chs = (chs + 1) // 2
         while need(chunk, chs) > self.avail and chunk > 1:
             chunk = (chunk + 1) // 2
+        chs = min(chs, chunk)
         while self.buffers > 1 and chs > least and -(-m // chs) < PIPELINE_TILES:
             chs = max(least, (chs + 1) // 2)
         self.use(index, need(chunk, chs))

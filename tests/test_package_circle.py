@@ -1,0 +1,286 @@
+"""Packages in ONE's formats: whole models and CPU parts as `.circle`, run by onebuild's runtime
+bit for bit as the IR they came from, and by onert (the real ONE runtime, a test extra) to the
+same numbers; what the circle writer cannot express stays an IR file, and the build says why."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onert  # the oracle is a test extra
+import onnx
+import pytest
+from onnx import helper
+from onnx_builders import make_model
+from test_partition import assert_package_matches_reference, build_statuses, write_project
+
+from onebuild.engine.dag import build
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.serde import load_ir, read_circle, write_circle
+from onebuild.recipe import load_recipe
+from onebuild.runtime.package import load_package, run_package
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS_IMPORT = '[import]\nsource = "digits/digits.onnx"\ninput_shapes = { input = [1, 1, 8, 8] }\n'
+MOBILENET_IMPORT = (
+    '[import]\nsource = "models/tiny_mobilenet.onnx"\ninput_shapes = { x = [1, 3, 32, 32] }\n'
+)
+RECIPES = {  # name: (recipe, test data, input)
+    "digits_float": (DIGITS_IMPORT + "[optimize]\n", "digits/data/test.npz"),
+    "digits_uint8": (None, "digits/data/test.npz"),  # examples/digits.toml itself
+    "mobilenet_float": (MOBILENET_IMPORT + "[optimize]\n", "models/tiny_mobilenet_calib.npz"),
+    "mobilenet_uint8": (
+        MOBILENET_IMPORT + '[optimize]\n[quantize]\ndtype = "uint8"\n'
+        'calibration = "models/tiny_mobilenet_calib.npz"\n',
+        "models/tiny_mobilenet_calib.npz",
+    ),
+}
+
+
+class Collect(logging.Handler):
+    """The onebuild logger's messages, kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
+    """Each recipe built in a copy of the examples: (package, build folder, pack warnings)."""
+    folder = tmp_path_factory.mktemp("pkgcircle")
+    examples = folder / "examples"
+    shutil.copytree(ROOT / "examples", examples)
+    shutil.copytree(ROOT / "recipes", folder / "recipes")
+    result = {}
+    for name, (text, _) in RECIPES.items():
+        recipe = examples / "digits.toml"
+        if text is not None:
+            recipe = examples / f"{name}.toml"
+            recipe.write_text(
+                text + f'[pack]\noutput = "../out/{name}.nnpkg"\n[build]\ndir = "../build/{name}"\n'
+            )
+        handler = Collect()
+        logger = logging.getLogger("onebuild")
+        logger.addHandler(handler)
+        try:
+            results = build([load_recipe(recipe, [])], progress=lambda message: None)
+        finally:
+            logger.removeHandler(handler)
+        assert not [r.error for r in results if r.status == "failed"]
+        stem = "digits" if text is None else name
+        package = folder / "out" / f"{stem}.nnpkg"
+        warnings = [m for m in handler.messages if "pack:" in m]
+        result[name] = (package, folder / "build" / stem, warnings)
+    return result
+
+
+def test_digits_packages_hold_circle_and_run_as_their_ir(built):
+    """float and uint8: one `.circle`, model type "circle", outputs equal the IR model's."""
+    for name, stage in (("digits_float", "optimize"), ("digits_uint8", "quantize")):
+        package, build_dir, warnings = built[name]
+        manifest = json.loads((package / "metadata/MANIFEST").read_text())
+        stem = package.stem
+        assert manifest["models"] == [f"{stem}.circle"] and manifest["model-types"] == ["circle"]
+        assert (package / f"{stem}.circle").read_bytes()[4:8] == b"CIR0" and not warnings
+        feeds = dict(np.load(ROOT / "examples/digits/data/test.npz"))
+        got, _ = run_package(load_package(package), feeds)
+        want = Interpreter(load_ir(build_dir / f"{stage}.obir").main).run_batch(feeds)
+        np.testing.assert_array_equal(got["logits"], want["logits"])
+
+
+def onert_outputs(package: Path, images: np.ndarray) -> np.ndarray:
+    """onert's outputs for each sample, the package folder loaded by `onert.infer.session`."""
+    session = onert.infer.session(str(package))
+    return np.stack([session.infer([x])[0] for x in images])
+
+
+def test_onert_runs_the_digits_packages(built):
+    """onert 0.1.0 loads each package folder (MANIFEST, circle) and gives onebuild's numbers:
+    float within 1e-4 relative, uint8 within 1 LSB (onert rounds requantization twice)."""
+    images = np.load(ROOT / "examples/digits/data/test.npz")["input"]
+    float_package = built["digits_float"][0]
+    want, _ = run_package(load_package(float_package), {"input": images})
+    got = onert_outputs(float_package, images)
+    rel = np.abs(got - want["logits"]).max() / np.abs(want["logits"]).max()
+    print(f"digits float in onert: {rel:.2g} relative over {len(images)} test images")
+    assert rel <= 1e-4
+
+    package, build_dir, _ = built["digits_uint8"]
+    want, _ = run_package(load_package(package), {"input": images})
+    graph = load_ir(build_dir / "quantize.obir").main
+    dequantize = next(n for n in graph.nodes if n.op == "DequantizeLinear")
+    scale = dequantize.inputs[0].quant.scale[0]
+    lsb = np.rint(np.abs(onert_outputs(package, images) - want["logits"]) / scale)
+    share = float(np.mean(lsb > 0))
+    print(f"digits uint8 in onert: max {lsb.max():.0f} LSB, {share:.1%} of logits differ")
+    assert lsb.max() <= 1 and share < 0.5  # a systematic offset would move nearly all
+
+
+def test_tiny_mobilenet_float_is_circle_and_onert_lacks_hard_swish(built, capfd):
+    """The float package holds `.circle` and runs as its IR; onert 0.1.0 refuses to load it
+    for want of a HARD_SWISH kernel (docs/circle-tflite.md), which this asserts; LiteRT runs the
+    same model (as tflite) within 1e-4 relative."""
+    package, build_dir, warnings = built["mobilenet_float"]
+    manifest = json.loads((package / "metadata/MANIFEST").read_text())
+    assert manifest["model-types"] == ["circle"] and not warnings
+    feeds = {"x": np.load(ROOT / "examples/models/tiny_mobilenet_calib.npz")["x"][:4]}
+    got, _ = run_package(load_package(package), feeds)
+    want = Interpreter(load_ir(build_dir / "optimize.obir").main).run_batch(feeds)
+    for key, array in want.items():
+        np.testing.assert_array_equal(got[key], array)
+    with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
+        onert_outputs(package, feeds["x"][:1])
+    assert "Unsupported operation: HARD_SWISH" in capfd.readouterr().err
+    # LiteRT stands in: the same model as tflite (same operators, identifier TFL3)
+    from ai_edge_litert import interpreter as litert
+
+    model = read_circle(package / "mobilenet_float.circle")
+    runner = litert.Interpreter(model_content=write_circle(model, "tflite"))
+    runner.allocate_tensors()
+    (given,), outputs = runner.get_input_details(), runner.get_output_details()
+    assert sorted(d["name"] for d in outputs) == sorted(want)
+    for i, x in enumerate(feeds["x"]):
+        runner.set_tensor(given["index"], x)
+        runner.invoke()
+        for detail in outputs:
+            expected = want[detail["name"]][i]
+            rel = np.abs(runner.get_tensor(detail["index"]) - expected).max()
+            assert rel / np.abs(expected).max() <= 1e-4, (detail["name"], rel)
+
+
+def test_tiny_mobilenet_uint8_stays_ir_and_says_why(built):
+    """The circle writer has no GELU lookup table and no quantized Softmax: the uint8 package
+    keeps the IR file, the build warns with the reason, and the package runs as before (old
+    packages holding .obir load as they did); onert cannot load an IR file."""
+    package, build_dir, warnings = built["mobilenet_uint8"]
+    manifest = json.loads((package / "metadata/MANIFEST").read_text())
+    assert manifest["model-types"] == ["obir"] and manifest["models"] == ["mobilenet_uint8.obir"]
+    assert len(warnings) == 1 and "not circle" in warnings[0]
+    assert "unsupported operators QLookup, QSoftmax" in warnings[0]
+    feeds = {"x": np.load(ROOT / "examples/models/tiny_mobilenet_calib.npz")["x"][:4]}
+    got, _ = run_package(load_package(package), feeds)
+    want = Interpreter(load_ir(build_dir / "quantize.obir").main).run_batch(feeds)
+    for key, array in want.items():
+        np.testing.assert_array_equal(got[key], array)
+    with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
+        onert_outputs(package, feeds["x"][:1])
+
+
+def conv_chain(rng) -> onnx.ModelProto:
+    """conv -> relu -> conv -> relu -> conv, 3x3 with padding."""
+    nodes, inits, x = [], [], "x"
+    for i, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 4)], start=1):
+        w = rng.normal(0, 0.4, (cout, cin, 3, 3)).astype(np.float32)
+        inits += [(f"w{i}", w), (f"b{i}", rng.normal(0, 0.1, cout).astype(np.float32))]
+        y = f"c{i}" if i < 3 else "y"
+        nodes.append(
+            helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [y], pads=[1] * 4, name=f"conv{i}")
+        )
+        if i < 3:
+            nodes.append(helper.make_node("Relu", [y], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    return make_model(nodes, [("x", [1, 3, 12, 12])], ["y"], inits)
+
+
+def test_a_cpu_part_the_writer_expresses_is_circle(tmp_path):
+    """A convolution pinned to the CPU: the package holds `m.part.00002_cpu.circle` between two
+    `.tvn` parts, named as ONE's partitioner names them, and runs bit for bit as the quantized
+    model; onert runs that part alone within 1 LSB of onebuild's runtime."""
+    rng = np.random.default_rng(3)
+    recipe = write_project(tmp_path, conv_chain(rng), rng, 'opname = { conv2 = "cpu" }')
+    build_statuses(recipe)
+    package = tmp_path / "out/m.nnpkg"
+    manifest = json.loads((package / "metadata/MANIFEST").read_text())
+    assert manifest["models"] == [
+        "m.part.00001_trix.tvn",
+        "m.part.00002_cpu.circle",
+        "m.part.00003_trix.tvn",
+    ]
+    assert manifest["model-types"] == ["tvn", "circle", "tvn"]
+    assert manifest["model-configs"][1] == "m.part.00002_cpu.cfg"
+    assert_package_matches_reference(tmp_path)
+    part = read_circle(package / "m.part.00002_cpu.circle").main
+    assert [n.op for n in part.nodes] == ["QConv"]
+    x = part.inputs[0]
+    feeds = np.random.default_rng(5).integers(0, 256, (8, *x.shape), dtype=np.uint8)
+    want = Interpreter(part).run_batch({x.name: feeds})[part.outputs[0].name]
+    from onert.native import libnnfw_api_pybind as nnfw
+
+    session = nnfw.infer.nnfw_session(str(package / "m.part.00002_cpu.circle"), "cpu")
+    session.set_prepare_config(nnfw.prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
+    session.prepare()
+    got = []
+    for sample in feeds:
+        session.set_input(0, np.ascontiguousarray(sample))
+        session.run()
+        got.append(np.array(session.get_output(0)))
+    lsb = np.abs(np.stack(got).astype(int) - want.astype(int))
+    print(f"cpu part in onert: max {lsb.max()} LSB, {np.mean(lsb > 0):.1%} differ")
+    assert lsb.max() <= 1
+
+
+def test_session_on_a_circle_package_writes_a_quantized_circle_and_a_tvn(built, tmp_path):
+    """The on-device flow in ONE's formats: a Session on the float `digits_float.circle`
+    package records 12 runs, writes `quantized.circle` and `model.tvn`; both give what the
+    build makes from the same circle and the same 12 inputs."""
+    from onebuild.npz import write_npz
+    from onebuild.runtime.models import BinaryModel, load_binary
+    from onebuild.runtime.session import Session
+
+    package = built["digits_float"][0]
+    calib = np.load(ROOT / "examples/digits/data/calib.npz")["input"][:12]
+    session = Session(package, workspace=tmp_path / "ws")
+    session.set_odc_param_minmax_records_count(len(calib))
+    for x in calib:
+        session.run_with_auto_compilation({"input": x})
+    assert session.state == "COMPILED" and session.reason is None
+    ws = tmp_path / "ws"
+    assert (ws / "quantized.circle").read_bytes()[4:8] == b"CIR0"
+    assert not (ws / "quantized.obir").exists() and (ws / "model.tvn").is_file()
+
+    write_npz(tmp_path / "calib.npz", {"input": calib})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        f'[import]\nsource = "{package / "digits_float.circle"}"\n[quantize]\ndtype = "uint8"\n'
+        'calibration = "calib.npz"\n[codegen]\n[build]\ndir = "b"\n'
+    )
+    results = build([load_recipe(recipe, [])], progress=lambda message: None)
+    assert not [r.error for r in results if r.status == "failed"]
+    images = np.load(ROOT / "examples/digits/data/test.npz")["input"][:32]
+    quantized = Interpreter(read_circle(ws / "quantized.circle").main)
+    reference = Interpreter(load_ir(tmp_path / "b/quantize.obir").main)
+    np.testing.assert_array_equal(
+        quantized.run_batch({"input": images})["logits"],
+        reference.run_batch({"input": images})["logits"],
+    )
+    binary = BinaryModel(load_binary(tmp_path / "b/codegen.tvn"))
+    for x in images[:8]:
+        want = binary.run({"input": x})["logits"]
+        np.testing.assert_array_equal(session.run({"input": x})["logits"], want)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data[: len(data) // 2], "models[0] 'digits.circle'"),
+        (lambda data: data[:4] + b"TFL3" + data[8:], "not a circle model (no CIR0 identifier)"),
+        (lambda data: data[:4] + b"XXXX" + data[8:], "not a circle model (no CIR0 identifier)"),
+    ],
+)
+def test_a_damaged_circle_in_a_package_is_one_line(built, tmp_path, capsys, damage, message):
+    from onebuild.cli import main
+
+    package = tmp_path / "digits.nnpkg"
+    shutil.copytree(built["digits_uint8"][0], package)
+    model = package / "digits.circle"
+    model.write_bytes(damage(model.read_bytes()))
+    images = tmp_path / "x.npz"
+    np.savez(images, input=np.load(ROOT / "examples/digits/data/test.npz")["input"][:2])
+    code = main(["run", str(package), "-i", str(images), "-o", str(tmp_path / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
