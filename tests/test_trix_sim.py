@@ -20,7 +20,13 @@ from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.npz import read_npz
-from onebuild.targets.trix_sim.codegen import generate
+from onebuild.targets.trix_sim.codegen import LOAD, generate
+from onebuild.targets.trix_sim.exact import (
+    FLOAT32_EXACT,
+    exact_dot,
+    product_bound,
+    reduction_chunks,
+)
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.perf import roofline
@@ -240,3 +246,51 @@ def test_sram_resident_intermediates_never_touch_dram(rng):
         small = dataclasses.replace(hw, sram_bytes=sram)
         summary = assert_bit_exact(quantized, small, "performance", rng)
         assert performance["dram_bytes"] < summary["dram_bytes"] < memory["dram_bytes"]
+
+
+def test_exact_dot_is_exact_where_float32_sums_would_round(rng):
+    """Extreme codes force reduction chunks (one float32 GEMM would round past 2^24); typical
+    codes take one GEMM. Both equal the int64 product."""
+    k = 4608  # a 3x3 convolution over 512 channels
+    for low, high, one_gemm in ((-255, 256, False), (-20, 21, True)):
+        a = rng.integers(-128, 128, (24, k)).astype(np.int8)
+        a[0] = -128
+        b = rng.integers(low, high, (k, 30)).astype(np.float32)
+        b[:, 0] = -255 if low == -255 else b[:, 0]
+        bound = product_bound(np.dtype(np.uint8), np.dtype(np.int8))
+        edges = reduction_chunks(a.astype(np.float32), b, FLOAT32_EXACT // bound)
+        assert (len(edges) == 2) == one_gemm
+        expected = a.astype(np.int64) @ b.astype(np.int64)
+        np.testing.assert_array_equal(exact_dot(a, b, bound), expected)
+
+
+def test_whole_layer_execution_equals_tile_by_tile(rng):
+    """Layers run whole give the same outputs and report as tile by tile, also for a stream
+    whose tile reads other data than the whole layer was computed from (that tile computes
+    alone)."""
+    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
+    run_preset(model)
+    x = model.main.inputs[0]
+    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
+    hw = load_hardware("trix-s")
+    module = generate(lower(quantized, hw), hw, "performance")
+    feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
+    conv = next(i for i, layer in enumerate(module.layers) if layer.kind == "conv")
+    loads = np.flatnonzero((module.code[:, 0] == LOAD) & (module.code[:, 1] == conv))
+    tampered = module.code.copy()
+    tampered[loads[len(loads) // 2], 2] += 7  # one input tile from the wrong DRAM address
+    results = []
+    for code in (module.code, tampered):
+        for whole in (True, False):
+            simulator = Simulator(dataclasses.replace(module, code=code), hw)
+            if not whole:
+                simulator._tiled = []
+            elif code is module.code:
+                assert len(simulator._tiled) > len(module.layers) // 2
+            outputs, report = simulator.run(feeds)
+            results.append((outputs, report.cycles, report.layers))
+    for first, second in (results[:2], results[2:]):
+        assert first[1:] == second[1:]
+        for name in first[0]:
+            np.testing.assert_array_equal(first[0][name], second[0][name])
+    assert any(not np.array_equal(results[0][0][n], results[2][0][n]) for n in results[0][0])

@@ -5,8 +5,16 @@ blocks between them; EXEC computes one tile from SRAM operands into SRAM with th
 of docs/quantization.md. Timing: one DMA engine and one compute engine; an instruction starts
 when its engine is free and the SRAM ranges it reads were written (and the ranges it writes were
 read by earlier instructions), so double-buffered tiles overlap DMA with compute.
+
+Speed: a convolution whose EXEC tiles cover its output exactly is computed once, as one GEMM
+over the whole layer, from its input tensor (the whole-height operand of its first tile, else
+the tensor in DRAM) and its weights. Every EXEC still runs: it checks its addresses, and uses
+its slice of that result only if the operands it reads in SRAM equal the slices the whole-layer
+result was computed from (else it computes its tile alone), so the outputs are exactly those of
+tile-by-tile execution.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +23,7 @@ from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
+from .exact import exact_dot, exact_int, product_bound, window_max
 from .hardware import Hardware
 from .lower import Layer, Program, input_rows, tile_input_rows, window_span
 from .moves import MOVES, box_shape, move_tile
@@ -93,10 +102,13 @@ class Simulator:
         self.dram = np.zeros(module.dram_bytes, np.uint8)
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
+        self._tiled = _exactly_tiled(module)
+        self._whole: dict[int, tuple | None] = {}
+        self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if offset + nbytes > len(self.sram):
             raise FormatError(f"instruction reads SRAM [{offset}, {offset + nbytes}) out of range")
         return self.sram[offset : offset + nbytes].view(dtype).reshape(shape)
@@ -117,9 +129,12 @@ class Simulator:
             dst_at + (count - 1) * dst_stride + block > len(dst)
         ):
             raise FormatError("DMA transfer out of range")
-        view = np.lib.stride_tricks.as_strided
-        source = view(src[src_at:], (count, block), (src_stride, 1), writeable=False)
-        view(dst[dst_at:], (count, block), (dst_stride, 1))[...] = source
+        if count == 1 or (block == src_stride and block == dst_stride):  # one contiguous run
+            dst[dst_at : dst_at + count * block] = src[src_at : src_at + count * block]
+            return
+        _blocks(dst, dst_at, block, count, dst_stride)[...] = _blocks(
+            src, src_at, block, count, src_stride
+        )
 
     # -- run ---------------------------------------------------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Report]:
@@ -133,6 +148,7 @@ class Simulator:
             self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
         report, timeline = Report(), _Timeline(len(self.sram))
         finish: dict[str, int] = {}
+        self._whole = dict.fromkeys(self._tiled)
         for position, (op, index, *args) in enumerate(module.code.tolist()):
             try:
                 end = self._step(report, timeline, op, index, args)
@@ -157,17 +173,16 @@ class Simulator:
     def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> int:
         """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
-        stats = report.layers.setdefault(
-            layer.name,
-            {
+        stats = report.layers.get(layer.name)
+        if stats is None:
+            stats = report.layers[layer.name] = {
                 "kind": layer.kind,
                 "cycles": 0,
                 "compute_cycles": 0,
                 "dma_cycles": 0,
                 "dram_bytes": 0,
                 "macs": 0,
-            },
-        )
+            }
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
             self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
@@ -204,7 +219,7 @@ class Simulator:
             box = self._sram_view(in_at, x_t.dtype, box_shape(layer, x_t.shape, ch0, ch0 + chs))
             y = np.ascontiguousarray(move_tile(layer, box, ch0, ch0 + chs))
             self._write_sram(out_at, y)
-            cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
+            cycles = self._exec_cycles(index, rows, chs)
             return [(in_at, in_at + box.nbytes)], [(out_at, out_at + y.nbytes)], cycles, 0
         c, h, w = x_t.shape
         # channelwise ops and concat parts hold the tile's channels only
@@ -218,18 +233,26 @@ class Simulator:
         if layer.kind == "conv":
             weights = layer.arrays["weights"]
             shape = (chs, *weights.shape[1:])
-            wq = self._sram_view(w_at, weights.dtype.name, shape)
+            wq = self._sram_view(w_at, weights.dtype, shape)
             reads.append((w_at, w_at + wq.nbytes))
-            y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
+            whole = self._whole_conv(index, layer, held, t0, t1)
+            if (
+                whole is not None
+                and np.array_equal(held, whole[0][:, t0:t1])
+                and np.array_equal(wq, weights[ch0 : ch0 + chs])
+            ):
+                y = whole[1][ch0 : ch0 + chs, r0 : r0 + rows]
+            else:
+                y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
             macs = y.size * int(np.prod(weights.shape[1:]))
         elif layer.kind == "gemm":
             weights = layer.arrays["weights"]
             k = weights.shape[1]
             xq = self._sram_view(in_at, x_t.dtype, (k,))
             xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
-            wq = self._sram_view(w_at, weights.dtype.name, (chs, k))
+            wq = self._sram_view(w_at, weights.dtype, (chs, k))
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
-            acc = exact_dot(wq, xv[:, None], _product_bound(xq.dtype, wq.dtype))[:, 0]
+            acc = exact_dot(wq, xv[:, None], product_bound(xq.dtype, wq.dtype))[:, 0]
             acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
             y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
             macs = chs * k
@@ -242,7 +265,11 @@ class Simulator:
             shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
             b = self._sram_view(in2_at, b_t.dtype, shape)
             reads.append((in2_at, in2_at + b.nbytes))
-            y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
+            whole = self._whole_pair(index, layer, (x, b), (in_at, in2_at), ch0, r0)
+            if whole is not None:
+                y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
+            else:
+                y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
             y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
@@ -270,10 +297,77 @@ class Simulator:
             y = _saturate(layer, requantize(centered, a["multiplier"][part], a["shift"][part]))
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
-        y = np.asarray(y).astype(out_t.dtype)
+        y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
-        cycles = exec_cycles(self.hw, layer, rows, chs, out_t.shape, x_t.shape)
+        cycles = self._exec_cycles(index, rows, chs)
         return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+
+    def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
+        key = (index, rows, chs)
+        if key not in self._cycles:
+            layer = self.module.layers[index]
+            out, x = (self.module.tensors[n].shape for n in (layer.output, layer.inputs[0]))
+            self._cycles[key] = exec_cycles(self.hw, layer, rows, chs, out, x)
+        return self._cycles[key]
+
+    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, t0: int, t1: int):
+        """(input codes, output codes) of the whole convolution, computed at its first tile if
+        its tiles cover its output exactly; None otherwise."""
+        if index not in self._whole:
+            return None
+        if self._whole[index] is None:
+            x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
+            c, h, w = x_t.shape
+            if (t0, t1) == (0, h):  # a whole-height operand: the tensor as this layer reads it
+                x = held.copy()
+            else:
+                at = self.module.dram[layer.inputs[0]]
+                x = self.dram[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w).copy()
+            m, oh, ow = out_t.shape
+            i0, i1 = input_rows(layer, 0, oh, h)
+            weights = layer.arrays["weights"]
+            y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
+            self._whole[index] = (x, y.astype(out_t.dtype))
+        return self._whole[index]
+
+    def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
+        """The whole output of an elementwise layer of two same-shape tensors, if its tiles
+        cover its output exactly and both operand tiles equal the slices it was computed from.
+        Each operand tensor is found at the first tile: in DRAM, or (a whole-height tile) in
+        SRAM where the tile's channels sit in the tensor kept there."""
+        if index not in self._whole:
+            return None
+        if self._whole[index] is None:
+            operands = [
+                self._find_tensor(n, t, at, ch0, r0) for n, t, at in zip(layer.inputs, tiles, ats)
+            ]
+            if any(o is None for o in operands):
+                self._whole[index] = False
+            else:
+                y = _binary(layer, *operands).astype(self.module.tensors[layer.output].dtype)
+                self._whole[index] = (*operands, y)
+        if self._whole[index] is False:
+            return None
+        *operands, y = self._whole[index]
+        box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
+        if all(np.array_equal(t, o[box]) for t, o in zip(tiles, operands)):
+            return y
+        return None
+
+    def _find_tensor(self, name: str, tile: np.ndarray, at: int, ch0: int, r0: int):
+        """A copy of tensor `name` whose slice at (ch0, r0) equals `tile`: from the SRAM copy
+        the tile is part of (whole-height tiles), else from DRAM; None if neither matches."""
+        t = self.module.tensors[name]
+        c, h, w = t.shape
+        places = [(self.dram, self.module.dram[name])]
+        if tile.shape[1] == h:
+            places.insert(0, (self.sram, at - ch0 * tile[0].nbytes))
+        for memory, base in places:
+            if base >= 0 and base + t.nbytes <= len(memory):
+                whole = memory[base : base + t.nbytes].view(t.dtype).reshape(c, h, w)
+                if np.array_equal(whole[ch0 : ch0 + len(tile), r0 : r0 + tile.shape[1]], tile):
+                    return whole.copy()
+        return None
 
     def _padded(
         self, layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill
@@ -308,13 +402,13 @@ class Simulator:
         else:
             padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
             windows = self._windows(layer, padded, rows, ow)
-        bound = _product_bound(x.dtype, wq.dtype)
+        bound = product_bound(x.dtype, wq.dtype)
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
         if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
             taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
-            acc = _exact(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
+            acc = exact_int(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
         else:
             acc = np.empty((chs, rows, ow), np.int64)
             for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
@@ -335,7 +429,7 @@ class Simulator:
         a = layer.attrs
         if maximum:
             padded = self._padded(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
-            return self._windows(layer, padded, rows, ow).max(axis=(3, 4))
+            return window_max(layer, padded, rows, ow)
         padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
         sums = self._windows(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
         counted = np.zeros((1, *padded.shape[1:]), np.int64)
@@ -355,39 +449,43 @@ class Simulator:
         return _saturate(layer, requantize(sums, m, r))
 
 
-def _exact(array: np.ndarray) -> np.ndarray:
-    return np.rint(array).astype(np.int64)
+def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:
+    """[count, block] view of `count` blocks `stride` bytes apart (a reshape where the last
+    stride fits the memory, which is cheaper than as_strided)."""
+    if stride >= block and at + count * stride <= len(memory):
+        return memory[at : at + count * stride].reshape(count, stride)[:, :block]
+    return np.lib.stride_tricks.as_strided(memory[at:], (count, block), (stride, 1))
 
 
-FLOAT32_EXACT = 1 << 24
-
-
-def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
-    """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
-    BLAS over reduction chunks short enough that partial sums stay below 2^24 (any summation
-    order is then exact), chunks summed in int64; float64 when products are too large."""
-    chunk = FLOAT32_EXACT // max(bound, 1)
-    if chunk < 64:
-        return _exact(a.astype(np.float64) @ b.astype(np.float64))
-    a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    k = a.shape[1]
-    if k <= chunk:
-        return (a32 @ b32).astype(np.int64)
-    total = np.zeros((a.shape[0], b.shape[1]), np.int64)
-    for k0 in range(0, k, chunk):
-        total += (a32[:, k0 : k0 + chunk] @ b32[k0 : k0 + chunk]).astype(np.int64)
-    return total
-
-
-def _product_bound(codes: np.dtype, weights: np.dtype) -> int:
-    """The largest |(x - zero point) * w| of these code and weight dtypes."""
-    x, w = np.iinfo(codes), np.iinfo(weights)
-    return (int(x.max) - int(x.min)) * (int(w.max) + 1)
+def _exactly_tiled(module: Module) -> list[int]:
+    """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
+    cover every output element exactly once."""
+    code = module.code
+    execs = code[code[:, 0] == EXEC].astype(np.int64)
+    tiled = []
+    for index, layer in enumerate(module.layers):
+        tiles = execs[execs[:, 1] == index]
+        pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
+        if not len(tiles) or not (
+            layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
+        ):
+            continue
+        m, oh, _ = module.tensors[layer.output].shape
+        r0, rows, ch0, chs = tiles[:, 2:6].T
+        if (r0 + rows > oh).any() or (ch0 + chs > m).any():
+            continue
+        covered = np.zeros((m, oh), np.int32)
+        for r, n, c, k in zip(r0.tolist(), rows.tolist(), ch0.tolist(), chs.tolist()):
+            covered[c : c + k, r : r + n] += 1
+        if (covered == 1).all():
+            tiled.append(index)
+    return tiled
 
 
 def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
     a = layer.attrs
-    return np.clip(scaled + a["y_zero_point"], a["qmin"], a["qmax"])
+    shifted = np.asarray(scaled + a["y_zero_point"])
+    return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)
 
 
 def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:

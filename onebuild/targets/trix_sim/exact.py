@@ -1,0 +1,78 @@
+"""Exact integer arithmetic of the TRIX simulator on float BLAS and numpy: GEMMs whose
+float32 partial sums provably stay integers below 2^24, and pooling window maxima."""
+
+from itertools import pairwise
+
+import numpy as np
+
+from .lower import Layer
+
+
+def exact_int(array: np.ndarray) -> np.ndarray:
+    """Integer-valued floats as int64."""
+    return np.rint(array).astype(np.int64)
+
+
+FLOAT32_EXACT = 1 << 24
+
+
+def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
+    """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
+    BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
+    summation order is then exact), chunks summed in int64; float64 when products are too
+    large. Chunks are as long as the data allows (`reduction_chunks`)."""
+    worst = FLOAT32_EXACT // max(bound, 1)
+    if worst < 64:
+        return exact_int(a.astype(np.float64) @ b.astype(np.float64))
+    a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    edges = reduction_chunks(a32, b32, worst)
+    if len(edges) == 2:
+        return (a32 @ b32).astype(np.int64)
+    total = np.zeros((a.shape[0], b.shape[1]), np.int64)
+    for k0, k1 in pairwise(edges):
+        total += (a32[:, k0:k1] @ b32[k0:k1]).astype(np.int64)
+    return total
+
+
+def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int) -> list[int]:
+    """Edges of the fewest equal reduction chunks (halving) in which every partial sum of row
+    i of `a` times column j of `b` is below 2^24: by Cauchy-Schwarz it is at most
+    |a_i| |b_j| over the chunk; the float32 sums of squares are within 7 % for chunks of at most
+    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do."""
+    k = a.shape[1]
+    least = -(-k // worst)
+    pieces = 1
+    while pieces < least and k <= 1 << 20:
+        edges = [k * i // pieces for i in range(pieces + 1)]
+        if all(
+            float(np.einsum("mk,mk->m", a[:, k0:k1], a[:, k0:k1]).max(initial=0))
+            * float(np.einsum("kn,kn->n", b[k0:k1], b[k0:k1]).max(initial=0))
+            <= float(1 << 46)
+            for k0, k1 in pairwise(edges)
+        ):
+            return edges
+        pieces *= 2
+    return [*range(0, k, worst), k]
+
+
+def product_bound(codes: np.dtype, weights: np.dtype) -> int:
+    """The largest |(x - zero point) * w| of these code and weight dtypes."""
+    x, w = np.iinfo(codes), np.iinfo(weights)
+    return (int(x.max) - int(x.min)) * (int(w.max) + 1)
+
+
+def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
+    a = layer.attrs
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+    taps = (
+        padded[
+            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
+        ]
+        for i in range(kh)
+        for j in range(kw)
+    )
+    result = next(taps).copy()
+    for tap in taps:
+        np.maximum(result, tap, out=result)
+    return result
