@@ -165,7 +165,9 @@ def test_layer_options_follow_the_float_simulation(op, options, dtype):
     graph = import_onnx(model, "m.onnx", {k: list(v.shape) for k, v in feeds.items()}).main
     samples = {k: rng.normal(0, 1, (16, *v.shape)).astype(np.float32) for k, v in feeds.items()}
     got, expected = _compare_with_simulation(graph, samples, dtype)
-    assert np.abs(got - expected).max() <= 2
+    # a tie rounded the other way is carried on by the state: 2 codes of uint8's 255, 8 of
+    # int16's 65535 (a 256 times finer grid; seen: 6, in a reset-gated GRU)
+    assert np.abs(got - expected).max() <= (2 if dtype == "uint8" else 8)
     assert (got == expected).mean() >= 0.995
 
 

@@ -40,6 +40,7 @@ from .kernel_attrs import (
     softmax_attrs,
 )
 from .params import (
+    HEADROOM,
     MultiplierRangeError,
     activation_params,
     dequantize,
@@ -88,7 +89,8 @@ class _Quantizer:
         if value.name not in self.ranges:
             raise UserError(f"no calibration range for '{value.name}'; recalibrate the model")
         lo, hi = self.ranges[value.name]
-        return activation_params(lo, hi, dtype)
+        headroom = HEADROOM.get(dtype, 1.0)
+        return activation_params(lo * headroom, hi * headroom, dtype)
 
     def as_float(self, value: Value) -> Value:
         if id(value) in self.float_of:

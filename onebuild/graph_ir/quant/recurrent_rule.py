@@ -16,7 +16,13 @@ from ..ir import Node
 from ..ops.quantized_recurrent import FUNCTION_BITS, GATE_BITS, INT16
 from ..ops.recurrent import GATE_FUNCTIONS, activation, cell_state_name
 from ..tensor import QuantParams
-from .params import activation_params, quantize, quantize_multiplier, weight_params
+from .params import (
+    HEADROOM,
+    activation_params,
+    quantize,
+    quantize_multiplier,
+    weight_params,
+)
 
 if TYPE_CHECKING:
     from .quantize_graph import _Quantizer
@@ -107,7 +113,9 @@ def quantize_recurrent(quantizer: "_Quantizer", node: Node, dtype: str, w_dtype:
     op, inputs = node.op, list(node.inputs)
     inputs += [None] * (8 - len(inputs))
     x = quantizer.as_quant(inputs[0], dtype)
-    h_params = activation_params(*_union(quantizer, [*node.outputs[:2], inputs[5]]), dtype)
+    lo, hi = _union(quantizer, [*node.outputs[:2], inputs[5]])
+    headroom = HEADROOM.get(dtype, 1.0)  # as every other activation of the type
+    h_params = activation_params(lo * headroom, hi * headroom, dtype)
     s_x, s_h = x.quant.scale[0], h_params.scale[0]
     wq, s_w = _per_row(inputs[1].numpy(), w_dtype)
     rq, s_r = _per_row(inputs[2].numpy(), w_dtype)
