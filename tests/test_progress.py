@@ -87,12 +87,12 @@ RUN = [sys.executable, "-m", "onebuild.cli", "run", str(SESSION_MODEL), "-i", st
 
 
 def test_on_device_calibration_shows_live_progress_on_a_terminal(tmp_path):
-    """The Session records 96 runs (each a float inference, cycling over the samples) before
+    """The Session records 1500 runs (each a float inference, cycling over the samples) before
     it quantizes and partitions for the NPU: a live count of recorded runs with its rate."""
-    manual = ["-o", "y.npz", "--workspace", "ws", "--quantize", "uint8", "--minmax-runs", "96",
+    manual = ["-o", "y.npz", "--workspace", "ws", "--quantize", "uint8", "--minmax-runs", "1500",
               "--codegen", "trix_sim"]  # fmt: skip
     text = _under_a_terminal([*RUN, *manual], tmp_path)
-    end = text.index("on-device calibration: 96 runs in")
+    end = text.index("on-device calibration: 1500 runs in")
     redraws = [p for p in text[:end].split("\r") if p.startswith("on-device calibration:")]
     counts = {part.split("runs")[0] for part in redraws if "runs/s" in part}
     assert len(counts) >= 3, redraws
