@@ -5,13 +5,20 @@ on the NPU (measured: one part, every MAC), and the package is bit-exact with th
 model on real photos. The weights are seeded He-initialized, not trained: what is measured here
 is what runs where and bit-exactness, which do not depend on training."""
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 from onnx import helper
 from onnx_builders import make_model
 from sklearn.datasets import load_sample_images
 from test_partition import assert_package_matches_reference, build_statuses, write_project
 
-from onebuild.npz import write_npz
+from onebuild.graph_ir.serde import load_ir
+from onebuild.npz import read_npz, write_npz
+
+TORCH_MODELS = Path(__file__).parent / "data" / "torch_models"
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 
 
 def mobilenet_v3_style(rng):
@@ -90,4 +97,22 @@ def test_mobilenet_v3_style_runs_on_the_npu(tmp_path, rng):
     macs = report["macs"]
     share = macs.get("trix", 0) / sum(macs.values())
     assert 1 <= len(npu_parts) <= 3 and share >= 0.95, (report["parts"], report["fallbacks"])
+    assert [p["backend"] for p in report["parts"]] == ["trix"] and not report["fallbacks"]
+
+
+def test_a_torch_exported_hard_swish_network_runs_on_the_npu(tmp_path, rng):
+    """torch.onnx at opset 13 spells nn.Hardswish as x * HardSigmoid(x); O1 fuses it back into
+    one HardSwish (one table), and the NPU takes the whole trained network (digits images)."""
+    model = onnx.load(TORCH_MODELS / "hardswish_se.onnx")
+    assert [n.op_type for n in model.graph.node].count("HardSigmoid") == 3  # 2 spell hard-swish
+    recipe = write_project(tmp_path, model, rng)
+    images = read_npz(DIGITS / "data" / "calib.npz")["input"]
+    write_npz(tmp_path / "calib.npz", {"x": images[:64]})
+    write_npz(tmp_path / "eval.npz", {"x": read_npz(DIGITS / "data" / "test.npz")["input"][:16]})
+    build_statuses(recipe)
+    optimized = [n.op for n in load_ir(tmp_path / "build/r/optimize.obir").main.nodes]
+    assert optimized.count("HardSwish") == 2 and optimized.count("HardSigmoid") == 1  # the gate
+    report = assert_package_matches_reference(tmp_path)
+    macs = report["macs"]
+    assert macs.get("trix", 0) / sum(macs.values()) >= 0.95
     assert [p["backend"] for p in report["parts"]] == ["trix"] and not report["fallbacks"]

@@ -12,7 +12,10 @@ single-threaded with fixed seeds, so the script writes the same files every run:
   condition folds once the input shape is fixed), dynamic batch axis;
 - value_if.onnx: a scripted CNN that takes one of two branches by the image's mean ink
   (`if x.mean() > INK`, INK the median over the dataset, so real images take both), each branch
-  a 1x1 convolution whose weights the exported If's branches read from the outer graph.
+  a 1x1 convolution whose weights the exported If's branches read from the outer graph;
+- hardswish_se.onnx: a MobileNetV3-style block (hard-swish, depthwise convolution,
+  squeeze-excitation with a hard-sigmoid gate, residual Add) exported at opset 13, where torch
+  spells nn.Hardswish as x * HardSigmoid(x): what O1's pattern fusion and the NPU must take.
 """
 
 from pathlib import Path
@@ -80,6 +83,28 @@ class ValueIf(nn.Module):
         return self.head(h.flatten(1))
 
 
+class HardSwishSE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.Hardswish())
+        self.depthwise = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.Hardswish())
+        self.excite = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(16, 4, 1),
+            nn.ReLU(),
+            nn.Conv2d(4, 16, 1),
+            nn.Hardsigmoid(),
+        )
+        self.project = nn.Conv2d(16, 16, 1)
+        self.head = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        y = self.depthwise(h)
+        y = self.project(y * self.excite(y)) + h
+        return self.head(torch.max_pool2d(y, 2).flatten(1))
+
+
 def train(model: nn.Module, epochs: int, batch: int = 1) -> nn.Module:
     """A few epochs of Adam on the digits (per-sample batches where control flow depends on
     the sample)."""
@@ -99,7 +124,7 @@ def train(model: nn.Module, epochs: int, batch: int = 1) -> nn.Module:
     return model
 
 
-def export(model: nn.Module, name: str, dynamic: bool = False) -> None:
+def export(model: nn.Module, name: str, dynamic: bool = False, opset: int = OPSET) -> None:
     axes = {"x": {0: "n"}, "y": {0: "n"}} if dynamic else None
     FOLDER.mkdir(exist_ok=True)
     torch.onnx.export(
@@ -107,7 +132,7 @@ def export(model: nn.Module, name: str, dynamic: bool = False) -> None:
         (IMAGES[:1],),
         str(FOLDER / f"{name}.onnx"),
         dynamo=False,
-        opset_version=OPSET,
+        opset_version=opset,
         input_names=["x"],
         output_names=["y"],
         dynamic_axes=axes,
@@ -122,6 +147,7 @@ def main() -> None:
     export(train(Recurrent(nn.GRU), epochs=3, batch=32), "gru")
     export(torch.jit.script(train(ShapeIf(), epochs=3, batch=32)), "shape_if", dynamic=True)
     export(torch.jit.script(train(ValueIf(), epochs=1)), "value_if")
+    export(train(HardSwishSE(), epochs=3, batch=32), "hardswish_se", opset=13)
 
 
 if __name__ == "__main__":
