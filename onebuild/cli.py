@@ -214,13 +214,23 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _graphs(graph) -> list:
+    """A graph and, recursively, the subgraphs its nodes hold (If branches, Loop bodies)."""
+    return [graph, *(g for node in graph.nodes for sub in node.subgraphs for g in _graphs(sub))]
+
+
 def summarize(model) -> dict:
-    """Inputs, outputs, op histogram and parameter count of the main graph."""
+    """Inputs, outputs, op histogram and parameter count of the main graph; the histogram
+    counts the nodes of its If/Loop subgraphs too (the constants they read are the main
+    graph's, copied into them, so parameters are counted in the main graph only)."""
     import numpy as np
 
     from .graph_ir import dtypes
 
     graph = model.main
+    every = _graphs(graph)
+    nodes = [node for g in every for node in g.nodes]
+    constants = list(graph.constants.values())
 
     def entry(value):
         return {
@@ -230,15 +240,15 @@ def summarize(model) -> dict:
         }
 
     # Weights and biases, float or quantized; int64 constants are shape operands and indices.
-    params = sum(v.size for v in graph.constants.values() if v.dtype != np.int64)
+    params = sum(v.size for v in constants if v.dtype != np.int64)
     return {
         "inputs": [entry(v) for v in graph.inputs],
         "outputs": [entry(v) for v in graph.outputs],
-        "ops": dict(sorted(Counter(node.op for node in graph.nodes).items())),
-        "nodes": len(graph.nodes),
+        "ops": dict(sorted(Counter(node.op for node in nodes).items())),
+        "nodes": len(nodes),
         "parameters": int(params),
-        "constant_bytes": int(sum(v.const.nbytes for v in graph.constants.values())),
-        "subgraphs": len(model.graphs),
+        "constant_bytes": int(sum(v.const.nbytes for v in constants)),
+        "subgraphs": len(model.graphs) + len(every) - 1,  # the main graph counts, as in circle
     }
 
 

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -59,6 +60,19 @@ def test_inspect_json(tmp_path):
     info = json.loads(result.stdout)
     assert info["inputs"] == [{"name": "data_0", "dtype": "float32", "shape": [1, 3, 224, 224]}]
     assert info["ops"]["Conv"] == 26 and info["parameters"] == 1235496
+
+
+def test_inspect_counts_what_control_flow_holds():
+    """A value-dependent If's branches (a 1x1 Conv and an activation each) are in the counts."""
+    model = Path(__file__).parent / "data" / "torch_models" / "value_if.onnx"
+    info = json.loads(onebuild("inspect", model, "--json").stdout)
+    assert info["ops"]["If"] == 1 and info["subgraphs"] == 3  # the main graph and two branches
+    assert info["ops"]["Conv"] == 3 and info["ops"]["Tanh"] == info["ops"]["Sigmoid"] == 1
+    proto = onnx.load(model).graph
+    weights = sum(np.prod(t.dims) for t in proto.initializer if t.data_type == 1)
+    threshold = [n for n in proto.node if n.op_type == "Constant"]  # the mean-ink scalar
+    # the branches' weights once (initializers of the main graph), not again in each copy
+    assert len(threshold) == 1 and info["parameters"] == weights + 1
 
 
 def test_inspect_text():
