@@ -129,3 +129,15 @@ def graph_input_roots(value: Value) -> list[str]:
         else:
             stack.extend(i for i in v.producer.inputs if i is not None)
     return sorted(roots)
+
+
+def pin_inputs_error(value: Value, subject: str, because: str) -> DynamicValueError:
+    """ "<subject> depends on the value of input(s) ...; <because>: pin those inputs to
+    constants", naming the graph inputs `value` is computed from."""
+    roots = graph_input_roots(value)
+    return DynamicValueError(
+        f"{subject} depends on the value of input(s) {', '.join(roots) or '?'}; {because}: pin "
+        f"those inputs to constants (recipe: [import] constants = "
+        f"{{ {roots[0] if roots else 'name'} = ... }})",
+        roots,
+    )

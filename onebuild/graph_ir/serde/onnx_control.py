@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ...errors import DynamicValueError, ModelError
+from ...errors import ModelError
 from ..ir import Value
 from ..ops.control import BRANCHES
+from .onnx_context import pin_inputs_error
 from .onnx_loop import unroll_loop, unroll_scan
 from .onnx_ops import converter
 from .onnx_subgraph import free_names, import_subgraph
@@ -109,14 +110,8 @@ def non_zero(ctx):
     """Indices of the nonzero elements, [rank, count] int64: evaluated from a constant input."""
     value = ctx.input(0)
     if not value.is_const:
-        from .onnx_context import graph_input_roots
-
-        roots = graph_input_roots(value)
-        raise DynamicValueError(
-            f"{ctx.importer.source}: node '{ctx.name}' (NonZero): its output shape (the number "
-            f"of nonzero elements) depends on the value of input(s) {', '.join(roots) or '?'}; "
-            "onebuild compiles static shapes: pin those inputs to constants (recipe: [import] "
-            f"constants = {{ {roots[0] if roots else 'name'} = ... }})",
-            roots,
+        subject = f"{ctx.importer.source}: node '{ctx.name}' (NonZero): its output shape (the "
+        raise pin_inputs_error(
+            value, subject + "number of nonzero elements)", "onebuild compiles static shapes"
         )
     return [ctx.constant(np.array(np.nonzero(value.numpy()), dtype=np.int64))]

@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ...errors import DynamicValueError, ModelError
+from ...errors import ModelError
 from ..ir import Value
+from .onnx_context import pin_inputs_error
 from .onnx_subgraph import free_names, import_subgraph
 
 if TYPE_CHECKING:
     from .onnx_import import _GraphImporter
 
 MAX_ITERATIONS = 1024  # unrolled copies of one Loop's body
+
+UNROLLED = "Loop is unrolled at import"  # why a Loop's data-dependent operands must be pinned
 
 
 def unroll_loop(importer: _GraphImporter, node: onnx.NodeProto) -> None:
@@ -195,29 +198,13 @@ def _known(ctx, index: int, what: str, where: str) -> np.ndarray | None:
     if value is None:
         return None
     if not value.is_const:
-        from .onnx_context import graph_input_roots
-
-        roots = graph_input_roots(value)
-        raise DynamicValueError(
-            f"{where}: its {what} depends on the value of input(s) {', '.join(roots) or '?'}; "
-            "Loop is unrolled at import: pin those inputs to constants (recipe: [import] "
-            f"constants = {{ {roots[0] if roots else 'name'} = ... }})",
-            roots,
-        )
+        raise pin_inputs_error(value, f"{where}: its {what}", UNROLLED)
     return np.asarray(value.numpy())
 
 
 def _condition(value: Value, where: str) -> bool:
     if not value.is_const:
-        from .onnx_context import graph_input_roots
-
-        roots = graph_input_roots(value)
-        raise DynamicValueError(
-            f"{where}: whether it continues depends on the value of input(s) "
-            f"{', '.join(roots) or '?'}; Loop is unrolled at import: pin those inputs to "
-            f"constants (recipe: [import] constants = {{ {roots[0] if roots else 'name'} = ... }})",
-            roots,
-        )
+        raise pin_inputs_error(value, f"{where}: whether it continues", UNROLLED)
     return bool(np.asarray(value.numpy()).reshape(-1)[0])
 
 
