@@ -94,6 +94,8 @@ def test_report_content_follows_the_build_records(built):
     assert text.count("<tr><td>codegen</td>") == _npu_parts(built)  # one task per NPU part
     for part in sorted((built / "out/tiny_mobilenet_npu.nnpkg").rglob("*.tvn")):
         assert f'<td>{part.name}</td><td class="num">' in text
+    for part in sorted((built / "out/tiny_mobilenet_npu.nnpkg").rglob("*.obir")):
+        assert f"<td>{part.name}</td><td>circle/tflite export: " in text  # why not circle
     digits = (built / "build/digits_npu/report.html").read_text()
     assert re.search(r"<td>accuracy drop</td><td>0</td><td>0.01</td><td>passed", digits)
 
@@ -190,3 +192,15 @@ def test_mixed_precision_choices_are_shown_as_the_quantized_model_has_them(built
     assert row in text
     assert '<figure id="sqnr">' in text and '<figure id="histograms">' in text
     assert '<figure id="roofline">' not in text  # no NPU in this recipe
+
+
+def test_package_models_left_in_ir_say_why(tmp_path):
+    """A package member that pack kept as onebuild's IR (control flow has no circle form) is
+    listed in the report with the reason, also when pack was restored and printed nothing."""
+    from onebuild.graph_ir.serde import load_onnx, save_ir
+    from onebuild.report.collect import _not_circle
+
+    model = load_onnx(ROOT / "tests/data/torch_models/value_if.onnx")
+    save_ir(model, tmp_path / "model.obir")
+    (reason,) = _not_circle(tmp_path).values()
+    assert "If (node" in reason

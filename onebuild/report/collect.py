@@ -51,6 +51,7 @@ class BuildData:
     binaries: list[Binary] = field(default_factory=list)
     package: list[tuple[str, int]] = field(default_factory=list)
     package_path: Path | None = None
+    not_circle: dict[str, str] = field(default_factory=dict)  # package IR file -> why not circle
 
 
 def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
@@ -79,6 +80,7 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
         elif task.step == "pack" and task.outputs[0].is_dir():
             data.package_path = task.outputs[0]
             data.package = _files(task.outputs[0], task.outputs[0])
+            data.not_circle = _not_circle(task.outputs[0])
     if "partition" not in by_step:
         model = by_step.get("quantize") or by_step.get("optimize") or by_step.get("import")
         backend = "npu" if "codegen" in by_step else "cpu"
@@ -145,6 +147,19 @@ def _binary(path: Path, build_dir: Path) -> Binary:
     peak = hardware.get("mac_rows", 0) * hardware.get("mac_cols", 0) or None
     name = str(path.relative_to(build_dir)) if path.is_relative_to(build_dir) else path.name
     return Binary(name, info, peak, hardware.get("dram_bytes_per_cycle"))
+
+
+def _not_circle(package: Path) -> dict[str, str]:
+    """Each IR model (.obir) the package holds, with the reason pack kept it out of circle
+    (the same check pack ran; its warning is not repeated when pack is restored from cache)."""
+    from ..graph_ir.serde import load_ir
+    from ..graph_ir.serde.circle_exact import exact_circle
+
+    reasons = {}
+    for path in sorted(package.rglob("*.obir")):
+        _, reason = exact_circle(load_ir(path))
+        reasons[str(path.relative_to(package))] = reason or "circle is exact now (packed before)"
+    return reasons
 
 
 def _files(folder: Path, base: Path) -> list[tuple[str, int]]:

@@ -197,10 +197,14 @@ def _package(data: BuildData) -> str:
         return ""
     rows = [[escape(name), _size(size)] for name, size in data.package]
     total = sum(size for _, size in data.package)
-    return (
+    text = (
         f"<h2>Package</h2><p>{escape(str(data.package_path))}: {len(data.package)} files, "
         f"{_size(total)}.</p>" + _table(["file", "size"], rows, {1})
     )
+    if data.not_circle:
+        rows = [[escape(name), escape(why)] for name, why in data.not_circle.items()]
+        text += "<h3>Models not in circle</h3>" + _table(["file", "why onebuild's IR"], rows)
+    return text
 
 
 def _size(count: int) -> str:
