@@ -89,6 +89,27 @@ def test_fresh_checkout_restores_everything_and_packages_match(server, remote, t
     assert set(build(server, second).values()) == {"up-to-date"}
 
 
+def test_status_names_remote_entries_without_downloading_them(server, remote, tmp_path):
+    """`status` on a fresh checkout says import would be restored from the remote cache, and
+    that what follows is judged once it has been; the local cache stays empty."""
+    _, url = remote
+    build(server, checkout(tmp_path, "a", url))
+    second = checkout(tmp_path, "b", url)
+    command = [sys.executable, "-m", "onebuild.cli", "status", str(second / "r.toml"), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=server.env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    steps = {s["step"]: s for s in json.loads(done.stdout)["steps"]}
+    assert steps["import"]["status"] == "restored"
+    assert f"from the remote cache {url}" in steps["import"]["reasons"]
+    assert {steps[s]["status"] for s in ("optimize", "pack")} == {"pending"}
+    assert not list((second / "build").rglob("entry.json"))  # nothing was fetched
+    assert build(server, second) == {
+        "import": "restored",
+        "optimize": "restored",
+        "pack": "restored",
+    }
+
+
 def test_corrupt_entry_is_dropped_and_rebuilt(server, remote, tmp_path):
     folder, url = remote
     first = checkout(tmp_path, "a", url)

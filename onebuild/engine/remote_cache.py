@@ -52,6 +52,9 @@ def remote_fs(url: str):
         raise UserError(f"build.cache '{url}': {error}") from None
 
 
+REMOTE = "remote"  # an entry only the remote cache holds
+
+
 class RemoteStepCache:
     """A `StepCache` in `local` that publishes to and restores from the cache at `url`."""
 
@@ -76,6 +79,13 @@ class RemoteStepCache:
 
     def entry(self, key: str) -> Path | None:
         return self.local.entry(key) or (self.local.entry(key) if self._pull(key) else None)
+
+    def located(self, key: str) -> Path | str | None:
+        """Where an entry is, without downloading it: the local folder, REMOTE when only the
+        remote cache holds it, else None (what `status` asks: it must not fill the cache)."""
+        if (entry := self.local.entry(key)) is not None:
+            return entry
+        return REMOTE if self._guarded(lambda k: self.fs.exists(self._path(k)), key) else None
 
     def restore(self, key: str, outputs: list[Path]) -> bool:
         if self.local.verify(key, len(outputs)):

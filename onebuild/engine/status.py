@@ -102,10 +102,14 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     if None not in digests:
         code = STEPS[task.step].code(task.config)
         key = step_key(task.step, code, task.config, digests, task.recipe.parent)
-        entry = open_cache(task.cache, task.remote).entry(key)
-        if entry is not None:
+        entry = open_cache(task.cache, task.remote).located(key)
+        if isinstance(entry, Path):
             forecast.replaced.update({p: entry / str(i) for i, p in enumerate(task.outputs)})
             return "restored", reasons
+        if entry is not None:  # only the remote cache has it: its content is not fetched here
+            forecast.replaced.update({p: None for p in task.outputs})
+            forecast.pending.update({p: task.step for p in task.outputs})
+            return "restored", [*reasons, f"from the remote cache {task.remote}"]
     forecast.replaced.update({p: None for p in task.outputs})
     forecast.pending.update({p: task.step for p in task.outputs})
     return "run", reasons

@@ -82,6 +82,10 @@ class StepCache:
         entry = self._entry(key)
         return entry if (entry / "entry.json").is_file() else None
 
+    def located(self, key: str) -> Path | None:
+        """Where an entry is, without fetching it: its folder (or None)."""
+        return self.entry(key)
+
     def restore(self, key: str, outputs: list[Path]) -> bool:
         """Copy a cached result into place; False if there is no complete entry. An entry whose
         content does not match its recorded digests is removed (the step reruns)."""
