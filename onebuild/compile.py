@@ -160,13 +160,19 @@ def calibrate(
 
 
 def calibrate_shard(
-    graph: Graph, batches: Iterable, options: CalibrationOptions, index: int, count: int
+    graph: Graph,
+    batches: Iterable,
+    options: CalibrationOptions,
+    index: int,
+    count: int,
+    progress: Callable[[int], None] | None = None,
 ):
     """The recorder of every `count`-th sample chunk from chunk `index` (see `calibrate`)."""
     from .graph_ir.quant.calibrate import record
 
     method, observer = options.method, options.observer_options()
-    return record(graph, batches, method, observer, select=lambda n: n % count == index)
+    select = lambda n: n % count == index  # noqa: E731
+    return record(graph, batches, method, observer, progress, select)
 
 
 def merge_calibration(recorders: Sequence, options: CalibrationOptions):

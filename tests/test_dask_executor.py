@@ -7,6 +7,7 @@ and a worker SIGKILLed in the middle of a step costs nothing but time.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -159,7 +160,7 @@ def test_dask_build_matches_serial_and_second_build_runs_nothing(cluster, serial
     assert set(build(recipes, "--executor", f"dask={address}").values()) == {"up-to-date"}
     assert client.run_on_scheduler(steps_run, start) == []
     # A failing step fails as it does locally: same message, same report left behind.
-    failures = {}
+    failures, lines = {}, {}
     for where, executor in (("local", "local"), ("dask", f"dask={address}")):
         folder = tmp_path / where
         recipe = project(folder)[0]
@@ -169,8 +170,13 @@ def test_dask_build_matches_serial_and_second_build_runs_nothing(cluster, serial
         report = (folder / "build/a/quantize.accuracy.json").read_bytes()
         errors = [e for e in done.stderr.splitlines() if e.startswith("onebuild: error:")]
         failures[where] = (done.returncode, [e.replace(str(folder), "P") for e in errors], report)
+        lines[where] = done.stderr
     assert failures["local"][0] == 1 and "accuracy gate failed" in failures["local"][1][0]
     assert failures["dask"] == failures["local"]
+    # The workers' progress reaches the client's terminal: each calibration part's summary.
+    assert "onebuild: info: calibrate: " in lines["local"]
+    for part in ("1/2", "2/2"):
+        assert re.search(rf"onebuild: info: calibrate part {part}: \d+ samples in", lines["dask"])
 
 
 def steps_run(start: float, dask_scheduler=None) -> list[str]:
@@ -265,3 +271,42 @@ def test_ctrl_c_on_a_local_cluster_stops_cleanly_and_the_next_build_completes(se
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     statuses = build(recipes, "--executor", "dask", "-j", "2")
     assert "run" in statuses.values() and packages(tmp_path / "p") == serial
+
+
+def _counting_step() -> list[dict]:
+    """On a worker: ten samples' progress, as a step reports it."""
+    from onebuild.engine.dask_executor import _forwarding
+    from onebuild.progress import Progress, forward_to
+
+    summaries = _forwarding()
+    progress = Progress("demo", 10, "things")
+    for done in range(1, 11):
+        time.sleep(0.1)
+        progress(done)
+    progress.finish()
+    forward_to(None)
+    return summaries
+
+
+def test_live_progress_of_a_step_on_a_worker_reaches_the_client():
+    from distributed import Client, LocalCluster
+
+    from onebuild.engine.dask_executor import TOPIC, _ClientProgress
+
+    events = []
+
+    class Recording(_ClientProgress):
+        def event(self, event):
+            events.append(event[1])
+            super().event(event)
+
+    options = {"n_workers": 1, "threads_per_worker": 1, "processes": False}
+    with LocalCluster(dashboard_address=None, **options) as cluster, Client(cluster) as client:
+        client.subscribe_topic(TOPIC, Recording().event)
+        summaries = client.submit(_counting_step, pure=False).result()
+        deadline = time.time() + 10
+        while len(events) < 2 and time.time() < deadline:  # events travel on their own
+            time.sleep(0.05)
+    assert len(events) >= 2 and all(e["label"] == "demo" and not e["end"] for e in events)
+    assert [e["done"] for e in events] == sorted(e["done"] for e in events)
+    assert [(s["done"], s["total"], s["end"]) for s in summaries] == [(10, 10, True)]

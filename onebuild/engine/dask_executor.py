@@ -4,7 +4,9 @@ to Dask workers (`distributed`, the optional extra `dask`).
 No shared filesystem is needed: a step's input files travel with the task (tar bytes), the
 worker runs the step in a private temporary folder that mirrors their absolute paths (so the
 step's config, which names the same paths, and files that refer to each other stay valid) and
-sends back its outputs, which the client puts in place atomically. A worker killed mid-step
+sends back its outputs, which the client puts in place atomically. Progress lines of a step on
+a worker are drawn on the client's terminal (live updates as Dask events, the summary lines with
+the result). A worker killed mid-step
 leaves nothing behind: the scheduler runs the task again on another worker. Cache restores
 stay on the client (the step cache, local or remote, is consulted before a step is submitted).
 """
@@ -24,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OneBuildError, UserError
+from ..progress import Progress, forward_to, summary
 from ..tasks import STEPS
 from .step_cache import _replace
 
 INSTALL = "pip install 'onebuild[dask]'"
+TOPIC = "onebuild-progress"  # the Dask event topic of steps' live progress
 
 
 def parse_executor(text: str) -> str | None:
@@ -50,6 +54,7 @@ class DaskExecutor:
         except ImportError:
             raise UserError(f"--executor dask needs Dask's distributed: {INSTALL}") from None
         self.address, self.workers, self.cluster, self.client = address, workers, None, None
+        self.progress = _ClientProgress()
         self._classes, self._lock = (Client, LocalCluster), threading.Lock()
         self.slots = workers
         if address:
@@ -74,6 +79,7 @@ class DaskExecutor:
                         preload=[__name__],  # dask_setup below
                     )
                     self.client = Client(self.cluster)
+                self.client.subscribe_topic(TOPIC, self.progress.event)
             except OSError as error:
                 where = f"dask={self.address}" if self.address else "dask"
                 raise UserError(f"--executor {where}: cannot start or reach ({error})") from None
@@ -93,9 +99,10 @@ class DaskExecutor:
             run_step, step, config, shipped, [str(p) for p in outputs], key=key, pure=False
         )
         try:
-            blobs, error = future.result()
+            blobs, error, summaries = future.result()
         finally:
             future.release()
+        self.progress.finished(key, summaries)
         for output, blob in zip(outputs, blobs):
             if blob is None:
                 continue
@@ -119,10 +126,12 @@ class DaskExecutor:
             parts = client.gather(futures)
         finally:
             client.cancel(futures)
-        errors = [error for _, error in parts if error is not None]
+        for future, (_, _, summaries) in zip(futures, parts):
+            self.progress.finished(future.key, summaries)
+        errors = [error for _, error, _ in parts if error is not None]
         if errors:
             raise UserError(errors[0])
-        module.merge(config, [part for part, _ in parts], outputs)
+        module.merge(config, [part for part, _, _ in parts], outputs)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a cluster that lost workers
@@ -130,6 +139,57 @@ class DaskExecutor:
                 self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+
+
+class _ClientProgress:
+    """The client's lines for the progress that steps on the workers forward: one live line per
+    running task, and each task's summary lines once its result is in (late events dropped)."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, Progress] = {}
+        self.over: set[str] = set()
+        self.lock = threading.Lock()
+
+    def event(self, event: tuple[float, dict]) -> None:
+        """A live update, as `Client.subscribe_topic` delivers it."""
+        message = event[1]
+        with self.lock:
+            if message["task"] in self.over:
+                return
+            line = self.live.get(message["task"])
+            if line is None or line.label != message["label"]:
+                if line is not None:
+                    line.bar.close()
+                line = Progress(message["label"], message["total"], message["unit"])
+                self.live[message["task"]] = line
+            line(message["done"])
+
+    def finished(self, task: str, summaries: list[dict]) -> None:
+        with self.lock:
+            self.over.add(task)
+            line = self.live.pop(task, None)
+            if line is not None:
+                line.bar.close()
+        for event in summaries:
+            summary(event["label"], event["done"], event["unit"], event["seconds"])
+
+
+def _forwarding() -> list[dict]:
+    """On a worker: this task's progress goes to the client (live updates as events); returns
+    the list its summaries are collected in, to travel back with the result."""
+    from distributed import get_worker
+
+    worker, summaries = get_worker(), []
+    task = str(worker.get_current_task())
+
+    def sink(event: dict) -> None:
+        if event["end"]:
+            summaries.append(event)
+        else:
+            worker.log_event(TOPIC, {**event, "task": task})
+
+    forward_to(sink)
+    return summaries
 
 
 def dask_setup(worker) -> None:
@@ -150,6 +210,7 @@ def run_step(
     """On a worker: the step in a private root that mirrors the client's paths; returns the
     outputs it wrote and its error message (naming the client's paths), if it failed."""
     root = Path(tempfile.mkdtemp(prefix="onebuild-step-"))
+    summaries = _forwarding()
     try:
         for path, blob in inputs.items():
             unpack_tree(blob, _inside(root, path))
@@ -161,24 +222,28 @@ def run_step(
             STEPS[step].run(_relocated(config, root), [_inside(root, p) for p in inputs], local)
         except OneBuildError as failure:
             error = str(failure).replace(str(root), "")
-        return [pack_tree(p) if p.exists() else None for p in local], error
+        return [pack_tree(p) if p.exists() else None for p in local], error, summaries
     finally:
+        forward_to(None)
         shutil.rmtree(root, ignore_errors=True)
 
 
 def run_shard(step: str, config: dict, inputs: dict[str, bytes], index: int, count: int):
-    """On a worker: part `index` of `count` of a step that splits; (part, error message)."""
+    """On a worker: part `index` of `count` of a step that splits; (part, error message,
+    progress summaries)."""
     module = import_module(STEPS[step].module)
     root = Path(tempfile.mkdtemp(prefix="onebuild-shard-"))
+    summaries = _forwarding()
     try:
         for path, blob in inputs.items():
             unpack_tree(blob, _inside(root, path))
         local = [_inside(root, p) for p in inputs]
         try:
-            return module.run_shard(_relocated(config, root), local, index, count), None
+            return module.run_shard(_relocated(config, root), local, index, count), None, summaries
         except OneBuildError as failure:
-            return None, str(failure).replace(str(root), "")
+            return None, str(failure).replace(str(root), ""), summaries
     finally:
+        forward_to(None)
         shutil.rmtree(root, ignore_errors=True)
 
 

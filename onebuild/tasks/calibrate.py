@@ -59,10 +59,14 @@ def run_shard(config: dict[str, Any], inputs: list[Path], index: int, count: int
         options_from,
     )
     from ..graph_ir.serde import load_ir
+    from ..progress import Progress
 
     graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
     options = options_from(CalibrationOptions, config)
-    return calibrate_shard(graph, _batches(config, graph), options, index, count)
+    progress = Progress(f"calibrate part {index + 1}/{count}")
+    recorder = calibrate_shard(graph, _batches(config, graph), options, index, count, progress)
+    progress.finish()
+    return recorder
 
 
 def merge(config: dict[str, Any], parts: list, outputs: list[Path]) -> None:
