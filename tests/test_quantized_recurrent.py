@@ -317,3 +317,42 @@ def test_recurrent_layers_count_their_multiply_accumulates():
     quantized = quantize_graph(graph, calibrate(graph, samples).ranges, QuantConfig())
     (qnode,) = [n for n in quantized.nodes if n.op == "QGRU"]
     assert macs(graph.nodes[0]) == macs(qnode) == 5 * 2 * 3 * (3 * 6) * (4 + 6)
+
+
+def test_stacked_layers_with_the_same_gate_functions_share_one_table_constant():
+    """Two LSTMs (sigmoid, tanh, tanh) read one stacked table; each stays exact to its own
+    simulation, so the sharing changes bytes on disk only."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    seq, batch, size, hidden = 5, 2, 4, 6
+    nodes, inits, source = [], [], "X"
+    for layer, width in enumerate((size, hidden)):
+        names = [f"W{layer}", f"R{layer}", f"B{layer}"]
+        shapes = [(1, 4 * hidden, width), (1, 4 * hidden, hidden), (1, 8 * hidden)]
+        for name, shape in zip(names, shapes):
+            inits.append(
+                numpy_helper.from_array(rng.normal(0, 0.4, shape).astype(np.float32), name)
+            )
+        nodes.append(helper.make_node("LSTM", [source, *names], [f"Y{layer}"], hidden_size=hidden))
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), f"axis{layer}"))
+        nodes.append(helper.make_node("Squeeze", [f"Y{layer}", f"axis{layer}"], [f"S{layer}"]))
+        source = f"S{layer}"
+    graph = helper.make_graph(
+        nodes,
+        "stacked",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, size])],
+        [helper.make_tensor_value_info(source, TensorProto.FLOAT, [seq, batch, hidden])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    float_graph = import_onnx(model, "m.onnx").main
+    samples = {"X": rng.normal(0, 1, (16, seq, batch, size)).astype(np.float32)}
+    ranges = calibrate(float_graph, samples).ranges_for("uint8")
+    qgraph = quantize_graph(float_graph, ranges, QuantConfig(dtype="uint8"))
+    layers = [n for n in qgraph.nodes if n.op == "QLSTM"]
+    assert len(layers) == 2
+    assert layers[0].inputs[5] is layers[1].inputs[5]  # W, R, bias_x, bias_h, tables
+    assert layers[0].inputs[5].shape == (2, 65536)  # sigmoid and tanh
+    got, expected = _compare_with_simulation(float_graph, samples)
+    np.testing.assert_array_equal(got, expected)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir import Node
+from ..ir import Node, Value
 from ..ops.quantized_recurrent import FUNCTION_BITS, GATE_BITS, INT16
 from ..ops.recurrent import GATE_FUNCTIONS, activation, cell_state_name
 from ..tensor import QuantParams
@@ -41,6 +41,16 @@ def function_table(spec) -> np.ndarray:
     """The int16 table of a gate function: round_half_even(f(code · 2^-12) · 2^15), saturated."""
     scaled = np.rint(_function_values(spec) * 2.0**FUNCTION_BITS)
     return np.clip(scaled, *INT16).astype(np.int16)
+
+
+def _tables(graph, functions: list) -> Value:
+    """The stacked int16 tables of `functions`, one constant per graph and function list: every
+    layer with the same gate functions reads the same 128 KB per function."""
+    name = "gate_tables_" + "_".join("_".join(map(str, f)) for f in functions)
+    shared = graph.constants.get(name)
+    if shared is not None:
+        return shared
+    return graph.add_constant(np.stack([function_table(f) for f in functions]), name)
 
 
 def _functions(node: Node) -> list | None:
@@ -171,7 +181,7 @@ def quantize_recurrent(quantizer: "_Quantizer", node: Node, dtype: str, w_dtype:
         graph.add_constant(rq, f"{inputs[2].name}_q"),
         graph.add_constant(bx, f"{node.name}_bias_x_q"),
         graph.add_constant(bh, f"{node.name}_bias_h_q"),
-        graph.add_constant(np.stack([function_table(f) for f in distinct]), f"{node.name}_tables"),
+        _tables(graph, distinct),
     ]
     lengths = None if inputs[4] is None else quantizer.as_float(inputs[4])
     new = graph.make_node(
