@@ -153,3 +153,36 @@ def test_killed_while_recording_loses_no_completed_run(tmp_path, app):
     for index in range(min(total, gate_samples)):
         saved = read_npz(workspace / "records" / f"{index:06d}.npz")["input"]
         np.testing.assert_array_equal(saved, app.stream[index])
+
+
+WRONG_TYPES = [
+    ("source", 7),
+    ("state", "FLYING"),
+    ("state", ["INITIAL"]),
+    ("done", "yes"),
+    ("reason", 3),
+    ("settings", "fast"),
+    ("artifacts", []),
+    ("artifacts", {"quantized": "quantized.obir"}),
+    ("artifacts", {"compiled": {"path": 1, "sha256": "0"}}),
+    ("gates", {"quantized": True}),
+    ("choice", 5),
+    ("qpath", 5),
+    ("cpath", ["m.tvn"]),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), WRONG_TYPES, ids=lambda v: str(v)[:20])
+def test_a_hand_edited_state_of_the_wrong_types_starts_over_without_a_traceback(
+    tmp_path, app, key, value, caplog
+):
+    workspace = tmp_path / "ws"
+    done = single_session(workspace, app.stream, 4, 4)
+    assert done.state == "COMPILED"
+    state = json.loads((workspace / "state.json").read_text())
+    state[key] = value
+    (workspace / "state.json").write_text(json.dumps(state))
+    session = Session(DIGITS / "digits.onnx", workspace=workspace, input_shapes=SHAPES)
+    assert session.state == "INITIAL" and session.minmax_records == 0
+    assert f"{key}" in caplog.text and "wrong type" in caplog.text
+    session.run({"input": app.stream[0]})  # and it runs

@@ -88,6 +88,14 @@ class Workspace:
                 "%s: not a session state of format %d; starting over", self.state_file, FORMAT
             )
             return None
+        wrong = _wrong_keys(state)
+        if wrong:
+            log.warning(
+                "%s: %s of the wrong type (edited by hand?); starting over",
+                self.state_file,
+                ", ".join(wrong),
+            )
+            return None
         return state
 
     def write_state(self, state: dict) -> None:
@@ -129,3 +137,40 @@ class Workspace:
             path.unlink(missing_ok=True)
         for folder in (self.partition, self.package):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+_ARTIFACT = {"path": str, "sha256": str}
+_STATE_TYPES = {  # key -> the JSON types `Session._write_state` writes
+    "source": str,
+    "state": str,
+    "done": bool,
+    "reason": (str, type(None)),
+    "settings": (dict, type(None)),
+    "artifacts": dict,
+    "gates": dict,
+    "choice": (dict, type(None)),
+    "qpath": (str, type(None)),
+    "cpath": (str, type(None)),
+}
+STATES = ("INITIAL", "QUANTIZED", "COMPILED")
+
+
+def _wrong_keys(state: dict) -> list[str]:
+    """The keys of a saved state whose values are not what a session writes."""
+    wrong = [k for k, t in _STATE_TYPES.items() if k in state and not isinstance(state[k], t)]
+    if isinstance(state.get("state"), str) and state["state"] not in STATES:
+        wrong.append("state")
+    artifacts = state.get("artifacts")
+    if isinstance(artifacts, dict):
+        for kind, artifact in artifacts.items():
+            fine = isinstance(artifact, dict) and all(
+                isinstance(artifact.get(k), t) for k, t in _ARTIFACT.items()
+            )
+            if not fine:
+                wrong.append(f"artifacts.{kind}")
+    gates = state.get("gates")
+    if isinstance(gates, dict):
+        for kind, gate in gates.items():
+            if not (isinstance(gate, dict) and isinstance(gate.get("passed"), bool)):
+                wrong.append(f"gates.{kind}")
+    return wrong
