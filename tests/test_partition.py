@@ -397,3 +397,18 @@ def test_input_read_by_two_parts_is_relayed():
     feeds = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
     (got,) = run_parts(partitioning, feeds)
     np.testing.assert_array_equal(got, np.maximum(feeds["x"], 0) - feeds["x"])
+
+
+def test_an_input_that_is_also_an_output_builds_into_a_bit_exact_package(tmp_path, rng):
+    """x is an output of the model as it is: a first CPU part without nodes hands it on (to the
+    package output of the same name and to the parts that read it); the build used to fail."""
+    model = mixed_model(rng)
+    model.graph.output.append(helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None))
+    model.graph.output[-1].type.CopyFrom(model.graph.input[0].type)
+    recipe = write_project(tmp_path, model, rng)
+    build_statuses(recipe)
+    report = assert_package_matches_reference(tmp_path)
+    assert report["parts"][0] == {"backend": "cpu", "file": "m.00001_cpu.obir", "nodes": 0}
+    feeds = dict(np.load(tmp_path / "eval.npz", allow_pickle=False))
+    got, _ = run_package(load_package(tmp_path / "out/m.nnpkg"), feeds)
+    np.testing.assert_array_equal(got["x"], feeds["x"])

@@ -137,6 +137,16 @@ def split(graph: Graph, backend_of: dict[str, str], name: str) -> Partitioning:
                 if v is not None and not v.is_const and k not in readers.setdefault(id(v), []):
                     readers[id(v)].append(k)
     parts, part_inputs, part_outputs = [], [], []
+    passed = [v for v in graph.inputs if id(v) in graph_outputs]  # inputs that are outputs too
+    if passed:  # a first CPU part without nodes hands them on, as outputs of the same name
+        part = Graph(f"{name}.00001_cpu")
+        for v in passed:
+            part.add_input(v.name, v.dtype, v.shape).quant = v.quant
+        part.outputs = list(part.inputs)
+        parts.append(Part("cpu", part))
+        part_inputs.append(passed)
+        part_outputs.append(passed)
+    first = len(parts) + 1  # the number of the first region's part
     for k, region in enumerate(regions):
         ins = _region_inputs(region, owner, k)
         outs = [
@@ -147,11 +157,14 @@ def split(graph: Graph, backend_of: dict[str, str], name: str) -> Partitioning:
         ]
         # a package input read by several parts enters the first; later parts read a copy of it
         relay = [
-            v for v in ins if v.producer is None and readers[id(v)][0] == k < readers[id(v)][-1]
+            v
+            for v in ins
+            if v.producer is None
+            and id(v) not in graph_outputs  # the first part hands those on
+            and readers[id(v)][0] == k < readers[id(v)][-1]
         ]
-        part = _extract(
-            graph, region, ins, outs, relay, f"{name}.{k + 1:05d}_{backend_of[region[0].name]}"
-        )
+        number = f"{k + first:05d}_{backend_of[region[0].name]}"
+        part = _extract(graph, region, ins, outs, relay, f"{name}.{number}")
         parts.append(Part(backend_of[region[0].name], part))
         part_inputs.append(ins)
         part_outputs.append(outs + relay)

@@ -54,7 +54,13 @@ def with_quantized_io(graph: Graph) -> Graph:
     inputs = []
     for value in graph.inputs:
         users = value.users
-        if len(users) != 1 or users[0].op != "QuantizeLinear" or len(value.uses) != 1:
+        also_output = any(value is output for output in graph.outputs)  # stays float then
+        if (
+            len(users) != 1
+            or users[0].op != "QuantizeLinear"
+            or len(value.uses) != 1
+            or also_output
+        ):
             inputs.append(value)
             continue
         quantized = users[0].output
