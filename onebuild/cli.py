@@ -132,15 +132,21 @@ def cmd_run(args) -> int:
 
 def _run_model(graph, feeds: dict, args) -> dict:
     """The reference interpreter on a batch; float data converted for quantized model I/O."""
+    import numpy as np
+
     from .graph_ir.interpreter import Interpreter
     from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
 
     if not args.raw:
         feeds = quantize_inputs(graph, feeds)
     try:
-        outputs = Interpreter(graph).run_batch(feeds)
+        with np.errstate(all="ignore"):  # NaN/Inf in float data: said once below
+            outputs = Interpreter(graph).run_batch(feeds)
     except UserError as error:
         raise UserError(f"{args.inputs}: {error}") from None
+    bad = [k for k, v in outputs.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
+    if bad:
+        log.warning("%s: output(s) %s hold NaN or Inf", args.inputs, ", ".join(bad))
     return outputs if args.raw else dequantize_outputs(graph, outputs)
 
 

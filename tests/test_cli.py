@@ -150,3 +150,16 @@ def test_bad_inputs_give_one_line_errors(model_file, tmp_path, rng):
 def test_bad_option_exits_2(model_file):
     result = onebuild("inspect", model_file, "--input-shape", "x:1,2")
     assert result.returncode == 2 and "NAME=D0,D1" in result.stderr
+
+
+@pytest.mark.parametrize("raw", [[], ["--raw"]], ids=["float", "raw"])
+def test_non_finite_inputs_to_a_float_model_give_one_warning_line(model_file, tmp_path, rng, raw):
+    """IEEE arithmetic carries NaN/Inf through a float model: the outputs say so in one line,
+    without numpy's RuntimeWarnings (code locations) on the terminal."""
+    x = rng.random((2, 1, 3, 8, 8), dtype=np.float32)
+    x[0, 0, 0, 0, 0], x[1, 0, 1, 2, 3] = np.nan, np.inf
+    np.savez(tmp_path / "in.npz", x=x)
+    result = onebuild("run", model_file, "-i", tmp_path / "in.npz", "-o", tmp_path / "o.npz", *raw)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "dynamic batch dim" not in line]
+    assert lines == [f"onebuild: warning: {tmp_path / 'in.npz'}: output(s) y hold NaN or Inf"]
