@@ -3,7 +3,7 @@ import as onebuild's integer IR with their own parameters and agree with onnxrun
 
 Differences are counted in codes of the output (LSB = the output's scale). The integer kernels
 requantize exactly (31-bit multiplier and shift, one rounding, half to even); onnxruntime's
-QLinear kernels rescale in float32 and round half to even, and runs the ops of 16-bit QDQ
+QLinear kernels rescale in float32 and round half to even, and it runs the ops of 16-bit QDQ
 models in float32. Where the exact value lies on a rounding tie (an average of equal scales),
 float32 lands on either side of it, so single layers may differ by one code, which stays within
 one code through these networks."""
