@@ -2,9 +2,11 @@
 import as onebuild's integer IR with their own parameters and agree with onnxruntime.
 
 Differences are counted in codes of the output (LSB = the output's scale). The integer kernels
-requantize with a 31-bit multiplier and one rounding; onnxruntime's QLinear kernels rescale in
-float, and on QDQ models it runs ops it does not fuse (Sigmoid, Mul, ...) in float, so single
-layers may differ by one code, which can compound to two through a network."""
+requantize exactly (31-bit multiplier and shift, one rounding, half to even); onnxruntime's
+QLinear kernels rescale in float32 and round half to even, and it runs the ops of 16-bit QDQ
+models in float32. Where the exact value lies on a rounding tie (an average of equal scales),
+float32 lands on either side of it, so single layers may differ by one code, which stays within
+one code through these networks."""
 
 import json
 import shutil
@@ -21,6 +23,7 @@ from onebuild.compile import QuantizeOptions, quantize
 from onebuild.errors import OneBuildError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.ops.pool import window_sums
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
@@ -33,31 +36,34 @@ from onebuild.npz import read_npz
 
 ROOT = Path(__file__).parent.parent
 MODELS = ROOT / "tests" / "data" / "qdq"
-TEST = read_npz(ROOT / "examples" / "digits" / "data" / "test.npz")["input"][:120]
+HELD_OUT = read_npz(ROOT / "examples" / "digits" / "data" / "test.npz")["input"]  # 360 images
+TEST = HELD_OUT[:120]
 INTEGER_OPS = {"QConv", "QGemm", "QAdd", "QMul", "QConcat", "QAveragePool", "QLookup"}
 
-# model -> (max LSB, largest fraction of outputs more than 1 LSB away), end to end
+# model -> (max LSB, largest share of outputs that differ), end to end on HELD_OUT; measured
+# (onnxruntime 1.32): branchy 7.9 % (uint8), 14.9 % (int8), 16.3 % (int16), the 16-bit CNNs
+# 1.7 % and 1.8 %. Rounding ties half up instead, the branchy models reached 2 LSB and 21-23 %.
 STATIC = {
     "cnn_qdq": (0, 0.0),
     "cnn_qdq_pc": (0, 0.0),
     "cnn_qdq_s8": (0, 0.0),
-    "cnn_qdq_i16": (1, 0.0),
-    "cnn_qdq_u16": (1, 0.0),
+    "cnn_qdq_i16": (1, 0.02),
+    "cnn_qdq_u16": (1, 0.02),
     "cnn_qop": (0, 0.0),
     "cnn_qop_pc": (0, 0.0),
     "mlp_qdq": (0, 0.0),
     "mlp_qop": (0, 0.0),
     "branchy_qop": (0, 0.0),
     "branchy_qop_pc": (0, 0.0),
-    "branchy_qdq": (2, 0.002),
-    "branchy_qdq_pc": (2, 0.002),
-    "branchy_qdq_s8": (2, 0.002),
-    "branchy_qdq_i16": (2, 0.002),
+    "branchy_qdq": (1, 0.09),
+    "branchy_qdq_pc": (1, 0.09),
+    "branchy_qdq_s8": (1, 0.16),
+    "branchy_qdq_i16": (1, 0.17),
 }
 
 
 def inputs_for(name: str) -> np.ndarray:
-    return TEST.reshape(len(TEST), 1, 64) if name.startswith("mlp") else TEST
+    return HELD_OUT.reshape(len(HELD_OUT), 1, 64) if name.startswith("mlp") else HELD_OUT
 
 
 def runtime(model: onnx.ModelProto | Path) -> ort.InferenceSession:
@@ -86,15 +92,26 @@ def test_static_model_imports_quantized_and_matches_onnxruntime(name):
     assert ops <= INTEGER_OPS | {"QuantizeLinear", "DequantizeLinear", "MaxPool", "Reshape"}
     scale = model.main.outputs[0].producer.attrs["scale"][0]
     lsb = np.rint(np.abs(ours.astype(np.float64) - theirs) / scale)
-    max_lsb, beyond_one = STATIC[name]
+    max_lsb, share = STATIC[name]
     assert lsb.max() <= max_lsb, f"{name}: {lsb.max()} LSB"
-    assert np.mean(lsb > 1) <= beyond_one
+    assert np.mean(lsb > 0) <= share, f"{name}: {np.mean(lsb > 0):.2%} of outputs differ"
     assert np.mean(ours.argmax(1) == theirs.argmax(1)) == 1.0
 
 
-def test_each_layer_within_one_lsb_of_onnxruntime():
-    """branchy QDQ per channel, layer by layer: every integer kernel given onnxruntime's own
-    input codes gives onnxruntime's output codes within 1 LSB (no compounding)."""
+def _on_tie(node, x: np.ndarray) -> np.ndarray:
+    """Where a QAveragePool's exact output lies half-way between two codes."""
+    total, counts = window_sums(node.attrs, x.astype(np.float64) - node.attrs["x_zero_point"])
+    exact = total * node.attrs["scale_ratio"] / counts
+    return np.abs(exact - np.floor(exact) - 0.5) < 1e-9
+
+
+def test_each_layer_matches_onnxruntime_but_for_float32_ties():
+    """branchy QDQ per channel, layer by layer: onnxruntime fuses it into its QLinear kernels;
+    each integer kernel, given onnxruntime's own input codes, gives its output codes exactly,
+    except the 2x2 AveragePool (input and output scales equal, so a quarter of its outputs lie
+    exactly half-way): onnxruntime averages in float32, which puts about one tie in twenty
+    on the other side of the half. Rounding half up instead of to even moved half the ties
+    (12 % of its codes)."""
     name = "branchy_qdq_pc"
     proto = onnx.load(MODELS / f"{name}.onnx")
     q_outputs = [n.output[0] for n in proto.graph.node if n.op_type == "QuantizeLinear"]
@@ -104,7 +121,8 @@ def test_each_layer_within_one_lsb_of_onnxruntime():
     names = [o.name for o in session.get_outputs()]
     model = load_model(MODELS / f"{name}.onnx", {"input": [1, 1, 8, 8]})
     layers = [n for n in model.main.nodes if n.op in INTEGER_OPS]
-    worst, differing, total, checked = 0, 0, 0, 0
+    differing = {node.name: 0 for node in layers}
+    sizes = dict(differing)
     for sample in TEST[:40]:
         codes = dict(zip(names, session.run(None, {"input": sample})))
         for node in layers:
@@ -125,13 +143,15 @@ def test_each_layer_within_one_lsb_of_onnxruntime():
             graph.outputs = [single.output]
             got = Interpreter(graph).run({v.name: codes[v.name] for v in inputs})
             diff = np.abs(got[node.output.name].astype(np.int64) - codes[node.output.name])
-            worst = max(worst, int(diff.max()))
-            differing += int((diff > 0).sum())
-            total += diff.size
-            checked += 1
-    assert checked >= 40 * 9  # 2 QConv, QGemm, 3 QLookup, 2 QMul, QAdd, QConcat, 2 pools
-    assert worst <= 1, f"{worst} LSB"
-    assert differing / total < 0.05
+            assert diff.max() <= 1, f"{node.name}: {diff.max()} LSB"
+            if node.op == "QAveragePool":
+                assert _on_tie(node, codes[node.inputs[0].name])[diff > 0].all(), node.name
+            differing[node.name] += int((diff > 0).sum())
+            sizes[node.name] += diff.size
+    assert sum(1 for size in sizes.values() if size) == 12  # every integer kernel compared
+    shares = {name: differing[name] / sizes[name] for name in differing}
+    assert shares.pop("avg") < 0.02, differing  # 1.1 % measured (one tie in twenty)
+    assert not any(shares.values()), differing
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16"])
@@ -374,3 +394,39 @@ def test_softmax_and_resize_of_an_onnxruntime_qdq_model(tmp_path):
     theirs = np.concatenate([session.run(None, {"input": x})[0] for x in TEST[32:64]])
     step = imported.outputs[0].producer.attrs["scale"][0]
     assert np.abs(ours.reshape(theirs.shape) - theirs).max() <= step * 1.01
+
+
+@pytest.mark.parametrize(("zero_point", "most"), [(12, 0.035), (13, 0.25)])
+def test_average_pool_alone_differs_from_onnxruntime_only_on_ties(tmp_path, zero_point, most):
+    """com.microsoft QLinearAveragePool 2x2 on random codes, input and output parameters equal
+    (a quarter of the outputs are exact ties): onebuild's QAveragePool differs from
+    onnxruntime only on ties: on few of them with an even zero point (2.8 % of outputs, where
+    float32 lands off the half; half up: 12.9 %); on most with an odd one (22.8 %), as
+    onnxruntime rounds y / s + zp to an even code where QuantizeLinear rounds y / s to even and
+    then adds zp."""
+    inits = [
+        numpy_helper.from_array(np.float32(0.0371), "s"),
+        numpy_helper.from_array(np.uint8(zero_point), "zp"),
+    ]
+    node = helper.make_node(
+        "QLinearAveragePool", ["x", "s", "zp", "s", "zp"], ["y"], domain="com.microsoft",
+        kernel_shape=[2, 2], strides=[2, 2],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "pool",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 8, 4, 4])],
+        inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    x = np.random.default_rng(5).integers(0, 256, (64, 1, 8, 8, 8)).astype(np.uint8)
+    model = load_model(path)
+    (pool,) = [n for n in model.main.nodes if n.op == "QAveragePool"]
+    ours = Interpreter(model.main).run_batch({"x": x})["y"][:, 0]
+    session = runtime(path)
+    theirs = np.concatenate([session.run(None, {"x": sample})[0] for sample in x])
+    diff = np.abs(ours.astype(np.int64) - theirs)
+    assert diff.max() == 1 and _on_tie(pool, x[:, 0])[diff > 0].all()
+    assert np.mean(diff > 0) <= most, f"{np.mean(diff > 0):.1%} differ"

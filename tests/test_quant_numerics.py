@@ -68,10 +68,21 @@ def test_quantize_multiplier_is_accurate(rng):
             quantize_multiplier(bad)
 
 
-def test_requantize_rounds_half_up_exactly(rng):
-    m, r = 1 << 30, 31  # multiplier exactly 0.5
-    acc = np.array([-3, -2, -1, 0, 1, 2, 3, 5], np.int32)
-    assert list(requantize(acc, m, r)) == [-1, -1, 0, 0, 1, 1, 2, 3]
+def _half_even(acc: int, m: int, r: int) -> int:
+    """round_half_even(acc * m / 2^r) with Python integers."""
+    quotient, remainder = divmod(acc * m, 1 << r)
+    if 2 * remainder > 1 << r or (2 * remainder == 1 << r and quotient % 2):
+        quotient += 1
+    return quotient
+
+
+def test_requantize_rounds_half_to_even_exactly(rng):
+    m, r = 1 << 30, 31  # multiplier exactly 0.5: every odd accumulator is a tie
+    acc = np.array([-5, -3, -2, -1, 0, 1, 2, 3, 5, 7], np.int32)
+    assert list(requantize(acc, m, r)) == [-2, -2, -1, 0, 0, 0, 1, 2, 2, 4]
+    m, r = 1 << 30, 32  # 0.25 (a 2x2 average of equal scales): ties at 2 mod 4
+    acc = np.arange(-8, 9, dtype=np.int64)
+    assert requantize(acc, m, r).tolist() == [_half_even(int(a), m, r) for a in acc]
     acc = rng.integers(-(2**31), 2**31 - 1, 20000).astype(np.int64)
     real = 0.0123456
     m, r = quantize_multiplier(real)
@@ -79,17 +90,26 @@ def test_requantize_rounds_half_up_exactly(rng):
     assert np.abs(requantize(acc, m, r) - exact).max() <= 0.5 + 1e-6
 
 
-@pytest.mark.parametrize("bits, max_real", [(32, 2.0**20), (46, 100.0)])
+@pytest.mark.parametrize("bits, max_real", [(32, 2.0**20), (34, 1.0), (46, 100.0)])
 def test_requantize_matches_python_integers(rng, bits, max_real):
-    """Exact against unbounded integers, incl. 46-bit accumulators of int16 kernels."""
+    """Exact against unbounded integers, incl. 46-bit accumulators of int16 kernels; half of
+    the multipliers are powers of two, so ties are frequent on both code paths."""
     acc = rng.integers(-(2 ** (bits - 1)), 2 ** (bits - 1), 3000, dtype=np.int64)
     reals = np.exp(rng.uniform(np.log(2.0**-30), np.log(max_real), 3000))
+    reals[::2] = 2.0 ** np.floor(np.log2(reals[::2]))
     pairs = [quantize_multiplier(float(x)) for x in reals]
     m = np.array([p[0] for p in pairs], np.int64)
     r = np.array([p[1] for p in pairs], np.int64)
     got = requantize(acc, m, r)
-    want = [(int(a) * int(mm) + (1 << (int(rr) - 1))) >> int(rr) for a, mm, rr in zip(acc, m, r)]
+    want = [_half_even(int(a), int(mm), int(rr)) for a, mm, rr in zip(acc, m, r)]
     assert got.tolist() == want
+
+
+def test_requantize_does_not_overflow_near_32_bits():
+    """acc * m + 2^(r-1) stays below 2^63 (an accumulator just under 2^32 with a 61-bit shift
+    wrapped to a negative result before)."""
+    acc, m, r = 2**32 - 1, 2**31 - 1, 61
+    assert requantize(np.array([acc, -acc]), m, r).tolist() == [4, -4]
 
 
 def test_minmax_and_moving_average():

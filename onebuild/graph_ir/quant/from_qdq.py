@@ -15,8 +15,9 @@ or Clip between a Conv/Gemm/MatMul/Add and its QuantizeLinear becomes the kernel
   QuantizeLinear likewise.
 Everything else keeps its QuantizeLinear / DequantizeLinear and runs in float (as in a model
 onebuild quantized itself); a multiplier outside the fixed-point range also leaves its op float.
-Requantization is onebuild's (31-bit multiplier and shift, one rounding): onnxruntime rescales in
-float, so results may differ by one code (docs/quantization.md).
+Requantization is onebuild's (31-bit multiplier and shift, one rounding, ties to even):
+onnxruntime rescales in float32, so results may differ by one code where the exact value is a
+rounding tie (docs/quantization.md).
 """
 
 import logging

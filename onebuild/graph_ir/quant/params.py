@@ -5,8 +5,8 @@
 - Weights: symmetric, per channel (an axis) or per tensor.
 - Quantize: q = clamp(round_half_even(x / scale) + zero_point), as ONNX QuantizeLinear.
 - Requantize an integer accumulator by a real multiplier M > 0: M = m * 2^-r with a 31-bit
-  integer m in [2^30, 2^31) and r >= 1, then out = (acc * m + 2^(r-1)) >> r computed exactly
-  (the product may need up to 80 bits): one rounding, half toward +infinity.
+  integer m in [2^30, 2^31) and r >= 1, then out = round_half_even(acc * m / 2^r) computed
+  exactly (the product may need up to 80 bits): one rounding, ties to even as in quantize.
 """
 
 import math
@@ -126,21 +126,30 @@ SPLIT_BITS = 24
 
 
 def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.ndarray:
-    """floor((acc * m + 2^(r-1)) / 2^r): round half toward +infinity, exact.
+    """round_half_even(acc * m / 2^r), exact: floor((acc * m + 2^(r-1)) / 2^r), less one where
+    acc * m / 2^r lies exactly half-way and that result is odd.
 
-    The product can exceed 64 bits for 16-bit accumulators, so acc is split as
+    The product can exceed 64 bits for 16-bit accumulators, so acc beyond 32 bits is split as
     hi * 2^k + lo (k = min(r, 24), 0 <= lo < 2^k) and the shift is applied in two exact parts:
-    floor((hi*m*2^k + lo*m + 2^(r-1)) / 2^r) = (hi*m + ((lo*m + 2^(r-1)) >> k)) >> (r - k).
-    Exact for |acc| < 2^(32 + k), which covers int32 accumulators with any r and 48-bit
-    accumulators when r >= 24 (multipliers below 2^7).
+    floor((hi*m*2^k + lo*m + 2^(r-1)) / 2^r) = (hi*m + ((lo*m + 2^(r-1)) >> k)) >> (r - k);
+    the half-way case is the one where both parts leave no remainder. Exact for
+    |acc| < 2^(32 + k), which covers int32 accumulators with any r and 48-bit accumulators when
+    r >= 24 (multipliers below 2^7).
     """
     acc = np.asarray(acc, np.int64)
     m = np.asarray(m, np.int64)
     r = np.asarray(r, np.int64)
-    if acc.size and max(-int(acc.min()), int(acc.max())) < 1 << 32:  # acc * m fits in int64
-        return (acc * m + (np.int64(1) << (r - 1))) >> r
-    k = np.minimum(r, SPLIT_BITS)
-    hi = acc >> k
-    lo = acc - (hi << k)
-    carry = (lo * m + (np.int64(1) << (r - 1))) >> k
-    return (hi * m + carry) >> (r - k)
+    one = np.int64(1)
+    if acc.size and max(-int(acc.min()), int(acc.max())) <= 1 << 31:  # acc * m below 2^62
+        total = acc * m + (one << (r - 1))
+        out = total >> r
+        tie = total & ((one << r) - 1) == 0
+    else:
+        k = np.minimum(r, SPLIT_BITS)
+        hi = acc >> k
+        lo = acc - (hi << k)
+        low = lo * m + (one << (r - 1))
+        high = hi * m + (low >> k)
+        out = high >> (r - k)
+        tie = (low & ((one << k) - 1) == 0) & (high & ((one << (r - k)) - 1) == 0)
+    return np.where(tie, out & ~one, out)
