@@ -121,7 +121,20 @@ def test_onert_runs_the_digits_packages(built):
     assert lsb.max() <= 1 and share < 0.5  # a systematic offset would move nearly all
 
 
-MOBILENET_X = ROOT / "examples/models/tiny_mobilenet_calib.npz"
+def mobilenet_images() -> np.ndarray:
+    """The 16 calibration images (uniform noise in [0, 1]) and 48 32x32 crops of
+    scikit-learn's two bundled photographs in [0, 1], as [64, 1, 3, 32, 32]."""
+    from sklearn.datasets import load_sample_images
+
+    crops = []
+    for picture in load_sample_images().images:
+        h, w, _ = picture.shape
+        for i in range(24):
+            top, left = (37 * i) % (h - 32), (91 * i) % (w - 32)
+            crop = picture[top : top + 32, left : left + 32].astype(np.float32) / 255
+            crops.append(crop.transpose(2, 0, 1)[None])
+    calib = np.load(ROOT / "examples/models/tiny_mobilenet_calib.npz")["x"]
+    return np.concatenate([calib, np.stack(crops)])
 
 
 def onert_all_outputs(package: Path, images: np.ndarray) -> list[np.ndarray]:
@@ -136,11 +149,12 @@ def test_tiny_mobilenet_float_runs_in_onert(built):
     ConvTranspose as a 1x1 CONV_2D and DEPTH_TO_SPACE: onert 0.1.0 has neither a HARD_SWISH
     nor a TRANSPOSE_CONV kernel), which reads back as the same ops and runs as its IR bit for
     bit; onert loads the package folder and gives onebuild's outputs within 1e-4 relative on
-    the 16 images; LiteRT runs the model as tflite (its HARD_SWISH, TRANSPOSE_CONV) likewise."""
+    64 images (noise and photographs); LiteRT runs the model as tflite (its HARD_SWISH,
+    TRANSPOSE_CONV) likewise."""
     package, build_dir, warnings = built["mobilenet_float"]
     manifest = json.loads((package / "metadata/MANIFEST").read_text())
     assert manifest["model-types"] == ["circle"] and not warnings
-    feeds = {"x": np.load(MOBILENET_X)["x"]}
+    feeds = {"x": mobilenet_images()}
     graph = load_ir(build_dir / "optimize.obir").main
     want = Interpreter(graph).run_batch(feeds)
     got, _ = run_package(load_package(package), feeds)
@@ -183,12 +197,12 @@ def test_tiny_mobilenet_uint8_runs_in_onert(built):
     QSoftmax are DEQUANTIZE, the function in float, QUANTIZE (onert 0.1.0 has no uint8 GELU
     or HARD_SWISH; its SOFTMAX fixes the output scale at 1/256, coarser than the model's), read
     back as the same QLookup and QSoftmax ops, so the package runs as its IR bit for bit. onert
-    gives onebuild's outputs within 1 LSB of each output's codes on the 16 images (requantizing
-    convolutions round twice in onert, once in onebuild)."""
+    gives onebuild's outputs within 1 LSB of each output's codes on 64 images, noise and
+    photographs (requantizing convolutions round twice in onert, once in onebuild)."""
     package, build_dir, warnings = built["mobilenet_uint8"]
     manifest = json.loads((package / "metadata/MANIFEST").read_text())
     assert manifest["models"] == ["mobilenet_uint8.circle"] and not warnings
-    feeds = {"x": np.load(MOBILENET_X)["x"]}
+    feeds = {"x": mobilenet_images()}
     graph = load_ir(build_dir / "quantize.obir").main
     want = Interpreter(graph).run_batch(feeds)
     got, _ = run_package(load_package(package), feeds)
