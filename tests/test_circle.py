@@ -316,6 +316,15 @@ def digits_with_heads(dtype: str, heads: tuple[str, ...], granularity: str = "ch
 HEADS = ("Sigmoid", "Tanh", "HardSwish", "Relu", "Swish", "Gelu")
 
 
+def operator_names(data: bytes) -> set[str]:
+    """The builtin operators a circle/tflite file uses (its operator codes)."""
+    from onebuild.graph_ir.serde.flatbuf import Buffer
+    from onebuild.graph_ir.serde.tflite_schema import BUILTIN_NAMES
+
+    codes = Buffer(data, "model").root(None).tables(1, "operator codes")
+    return {BUILTIN_NAMES[max(c.scalar(0, "b"), c.scalar(3, "i"))] for c in codes}
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 def test_lookup_tables_as_tflite_functions(dtype, tmp_path):
     """Within 1 LSB in LiteRT (tflite): RELU, LOGISTIC, TANH, HARD_SWISH as TFLite's quantized
@@ -330,6 +339,8 @@ def test_lookup_tables_as_tflite_functions(dtype, tmp_path):
     feeds = quantize_inputs(graph, {"input": digits_images(64)})["input"]
     samples = [[x] for x in feeds]
     data = write_circle(model, "tflite")
+    assert {"RELU", "LOGISTIC", "TANH", "HARD_SWISH", "GELU"} <= operator_names(data)
+    assert "HARD_SWISH" not in operator_names(write_circle(model))  # circle: in float
     results = run_litert(data, samples)
     want = Interpreter(graph).run_batch({"input": feeds})
     for index, value in enumerate(graph.outputs):

@@ -202,14 +202,15 @@ LOOKUP_FUNCTIONS = (  # (IR op, attributes) a quantized lookup table may stand f
     ("Gelu", {"approximate": "none"}),
     ("Gelu", {"approximate": "tanh"}),
 )
-NATIVE_LOOKUPS = ("Relu", "Sigmoid", "Tanh", "HardSwish")  # with quantized TFLite kernels
+NATIVE_LOOKUPS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Gelu")  # TFLite's quantized kernels
 
 
 def lookup(w, node):
     """A QLookup as the function whose table, quantized like the quantizer does it, is exactly
-    the node's: in tflite its quantized operator where TFLite has one; in circle (and for the
-    others) DEQUANTIZE, the function in float, QUANTIZE, which the reader folds back into the
-    table (onert 0.1.0 has no quantized RELU, HARD_SWISH or GELU: one form for every table)."""
+    the node's: in tflite its quantized operator where TFLite has one (RELU, LOGISTIC, TANH,
+    HARD_SWISH, GELU); in circle (and for Swish) DEQUANTIZE, the function in float, QUANTIZE,
+    which the reader folds back into the table (onert 0.1.0 has no quantized RELU, HARD_SWISH
+    or GELU: one form for every table)."""
     x, table = node.inputs
     out = node.output
     info = np.iinfo(x.dtype)
@@ -225,14 +226,14 @@ def lookup(w, node):
     if w.fmt == "circle" or op not in NATIVE_LOOKUPS:
         _float_island(w, source, w.define(out, perm), _stored(x.shape, perm), op, attrs)
         return
-    code = UNARY[op]
-    fixed = FIXED_OUTPUT.get((code, out.dtype.name))
+    shape = _stored(out.shape, perm)
+    fixed = FIXED_OUTPUT.get((UNARY.get(op), out.dtype.name))
     if fixed is None or fixed == out.quant:
-        w.op(code, [source], [w.define(out, perm)])
+        function(w, op, attrs, source, w.define(out, perm), shape, out.dtype)
         return
     # TFLite's kernel writes these parameters only; requantize to the node's after
-    pre = w.new_tensor(f"{out.name}_fixed", out.dtype, _stored(out.shape, perm), quant=fixed)
-    w.op(code, [source], [pre])
+    pre = w.new_tensor(f"{out.name}_fixed", out.dtype, shape, quant=fixed)
+    function(w, op, attrs, source, pre, shape, out.dtype)
     w.requantize(pre, w.define(out, perm))
 
 

@@ -157,10 +157,17 @@ def clamp(r, inputs, outputs, options, code):
 
 
 def gelu(r, inputs, outputs, options):
-    _float_only(r, inputs[0], "GELU")
+    """Gelu; a quantized GELU (TFLite's kernel is a table of the function) as its QLookup."""
     perm = r.perm_of(inputs[0])
-    approximate = "tanh" if _options("GELU", options)["approximate"] else "none"
-    _emit(r, "Gelu", [r.value(inputs[0], perm)], {"approximate": approximate}, outputs[0], perm)
+    attrs = {"approximate": "tanh" if _options("GELU", options)["approximate"] else "none"}
+    x = r.value(inputs[0], perm)
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.quant is None or t.dtype == np.float32:
+        _emit(r, "Gelu", [x], attrs, outputs[0], perm)
+        return
+    if out.quant is None or out.dtype != t.dtype:
+        raise Malformed("a quantized input needs a quantized output of its type")
+    r.define(outputs[0], _lookup(r, x, ("Gelu", attrs), out.quant, out.dtype), perm)
 
 
 def _float_only(r, index, code):
