@@ -12,11 +12,15 @@ from ai_edge_litert import interpreter as litert  # the oracles are test extras
 from onebuild import compile as C
 from onebuild.errors import OneBuildError, UnsupportedOpsError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.model_io import quantize_inputs
+from onebuild.graph_ir.quant.params import dequantize, quantize
 from onebuild.graph_ir.serde import load_ir, load_onnx, read_circle, save_ir, write_circle
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.serde.tflite_schema import EXACT_SCALES
+from onebuild.graph_ir.tensor import QuantParams
 from onebuild.graph_ir.verify import verify
 from onebuild.npz import read_npz
 
@@ -27,12 +31,15 @@ DIGITS = ROOT / "examples" / "digits"
 RTOL = 1e-4
 
 
-def run_onert(data: bytes, tmp_path, samples: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+def run_onert(
+    data: bytes, tmp_path, samples: list[list[np.ndarray]], name: str = "model.circle"
+) -> list[list[np.ndarray]]:
     """onert's cpu backend through its native session (the Python wrapper's `infer` fails on
-    quantized inputs: it sets tensor infos onert rejects and then hits a NameError)."""
+    quantized inputs: it sets tensor infos onert rejects and then hits a NameError); `name`
+    ending in .tflite loads a tflite file."""
     from onert.native import libnnfw_api_pybind as nnfw
 
-    path = tmp_path / "model.circle"
+    path = tmp_path / name
     path.write_bytes(data)
     session = nnfw.infer.nnfw_session(str(path), "cpu")
     session.set_prepare_config(nnfw.prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
@@ -362,36 +369,89 @@ def test_lookup_tables_as_tflite_functions(dtype, tmp_path):
         np.testing.assert_array_equal(got[value.name], want[value.name])
 
 
+def lookup_graph(x_params: QuantParams, heads) -> Model:
+    """uint8 codes [1, 256] with `x_params` -> a QLookup per (op, attrs, output parameters), its
+    table the function quantized as the quantizer quantizes it."""
+    graph = Graph("heads")
+    x = graph.add_input("codes", np.dtype(np.uint8), (1, 256))
+    x.quant = x_params
+    real = dequantize(np.arange(256, dtype=np.uint8), x_params)
+    for op, attrs, params in heads:
+        (y,) = OPS[op].kernel(attrs, real)
+        table = quantize(np.asarray(y, np.float64), params, "uint8").reshape(256)
+        node = graph.make_node("QLookup", [x, graph.add_constant(table, f"{op}_table")], {}, op)
+        node.output.quant = params
+        graph.outputs.append(node.output)
+    return Model([graph], {})
+
+
+CODES = np.arange(256, dtype=np.uint8).reshape(1, 1, 256)
+
+
+def onert_code_errors(model, tmp_path, name: str = "model.circle") -> dict[str, np.ndarray]:
+    """|onert - interpreter| in codes, per output, over every input code."""
+    graph = model.main
+    want = Interpreter(graph).run_batch({"codes": CODES})
+    data = write_circle(model, "tflite" if name.endswith(".tflite") else "circle")
+    (results,) = run_onert(data, tmp_path, [[CODES[0]]], name)
+    return {
+        v.name: np.abs(got.astype(int) - want[v.name][0].astype(int))
+        for v, got in zip(graph.outputs, results)
+    }
+
+
 def test_lookup_tables_in_onert_given_the_same_codes(tmp_path):
     """The digits heads' uint8 tables (their calibrated parameters) on every input code: circle
     writes each as DEQUANTIZE, the float function, QUANTIZE, and onert gives the table within 1
-    LSB. On the whole digits model the heads differ by up to 11 LSB: onert's logits differ by
-    1 LSB (it requantizes with two roundings) and the logits' scale (0.18) is coarse against
-    these slopes; fed the same codes, onert's own quantized LOGISTIC and TANH are exact too."""
-    from onebuild.graph_ir.ir import Graph, Model
-
-    heads = [n for n in digits_with_heads("uint8", HEADS, "tensor").main.nodes]
-    heads = [n for n in heads if n.op == "QLookup"]
-    graph = Graph("heads")
-    x = graph.add_input("codes", np.dtype(np.uint8), (1, 256))
-    x.quant = heads[0].inputs[0].quant
-    for node in heads:
-        table = graph.add_constant(node.inputs[1].numpy(), f"{node.name}_table")
-        y = graph.make_node("QLookup", [x, table], {}, node.name).output
-        y.quant = node.output.quant
-        graph.outputs.append(y)
-    model = Model([graph], {})
-    codes = np.arange(256, dtype=np.uint8).reshape(1, 1, 256)
-    want = Interpreter(graph).run_batch({"codes": codes})
-    (results,) = run_onert(write_circle(model), tmp_path, [[codes[0]]])
-    for value, got in zip(graph.outputs, results):
-        diff = np.abs(got.astype(int) - want[value.name][0].astype(int))
-        print(f"onert uint8 {value.name}: max {diff.max()}, {(diff > 0).mean():.1%} of codes")
-        assert diff.max() <= 1, value.name
+    LSB (tanh: the saturated ends are ties, which onert rounds away from zero), and the circle
+    reads back to the same tables. On the whole digits model the heads differ by up to 11 LSB:
+    onert's logits differ by 1 LSB (two roundings) and the logits' scale (0.18) is coarse
+    against these slopes."""
+    quantized = digits_with_heads("uint8", HEADS, "tensor").main
+    heads = [n for n in quantized.nodes if n.op == "QLookup"]
+    functions = dict(zip(("Sigmoid", "Tanh", "HardSwish", "Relu", "Swish", "Gelu"), heads))
+    attrs = {"Swish": {"alpha": 1.0}, "Gelu": {"approximate": "none"}}
+    x_params = heads[0].inputs[0].quant
+    model = lookup_graph(
+        x_params, [(op, attrs.get(op, {}), n.output.quant) for op, n in functions.items()]
+    )
+    for op, node in functions.items():  # the digits heads' own tables
+        np.testing.assert_array_equal(
+            model.main.constants[f"{op}_table"].numpy(), node.inputs[1].numpy()
+        )
+    for name, diff in onert_code_errors(model, tmp_path).items():
+        print(f"onert uint8 {name}: max {diff.max()}, {(diff > 0).mean():.1%} of codes")
+        assert diff.max() <= 1, name
     back = read_circle(write_circle(model)).main
-    got = Interpreter(back).run_batch({"codes": codes})
-    for value in graph.outputs:
+    want = Interpreter(model.main).run_batch({"codes": CODES})
+    got = Interpreter(back).run_batch({"codes": CODES})
+    for value in model.main.outputs:
         np.testing.assert_array_equal(got[value.name], want[value.name])
+
+
+def test_onert_quantized_function_kernels(tmp_path, capfd):
+    """onert 0.1.0's own uint8 kernels on every code at the digits logits' parameters (tflite
+    files, which onert loads): LOGISTIC and TANH at TFLite's fixed output parameters give the
+    tables exactly; there is no HARD_SWISH kernel, and a uint8 GELU fails validation (so circle
+    writes these tables in float)."""
+    quantized = digits_with_heads("uint8", ("Sigmoid",), "tensor").main
+    x_params = next(n for n in quantized.nodes if n.op == "QLookup").inputs[0].quant
+    fixed = [
+        ("Sigmoid", {}, QuantParams((1 / 256,), (0,))),
+        ("Tanh", {}, QuantParams((1 / 128,), (128,))),
+    ]
+    for name, diff in onert_code_errors(
+        lookup_graph(x_params, fixed), tmp_path, "m.tflite"
+    ).items():
+        assert diff.max() == 0, name
+    for op, attrs, message in (
+        ("HardSwish", {}, "Unsupported operation: HARD_SWISH"),
+        ("Gelu", {"approximate": "none"}, "OperationValidator failed"),
+    ):
+        model = lookup_graph(x_params, [(op, attrs, QuantParams((0.02,), (10,)))])
+        with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
+            onert_code_errors(model, tmp_path, "m.tflite")
+        assert message in capfd.readouterr().err, op
 
 
 def test_unsupported_ops_listed_at_once():
