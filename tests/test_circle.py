@@ -432,8 +432,8 @@ def test_lookup_tables_in_onert_given_the_same_codes(tmp_path):
 def test_onert_quantized_function_kernels(tmp_path, capfd):
     """onert 0.1.0's own uint8 kernels on every code at the digits logits' parameters (tflite
     files, which onert loads): LOGISTIC and TANH at TFLite's fixed output parameters give the
-    tables exactly; there is no HARD_SWISH kernel, and a uint8 GELU fails validation (so circle
-    writes these tables in float)."""
+    tables exactly; there is no HARD_SWISH kernel, no uint8 RELU, and a uint8 GELU fails
+    validation (so circle writes these tables in float)."""
     quantized = digits_with_heads("uint8", ("Sigmoid",), "tensor").main
     x_params = next(n for n in quantized.nodes if n.op == "QLookup").inputs[0].quant
     fixed = [
@@ -446,6 +446,7 @@ def test_onert_quantized_function_kernels(tmp_path, capfd):
         assert diff.max() == 0, name
     for op, attrs, message in (
         ("HardSwish", {}, "Unsupported operation: HARD_SWISH"),
+        ("Relu", {}, "ElementwiseActivationLayer(ReLU): unsupported data type"),
         ("Gelu", {"approximate": "none"}, "OperationValidator failed"),
     ):
         model = lookup_graph(x_params, [(op, attrs, QuantParams((0.02,), (10,)))])
