@@ -12,11 +12,15 @@ from ai_edge_litert import interpreter as litert  # the oracles are test extras
 from onebuild import compile as C
 from onebuild.errors import OneBuildError, UnsupportedOpsError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.model_io import quantize_inputs
+from onebuild.graph_ir.quant.params import dequantize, quantize
 from onebuild.graph_ir.serde import load_ir, load_onnx, read_circle, save_ir, write_circle
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.graph_ir.serde.tflite_schema import EXACT_SCALES
+from onebuild.graph_ir.tensor import QuantParams
 from onebuild.graph_ir.verify import verify
 from onebuild.npz import read_npz
 
@@ -27,12 +31,15 @@ DIGITS = ROOT / "examples" / "digits"
 RTOL = 1e-4
 
 
-def run_onert(data: bytes, tmp_path, samples: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+def run_onert(
+    data: bytes, tmp_path, samples: list[list[np.ndarray]], name: str = "model.circle"
+) -> list[list[np.ndarray]]:
     """onert's cpu backend through its native session (the Python wrapper's `infer` fails on
-    quantized inputs: it sets tensor infos onert rejects and then hits a NameError)."""
+    quantized inputs: it sets tensor infos onert rejects and then hits a NameError); `name`
+    ending in .tflite loads a tflite file."""
     from onert.native import libnnfw_api_pybind as nnfw
 
-    path = tmp_path / "model.circle"
+    path = tmp_path / name
     path.write_bytes(data)
     session = nnfw.infer.nnfw_session(str(path), "cpu")
     session.set_prepare_config(nnfw.prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
@@ -87,13 +94,13 @@ def check_float(model, samples, results):
             assert error < RTOL, (value.name, error)
 
 
-def up_gelu_model(tmp_path, approximate: str, upsample: bool = True):
-    """[ConvTranspose (k2, s2, bias) ->] Gelu on the 8x8 digit images."""
+def up_gelu_model(tmp_path, approximate: str, upsample: bool = True, kernel: int = 2):
+    """[ConvTranspose (k kernel, s2, bias) ->] Gelu on the 8x8 digit images."""
     from onnx import helper
     from onnx_builders import make_model
 
     rng = np.random.default_rng(11)
-    w = rng.normal(0, 0.5, (1, 3, 2, 2)).astype(np.float32)
+    w = rng.normal(0, 0.5, (1, 3, kernel, kernel)).astype(np.float32)
     nodes = [helper.make_node("Gelu", ["t"], ["y"], approximate=approximate, name="gelu")]
     if upsample:
         up = helper.make_node("ConvTranspose", ["input", "w", "b"], ["t"], strides=[2, 2])
@@ -109,23 +116,31 @@ def up_gelu_model(tmp_path, approximate: str, upsample: bool = True):
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_transpose_conv_and_gelu(approximate, tmp_path, capfd):
-    """ConvTranspose (TRANSPOSE_CONV + ADD) and GELU: LiteRT within RTOL of the interpreter on
-    digit images, onert for GELU (it has no TRANSPOSE_CONV kernel on its cpu backend: asserted),
-    and the round trip gives the same outputs bit for bit (the bias comes back as an Add)."""
-    model = up_gelu_model(tmp_path, approximate)
+    """ConvTranspose and GELU: LiteRT (TRANSPOSE_CONV + ADD of the bias) and onert within RTOL
+    of the interpreter on digit images. onert has no TRANSPOSE_CONV kernel on its cpu backend,
+    so circle writes a kernel as large as its stride (2x2, stride 2) as a 1x1 CONV_2D and
+    DEPTH_TO_SPACE, which onert runs and the reader folds back; an overlapping one (3x3, stride
+    2) stays TRANSPOSE_CONV, which onert refuses (asserted). Round trips give the same outputs
+    bit for bit (TRANSPOSE_CONV's bias comes back as an Add)."""
     samples = [[x] for x in digits_images(8)]
-    check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
+    feeds = {"input": digits_images(32)}
+    for kernel, ops in ((2, ["ConvTranspose", "Gelu"]), (3, ["ConvTranspose", "Add", "Gelu"])):
+        model = up_gelu_model(tmp_path, approximate, kernel=kernel)
+        check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
+        back = through_ir_file(read_circle(write_circle(model)), tmp_path)
+        assert [n.op for n in back.main.nodes] == ops
+        np.testing.assert_array_equal(
+            Interpreter(back.main).run_batch(feeds)["y"],
+            Interpreter(model.main).run_batch(feeds)["y"],
+        )
+        if kernel == 2:
+            check_float(model, samples, run_onert(write_circle(model), tmp_path, samples))
+            continue
+        with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
+            run_onert(write_circle(model), tmp_path, samples[:1])
+        assert "NYI for operation 'TransposeConv'" in capfd.readouterr().err
     gelu = up_gelu_model(tmp_path, approximate, upsample=False)
     check_float(gelu, samples, run_onert(write_circle(gelu), tmp_path, samples))
-    with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
-        run_onert(write_circle(model), tmp_path, samples[:1])
-    assert "NYI for operation 'TransposeConv'" in capfd.readouterr().err
-    back = through_ir_file(read_circle(write_circle(model)), tmp_path)
-    assert [n.op for n in back.main.nodes] == ["ConvTranspose", "Add", "Gelu"]  # bias: ADD
-    feeds = {"input": digits_images(32)}
-    np.testing.assert_array_equal(
-        Interpreter(back.main).run_batch(feeds)["y"], Interpreter(model.main).run_batch(feeds)["y"]
-    )
 
 
 def test_digits_float_in_onert_and_litert_and_round_trip(tmp_path):
@@ -305,25 +320,34 @@ def digits_with_heads(dtype: str, heads: tuple[str, ...], granularity: str = "ch
     return C.quantize(model, options, stats)
 
 
-@pytest.mark.parametrize(
-    "dtype, heads",
-    [
-        # LiteRT only: onert has no HARD_SWISH kernel and no quantized RELU, and its uint8
-        # LOGISTIC and TANH are up to 10 and 19 LSB off (docs/circle-tflite.md)
-        ("uint8", ("Sigmoid", "Tanh")),
-        ("int8", ("Sigmoid", "Tanh", "HardSwish", "Relu")),
-    ],
-)
-def test_lookup_tables_as_tflite_functions(dtype, heads, tmp_path):
-    """Within 1 LSB: LOGISTIC and TANH write TFLite's fixed output parameters, requantized to
-    the table's by a QUANTIZE (two roundings where the table has one)."""
+HEADS = ("Sigmoid", "Tanh", "HardSwish", "Relu", "Swish", "Gelu")
+
+
+def operator_names(data: bytes) -> set[str]:
+    """The builtin operators a circle/tflite file uses (its operator codes)."""
+    from onebuild.graph_ir.serde.flatbuf import Buffer
+    from onebuild.graph_ir.serde.tflite_schema import BUILTIN_NAMES
+
+    codes = Buffer(data, "model").root(None).tables(1, "operator codes")
+    return {BUILTIN_NAMES[max(c.scalar(0, "b"), c.scalar(3, "i"))] for c in codes}
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_lookup_tables_as_tflite_functions(dtype, tmp_path):
+    """Within 1 LSB in LiteRT (tflite): RELU, LOGISTIC, TANH, HARD_SWISH as TFLite's quantized
+    operators (LOGISTIC and TANH at TFLite's fixed output parameters, requantized by a
+    QUANTIZE: two roundings where the table has one), Swish and GELU as DEQUANTIZE, the float
+    function, QUANTIZE. Read back, tflite's tables are rebuilt from the functions (within 1 LSB
+    from the float32 scales); circle's, written with the float64 scales, are the same tables."""
     granularity = "tensor" if dtype == "uint8" else "channel"  # LiteRT's uint8: per tensor
-    model = quantized = digits_with_heads(dtype, heads, granularity)
+    model = quantized = digits_with_heads(dtype, HEADS, granularity)
     graph = quantized.main
-    assert [n.op for n in graph.nodes].count("QLookup") == len(heads)
+    assert [n.op for n in graph.nodes].count("QLookup") == len(HEADS)
     feeds = quantize_inputs(graph, {"input": digits_images(64)})["input"]
     samples = [[x] for x in feeds]
     data = write_circle(model, "tflite")
+    assert {"RELU", "LOGISTIC", "TANH", "HARD_SWISH", "GELU"} <= operator_names(data)
+    assert "HARD_SWISH" not in operator_names(write_circle(model))  # circle: in float
     results = run_litert(data, samples)
     want = Interpreter(graph).run_batch({"input": feeds})
     for index, value in enumerate(graph.outputs):
@@ -331,13 +355,104 @@ def test_lookup_tables_as_tflite_functions(dtype, heads, tmp_path):
         diff = np.abs(got.astype(int) - want[value.name].astype(int))
         print(f"{dtype} {value.name}: max {diff.max()}, {(diff > 0).mean():.1%} differ")
         assert diff.max() <= 1, value.name
-    # read back, the tables are rebuilt from the function with the file's float32 scales: a
-    # code on a rounding boundary of 1/255 or 1/127.5 moves by 1 LSB
+    # a code on a rounding boundary of 1/255 or 1/127.5 moves by 1 LSB
     back = through_ir_file(read_circle(data), tmp_path)
-    assert [n.op for n in back.main.nodes].count("QLookup") == len(heads)
+    assert [n.op for n in back.main.nodes].count("QLookup") == len(HEADS)
     got = Interpreter(back.main).run_batch({"input": feeds})
     for value in graph.outputs:
         assert np.abs(got[value.name].astype(int) - want[value.name].astype(int)).max() <= 1
+    back = read_circle(write_circle(model)).main
+    kept = [n.op for n in graph.nodes if n.op != "Identity"]  # aliases of the outputs
+    assert [n.op for n in back.nodes if n.op != "Identity"] == kept
+    got = Interpreter(back).run_batch({"input": feeds})
+    for value in graph.outputs:
+        np.testing.assert_array_equal(got[value.name], want[value.name])
+
+
+def lookup_graph(x_params: QuantParams, heads) -> Model:
+    """uint8 codes [1, 256] with `x_params` -> a QLookup per (op, attrs, output parameters), its
+    table the function quantized as the quantizer quantizes it."""
+    graph = Graph("heads")
+    x = graph.add_input("codes", np.dtype(np.uint8), (1, 256))
+    x.quant = x_params
+    real = dequantize(np.arange(256, dtype=np.uint8), x_params)
+    for op, attrs, params in heads:
+        (y,) = OPS[op].kernel(attrs, real)
+        table = quantize(np.asarray(y, np.float64), params, "uint8").reshape(256)
+        node = graph.make_node("QLookup", [x, graph.add_constant(table, f"{op}_table")], {}, op)
+        node.output.quant = params
+        graph.outputs.append(node.output)
+    return Model([graph], {})
+
+
+CODES = np.arange(256, dtype=np.uint8).reshape(1, 1, 256)
+
+
+def onert_code_errors(model, tmp_path, name: str = "model.circle") -> dict[str, np.ndarray]:
+    """|onert - interpreter| in codes, per output, over every input code."""
+    graph = model.main
+    want = Interpreter(graph).run_batch({"codes": CODES})
+    data = write_circle(model, "tflite" if name.endswith(".tflite") else "circle")
+    (results,) = run_onert(data, tmp_path, [[CODES[0]]], name)
+    return {
+        v.name: np.abs(got.astype(int) - want[v.name][0].astype(int))
+        for v, got in zip(graph.outputs, results)
+    }
+
+
+def test_lookup_tables_in_onert_given_the_same_codes(tmp_path):
+    """The digits heads' uint8 tables (their calibrated parameters) on every input code: circle
+    writes each as DEQUANTIZE, the float function, QUANTIZE, and onert gives the table within 1
+    LSB (tanh: the saturated ends are ties, which onert rounds away from zero), and the circle
+    reads back to the same tables. On the whole digits model the heads differ by up to 11 LSB:
+    onert's logits differ by 1 LSB (two roundings) and the logits' scale (0.18) is coarse
+    against these slopes."""
+    quantized = digits_with_heads("uint8", HEADS, "tensor").main
+    heads = [n for n in quantized.nodes if n.op == "QLookup"]
+    functions = dict(zip(("Sigmoid", "Tanh", "HardSwish", "Relu", "Swish", "Gelu"), heads))
+    attrs = {"Swish": {"alpha": 1.0}, "Gelu": {"approximate": "none"}}
+    x_params = heads[0].inputs[0].quant
+    model = lookup_graph(
+        x_params, [(op, attrs.get(op, {}), n.output.quant) for op, n in functions.items()]
+    )
+    for op, node in functions.items():  # the digits heads' own tables
+        np.testing.assert_array_equal(
+            model.main.constants[f"{op}_table"].numpy(), node.inputs[1].numpy()
+        )
+    for name, diff in onert_code_errors(model, tmp_path).items():
+        print(f"onert uint8 {name}: max {diff.max()}, {(diff > 0).mean():.1%} of codes")
+        assert diff.max() <= 1, name
+    back = read_circle(write_circle(model)).main
+    want = Interpreter(model.main).run_batch({"codes": CODES})
+    got = Interpreter(back).run_batch({"codes": CODES})
+    for value in model.main.outputs:
+        np.testing.assert_array_equal(got[value.name], want[value.name])
+
+
+def test_onert_quantized_function_kernels(tmp_path, capfd):
+    """onert 0.1.0's own uint8 kernels on every code at the digits logits' parameters (tflite
+    files, which onert loads): LOGISTIC and TANH at TFLite's fixed output parameters give the
+    tables exactly; there is no HARD_SWISH kernel, no uint8 RELU, and a uint8 GELU fails
+    validation (so circle writes these tables in float)."""
+    quantized = digits_with_heads("uint8", ("Sigmoid",), "tensor").main
+    x_params = next(n for n in quantized.nodes if n.op == "QLookup").inputs[0].quant
+    fixed = [
+        ("Sigmoid", {}, QuantParams((1 / 256,), (0,))),
+        ("Tanh", {}, QuantParams((1 / 128,), (128,))),
+    ]
+    for name, diff in onert_code_errors(
+        lookup_graph(x_params, fixed), tmp_path, "m.tflite"
+    ).items():
+        assert diff.max() == 0, name
+    for op, attrs, message in (
+        ("HardSwish", {}, "Unsupported operation: HARD_SWISH"),
+        ("Relu", {}, "ElementwiseActivationLayer(ReLU): unsupported data type"),
+        ("Gelu", {"approximate": "none"}, "OperationValidator failed"),
+    ):
+        model = lookup_graph(x_params, [(op, attrs, QuantParams((0.02,), (10,)))])
+        with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
+            onert_code_errors(model, tmp_path, "m.tflite")
+        assert message in capfd.readouterr().err, op
 
 
 def test_unsupported_ops_listed_at_once():

@@ -123,7 +123,7 @@ def copy_outside(relative: str, name: str):
     return lambda folder: shutil.copy(folder / "pkg" / relative, folder / name)
 
 
-TVN, OBIR = "m.part.00001_trix.tvn", "m.part.00002_cpu.obir"
+TVN, CPU = "m.part.00001_trix.tvn", "m.part.00002_cpu.circle"
 
 
 def manifest_cases():
@@ -148,7 +148,7 @@ def manifest_cases():
     yield (
         "duplicate-key",
         lambda b: folder(
-            b, MANIFEST, text=json.dumps(b.manifest)[:-1] + ', "models": ["m.part.00002_cpu.obir"]}'
+            b, MANIFEST, text=json.dumps(b.manifest)[:-1] + f', "models": ["{CPU}"]}}'
         ),
     )
     yield "models-dict", lambda b: folder(b, MANIFEST, changed(b, models={"a": TVN}))
@@ -292,9 +292,9 @@ def path_cases():
     )
     yield (
         "type-mismatch",
-        lambda b: folder(b, "models[0]", changed(b, models=[OBIR, OBIR, "m.part.00003_trix.tvn"])),
+        lambda b: folder(b, "models[0]", changed(b, models=[CPU, CPU, "m.part.00003_trix.tvn"])),
     )
-    for name in (TVN, OBIR):
+    for name in (TVN, CPU):
         yield (
             f"truncated-{name}",
             lambda b, n=name: folder(
@@ -319,7 +319,7 @@ def path_cases():
 
 
 def zip_cases():
-    for _i, name in enumerate(["metadata/MANIFEST", TVN, OBIR, "metadata/config.cfg"]):
+    for _i, name in enumerate(["metadata/MANIFEST", TVN, CPU, "metadata/config.cfg"]):
 
         def flip_member(b, name=name):
             data = good_zip(b)

@@ -52,7 +52,7 @@ def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
 
     cli("build", "r.toml", cwd=tmp_path)
     manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
-    assert set(manifest["model-types"]) == {"tiny", "circle", "obir"}  # CPU parts: circle or IR
+    assert set(manifest["model-types"]) == {"tiny", "circle"}  # CPU parts: circle
     tiny = [m for m, t in zip(manifest["models"], manifest["model-types"]) if t == "tiny"]
     assert tiny and all(m.endswith("_tiny.tiny") for m in tiny)
     config = (tmp_path / "out/m.nnpkg/metadata" / f"{Path(tiny[0]).stem}.cfg").read_text()

@@ -117,7 +117,7 @@ def _relu6_of(match: _Match, value: Value) -> tuple[Value, float] | None:
     node = value.producer
     if node is None or not single(value):
         return None
-    if node.op == "Add" and node.attrs.get("clip") == [0.0, 6.0]:
+    if node.op == "Add" and list(node.attrs.get("clip", ())) == [0.0, 6.0]:
         pair = _with_constant(node)
         if pair is None:
             return None
@@ -344,6 +344,15 @@ def _division_as_product(graph: Graph, node: Node) -> bool:
     reciprocal = graph.add_constant((1.0 / values).astype(values.dtype), f"{divisor.name}_inv")
     replace_with(graph, [node], node, "Mul", [node.inputs[0], reciprocal], {})
     return True
+
+
+def activation_ending_at(node: Node) -> tuple[str, Value, dict] | None:
+    """(op, x, attrs) when the Mul or Div `node` ends one of the activation spellings above
+    (HardSwish, HardSigmoid, Swish, Mish, Gelu); the graph is left as it is, and whether the
+    intermediate values are read elsewhere is not asked (a reader keeps the nodes it bypasses)."""
+    if node.op not in ("Mul", "Div") or "clip" in node.attrs or len(node.outputs) != 1:
+        return None
+    return _unary_product(node.graph, _Match(node))
 
 
 MATCHERS = {

@@ -8,6 +8,8 @@ such node and reports them all at once.
 import numpy as np
 
 from ..ops import OPS
+from ..ops.quantized_softmax import exp_table
+from ..quant.kernel_attrs import softmax_attrs
 from ..quant.params import dequantize, qdq_params, quantize
 from ..tensor import QuantParams
 from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1
@@ -137,31 +139,41 @@ UNARY = {
 }
 
 
+def function(w, op: str, attrs: dict, source: int, target: int, shape, dtype) -> None:
+    """The float TFLite form of the unary function `op` from tensor `source` to `target`:
+    its builtin; Swish as LOGISTIC * x; in circle, HardSwish as x * RELU6(x + 3) * 1/6 (onert
+    0.1.0 has no HARD_SWISH kernel; the reader folds the spelling back)."""
+    if op == "Swish":
+        _require(attrs.get("alpha", 1.0) == 1.0)
+        gate = w.new_tensor(f"{w.tensors[target].name}_gate", dtype, shape)
+        w.op("LOGISTIC", [source], [gate])
+        w.op("MUL", [source, gate], [target], activation=ACT_NONE)
+    elif op == "Gelu":
+        approximate = attrs.get("approximate", "none") == "tanh"
+        w.op("GELU", [source], [target], approximate=approximate)
+    elif op == "HardSwish" and w.fmt == "circle":
+        name = w.tensors[target].name
+        gate = w.new_tensor(f"{name}_relu6", dtype, shape)
+        three = w.constant(np.asarray([3.0], dtype), f"{name}_three")
+        w.op("ADD", [source, three], [gate], activation=ACT_RELU6)
+        product = w.new_tensor(f"{name}_product", dtype, shape)
+        w.op("MUL", [source, gate], [product], activation=ACT_NONE)
+        sixth = w.constant(np.asarray([1 / 6], dtype), f"{name}_sixth")
+        w.op("MUL", [product, sixth], [target], activation=ACT_NONE)
+    else:
+        _require(op in UNARY)
+        options = {"alpha": attrs.get("alpha", 0.01)} if op == "LeakyRelu" else {}
+        w.op(UNARY[op], [source], [target], **options)
+
+
 def unary(w, node):
+    """Relu, Sigmoid, ..., HardSwish, Swish, Gelu (float) by `function`."""
     x = node.inputs[0]
-    perm = w.home_of(x)
-    options = {"alpha": node.attrs.get("alpha", 0.01)} if node.op == "LeakyRelu" else {}
-    w.op(UNARY[node.op], [w.get(x, perm)], [w.define(node.output, perm)], **options)
-
-
-def gelu(w, node):
-    """GELU, exact (erf) or tanh-approximated; float only."""
-    x = node.inputs[0]
-    _require(x.dtype == np.float32)
-    perm = w.home_of(x)
-    approximate = node.attrs.get("approximate", "none") == "tanh"
-    w.op("GELU", [w.get(x, perm)], [w.define(node.output, perm)], approximate=approximate)
-
-
-def swish(w, node):
-    """x * sigmoid(x) as LOGISTIC then MUL (TFLite has no SiLU; only alpha = 1)."""
-    _require(node.attrs.get("alpha", 1.0) == 1.0)
-    x = node.inputs[0]
+    _require(x.dtype == np.float32 or node.op in UNARY)
     perm = w.home_of(x)
     source = w.get(x, perm)
-    gate = w.new_tensor(f"{node.output.name}_gate", x.dtype, _stored(x.shape, perm))
-    w.op("LOGISTIC", [source], [gate])
-    w.op("MUL", [source, gate], [w.define(node.output, perm)], activation=ACT_NONE)
+    target = w.define(node.output, perm)
+    function(w, node.op, node.attrs, source, target, _stored(x.shape, perm), x.dtype)
 
 
 def clip(w, node):
@@ -181,37 +193,61 @@ def clip(w, node):
         _clamp(w, w.get(x, perm), node.output, perm, *bounds)
 
 
-LOOKUP_FUNCTIONS = (  # (IR op, attributes, TFLite op) a quantized lookup table may stand for
-    ("Relu", {}, "RELU"),
-    ("Sigmoid", {}, "LOGISTIC"),
-    ("Tanh", {}, "TANH"),
-    ("HardSwish", {}, "HARD_SWISH"),
+LOOKUP_FUNCTIONS = (  # (IR op, attributes) a quantized lookup table may stand for
+    ("Relu", {}),
+    ("Sigmoid", {}),
+    ("Tanh", {}),
+    ("HardSwish", {}),
+    ("Swish", {"alpha": 1.0}),
+    ("Gelu", {"approximate": "none"}),
+    ("Gelu", {"approximate": "tanh"}),
 )
+NATIVE_LOOKUPS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Gelu")  # TFLite's quantized kernels
 
 
 def lookup(w, node):
-    """A QLookup becomes the TFLite op whose function, quantized like the quantizer does it,
-    gives exactly its table."""
+    """A QLookup as the function whose table, quantized like the quantizer does it, is exactly
+    the node's: in tflite its quantized operator where TFLite has one (RELU, LOGISTIC, TANH,
+    HARD_SWISH, GELU); in circle (and for Swish) DEQUANTIZE, the function in float, QUANTIZE,
+    which the reader folds back into the table (onert 0.1.0 has no quantized RELU, HARD_SWISH
+    or GELU: one form for every table)."""
     x, table = node.inputs
     out = node.output
     info = np.iinfo(x.dtype)
     real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
-    for op, attrs, code in LOOKUP_FUNCTIONS:
+    for op, attrs in LOOKUP_FUNCTIONS:
         (y,) = OPS[op].kernel(attrs, real)
         if np.array_equal(quantize(np.asarray(y, np.float64), out.quant, out.dtype), table.numpy()):
-            perm = w.home_of(x)
-            fixed = FIXED_OUTPUT.get((code, out.dtype.name))
-            if fixed is None or fixed == out.quant:
-                w.op(code, [w.get(x, perm)], [w.define(out, perm)])
-                return
-            # TFLite's kernel writes these parameters only; requantize to the node's after
-            pre = w.new_tensor(
-                f"{out.name}_fixed", out.dtype, _stored(out.shape, perm), quant=fixed
-            )
-            w.op(code, [w.get(x, perm)], [pre])
-            w.requantize(pre, w.define(out, perm))
-            return
-    raise Unsupported
+            break
+    else:
+        raise Unsupported
+    perm = w.home_of(x)
+    source = w.get(x, perm)
+    if w.fmt == "circle" or op not in NATIVE_LOOKUPS:
+        _float_island(w, source, w.define(out, perm), _stored(x.shape, perm), op, attrs)
+        return
+    shape = _stored(out.shape, perm)
+    fixed = FIXED_OUTPUT.get((UNARY.get(op), out.dtype.name))
+    if fixed is None or fixed == out.quant:
+        function(w, op, attrs, source, w.define(out, perm), shape, out.dtype)
+        return
+    # TFLite's kernel writes these parameters only; requantize to the node's after
+    pre = w.new_tensor(f"{out.name}_fixed", out.dtype, shape, quant=fixed)
+    function(w, op, attrs, source, pre, shape, out.dtype)
+    w.requantize(pre, w.define(out, perm))
+
+
+def _float_island(w, source: int, target: int, shape, op: str, attrs: dict) -> None:
+    """DEQUANTIZE, `op` in float (`function`, or "Softmax" over the last axis), QUANTIZE."""
+    name = w.tensors[target].name
+    real = w.new_tensor(f"{name}_x_real", np.float32, shape)
+    w.op("DEQUANTIZE", [source], [real])
+    result = w.new_tensor(f"{name}_real", np.float32, shape)
+    if op == "Softmax":
+        w.op("SOFTMAX", [real], [result], beta=1.0)
+    else:
+        function(w, op, attrs, real, result, shape, np.float32)
+    w.op("QUANTIZE", [result], [target])
 
 
 FIXED_OUTPUT = {  # (op, dtype) -> the output parameters TFLite's quantized kernel requires
@@ -225,6 +261,8 @@ FIXED_OUTPUT = {  # (op, dtype) -> the output parameters TFLite's quantized kern
 
 
 def softmax(w, node):
+    """SOFTMAX over the last stored axis; a QSoftmax as DEQUANTIZE, SOFTMAX, QUANTIZE (read
+    back as the QSoftmax the quantizer makes for these parameters, which it must be)."""
     x = node.inputs[0]
     rank = len(x.shape)
     axis = node.attrs.get("axis", -1) % rank
@@ -232,7 +270,16 @@ def softmax(w, node):
     if perm is not None and perm.index(axis) != rank - 1:
         perm = None
     _require((axis if perm is None else perm.index(axis)) == rank - 1)
-    w.op("SOFTMAX", [w.get(x, perm)], [w.define(node.output, perm)], beta=1.0)
+    if node.op == "Softmax":
+        w.op("SOFTMAX", [w.get(x, perm)], [w.define(node.output, perm)], beta=1.0)
+        return
+    out = node.output
+    _require(x.quant.axis is None and out.dtype == x.dtype)
+    table = exp_table(x.quant.scale[0])
+    _require(np.array_equal(node.inputs[1].numpy(), table))
+    _require({**node.attrs, "axis": axis} == softmax_attrs(axis, out.quant, out.dtype.name))
+    source = w.get(x, perm)
+    _float_island(w, source, w.define(out, perm), _stored(x.shape, perm), "Softmax", {})
 
 
 # -- pooling ---------------------------------------------------------------------------------------

@@ -138,7 +138,9 @@ def conv(w, node):
 def conv_transpose(w, node):
     """A float 2-D ConvTranspose without groups, dilation, padding or output padding:
     TRANSPOSE_CONV (VALID; weights [I, O, kh, kw] -> [O, kh, kw, I]), then ADD of the bias
-    (onert's loader takes TRANSPOSE_CONV with three inputs only)."""
+    (onert's loader takes TRANSPOSE_CONV with three inputs only). In circle, a square kernel
+    as large as its stride (windows that do not overlap) is written as a 1x1 CONV_2D and
+    DEPTH_TO_SPACE, which onert's cpu backend runs (it has no TRANSPOSE_CONV kernel)."""
     x, weight = node.inputs[:2]
     attrs = node.attrs
     _require(weight.is_const and len(x.shape) == 4 and x.dtype == np.float32)
@@ -146,6 +148,10 @@ def conv_transpose(w, node):
     _require(not any(attrs["pads"]) and not any(attrs["output_padding"]))
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     _require(bias is None or bias.is_const)
+    block = weight.shape[2]
+    if w.fmt == "circle" and [block, block] == [*weight.shape[2:]] == list(attrs["strides"]):
+        _pixel_shuffle(w, node, block)
+        return
     out = node.output
     stored = _stored(out.shape, NHWC)
     shape = w.constant(np.asarray(stored, np.int32), f"{node.name}_output_shape")
@@ -160,6 +166,28 @@ def conv_transpose(w, node):
     w.op("TRANSPOSE_CONV", operands, [raw], **options)
     b = w.constant(bias.numpy().reshape(-1), bias.name)
     w.op("ADD", [raw, b], [w.define(out, NHWC)], activation=0)
+
+
+def _pixel_shuffle(w, node, block: int) -> None:
+    """ConvTranspose with kernel = stride = `block`: each input pixel's b x b output window is
+    a 1x1 CONV_2D to b * b * O channels, laid out by DEPTH_TO_SPACE (channel (i b + j) O + o
+    goes to row offset i, column offset j, channel o)."""
+    x, weight = node.inputs[:2]
+    out = node.output
+    channels = weight.shape[1]
+    data = weight.numpy().transpose(2, 3, 1, 0).reshape(block * block * channels, 1, 1, -1)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    offsets = np.zeros(channels, np.float32) if bias is None else bias.numpy().reshape(-1)
+    n, _, h, wd = x.shape
+    windows = w.new_tensor(f"{out.name}_windows", out.dtype, (n, h, wd, data.shape[0]))
+    operands = [
+        w.get(x, NHWC),
+        w.constant(np.ascontiguousarray(data), weight.name),
+        w.constant(np.tile(offsets, block * block), f"{node.name}_bias"),
+    ]
+    options = dict(padding=VALID, stride_h=1, stride_w=1, dilation_h=1, dilation_w=1)
+    w.op("CONV_2D", operands, [windows], **options)
+    w.op("DEPTH_TO_SPACE", [windows], [w.define(out, NHWC)], block_size=block)
 
 
 def _grouped(w, node, xi: int, data: np.ndarray, params, options: dict) -> None:

@@ -240,6 +240,7 @@ READERS: dict[str, Callable] = {
     "RELU6": _with(ops.clamp, code="RELU6"),
     "RELU_N1_TO_1": _with(ops.clamp, code="RELU_N1_TO_1"),
     "SOFTMAX": ops.softmax,
+    "DEPTH_TO_SPACE": ops.depth_to_space,
     "CONCATENATION": ops.concatenation,
     "RESHAPE": ops.reshape,
     "SPLIT": _with(ops.split, code="SPLIT"),

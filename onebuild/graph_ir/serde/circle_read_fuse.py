@@ -5,7 +5,11 @@ graphs and numbers:
 - SPLIT along channels, one CONV_2D per part, CONCATENATION along channels -> a grouped Conv;
 - an average counting padding, times each window's size over its count of real cells -> the
   average that leaves padding out;
-- x * (bias + 1x1 Conv(x * x, a band of alpha / size)) ^ -beta -> LRN (circle's form of it).
+- x * (bias + 1x1 Conv(x * x, a band of alpha / size)) ^ -beta -> LRN (circle's form of it);
+- x * relu6(x + 3) * 1/6 -> HardSwish (circle's form of it), x * sigmoid(x) -> Swish (the
+  spellings `passes.patterns` knows);
+- a 1x1 Conv to b * b * O channels, then DepthToSpace(b) -> ConvTranspose with kernel = stride =
+  b (circle's form of it).
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -14,7 +18,8 @@ dead-code elimination when nothing does.
 
 import numpy as np
 
-from ..ir import Graph, Value
+from ..ir import Graph, Node, Value
+from ..passes.patterns import activation_ending_at
 from ..tensor import QuantParams
 
 CONV_KEYS = (
@@ -140,3 +145,47 @@ def local_response_norm(graph: Graph, x: Value, power: Value) -> Value | None:
         "bias": float(offsets[0]),
     }
     return graph.make_node("LRN", [x], attrs, conv.name).output
+
+
+FOLDED_ACTIVATIONS = ("HardSwish", "Swish")
+
+
+def activation(graph: Graph, node: Node) -> Value | None:
+    """HardSwish or Swish for the product `node` that ends one of their spellings."""
+    found = activation_ending_at(node)
+    if found is None or found[0] not in FOLDED_ACTIVATIONS:
+        return None
+    op, x, attrs = found
+    return graph.make_node(op, [x], attrs, node.name).output
+
+
+def pixel_shuffle(graph: Graph, windows: Value, block: int) -> Value | None:
+    """ConvTranspose (kernel = stride = `block`) for DepthToSpace(block) of a float 1x1 Conv
+    whose channel (i b + j) O + o holds weights [:, o, i, j] and the same bias for every (i, j)."""
+    conv = windows.producer
+    if conv is None or conv.op != "Conv" or len(conv.inputs) < 3 or "clip" in conv.attrs:
+        return None
+    x, weight, bias = conv.inputs
+    attrs = conv.attrs
+    if not (weight.is_const and bias is not None and bias.is_const) or weight.shape[2:] != (1, 1):
+        return None
+    if attrs["group"] != 1 or any(attrs["pads"]) or set(attrs["strides"]) != {1}:
+        return None
+    if set(attrs["dilations"]) != {1} or weight.shape[0] % (block * block):
+        return None
+    channels = weight.shape[0] // (block * block)
+    offsets = bias.numpy().reshape(block * block, channels)
+    if np.any(offsets != offsets[0]):
+        return None
+    data = weight.numpy()[:, :, 0, 0].reshape(block, block, channels, -1).transpose(3, 2, 0, 1)
+    inputs = [x, graph.add_constant(np.ascontiguousarray(data), weight.name)]
+    if np.any(offsets[0]):
+        inputs.append(graph.add_constant(offsets[0].copy(), bias.name))
+    transposed = {
+        "strides": [block, block],
+        "dilations": [1, 1],
+        "pads": [0, 0, 0, 0],
+        "output_padding": [0, 0],
+        "group": 1,
+    }
+    return graph.make_node("ConvTranspose", inputs, transposed, conv.name).output

@@ -201,7 +201,9 @@ def pool(r, inputs, outputs, options, code):
 
 
 def resize(r, inputs, outputs, options, code):
-    _float_only(r, inputs[0], code)
+    """Float, or on the codes of a quantized tensor whose parameters it keeps."""
+    if r.info(inputs[0]).quant != r.info(outputs[0]).quant:
+        _float_only(r, inputs[0], code)
     o = _options(code, options)
     out = r.info(outputs[0]).shape
     x = r.value(inputs[0], NHWC)

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..dtypes import name_of
 from ..ops import OPS
-from ..quant.kernel_attrs import binary_attrs
+from ..ops.quantized_softmax import exp_table
+from ..quant.kernel_attrs import binary_attrs, output_attrs, softmax_attrs
 from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
 from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
@@ -89,7 +90,12 @@ def binary(r, inputs, outputs, options, code):
         return
     if out.quant is None or out.dtype == np.float32:
         op = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div", "POW": "Pow"}[code]
-        _emit(r, op, [a, b], _activation_attrs(r, outputs[0], act), outputs[0], perm)
+        attrs = _activation_attrs(r, outputs[0], act)
+        node = r.graph.make_node(op, [a, b], attrs, out.name + "/op")
+        value = node.output
+        if code == "MUL" and not act:
+            value = fuse.activation(r.graph, node) or value
+        r.define(outputs[0], value, perm)
         return
     if code in ("DIV", "POW"):
         raise Malformed(f"quantized {code} is not supported")
@@ -151,10 +157,17 @@ def clamp(r, inputs, outputs, options, code):
 
 
 def gelu(r, inputs, outputs, options):
-    _float_only(r, inputs[0], "GELU")
+    """Gelu; a quantized GELU (TFLite's kernel is a table of the function) as its QLookup."""
     perm = r.perm_of(inputs[0])
-    approximate = "tanh" if _options("GELU", options)["approximate"] else "none"
-    _emit(r, "Gelu", [r.value(inputs[0], perm)], {"approximate": approximate}, outputs[0], perm)
+    attrs = {"approximate": "tanh" if _options("GELU", options)["approximate"] else "none"}
+    x = r.value(inputs[0], perm)
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.quant is None or t.dtype == np.float32:
+        _emit(r, "Gelu", [x], attrs, outputs[0], perm)
+        return
+    if out.quant is None or out.dtype != t.dtype:
+        raise Malformed("a quantized input needs a quantized output of its type")
+    r.define(outputs[0], _lookup(r, x, ("Gelu", attrs), out.quant, out.dtype), perm)
 
 
 def _float_only(r, index, code):
@@ -313,6 +326,8 @@ def quantize_op(r, inputs, outputs, options, code):
         q = t.quant
         attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "axis": q.axis}
         _emit(r, "DequantizeLinear", [x], attrs, outputs[0], perm)
+    elif (folded := _island(r, x, out) or _requantized_pool(r, x, out)) is not None:
+        r.define(outputs[0], folded, perm)
     elif t.quant is None or t.dtype == np.float32:
         q = out.quant
         attrs = {
@@ -339,3 +354,66 @@ def quantize_op(r, inputs, outputs, options, code):
             "dtype": name_of(out.dtype),
         }
         _emit(r, "Requantize", [x], attrs, outputs[0], perm)
+
+
+def _island(r, x, out):
+    """QUANTIZE(f(DEQUANTIZE(q))) for a function f with a lookup rule (`OPS[f].quant`), or
+    Softmax, as the integer op the quantizer makes for it with these parameters: a QLookup
+    (exact: the table is f quantized), a QSoftmax (its integer algorithm; as the ONNX QDQ
+    importer reads DequantizeLinear -> Softmax -> QuantizeLinear)."""
+    node = x.producer
+    if node is None or len(node.inputs) != 1 or out.quant is None:
+        return None
+    dequantize_node = node.inputs[0].producer
+    if dequantize_node is None or dequantize_node.op != "DequantizeLinear":
+        return None
+    source = dequantize_node.inputs[0]
+    if source.quant is None or source.quant.axis is not None or source.dtype != out.dtype:
+        return None
+    if node.op == "Softmax":
+        table = r.graph.add_constant(exp_table(source.quant.scale[0]), f"{node.name}_exp")
+        attrs = softmax_attrs(node.attrs["axis"], out.quant, name_of(out.dtype))
+        value = r.graph.make_node("QSoftmax", [source, table], attrs, node.name).output
+        value.quant = out.quant
+        return value
+    if OPS[node.op].quant != "lookup":
+        return None
+    return _lookup(r, source, (node.op, node.attrs), out.quant, out.dtype)
+
+
+def _requantized_pool(r, x, out):
+    """An average pool (without a fused activation) requantized by QUANTIZE (tflite) or
+    DEQUANTIZE, QUANTIZE (circle), as one QAveragePool to the new parameters: the form the
+    writer gives a QAveragePool that changes parameters (one rounding, where TFLite's two can
+    differ by one step)."""
+    if x.producer is not None and x.producer.op == "DequantizeLinear":
+        x = x.producer.inputs[0]
+    pool = x.producer
+    if pool is None or pool.op != "QAveragePool" or out.quant is None or out.dtype != x.dtype:
+        return None
+    info = np.iinfo(x.dtype)
+    if (pool.attrs["qmin"], pool.attrs["qmax"]) != (info.min, info.max):
+        return None
+    source = pool.inputs[0]
+    attrs = {
+        **pool.attrs,
+        **output_attrs(name_of(out.dtype), out.quant),
+        "scale_ratio": source.quant.scale[0] / out.quant.scale[0],
+    }
+    value = r.graph.make_node("QAveragePool", [source], attrs, pool.name).output
+    value.quant = out.quant
+    return value
+
+
+def depth_to_space(r, inputs, outputs, options):
+    """DepthToSpace (DCR, TFLite's order), or the ConvTranspose circle spells with it."""
+    block = _options("DEPTH_TO_SPACE", options)["block_size"]
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if len(t.shape) != 4 or block < 1 or t.quant != out.quant:
+        raise Malformed("a 4-D input, a positive block size and the input's parameters")
+    x = r.value(inputs[0], NHWC)
+    fused = fuse.pixel_shuffle(r.graph, x, block)
+    if fused is not None:
+        r.define(outputs[0], fused, NHWC)
+        return
+    _emit(r, "DepthToSpace", [x], {"blocksize": block, "mode": "DCR"}, outputs[0], NHWC)

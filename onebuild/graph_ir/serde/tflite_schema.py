@@ -61,6 +61,7 @@ BUILTIN = {
     "CONCATENATION": 2,
     "CONV_2D": 3,
     "DEPTHWISE_CONV_2D": 4,
+    "DEPTH_TO_SPACE": 5,
     "DEQUANTIZE": 6,
     "FULLY_CONNECTED": 9,
     "LOCAL_RESPONSE_NORMALIZATION": 13,
@@ -185,6 +186,7 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
         (("padding", "byte"), ("stride_w", "int"), ("stride_h", "int"), ("activation", "byte")),
     ),
     "GELU": (116, (("approximate", "bool"),)),
+    "DEPTH_TO_SPACE": (94, (("block_size", "int"),)),
 }
 OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
 OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]
