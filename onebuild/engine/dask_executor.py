@@ -204,16 +204,28 @@ def _parent(path: Path) -> Path:
     return path.parent
 
 
-def run_step(
-    step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]
-) -> tuple[list[bytes | None], str | None]:
-    """On a worker: the step in a private root that mirrors the client's paths; returns the
-    outputs it wrote and its error message (naming the client's paths), if it failed."""
-    root = Path(tempfile.mkdtemp(prefix="onebuild-step-"))
+@contextlib.contextmanager
+def _on_worker(prefix: str, inputs: dict[str, bytes]):
+    """A task's private root holding its input files at the client's paths, with its progress
+    going to the client; yields (root, the progress summaries list); removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     summaries = _forwarding()
     try:
         for path, blob in inputs.items():
             unpack_tree(blob, _inside(root, path))
+        yield root, summaries
+    finally:
+        forward_to(None)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_step(
+    step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]
+) -> tuple[list[bytes | None], str | None, list[dict]]:
+    """On a worker: the step in a private root that mirrors the client's paths; returns the
+    outputs it wrote, its error message (naming the client's paths) if it failed, and its
+    progress summaries."""
+    with _on_worker("onebuild-step-", inputs) as (root, summaries):
         local = [_inside(root, p) for p in outputs]
         for path in local:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,28 +235,18 @@ def run_step(
         except OneBuildError as failure:
             error = str(failure).replace(str(root), "")
         return [pack_tree(p) if p.exists() else None for p in local], error, summaries
-    finally:
-        forward_to(None)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def run_shard(step: str, config: dict, inputs: dict[str, bytes], index: int, count: int):
     """On a worker: part `index` of `count` of a step that splits; (part, error message,
     progress summaries)."""
     module = import_module(STEPS[step].module)
-    root = Path(tempfile.mkdtemp(prefix="onebuild-shard-"))
-    summaries = _forwarding()
-    try:
-        for path, blob in inputs.items():
-            unpack_tree(blob, _inside(root, path))
+    with _on_worker("onebuild-shard-", inputs) as (root, summaries):
         local = [_inside(root, p) for p in inputs]
         try:
             return module.run_shard(_relocated(config, root), local, index, count), None, summaries
         except OneBuildError as failure:
             return None, str(failure).replace(str(root), ""), summaries
-    finally:
-        forward_to(None)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _inside(root: Path, path: str | os.PathLike) -> Path:
