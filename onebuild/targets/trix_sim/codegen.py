@@ -327,6 +327,8 @@ class _Emitter:
         chs = min(chs, chunk)
         while self.buffers > 1 and chs > least and -(-m // chs) < PIPELINE_TILES:
             chs = max(least, (chs + 1) // 2)
+        if layer.kind == "conv" and chs > self.hw.mac_cols:  # no partly idle array columns
+            chs -= chs % self.hw.mac_cols
         self.use(index, need(chunk, chs))
         input_at = tables + weight_slots * align(chunk * per_channel)
         base0 = input_at + whole_input
