@@ -9,6 +9,8 @@ tile i), weight chunks are double-buffered too, and intermediate tensors that fi
 in the top half of the SRAM from producer to last reader (no DRAM round trip; the layers that
 touch them run on whole-height channel tiles and use them in place); with `memory` one set is
 used and the arena packs tensors best-fit, which lowers peak DRAM use at the cost of overlap.
+A residual Add or a Concat part whose operand a convolution produces runs in that
+convolution's output stage (`fusion.py`): the convolution's tiles write the consumer's output.
 
 Instruction = (opcode, layer, 8 unsigned args):
   LOAD  dram, sram, block, count, dram_stride, sram_stride    (2-D DMA, DRAM -> SRAM)
@@ -21,6 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import UserError
+from .fusion import (
+    destination,
+    epilogue_operand,
+    fuse_epilogues,
+    fused_parts,
+    silent,
+    touched,
+)
 from .hardware import Hardware
 from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
 from .memory import ALIGN, align, plan_arena, plan_residency
@@ -76,6 +86,7 @@ class _Emitter:
         self.resident: dict[str, int] = {}  # tensor -> SRAM address, for SRAM-resident tensors
         self.pool: list[int] = [0] * len(program.layers)  # resident bytes (top of SRAM) per layer
         self.avail = hw.sram_bytes  # working SRAM of the current layer, from address 0
+        self.fused, self.silent = fused_parts(program), silent(program)
 
     def keep_resident(self, budget: int) -> None:
         """Keep intermediate tensors in the top `budget` bytes of SRAM where every layer that
@@ -169,11 +180,11 @@ class _Emitter:
             self.gemm(index, layer)
         elif layer.kind == "concat":
             self.concat(index, layer)
-        elif layer.kind == "reshape":
-            pass
+        elif layer.kind == "reshape" or index in self.silent:
+            pass  # a view, or a layer fused into its operand's producer
         elif layer.kind in MOVES:
             self.move(index, layer)
-        elif any(n in self.resident for n in [*layer.inputs, layer.output]):
+        elif any(n in self.resident for n in touched(self.p, index)):
             self.whole_height(index, layer)
         else:
             self.spatial(index, layer)
@@ -224,7 +235,9 @@ class _Emitter:
         chs = min(self.p.tensors[layer.output].shape[0], self.hw.mac_cols)  # as `whole_height`
         fixed = tables + self.buffers * align(chs * per_channel)
         whole_input = align(self.p.tensors[layer.inputs[0]].nbytes)
-        return fixed + whole_input + self.buffers * chs * out_channel
+        operand = epilogue_operand(self.p, layer)
+        staged = out_channel + (align(self.channel_bytes(operand)) if operand else 0)
+        return fixed + whole_input + self.buffers * chs * staged
 
     def spatial(self, index: int, layer: Layer) -> None:
         """Row tiles (and output channel chunks) through staging buffers."""
@@ -237,6 +250,9 @@ class _Emitter:
         channelwise = layer.kind in CHANNELWISE  # output channel i reads input channel i only
         per_channel, tables, table = self._constants(layer)
         chunk, weight_slots = self._weight_chunk(m, per_channel)
+        dest, offset = destination(self.p, layer)
+        operand = epilogue_operand(self.p, layer)  # an Add epilogue's other operand
+        op_item = np.dtype(self.p.tensors[operand].dtype).itemsize if operand else 0
 
         def sizes(rows: int, chs: int) -> tuple[int, int]:
             span = h if rows >= oh else min(h, window_span(layer, rows))
@@ -245,7 +261,7 @@ class _Emitter:
 
         def slot(rows: int, chs: int) -> int:
             in_size, out_size = sizes(rows, chs)
-            return inputs * in_size + out_size
+            return inputs * in_size + out_size + align(chs * rows * ow * op_item)
 
         def fixed(chs: int) -> int:
             return tables + weight_slots * align(chs * per_channel)
@@ -280,9 +296,13 @@ class _Emitter:
                     second = self.operand_tile(layer, layer.inputs[1], i0, i1, c0, cs)
                     self.load_rows(index, layer.inputs[1], *second, base + in_size)
                 out_sram = base + inputs * in_size
-                args = (r0, r1 - r0, ch0, chs, base, base + in_size, w_sram, out_sram)
+                in2 = base + in_size
+                if operand:
+                    in2 = out_sram + sizes(rows, chunk)[1]
+                    self.load_rows(index, operand, r0, r1, ch0, chs, in2)
+                args = (r0, r1 - r0, ch0, chs, base, in2, w_sram, out_sram)
                 self.emit(EXEC, index, *args)
-                self.store_rows(index, layer.output, r0, r1, ch0, chs, out_sram)
+                self.store_rows(index, dest, r0, r1, offset + ch0, chs, out_sram)
                 tile += 1
 
     def whole_height(self, index: int, layer: Layer) -> None:
@@ -300,7 +320,11 @@ class _Emitter:
         whole_input = (
             0 if channelwise or whole in self.resident else align(self.p.tensors[whole].nbytes)
         )
-        out_staged = layer.output not in self.resident
+        dest, offset = destination(self.p, layer)
+        out_staged = dest not in self.resident
+        operand = epilogue_operand(self.p, layer)  # an Add epilogue's other operand
+        if operand and operand not in self.resident:
+            staged.append(operand)
 
         def slot(chs: int) -> int:
             return sum(align(chs * self.channel_bytes(n)) for n in staged) + (
@@ -329,6 +353,12 @@ class _Emitter:
             chs = max(least, (chs + 1) // 2)
         if layer.kind == "conv" and chs > self.hw.mac_cols:  # no partly idle array columns
             chs -= chs % self.hw.mac_cols
+        if self.buffers > 1 and weight_slots == 1 and chs < chunk:
+            # weights stream with the tiles (two slots), so compute starts after the first
+            # tile's weights instead of all of them
+            streamed = tables + 2 * align(chs * per_channel) + whole_input + 2 * slot(chs)
+            if streamed <= self.avail:
+                chunk, weight_slots = chs, 2
         self.use(index, need(chunk, chs))
         input_at = tables + weight_slots * align(chunk * per_channel)
         base0 = input_at + whole_input
@@ -347,15 +377,15 @@ class _Emitter:
                     self.load_rows(index, whole, 0, h, 0, c, input_at)
                 at = base0 + (tile % self.buffers) * slot(chs)
                 operands = []
-                for name in layer.inputs:
-                    _, _, first, _ = self.operand_tile(layer, name, 0, h, t0, count)
-                    first = first if channelwise else 0
+                for name, extra in [*((n, False) for n in layer.inputs), (operand, True)]:
+                    if name is None:
+                        continue
+                    box = self.operand_tile(layer, name, 0, oh if extra else h, t0, count)
+                    first = box[2] if channelwise or extra else 0
                     if name in self.resident:
                         operands.append(self.resident[name] + first * self.channel_bytes(name))
-                    elif channelwise:
-                        self.load_rows(
-                            index, name, *self.operand_tile(layer, name, 0, h, t0, count), at
-                        )
+                    elif channelwise or extra:
+                        self.load_rows(index, name, *box, at)
                         operands.append(at)
                         at += align(chs * self.channel_bytes(name))
                     else:
@@ -363,12 +393,12 @@ class _Emitter:
                 if out_staged:
                     out_at = at
                 else:
-                    out_at = self.resident[layer.output] + t0 * self.channel_bytes(layer.output)
+                    out_at = self.resident[dest] + (offset + t0) * self.channel_bytes(dest)
                 in2 = operands[1] if len(operands) > 1 else 0
                 w_at = w_sram + (t0 - c0) * per_channel
                 self.emit(EXEC, index, 0, oh, t0, count, operands[0], in2, w_at, out_at)
                 if out_staged:
-                    self.store_rows(index, layer.output, 0, oh, t0, count, out_at)
+                    self.store_rows(index, dest, 0, oh, offset + t0, count, out_at)
                 tile += 1
 
     def gemm(self, index: int, layer: Layer) -> None:
@@ -442,6 +472,9 @@ class _Emitter:
         ch0 = 0
         for part, name in enumerate(layer.inputs):
             c = self.p.tensors[name].shape[0]
+            if name in self.fused:  # its producer wrote it into place
+                ch0 += c
+                continue
             in_staged = name not in self.resident
             whole = not (in_staged and out_staged)
             in_row = self.channel_bytes(name) // oh * in_staged
@@ -480,6 +513,7 @@ class _Emitter:
 def generate(program: Program, hw: Hardware, pref: str = "performance", meta=None) -> Module:
     if pref not in PREFERENCES:
         raise UserError(f"codegen preference '{pref}' is not one of {', '.join(PREFERENCES)}")
+    program = fuse_epilogues(program)
     blob, array_at = _blob(program.layers)
     dram, arena = plan_arena(program, best_fit=pref == "memory")
     base = align(len(blob))
