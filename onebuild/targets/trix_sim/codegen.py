@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import UserError
+from .cascade import find_cascades, plan, stripe_bytes, stripes, weight_bytes
 from .fusion import (
     destination,
     epilogue_operand,
@@ -87,17 +88,42 @@ class _Emitter:
         self.pool: list[int] = [0] * len(program.layers)  # resident bytes (top of SRAM) per layer
         self.avail = hw.sram_bytes  # working SRAM of the current layer, from address 0
         self.fused, self.silent = fused_parts(program), silent(program)
+        self.cascades: dict[int, tuple[int, int]] = {}  # producer -> (rows, slot bytes)
 
-    def keep_resident(self, budget: int) -> None:
+    def keep_resident(self, budget: int, striped: frozenset[int] = frozenset()) -> None:
         """Keep intermediate tensors in the top `budget` bytes of SRAM where every layer that
-        touches them can run on whole-height tiles in the rest."""
+        touches them can run on whole-height tiles in the rest (not `striped` layers: ids of
+        cascaded ones, which run on row stripes)."""
         rest = self.hw.sram_bytes - budget
-        offsets, self.pool = plan_residency(
-            self.p, budget, lambda layer: self.whole_height_bytes(layer) <= rest
-        )
+
+        def fits(layer: Layer) -> bool:
+            return id(layer) not in striped and self.whole_height_bytes(layer) <= rest
+
+        offsets, self.pool = plan_residency(self.p, budget, fits)
         top = self.hw.sram_bytes
+        self.resident = {}
         for name, offset in offsets.items():
             self.resident[name] = top - offset - align(self.p.tensors[name].nbytes)
+
+    def plan_cascades(self, budget: int) -> None:
+        """Pairs of layers run together in row stripes (cascade.py) where they fit and the
+        perf model expects them to be faster; a cascade's output then leaves the SRAM-resident
+        tensors (`budget` bytes of them, if any), which are planned again without it."""
+        for first, second in find_cascades(self.p, lambda n: n in self.resident).items():
+            avail = self.hw.sram_bytes - max(self.pool[first], self.pool[second])
+            layers = self.p.layers[first], self.p.layers[second]
+            planned = plan(self.p, self.hw, *layers, avail, self.buffers)
+            if planned is not None:
+                self.cascades[first] = planned
+        if budget and self.cascades:
+            striped = {id(self.p.layers[i + j]) for i in self.cascades for j in (0, 1)}
+            self.keep_resident(budget, frozenset(striped))
+            for first in list(self.cascades):  # what stays resident around them may differ
+                avail = self.hw.sram_bytes - max(self.pool[first], self.pool[first + 1])
+                layers = self.p.layers[first], self.p.layers[first + 1]
+                slot = self.cascades[first][1]
+                if sum(weight_bytes(*layers)) + self.buffers * slot > avail:
+                    del self.cascades[first]
 
     def tile(self, barrier: bool = False) -> None:
         """Start a tile. A barrier tile's loads wait for the previous tile's compute (its loads
@@ -180,8 +206,10 @@ class _Emitter:
             self.gemm(index, layer)
         elif layer.kind == "concat":
             self.concat(index, layer)
-        elif layer.kind == "reshape" or index in self.silent:
-            pass  # a view, or a layer fused into its operand's producer
+        elif layer.kind == "reshape" or index in self.silent or index - 1 in self.cascades:
+            pass  # a view, a layer fused into its operand's producer, or cascaded with it
+        elif index in self.cascades:
+            self.cascade(index)
         elif layer.kind in MOVES:
             self.move(index, layer)
         elif any(n in self.resident for n in touched(self.p, index)):
@@ -401,6 +429,32 @@ class _Emitter:
                     self.store_rows(index, dest, 0, oh, offset + t0, count, out_at)
                 tile += 1
 
+    def cascade(self, index: int) -> None:
+        """Layer `index` and the next one in row stripes: each stripe loads the first one's
+        input rows, computes the rows of its output the second one's stripe reads (into SRAM
+        only), then that stripe, and stores it. Both layers' weights load once."""
+        first, second = self.p.layers[index], self.p.layers[index + 1]
+        rows, slot = self.cascades[index]
+        weights = weight_bytes(first, second)
+        fixed = sum(weights)
+        self.use(index, fixed + self.buffers * slot)
+        mid, out = (self.p.tensors[n].shape[0] for n in (first.output, second.output))
+        for number, stripe in enumerate(stripes(self.p, first, second, rows)):
+            r0, r1, p0, p1, i0, i1 = stripe
+            self.tile()
+            for at, (j, layer) in zip((0, weights[0]), enumerate((first, second), index)):
+                per_channel, _, _ = self._constants(layer)
+                if per_channel and number == 0:
+                    self.load_weights(j, 0, self.p.tensors[layer.output].shape[0], per_channel, at)
+            base = fixed + number % self.buffers * slot
+            in_size, mid_size, _ = stripe_bytes(self.p, first, second, stripe)
+            x = self.p.tensors[first.inputs[0]]
+            self.load_rows(index, first.inputs[0], i0, i1, 0, x.shape[0], base)
+            mid_at, out_at = base + in_size, base + in_size + mid_size
+            self.emit(EXEC, index, p0, p1 - p0, 0, mid, base, 0, 0, mid_at)
+            self.emit(EXEC, index + 1, r0, r1 - r0, 0, out, mid_at, 0, weights[0], out_at)
+            self.store_rows(index + 1, second.output, r0, r1, 0, out, out_at)
+
     def gemm(self, index: int, layer: Layer) -> None:
         """Output-channel chunks; the input vector is loaded once (or used in place)."""
         x, x_at = self.tensor(layer.inputs[0])
@@ -515,11 +569,15 @@ def generate(program: Program, hw: Hardware, pref: str = "performance", meta=Non
         raise UserError(f"codegen preference '{pref}' is not one of {', '.join(PREFERENCES)}")
     program = fuse_epilogues(program)
     blob, array_at = _blob(program.layers)
-    dram, arena = plan_arena(program, best_fit=pref == "memory")
     base = align(len(blob))
-    emitter = _Emitter(program, hw, pref, dram, array_at, base)
-    if pref == "performance":
-        emitter.keep_resident(hw.sram_bytes // 2)
+    emitter = _Emitter(program, hw, pref, {}, array_at, base)
+    budget = hw.sram_bytes // 2 if pref == "performance" else 0
+    if budget:
+        emitter.keep_resident(budget)
+    emitter.plan_cascades(budget)
+    together = {first: first + 1 for first in emitter.cascades}
+    dram, arena = plan_arena(program, best_fit=pref == "memory", together=together)
+    emitter.dram = dram
     for index, layer in enumerate(program.layers):
         emitter.layer(index, layer)
     code = np.array(emitter.code, dtype=np.uint32).reshape(-1, 10)

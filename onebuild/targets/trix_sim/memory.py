@@ -29,7 +29,10 @@ class Liveness:
         return self.first[root], self.last.get(root, self.first[root])
 
 
-def liveness(program: Program) -> Liveness:
+def liveness(program: Program, together: dict[int, int] | None = None) -> Liveness:
+    """Lifetimes of root tensors; `together` maps a layer to the next one when the two run
+    together (cascade.py): the first one's inputs live until the second's, whose output lives
+    from the first's."""
     root = {name: name for name in program.inputs}
     for layer in program.layers:
         # a fused convolution's output is never stored: its bytes are its consumer's
@@ -43,6 +46,11 @@ def liveness(program: Program) -> Liveness:
             last[root[name]] = index
     for name in program.outputs:
         last[root[name]] = len(program.layers)
+    for one, other in (together or {}).items():
+        for name in program.layers[one].inputs:
+            last[root[name]] = max(last[root[name]], other)
+        output = root[program.layers[other].output]
+        first[output] = min(first[output], one)
     return Liveness(root, first, last)
 
 
@@ -57,10 +65,13 @@ def _first_fit(placed: list[tuple[int, int, int, int]], lo: int, hi: int, size: 
     return offset
 
 
-def plan_arena(program: Program, best_fit: bool) -> tuple[dict[str, int], int]:
+def plan_arena(
+    program: Program, best_fit: bool, together: dict[int, int] | None = None
+) -> tuple[dict[str, int], int]:
     """DRAM arena offsets of every tensor and the arena size. `best_fit` places the largest
-    tensors first (smaller arena); otherwise tensors are placed in the order they appear."""
-    live = liveness(program)
+    tensors first (smaller arena); otherwise tensors are placed in the order they appear.
+    `together`: layers run with the next one (see `liveness`)."""
+    live = liveness(program, together)
     sizes = {r: program.tensors[r].nbytes for r in set(live.root.values())}
     order = (
         sorted(sizes, key=lambda r: (-sizes[r], live.first[r], r))
