@@ -9,15 +9,19 @@ for the simulator, only their order and SRAM addresses.
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .hardware import Hardware
 from .lower import Layer, Program, tile_input_rows
 from .memory import align
+from .opcodes import EXEC, PIPELINE_TILES
 from .perf import exec_cycles
 
-PIPELINE_TILES = 8  # as codegen's: the fewest stripes when the height allows
+if TYPE_CHECKING:
+    from .codegen import Emitter
+
 
 STRIPED = ("conv", "maxpool", "avgpool")  # layers that run on row tiles of every channel
 
@@ -125,3 +129,51 @@ def plan(program: Program, hw: Hardware, first: Layer, second: Layer, avail: int
     if _estimate(program, hw, together) >= _estimate(program, hw, apart):
         return None
     return rows, slot
+
+
+def plan_cascades(em: "Emitter", budget: int) -> None:
+    """Pairs of layers run together in row stripes (cascade.py) where they fit and the
+    perf model expects them to be faster; a cascade's output then leaves the SRAM-resident
+    tensors (`budget` bytes of them, if any), which are planned again without it."""
+    for first, second in find_cascades(em.p, lambda n: n in em.resident).items():
+        avail = em.hw.sram_bytes - max(em.pool[first], em.pool[second])
+        layers = em.p.layers[first], em.p.layers[second]
+        planned = plan(em.p, em.hw, *layers, avail, em.buffers)
+        if planned is not None:
+            em.cascades[first] = planned
+    if budget and em.cascades:
+        striped = {id(em.p.layers[i + j]) for i in em.cascades for j in (0, 1)}
+        em.keep_resident(budget, frozenset(striped))
+        for first in list(em.cascades):  # what stays resident around them may differ
+            avail = em.hw.sram_bytes - max(em.pool[first], em.pool[first + 1])
+            layers = em.p.layers[first], em.p.layers[first + 1]
+            slot = em.cascades[first][1]
+            if sum(weight_bytes(*layers)) + em.buffers * slot > avail:
+                del em.cascades[first]
+
+
+def emit_cascade(em: "Emitter", index: int) -> None:
+    """Layer `index` and the next one in row stripes: each stripe loads the first one's
+    input rows, computes the rows of its output the second one's stripe reads (into SRAM
+    only), then that stripe, and stores it. Both layers' weights load once."""
+    first, second = em.p.layers[index], em.p.layers[index + 1]
+    rows, slot = em.cascades[index]
+    weights = weight_bytes(first, second)
+    fixed = sum(weights)
+    em.use(index, fixed + em.buffers * slot)
+    mid, out = (em.p.tensors[n].shape[0] for n in (first.output, second.output))
+    for number, stripe in enumerate(stripes(em.p, first, second, rows)):
+        r0, r1, p0, p1, i0, i1 = stripe
+        em.tile()
+        for at, (j, layer) in zip((0, weights[0]), enumerate((first, second), index)):
+            per_channel, _, _ = em.constants(layer)
+            if per_channel and number == 0:
+                em.load_weights(j, 0, em.p.tensors[layer.output].shape[0], per_channel, at)
+        base = fixed + number % em.buffers * slot
+        in_size, mid_size, _ = stripe_bytes(em.p, first, second, stripe)
+        x = em.p.tensors[first.inputs[0]]
+        em.load_rows(index, first.inputs[0], i0, i1, 0, x.shape[0], base)
+        mid_at, out_at = base + in_size, base + in_size + mid_size
+        em.emit(EXEC, index, p0, p1 - p0, 0, mid, base, 0, 0, mid_at)
+        em.emit(EXEC, index + 1, r0, r1 - r0, 0, out, mid_at, 0, weights[0], out_at)
+        em.store_rows(index + 1, second.output, r0, r1, 0, out, out_at)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import UserError
-from .cascade import find_cascades, plan, stripe_bytes, stripes, weight_bytes
+from .cascade import emit_cascade, plan_cascades
+from .copies import emit_concat, emit_move
 from .fusion import (
     destination,
     epilogue_operand,
@@ -35,12 +36,10 @@ from .fusion import (
 from .hardware import Hardware
 from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
 from .memory import ALIGN, align, plan_arena, plan_residency
-from .moves import MOVES, box_shape, source_box
+from .moves import MOVES
+from .opcodes import EXEC, LOAD, PIPELINE_TILES, STORE
 
-LOAD, STORE, EXEC = 1, 2, 3
 PREFERENCES = ("performance", "memory", "compile_time")
-PIPELINE_TILES = 8  # the fewest tiles per layer when double-buffering
-MAX_DMA_COUNT = 1 << 16  # blocks per 2-D DMA
 CHANNELWISE = ("maxpool", "avgpool", "add", "mul", "lookup", "requant")
 
 
@@ -77,7 +76,7 @@ def _blob(layers: list[Layer]) -> tuple[bytes, dict[tuple[int, str], int]]:
     return b"".join(parts), offsets
 
 
-class _Emitter:
+class Emitter:
     def __init__(self, program: Program, hw: Hardware, pref: str, dram, array_at, base):
         self.p, self.hw, self.dram, self.array_at, self.base = program, hw, dram, array_at, base
         self.buffers = 2 if pref == "performance" else 1
@@ -104,26 +103,6 @@ class _Emitter:
         self.resident = {}
         for name, offset in offsets.items():
             self.resident[name] = top - offset - align(self.p.tensors[name].nbytes)
-
-    def plan_cascades(self, budget: int) -> None:
-        """Pairs of layers run together in row stripes (cascade.py) where they fit and the
-        perf model expects them to be faster; a cascade's output then leaves the SRAM-resident
-        tensors (`budget` bytes of them, if any), which are planned again without it."""
-        for first, second in find_cascades(self.p, lambda n: n in self.resident).items():
-            avail = self.hw.sram_bytes - max(self.pool[first], self.pool[second])
-            layers = self.p.layers[first], self.p.layers[second]
-            planned = plan(self.p, self.hw, *layers, avail, self.buffers)
-            if planned is not None:
-                self.cascades[first] = planned
-        if budget and self.cascades:
-            striped = {id(self.p.layers[i + j]) for i in self.cascades for j in (0, 1)}
-            self.keep_resident(budget, frozenset(striped))
-            for first in list(self.cascades):  # what stays resident around them may differ
-                avail = self.hw.sram_bytes - max(self.pool[first], self.pool[first + 1])
-                layers = self.p.layers[first], self.p.layers[first + 1]
-                slot = self.cascades[first][1]
-                if sum(weight_bytes(*layers)) + self.buffers * slot > avail:
-                    del self.cascades[first]
 
     def tile(self, barrier: bool = False) -> None:
         """Start a tile. A barrier tile's loads wait for the previous tile's compute (its loads
@@ -205,13 +184,13 @@ class _Emitter:
         if layer.kind == "gemm":
             self.gemm(index, layer)
         elif layer.kind == "concat":
-            self.concat(index, layer)
+            emit_concat(self, index, layer)
         elif layer.kind == "reshape" or index in self.silent or index - 1 in self.cascades:
             pass  # a view, a layer fused into its operand's producer, or cascaded with it
         elif index in self.cascades:
-            self.cascade(index)
+            emit_cascade(self, index)
         elif layer.kind in MOVES:
-            self.move(index, layer)
+            emit_move(self, index, layer)
         elif any(n in self.resident for n in touched(self.p, index)):
             self.whole_height(index, layer)
         else:
@@ -234,7 +213,7 @@ class _Emitter:
             chunk -= chunk % self.hw.mac_cols
         return min(chunk, channels), slots
 
-    def _constants(self, layer: Layer) -> tuple[int, int, object]:
+    def constants(self, layer: Layer) -> tuple[int, int, object]:
         """Bytes per output channel of weights, the table bytes, and the table (or None)."""
         weights, table = layer.arrays.get("weights"), layer.arrays.get("table")
         per_channel = 0 if weights is None else int(np.prod(weights.shape[1:])) * weights.itemsize
@@ -256,7 +235,7 @@ class _Emitter:
         if layer.kind == "concat":
             part = max(align(self.channel_bytes(n)) for n in layer.inputs)
             return self.buffers * (part + out_channel)
-        per_channel, tables, _ = self._constants(layer)
+        per_channel, tables, _ = self.constants(layer)
         if layer.kind in CHANNELWISE:
             staged = sum(align(self.channel_bytes(n)) for n in layer.inputs)
             return tables + self.buffers * (staged + out_channel)
@@ -276,7 +255,7 @@ class _Emitter:
         out_item, in_item = np.dtype(out.dtype).itemsize, np.dtype(x.dtype).itemsize
         inputs = len(layer.inputs)
         channelwise = layer.kind in CHANNELWISE  # output channel i reads input channel i only
-        per_channel, tables, table = self._constants(layer)
+        per_channel, tables, table = self.constants(layer)
         chunk, weight_slots = self._weight_chunk(m, per_channel)
         dest, offset = destination(self.p, layer)
         operand = epilogue_operand(self.p, layer)  # an Add epilogue's other operand
@@ -341,7 +320,7 @@ class _Emitter:
         m, oh, _ = out.shape
         _, h, _ = self.p.tensors[layer.inputs[0]].shape
         channelwise = layer.kind in CHANNELWISE
-        per_channel, tables, table = self._constants(layer)
+        per_channel, tables, table = self.constants(layer)
         chunk, weight_slots = self._weight_chunk(m, per_channel)
         staged = [n for n in layer.inputs if n not in self.resident] if channelwise else []
         whole = layer.inputs[0]
@@ -429,32 +408,6 @@ class _Emitter:
                     self.store_rows(index, dest, 0, oh, offset + t0, count, out_at)
                 tile += 1
 
-    def cascade(self, index: int) -> None:
-        """Layer `index` and the next one in row stripes: each stripe loads the first one's
-        input rows, computes the rows of its output the second one's stripe reads (into SRAM
-        only), then that stripe, and stores it. Both layers' weights load once."""
-        first, second = self.p.layers[index], self.p.layers[index + 1]
-        rows, slot = self.cascades[index]
-        weights = weight_bytes(first, second)
-        fixed = sum(weights)
-        self.use(index, fixed + self.buffers * slot)
-        mid, out = (self.p.tensors[n].shape[0] for n in (first.output, second.output))
-        for number, stripe in enumerate(stripes(self.p, first, second, rows)):
-            r0, r1, p0, p1, i0, i1 = stripe
-            self.tile()
-            for at, (j, layer) in zip((0, weights[0]), enumerate((first, second), index)):
-                per_channel, _, _ = self._constants(layer)
-                if per_channel and number == 0:
-                    self.load_weights(j, 0, self.p.tensors[layer.output].shape[0], per_channel, at)
-            base = fixed + number % self.buffers * slot
-            in_size, mid_size, _ = stripe_bytes(self.p, first, second, stripe)
-            x = self.p.tensors[first.inputs[0]]
-            self.load_rows(index, first.inputs[0], i0, i1, 0, x.shape[0], base)
-            mid_at, out_at = base + in_size, base + in_size + mid_size
-            self.emit(EXEC, index, p0, p1 - p0, 0, mid, base, 0, 0, mid_at)
-            self.emit(EXEC, index + 1, r0, r1 - r0, 0, out, mid_at, 0, weights[0], out_at)
-            self.store_rows(index + 1, second.output, r0, r1, 0, out, out_at)
-
     def gemm(self, index: int, layer: Layer) -> None:
         """Output-channel chunks; the input vector is loaded once (or used in place)."""
         x, x_at = self.tensor(layer.inputs[0])
@@ -482,87 +435,6 @@ class _Emitter:
             if out_item:
                 self.store_rows(index, layer.output, 0, 1, ch0, chs, out_at)
 
-    def move(self, index: int, layer: Layer) -> None:
-        """Output channel tiles; each loads the input box it reads (`moves.source_box`)."""
-        x, x_at = self.tensor(layer.inputs[0])
-        m, oh, _ = self.p.tensors[layer.output].shape
-        item = np.dtype(x.dtype).itemsize
-        out_channel = self.channel_bytes(layer.output)
-
-        def slot(chs: int) -> int:
-            return align(int(np.prod(box_shape(layer, x.shape, 0, chs))) * item) + align(
-                chs * out_channel
-            )
-
-        chs = min(m, MAX_DMA_COUNT)  # a tile's channels are one DMA's blocks
-        while self.buffers * slot(chs) > self.avail and chs > 1:
-            chs = (chs + 1) // 2
-        while self.buffers > 1 and chs > 1 and -(-m // chs) < PIPELINE_TILES:
-            chs = (chs + 1) // 2
-        self.use(index, self.buffers * slot(chs))
-        for tile, o0 in enumerate(range(0, m, chs)):
-            count = min(chs, m - o0)
-            self.tile()
-            base = (tile % self.buffers) * slot(chs)
-            axis, lo, hi = source_box(layer, x.shape, o0, o0 + count)
-            c, h, w = x.shape
-            if axis == 0:
-                self.load_rows(index, layer.inputs[0], 0, h, lo, hi - lo, base)
-            elif axis == 1:
-                self.load_rows(index, layer.inputs[0], lo, hi, 0, c, base)
-            else:  # columns [lo, hi) of every row: one strided DMA
-                block = (hi - lo) * item
-                self.emit(LOAD, index, x_at + lo * item, base, block, c * h, w * item, block)
-            out_at = base + slot(chs) - align(chs * out_channel)
-            self.emit(EXEC, index, 0, oh, o0, count, base, 0, 0, out_at)
-            self.store_rows(index, layer.output, 0, oh, o0, count, out_at)
-
-    def concat(self, index: int, layer: Layer) -> None:
-        """Each input requantized into its channel range of the output: row tiles, or
-        whole-height channel tiles where an operand is SRAM-resident."""
-        out = self.p.tensors[layer.output]
-        _, oh, _ = out.shape
-        out_staged = layer.output not in self.resident
-        ch0 = 0
-        for part, name in enumerate(layer.inputs):
-            c = self.p.tensors[name].shape[0]
-            if name in self.fused:  # its producer wrote it into place
-                ch0 += c
-                continue
-            in_staged = name not in self.resident
-            whole = not (in_staged and out_staged)
-            in_row = self.channel_bytes(name) // oh * in_staged
-            out_row = self.channel_bytes(layer.output) // oh * out_staged
-
-            def slot(rows: int, chs: int, in_row=in_row, out_row=out_row) -> int:
-                return align(chs * rows * in_row) + align(chs * rows * out_row)
-
-            rows, chs = oh, c
-            while not whole and rows > 1 and self.buffers * slot(rows, chs) > self.avail:
-                rows = (rows + 1) // 2
-            while self.buffers * slot(rows, chs) > self.avail and chs > 1:
-                chs = (chs + 1) // 2
-            self.use(index, self.buffers * slot(rows, chs))
-            tiles = [(r0, k0) for k0 in range(0, c, chs) for r0 in range(0, oh, rows)]
-            for tile, (r0, k0) in enumerate(tiles):
-                r1, count = min(oh, r0 + rows), min(chs, c - k0)
-                self.tile(barrier=tile == 0)  # parts use different buffer layouts
-                base = (tile % self.buffers) * slot(rows, chs)
-                in_at = base
-                if in_staged:
-                    self.load_rows(index, name, r0, r1, k0, count, in_at)
-                else:
-                    in_at = self.resident[name] + k0 * self.channel_bytes(name)
-                out_at = base + align(chs * rows * in_row)
-                if not out_staged:
-                    out_at = self.resident[layer.output] + (ch0 + k0) * self.channel_bytes(
-                        layer.output
-                    )
-                self.emit(EXEC, index, r0, r1 - r0, ch0 + k0, count, in_at, part, 0, out_at)
-                if out_staged:
-                    self.store_rows(index, layer.output, r0, r1, ch0 + k0, count, out_at)
-            ch0 += c
-
 
 def generate(program: Program, hw: Hardware, pref: str = "performance", meta=None) -> Module:
     if pref not in PREFERENCES:
@@ -570,11 +442,11 @@ def generate(program: Program, hw: Hardware, pref: str = "performance", meta=Non
     program = fuse_epilogues(program)
     blob, array_at = _blob(program.layers)
     base = align(len(blob))
-    emitter = _Emitter(program, hw, pref, {}, array_at, base)
+    emitter = Emitter(program, hw, pref, {}, array_at, base)
     budget = hw.sram_bytes // 2 if pref == "performance" else 0
     if budget:
         emitter.keep_resident(budget)
-    emitter.plan_cascades(budget)
+    plan_cascades(emitter, budget)
     together = {first: first + 1 for first in emitter.cascades}
     dram, arena = plan_arena(program, best_fit=pref == "memory", together=together)
     emitter.dram = dram

@@ -1,6 +1,7 @@
-"""Epilogue fusion (`targets/trix_sim/fusion.py`): residual Adds and Concat parts folded into
-the convolution that produces their operand stay bit-exact on every tiling, skip the DRAM round
-trip of the intermediate, and are checked by the .tvn decoder."""
+"""The TRIX schedule's layer fusion: epilogues (`fusion.py`: residual Adds and Concat parts
+folded into the convolution that produces their operand) stay bit-exact on every tiling, skip
+the DRAM round trip of the intermediate and are checked by the .tvn decoder; cascades
+(`cascade.py`: a layer and the next in row stripes) keep the intermediate out of DRAM."""
 
 import dataclasses
 import hashlib
@@ -11,8 +12,8 @@ from test_trix_sim import PRESETS, assert_bit_exact, integer_graph
 
 from onebuild.errors import FormatError
 from onebuild.graph_ir.ir import Graph
-from onebuild.targets.trix_sim import codegen
-from onebuild.targets.trix_sim.codegen import EXEC, generate
+from onebuild.targets.trix_sim import cascade, codegen
+from onebuild.targets.trix_sim.codegen import EXEC, STORE, generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.simulator import Simulator
@@ -138,3 +139,57 @@ def test_version_2_files_without_epilogues_still_load(quantized, rng, monkeypatc
     want, _ = Simulator(module, hw).run(feeds)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def _stem_graph(rng):
+    """A squeezenet-like stem: 3-channel 3x3/2 convolution (DMA-bound: its output dwarfs its
+    input) -> 3x3/2 max pool -> 1x1 convolution."""
+    graph = Graph("stem")
+    x = graph.add_input("x", np.float32, (1, 3, 95, 93))
+    weight = graph.add_constant(rng.normal(0, 0.4, (24, 3, 3, 3)).astype(np.float32))
+    bias = graph.add_constant(rng.normal(0, 0.1, 24).astype(np.float32))
+    attrs = {"strides": [2, 2], "dilations": [1, 1], "pads": [1] * 4, "group": 1}
+    stem = graph.make_node("Conv", [x, weight, bias], attrs).output
+    pool = {"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [1, 1], "pads": [0] * 4}
+    pooled = graph.make_node("MaxPool", [stem], {**pool, "ceil_mode": 0}).output
+    weight = graph.add_constant(rng.normal(0, 0.4, (8, 24, 1, 1)).astype(np.float32))
+    bias = graph.add_constant(rng.normal(0, 0.1, 8).astype(np.float32))
+    attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [0] * 4, "group": 1}
+    graph.outputs = [graph.make_node("Conv", [pooled, weight, bias], attrs).output]
+    return graph, {"x": rng.normal(0, 1, (3, 1, 3, 95, 93)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def stem():
+    graph, data = _stem_graph(np.random.default_rng(11))
+    return integer_graph(graph, data)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monkeypatch):
+    """The stem convolution and the max pool run in row stripes: the convolution's output is
+    never stored, its stripes overlap (the window's shared rows are computed twice), and the
+    program is faster than layer by layer and bit-exact, also on SRAMs that force thin
+    stripes and with the `memory` preference (whose arena must keep the convolution's input
+    alive while the pool's stripes are stored). 64 KiB of SRAM: the convolution's output
+    (54 KiB) cannot stay resident."""
+    hw = dataclasses.replace(load_hardware(preset), sram_bytes=65536)
+    program = lower(stem, hw)
+    module = generate(program, hw)
+    code = module.code
+    assert not len(code[(code[:, 0] == STORE) & (code[:, 1] == 0)])  # never stored
+    order = code[code[:, 0] == EXEC][:, 1].tolist()
+    assert order[: order.index(2)] == [0, 1] * (order.index(2) // 2)  # interleaved stripes
+    stripes = code[(code[:, 0] == EXEC) & (code[:, 1] == 0)][:, 2:4]
+    assert len(stripes) >= 4 and (stripes[1:, 0] < stripes[:-1].sum(axis=1)).all()
+    x = stem.inputs[0]
+    feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
+    _, cascaded = Simulator(module, hw).run(feeds)
+    monkeypatch.setattr(cascade, "find_cascades", lambda *args: {})
+    _, plain = Simulator(generate(program, hw), hw).run(feeds)
+    monkeypatch.undo()
+    assert cascaded.cycles < plain.cycles and cascaded.dram_bytes < plain.dram_bytes
+    for pref in ("performance", "memory"):
+        assert_bit_exact(stem, hw, pref, rng)
+    for sram in (8192, 16384):
+        assert_bit_exact(stem, dataclasses.replace(hw, sram_bytes=sram), "performance", rng)
