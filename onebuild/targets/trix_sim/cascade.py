@@ -1,9 +1,9 @@
-"""Cascading: two consecutive layers run together in row stripes, so the intermediate tensor
-lives only in SRAM stripes and never goes to DRAM (Vela's cascading).
+"""Cascading: consecutive layers run together in row stripes, so the tensors between them live
+only in SRAM stripes and never go to DRAM (Vela's cascading).
 
-Each stripe loads the producer's input rows, computes the producer's rows that the consumer's
-stripe reads (rows shared by two stripes are computed twice: the window's overlap), computes
-the consumer's stripe from them and stores it. Plain LOAD/EXEC/STORE instructions: nothing new
+Each stripe loads the first layer's input rows, computes each layer's rows that the next
+layer's stripe reads (rows shared by two stripes are computed twice: the windows' overlap),
+then the last layer's stripe, and stores it. Plain LOAD/EXEC/STORE instructions: nothing new
 for the simulator, only their order and SRAM addresses.
 """
 
@@ -22,36 +22,40 @@ from .perf import exec_cycles
 if TYPE_CHECKING:
     from .codegen import Emitter
 
-
 STRIPED = ("conv", "maxpool", "avgpool")  # layers that run on row tiles of every channel
 
 
 def find_cascades(program: Program, keeps: Callable[[str], bool]) -> dict[int, int]:
-    """producer -> consumer pairs to cascade: the consumer directly follows the producer and is
-    the only reader of its output, which is not a model output; neither has an epilogue; the
-    producer's input and output are not kept in SRAM (`keeps`; the consumer's output may be,
-    but leaves the SRAM if the pair is cascaded)."""
+    """first -> last layer of the longest runs of layers that can cascade: each layer after
+    the first directly follows the one before and is the only reader of its output, which is
+    not a model output and not kept in SRAM (`keeps`; nor is the first layer's input; the last
+    layer's output may be, but leaves the SRAM if the run is cascaded); no epilogues."""
     readers: dict[str, int] = {}
     for layer in program.layers:
         for name in layer.inputs:
             readers[name] = readers.get(name, 0) + 1
-    pairs, taken = {}, set()
-    for index, (first, second) in enumerate(zip(program.layers, program.layers[1:])):
-        names = [first.inputs[0], first.output]
-        if (
-            index not in taken
-            and first.kind in STRIPED
-            and second.kind in STRIPED
+
+    def joins(index: int) -> bool:  # layer index + 1 can follow layer index in stripes
+        first, second = program.layers[index], program.layers[index + 1]
+        return (
+            second.kind in STRIPED
+            and "epilogue" not in second.attrs
             and second.inputs == [first.output]
             and readers.get(first.output) == 1
             and first.output not in program.outputs
-            and not any(map(keeps, names))
-            and "epilogue" not in first.attrs
-            and "epilogue" not in second.attrs
-        ):
-            pairs[index] = index + 1
-            taken |= {index, index + 1}
-    return pairs
+        )
+
+    runs, index = {}, 0
+    while index < len(program.layers) - 1:
+        first = program.layers[index]
+        last = index
+        if first.kind in STRIPED and "epilogue" not in first.attrs and not keeps(first.inputs[0]):
+            while last + 1 < len(program.layers) and joins(last):
+                last += 1
+        if last > index:
+            runs[index] = last
+        index = last + 1
+    return runs
 
 
 def _weights(layer: Layer) -> int:
@@ -59,121 +63,129 @@ def _weights(layer: Layer) -> int:
     return 0 if weights is None else align(weights.nbytes)
 
 
-def stripes(program: Program, first: Layer, second: Layer, rows: int) -> list[tuple]:
-    """Per stripe of `rows` consumer output rows: (r0, r1) of the consumer, (p0, p1) of the
-    producer it reads, (i0, i1) of the producer's input."""
-    _, h, _ = program.tensors[first.inputs[0]].shape
-    _, mid_h, _ = program.tensors[first.output].shape
-    _, out_h, _ = program.tensors[second.output].shape
+def weight_bytes(layers: list[Layer]) -> list[int]:
+    """SRAM bytes of each layer's weights (all stay loaded through the cascade)."""
+    return [_weights(layer) for layer in layers]
+
+
+def stripes(program: Program, layers: list[Layer], rows: int) -> list[list[tuple[int, int]]]:
+    """Per stripe of `rows` output rows of the last layer: the row range of the first layer's
+    input, then of each layer's output."""
     result = []
+    out_h = program.tensors[layers[-1].output].shape[1]
     for r0 in range(0, out_h, rows):
-        r1 = min(out_h, r0 + rows)
-        p0, p1 = tile_input_rows(second, r0, r1, mid_h, out_h)
-        i0, i1 = tile_input_rows(first, p0, p1, h, mid_h)
-        result.append((r0, r1, p0, p1, i0, i1))
+        ranges = [(r0, min(out_h, r0 + rows))]
+        for layer in reversed(layers):
+            height = program.tensors[layer.inputs[0]].shape[1]
+            out = program.tensors[layer.output].shape[1]
+            ranges.insert(0, tile_input_rows(layer, *ranges[0], height, out))
+        result.append(ranges)
     return result
 
 
-def stripe_bytes(program: Program, first: Layer, second: Layer, stripe: tuple) -> list[int]:
-    """SRAM bytes of a stripe's producer input, intermediate rows and consumer output."""
-    r0, r1, p0, p1, i0, i1 = stripe
+def stripe_bytes(program: Program, layers: list[Layer], ranges: list[tuple[int, int]]):
+    """SRAM bytes of a stripe's rows of the first input and of every layer's output."""
     sizes = []
-    for name, count in ((first.inputs[0], i1 - i0), (first.output, p1 - p0)):
+    for name, (lo, hi) in zip([layers[0].inputs[0], *(x.output for x in layers)], ranges):
         t = program.tensors[name]
-        sizes.append(align(t.shape[0] * count * t.shape[2] * np.dtype(t.dtype).itemsize))
-    out = program.tensors[second.output]
-    sizes.append(align(out.shape[0] * (r1 - r0) * out.shape[2] * np.dtype(out.dtype).itemsize))
+        sizes.append(align(t.shape[0] * (hi - lo) * t.shape[2] * np.dtype(t.dtype).itemsize))
     return sizes
 
 
-def weight_bytes(first: Layer, second: Layer) -> tuple[int, int]:
-    """SRAM bytes of each layer's weights (both stay loaded through the cascade)."""
-    return _weights(first), _weights(second)
-
-
 def _estimate(program: Program, hw: Hardware, parts: list[tuple[Layer, int, int]]) -> int:
-    """Cycles of the two layers run as `parts` (stripes, or one whole-layer part each when
-    not cascaded): the larger of the compute and the DMA."""
+    """Cycles of (layer, output rows, DRAM bytes) parts: the larger of compute and DMA."""
     compute = dma = 0
     for layer, rows, moved in parts:
         out, x = (program.tensors[n].shape for n in (layer.output, layer.inputs[0]))
-        compute += exec_cycles(hw, layer, rows, out[0], out, x)
+        compute += exec_cycles(hw, layer, rows, out[0], out, x) if rows else 0
         dma += math.ceil(moved / hw.dram_bytes_per_cycle)
     return max(compute, dma)
 
 
-def plan(program: Program, hw: Hardware, first: Layer, second: Layer, avail: int, buffers: int):
-    """(consumer rows per stripe, bytes per stripe slot), or None when no stripe fits or the
-    perf model expects the recomputed overlap rows to cost more than the DRAM round trip
-    saves. At least PIPELINE_TILES stripes where the height allows, so DMA and compute overlap."""
-    fixed = sum(weight_bytes(first, second))
-    tensors = program.tensors
-    x, mid, out = (tensors[n] for n in (first.inputs[0], first.output, second.output))
-    rows = max(1, -(-out.shape[1] // PIPELINE_TILES))
+def plan(program: Program, hw: Hardware, layers: list[Layer], avail: int, buffers: int, keeps):
+    """(last layer's output rows per stripe, bytes per stripe slot), or None when no stripe
+    fits or the perf model expects the recomputed overlap rows to cost more than the DRAM round
+    trips save (tensors kept in SRAM, `keeps`, cost none apart, and leave the SRAM together).
+    At least PIPELINE_TILES stripes where the height allows (DMA overlaps compute)."""
+    fixed = sum(weight_bytes(layers))
+    rows = max(1, -(-program.tensors[layers[-1].output].shape[1] // PIPELINE_TILES))
     while True:
-        cut = stripes(program, first, second, rows)
-        slot = max(sum(stripe_bytes(program, first, second, s)) for s in cut)
+        cut = stripes(program, layers, rows)
+        slot = max(sum(stripe_bytes(program, layers, ranges)) for ranges in cut)
         if fixed + buffers * slot <= avail:
             break
         if rows == 1:
             return None
         rows = (rows + 1) // 2
-    apart = [
-        (first, mid.shape[1], fixed + x.nbytes + mid.nbytes),
-        (second, out.shape[1], mid.nbytes + out.nbytes),
-    ]
-    together = [(first, 0, fixed)]  # weights once; each stripe moves its input and output
-    for r0, r1, p0, p1, i0, i1 in cut:
-        sizes = stripe_bytes(program, first, second, (r0, r1, p0, p1, i0, i1))
-        together += [(first, p1 - p0, sizes[0]), (second, r1 - r0, sizes[2])]
-    if _estimate(program, hw, together) >= _estimate(program, hw, apart):
+    apart, t = 0, program.tensors
+    for layer in layers:
+        moved = _weights(layer) + sum(
+            t[n].nbytes for n in (layer.inputs[0], layer.output) if not keeps(n)
+        )
+        apart += _estimate(program, hw, [(layer, t[layer.output].shape[1], moved)])
+    together = []
+    for ranges in cut:
+        sizes = stripe_bytes(program, layers, ranges)
+        together += [(layer, hi - lo, 0) for layer, (lo, hi) in zip(layers, ranges[1:])]
+        together.append((layers[0], 0, sizes[0] + sizes[-1]))
+    # the weights, once; a kept output's readers will read it from DRAM
+    together.append((layers[0], 0, fixed + keeps(layers[-1].output) * t[layers[-1].output].nbytes))
+    if _estimate(program, hw, together) >= apart:
         return None
     return rows, slot
 
 
 def plan_cascades(em: "Emitter", budget: int) -> None:
-    """Pairs of layers run together in row stripes (cascade.py) where they fit and the
-    perf model expects them to be faster; a cascade's output then leaves the SRAM-resident
-    tensors (`budget` bytes of them, if any), which are planned again without it."""
-    for first, second in find_cascades(em.p, lambda n: n in em.resident).items():
-        avail = em.hw.sram_bytes - max(em.pool[first], em.pool[second])
-        layers = em.p.layers[first], em.p.layers[second]
-        planned = plan(em.p, em.hw, *layers, avail, em.buffers)
-        if planned is not None:
-            em.cascades[first] = planned
+    """Runs of layers cascaded where they fit and the perf model expects them to be faster
+    (else the longest faster prefix); their tensors then leave the SRAM-resident ones (`budget`
+    bytes, if any), which are planned again without them."""
+
+    def keeps(name: str) -> bool:
+        return name in em.resident
+
+    for first, last in find_cascades(em.p, keeps).items():
+        for end in range(last, first, -1):
+            avail = em.hw.sram_bytes - max(em.pool[first : end + 1])
+            layers = em.p.layers[first : end + 1]
+            planned = plan(em.p, em.hw, layers, avail, em.buffers, keeps)
+            if planned is not None:
+                em.cascades[first] = (end, *planned)
+                break
     if budget and em.cascades:
-        striped = {id(em.p.layers[i + j]) for i in em.cascades for j in (0, 1)}
+        striped = {
+            id(em.p.layers[i]) for f, (e, *_) in em.cascades.items() for i in range(f, e + 1)
+        }
         em.keep_resident(budget, frozenset(striped))
-        for first in list(em.cascades):  # what stays resident around them may differ
-            avail = em.hw.sram_bytes - max(em.pool[first], em.pool[first + 1])
-            layers = em.p.layers[first], em.p.layers[first + 1]
-            slot = em.cascades[first][1]
-            if sum(weight_bytes(*layers)) + em.buffers * slot > avail:
+        for first, (end, _, slot) in list(em.cascades.items()):  # the rest may be placed anew
+            avail = em.hw.sram_bytes - max(em.pool[first : end + 1])
+            if sum(weight_bytes(em.p.layers[first : end + 1])) + em.buffers * slot > avail:
                 del em.cascades[first]
 
 
 def emit_cascade(em: "Emitter", index: int) -> None:
-    """Layer `index` and the next one in row stripes: each stripe loads the first one's
-    input rows, computes the rows of its output the second one's stripe reads (into SRAM
-    only), then that stripe, and stores it. Both layers' weights load once."""
-    first, second = em.p.layers[index], em.p.layers[index + 1]
-    rows, slot = em.cascades[index]
-    weights = weight_bytes(first, second)
+    """The cascade starting at layer `index` in row stripes: each stripe loads the first
+    layer's input rows, computes every layer's rows the next one reads (in SRAM only), and
+    stores the last layer's stripe. Every layer's weights load once, at the first stripe."""
+    end, rows, slot = em.cascades[index]
+    layers = em.p.layers[index : end + 1]
+    weights = weight_bytes(layers)
     fixed = sum(weights)
     em.use(index, fixed + em.buffers * slot)
-    mid, out = (em.p.tensors[n].shape[0] for n in (first.output, second.output))
-    for number, stripe in enumerate(stripes(em.p, first, second, rows)):
-        r0, r1, p0, p1, i0, i1 = stripe
+    at = [sum(weights[:j]) for j in range(len(layers))]
+    channels = [em.p.tensors[x.output].shape[0] for x in layers]
+    for number, ranges in enumerate(stripes(em.p, layers, rows)):
         em.tile()
-        for at, (j, layer) in zip((0, weights[0]), enumerate((first, second), index)):
+        for j, layer in enumerate(layers):
             per_channel, _, _ = em.constants(layer)
             if per_channel and number == 0:
-                em.load_weights(j, 0, em.p.tensors[layer.output].shape[0], per_channel, at)
-        base = fixed + number % em.buffers * slot
-        in_size, mid_size, _ = stripe_bytes(em.p, first, second, stripe)
-        x = em.p.tensors[first.inputs[0]]
-        em.load_rows(index, first.inputs[0], i0, i1, 0, x.shape[0], base)
-        mid_at, out_at = base + in_size, base + in_size + mid_size
-        em.emit(EXEC, index, p0, p1 - p0, 0, mid, base, 0, 0, mid_at)
-        em.emit(EXEC, index + 1, r0, r1 - r0, 0, out, mid_at, 0, weights[0], out_at)
-        em.store_rows(index + 1, second.output, r0, r1, 0, out, out_at)
+                em.load_weights(index + j, 0, channels[j], per_channel, at[j])
+        sizes = stripe_bytes(em.p, layers, ranges)
+        buffers = [fixed + number % em.buffers * slot]
+        for size in sizes[:-1]:
+            buffers.append(buffers[-1] + size)
+        x = em.p.tensors[layers[0].inputs[0]]
+        em.load_rows(index, layers[0].inputs[0], *ranges[0], 0, x.shape[0], buffers[0])
+        for j, (lo, hi) in enumerate(ranges[1:]):
+            args = (lo, hi - lo, 0, channels[j], buffers[j], 0, at[j], buffers[j + 1])
+            em.emit(EXEC, index + j, *args)
+        em.store_rows(end, layers[-1].output, *ranges[-1], 0, channels[-1], buffers[-1])

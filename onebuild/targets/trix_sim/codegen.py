@@ -87,7 +87,8 @@ class Emitter:
         self.pool: list[int] = [0] * len(program.layers)  # resident bytes (top of SRAM) per layer
         self.avail = hw.sram_bytes  # working SRAM of the current layer, from address 0
         self.fused, self.silent = fused_parts(program), silent(program)
-        self.cascades: dict[int, tuple[int, int]] = {}  # producer -> (rows, slot bytes)
+        # first layer of a cascade (cascade.py) -> (last layer, rows per stripe, slot bytes)
+        self.cascades: dict[int, tuple[int, int, int]] = {}
 
     def keep_resident(self, budget: int, striped: frozenset[int] = frozenset()) -> None:
         """Keep intermediate tensors in the top `budget` bytes of SRAM where every layer that
@@ -185,8 +186,8 @@ class Emitter:
             self.gemm(index, layer)
         elif layer.kind == "concat":
             emit_concat(self, index, layer)
-        elif layer.kind == "reshape" or index in self.silent or index - 1 in self.cascades:
-            pass  # a view, a layer fused into its operand's producer, or cascaded with it
+        elif layer.kind == "reshape" or index in self.silent or self.cascaded(index):
+            pass  # a view, a layer fused into its operand's producer, or in a cascade
         elif index in self.cascades:
             emit_cascade(self, index)
         elif layer.kind in MOVES:
@@ -196,6 +197,10 @@ class Emitter:
         else:
             self.spatial(index, layer)
         self.flush()
+
+    def cascaded(self, index: int) -> bool:
+        """Whether layer `index` runs in the cascade of an earlier layer."""
+        return any(first < index <= end for first, (end, _, _) in self.cascades.items())
 
     def _weight_chunk(self, channels: int, per_channel: int) -> tuple[int, int]:
         """Output channels per weight chunk and the number of weight slots. Weights that fit
@@ -447,7 +452,7 @@ def generate(program: Program, hw: Hardware, pref: str = "performance", meta=Non
     if budget:
         emitter.keep_resident(budget)
     plan_cascades(emitter, budget)
-    together = {first: first + 1 for first in emitter.cascades}
+    together = {first: end for first, (end, _, _) in emitter.cascades.items()}
     dram, arena = plan_arena(program, best_fit=pref == "memory", together=together)
     emitter.dram = dram
     for index, layer in enumerate(program.layers):
