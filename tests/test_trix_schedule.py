@@ -86,9 +86,10 @@ def test_fused_programs_are_bit_exact_on_every_tiling(quantized, preset, rng):
 
 def test_fusion_removes_the_intermediate_round_trips(quantized, rng, monkeypatch):
     """With every tensor in DRAM (`memory`), each fused intermediate saves exactly its store
-    and its reload, and the Add's separate pass."""
+    and its reload, and the Add's separate pass (cascades off: they change the tiling)."""
     hw = load_hardware("trix-m")
     program = lower(quantized, hw)
+    monkeypatch.setattr(cascade, "find_cascades", lambda *args: {})
     fused = generate(program, hw, "memory")
     middles = [layer.output for layer in fused.layers if "epilogue" in layer.attrs]
     monkeypatch.setattr(codegen, "fuse_epilogues", lambda p: p)
@@ -167,19 +168,20 @@ def stem():
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monkeypatch):
-    """The stem convolution and the max pool run in row stripes: the convolution's output is
-    never stored, its stripes overlap (the window's shared rows are computed twice), and the
-    program is faster than layer by layer and bit-exact, also on SRAMs that force thin
-    stripes and with the `memory` preference (whose arena must keep the convolution's input
-    alive while the pool's stripes are stored). 64 KiB of SRAM: the convolution's output
-    (54 KiB) cannot stay resident."""
+    """The stem convolution, the max pool and the 1x1 convolution run as one cascade in row
+    stripes: the first two outputs are never stored, the stem's stripes overlap (the window's
+    shared rows are computed twice), and the program is faster than layer by layer and
+    bit-exact, also on SRAMs that force thin stripes and with the `memory` preference (whose
+    arena must keep the stem's input alive while the last layer's stripes are stored). 64 KiB
+    of SRAM: the stem's output (54 KiB) cannot stay resident."""
     hw = dataclasses.replace(load_hardware(preset), sram_bytes=65536)
     program = lower(stem, hw)
     module = generate(program, hw)
     code = module.code
-    assert not len(code[(code[:, 0] == STORE) & (code[:, 1] == 0)])  # never stored
+    stores = code[code[:, 0] == STORE][:, 1].tolist()
+    assert set(stores) == {2}  # only the last layer's stripes are stored
     order = code[code[:, 0] == EXEC][:, 1].tolist()
-    assert order[: order.index(2)] == [0, 1] * (order.index(2) // 2)  # interleaved stripes
+    assert order == [0, 1, 2] * len(stores)  # the three layers' stripes interleave
     stripes = code[(code[:, 0] == EXEC) & (code[:, 1] == 0)][:, 2:4]
     assert len(stripes) >= 4 and (stripes[1:, 0] < stripes[:-1].sum(axis=1)).all()
     x = stem.inputs[0]
