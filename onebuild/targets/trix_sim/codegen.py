@@ -11,6 +11,8 @@ touch them run on whole-height channel tiles and use them in place); with `memor
 used and the arena packs tensors best-fit, which lowers peak DRAM use at the cost of overlap.
 A residual Add or a Concat part whose operand a convolution produces runs in that
 convolution's output stage (`fusion.py`): the convolution's tiles write the consumer's output.
+Runs of convolution and pooling layers where each reads only its predecessor may cascade in row
+stripes (`cascade.py`), their intermediate tensors never leaving SRAM.
 
 Instruction = (opcode, layer, 8 unsigned args):
   LOAD  dram, sram, block, count, dram_stride, sram_stride    (2-D DMA, DRAM -> SRAM)
