@@ -367,9 +367,12 @@ class Emitter:
             chs = max(least, (chs + 1) // 2)
         if layer.kind == "conv" and chs > self.hw.mac_cols:  # no partly idle array columns
             chs -= chs % self.hw.mac_cols
-        if self.buffers > 1 and weight_slots and chs < chunk:
-            # weights stream with the tiles (two slots), so compute starts after the first
-            # tile's weights instead of all of them (or of a whole chunk)
+        # weights stream with the tiles (two slots), so compute starts after the first tile's
+        # weights instead of a whole chunk's, where that wait is longer than the extra DMAs'
+        # latency
+        waited = (chunk - chs) * per_channel / self.hw.dram_bytes_per_cycle
+        extra = (-(-m // chs) - -(-m // chunk)) * self.hw.dma_latency_cycles
+        if self.buffers > 1 and weight_slots and chs < chunk and waited > extra:
             streamed = tables + 2 * align(chs * per_channel) + whole_input + 2 * slot(chs)
             if streamed <= self.avail:
                 chunk, weight_slots = chs, 2
