@@ -195,3 +195,14 @@ def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monke
         assert_bit_exact(stem, hw, pref, rng)
     for sram in (8192, 16384):
         assert_bit_exact(stem, dataclasses.replace(hw, sram_bytes=sram), "performance", rng)
+
+
+@pytest.mark.parametrize("make", [_block_graph, _stem_graph])
+def test_int16_epilogues_and_cascades_are_bit_exact(make, rng):
+    graph, data = make(np.random.default_rng(5))
+    quantized = integer_graph(graph, data, "int16")
+    hw = load_hardware("trix-m")
+    module = generate(lower(quantized, hw), hw)
+    assert any("epilogue" in layer.attrs for layer in module.layers) or make is _stem_graph
+    for sram in (8192, 65536, hw.sram_bytes):
+        assert_bit_exact(quantized, dataclasses.replace(hw, sram_bytes=sram), "performance", rng)
