@@ -9,6 +9,10 @@ tile i), weight chunks are double-buffered too, and intermediate tensors that fi
 in the top half of the SRAM from producer to last reader (no DRAM round trip; the layers that
 touch them run on whole-height channel tiles and use them in place); with `memory` one set is
 used and the arena packs tensors best-fit, which lowers peak DRAM use at the cost of overlap.
+A residual Add or a Concat part whose operand a convolution produces runs in that
+convolution's output stage (`fusion.py`): the convolution's tiles write the consumer's output.
+Runs of convolution and pooling layers where each reads only its predecessor may cascade in row
+stripes (`cascade.py`), their intermediate tensors never leaving SRAM.
 
 Instruction = (opcode, layer, 8 unsigned args):
   LOAD  dram, sram, block, count, dram_stride, sram_stride    (2-D DMA, DRAM -> SRAM)
@@ -21,15 +25,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import UserError
+from .cascade import emit_cascade, plan_cascades
+from .copies import emit_concat, emit_move
+from .fusion import (
+    destination,
+    epilogue_operand,
+    fuse_epilogues,
+    fused_parts,
+    silent,
+    touched,
+)
 from .hardware import Hardware
 from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
 from .memory import ALIGN, align, plan_arena, plan_residency
-from .moves import MOVES, box_shape, source_box
+from .moves import MOVES
+from .opcodes import EXEC, LOAD, PIPELINE_TILES, STORE
 
-LOAD, STORE, EXEC = 1, 2, 3
 PREFERENCES = ("performance", "memory", "compile_time")
-PIPELINE_TILES = 8  # the fewest tiles per layer when double-buffering
-MAX_DMA_COUNT = 1 << 16  # blocks per 2-D DMA
 CHANNELWISE = ("maxpool", "avgpool", "add", "mul", "lookup", "requant")
 
 
@@ -66,7 +78,7 @@ def _blob(layers: list[Layer]) -> tuple[bytes, dict[tuple[int, str], int]]:
     return b"".join(parts), offsets
 
 
-class _Emitter:
+class Emitter:
     def __init__(self, program: Program, hw: Hardware, pref: str, dram, array_at, base):
         self.p, self.hw, self.dram, self.array_at, self.base = program, hw, dram, array_at, base
         self.buffers = 2 if pref == "performance" else 1
@@ -76,15 +88,22 @@ class _Emitter:
         self.resident: dict[str, int] = {}  # tensor -> SRAM address, for SRAM-resident tensors
         self.pool: list[int] = [0] * len(program.layers)  # resident bytes (top of SRAM) per layer
         self.avail = hw.sram_bytes  # working SRAM of the current layer, from address 0
+        self.fused, self.silent = fused_parts(program), silent(program)
+        # first layer of a cascade (cascade.py) -> (last layer, rows per stripe, slot bytes)
+        self.cascades: dict[int, tuple[int, int, int]] = {}
 
-    def keep_resident(self, budget: int) -> None:
+    def keep_resident(self, budget: int, striped: frozenset[int] = frozenset()) -> None:
         """Keep intermediate tensors in the top `budget` bytes of SRAM where every layer that
-        touches them can run on whole-height tiles in the rest."""
+        touches them can run on whole-height tiles in the rest (not `striped` layers: ids of
+        cascaded ones, which run on row stripes)."""
         rest = self.hw.sram_bytes - budget
-        offsets, self.pool = plan_residency(
-            self.p, budget, lambda layer: self.whole_height_bytes(layer) <= rest
-        )
+
+        def fits(layer: Layer) -> bool:
+            return id(layer) not in striped and self.whole_height_bytes(layer) <= rest
+
+        offsets, self.pool = plan_residency(self.p, budget, fits)
         top = self.hw.sram_bytes
+        self.resident = {}
         for name, offset in offsets.items():
             self.resident[name] = top - offset - align(self.p.tensors[name].nbytes)
 
@@ -168,16 +187,22 @@ class _Emitter:
         if layer.kind == "gemm":
             self.gemm(index, layer)
         elif layer.kind == "concat":
-            self.concat(index, layer)
-        elif layer.kind == "reshape":
-            pass
+            emit_concat(self, index, layer)
+        elif layer.kind == "reshape" or index in self.silent or self.cascaded(index):
+            pass  # a view, a layer fused into its operand's producer, or in a cascade
+        elif index in self.cascades:
+            emit_cascade(self, index)
         elif layer.kind in MOVES:
-            self.move(index, layer)
-        elif any(n in self.resident for n in [*layer.inputs, layer.output]):
+            emit_move(self, index, layer)
+        elif any(n in self.resident for n in touched(self.p, index)):
             self.whole_height(index, layer)
         else:
             self.spatial(index, layer)
         self.flush()
+
+    def cascaded(self, index: int) -> bool:
+        """Whether layer `index` runs in the cascade of an earlier layer."""
+        return any(first < index <= end for first, (end, _, _) in self.cascades.items())
 
     def _weight_chunk(self, channels: int, per_channel: int) -> tuple[int, int]:
         """Output channels per weight chunk and the number of weight slots. Weights that fit
@@ -195,7 +220,7 @@ class _Emitter:
             chunk -= chunk % self.hw.mac_cols
         return min(chunk, channels), slots
 
-    def _constants(self, layer: Layer) -> tuple[int, int, object]:
+    def constants(self, layer: Layer) -> tuple[int, int, object]:
         """Bytes per output channel of weights, the table bytes, and the table (or None)."""
         weights, table = layer.arrays.get("weights"), layer.arrays.get("table")
         per_channel = 0 if weights is None else int(np.prod(weights.shape[1:])) * weights.itemsize
@@ -217,14 +242,16 @@ class _Emitter:
         if layer.kind == "concat":
             part = max(align(self.channel_bytes(n)) for n in layer.inputs)
             return self.buffers * (part + out_channel)
-        per_channel, tables, _ = self._constants(layer)
+        per_channel, tables, _ = self.constants(layer)
         if layer.kind in CHANNELWISE:
             staged = sum(align(self.channel_bytes(n)) for n in layer.inputs)
             return tables + self.buffers * (staged + out_channel)
         chs = min(self.p.tensors[layer.output].shape[0], self.hw.mac_cols)  # as `whole_height`
         fixed = tables + self.buffers * align(chs * per_channel)
         whole_input = align(self.p.tensors[layer.inputs[0]].nbytes)
-        return fixed + whole_input + self.buffers * chs * out_channel
+        operand = epilogue_operand(self.p, layer)
+        staged = out_channel + (align(self.channel_bytes(operand)) if operand else 0)
+        return fixed + whole_input + self.buffers * chs * staged
 
     def spatial(self, index: int, layer: Layer) -> None:
         """Row tiles (and output channel chunks) through staging buffers."""
@@ -235,8 +262,11 @@ class _Emitter:
         out_item, in_item = np.dtype(out.dtype).itemsize, np.dtype(x.dtype).itemsize
         inputs = len(layer.inputs)
         channelwise = layer.kind in CHANNELWISE  # output channel i reads input channel i only
-        per_channel, tables, table = self._constants(layer)
+        per_channel, tables, table = self.constants(layer)
         chunk, weight_slots = self._weight_chunk(m, per_channel)
+        dest, offset = destination(self.p, layer)
+        operand = epilogue_operand(self.p, layer)  # an Add epilogue's other operand
+        op_item = np.dtype(self.p.tensors[operand].dtype).itemsize if operand else 0
 
         def sizes(rows: int, chs: int) -> tuple[int, int]:
             span = h if rows >= oh else min(h, window_span(layer, rows))
@@ -245,7 +275,7 @@ class _Emitter:
 
         def slot(rows: int, chs: int) -> int:
             in_size, out_size = sizes(rows, chs)
-            return inputs * in_size + out_size
+            return inputs * in_size + out_size + align(chs * rows * ow * op_item)
 
         def fixed(chs: int) -> int:
             return tables + weight_slots * align(chs * per_channel)
@@ -280,9 +310,13 @@ class _Emitter:
                     second = self.operand_tile(layer, layer.inputs[1], i0, i1, c0, cs)
                     self.load_rows(index, layer.inputs[1], *second, base + in_size)
                 out_sram = base + inputs * in_size
-                args = (r0, r1 - r0, ch0, chs, base, base + in_size, w_sram, out_sram)
+                in2 = base + in_size
+                if operand:
+                    in2 = out_sram + sizes(rows, chunk)[1]
+                    self.load_rows(index, operand, r0, r1, ch0, chs, in2)
+                args = (r0, r1 - r0, ch0, chs, base, in2, w_sram, out_sram)
                 self.emit(EXEC, index, *args)
-                self.store_rows(index, layer.output, r0, r1, ch0, chs, out_sram)
+                self.store_rows(index, dest, r0, r1, offset + ch0, chs, out_sram)
                 tile += 1
 
     def whole_height(self, index: int, layer: Layer) -> None:
@@ -293,14 +327,18 @@ class _Emitter:
         m, oh, _ = out.shape
         _, h, _ = self.p.tensors[layer.inputs[0]].shape
         channelwise = layer.kind in CHANNELWISE
-        per_channel, tables, table = self._constants(layer)
+        per_channel, tables, table = self.constants(layer)
         chunk, weight_slots = self._weight_chunk(m, per_channel)
         staged = [n for n in layer.inputs if n not in self.resident] if channelwise else []
         whole = layer.inputs[0]
         whole_input = (
             0 if channelwise or whole in self.resident else align(self.p.tensors[whole].nbytes)
         )
-        out_staged = layer.output not in self.resident
+        dest, offset = destination(self.p, layer)
+        out_staged = dest not in self.resident
+        operand = epilogue_operand(self.p, layer)  # an Add epilogue's other operand
+        if operand and operand not in self.resident:
+            staged.append(operand)
 
         def slot(chs: int) -> int:
             return sum(align(chs * self.channel_bytes(n)) for n in staged) + (
@@ -327,6 +365,17 @@ class _Emitter:
         chs = min(chs, chunk)
         while self.buffers > 1 and chs > least and -(-m // chs) < PIPELINE_TILES:
             chs = max(least, (chs + 1) // 2)
+        if layer.kind == "conv" and chs > self.hw.mac_cols:  # no partly idle array columns
+            chs -= chs % self.hw.mac_cols
+        # weights stream with the tiles (two slots), so compute starts after the first tile's
+        # weights instead of a whole chunk's, where that wait is longer than the extra DMAs'
+        # latency
+        waited = (chunk - chs) * per_channel / self.hw.dram_bytes_per_cycle
+        extra = (-(-m // chs) - -(-m // chunk)) * self.hw.dma_latency_cycles
+        if self.buffers > 1 and weight_slots and chs < chunk and waited > extra:
+            streamed = tables + 2 * align(chs * per_channel) + whole_input + 2 * slot(chs)
+            if streamed <= self.avail:
+                chunk, weight_slots = chs, 2
         self.use(index, need(chunk, chs))
         input_at = tables + weight_slots * align(chunk * per_channel)
         base0 = input_at + whole_input
@@ -345,15 +394,15 @@ class _Emitter:
                     self.load_rows(index, whole, 0, h, 0, c, input_at)
                 at = base0 + (tile % self.buffers) * slot(chs)
                 operands = []
-                for name in layer.inputs:
-                    _, _, first, _ = self.operand_tile(layer, name, 0, h, t0, count)
-                    first = first if channelwise else 0
+                for name, extra in [*((n, False) for n in layer.inputs), (operand, True)]:
+                    if name is None:
+                        continue
+                    box = self.operand_tile(layer, name, 0, oh if extra else h, t0, count)
+                    first = box[2] if channelwise or extra else 0
                     if name in self.resident:
                         operands.append(self.resident[name] + first * self.channel_bytes(name))
-                    elif channelwise:
-                        self.load_rows(
-                            index, name, *self.operand_tile(layer, name, 0, h, t0, count), at
-                        )
+                    elif channelwise or extra:
+                        self.load_rows(index, name, *box, at)
                         operands.append(at)
                         at += align(chs * self.channel_bytes(name))
                     else:
@@ -361,12 +410,12 @@ class _Emitter:
                 if out_staged:
                     out_at = at
                 else:
-                    out_at = self.resident[layer.output] + t0 * self.channel_bytes(layer.output)
+                    out_at = self.resident[dest] + (offset + t0) * self.channel_bytes(dest)
                 in2 = operands[1] if len(operands) > 1 else 0
                 w_at = w_sram + (t0 - c0) * per_channel
                 self.emit(EXEC, index, 0, oh, t0, count, operands[0], in2, w_at, out_at)
                 if out_staged:
-                    self.store_rows(index, layer.output, 0, oh, t0, count, out_at)
+                    self.store_rows(index, dest, 0, oh, offset + t0, count, out_at)
                 tile += 1
 
     def gemm(self, index: int, layer: Layer) -> None:
@@ -396,94 +445,21 @@ class _Emitter:
             if out_item:
                 self.store_rows(index, layer.output, 0, 1, ch0, chs, out_at)
 
-    def move(self, index: int, layer: Layer) -> None:
-        """Output channel tiles; each loads the input box it reads (`moves.source_box`)."""
-        x, x_at = self.tensor(layer.inputs[0])
-        m, oh, _ = self.p.tensors[layer.output].shape
-        item = np.dtype(x.dtype).itemsize
-        out_channel = self.channel_bytes(layer.output)
-
-        def slot(chs: int) -> int:
-            return align(int(np.prod(box_shape(layer, x.shape, 0, chs))) * item) + align(
-                chs * out_channel
-            )
-
-        chs = min(m, MAX_DMA_COUNT)  # a tile's channels are one DMA's blocks
-        while self.buffers * slot(chs) > self.avail and chs > 1:
-            chs = (chs + 1) // 2
-        while self.buffers > 1 and chs > 1 and -(-m // chs) < PIPELINE_TILES:
-            chs = (chs + 1) // 2
-        self.use(index, self.buffers * slot(chs))
-        for tile, o0 in enumerate(range(0, m, chs)):
-            count = min(chs, m - o0)
-            self.tile()
-            base = (tile % self.buffers) * slot(chs)
-            axis, lo, hi = source_box(layer, x.shape, o0, o0 + count)
-            c, h, w = x.shape
-            if axis == 0:
-                self.load_rows(index, layer.inputs[0], 0, h, lo, hi - lo, base)
-            elif axis == 1:
-                self.load_rows(index, layer.inputs[0], lo, hi, 0, c, base)
-            else:  # columns [lo, hi) of every row: one strided DMA
-                block = (hi - lo) * item
-                self.emit(LOAD, index, x_at + lo * item, base, block, c * h, w * item, block)
-            out_at = base + slot(chs) - align(chs * out_channel)
-            self.emit(EXEC, index, 0, oh, o0, count, base, 0, 0, out_at)
-            self.store_rows(index, layer.output, 0, oh, o0, count, out_at)
-
-    def concat(self, index: int, layer: Layer) -> None:
-        """Each input requantized into its channel range of the output: row tiles, or
-        whole-height channel tiles where an operand is SRAM-resident."""
-        out = self.p.tensors[layer.output]
-        _, oh, _ = out.shape
-        out_staged = layer.output not in self.resident
-        ch0 = 0
-        for part, name in enumerate(layer.inputs):
-            c = self.p.tensors[name].shape[0]
-            in_staged = name not in self.resident
-            whole = not (in_staged and out_staged)
-            in_row = self.channel_bytes(name) // oh * in_staged
-            out_row = self.channel_bytes(layer.output) // oh * out_staged
-
-            def slot(rows: int, chs: int, in_row=in_row, out_row=out_row) -> int:
-                return align(chs * rows * in_row) + align(chs * rows * out_row)
-
-            rows, chs = oh, c
-            while not whole and rows > 1 and self.buffers * slot(rows, chs) > self.avail:
-                rows = (rows + 1) // 2
-            while self.buffers * slot(rows, chs) > self.avail and chs > 1:
-                chs = (chs + 1) // 2
-            self.use(index, self.buffers * slot(rows, chs))
-            tiles = [(r0, k0) for k0 in range(0, c, chs) for r0 in range(0, oh, rows)]
-            for tile, (r0, k0) in enumerate(tiles):
-                r1, count = min(oh, r0 + rows), min(chs, c - k0)
-                self.tile(barrier=tile == 0)  # parts use different buffer layouts
-                base = (tile % self.buffers) * slot(rows, chs)
-                in_at = base
-                if in_staged:
-                    self.load_rows(index, name, r0, r1, k0, count, in_at)
-                else:
-                    in_at = self.resident[name] + k0 * self.channel_bytes(name)
-                out_at = base + align(chs * rows * in_row)
-                if not out_staged:
-                    out_at = self.resident[layer.output] + (ch0 + k0) * self.channel_bytes(
-                        layer.output
-                    )
-                self.emit(EXEC, index, r0, r1 - r0, ch0 + k0, count, in_at, part, 0, out_at)
-                if out_staged:
-                    self.store_rows(index, layer.output, r0, r1, ch0 + k0, count, out_at)
-            ch0 += c
-
 
 def generate(program: Program, hw: Hardware, pref: str = "performance", meta=None) -> Module:
     if pref not in PREFERENCES:
         raise UserError(f"codegen preference '{pref}' is not one of {', '.join(PREFERENCES)}")
+    program = fuse_epilogues(program)
     blob, array_at = _blob(program.layers)
-    dram, arena = plan_arena(program, best_fit=pref == "memory")
     base = align(len(blob))
-    emitter = _Emitter(program, hw, pref, dram, array_at, base)
-    if pref == "performance":
-        emitter.keep_resident(hw.sram_bytes // 2)
+    emitter = Emitter(program, hw, pref, {}, array_at, base)
+    budget = hw.sram_bytes // 2 if pref == "performance" else 0
+    if budget:
+        emitter.keep_resident(budget)
+    plan_cascades(emitter, budget)
+    together = {first: end for first, (end, _, _) in emitter.cascades.items()}
+    dram, arena = plan_arena(program, best_fit=pref == "memory", together=together)
+    emitter.dram = dram
     for index, layer in enumerate(program.layers):
         emitter.layer(index, layer)
     code = np.array(emitter.code, dtype=np.uint32).reshape(-1, 10)

@@ -1,13 +1,15 @@
 """Memory planning from liveness: the DRAM activation arena and the SRAM-resident tensors.
 
 A tensor lives from the layer that produces it to its last reader; Reshape outputs alias their
-input (one root tensor). Both plans place root tensors first-fit in the space left free by the
-tensors already placed whose lifetimes overlap.
+input, the output of a convolution with a fused epilogue its consumer's output (one root
+tensor, which lives from its first writer). Both plans place root tensors first-fit in the
+space left free by the tensors already placed whose lifetimes overlap.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .fusion import destination, touched
 from .lower import Layer, Program
 
 ALIGN = 16
@@ -27,10 +29,15 @@ class Liveness:
         return self.first[root], self.last.get(root, self.first[root])
 
 
-def liveness(program: Program) -> Liveness:
+def liveness(program: Program, together: dict[int, int] | None = None) -> Liveness:
+    """Lifetimes of root tensors; `together` maps a layer to the next one when the two run
+    together (cascade.py): the first one's inputs live until the second's, whose output lives
+    from the first's."""
     root = {name: name for name in program.inputs}
     for layer in program.layers:
-        root[layer.output] = root[layer.inputs[0]] if layer.kind == "reshape" else layer.output
+        # a fused convolution's output is never stored: its bytes are its consumer's
+        own = destination(program, layer)[0]
+        root[layer.output] = root[layer.inputs[0]] if layer.kind == "reshape" else own
     first = {name: -1 for name in program.inputs}
     last: dict[str, int] = {}
     for index, layer in enumerate(program.layers):
@@ -39,6 +46,11 @@ def liveness(program: Program) -> Liveness:
             last[root[name]] = index
     for name in program.outputs:
         last[root[name]] = len(program.layers)
+    for one, other in (together or {}).items():
+        for name in program.layers[one].inputs:
+            last[root[name]] = max(last[root[name]], other)
+        output = root[program.layers[other].output]
+        first[output] = min(first[output], one)
     return Liveness(root, first, last)
 
 
@@ -53,10 +65,13 @@ def _first_fit(placed: list[tuple[int, int, int, int]], lo: int, hi: int, size: 
     return offset
 
 
-def plan_arena(program: Program, best_fit: bool) -> tuple[dict[str, int], int]:
+def plan_arena(
+    program: Program, best_fit: bool, together: dict[int, int] | None = None
+) -> tuple[dict[str, int], int]:
     """DRAM arena offsets of every tensor and the arena size. `best_fit` places the largest
-    tensors first (smaller arena); otherwise tensors are placed in the order they appear."""
-    live = liveness(program)
+    tensors first (smaller arena); otherwise tensors are placed in the order they appear.
+    `together`: layers run with the next one (see `liveness`)."""
+    live = liveness(program, together)
     sizes = {r: program.tensors[r].nbytes for r in set(live.root.values())}
     order = (
         sorted(sizes, key=lambda r: (-sizes[r], live.first[r], r))
@@ -84,19 +99,31 @@ def plan_residency(
     live = liveness(program)
     io = {live.root[n] for n in [*program.inputs, *program.outputs]}
     touching: dict[str, list[Layer]] = {}
-    for layer in program.layers:
+    for index, layer in enumerate(program.layers):
         if layer.kind != "reshape":
-            for name in {*layer.inputs, layer.output}:
+            for name in touched(program, index):
                 touching.setdefault(live.root[name], []).append(layer)
-    placed: list[tuple[int, int, int, int]] = []
-    offsets = {}
-    for name in sorted(set(live.root.values()) - io, key=lambda r: (live.first[r], r)):
-        (lo, hi), size = live.span(name), align(program.tensors[name].nbytes)
-        offset = _first_fit(placed, lo, hi, size)
-        if offset + size > budget or not all(map(fits, touching.get(name, []))):
-            continue
-        placed.append((offset, size, lo, hi))
-        offsets[name] = offset
+    candidates = [
+        r
+        for r in set(live.root.values()) - io
+        if all(map(fits, touching.get(r, []))) and align(program.tensors[r].nbytes) <= budget
+    ]
+
+    def place(order: list[str]) -> tuple[list[tuple[int, int, int, int]], dict[str, int]]:
+        placed, offsets = [], {}
+        for name in order:
+            (lo, hi), size = live.span(name), align(program.tensors[name].nbytes)
+            offset = _first_fit(placed, lo, hi, size)
+            if offset + size <= budget:
+                placed.append((offset, size, lo, hi))
+                offsets[name] = offset
+        return placed, offsets
+
+    # in order of appearance, and largest first (less fragmentation): the plan keeping more
+    by_time = sorted(candidates, key=lambda r: (live.first[r], r))
+    by_size = sorted(candidates, key=lambda r: (-program.tensors[r].nbytes, live.first[r], r))
+    plans = [place(by_time), place(by_size)]
+    placed, offsets = max(plans, key=lambda plan: sum(size for _, size, _, _ in plan[0]))
     used = [0] * len(program.layers)
     for offset, size, lo, hi in placed:
         for index in range(max(lo, 0), min(hi, len(used) - 1) + 1):

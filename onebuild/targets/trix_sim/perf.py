@@ -3,8 +3,10 @@ description it executes, and the roofline lower bound of a whole program.
 
 MAC-array ops map the reduction (input channels x kernel taps) onto `mac_rows` and output
 channels onto `mac_cols`, one output pixel per cycle; depthwise convolutions use the vector unit
-when that is faster. Pooling, elementwise, lookup and requantization run on `vector_lanes`
-elements per cycle. A DMA costs its latency plus bytes / bandwidth.
+when that is faster; a fused epilogue (an add or requantization of each output code,
+`fusion.py`) runs in the output stage at `vector_lanes` codes per cycle, overlapped. Pooling,
+elementwise, lookup and requantization run on `vector_lanes` elements per cycle. A DMA costs
+its latency plus bytes / bandwidth.
 """
 
 import math
@@ -30,7 +32,10 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
         array = groups * math.ceil(reduction / hw.mac_rows) * pixels
         array *= math.ceil(min(chs, per_group_out) / hw.mac_cols)
         vector = math.ceil(chs * pixels * reduction / hw.vector_lanes)
-        return max(1, min(array, vector) if per_group_out == 1 else array)
+        cycles = max(1, min(array, vector) if per_group_out == 1 else array)
+        if "epilogue" in layer.attrs:  # the output stage's add or requantize, overlapped
+            cycles = max(cycles, math.ceil(chs * pixels / hw.vector_lanes))
+        return cycles
     if layer.kind == "gemm":
         k = layer.arrays["weights"].shape[1]
         return math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)

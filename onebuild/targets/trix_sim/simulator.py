@@ -245,6 +245,8 @@ class Simulator:
             else:
                 y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
             macs = y.size * int(np.prod(weights.shape[1:]))
+            if "epilogue" in layer.attrs:
+                y = self._epilogue(layer, y, in2_at, reads)
         elif layer.kind == "gemm":
             weights = layer.arrays["weights"]
             k = weights.shape[1]
@@ -301,6 +303,19 @@ class Simulator:
         self._write_sram(out_at, y)
         cycles = self._exec_cycles(index, rows, chs)
         return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+
+    def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
+        """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
+        other operand's tile at `in2_at`, or a Concat's requantization of this part."""
+        after = self.module.layers[layer.attrs["epilogue"]]
+        part = after.inputs.index(layer.output)
+        if after.kind == "concat":
+            a = after.attrs
+            centered = y.astype(np.int64) - a["x_zero_points"][part]
+            return _saturate(after, requantize(centered, a["multiplier"][part], a["shift"][part]))
+        other = self._sram_view(in2_at, self.module.tensors[after.inputs[1 - part]].dtype, y.shape)
+        reads.append((in2_at, in2_at + other.nbytes))
+        return _binary(after, *((y, other) if part == 0 else (other, y)))
 
     def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
         key = (index, rows, chs)

@@ -25,8 +25,9 @@ from .lower import WINDOWED, Layer, TensorDesc, chw
 from .moves import MOVES
 from .moves import valid as valid_move
 
-VERSION = 2  # 2: data-movement kinds, computed per-channel elementwise operands
-READABLE = (1, 2)  # a version-1 file is a version-2 file without those
+# 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues
+VERSION = 3
+READABLE = (1, 2, 3)  # an older file is a newer one without what came later
 HEADER = struct.Struct("<4sHHII")  # magic, version, flags, section count, reserved
 SECTION = struct.Struct("<IIQQ")  # kind, reserved, offset, size
 IO_ENTRY = struct.Struct(
@@ -149,7 +150,7 @@ def _sections(r: _Reader) -> dict[int, bytes]:
         raise r.fail("checksum mismatch (corrupt or truncated)")
     _, version, _, count, _ = HEADER.unpack_from(content)
     if version not in READABLE:
-        raise r.fail(f"version {version} is not supported (this onebuild reads 1 and 2)")
+        raise r.fail(f"version {version} is not supported (this onebuild reads 1 to {VERSION})")
     if count > len(KINDS) or HEADER.size + count * SECTION.size > len(content):
         raise r.fail(f"section count {count} is out of range")
     sections = {}
@@ -247,6 +248,9 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     for index, raw in enumerate(f.array(body["layers"], "layers", min_len=1)):
         layers.append(_layer(r, f, index, raw, tensors, blob, arrays))
     f.unique([layer.name for layer in layers], "layers")
+    for index, layer in enumerate(layers):
+        if "epilogue" in layer.attrs:
+            _check_epilogue(r, f, index, layers, tensors)
     inputs = _names(f, body["inputs"], "inputs", tensors, 0)
     outputs = _names(f, body["outputs"], "outputs", tensors, 1)
     produced = {layer.output for layer in layers}
@@ -429,6 +433,23 @@ def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
     if "shift" in layer.arrays:
         shifts = layer.arrays["shift"]
         _check(r, bool(np.all((shifts >= 1) & (shifts <= 62))), f"layer '{layer.name}' shifts")
+
+
+def _check_epilogue(r: _Reader, f: Fields, index: int, layers: list[Layer], tensors) -> None:
+    """A convolution's `epilogue`: a later Add of two same-shape tensors or Concat that reads
+    its output once, with the same dtype and height and width (fusion.py)."""
+    conv = layers[index]
+    after = f.integer(conv.attrs["epilogue"], f"layers[{index}].attrs.epilogue", 0, 1 << 20)
+    ok = conv.kind == "conv" and index < after < len(layers)
+    if ok:
+        consumer = layers[after]
+        mid, out = tensors[conv.output], tensors[consumer.output]
+        pair = consumer.kind == "add" and len(set(consumer.inputs)) == 2
+        pair = pair and not {"vector_index", "const_index"} & set(consumer.attrs)
+        ok = (pair or consumer.kind == "concat") and consumer.inputs.count(conv.output) == 1
+        ok = ok and mid.dtype == out.dtype and mid.shape[1:] == out.shape[1:]
+        ok = ok and (consumer.kind == "concat" or mid.shape == out.shape)
+    _check(r, ok, f"layer '{conv.name}' epilogue is not a later add or concat of its output")
 
 
 def _window_fits(attrs: dict, x: tuple[int, ...], out: tuple[int, ...]) -> bool:
