@@ -20,12 +20,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-from quantize_vs_ort import Reader, _onebuild
+from quantize_vs_ort import DIGITS, Reader, _onebuild
 from real_models import MODELS, fetch, samples
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.quant.params import dequantize
+from onebuild.npz import read_npz
 
 DQ_SUFFIX = "_DequantizeLinear_Output"
 
@@ -83,23 +84,35 @@ def _scalar(inits: dict, node: onnx.NodeProto) -> tuple[float, int]:
     return float(inits[node.input[1]].ravel()[0]), int(zp.ravel()[0])
 
 
+def _model(name: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """The float model with its input dims fixed, calibration and evaluation samples."""
+    if name == "digits":
+        calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
+        return (
+            onnx.load(DIGITS / "digits.onnx"),
+            calib,
+            read_npz(DIGITS / "data" / "test.npz")["input"],
+        )
+    spec = next(m for m in MODELS if m.name == name)
+    proto = onnx.load(fetch(spec))
+    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
+        dim.Clear()
+        dim.dim_value = size
+    return proto, *samples(spec, 16)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=[m.name for m in MODELS])
+    parser.add_argument("model", choices=[m.name for m in MODELS] + ["digits"])
     parser.add_argument("--samples", type=int, default=4, help="evaluation samples (at most)")
     parser.add_argument("--options", default='{"bias_correction": false}', help="onebuild's")
     parser.add_argument("--worst", type=int, default=15)
     args = parser.parse_args()
-    spec = next(m for m in MODELS if m.name == args.model)
-    calib, evaluation = samples(spec, 16)
-    evaluation = evaluation[: args.samples]
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        proto = onnx.load(fetch(spec))
-        for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
-            dim.Clear()
-            dim.dim_value = size
-        path = work / f"{spec.name}.onnx"
+        proto, calib, evaluation = _model(args.model)
+        evaluation = evaluation[: args.samples]
+        path = work / f"{args.model}.onnx"
         onnx.save(proto, path)
         x = proto.graph.input[0].name
         qdq = work / "qdq.onnx"
