@@ -13,6 +13,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, nearest or linear Resize, ...)
   runs on the quantized codes with the input's parameters;
 - LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
+- a value read only by lookup tables is quantized over the inputs where a table's output code
+  still changes (`table_ranges.py`), the rest from its calibrated range;
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
