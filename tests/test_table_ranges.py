@@ -87,3 +87,14 @@ def test_a_value_read_by_anything_else_keeps_its_range(dtype):
     lo, hi = stats.ranges["logits"]
     headroom = quantizer.HEADROOM.get(dtype, 1.0)
     assert _logit_params(quantized) == activation_params(lo * headroom, hi * headroom, dtype)
+
+
+def test_a_table_constant_over_the_whole_range_still_quantizes():
+    """Logits far below the Sigmoid's first step: every input maps to code 0."""
+    graph, calib, test = _scores()
+    shift = float(calib["logits"].max()) + 20
+    calib, test = {"logits": calib["logits"] - shift}, {"logits": test["logits"] - shift}
+    quantized = quantizer.quantize_graph(graph, calibrate(graph, calib).ranges, QuantConfig())
+    assert _logit_params(quantized) == activation_params(0.0, 0.0, "uint8")
+    scores = Interpreter(quantized).run_batch(test)["scores"]
+    np.testing.assert_array_equal(scores, 0.0)

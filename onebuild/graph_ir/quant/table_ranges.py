@@ -45,8 +45,8 @@ def live_range(
     spans = _spans(value, grid, dtype, dtype_of, output_params, is_output)
     if spans is None:
         return lo, hi
-    if not spans:  # every table is constant over the range: keep a sliver around 0
-        return max(lo, 0.0), min(hi, 0.0)
+    if not spans:  # every table is constant over the range: any one code will do
+        return 0.0, 0.0
     first, last = grid[min(s[0] for s in spans)], grid[max(s[1] for s in spans)]
     margin = (last - first) * MARGIN  # the end codes stay beyond the last change after rounding
     return max(lo, float(first - margin)), min(hi, float(last + margin))
