@@ -90,10 +90,13 @@ def test_a_value_read_by_anything_else_keeps_its_range(dtype):
 
 
 def test_a_table_constant_over_the_whole_range_still_quantizes():
-    """Logits far below the Sigmoid's first step: every input maps to code 0."""
-    graph, calib, test = _scores()
-    shift = float(calib["logits"].max()) + 20
-    calib, test = {"logits": calib["logits"] - shift}, {"logits": test["logits"] - shift}
+    """Relu of logits shifted below zero: the output's range is [0, 0], every code gives 0."""
+    graph = Graph("relu")
+    logits = graph.add_input("logits", np.float32, (1, 10))
+    graph.outputs = [graph.make_node("Relu", [logits], name="scores").output]
+    calib, test = _logits("calib"), _logits("test")
+    shift = float(max(calib.max(), test.max())) + 1
+    calib, test = {"logits": calib - shift}, {"logits": test - shift}
     quantized = quantizer.quantize_graph(graph, calibrate(graph, calib).ranges, QuantConfig())
     assert _logit_params(quantized) == activation_params(0.0, 0.0, "uint8")
     scores = Interpreter(quantized).run_batch(test)["scores"]
