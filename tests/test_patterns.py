@@ -296,21 +296,25 @@ def test_division_by_a_constant_becomes_a_product(tmp_path):
     assert error < 1e-6
 
 
-def test_conv_bias_added_afterwards_joins_the_conv(tmp_path):
-    """Paddle writes a conv's bias as Conv -> Add(Reshape(bias, [1, C, 1, 1]))."""
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_conv_bias_added_afterwards_joins_the_conv(tmp_path, op):
+    """Paddle writes a conv's bias as Conv -> Add(Reshape(bias, [1, C, 1, 1])) (the DB text
+    detector's upsampling ConvTranspose too)."""
     rng = np.random.default_rng(1)
-    weight = rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32)
+    transposed = op == "ConvTranspose"
+    weight = rng.normal(0, 0.3, (8, 4, 2, 2) if transposed else (4, 8, 3, 3)).astype(np.float32)
+    attrs = {"strides": [2, 2]} if transposed else {"pads": [1, 1, 1, 1]}
     nodes = [
         _const("bias", rng.normal(0, 1, 4)),
         _const("shape", [1, 4, 1, 1]),
-        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node(op, ["x", "w"], ["c"], **attrs),
         helper.make_node("Reshape", ["bias", "shape_i"], ["b"]),
         helper.make_node("Add", ["c", "b"], ["y"]),
     ]
     shape = helper.make_tensor("shape_i", 7, [4], [1, 4, 1, 1])
     nodes[1] = helper.make_node("Constant", [], ["shape_i"], value=shape)
     ops, error, ir = _fused(tmp_path, nodes, initializers=[("w", weight)])
-    assert ops == {"Conv": 1}
+    assert ops == {op: 1}
     assert len(ir.main.nodes[0].inputs) == 3
     assert error < 1e-5
 

@@ -114,3 +114,20 @@ def test_export_is_valid_onnx_and_deterministic(tmp_path):
     proto = onnx.load_from_string(first)
     ops = {n.op_type for n in proto.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= ops
+
+
+def test_split_into_several_quantized_outputs_runs_in_onnxruntime(rng):
+    """Each output of a quantized Split gets its own QuantizeLinear (node names unique, as
+    onnxruntime requires; the layout detector's heads split one conv's output)."""
+    graph = Graph("split")
+    x = graph.add_input("x", np.float32, (1, 6, 4, 4))
+    y = graph.make_node("Add", [x, x]).output
+    parts = graph.make_node("Split", [y], {"axis": 1, "split": [2, 4]}, "split", ["a", "b"])
+    moved = graph.make_node("Transpose", [parts.outputs[1]], {"perm": [0, 2, 3, 1]}).output
+    graph.outputs = [graph.make_node("Sigmoid", [parts.outputs[0]]).output, moved]
+    data = rng.normal(0, 2, (3, 1, 6, 4, 4)).astype(np.float32)
+    quantized = quantize_graph(graph, calibrate(graph, {"x": data}).ranges)
+    want = Interpreter(quantized).run({"x": data[0]})
+    got = session(Model([quantized])).run(None, {"x": data[0]})
+    for value, array in zip(quantized.outputs, got):
+        np.testing.assert_allclose(array, want[value.name], atol=1e-6)

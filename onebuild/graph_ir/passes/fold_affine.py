@@ -1,8 +1,8 @@
 """Constant scales and shifts folded into the Conv or Gemm next to them (one rounding less each
 once quantized):
 
-- Conv/Gemm -> Add(per-channel constant): the constant joins the layer's bias (Paddle writes a
-  conv's bias this way);
+- Conv/ConvTranspose/Gemm -> Add(per-channel constant): the constant joins the layer's bias
+  (Paddle writes a conv's bias this way);
 - Conv -> Mul(per-channel constant): the weights and bias are scaled;
 - Mul(x, scalar) -> Conv/Gemm: the weights are scaled (a zero-padded Conv sees 0 * c = 0 alike);
 - Add(x, scalar) -> unpadded Conv or Gemm: the bias grows by the scalar times each output's
@@ -18,11 +18,12 @@ from .rewrite import made_by, replace_node, replace_with, scalar, single
 
 
 def _fold_bias_add(graph: Graph, node: Node) -> bool:
-    """Add(Conv/Gemm output, per-channel constant) -> the constant joins the producer's bias."""
+    """Add(Conv/ConvTranspose/Gemm output, per-channel constant) -> the constant joins the
+    producer's bias."""
     if sum(v.is_const for v in node.inputs) != 1:
         return False
     source, constant = sorted(node.inputs, key=lambda v: v.is_const)
-    producer = made_by(source, ("Conv", "Gemm"))
+    producer = made_by(source, ("Conv", "ConvTranspose", "Gemm"))
     if producer is None or not single(source) or node.output.shape != source.shape:
         return False
     if producer.op == "Gemm" and producer.attrs.get("beta", 1.0) != 1.0:

@@ -13,6 +13,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, nearest or linear Resize, ...)
   runs on the quantized codes with the input's parameters;
 - LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
+- a value read only by lookup tables is quantized over the inputs where a table's output code
+  still changes (`table_ranges.py`), the rest from its calibrated range;
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
@@ -49,6 +51,7 @@ from .params import (
     weight_params,
 )
 from .recurrent_rule import quantize_recurrent, recurrent_ok
+from .table_ranges import live_range
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
 
@@ -80,17 +83,31 @@ class _Quantizer:
         self.float_of: dict[int, Value] = {}  # source value -> float value in the new graph
         self.quant_of: dict[tuple[int, str], Value] = {}  # (source value, dtype) -> quantized
         self.home: dict[int, str] = {}  # dtype in which a source value was produced
+        self.param_cache: dict[tuple[int, str], QuantParams] = {}
 
     # -- parameters and conversions ----------------------------------------------------------
     def params(self, value: Value, dtype: str) -> QuantParams:
         if value.is_const:
             array = value.numpy()
             return activation_params(float(array.min()), float(array.max()), dtype)
+        if (id(value), dtype) in self.param_cache:
+            return self.param_cache[(id(value), dtype)]
         if value.name not in self.ranges:
             raise UserError(f"no calibration range for '{value.name}'; recalibrate the model")
         lo, hi = self.ranges[value.name]
         headroom = HEADROOM.get(dtype, 1.0)
-        return activation_params(lo * headroom, hi * headroom, dtype)
+        lo, hi = live_range(
+            value, lo * headroom, hi * headroom, dtype, self._dtype_of, self.params, self._is_output
+        )
+        params = self.param_cache[(id(value), dtype)] = activation_params(lo, hi, dtype)
+        return params
+
+    def _dtype_of(self, node: Node) -> str | None:
+        dtype = self.settings[id(node)].dtype
+        return None if dtype == FLOAT else dtype
+
+    def _is_output(self, value: Value) -> bool:
+        return any(value is v for v in self.source.outputs)
 
     def as_float(self, value: Value) -> Value:
         if id(value) in self.float_of:

@@ -211,8 +211,8 @@ class _Exporter:
             x = node.inputs[0]
             attrs["value"] = (attrs["value"] - x.quant.zero_point[0]) * x.quant.scale[0]
         self.float_node(node, outputs, inputs, attrs)
-        for value, source in zip(node.outputs, outputs):
-            self.quantize(source, value, node.name)
+        for index, (value, source) in enumerate(zip(node.outputs, outputs)):
+            self.quantize(source, value, node.name if index == 0 else f"{node.name}_{index}")
 
     def float_node(self, node: Node, outputs: list[str], inputs=None, attrs=None) -> None:
         attrs = dict(node.attrs if attrs is None else attrs)

@@ -1,0 +1,94 @@
+"""The part of a value's range that lookup tables can tell apart (saturating activations).
+
+A value read only by lookup tables (Sigmoid, Tanh, HardSigmoid, HardSwish, Relu, ...), directly
+or through data movement, wastes codes on inputs the tables map to the same output code: a
+detector's logits in [-154, 101] before a Sigmoid whose uint8 output is 0 below -6.2 and 255
+above 6.2 spend 95 % of their 256 codes where the output cannot change. The range is narrowed to
+the inputs where some table's output code still changes (two codes of margin); beyond it
+every reader gives the same codes as before, so only resolution is gained (the producer's
+requantization clamps there).
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..ir import Node, Value
+from ..ops import OPS
+from .params import QuantParams, quantize
+
+GRID = 1 << 14  # points at which each table's function is evaluated over the calibrated range
+MARGIN = 1 / 128  # of the narrowed range, on each side: two 8-bit codes
+# data movement whose output codes are input codes (a clamp before it equals a clamp after it);
+# linear Resize is left out: it interpolates, and interpolating clamped values differs
+MOVES = frozenset(n for n, op in OPS.items() if op.quant in ("passthrough", "pad"))
+
+Setting = Callable[[Node], str | None]  # a node's quantized dtype, None if it stays float
+OutputParams = Callable[[Value, str], QuantParams]
+
+
+def live_range(
+    value: Value,
+    lo: float,
+    hi: float,
+    dtype: str,
+    dtype_of: Setting,
+    output_params: OutputParams,
+    is_output: Callable[[Value], bool],
+) -> tuple[float, float]:
+    """[lo, hi] narrowed to the inputs where the tables reading `value` (each in `dtype`, with
+    its output's parameters `output_params(out, dtype)`) still change their output code; [lo, hi]
+    itself when any reader is not such a table."""
+    if not hi > lo:
+        return lo, hi
+    grid = np.linspace(lo, hi, GRID + 1)
+    spans = _spans(value, grid, dtype, dtype_of, output_params, is_output)
+    if spans is None:
+        return lo, hi
+    if not spans:  # every table is constant over the range: any one code will do
+        return 0.0, 0.0
+    first, last = grid[min(s[0] for s in spans)], grid[max(s[1] for s in spans)]
+    margin = (last - first) * MARGIN  # the end codes stay beyond the last change after rounding
+    return max(lo, float(first - margin)), min(hi, float(last + margin))
+
+
+def _spans(value, grid, dtype, dtype_of, output_params, is_output) -> list | None:
+    """(first, last) grid indices where each table reading `value` changes code; None when a
+    reader is not a table in `dtype` (or the value leaves the graph)."""
+    if is_output(value) or not value.users:
+        return None
+    spans = []
+    for node in value.users:
+        if dtype_of(node) != dtype or node.inputs[0] is not value:
+            return None
+        if node.op in MOVES and _moves_codes(node):
+            for out in node.outputs:
+                inner = _spans(out, grid, dtype, dtype_of, output_params, is_output)
+                if inner is None:
+                    return None
+                spans += inner
+        elif _constant_table(node):
+            extra = [None if v is None else v.numpy() for v in node.inputs[1:]]
+            (y,) = OPS[node.op].kernel(node.attrs, grid.astype(np.float32), *extra)
+            y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
+            codes = quantize(y, output_params(node.output, dtype), dtype)
+            changes = np.flatnonzero(codes[1:] != codes[:-1])
+            if changes.size:
+                spans.append((int(changes[0]), int(changes[-1]) + 1))
+        else:
+            return None
+    return spans
+
+
+def _constant_table(node: Node) -> bool:
+    """A lookup op whose extra operands (Clip's bounds) are constant."""
+    lookup = OPS[node.op].quant == "lookup"
+    return lookup and all(v is None or v.is_const for v in node.inputs[1:])
+
+
+def _moves_codes(node: Node) -> bool:
+    """Data movement that keeps every output element an input element (or real 0 padding)."""
+    if node.op == "Pad":  # the quantizer pads with the zero point only for real 0.0
+        constant = node.attrs.get("mode", "constant") == "constant"
+        return constant and float(node.attrs.get("value", 0.0)) == 0.0
+    return all(v.dtype == node.inputs[0].dtype for v in node.outputs)
