@@ -47,6 +47,10 @@ def best_seconds(fn, repeats: int, *args) -> float:
     return min(times)
 
 
+def first_run(module, hw, feeds) -> None:
+    Simulator(module, hw).run(feeds)
+
+
 def float32_gemm_macs_per_second() -> float:
     """numpy's float32 GEMM rate on a typical convolution shape (256 x 2304 @ 2304 x 784): the
     speed limit of a numpy simulator, whose exact integer GEMMs run on float32 BLAS."""
@@ -79,7 +83,7 @@ def main() -> None:
         for preset in ("trix-s", "trix-m"):
             hw = load_hardware(preset)
             module = generate(lower(quantized, hw), hw, "performance")
-            first_seconds = best_seconds(lambda: Simulator(module, hw).run(feeds), 3)
+            first_seconds = best_seconds(first_run, 3, module, hw, feeds)
             simulator = Simulator(module, hw)
             sim_seconds = best_seconds(simulator.run, 5, feeds)
             _, report = simulator.run(feeds)
