@@ -76,3 +76,42 @@ def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarr
     for tap in taps:
         np.maximum(result, tap, out=result)
     return result
+
+
+INT64_LIMIT = 1 << 63
+
+
+def scale_in_place(v: np.ndarray, offset, m, r, add: int, v_bound: int) -> np.ndarray | None:
+    """v <- requantize(v + offset, m, r) + add (params.requantize: floor((x m + 2^(r-1)) / 2^r)),
+    in place on an int64 array v with |v| <= v_bound, in three passes; None (v untouched) when
+    int64 could overflow. `offset`, `m` and `r` are integers or arrays broadcasting against v.
+
+    Folded as (v m + (offset m + 2^(r-1) + add 2^r)) >> r: add 2^r is a multiple of 2^r, so
+    adding it before the floor division adds `add` after it. int64 arithmetic wraps modulo
+    2^64, so the result is exact when the true sum before the shift is below 2^63 in
+    magnitude: (v_bound + |offset|) m + 2^(r-1) + |add| 2^r < 2^63, checked here with Python
+    integers for the largest offset, multiplier and shift (which also bounds the constant)."""
+    m, r, offset = (np.asarray(a, np.int64) for a in (m, r, offset))
+    largest_r = int(r.max())
+    worst = (v_bound + int(np.abs(offset).max())) * int(m.max())
+    if worst + (1 << (largest_r - 1)) + (abs(add) << largest_r) >= INT64_LIMIT:
+        return None
+    constant = offset * m + (np.int64(1) << (r - 1)) + (np.int64(add) << r)
+    v *= m
+    v += constant
+    v >>= r
+    return v
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """np.array_equal, 8 bytes at a time where both arrays are contiguous and of one dtype."""
+    if (
+        a.shape != b.shape
+        or a.dtype != b.dtype
+        or not (a.flags.c_contiguous and b.flags.c_contiguous)
+    ):
+        return bool(np.array_equal(a, b))
+    x, y = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    n = x.size // 8 * 8
+    words = np.array_equal(x[:n].view(np.uint64), y[:n].view(np.uint64))
+    return bool(words and np.array_equal(x[n:], y[n:]))

@@ -14,8 +14,8 @@ result was computed from (else it computes its tile alone), so the outputs are e
 tile-by-tile execution.
 """
 
+import copy
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,71 +23,12 @@ from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
-from .exact import exact_dot, exact_int, product_bound, window_max
+from .exact import exact_dot, exact_int, product_bound, same_values, scale_in_place, window_max
 from .hardware import Hardware
-from .lower import Layer, Program, input_rows, tile_input_rows, window_span
+from .lower import Layer, input_rows, tile_input_rows, window_span
 from .moves import MOVES, box_shape, move_tile
-from .perf import dma_cycles, exec_cycles, roofline
-
-
-@dataclass
-class Report:
-    cycles: int = 0
-    dram_bytes: int = 0
-    # name -> cycles (the layer's share of the total: from the previous layer's finish to its
-    # own), compute_cycles and dma_cycles (engine busy time), dram_bytes, macs
-    layers: dict[str, dict] = field(default_factory=dict)
-
-    def summary(self, hw: Hardware, module: Module) -> dict:
-        program = Program(module.tensors, module.layers, module.inputs, module.outputs)
-        bound = roofline(program, hw)
-        seconds = self.cycles / (hw.clock_mhz * 1e6)
-        return {
-            "hardware": hw.name,
-            "cycles": self.cycles,
-            "milliseconds": round(seconds * 1e3, 4),
-            "macs": bound["macs"],
-            "mac_utilization": round(bound["macs"] / max(self.cycles * hw.macs_per_cycle, 1), 4),
-            "dram_bytes": self.dram_bytes,
-            "sram_peak_bytes": module.sram_peak,
-            "arena_bytes": module.arena_bytes,
-            "roofline_cycles": round(bound["cycles"]),
-            "roofline_ratio": round(self.cycles / max(bound["cycles"], 1), 3),
-            "layers": self.layers,
-        }
-
-
-class _Timeline:
-    """Engine availability and SRAM hazards, tracked per 16-byte granule: when each granule
-    was last written and last read (the cycle the access ends)."""
-
-    GRANULE = 16
-
-    def __init__(self, sram_bytes: int):
-        self.free = {"dma": 0, "compute": 0}
-        granules = -(-sram_bytes // self.GRANULE)
-        self.written = np.zeros(granules, np.int64)
-        self.read = np.zeros(granules, np.int64)
-
-    def _granules(self, lo: int, hi: int) -> slice:
-        return slice(lo // self.GRANULE, -(-hi // self.GRANULE))
-
-    def schedule(self, engine: str, cycles: int, reads, writes) -> int:
-        start = self.free[engine]
-        for lo, hi in reads:
-            start = max(start, int(self.written[self._granules(lo, hi)].max(initial=0)))
-        for lo, hi in writes:
-            span = self._granules(lo, hi)
-            start = max(start, int(self.read[span].max(initial=0)))
-            start = max(start, int(self.written[span].max(initial=0)))
-        end = start + cycles
-        self.free[engine] = end
-        for lo, hi in reads:
-            span = self.read[self._granules(lo, hi)]
-            np.maximum(span, end, out=span)
-        for lo, hi in writes:
-            self.written[self._granules(lo, hi)] = end
-        return end
+from .perf import dma_cycles, exec_cycles
+from .timeline import Report, Timeline
 
 
 class Simulator:
@@ -105,6 +46,10 @@ class Simulator:
         self._tiled = _exactly_tiled(module)
         self._whole: dict[int, tuple | None] = {}
         self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
+        self._code = module.code.tolist()
+        self._timed: Report | None = None  # the report of the first run: timing is data-free
+        self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
+        self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -114,27 +59,34 @@ class Simulator:
         return self.sram[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def _write_sram(self, offset: int, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        if offset + data.size > len(self.sram):
+        if offset + array.nbytes > len(self.sram):
             raise FormatError(
-                f"instruction writes SRAM [{offset}, {offset + data.size}) out of range"
+                f"instruction writes SRAM [{offset}, {offset + array.nbytes}) out of range"
             )
-        self.sram[offset : offset + data.size] = data
+        place = self.sram[offset : offset + array.nbytes].view(array.dtype)
+        place.reshape(array.shape)[...] = array
 
-    def _copy(self, src, src_at, dst, dst_at, block, count, src_stride, dst_stride) -> None:
-        """`count` blocks of `block` bytes, strided on both sides (a 2-D DMA)."""
+    def _copy(
+        self, position, src, src_at, dst, dst_at, block, count, src_stride, dst_stride
+    ) -> None:
+        """`count` blocks of `block` bytes, strided on both sides (a 2-D DMA); the checked
+        views are kept for later runs."""
         if not count or not block:
+            self._dma[position] = None
             return
         if src_at + (count - 1) * src_stride + block > len(src) or (
             dst_at + (count - 1) * dst_stride + block > len(dst)
         ):
             raise FormatError("DMA transfer out of range")
         if count == 1 or (block == src_stride and block == dst_stride):  # one contiguous run
-            dst[dst_at : dst_at + count * block] = src[src_at : src_at + count * block]
-            return
-        _blocks(dst, dst_at, block, count, dst_stride)[...] = _blocks(
-            src, src_at, block, count, src_stride
-        )
+            views = dst[dst_at : dst_at + count * block], src[src_at : src_at + count * block]
+        else:
+            views = (
+                _blocks(dst, dst_at, block, count, dst_stride),
+                _blocks(src, src_at, block, count, src_stride),
+            )
+        views[0][...] = views[1]
+        self._dma[position] = views
 
     # -- run ---------------------------------------------------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Report]:
@@ -146,23 +98,12 @@ class Simulator:
                 raise UserError(f"input '{name}' has {array.size} values, expected {t.shape}")
             at = module.dram[name]
             self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
-        report, timeline = Report(), _Timeline(len(self.sram))
-        finish: dict[str, int] = {}
         self._whole = dict.fromkeys(self._tiled)
-        for position, (op, index, *args) in enumerate(module.code.tolist()):
-            try:
-                end = self._step(report, timeline, op, index, args)
-            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError) as error:
-                raise FormatError(
-                    f"instruction {position} (layer '{module.layers[index].name}') is "
-                    f"inconsistent with the program: {error}"
-                ) from None
-            name = module.layers[index].name
-            finish[name] = max(finish.get(name, 0), end)
-        done = 0
-        for name, stats in report.layers.items():  # in program order
-            stats["cycles"] = max(0, finish[name] - done)
-            done = max(done, finish[name])
+        if self._timed is None:
+            self._timed = self._run_timed()
+        else:
+            self._run_again()
+        report = copy.deepcopy(self._timed)
         outputs = {}
         for name in module.outputs:
             t = module.tensors[name]
@@ -170,7 +111,48 @@ class Simulator:
             outputs[name] = self.dram[at : at + t.nbytes].view(t.dtype).reshape(t.dims).copy()
         return outputs, report
 
-    def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> int:
+    def _run_timed(self) -> Report:
+        """Execute and schedule every instruction; the report."""
+        module = self.module
+        report, timeline = Report(), Timeline(len(self.sram))
+        finish: dict[str, int] = {}
+        for position, (op, index, *args) in enumerate(self._code):
+            try:
+                end = self._step(report, timeline, position, op, index, args)
+            except _INCONSISTENT as error:
+                raise self._inconsistent(position, index, error) from None
+            name = module.layers[index].name
+            finish[name] = max(finish.get(name, 0), end)
+        done = 0
+        for name, stats in report.layers.items():  # in program order
+            stats["cycles"] = max(0, finish[name] - done)
+            done = max(done, finish[name])
+        return report
+
+    def _run_again(self) -> None:
+        """Execute every instruction of a program that ran before: its DMA views were checked
+        and its timeline is known (neither depends on the data); EXECs check their SRAM
+        operands as always."""
+        layers, dma = self.module.layers, self._dma
+        for position, (op, index, *args) in enumerate(self._code):
+            try:
+                if op == EXEC:
+                    self._exec(index, layers[index], *args)
+                elif dma[position] is not None:
+                    destination, source = dma[position]
+                    destination[...] = source
+            except _INCONSISTENT as error:
+                raise self._inconsistent(position, index, error) from None
+
+    def _inconsistent(self, position: int, index: int, error: Exception) -> FormatError:
+        return FormatError(
+            f"instruction {position} (layer '{self.module.layers[index].name}') is "
+            f"inconsistent with the program: {error}"
+        )
+
+    def _step(
+        self, report: Report, timeline: Timeline, position: int, op: int, index: int, args
+    ) -> int:
         """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
         stats = report.layers.get(layer.name)
@@ -185,7 +167,9 @@ class Simulator:
             }
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
-            self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
+            self._copy(
+                position, self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride
+            )
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [], [span])
@@ -194,7 +178,9 @@ class Simulator:
             report.dram_bytes += block * count
         elif op == STORE:
             sram, dram, block, count, sram_stride, dram_stride = args[:6]
-            self._copy(self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride)
+            self._copy(
+                position, self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride
+            )
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [span], [])
@@ -238,13 +224,13 @@ class Simulator:
             whole = self._whole_conv(index, layer, held, t0, t1)
             if (
                 whole is not None
-                and np.array_equal(held, whole[0][:, t0:t1])
-                and np.array_equal(wq, weights[ch0 : ch0 + chs])
+                and same_values(held, whole[0][:, t0:t1])
+                and same_values(wq, weights[ch0 : ch0 + chs])
             ):
                 y = whole[1][ch0 : ch0 + chs, r0 : r0 + rows]
             else:
                 y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
-            macs = y.size * int(np.prod(weights.shape[1:]))
+            macs = y.size * math.prod(weights.shape[1:])
         elif layer.kind == "gemm":
             weights = layer.arrays["weights"]
             k = weights.shape[1]
@@ -252,9 +238,9 @@ class Simulator:
             xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
             wq = self._sram_view(w_at, weights.dtype, (chs, k))
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
-            acc = exact_dot(wq, xv[:, None], product_bound(xq.dtype, wq.dtype))[:, 0]
-            acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
-            y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
+            bound = product_bound(xq.dtype, wq.dtype)
+            acc = exact_dot(wq, xv[:, None], bound)[:, 0]
+            y = self._requant_channels(layer, acc[:, None, None], ch0, chs, k * bound)
             macs = chs * k
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
@@ -285,16 +271,13 @@ class Simulator:
             y = _softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
         elif layer.kind == "requant":
             a = layer.attrs
-            y = _saturate(
-                layer,
-                requantize(x.astype(np.int64) - a["x_zero_point"], a["multiplier"], a["shift"]),
-            )
+            y = _rescale(layer, x, a["x_zero_point"], a["multiplier"], a["shift"])
         elif layer.kind == "concat":
             a, part = layer.attrs, in2_at
             x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
             reads = [(in_at, in_at + x.nbytes)]
-            centered = x.astype(np.int64) - a["x_zero_points"][part]
-            y = _saturate(layer, requantize(centered, a["multiplier"][part], a["shift"][part]))
+            zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
+            y = _rescale(layer, x, zp, m, r)
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
         y = np.asarray(y).astype(out_t.dtype, copy=False)
@@ -325,7 +308,9 @@ class Simulator:
                 x = self.dram[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w).copy()
             m, oh, ow = out_t.shape
             i0, i1 = input_rows(layer, 0, oh, h)
-            weights = layer.arrays["weights"]
+            if index not in self._weights32:  # converted once: constants of the program
+                self._weights32[index] = layer.arrays["weights"].astype(np.float32)
+            weights = self._weights32[index]
             y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
             self._whole[index] = (x, y.astype(out_t.dtype))
         return self._whole[index]
@@ -350,7 +335,7 @@ class Simulator:
             return None
         *operands, y = self._whole[index]
         box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
-        if all(np.array_equal(t, o[box]) for t, o in zip(tiles, operands)):
+        if all(same_values(t, o[box]) for t, o in zip(tiles, operands)):
             return y
         return None
 
@@ -395,14 +380,14 @@ class Simulator:
     def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
         a = layer.attrs
         zp = a["x_zero_point"]
-        centered = x.astype(np.float32) - np.float32(zp)  # exact: |x - zp| < 2^17
+        centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
         pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
         if pointwise:  # the input tile is already the im2col matrix
             windows = centered[..., None, None]
         else:
             padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
             windows = self._windows(layer, padded, rows, ow)
-        bound = product_bound(x.dtype, wq.dtype)
+        bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
@@ -410,20 +395,27 @@ class Simulator:
             taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
             acc = exact_int(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
         else:
-            acc = np.empty((chs, rows, ow), np.int64)
+            parts = []
             for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
                 lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
                 patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
                 cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
                 kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-                acc[lo - ch0 : hi - ch0] = exact_dot(kernel, cols, bound).reshape(hi - lo, rows, ow)
-        acc += layer.arrays["bias"][ch0 : ch0 + chs, None, None]
-        return self._requant_channels(layer, acc, ch0, chs)
+                parts.append(exact_dot(kernel, cols, bound).reshape(hi - lo, rows, ow))
+            acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self._requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound)
 
-    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int):
+    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int):
+        """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
+        (int64, |acc| <= bound; updated in place)."""
+        bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
         m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
         r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
-        return _saturate(layer, requantize(acc, m, r))
+        a = layer.attrs
+        y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
+        if y is None:
+            return _saturate(layer, requantize(acc + bias, m, r))
+        return np.clip(y, a["qmin"], a["qmax"], out=y)
 
     def _pool(self, layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
         a = layer.attrs
@@ -447,6 +439,9 @@ class Simulator:
                 float(layer.arrays["ratio"]) / int(count)
             )
         return _saturate(layer, requantize(sums, m, r))
+
+
+_INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
 
 
 def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:
@@ -489,6 +484,9 @@ def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
 
 
 def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    fast = _binary_in_place(layer, x, b)
+    if fast is not None:
+        return fast
     a = layer.attrs
     xa = x.astype(np.int64) - a["a_zero_point"]
     xb = b.astype(np.int64) - a["b_zero_point"]
@@ -498,6 +496,52 @@ def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
     return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))
+
+
+def _binary_in_place(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """`_binary` in place on int64 copies of the operands (`scale_in_place`), or None where
+    the codes are too wide for int64 (16-bit adds: (x - zp) 2^20 times a 31-bit multiplier)."""
+    a = layer.attrs
+    x_bound, b_bound = _code_bound(x.dtype), _code_bound(b.dtype)
+    xa, xb = x.astype(np.int64), b.astype(np.int64)
+    if layer.kind == "mul":
+        xa -= a["a_zero_point"]
+        xb -= a["b_zero_point"]
+        bound = (x_bound + abs(a["a_zero_point"])) * (b_bound + abs(a["b_zero_point"]))
+        total = scale_in_place(xa * xb, 0, a["multiplier"], a["shift"], a["y_zero_point"], bound)
+    else:
+        total = None
+        (ma, ra), (mb, rb) = a["a_rescale"], a["b_rescale"]
+        left = scale_in_place(xa, -a["a_zero_point"], ma << ADD_SHIFT, ra, 0, x_bound)
+        right = scale_in_place(xb, -a["b_zero_point"], mb << ADD_SHIFT, rb, 0, b_bound)
+        if left is not None and right is not None:
+            # |requantize(v, m, r)| <= (|v| m + 2^(r-1)) / 2^r <= (|v| m >> r) + 1
+            bound = ((x_bound + abs(a["a_zero_point"])) * ma << ADD_SHIFT >> ra) + 1
+            bound += ((b_bound + abs(a["b_zero_point"])) * mb << ADD_SHIFT >> rb) + 1
+            combine = np.subtract if a["subtract"] else np.add
+            full = left.shape == np.broadcast_shapes(left.shape, right.shape)
+            total = combine(left, right, out=left if full else None)
+            total = scale_in_place(total, 0, a["multiplier"], a["shift"], a["y_zero_point"], bound)
+    if total is None:
+        return None
+    return np.clip(total, a["qmin"], a["qmax"], out=total)
+
+
+def _rescale(layer: Layer, x: np.ndarray, zero_point: int, m: int, r: int) -> np.ndarray:
+    """Saturated requantize(x - zero_point, m, r) (requant layers and concat parts)."""
+    a = layer.attrs
+    y = scale_in_place(
+        x.astype(np.int64), -zero_point, m, r, a["y_zero_point"], _code_bound(x.dtype)
+    )
+    if y is None:
+        return _saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
+    return np.clip(y, a["qmin"], a["qmax"], out=y)
+
+
+def _code_bound(dtype: np.dtype) -> int:
+    """The largest |code| of an integer dtype."""
+    info = np.iinfo(dtype)
+    return max(-int(info.min), int(info.max))
 
 
 def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
