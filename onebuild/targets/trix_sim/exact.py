@@ -16,18 +16,19 @@ def exact_int(array: np.ndarray) -> np.ndarray:
 FLOAT32_EXACT = 1 << 24
 
 
-def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
+def exact_dot(a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
     BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
     summation order is then exact), chunks summed in int64; float64 when products are too
-    large. Chunks are as long as the data allows (`reduction_chunks`)."""
+    large. Chunks are as long as the data allows (`reduction_chunks`). `keep_float` returns
+    the float product itself (exact integers) where one GEMM makes it, else int64."""
     worst = FLOAT32_EXACT // max(bound, 1)
     if worst < 64:
         return exact_int(a.astype(np.float64) @ b.astype(np.float64))
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
     edges = reduction_chunks(a32, b32, worst)
     if len(edges) == 2:
-        return (a32 @ b32).astype(np.int64)
+        return a32 @ b32 if keep_float else (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
     for k0, k1 in pairwise(edges):
         total += (a32[:, k0:k1] @ b32[k0:k1]).astype(np.int64)
@@ -115,3 +116,40 @@ def same_values(a: np.ndarray, b: np.ndarray) -> bool:
     n = x.size // 8 * 8
     words = np.array_equal(x[:n].view(np.uint64), y[:n].view(np.uint64))
     return bool(words and np.array_equal(x[n:], y[n:]))
+
+
+FLOAT64_EXACT = 1 << 53
+
+
+def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype):
+    """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
+    int64 arrays broadcasting against acc), in float64 with three or four passes: t =
+    acc s + c with s = m 2^-r and c = bias s + zp + 1/2, then floor and clip. `acc` holds
+    integers in float32/float64 (or int64 below 2^53). None where the proof below does not
+    hold for every channel (the caller then takes the int64 path).
+
+    Exact: requantize is floor(w - zp) for w = (acc + bias) s + zp + 1/2. Every quantity is
+    a multiple of 2^-r, exact in float64 while below 2^(53 - r). Where w is in [qmin - 1,
+    qmax + 1] (the results the clip does not decide alone), |acc m| <= (L + |zp| + 1) 2^r +
+    |bias| m with L = max(|qmin|, |qmax|) + 1, so if that is below 2^53 (checked) acc s, c
+    and their sum w are all exact and floor(t) = floor(w). Elsewhere two roundings leave
+    |t - w| <= 2^-51 (|w| + |c|) and |c| < 2^(53 - r) <= 2^49 (r >= 4, checked), so t stays
+    beyond the same clip bound (at most 1/4 plus a relative 2^-51 away from w). For qmin >= 0
+    the cast's truncation of the clipped t is its floor, which saves the floor pass."""
+    m, r, bias = (np.asarray(v, np.int64) for v in (m, r, bias))
+    reach = max(abs(qmin), abs(qmax)) + 1 + abs(zp) + 1
+    if (
+        int(r.min()) < 4
+        or int(r.max()) > 62 - reach.bit_length()
+        or (int(np.abs(bias).max()) * int(m.max()) >= FLOAT64_EXACT)
+    ):
+        return None
+    if int(((np.int64(reach) << r) + np.abs(bias) * m).max()) >= FLOAT64_EXACT:
+        return None
+    numerator = bias * m + ((2 * zp + 1) << (r - 1))  # c 2^r, below 2^53 by the check
+    scale = np.ldexp(m.astype(np.float64), -r)
+    t = np.multiply(acc, scale, dtype=np.float64)
+    t += np.ldexp(numerator.astype(np.float64), -r)
+    if qmin < 0:
+        np.floor(t, out=t)
+    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")

@@ -14,7 +14,6 @@ result was computed from (else it computes its tile alone), so the outputs are e
 tile-by-tile execution.
 """
 
-import copy
 import math
 
 import numpy as np
@@ -23,7 +22,15 @@ from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
-from .exact import exact_dot, exact_int, product_bound, same_values, scale_in_place, window_max
+from .exact import (
+    exact_dot,
+    exact_int,
+    product_bound,
+    requantize_float,
+    same_values,
+    scale_in_place,
+    window_max,
+)
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows, window_span
 from .moves import MOVES, box_shape, move_tile
@@ -103,7 +110,7 @@ class Simulator:
             self._timed = self._run_timed()
         else:
             self._run_again()
-        report = copy.deepcopy(self._timed)
+        report = self._timed.copy()
         outputs = {}
         for name in module.outputs:
             t = module.tensors[name]
@@ -312,7 +319,7 @@ class Simulator:
                 self._weights32[index] = layer.arrays["weights"].astype(np.float32)
             weights = self._weights32[index]
             y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
-            self._whole[index] = (x, y.astype(out_t.dtype))
+            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
         return self._whole[index]
 
     def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
@@ -393,7 +400,7 @@ class Simulator:
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
         if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
             taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
-            acc = exact_int(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
+            acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
         else:
             parts = []
             for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
@@ -401,17 +408,24 @@ class Simulator:
                 patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
                 cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
                 kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-                parts.append(exact_dot(kernel, cols, bound).reshape(hi - lo, rows, ow))
+                part = exact_dot(kernel, cols, bound, keep_float=True)
+                parts.append(part.reshape(hi - lo, rows, ow))
             acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self._requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound)
 
     def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int):
         """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
-        (int64, |acc| <= bound; updated in place)."""
+        (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
+        where that is provably exact, else in int64."""
         bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
         m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
         r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
         a = layer.attrs
+        dtype = self.module.tensors[layer.output].dtype
+        y = requantize_float(acc, bias, m, r, a["y_zero_point"], a["qmin"], a["qmax"], dtype)
+        if y is not None:
+            return y
+        acc = exact_int(acc) if acc.dtype.kind == "f" else acc
         y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
         if y is None:
             return _saturate(layer, requantize(acc + bias, m, r))

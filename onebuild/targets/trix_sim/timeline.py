@@ -22,6 +22,9 @@ class Report:
     # own), compute_cycles and dma_cycles (engine busy time), dram_bytes, macs
     layers: dict[str, dict] = field(default_factory=dict)
 
+    def copy(self) -> "Report":
+        return Report(self.cycles, self.dram_bytes, {k: dict(v) for k, v in self.layers.items()})
+
     def summary(self, hw: Hardware, module: Module) -> dict:
         program = Program(module.tensors, module.layers, module.inputs, module.outputs)
         bound = roofline(program, hw)
