@@ -153,3 +153,24 @@ def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int,
     if qmin < 0:
         np.floor(t, out=t)
     return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+
+
+def all_codes(dtype) -> np.ndarray:
+    """Every value of an 8- or 16-bit integer dtype, in the order of its bits: the rows of a
+    table that `lookup` indexes with codes of that dtype."""
+    bits = np.dtype(dtype).itemsize * 8
+    return np.arange(1 << bits, dtype=f"uint{bits}").view(dtype)
+
+
+def lookup(table: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """table[bits of x] or, for a table over pairs of 8-bit codes (x major), table[bits of x,
+    bits of b] (b broadcasting against x, or x against b)."""
+    index = x.astype(np.intp)
+    index &= (1 << (8 * x.itemsize)) - 1
+    if b is not None:
+        index <<= 8
+        low = b.astype(np.intp)
+        low &= 255
+        full = index.shape == np.broadcast_shapes(index.shape, low.shape)
+        index = np.bitwise_or(index, low, out=index if full else None)
+    return np.take(table, index)

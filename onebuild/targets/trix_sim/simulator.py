@@ -23,8 +23,10 @@ from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCA
 from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .exact import (
+    all_codes,
     exact_dot,
     exact_int,
+    lookup,
     product_bound,
     requantize_float,
     same_values,
@@ -57,6 +59,7 @@ class Simulator:
         self._timed: Report | None = None  # the report of the first run: timing is data-free
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
+        self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -252,7 +255,7 @@ class Simulator:
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
-            y = _binary(layer, *pair)
+            y = self._pairwise(layer, *pair)
         elif layer.kind in ("add", "mul"):
             b_t, vector = tensors[layer.inputs[1]], layer.attrs.get("vector_index")
             shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
@@ -262,7 +265,7 @@ class Simulator:
             if whole is not None:
                 y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
             else:
-                y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
+                y = self._pairwise(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
             y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
@@ -278,19 +281,40 @@ class Simulator:
             y = _softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
         elif layer.kind == "requant":
             a = layer.attrs
-            y = _rescale(layer, x, a["x_zero_point"], a["multiplier"], a["shift"])
+            y = self._rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
         elif layer.kind == "concat":
             a, part = layer.attrs, in2_at
             x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
             reads = [(in_at, in_at + x.nbytes)]
             zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
-            y = _rescale(layer, x, zp, m, r)
+            y = self._rescaled(layer, x, part, zp, m, r)
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
         y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
         cycles = self._exec_cycles(index, rows, chs)
         return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+
+    def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """`_binary(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
+        up in a table of every pair of codes made once with `_binary` itself."""
+        if x.itemsize != 1 or b.itemsize != 1:
+            return _binary(layer, x, b).astype(self.module.tensors[layer.output].dtype)
+        key = (layer.name, "pair")
+        if key not in self._tables:
+            table = _binary(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
+            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype).ravel()
+        return lookup(self._tables[key], x, b)
+
+    def _rescaled(self, layer: Layer, x: np.ndarray, part: int, zero_point, m, r) -> np.ndarray:
+        """Saturated requantize(x - zero_point, m, r) (a requant layer, or part `part` of a
+        concat), looked up in a table of every input code made once with that formula."""
+        key = (layer.name, part)
+        if key not in self._tables:
+            codes = all_codes(x.dtype).astype(np.int64)
+            table = _saturate(layer, requantize(codes - zero_point, m, r))
+            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype)
+        return lookup(self._tables[key], x)
 
     def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
         key = (index, rows, chs)
@@ -336,7 +360,7 @@ class Simulator:
             if any(o is None for o in operands):
                 self._whole[index] = False
             else:
-                y = _binary(layer, *operands).astype(self.module.tensors[layer.output].dtype)
+                y = self._pairwise(layer, *operands)
                 self._whole[index] = (*operands, y)
         if self._whole[index] is False:
             return None
@@ -498,9 +522,6 @@ def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
 
 
 def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
-    fast = _binary_in_place(layer, x, b)
-    if fast is not None:
-        return fast
     a = layer.attrs
     xa = x.astype(np.int64) - a["a_zero_point"]
     xb = b.astype(np.int64) - a["b_zero_point"]
@@ -510,52 +531,6 @@ def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
     return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))
-
-
-def _binary_in_place(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """`_binary` in place on int64 copies of the operands (`scale_in_place`), or None where
-    the codes are too wide for int64 (16-bit adds: (x - zp) 2^20 times a 31-bit multiplier)."""
-    a = layer.attrs
-    x_bound, b_bound = _code_bound(x.dtype), _code_bound(b.dtype)
-    xa, xb = x.astype(np.int64), b.astype(np.int64)
-    if layer.kind == "mul":
-        xa -= a["a_zero_point"]
-        xb -= a["b_zero_point"]
-        bound = (x_bound + abs(a["a_zero_point"])) * (b_bound + abs(a["b_zero_point"]))
-        total = scale_in_place(xa * xb, 0, a["multiplier"], a["shift"], a["y_zero_point"], bound)
-    else:
-        total = None
-        (ma, ra), (mb, rb) = a["a_rescale"], a["b_rescale"]
-        left = scale_in_place(xa, -a["a_zero_point"], ma << ADD_SHIFT, ra, 0, x_bound)
-        right = scale_in_place(xb, -a["b_zero_point"], mb << ADD_SHIFT, rb, 0, b_bound)
-        if left is not None and right is not None:
-            # |requantize(v, m, r)| <= (|v| m + 2^(r-1)) / 2^r <= (|v| m >> r) + 1
-            bound = ((x_bound + abs(a["a_zero_point"])) * ma << ADD_SHIFT >> ra) + 1
-            bound += ((b_bound + abs(a["b_zero_point"])) * mb << ADD_SHIFT >> rb) + 1
-            combine = np.subtract if a["subtract"] else np.add
-            full = left.shape == np.broadcast_shapes(left.shape, right.shape)
-            total = combine(left, right, out=left if full else None)
-            total = scale_in_place(total, 0, a["multiplier"], a["shift"], a["y_zero_point"], bound)
-    if total is None:
-        return None
-    return np.clip(total, a["qmin"], a["qmax"], out=total)
-
-
-def _rescale(layer: Layer, x: np.ndarray, zero_point: int, m: int, r: int) -> np.ndarray:
-    """Saturated requantize(x - zero_point, m, r) (requant layers and concat parts)."""
-    a = layer.attrs
-    y = scale_in_place(
-        x.astype(np.int64), -zero_point, m, r, a["y_zero_point"], _code_bound(x.dtype)
-    )
-    if y is None:
-        return _saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
-    return np.clip(y, a["qmin"], a["qmax"], out=y)
-
-
-def _code_bound(dtype: np.dtype) -> int:
-    """The largest |code| of an integer dtype."""
-    info = np.iinfo(dtype)
-    return max(-int(info.min), int(info.max))
 
 
 def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
