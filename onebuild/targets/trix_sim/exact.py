@@ -1,5 +1,6 @@
 """Exact integer arithmetic of the TRIX simulator on float BLAS and numpy: GEMMs whose
-float32 partial sums provably stay integers below 2^24, and pooling window maxima."""
+float32 partial sums provably stay integers below 2^24, requantization in float64 or in place
+in int64 where a bound proves it exact, tables of every code, and fast operand comparison."""
 
 from itertools import pairwise
 
@@ -62,23 +63,6 @@ def product_bound(codes: np.dtype, weights: np.dtype) -> int:
     return (int(x.max) - int(x.min)) * (int(w.max) + 1)
 
 
-def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
-    a = layer.attrs
-    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    taps = (
-        padded[
-            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
-        ]
-        for i in range(kh)
-        for j in range(kw)
-    )
-    result = next(taps).copy()
-    for tap in taps:
-        np.maximum(result, tap, out=result)
-    return result
-
-
 INT64_LIMIT = 1 << 63
 
 
@@ -105,17 +89,27 @@ def scale_in_place(v: np.ndarray, offset, m, r, add: int, v_bound: int) -> np.nd
 
 
 def same_values(a: np.ndarray, b: np.ndarray) -> bool:
-    """np.array_equal, 8 bytes at a time where both arrays are contiguous and of one dtype."""
-    if (
-        a.shape != b.shape
-        or a.dtype != b.dtype
-        or not (a.flags.c_contiguous and b.flags.c_contiguous)
-    ):
+    """np.array_equal, 8 bytes at a time where both arrays have one dtype and contiguous rows
+    along the first axis (SRAM tiles, row ranges of a tensor)."""
+    x, y = _byte_rows(a), _byte_rows(b)
+    if a.dtype != b.dtype or x is None or y is None or x.shape != y.shape or a.shape != b.shape:
         return bool(np.array_equal(a, b))
-    x, y = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
-    n = x.size // 8 * 8
-    words = np.array_equal(x[:n].view(np.uint64), y[:n].view(np.uint64))
-    return bool(words and np.array_equal(x[n:], y[n:]))
+    n = x.shape[1] // 8 * 8
+    if not np.array_equal(x[:, :n].view(np.uint64), y[:, :n].view(np.uint64)):
+        return False
+    return n == x.shape[1] or bool(np.array_equal(x[:, n:], y[:, n:]))
+
+
+def _byte_rows(a: np.ndarray) -> np.ndarray | None:
+    """`a` as a 2-D uint8 view with contiguous rows (one row if it is all contiguous), or
+    None."""
+    if a.size == 0:
+        return None
+    if a.flags.c_contiguous:
+        return a.reshape(1, -1).view(np.uint8)
+    if a.ndim >= 2 and a[0].flags.c_contiguous:
+        return a.reshape(len(a), -1).view(np.uint8)
+    return None
 
 
 FLOAT64_EXACT = 1 << 53
@@ -174,3 +168,10 @@ def lookup(table: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.
         full = index.shape == np.broadcast_shapes(index.shape, low.shape)
         index = np.bitwise_or(index, low, out=index if full else None)
     return np.take(table, index)
+
+
+def saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
+    """scaled + the output zero point, clipped to [qmin, qmax] (in place where it may)."""
+    a = layer.attrs
+    shifted = np.asarray(scaled + a["y_zero_point"])
+    return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)

@@ -12,6 +12,13 @@ the tensor in DRAM) and its weights. Every EXEC still runs: it checks its addres
 its slice of that result only if the operands it reads in SRAM equal the slices the whole-layer
 result was computed from (else it computes its tile alone), so the outputs are exactly those of
 tile-by-tile execution.
+
+Addresses, sizes and cycles do not depend on the data, so the first run checks every DMA and
+schedules every instruction (timeline.py), and later runs of the same simulator reuse that
+report and the checked DMA views; every EXEC still checks its SRAM operands on every run.
+Requantization runs in float64 or in place in int64 where a bound proves it exact (exact.py);
+elementwise layers of 8-bit operands, concat parts and requant layers look their codes up in a
+table made once per layer from the integer rules over every input code.
 """
 
 import math
@@ -20,7 +27,7 @@ import numpy as np
 
 from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
-from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
+from ...graph_ir.quant.params import ADD_SHIFT, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .exact import (
     all_codes,
@@ -30,14 +37,15 @@ from .exact import (
     product_bound,
     requantize_float,
     same_values,
+    saturate,
     scale_in_place,
-    window_max,
 )
 from .hardware import Hardware
-from .lower import Layer, input_rows, tile_input_rows, window_span
+from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
 from .perf import dma_cycles, exec_cycles
-from .timeline import Report, Timeline
+from .timeline import Report, Timeline, exactly_tiled
+from .windows import padded_rows, pool, window_view
 
 
 class Simulator:
@@ -52,7 +60,7 @@ class Simulator:
         self.dram = np.zeros(module.dram_bytes, np.uint8)
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
-        self._tiled = _exactly_tiled(module)
+        self._tiled = exactly_tiled(module)
         self._whole: dict[int, tuple | None] = {}
         self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
         self._code = module.code.tolist()
@@ -60,6 +68,7 @@ class Simulator:
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
+        self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -208,6 +217,11 @@ class Simulator:
         return end
 
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
+        key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
+        if key in self._slices and self._whole.get(index):
+            result = self._whole_slice(index, *self._slices[key])
+            if result is not None:
+                return result
         tensors = self.module.tensors
         out_t = tensors[layer.output]
         x_t = tensors[layer.inputs[0]]
@@ -225,7 +239,7 @@ class Simulator:
         reads = [(in_at, in_at + held.nbytes)]
         i0, i1 = input_rows(layer, r0, r0 + rows, h)
         x = held[:, i0 - t0 : i1 - t0]
-        macs = 0
+        macs, taken = 0, None
         if layer.kind == "conv":
             weights = layer.arrays["weights"]
             shape = (chs, *weights.shape[1:])
@@ -237,7 +251,9 @@ class Simulator:
                 and same_values(held, whole[0][:, t0:t1])
                 and same_values(wq, weights[ch0 : ch0 + chs])
             ):
-                y = whole[1][ch0 : ch0 + chs, r0 : r0 + rows]
+                box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
+                y = whole[1][box]
+                taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
                 y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
             macs = y.size * math.prod(weights.shape[1:])
@@ -267,9 +283,9 @@ class Simulator:
             else:
                 y = self._pairwise(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
-            y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
+            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
-            y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
+            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
         elif layer.kind == "lookup":
             table = layer.arrays["table"]
             codes = self._sram_view(0, table.dtype.name, table.shape)
@@ -293,14 +309,29 @@ class Simulator:
         y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
         cycles = self._exec_cycles(index, rows, chs)
-        return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+        result = reads, [(out_at, out_at + y.nbytes)], cycles, macs
+        if taken is not None:  # the tile's views, checked, for the next time it runs
+            place = self.sram[out_at : out_at + y.nbytes].view(y.dtype).reshape(y.shape)
+            self._slices[key] = (*taken, place, result)
+        return result
+
+    def _whole_slice(self, index: int, held, t0, t1, wq, w_ref, box, place, result):
+        """A convolution tile that took its slice of the whole layer before, by its kept views:
+        the same operand checks, the same slice written to the same place."""
+        x, y = self._whole[index]
+        if same_values(held, x[:, t0:t1]) and same_values(wq, w_ref):
+            place[...] = y[box]
+            return result
+        return None
 
     def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
         """`_binary(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
-        up in a table of every pair of codes made once with `_binary` itself."""
-        if x.itemsize != 1 or b.itemsize != 1:
-            return _binary(layer, x, b).astype(self.module.tensors[layer.output].dtype)
+        up in a table of every pair of codes made once with `_binary` itself (when the operands
+        are at least as large as the table, or it exists)."""
         key = (layer.name, "pair")
+        small = key not in self._tables and max(x.size, b.size) < 1 << 16
+        if x.itemsize != 1 or b.itemsize != 1 or small:
+            return _binary(layer, x, b).astype(self.module.tensors[layer.output].dtype)
         if key not in self._tables:
             table = _binary(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
             self._tables[key] = table.astype(self.module.tensors[layer.output].dtype).ravel()
@@ -308,11 +339,14 @@ class Simulator:
 
     def _rescaled(self, layer: Layer, x: np.ndarray, part: int, zero_point, m, r) -> np.ndarray:
         """Saturated requantize(x - zero_point, m, r) (a requant layer, or part `part` of a
-        concat), looked up in a table of every input code made once with that formula."""
+        concat), looked up in a table of every input code made once with that formula (when x
+        is at least as large as the table, or it exists)."""
         key = (layer.name, part)
+        if key not in self._tables and x.size < 1 << (8 * x.itemsize):
+            return saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
         if key not in self._tables:
             codes = all_codes(x.dtype).astype(np.int64)
-            table = _saturate(layer, requantize(codes - zero_point, m, r))
+            table = saturate(layer, requantize(codes - zero_point, m, r))
             self._tables[key] = table.astype(self.module.tensors[layer.output].dtype)
         return lookup(self._tables[key], x)
 
@@ -385,29 +419,6 @@ class Simulator:
                     return whole.copy()
         return None
 
-    def _padded(
-        self, layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill
-    ):
-        """The input window rows of a tile, padded (top/bottom from the tile's position)."""
-        a = layer.attrs
-        top = r0 * a["strides"][0] - a["pads"][0]  # first logical input row (may be < 0)
-        span = window_span(layer, rows)
-        left, right = a["pads"][1], a["pads"][3]
-        dtype = x.dtype if x.dtype.kind == "f" else np.int64
-        padded = np.full((x.shape[0], span, w + left + right), fill, dtype=dtype)
-        start = i0 - top
-        padded[:, start : start + x.shape[1], left : left + w] = x
-        return padded
-
-    def _windows(self, layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-        """[C, rows, ow, kh, kw] window view."""
-        a = layer.attrs
-        (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-        view = np.lib.stride_tricks.sliding_window_view(
-            padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2)
-        )
-        return view[:, : (rows - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
-
     def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
         a = layer.attrs
         zp = a["x_zero_point"]
@@ -416,8 +427,8 @@ class Simulator:
         if pointwise:  # the input tile is already the im2col matrix
             windows = centered[..., None, None]
         else:
-            padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
-            windows = self._windows(layer, padded, rows, ow)
+            padded = padded_rows(layer, centered, r0, rows, i0, h, w, 0)
+            windows = window_view(layer, padded, rows, ow)
         bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
@@ -452,31 +463,8 @@ class Simulator:
         acc = exact_int(acc) if acc.dtype.kind == "f" else acc
         y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
         if y is None:
-            return _saturate(layer, requantize(acc + bias, m, r))
+            return saturate(layer, requantize(acc + bias, m, r))
         return np.clip(y, a["qmin"], a["qmax"], out=y)
-
-    def _pool(self, layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
-        a = layer.attrs
-        if maximum:
-            padded = self._padded(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
-            return window_max(layer, padded, rows, ow)
-        padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
-        sums = self._windows(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
-        counted = np.zeros((1, *padded.shape[1:]), np.int64)
-        top = r0 * a["strides"][0] - a["pads"][0]
-        if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
-            first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
-            counted[:, first - top : last - top, :] = 1
-        else:
-            counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
-        counts = self._windows(layer, counted, rows, ow).sum(axis=(3, 4))[0]
-        m = np.zeros(counts.shape, np.int64)
-        r = np.ones(counts.shape, np.int64)
-        for count in np.unique(counts):
-            m[counts == count], r[counts == count] = quantize_multiplier(
-                float(layer.arrays["ratio"]) / int(count)
-            )
-        return _saturate(layer, requantize(sums, m, r))
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
@@ -490,47 +478,16 @@ def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) ->
     return np.lib.stride_tricks.as_strided(memory[at:], (count, block), (stride, 1))
 
 
-def _exactly_tiled(module: Module) -> list[int]:
-    """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
-    cover every output element exactly once."""
-    code = module.code
-    execs = code[code[:, 0] == EXEC].astype(np.int64)
-    tiled = []
-    for index, layer in enumerate(module.layers):
-        tiles = execs[execs[:, 1] == index]
-        pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
-        if not len(tiles) or not (
-            layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
-        ):
-            continue
-        m, oh, _ = module.tensors[layer.output].shape
-        r0, rows, ch0, chs = tiles[:, 2:6].T
-        if (r0 + rows > oh).any() or (ch0 + chs > m).any():
-            continue
-        covered = np.zeros((m, oh), np.int32)
-        for r, n, c, k in zip(r0.tolist(), rows.tolist(), ch0.tolist(), chs.tolist()):
-            covered[c : c + k, r : r + n] += 1
-        if (covered == 1).all():
-            tiled.append(index)
-    return tiled
-
-
-def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
-    a = layer.attrs
-    shifted = np.asarray(scaled + a["y_zero_point"])
-    return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)
-
-
 def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = layer.attrs
     xa = x.astype(np.int64) - a["a_zero_point"]
     xb = b.astype(np.int64) - a["b_zero_point"]
     if layer.kind == "mul":
-        return _saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
+        return saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
     left = requantize(xa << ADD_SHIFT, *a["a_rescale"])
     right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
-    return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))
+    return saturate(layer, requantize(total, a["multiplier"], a["shift"]))
 
 
 def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -543,4 +500,4 @@ def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
     shift = RECIPROCAL_BITS - FRACTION_BITS
     fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
     a = layer.attrs
-    return _saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))
+    return saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))

@@ -1,4 +1,6 @@
-"""The TRIX simulator's timing: engine availability and SRAM hazards, and the report.
+"""What the TRIX simulator knows of a program regardless of its data: the timing (engine
+availability and SRAM hazards), the report, and the layers whose tiles cover their output
+exactly (computed whole).
 
 Timing depends on the program only (addresses, sizes, cycles per instruction), never on the
 data: the simulator schedules the instruction stream once and reuses the report for later runs.
@@ -8,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen import Module
+from .codegen import EXEC, Module
 from .hardware import Hardware
 from .lower import Program
 from .perf import roofline
@@ -75,3 +77,28 @@ class Timeline:
         for lo, hi in writes:
             self.written[self._granules(lo, hi)] = end
         return end
+
+
+def exactly_tiled(module: Module) -> list[int]:
+    """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
+    cover every output element exactly once."""
+    code = module.code
+    execs = code[code[:, 0] == EXEC].astype(np.int64)
+    tiled = []
+    for index, layer in enumerate(module.layers):
+        tiles = execs[execs[:, 1] == index]
+        pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
+        if not len(tiles) or not (
+            layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
+        ):
+            continue
+        m, oh, _ = module.tensors[layer.output].shape
+        r0, rows, ch0, chs = tiles[:, 2:6].T
+        if (r0 + rows > oh).any() or (ch0 + chs > m).any():
+            continue
+        covered = np.zeros((m, oh), np.int32)
+        for r, n, c, k in zip(r0.tolist(), rows.tolist(), ch0.tolist(), chs.tolist()):
+            covered[c : c + k, r : r + n] += 1
+        if (covered == 1).all():
+            tiled.append(index)
+    return tiled
