@@ -9,15 +9,20 @@ from .exact import saturate
 from .lower import Layer, window_span
 
 
-def padded_rows(layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill):
-    """The input window rows of a tile, padded (top/bottom from the tile's position)."""
+def padded_rows(
+    layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill, dtype=None
+):
+    """The input window rows of a tile, padded (top/bottom from the tile's position), as
+    `dtype` (default: floats as they are, integers as int64); x itself where nothing pads."""
     a = layer.attrs
     top = r0 * a["strides"][0] - a["pads"][0]  # first logical input row (may be < 0)
     span = window_span(layer, rows)
     left, right = a["pads"][1], a["pads"][3]
-    dtype = x.dtype if x.dtype.kind == "f" else np.int64
-    padded = np.full((x.shape[0], span, w + left + right), fill, dtype=dtype)
+    dtype = dtype or (x.dtype if x.dtype.kind == "f" else np.int64)
     start = i0 - top
+    if not left and not right and not start and x.shape[1] == span and x.dtype == dtype:
+        return x
+    padded = np.full((x.shape[0], span, w + left + right), fill, dtype=dtype)
     padded[:, start : start + x.shape[1], left : left + w] = x
     return padded
 
@@ -52,7 +57,8 @@ def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarr
 def pool(layer: Layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
     a = layer.attrs
     if maximum:
-        padded = padded_rows(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
+        fill = np.iinfo(x.dtype).min  # the codes themselves: a maximum needs no widening
+        padded = padded_rows(layer, x, r0, rows, i0, h, w, fill, x.dtype)
         return window_max(layer, padded, rows, ow)
     padded = padded_rows(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
     sums = window_view(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
