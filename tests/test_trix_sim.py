@@ -334,14 +334,15 @@ def test_requantization_shortcuts_one_step_below_a_tie():
 
 def test_same_values_equals_array_equal(rng):
     """8-byte words, the tail bytes, strided views and other dtypes all compare correctly."""
-    a = rng.integers(0, 256, (5, 7, 9)).astype(np.uint8)
-    assert same_values(a, a.copy()) and same_values(a[:, 1:], a.copy()[:, 1:])
-    for index in ((0, 3, 0), (4, 6, 8), (2, 4, 1)):  # the first word, the tail, the middle
-        b = a.copy()
-        b[index] ^= 1
-        assert not same_values(a, b) and not same_values(a[:, 3:], b[:, 3:])
-    assert same_values(a, a.astype(np.int16)) and not same_values(a.view(np.int8), a)
-    assert not same_values(a, a[:, :-1])
+    for shape in ((5, 7, 9), (64, 40, 41)):  # compared by np.array_equal, by words
+        a = rng.integers(0, 256, shape).astype(np.uint8)
+        assert same_values(a, a.copy()) and same_values(a[:, 1:], a.copy()[:, 1:])
+        for index in ((0, 3, 0), (4, -1, -1), (2, 4, 1)):  # first word, a row's tail, middle
+            b = a.copy()
+            b[index] ^= 1
+            assert not same_values(a, b) and not same_values(a[:, 3:], b[:, 3:])
+        assert same_values(a, a.astype(np.int16)) and not same_values(a.view(np.int8), a)
+        assert not same_values(a, a[:, :-1])
 
 
 def test_whole_layer_execution_equals_tile_by_tile(rng):
