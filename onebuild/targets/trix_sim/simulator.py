@@ -253,7 +253,8 @@ class Simulator:
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
                 y = whole[1][box]
-                taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
+                if len(layer.inputs) == 1:  # the views below are all the tile reads
+                    taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
                 y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
             macs = y.size * math.prod(weights.shape[1:])
