@@ -26,7 +26,6 @@ import math
 import numpy as np
 
 from ...errors import FormatError, UserError
-from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .exact import (
@@ -39,6 +38,7 @@ from .exact import (
     same_values,
     saturate,
     scale_in_place,
+    softmax,
 )
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
@@ -46,6 +46,8 @@ from .moves import MOVES, box_shape, move_tile
 from .perf import dma_cycles, exec_cycles
 from .timeline import Report, Timeline, exactly_tiled
 from .windows import padded_rows, pool, window_view
+
+WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
 
 
 class Simulator:
@@ -295,7 +297,7 @@ class Simulator:
         elif layer.kind == "softmax":
             table = self._sram_view(0, "int32", layer.arrays["table"].shape)
             reads.append((0, table.nbytes))
-            y = _softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
+            y = softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
         elif layer.kind == "requant":
             a = layer.attrs
             y = self._rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
@@ -374,9 +376,11 @@ class Simulator:
                 x = self.dram[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w).copy()
             m, oh, ow = out_t.shape
             i0, i1 = input_rows(layer, 0, oh, h)
-            if index not in self._weights32:  # converted once: constants of the program
-                self._weights32[index] = layer.arrays["weights"].astype(np.float32)
-            weights = self._weights32[index]
+            weights = self._weights32.get(index)
+            if weights is None:  # constants of the program: kept up to a memory budget
+                weights = layer.arrays["weights"].astype(np.float32)
+                if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
+                    self._weights32[index] = weights
             y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
             self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
         return self._whole[index]
@@ -489,16 +493,3 @@ def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
     return saturate(layer, requantize(total, a["multiplier"], a["shift"]))
-
-
-def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Softmax over the channels (axis 0) of codes, as docs/quantization.md defines it."""
-    distance = x.max(axis=0).astype(np.int64) - x  # [C, rows, W], each >= 0
-    parts = table[distance & 255] * table[256 + (distance >> 8)]
-    e = (parts + (1 << (EXP_BITS - 1))) >> EXP_BITS
-    total = e.sum(axis=0)
-    reciprocal = ((1 << RECIPROCAL_BITS) + total // 2) // total
-    shift = RECIPROCAL_BITS - FRACTION_BITS
-    fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
-    a = layer.attrs
-    return saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))
