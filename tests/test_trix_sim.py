@@ -24,7 +24,9 @@ from onebuild.npz import read_npz
 from onebuild.targets.trix_sim.codegen import LOAD, generate
 from onebuild.targets.trix_sim.exact import (
     FLOAT32_EXACT,
+    all_codes,
     exact_dot,
+    lookup,
     product_bound,
     reduction_chunks,
     requantize_float,
@@ -330,6 +332,25 @@ def test_requantization_shortcuts_one_step_below_a_tie():
             if got is not None:
                 assert got[0, 0, 0] == j
             assert scale_in_place(acc, *args, 0, a + 1)[0, 0, 0] == j
+
+
+@pytest.mark.parametrize("x_dtype, b_dtype", [("int8", "uint8"), ("uint8", "int8")])
+def test_code_tables_index_by_the_bits_of_codes(rng, x_dtype, b_dtype):
+    """Tables over every code (and every pair of 8-bit codes) give f of the codes themselves,
+    negative ones included, with either operand broadcast."""
+
+    def f(x, b):
+        return (x.astype(np.int64) * 3 - b.astype(np.int64) * 7) % 251
+
+    table = f(*np.ix_(all_codes(x_dtype), all_codes(b_dtype))).ravel()
+    x = rng.integers(-128 if x_dtype == "int8" else 0, 128, (4, 5, 6)).astype(x_dtype)
+    b = rng.integers(-128 if b_dtype == "int8" else 0, 128, (4, 5, 6)).astype(b_dtype)
+    for xs, bs in ((x, b), (x, b[:, :1, :1]), (x[:, :1, :1], b)):
+        np.testing.assert_array_equal(lookup(table, xs, bs), f(xs, bs))
+    for dtype in ("int8", "uint8", "int16"):
+        codes = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, 500).astype(dtype)
+        single = all_codes(dtype).astype(np.int64) * 5 % 256
+        np.testing.assert_array_equal(lookup(single, codes), codes.astype(np.int64) * 5 % 256)
 
 
 def test_same_values_equals_array_equal(rng):

@@ -168,15 +168,14 @@ def all_codes(dtype) -> np.ndarray:
 def lookup(table: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """table[bits of x] or, for a table over pairs of 8-bit codes (x major), table[bits of x,
     bits of b] (b broadcasting against x, or x against b)."""
-    index = x.astype(np.intp)
-    index &= (1 << (8 * x.itemsize)) - 1
-    if b is not None:
-        index <<= 8
-        low = b.astype(np.intp)
-        low &= 255
-        full = index.shape == np.broadcast_shapes(index.shape, low.shape)
-        index = np.bitwise_or(index, low, out=index if full else None)
-    return np.take(table, index)
+    bits = x.view(f"uint{8 * x.itemsize}")
+    if b is None:
+        return np.take(table, bits)
+    index = bits.astype(np.uint16)
+    index <<= 8
+    low = b.view(np.uint8)
+    full = index.shape == np.broadcast_shapes(index.shape, low.shape)
+    return np.take(table, np.bitwise_or(index, low, out=index if full else None))
 
 
 def saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
