@@ -4,15 +4,22 @@ For the light ResNet50 and SqueezeNet graphs (seeded random weights, uint8, cali
 uniform images): wall time of one simulated inference vs onnxruntime running the equivalent QDQ
 model (same quantized graph exported by onebuild), their ratio, and the scheduled cycles vs the
 roofline bound max(MACs / peak, compulsory DRAM bytes / bandwidth). Also the time the model's
-MACs take at numpy's float32 GEMM rate (measured here): the floor of any numpy simulator.
+MACs take at numpy's float32 GEMM rate (measured here): the floor of any numpy simulator, and
+the simulator's time as a multiple of it.
+
+Every time is the minimum of several runs, with BLAS pinned to one thread (threadpoolctl): on a
+loaded machine the minimum is the least disturbed run, and a multithreaded GEMM floor would
+measure the load rather than the GEMM. `simulator_ms` is a run of a simulator that already ran
+once (the program's timeline is then known); `simulator_first_run_ms` builds a simulator and
+runs it once, as `onebuild run x.tvn` does per sample.
 """
 
 import json
-import statistics
 import time
 
 import numpy as np
 import onnxruntime as ort
+from threadpoolctl import threadpool_limits
 
 from onebuild.graph_ir.ir import Model
 from onebuild.graph_ir.passes import run_preset
@@ -29,14 +36,19 @@ from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.simulator import Simulator
 
 
-def median_seconds(fn, repeats: int, *args) -> float:
+def best_seconds(fn, repeats: int, *args) -> float:
+    """The fastest of `repeats` calls, after one warm-up call."""
     fn(*args)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn(*args)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
+
+
+def first_run(module, hw, feeds) -> None:
+    Simulator(module, hw).run(feeds)
 
 
 def float32_gemm_macs_per_second() -> float:
@@ -45,7 +57,7 @@ def float32_gemm_macs_per_second() -> float:
     rng = np.random.default_rng(0)
     a = rng.random((256, 2304), dtype=np.float32)
     b = rng.random((2304, 784), dtype=np.float32)
-    return a.shape[0] * a.shape[1] * b.shape[1] / median_seconds(np.matmul, 5, a, b)
+    return a.shape[0] * a.shape[1] * b.shape[1] / best_seconds(np.matmul, 10, a, b)
 
 
 def main() -> None:
@@ -67,12 +79,13 @@ def main() -> None:
         options.log_severity_level = 3
         proto = export_onnx(Model([quantized])).SerializeToString()
         session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
-        ort_seconds = median_seconds(session.run, 10, None, feeds)
+        ort_seconds = best_seconds(session.run, 10, None, feeds)
         for preset in ("trix-s", "trix-m"):
             hw = load_hardware(preset)
             module = generate(lower(quantized, hw), hw, "performance")
+            first_seconds = best_seconds(first_run, 3, module, hw, feeds)
             simulator = Simulator(module, hw)
-            sim_seconds = median_seconds(simulator.run, 3, feeds)
+            sim_seconds = best_seconds(simulator.run, 5, feeds)
             _, report = simulator.run(feeds)
             summary = report.summary(hw, module)
             results.append(
@@ -85,6 +98,8 @@ def main() -> None:
                     # the model's MACs at numpy's float32 GEMM rate: no numpy simulator is faster
                     "float32_gemm_floor_ms": round(summary["macs"] / gemm_rate * 1e3, 1),
                     "float32_gemm_floor_ratio": round(summary["macs"] / gemm_rate / ort_seconds, 2),
+                    "simulator_floor_ratio": round(sim_seconds * gemm_rate / summary["macs"], 2),
+                    "simulator_first_run_ms": round(first_seconds * 1e3, 1),
                     "cycles": summary["cycles"],
                     "roofline_cycles": summary["roofline_cycles"],
                     "roofline_ratio": summary["roofline_ratio"],
@@ -97,4 +112,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # see the module docstring
+        main()

@@ -15,6 +15,7 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.passes.cleanup import eliminate_dead_code
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.params import requantize
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.model_zoo import light_model
@@ -23,9 +24,14 @@ from onebuild.npz import read_npz
 from onebuild.targets.trix_sim.codegen import LOAD, generate
 from onebuild.targets.trix_sim.exact import (
     FLOAT32_EXACT,
+    all_codes,
     exact_dot,
+    lookup,
     product_bound,
     reduction_chunks,
+    requantize_float,
+    same_values,
+    scale_in_place,
 )
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
@@ -49,13 +55,14 @@ def assert_bit_exact(quantized: Graph, hw, pref: str, rng, samples: int = 2) -> 
     module = generate(lower(quantized, hw), hw, pref)
     assert module.sram_peak <= hw.sram_bytes
     reference = Interpreter(quantized)
+    simulator = Simulator(module, hw)  # samples after the first are later runs (reused timing)
     for _ in range(samples):
         feeds = {}
         for v in quantized.inputs:
             info = np.iinfo(v.dtype)
             feeds[v.name] = rng.integers(info.min, info.max + 1, v.shape).astype(v.dtype)
         want = reference.run(feeds)
-        got, report = Simulator(module, hw).run(feeds)
+        got, report = simulator.run(feeds)
         for value in quantized.outputs:
             np.testing.assert_array_equal(got[value.name], want[value.name])
     return report.summary(hw, module)
@@ -264,10 +271,105 @@ def test_exact_dot_is_exact_where_float32_sums_would_round(rng):
         np.testing.assert_array_equal(exact_dot(a, b, bound), expected)
 
 
+def _requantization_cases(rng, qmin, qmax, zp, shift):
+    """Accumulators whose results straddle the clip bounds and the rounding ties: per channel
+    a random 31-bit multiplier or exactly 2^30 (ties at every other step)."""
+    m = rng.integers(1 << 30, 1 << 31, (6, 1, 1))
+    m[0] = 1 << 30
+    r = np.full((6, 1, 1), shift) - rng.integers(0, 3, (6, 1, 1))
+    bias = rng.integers(-300_000, 300_000, (6, 1, 1))
+    targets = np.concatenate(
+        [rng.uniform(qmin - 3, qmax + 3, 400), [qmin - 1, qmin, qmax, qmax + 1]]
+    )
+    exact = (targets - zp)[None, None, :] * np.ldexp(1.0, r) / m - bias  # w near the targets
+    acc = np.floor(exact).astype(np.int64) + rng.integers(-2, 3, exact.shape)
+    want = np.clip(requantize(acc + bias, m, r) + zp, qmin, qmax)
+    return acc, bias, m, r, want
+
+
+@pytest.mark.parametrize("dtype, qmin, qmax, zp", [
+    ("uint8", 0, 255, 131), ("int8", -127, 127, 0), ("int16", -32767, 32767, 0),
+    ("uint8", 0, 255, 0),
+])  # fmt: skip
+def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp):
+    """The float64 and in-place int64 requantizations equal params.requantize plus saturation
+    on results at the clip bounds and at rounding ties, for every shift they accept, and
+    decline the shifts their proofs do not cover."""
+    accepted = {"float": [], "int64": []}
+    for shift in range(8, 63, 3):
+        acc, bias, m, r, want = _requantization_cases(rng, qmin, qmax, zp, shift)
+        got = requantize_float(acc.astype(np.float64), bias, m, r, zp, qmin, qmax, dtype)
+        if got is not None:
+            accepted["float"].append(shift)
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got, want)
+        bound = int(np.abs(acc).max())
+        got = scale_in_place(acc.copy(), bias, m, r, zp, bound)
+        if got is not None:
+            accepted["int64"].append(shift)
+            np.testing.assert_array_equal(np.clip(got, qmin, qmax), want)
+    # uint8/int8 results: shifts up to 41 in float64 (typical convolutions), int16 up to 35
+    assert max(accepted["float"]) >= (41 if qmax < 256 else 35)
+    assert max(accepted["float"]) < 50 and max(accepted["int64"]) < 62
+    assert min(accepted["float"]) == min(accepted["int64"]) == 8
+
+
+# (A, m, r, j): A m = j 2^r + 2^(r-1) - 1, one step below a rounding tie, so requantize(A, m,
+# r) = j; found by a search over divisors. At r = 49 a float64 product (A m ~ 2^56) rounds onto
+# the tie and gives j + 1, so the float path must decline it; r = 44 is its largest uint8 shift.
+NEAR_TIES = [(1059271, 1868380169, 44, 112), (1080351, 1176502305, 43, 144),
+             (33559303, 1316820297, 49, 78), (33764623, 1308812817, 49, 78)]  # fmt: skip
+
+
+def test_requantization_shortcuts_one_step_below_a_tie():
+    for a, m, r, j in NEAR_TIES:
+        assert requantize(np.int64(a), m, r) == j
+        for bias in (0, -123_456):
+            acc = np.array([[[a - bias, a - bias + 1]]], np.int64)
+            args = (np.array([[[bias]]]), np.array([[[m]]]), np.array([[[r]]]))
+            got = requantize_float(acc.astype(np.float64), *args, 0, 0, 255, "uint8")
+            assert (got is None) == (r > 44)
+            if got is not None:
+                assert got[0, 0, 0] == j
+            assert scale_in_place(acc, *args, 0, a + 1)[0, 0, 0] == j
+
+
+@pytest.mark.parametrize("x_dtype, b_dtype", [("int8", "uint8"), ("uint8", "int8")])
+def test_code_tables_index_by_the_bits_of_codes(rng, x_dtype, b_dtype):
+    """Tables over every code (and every pair of 8-bit codes) give f of the codes themselves,
+    negative ones included, with either operand broadcast."""
+
+    def f(x, b):
+        return (x.astype(np.int64) * 3 - b.astype(np.int64) * 7) % 251
+
+    table = f(*np.ix_(all_codes(x_dtype), all_codes(b_dtype))).ravel()
+    x = rng.integers(-128 if x_dtype == "int8" else 0, 128, (4, 5, 6)).astype(x_dtype)
+    b = rng.integers(-128 if b_dtype == "int8" else 0, 128, (4, 5, 6)).astype(b_dtype)
+    for xs, bs in ((x, b), (x, b[:, :1, :1]), (x[:, :1, :1], b)):
+        np.testing.assert_array_equal(lookup(table, xs, bs), f(xs, bs))
+    for dtype in ("int8", "uint8", "int16"):
+        codes = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, 500).astype(dtype)
+        single = all_codes(dtype).astype(np.int64) * 5 % 256
+        np.testing.assert_array_equal(lookup(single, codes), codes.astype(np.int64) * 5 % 256)
+
+
+def test_same_values_equals_array_equal(rng):
+    """8-byte words, the tail bytes, strided views and other dtypes all compare correctly."""
+    for shape in ((5, 7, 9), (64, 40, 41)):  # compared by np.array_equal, by words
+        a = rng.integers(0, 256, shape).astype(np.uint8)
+        assert same_values(a, a.copy()) and same_values(a[:, 1:], a.copy()[:, 1:])
+        for index in ((0, 3, 0), (4, -1, -1), (2, 4, 1)):  # first word, a row's tail, middle
+            b = a.copy()
+            b[index] ^= 1
+            assert not same_values(a, b) and not same_values(a[:, 3:], b[:, 3:])
+        assert same_values(a, a.astype(np.int16)) and not same_values(a.view(np.int8), a)
+        assert not same_values(a, a[:, :-1])
+
+
 def test_whole_layer_execution_equals_tile_by_tile(rng):
     """Layers run whole give the same outputs and report as tile by tile, also for a stream
     whose tile reads other data than the whole layer was computed from (that tile computes
-    alone)."""
+    alone); a later run of a simulator (on other data before) equals a new simulator's run."""
     model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
     run_preset(model)
     x = model.main.inputs[0]
@@ -275,22 +377,25 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
     hw = load_hardware("trix-s")
     module = generate(lower(quantized, hw), hw, "performance")
     feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
+    before = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
     conv = next(i for i, layer in enumerate(module.layers) if layer.kind == "conv")
     loads = np.flatnonzero((module.code[:, 0] == LOAD) & (module.code[:, 1] == conv))
     tampered = module.code.copy()
     tampered[loads[len(loads) // 2], 2] += 7  # one input tile from the wrong DRAM address
     results = []
     for code in (module.code, tampered):
-        for whole in (True, False):
+        for whole, samples in ((True, [feeds]), (False, [feeds]), (True, [before, feeds])):
             simulator = Simulator(dataclasses.replace(module, code=code), hw)
             if not whole:
                 simulator._tiled = []
             elif code is module.code:
                 assert len(simulator._tiled) > len(module.layers) // 2
-            outputs, report = simulator.run(feeds)
+            for sample in samples:
+                outputs, report = simulator.run(sample)
             results.append((outputs, report.cycles, report.layers))
-    for first, second in (results[:2], results[2:]):
-        assert first[1:] == second[1:]
-        for name in first[0]:
-            np.testing.assert_array_equal(first[0][name], second[0][name])
-    assert any(not np.array_equal(results[0][0][n], results[2][0][n]) for n in results[0][0])
+    for first, *others in (results[:3], results[3:]):
+        for other in others:
+            assert first[1:] == other[1:]
+            for name in first[0]:
+                np.testing.assert_array_equal(first[0][name], other[0][name])
+    assert any(not np.array_equal(results[0][0][n], results[3][0][n]) for n in results[0][0])

@@ -1,10 +1,14 @@
 """Exact integer arithmetic of the TRIX simulator on float BLAS and numpy: GEMMs whose
-float32 partial sums provably stay integers below 2^24, and pooling window maxima."""
+float32 partial sums provably stay integers below 2^24, requantization in float64 or in place
+in int64 where a bound proves it exact, saturation and the integer softmax, tables of every
+code, and fast operand comparison."""
 
 from itertools import pairwise
 
 import numpy as np
 
+from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
+from ...graph_ir.quant.params import requantize
 from .lower import Layer
 
 
@@ -16,18 +20,19 @@ def exact_int(array: np.ndarray) -> np.ndarray:
 FLOAT32_EXACT = 1 << 24
 
 
-def exact_dot(a: np.ndarray, b: np.ndarray, bound: int) -> np.ndarray:
+def exact_dot(a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
     BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
     summation order is then exact), chunks summed in int64; float64 when products are too
-    large. Chunks are as long as the data allows (`reduction_chunks`)."""
+    large. Chunks are as long as the data allows (`reduction_chunks`). `keep_float` returns
+    the float product itself (exact integers) where one GEMM makes it, else int64."""
     worst = FLOAT32_EXACT // max(bound, 1)
     if worst < 64:
         return exact_int(a.astype(np.float64) @ b.astype(np.float64))
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
     edges = reduction_chunks(a32, b32, worst)
     if len(edges) == 2:
-        return (a32 @ b32).astype(np.int64)
+        return a32 @ b32 if keep_float else (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
     for k0, k1 in pairwise(edges):
         total += (a32[:, k0:k1] @ b32[k0:k1]).astype(np.int64)
@@ -61,18 +66,137 @@ def product_bound(codes: np.dtype, weights: np.dtype) -> int:
     return (int(x.max) - int(x.min)) * (int(w.max) + 1)
 
 
-def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
+INT64_LIMIT = 1 << 63
+
+
+def scale_in_place(v: np.ndarray, offset, m, r, add: int, v_bound: int) -> np.ndarray | None:
+    """v <- requantize(v + offset, m, r) + add (params.requantize: round half to even of
+    x m / 2^r), in place on an int64 array v with |v| <= v_bound; None (v untouched) when int64
+    could overflow. `offset`, `m` and `r` are integers or arrays broadcasting against v.
+
+    Folded as t = v m + (offset m + 2^(r-1) + add 2^r), then t >> r, less one where t's low r
+    bits are zero (x m / 2^r lay half-way) and t >> r - add (the rounded value) is odd: add
+    2^r is a multiple of 2^r, so adding it before the floor division adds `add` after it and
+    leaves the low bits alone. int64 arithmetic wraps modulo 2^64, so the result is exact when
+    the true sum before the shift is below 2^63 in magnitude: (v_bound + |offset|) m +
+    2^(r-1) + |add| 2^r < 2^63, checked here with Python integers for the largest offset,
+    multiplier and shift (which also bounds the constant)."""
+    m, r, offset = (np.asarray(a, np.int64) for a in (m, r, offset))
+    largest_r = int(r.max())
+    worst = (v_bound + int(np.abs(offset).max())) * int(m.max())
+    if worst + (1 << (largest_r - 1)) + (abs(add) << largest_r) >= INT64_LIMIT:
+        return None
+    one = np.int64(1)
+    constant = offset * m + (one << (r - 1)) + (np.int64(add) << r)
+    v *= m
+    v += constant
+    tie = (v & ((one << r) - 1)) == 0
+    v >>= r
+    v -= tie & ((v - add) & 1).astype(bool)
+    return v
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """np.array_equal, 8 bytes at a time where both arrays have one dtype and shape and
+    contiguous rows along the first axis (SRAM tiles, row ranges of a tensor) and are large
+    enough for that to pay."""
+    if a.dtype != b.dtype or a.shape != b.shape or a.nbytes < 1 << 16:
+        return bool(np.array_equal(a, b))
+    if a.flags.c_contiguous and b.flags.c_contiguous and a.nbytes % 8 == 0:
+        words = a.reshape(-1).view(np.uint64), b.reshape(-1).view(np.uint64)
+        return bool((words[0] == words[1]).all())
+    x, y = _byte_rows(a), _byte_rows(b)
+    if x is None or y is None or x.shape != y.shape:
+        return bool(np.array_equal(a, b))
+    n = x.shape[1] // 8 * 8
+    if not (x[:, :n].view(np.uint64) == y[:, :n].view(np.uint64)).all():
+        return False
+    return n == x.shape[1] or bool((x[:, n:] == y[:, n:]).all())
+
+
+def _byte_rows(a: np.ndarray) -> np.ndarray | None:
+    """`a` as a 2-D uint8 view with contiguous rows (one row if it is all contiguous), or
+    None."""
+    if a.size == 0:
+        return None
+    if a.flags.c_contiguous:
+        return a.reshape(1, -1).view(np.uint8)
+    if a.ndim >= 2 and a[0].flags.c_contiguous:
+        return a.reshape(len(a), -1).view(np.uint8)
+    return None
+
+
+FLOAT64_EXACT = 1 << 53
+
+
+def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype):
+    """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
+    int64 arrays broadcasting against acc), in float64 in four or five passes: t = acc s +
+    bias s with s = m 2^-r, rounded half to even (np.rint, as `params.requantize`), plus zp,
+    clipped. `acc` holds integers in float32/float64 (or int64 below 2^53). None where the
+    proof below does not hold for every channel (the caller then takes the int64 path).
+
+    Exact: requantize is round_half_even(w) for w = (acc + bias) s. Every quantity is a
+    multiple of 2^-r, exact in float64 while below 2^(53 - r). Where round(w) + zp is in
+    [qmin - 1, qmax + 1] (the results the clip does not decide alone), |acc m| <= (L + |zp| +
+    1) 2^r + |bias| m with L = max(|qmin|, |qmax|) + 1, so if that is below 2^53 (checked)
+    acc s, bias s and their sum w are all exact and rint(t) = round_half_even(w), ties
+    included. Elsewhere two roundings leave |t - w| <= 2^-51 (|w| + |bias s|) and |bias s| <
+    2^(53 - r) <= 2^49 (r >= 4, checked), so t stays beyond the same clip bound."""
+    m, r, bias = (np.asarray(v, np.int64) for v in (m, r, bias))
+    reach = max(abs(qmin), abs(qmax)) + 1 + abs(zp) + 1
+    if (
+        int(r.min()) < 4
+        or int(r.max()) > 62 - reach.bit_length()
+        or (int(np.abs(bias).max()) * int(m.max()) >= FLOAT64_EXACT)
+    ):
+        return None
+    if int(((np.int64(reach) << r) + np.abs(bias) * m).max()) >= FLOAT64_EXACT:
+        return None
+    scale = np.ldexp(m.astype(np.float64), -r)
+    t = np.multiply(acc, scale, dtype=np.float64)
+    t += np.ldexp((bias * m).astype(np.float64), -r)  # bias s 2^r below 2^53 by the check
+    np.rint(t, out=t)
+    if zp:
+        t += zp
+    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+
+
+def all_codes(dtype) -> np.ndarray:
+    """Every value of an 8- or 16-bit integer dtype, in the order of its bits: the rows of a
+    table that `lookup` indexes with codes of that dtype."""
+    bits = np.dtype(dtype).itemsize * 8
+    return np.arange(1 << bits, dtype=f"uint{bits}").view(dtype)
+
+
+def lookup(table: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """table[bits of x] or, for a table over pairs of 8-bit codes (x major), table[bits of x,
+    bits of b] (b broadcasting against x, or x against b)."""
+    bits = x.view(f"uint{8 * x.itemsize}")
+    if b is None:
+        return np.take(table, bits)
+    index = bits.astype(np.uint16)
+    index <<= 8
+    low = b.view(np.uint8)
+    full = index.shape == np.broadcast_shapes(index.shape, low.shape)
+    return np.take(table, np.bitwise_or(index, low, out=index if full else None))
+
+
+def saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
+    """scaled + the output zero point, clipped to [qmin, qmax] (in place where it may)."""
     a = layer.attrs
-    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    taps = (
-        padded[
-            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
-        ]
-        for i in range(kh)
-        for j in range(kw)
-    )
-    result = next(taps).copy()
-    for tap in taps:
-        np.maximum(result, tap, out=result)
-    return result
+    shifted = np.asarray(scaled + a["y_zero_point"])
+    return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)
+
+
+def softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Softmax over the channels (axis 0) of codes, as docs/quantization.md defines it."""
+    distance = x.max(axis=0).astype(np.int64) - x  # [C, rows, W], each >= 0
+    parts = table[distance & 255] * table[256 + (distance >> 8)]
+    e = (parts + (1 << (EXP_BITS - 1))) >> EXP_BITS
+    total = e.sum(axis=0)
+    reciprocal = ((1 << RECIPROCAL_BITS) + total // 2) // total
+    shift = RECIPROCAL_BITS - FRACTION_BITS
+    fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
+    a = layer.attrs
+    return saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))

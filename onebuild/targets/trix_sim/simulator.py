@@ -12,82 +12,42 @@ the tensor in DRAM) and its weights. Every EXEC still runs: it checks its addres
 its slice of that result only if the operands it reads in SRAM equal the slices the whole-layer
 result was computed from (else it computes its tile alone), so the outputs are exactly those of
 tile-by-tile execution.
+
+Addresses, sizes and cycles do not depend on the data, so the first run checks every DMA and
+schedules every instruction (timeline.py), and later runs of the same simulator reuse that
+report and the checked DMA views; every EXEC still checks its SRAM operands on every run.
+Requantization runs in float64 or in place in int64 where a bound proves it exact (exact.py);
+elementwise layers of 8-bit operands, concat parts and requant layers look their codes up in a
+table made once per layer from the integer rules over every input code.
 """
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...errors import FormatError, UserError
-from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
-from ...graph_ir.quant.params import ADD_SHIFT, quantize_multiplier, requantize
+from ...graph_ir.quant.params import ADD_SHIFT, requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
-from .exact import exact_dot, exact_int, product_bound, window_max
+from .exact import (
+    all_codes,
+    exact_dot,
+    exact_int,
+    lookup,
+    product_bound,
+    requantize_float,
+    same_values,
+    saturate,
+    scale_in_place,
+    softmax,
+)
 from .hardware import Hardware
-from .lower import Layer, Program, input_rows, tile_input_rows, window_span
+from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
-from .perf import dma_cycles, exec_cycles, roofline
+from .perf import dma_cycles, exec_cycles
+from .timeline import Report, Timeline, exactly_tiled
+from .windows import padded_rows, pool, window_view
 
-
-@dataclass
-class Report:
-    cycles: int = 0
-    dram_bytes: int = 0
-    # name -> cycles (the layer's share of the total: from the previous layer's finish to its
-    # own), compute_cycles and dma_cycles (engine busy time), dram_bytes, macs
-    layers: dict[str, dict] = field(default_factory=dict)
-
-    def summary(self, hw: Hardware, module: Module) -> dict:
-        program = Program(module.tensors, module.layers, module.inputs, module.outputs)
-        bound = roofline(program, hw)
-        seconds = self.cycles / (hw.clock_mhz * 1e6)
-        return {
-            "hardware": hw.name,
-            "cycles": self.cycles,
-            "milliseconds": round(seconds * 1e3, 4),
-            "macs": bound["macs"],
-            "mac_utilization": round(bound["macs"] / max(self.cycles * hw.macs_per_cycle, 1), 4),
-            "dram_bytes": self.dram_bytes,
-            "sram_peak_bytes": module.sram_peak,
-            "arena_bytes": module.arena_bytes,
-            "roofline_cycles": round(bound["cycles"]),
-            "roofline_ratio": round(self.cycles / max(bound["cycles"], 1), 3),
-            "layers": self.layers,
-        }
-
-
-class _Timeline:
-    """Engine availability and SRAM hazards, tracked per 16-byte granule: when each granule
-    was last written and last read (the cycle the access ends)."""
-
-    GRANULE = 16
-
-    def __init__(self, sram_bytes: int):
-        self.free = {"dma": 0, "compute": 0}
-        granules = -(-sram_bytes // self.GRANULE)
-        self.written = np.zeros(granules, np.int64)
-        self.read = np.zeros(granules, np.int64)
-
-    def _granules(self, lo: int, hi: int) -> slice:
-        return slice(lo // self.GRANULE, -(-hi // self.GRANULE))
-
-    def schedule(self, engine: str, cycles: int, reads, writes) -> int:
-        start = self.free[engine]
-        for lo, hi in reads:
-            start = max(start, int(self.written[self._granules(lo, hi)].max(initial=0)))
-        for lo, hi in writes:
-            span = self._granules(lo, hi)
-            start = max(start, int(self.read[span].max(initial=0)))
-            start = max(start, int(self.written[span].max(initial=0)))
-        end = start + cycles
-        self.free[engine] = end
-        for lo, hi in reads:
-            span = self.read[self._granules(lo, hi)]
-            np.maximum(span, end, out=span)
-        for lo, hi in writes:
-            self.written[self._granules(lo, hi)] = end
-        return end
+WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
 
 
 class Simulator:
@@ -102,9 +62,15 @@ class Simulator:
         self.dram = np.zeros(module.dram_bytes, np.uint8)
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
-        self._tiled = _exactly_tiled(module)
+        self._tiled = exactly_tiled(module)
         self._whole: dict[int, tuple | None] = {}
         self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
+        self._code = module.code.tolist()
+        self._timed: Report | None = None  # the report of the first run: timing is data-free
+        self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
+        self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
+        self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
+        self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -114,27 +80,34 @@ class Simulator:
         return self.sram[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def _write_sram(self, offset: int, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        if offset + data.size > len(self.sram):
+        if offset + array.nbytes > len(self.sram):
             raise FormatError(
-                f"instruction writes SRAM [{offset}, {offset + data.size}) out of range"
+                f"instruction writes SRAM [{offset}, {offset + array.nbytes}) out of range"
             )
-        self.sram[offset : offset + data.size] = data
+        place = self.sram[offset : offset + array.nbytes].view(array.dtype)
+        place.reshape(array.shape)[...] = array
 
-    def _copy(self, src, src_at, dst, dst_at, block, count, src_stride, dst_stride) -> None:
-        """`count` blocks of `block` bytes, strided on both sides (a 2-D DMA)."""
+    def _copy(
+        self, position, src, src_at, dst, dst_at, block, count, src_stride, dst_stride
+    ) -> None:
+        """`count` blocks of `block` bytes, strided on both sides (a 2-D DMA); the checked
+        views are kept for later runs."""
         if not count or not block:
+            self._dma[position] = None
             return
         if src_at + (count - 1) * src_stride + block > len(src) or (
             dst_at + (count - 1) * dst_stride + block > len(dst)
         ):
             raise FormatError("DMA transfer out of range")
         if count == 1 or (block == src_stride and block == dst_stride):  # one contiguous run
-            dst[dst_at : dst_at + count * block] = src[src_at : src_at + count * block]
-            return
-        _blocks(dst, dst_at, block, count, dst_stride)[...] = _blocks(
-            src, src_at, block, count, src_stride
-        )
+            views = dst[dst_at : dst_at + count * block], src[src_at : src_at + count * block]
+        else:
+            views = (
+                _blocks(dst, dst_at, block, count, dst_stride),
+                _blocks(src, src_at, block, count, src_stride),
+            )
+        views[0][...] = views[1]
+        self._dma[position] = views
 
     # -- run ---------------------------------------------------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Report]:
@@ -146,23 +119,12 @@ class Simulator:
                 raise UserError(f"input '{name}' has {array.size} values, expected {t.shape}")
             at = module.dram[name]
             self.dram[at : at + t.nbytes] = array.view(np.uint8).reshape(-1)
-        report, timeline = Report(), _Timeline(len(self.sram))
-        finish: dict[str, int] = {}
         self._whole = dict.fromkeys(self._tiled)
-        for position, (op, index, *args) in enumerate(module.code.tolist()):
-            try:
-                end = self._step(report, timeline, op, index, args)
-            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError) as error:
-                raise FormatError(
-                    f"instruction {position} (layer '{module.layers[index].name}') is "
-                    f"inconsistent with the program: {error}"
-                ) from None
-            name = module.layers[index].name
-            finish[name] = max(finish.get(name, 0), end)
-        done = 0
-        for name, stats in report.layers.items():  # in program order
-            stats["cycles"] = max(0, finish[name] - done)
-            done = max(done, finish[name])
+        if self._timed is None:
+            self._timed = self._run_timed()
+        else:
+            self._run_again()
+        report = self._timed.copy()
         outputs = {}
         for name in module.outputs:
             t = module.tensors[name]
@@ -170,7 +132,48 @@ class Simulator:
             outputs[name] = self.dram[at : at + t.nbytes].view(t.dtype).reshape(t.dims).copy()
         return outputs, report
 
-    def _step(self, report: Report, timeline: "_Timeline", op: int, index: int, args) -> int:
+    def _run_timed(self) -> Report:
+        """Execute and schedule every instruction; the report."""
+        module = self.module
+        report, timeline = Report(), Timeline(len(self.sram))
+        finish: dict[str, int] = {}
+        for position, (op, index, *args) in enumerate(self._code):
+            try:
+                end = self._step(report, timeline, position, op, index, args)
+            except _INCONSISTENT as error:
+                raise self._inconsistent(position, index, error) from None
+            name = module.layers[index].name
+            finish[name] = max(finish.get(name, 0), end)
+        done = 0
+        for name, stats in report.layers.items():  # in program order
+            stats["cycles"] = max(0, finish[name] - done)
+            done = max(done, finish[name])
+        return report
+
+    def _run_again(self) -> None:
+        """Execute every instruction of a program that ran before: its DMA views were checked
+        and its timeline is known (neither depends on the data); EXECs check their SRAM
+        operands as always."""
+        layers, dma = self.module.layers, self._dma
+        for position, (op, index, *args) in enumerate(self._code):
+            try:
+                if op == EXEC:
+                    self._exec(index, layers[index], *args)
+                elif dma[position] is not None:
+                    destination, source = dma[position]
+                    destination[...] = source
+            except _INCONSISTENT as error:
+                raise self._inconsistent(position, index, error) from None
+
+    def _inconsistent(self, position: int, index: int, error: Exception) -> FormatError:
+        return FormatError(
+            f"instruction {position} (layer '{self.module.layers[index].name}') is "
+            f"inconsistent with the program: {error}"
+        )
+
+    def _step(
+        self, report: Report, timeline: Timeline, position: int, op: int, index: int, args
+    ) -> int:
         """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
         stats = report.layers.get(layer.name)
@@ -185,7 +188,9 @@ class Simulator:
             }
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
-            self._copy(self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride)
+            self._copy(
+                position, self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride
+            )
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [], [span])
@@ -194,7 +199,9 @@ class Simulator:
             report.dram_bytes += block * count
         elif op == STORE:
             sram, dram, block, count, sram_stride, dram_stride = args[:6]
-            self._copy(self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride)
+            self._copy(
+                position, self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride
+            )
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [span], [])
@@ -212,6 +219,11 @@ class Simulator:
         return end
 
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
+        key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
+        if key in self._slices and self._whole.get(index):
+            result = self._whole_slice(index, *self._slices[key])
+            if result is not None:
+                return result
         tensors = self.module.tensors
         out_t = tensors[layer.output]
         x_t = tensors[layer.inputs[0]]
@@ -229,7 +241,7 @@ class Simulator:
         reads = [(in_at, in_at + held.nbytes)]
         i0, i1 = input_rows(layer, r0, r0 + rows, h)
         x = held[:, i0 - t0 : i1 - t0]
-        macs = 0
+        macs, taken = 0, None
         if layer.kind == "conv":
             weights = layer.arrays["weights"]
             shape = (chs, *weights.shape[1:])
@@ -238,13 +250,16 @@ class Simulator:
             whole = self._whole_conv(index, layer, held, t0, t1)
             if (
                 whole is not None
-                and np.array_equal(held, whole[0][:, t0:t1])
-                and np.array_equal(wq, weights[ch0 : ch0 + chs])
+                and same_values(held, whole[0][:, t0:t1])
+                and same_values(wq, weights[ch0 : ch0 + chs])
             ):
-                y = whole[1][ch0 : ch0 + chs, r0 : r0 + rows]
+                box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
+                y = whole[1][box]
+                if len(layer.inputs) == 1 and "epilogue" not in layer.attrs:  # all it reads
+                    taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
                 y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
-            macs = y.size * int(np.prod(weights.shape[1:]))
+            macs = y.size * math.prod(weights.shape[1:])
             if "epilogue" in layer.attrs:
                 y = self._epilogue(layer, y, in2_at, reads)
         elif layer.kind == "gemm":
@@ -254,14 +269,14 @@ class Simulator:
             xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
             wq = self._sram_view(w_at, weights.dtype, (chs, k))
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
-            acc = exact_dot(wq, xv[:, None], product_bound(xq.dtype, wq.dtype))[:, 0]
-            acc = acc + layer.arrays["bias"][ch0 : ch0 + chs]
-            y = self._requant_channels(layer, acc[:, None, None], ch0, chs)
+            bound = product_bound(xq.dtype, wq.dtype)
+            acc = exact_dot(wq, xv[:, None], bound)[:, 0]
+            y = self._requant_channels(layer, acc[:, None, None], ch0, chs, k * bound)
             macs = chs * k
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
-            y = _binary(layer, *pair)
+            y = self._pairwise(layer, *pair)
         elif layer.kind in ("add", "mul"):
             b_t, vector = tensors[layer.inputs[1]], layer.attrs.get("vector_index")
             shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
@@ -271,11 +286,11 @@ class Simulator:
             if whole is not None:
                 y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
             else:
-                y = _binary(layer, *((b, x) if vector == 0 else (x, b)))
+                y = self._pairwise(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
-            y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
+            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
-            y = self._pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
+            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
         elif layer.kind == "lookup":
             table = layer.arrays["table"]
             codes = self._sram_view(0, table.dtype.name, table.shape)
@@ -284,25 +299,61 @@ class Simulator:
         elif layer.kind == "softmax":
             table = self._sram_view(0, "int32", layer.arrays["table"].shape)
             reads.append((0, table.nbytes))
-            y = _softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
+            y = softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
         elif layer.kind == "requant":
             a = layer.attrs
-            y = _saturate(
-                layer,
-                requantize(x.astype(np.int64) - a["x_zero_point"], a["multiplier"], a["shift"]),
-            )
+            y = self._rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
         elif layer.kind == "concat":
             a, part = layer.attrs, in2_at
             x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
             reads = [(in_at, in_at + x.nbytes)]
-            centered = x.astype(np.int64) - a["x_zero_points"][part]
-            y = _saturate(layer, requantize(centered, a["multiplier"][part], a["shift"][part]))
+            zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
+            y = self._rescaled(layer, x, part, zp, m, r)
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
         y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
         cycles = self._exec_cycles(index, rows, chs)
-        return reads, [(out_at, out_at + y.nbytes)], cycles, macs
+        result = reads, [(out_at, out_at + y.nbytes)], cycles, macs
+        if taken is not None:  # the tile's views, checked, for the next time it runs
+            place = self.sram[out_at : out_at + y.nbytes].view(y.dtype).reshape(y.shape)
+            self._slices[key] = (*taken, place, result)
+        return result
+
+    def _whole_slice(self, index: int, held, t0, t1, wq, w_ref, box, place, result):
+        """A convolution tile that took its slice of the whole layer before, by its kept views:
+        the same operand checks, the same slice written to the same place."""
+        x, y = self._whole[index]
+        if same_values(held, x[:, t0:t1]) and same_values(wq, w_ref):
+            place[...] = y[box]
+            return result
+        return None
+
+    def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """`_binary(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
+        up in a table of every pair of codes made once with `_binary` itself (when the operands
+        are at least as large as the table, or it exists)."""
+        key = (layer.name, "pair")
+        small = key not in self._tables and max(x.size, b.size) < 1 << 16
+        if x.itemsize != 1 or b.itemsize != 1 or small:
+            return _binary(layer, x, b).astype(self.module.tensors[layer.output].dtype)
+        if key not in self._tables:
+            table = _binary(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
+            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype).ravel()
+        return lookup(self._tables[key], x, b)
+
+    def _rescaled(self, layer: Layer, x: np.ndarray, part: int, zero_point, m, r) -> np.ndarray:
+        """Saturated requantize(x - zero_point, m, r) (a requant layer, or part `part` of a
+        concat), looked up in a table of every input code made once with that formula (when x
+        is at least as large as the table, or it exists)."""
+        key = (layer.name, part)
+        if key not in self._tables and x.size < 1 << (8 * x.itemsize):
+            return saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
+        if key not in self._tables:
+            codes = all_codes(x.dtype).astype(np.int64)
+            table = saturate(layer, requantize(codes - zero_point, m, r))
+            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype)
+        return lookup(self._tables[key], x)
 
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
@@ -312,7 +363,7 @@ class Simulator:
         if after.kind == "concat":
             a = after.attrs
             centered = y.astype(np.int64) - a["x_zero_points"][part]
-            return _saturate(after, requantize(centered, a["multiplier"][part], a["shift"][part]))
+            return saturate(after, requantize(centered, a["multiplier"][part], a["shift"][part]))
         other = self._sram_view(in2_at, self.module.tensors[after.inputs[1 - part]].dtype, y.shape)
         reads.append((in2_at, in2_at + other.nbytes))
         return _binary(after, *((y, other) if part == 0 else (other, y)))
@@ -340,9 +391,13 @@ class Simulator:
                 x = self.dram[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w).copy()
             m, oh, ow = out_t.shape
             i0, i1 = input_rows(layer, 0, oh, h)
-            weights = layer.arrays["weights"]
+            weights = self._weights32.get(index)
+            if weights is None:  # constants of the program: kept up to a memory budget
+                weights = layer.arrays["weights"].astype(np.float32)
+                if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
+                    self._weights32[index] = weights
             y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
-            self._whole[index] = (x, y.astype(out_t.dtype))
+            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
         return self._whole[index]
 
     def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
@@ -359,13 +414,13 @@ class Simulator:
             if any(o is None for o in operands):
                 self._whole[index] = False
             else:
-                y = _binary(layer, *operands).astype(self.module.tensors[layer.output].dtype)
+                y = self._pairwise(layer, *operands)
                 self._whole[index] = (*operands, y)
         if self._whole[index] is False:
             return None
         *operands, y = self._whole[index]
         box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
-        if all(np.array_equal(t, o[box]) for t, o in zip(tiles, operands)):
+        if all(same_values(t, o[box]) for t, o in zip(tiles, operands)):
             return y
         return None
 
@@ -384,84 +439,55 @@ class Simulator:
                     return whole.copy()
         return None
 
-    def _padded(
-        self, layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill
-    ):
-        """The input window rows of a tile, padded (top/bottom from the tile's position)."""
-        a = layer.attrs
-        top = r0 * a["strides"][0] - a["pads"][0]  # first logical input row (may be < 0)
-        span = window_span(layer, rows)
-        left, right = a["pads"][1], a["pads"][3]
-        dtype = x.dtype if x.dtype.kind == "f" else np.int64
-        padded = np.full((x.shape[0], span, w + left + right), fill, dtype=dtype)
-        start = i0 - top
-        padded[:, start : start + x.shape[1], left : left + w] = x
-        return padded
-
-    def _windows(self, layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-        """[C, rows, ow, kh, kw] window view."""
-        a = layer.attrs
-        (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-        view = np.lib.stride_tricks.sliding_window_view(
-            padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2)
-        )
-        return view[:, : (rows - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
-
     def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
         a = layer.attrs
         zp = a["x_zero_point"]
-        centered = x.astype(np.float32) - np.float32(zp)  # exact: |x - zp| < 2^17
+        centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
         pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
         if pointwise:  # the input tile is already the im2col matrix
             windows = centered[..., None, None]
         else:
-            padded = self._padded(layer, centered, r0, rows, i0, h, w, 0)
-            windows = self._windows(layer, padded, rows, ow)
-        bound = product_bound(x.dtype, wq.dtype)
+            padded = padded_rows(layer, centered, r0, rows, i0, h, w, 0)
+            windows = window_view(layer, padded, rows, ow)
+        bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
         group = a["group"]
         out_channels = layer.arrays["weights"].shape[0]
         per_group_out, per_group_in = out_channels // group, wq.shape[1]
         if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
             taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
-            acc = exact_int(np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps))
+            acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
         else:
-            acc = np.empty((chs, rows, ow), np.int64)
+            parts = []
             for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
                 lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
                 patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
                 cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
                 kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-                acc[lo - ch0 : hi - ch0] = exact_dot(kernel, cols, bound).reshape(hi - lo, rows, ow)
-        acc += layer.arrays["bias"][ch0 : ch0 + chs, None, None]
-        return self._requant_channels(layer, acc, ch0, chs)
+                part = exact_dot(kernel, cols, bound, keep_float=True)
+                parts.append(part.reshape(hi - lo, rows, ow))
+            acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self._requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound)
 
-    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int):
+    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int):
+        """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
+        (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
+        where that is provably exact, else in int64."""
+        bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
         m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
         r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
-        return _saturate(layer, requantize(acc, m, r))
-
-    def _pool(self, layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
         a = layer.attrs
-        if maximum:
-            padded = self._padded(layer, x, r0, rows, i0, h, w, np.iinfo(x.dtype).min)
-            return window_max(layer, padded, rows, ow)
-        padded = self._padded(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
-        sums = self._windows(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
-        counted = np.zeros((1, *padded.shape[1:]), np.int64)
-        top = r0 * a["strides"][0] - a["pads"][0]
-        if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
-            first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
-            counted[:, first - top : last - top, :] = 1
-        else:
-            counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
-        counts = self._windows(layer, counted, rows, ow).sum(axis=(3, 4))[0]
-        m = np.zeros(counts.shape, np.int64)
-        r = np.ones(counts.shape, np.int64)
-        for count in np.unique(counts):
-            m[counts == count], r[counts == count] = quantize_multiplier(
-                float(layer.arrays["ratio"]) / int(count)
-            )
-        return _saturate(layer, requantize(sums, m, r))
+        dtype = self.module.tensors[layer.output].dtype
+        y = requantize_float(acc, bias, m, r, a["y_zero_point"], a["qmin"], a["qmax"], dtype)
+        if y is not None:
+            return y
+        acc = exact_int(acc) if acc.dtype.kind == "f" else acc
+        y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
+        if y is None:
+            return saturate(layer, requantize(acc + bias, m, r))
+        return np.clip(y, a["qmin"], a["qmax"], out=y)
+
+
+_INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
 
 
 def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:
@@ -472,57 +498,13 @@ def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) ->
     return np.lib.stride_tricks.as_strided(memory[at:], (count, block), (stride, 1))
 
 
-def _exactly_tiled(module: Module) -> list[int]:
-    """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
-    cover every output element exactly once."""
-    code = module.code
-    execs = code[code[:, 0] == EXEC].astype(np.int64)
-    tiled = []
-    for index, layer in enumerate(module.layers):
-        tiles = execs[execs[:, 1] == index]
-        pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
-        if not len(tiles) or not (
-            layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
-        ):
-            continue
-        m, oh, _ = module.tensors[layer.output].shape
-        r0, rows, ch0, chs = tiles[:, 2:6].T
-        if (r0 + rows > oh).any() or (ch0 + chs > m).any():
-            continue
-        covered = np.zeros((m, oh), np.int32)
-        for r, n, c, k in zip(r0.tolist(), rows.tolist(), ch0.tolist(), chs.tolist()):
-            covered[c : c + k, r : r + n] += 1
-        if (covered == 1).all():
-            tiled.append(index)
-    return tiled
-
-
-def _saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
-    a = layer.attrs
-    shifted = np.asarray(scaled + a["y_zero_point"])
-    return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)
-
-
 def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = layer.attrs
     xa = x.astype(np.int64) - a["a_zero_point"]
     xb = b.astype(np.int64) - a["b_zero_point"]
     if layer.kind == "mul":
-        return _saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
+        return saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
     left = requantize(xa << ADD_SHIFT, *a["a_rescale"])
     right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
     total = left - right if a["subtract"] else left + right
-    return _saturate(layer, requantize(total, a["multiplier"], a["shift"]))
-
-
-def _softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Softmax over the channels (axis 0) of codes, as docs/quantization.md defines it."""
-    distance = x.max(axis=0).astype(np.int64) - x  # [C, rows, W], each >= 0
-    parts = table[distance & 255] * table[256 + (distance >> 8)]
-    e = (parts + (1 << (EXP_BITS - 1))) >> EXP_BITS
-    total = e.sum(axis=0)
-    reciprocal = ((1 << RECIPROCAL_BITS) + total // 2) // total
-    shift = RECIPROCAL_BITS - FRACTION_BITS
-    fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
-    a = layer.attrs
-    return _saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))
+    return saturate(layer, requantize(total, a["multiplier"], a["shift"]))

@@ -1,0 +1,79 @@
+"""Sliding windows of the TRIX simulator: a tile's padded input rows, their window view
+(convolutions and pooling), and max/average pooling by the integer rules of
+docs/quantization.md."""
+
+import numpy as np
+
+from ...graph_ir.quant.params import quantize_multiplier, requantize
+from .exact import saturate
+from .lower import Layer, window_span
+
+
+def padded_rows(
+    layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill, dtype=None
+):
+    """The input window rows of a tile, padded (top/bottom from the tile's position), as
+    `dtype` (default: floats as they are, integers as int64); x itself where nothing pads."""
+    a = layer.attrs
+    top = r0 * a["strides"][0] - a["pads"][0]  # first logical input row (may be < 0)
+    span = window_span(layer, rows)
+    left, right = a["pads"][1], a["pads"][3]
+    dtype = dtype or (x.dtype if x.dtype.kind == "f" else np.int64)
+    start = i0 - top
+    if not left and not right and not start and x.shape[1] == span and x.dtype == dtype:
+        return x
+    padded = np.full((x.shape[0], span, w + left + right), fill, dtype=dtype)
+    padded[:, start : start + x.shape[1], left : left + w] = x
+    return padded
+
+
+def window_view(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+    """[C, rows, ow, kh, kw] window view."""
+    a = layer.attrs
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+    view = np.lib.stride_tricks.sliding_window_view(
+        padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2)
+    )
+    return view[:, : (rows - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
+
+
+def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
+    a = layer.attrs
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+    taps = (
+        padded[
+            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
+        ]
+        for i in range(kh)
+        for j in range(kw)
+    )
+    result = next(taps).copy()
+    for tap in taps:
+        np.maximum(result, tap, out=result)
+    return result
+
+
+def pool(layer: Layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
+    a = layer.attrs
+    if maximum:
+        fill = np.iinfo(x.dtype).min  # the codes themselves: a maximum needs no widening
+        padded = padded_rows(layer, x, r0, rows, i0, h, w, fill, x.dtype)
+        return window_max(layer, padded, rows, ow)
+    padded = padded_rows(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
+    sums = window_view(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
+    counted = np.zeros((1, *padded.shape[1:]), np.int64)
+    top = r0 * a["strides"][0] - a["pads"][0]
+    if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
+        first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
+        counted[:, first - top : last - top, :] = 1
+    else:
+        counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
+    counts = window_view(layer, counted, rows, ow).sum(axis=(3, 4))[0]
+    m = np.zeros(counts.shape, np.int64)
+    r = np.ones(counts.shape, np.int64)
+    for count in np.unique(counts):
+        m[counts == count], r[counts == count] = quantize_multiplier(
+            float(layer.arrays["ratio"]) / int(count)
+        )
+    return saturate(layer, requantize(sums, m, r))
