@@ -221,7 +221,7 @@ class Simulator:
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
         key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
         if key in self._slices and self._whole.get(index):
-            result = self._whole_slice(index, *self._slices[key])
+            result = self._whole_slice(index, layer, in2_at, *self._slices[key])
             if result is not None:
                 return result
         tensors = self.module.tensors
@@ -255,7 +255,7 @@ class Simulator:
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
                 y = whole[1][box]
-                if len(layer.inputs) == 1 and "epilogue" not in layer.attrs:  # all it reads
+                if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
                     taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
                 y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
@@ -320,12 +320,16 @@ class Simulator:
             self._slices[key] = (*taken, place, result)
         return result
 
-    def _whole_slice(self, index: int, held, t0, t1, wq, w_ref, box, place, result):
+    def _whole_slice(self, index: int, layer, in2_at, held, t0, t1, wq, w_ref, box, place, result):
         """A convolution tile that took its slice of the whole layer before, by its kept views:
-        the same operand checks, the same slice written to the same place."""
+        the same operand checks, the same slice (through its epilogue, if fused) written to the
+        same place."""
         x, y = self._whole[index]
         if same_values(held, x[:, t0:t1]) and same_values(wq, w_ref):
-            place[...] = y[box]
+            tile = y[box]
+            if "epilogue" in layer.attrs:
+                tile = self._epilogue(layer, tile, in2_at, [])
+            place[...] = tile
             return result
         return None
 
@@ -362,11 +366,11 @@ class Simulator:
         part = after.inputs.index(layer.output)
         if after.kind == "concat":
             a = after.attrs
-            centered = y.astype(np.int64) - a["x_zero_points"][part]
-            return saturate(after, requantize(centered, a["multiplier"][part], a["shift"][part]))
+            zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
+            return self._rescaled(after, y, part, zp, m, r)
         other = self._sram_view(in2_at, self.module.tensors[after.inputs[1 - part]].dtype, y.shape)
         reads.append((in2_at, in2_at + other.nbytes))
-        return _binary(after, *((y, other) if part == 0 else (other, y)))
+        return self._pairwise(after, *((y, other) if part == 0 else (other, y)))
 
     def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
         key = (index, rows, chs)
