@@ -335,10 +335,10 @@ class Simulator:
 
     def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
         """`_binary(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
-        up in a table of every pair of codes made once with `_binary` itself (when the operands
-        are at least as large as the table, or it exists)."""
+        up in a table of every pair of codes made once with `_binary` itself (when the layer's
+        output, over all its tiles, is at least as large as the table, or it exists)."""
         key = (layer.name, "pair")
-        small = key not in self._tables and max(x.size, b.size) < 1 << 16
+        small = key not in self._tables and self._output_size(layer) < 1 << 16
         if x.itemsize != 1 or b.itemsize != 1 or small:
             return _binary(layer, x, b).astype(self.module.tensors[layer.output].dtype)
         if key not in self._tables:
@@ -348,16 +348,19 @@ class Simulator:
 
     def _rescaled(self, layer: Layer, x: np.ndarray, part: int, zero_point, m, r) -> np.ndarray:
         """Saturated requantize(x - zero_point, m, r) (a requant layer, or part `part` of a
-        concat), looked up in a table of every input code made once with that formula (when x
-        is at least as large as the table, or it exists)."""
+        concat), looked up in a table of every input code made once with that formula (when the
+        layer's output is at least as large as the table, or it exists)."""
         key = (layer.name, part)
-        if key not in self._tables and x.size < 1 << (8 * x.itemsize):
+        if key not in self._tables and self._output_size(layer) < 1 << (8 * x.itemsize):
             return saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
         if key not in self._tables:
             codes = all_codes(x.dtype).astype(np.int64)
             table = saturate(layer, requantize(codes - zero_point, m, r))
             self._tables[key] = table.astype(self.module.tensors[layer.output].dtype)
         return lookup(self._tables[key], x)
+
+    def _output_size(self, layer: Layer) -> int:
+        return math.prod(self.module.tensors[layer.output].shape)
 
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
