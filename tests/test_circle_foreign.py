@@ -1,6 +1,7 @@
 """A .tflite written by the TensorFlow Lite converter (tests/data/tflite/README.md) imports and
 runs to LiteRT's outputs on a real photograph; as .circle (same bytes, identifier CIR0: the
-schemas agree on every table used) it imports to the same graph."""
+schemas agree on every table used) it imports to the same graph. A .circle written by onert's
+own exporter imports and runs to onert's and onnxruntime's outputs."""
 
 from pathlib import Path
 
@@ -76,3 +77,27 @@ def test_onert_rejects_reshape_without_shape_tensor():
 
     with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):
         nnfw.infer.nnfw_session(str(MODEL), "cpu")
+
+
+ONERT_WRITTEN = Path(__file__).parent / "data" / "circle" / "mlp_onert.circle"
+
+
+def test_circle_written_by_onerts_exporter_matches_onert_and_onnxruntime():
+    """tests/data/make_onert_circle.py: the digits MLP as onert's own circle exporter wrote it
+    (every table serialized anew) imports, verifies and runs to onert's outputs and to
+    onnxruntime's on the ONNX model it came from, on scikit-learn's digits."""
+    import onnxruntime as ort
+    from onert import infer
+    from sklearn.datasets import load_digits
+
+    graph = read_circle(ONERT_WRITTEN).main
+    verify(graph)
+    assert write_circle(read_circle(ONERT_WRITTEN)) != ONERT_WRITTEN.read_bytes()  # not ours
+    x = (load_digits().data[1000:1200] / 16.0).astype(np.float32)
+    ours = Interpreter(graph).run_batch({"input": x[:, None]})["logits"][:, 0]
+    session = infer.session(str(ONERT_WRITTEN))
+    theirs = np.concatenate([session.infer([x[i : i + 1]])[0] for i in range(len(x))])
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    source = ort.InferenceSession(str(ONERT_WRITTEN.parent.parent / "qdq" / "mlp.onnx"))
+    (reference,) = source.run(None, {"input": x})
+    assert np.abs(ours - reference).max() <= 1e-4 * np.abs(reference).max()
