@@ -41,6 +41,31 @@ def outlier_digits(path: Path) -> Path:
     return path
 
 
+def decoy_digits(path: Path) -> Path:
+    """The digits CNN with a decoy and a real problem. Decoy: four of conv1's channels scaled
+    down 300x and left so (conv2 reads them at their old weights: they hardly matter), so
+    conv1 is the layer with the most local noise per channel. Real problem: four of conv2's
+    channels scaled down 300x and scaled back up by the classifier's weights."""
+    model = onnx.load(DIGITS / "digits.onnx")
+    weights = {t.name: t for t in model.graph.initializer}
+    small = np.ones(8, np.float32)
+    small[:4] = 1 / 300
+    outliers = np.ones(16, np.float32)
+    outliers[:4] = 1 / 300
+
+    def scale(name: str, fn) -> None:
+        array = fn(numpy_helper.to_array(weights[name]).astype(np.float32))
+        weights[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
+
+    scale("w1", lambda w: w * small[:, None, None, None])
+    scale("b1", lambda b: b * small)
+    scale("w2", lambda w: w * outliers[:, None, None, None])
+    scale("b2", lambda b: b * outliers)
+    scale("w3", lambda w: w / np.repeat(outliers, 4)[None, :])  # fc reads channel-major 16x2x2
+    onnx.save(model, path)
+    return path
+
+
 def _float(path: Path):
     return optimize(load_onnx(path, SHAPES))
 
@@ -71,6 +96,21 @@ def test_outlier_channels_are_promoted_and_the_target_met(tmp_path):
     assert record["high_precision_mac_fraction"] < 1
     dtypes = {n.name: n.outputs[0].dtype for n in model.main.nodes}
     assert dtypes["conv1"] == np.int16 and dtypes["fc"] == np.uint8
+
+
+def test_layers_are_ranked_by_their_effect_at_the_output(tmp_path):
+    """conv1 is the locally noisiest layer but its noise hardly reaches the logits; ranking by
+    local noise promotes it (and with it conv2, which reads it): every MAC. Measured at the
+    output, conv1 stays uint8 and only conv2's channels and the classifier reading them are
+    promoted."""
+    path = decoy_digits(tmp_path / "decoy.onnx")
+    _, uint8_db = _quantized_db(path, None)
+    assert uint8_db < 10
+    model, mixed_db = _quantized_db(path, MixedPrecisionOptions(target_sqnr_db=30))
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["target_met"] and mixed_db >= 30
+    assert "conv1" not in record["promoted"] and {"conv2", "fc"} <= set(record["promoted"])
+    assert record["high_precision_mac_fraction"] < 0.81  # conv2 + fc: 80.5 % of the MACs
 
 
 def test_a_target_already_met_promotes_nothing(tmp_path):
