@@ -164,16 +164,15 @@ def search(
         return _result(graph, everything, comparison, target, fraction, steps)
     floor = _noise_ratios(comparison)
     allowed = {o: max(10 ** (-target.target_sqnr_db / 10) - r, 1e-30) for o, r in floor.items()}
+    measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
     signal, noise = isolated_output_noise(
-        float_graph, base_graph, _first(batches, SENSITIVITY_SAMPLES), list(units)
+        float_graph, base_graph, _first(batches, SENSITIVITY_SAMPLES), measured
     )
-    cost = {
-        layer: max(noise[layer][o] / signal[o] / allowed[o] if signal[o] else 0 for o in allowed)
-        for layer in units
-    }
-    for layer, unit in units.items():  # negligible layers are always promoted
-        if fraction(unit) < NEGLIGIBLE_MAC_FRACTION:
-            cost[layer] = math.inf
+    cost = dict.fromkeys(units, math.inf)  # negligible layers are always promoted
+    for layer in measured:
+        cost[layer] = max(
+            noise[layer][o] / signal[o] / allowed[o] if signal[o] else 0 for o in allowed
+        )
     nodes = {node.name: node for node in float_graph.nodes}
     work = {
         layer: sum(macs(nodes[n]) + nodes[n].outputs[0].size for n in unit)
