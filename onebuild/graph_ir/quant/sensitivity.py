@@ -22,6 +22,7 @@ from .model_io import is_quantized
 from .params import dequantize, quantize
 
 CHUNK = 8
+CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one sample at least)
 
 
 def _twin_kernel(float_node: Node, twin: Node):
@@ -98,52 +99,65 @@ def isolated_output_noise(
     twins = {node.name: node for node in quantized.nodes}
     signal = {v.name: 0.0 for v in float_graph.outputs}
     noise = {name: dict.fromkeys(signal, 0.0) for name in names}
-    state: dict = {"node": "", "samples": slice(None)}
-    bounds = _Bounds()
-
-    def switch(node: Node, twin: Node):
-        exact, noisy = OPS[node.op].kernel, _twin_kernel(node, twin)
-
-        def run(attrs, *args):
-            if state["node"] != node.name:
-                return exact(attrs, *args)
-            results = noisy(attrs, *args)
-            return tuple(
-                bounds.clip(v.name, r, state["samples"]) for r, v in zip(results, node.outputs)
-            )
-
-        return run
-
-    kernels = {
-        node.name: switch(node, twins[node.name])
-        for node in float_graph.nodes
+    measured = {
+        index: _twin_kernel(node, twins[node.name])
+        for index, node in enumerate(float_graph.nodes)
         if node.name in noise
         and node.name in twins
         and [v.shape for v in twins[node.name].outputs] == [v.shape for v in node.outputs]
     }
-    outputs = {v.name for n in float_graph.nodes if n.name in kernels for v in n.outputs}
+    # state["at"]: the node running its twin; -1: a reference pass that fills the cache. The
+    # nodes before the one that runs its twin return their cached reference results.
+    state: dict = {"at": -1, "samples": slice(None)}
+    cache: dict[int, tuple] = {}
+    bounds = _Bounds()
+
+    def wrap(index: int, node: Node):
+        exact, noisy = OPS[node.op].kernel, measured.get(index)
+
+        def run(attrs, *args):
+            if state["at"] < 0:
+                cache[index] = exact(attrs, *args)
+                return cache[index]
+            if index < state["at"]:
+                return cache[index]
+            if index > state["at"]:
+                return exact(attrs, *args)
+            return tuple(
+                bounds.clip(v.name, r, state["samples"])
+                for r, v in zip(noisy(attrs, *args), node.outputs)
+            )
+
+        return run
+
+    outputs = {v.name for i in measured for v in float_graph.nodes[i].outputs}
 
     def record(value, array) -> None:
         if value.name in outputs:
             bounds.observe(value, array)
 
-    reference_run = Interpreter(float_graph, observer=record)
-    run = Interpreter(float_graph, kernels=kernels)
+    run = Interpreter(
+        float_graph, kernels={n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
+    )
     count = len(next(iter(batch.values())))
-    chunk = CHUNK if run.batchable else 1
+    per_sample = sum(v.size * v.dtype.itemsize for n in float_graph.nodes for v in n.outputs)
+    chunk = max(1, min(CHUNK, CACHE_BYTES // max(per_sample, 1))) if run.batchable else 1
     parts = [slice(start, min(start + chunk, count)) for start in range(0, count, chunk)]
-    references = []
+    for part in parts:  # every sample's range first: the clipping bounds need them all
+        Interpreter(float_graph, observer=record).run_batch(
+            {name: array[part] for name, array in batch.items()}, chunk
+        )
     for part in parts:
         feeds = {name: array[part] for name, array in batch.items()}
-        want = reference_run.run_batch(feeds, chunk)
-        references.append({k: v.astype(np.float64) for k, v in want.items()})
-        for name, array in references[-1].items():
+        state.update(at=-1, samples=part)
+        reference = {k: v.astype(np.float64) for k, v in run.run_batch(feeds, chunk).items()}
+        for name, array in reference.items():
             signal[name] += float(np.vdot(array, array))
-    for name in kernels:
-        state["node"] = name
-        for part, reference in zip(parts, references):
-            state["samples"] = part
-            got = run.run_batch({k: a[part] for k, a in batch.items()}, chunk)
+        for index in measured:
+            state["at"] = index
+            got = run.run_batch(feeds, chunk)
+            name = float_graph.nodes[index].name
             for output, want in reference.items():
                 noise[name][output] += float(np.square(want - got[output]).sum())
+        cache.clear()
     return signal, noise
