@@ -111,6 +111,8 @@ def test_layers_are_ranked_by_their_effect_at_the_output(tmp_path):
     assert record["target_met"] and mixed_db >= 30
     assert "conv1" not in record["promoted"] and {"conv2", "fc"} <= set(record["promoted"])
     assert record["high_precision_mac_fraction"] < 0.81  # conv2 + fc: 80.5 % of the MACs
+    alone = {layer["node"]: layer["sqnr_db_alone"] for layer in record["sensitivity"]}
+    assert alone["conv1"] > 30 > 10 > alone["conv2"]  # measured at the output
 
 
 def test_a_target_already_met_promotes_nothing(tmp_path):

@@ -19,7 +19,8 @@ until the quantized model's output SQNR reaches a target.
    the MAC budget if one is given. The probes correct what the sum gets wrong.
 
 The search is deterministic (same graph, statistics and samples: same choice) and every probe is
-recorded: `MixedPrecisionResult.record` is what the build reports.
+recorded: `MixedPrecisionResult.record` is what the build reports (with, under "sensitivity",
+the REPORTED_LAYERS layers that cost the most alone).
 """
 
 import math
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..macs import graph_macs, macs
+from ..metrics import sqnr_db
 from ..ops import OPS
 from .config import LayerOverride, QuantConfig
 from .evaluate import Batch, Comparison, compare_graphs
@@ -48,6 +50,7 @@ NEGLIGIBLE_MAC_FRACTION = 0.001
 # The search aims this far above the target on the measured samples, for samples it has not
 # seen (PP-OCR detector: 30.2 dB on the calibration tiles, 29.5 on held-out ones, same layers).
 MARGIN_DB = 1.0
+REPORTED_LAYERS = 10  # the record lists the layers that cost the most alone
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,8 @@ def search(
         layer: sum(macs(nodes[n]) + nodes[n].outputs[0].size for n in unit)
         for layer, unit in units.items()
     }
-    ranked = keep_order(cost, work, {name: index for index, name in enumerate(units)})
+    order = {name: index for index, name in enumerate(units)}
+    ranked = keep_order(cost, work, order)
 
     def chosen_at(scale: float) -> list[str]:
         return promoted(kept_within(ranked, cost, scale))
@@ -222,7 +226,13 @@ def search(
         graph, chosen, comparison = min(holding, key=lambda p: fraction(p[1]))
     else:  # the budget is too small: the best output within it, said as not met
         graph, chosen, comparison = max(within, key=lambda p: _worst_output_db(p[2]))
-    return _result(graph, chosen, comparison, target, fraction, steps)
+    result = _result(graph, chosen, comparison, target, fraction, steps)
+    alone = {  # each measured layer's worst output SQNR when it alone is in the base type
+        layer: min(sqnr_db(signal[o], noise[layer][o]) for o in signal) for layer in measured
+    }
+    worst = sorted(alone, key=lambda layer: (alone[layer], order[layer]))[:REPORTED_LAYERS]
+    result.record["sensitivity"] = [{"node": n, "sqnr_db_alone": alone[n]} for n in worst]
+    return result
 
 
 def _result(graph, promoted, comparison, target, fraction, steps) -> MixedPrecisionResult:
