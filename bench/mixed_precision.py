@@ -5,7 +5,8 @@ Per model: uint8 (onebuild defaults) and int16 SQNR on the calibration and the h
 the mixed-precision search (`target_sqnr_db`, int16 promotion) run on the calibration images, as
 a build without `[quantize.accuracy]` does: promoted MAC fraction, SQNR reached on them and on
 the held-out images, the probes; the time from ONNX file to quantized model (import, O1,
-calibration, search) next to onnxruntime's quantize_static on the same file and samples. With
+calibration, search) next to onnxruntime's quantize_static on the same file and samples, wall
+and CPU (on a shared machine the CPU time is the steadier figure). With
 `--layers`: the output SQNR with each layer alone quantized (`quant.sensitivity`) on both image
 sets, and the held-out clipping table (share of each tensor's values outside its calibrated
 range, and the largest overshoot as a share of that range). SQNR is the worst output's.
@@ -54,17 +55,18 @@ def _fixed(spec, work: Path) -> Path:
 
 
 def _mixed(path: Path, batch, target: float):
-    """File in -> mixed-precision model out, as the build's steps do: (model, seconds)."""
-    start = time.perf_counter()
+    """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
+    seconds))."""
+    start, cpu = time.perf_counter(), time.process_time()
     model = optimize(load_onnx(path))
     stats = calibrate(model.main, [("calibration", batch)])
     options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=target))
     model = quantize(model, options, stats, [batch])
-    return model, time.perf_counter() - start
+    return model, (time.perf_counter() - start, time.process_time() - cpu)
 
 
-def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> float:
-    start = time.perf_counter()
+def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> tuple[float, float]:
+    start, cpu = time.perf_counter(), time.process_time()
     quantize_static(
         str(path),
         str(work / f"{path.stem}.qdq.onnx"),
@@ -75,7 +77,7 @@ def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> float:
         weight_type=QuantType.QInt8,
         calibrate_method=CalibrationMethod.MinMax,
     )
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
@@ -159,9 +161,12 @@ def measure(spec, count: int, target: float, layers: bool, work: Path) -> dict:
             [s["promoted"], round(s["high_precision_mac_fraction"], 3), round(s["sqnr_db"], 2)]
             for s in record["steps"]
         ],
-        "seconds": round(seconds, 1),
-        "onnxruntime_seconds": round(ort_seconds, 1),
-        "time_ratio": round(seconds / ort_seconds, 1),
+        "seconds": round(seconds[0], 1),
+        "onnxruntime_seconds": round(ort_seconds[0], 1),
+        "time_ratio": round(seconds[0] / ort_seconds[0], 1),
+        "cpu_seconds": round(seconds[1], 1),  # all threads (onnxruntime uses several)
+        "onnxruntime_cpu_seconds": round(ort_seconds[1], 1),
+        "cpu_time_ratio": round(seconds[1] / ort_seconds[1], 1),
     }
     if layers:
         entry["layers"] = _layers(float_graph, plain["uint8"], calib_batch, held_batch, stats)

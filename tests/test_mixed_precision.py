@@ -172,3 +172,16 @@ def test_a_mixed_precision_build_is_reported_cached_and_bit_exact_on_the_npu(pro
     assert set(build_statuses(project).values()) == {"up-to-date"}
     changed = build_statuses(project, "quantize.mixed_precision.target_sqnr_db=32")
     assert changed["calibrate"] == "up-to-date" and changed["quantize"] == "run"
+
+
+def test_a_budget_below_the_layers_that_are_always_promoted_ends(tmp_path, monkeypatch):
+    """The classifier (2.7 % of the MACs) counted as negligible, so always promoted: a 1 %
+    budget cannot be held by any bound; the search still ends, with the best within it."""
+    from onebuild.graph_ir.quant import mixed_precision
+
+    monkeypatch.setattr(mixed_precision, "NEGLIGIBLE_MAC_FRACTION", 0.05)
+    path = outlier_digits(tmp_path / "outlier.onnx")
+    budget = MixedPrecisionOptions(target_sqnr_db=30, max_high_precision_mac_fraction=0.01)
+    model, _ = _quantized_db(path, budget)
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["high_precision_mac_fraction"] <= 0.01 and record["target_met"] is False

@@ -189,8 +189,9 @@ def search(
     def chosen_at(scale: float) -> list[str]:
         return promoted(kept_within(ranked, cost, scale))
 
-    low = 0.0  # the smallest bound within the MAC budget
-    while budget is not None and fraction(chosen_at(low)) > budget:
+    low = 0.0  # the smallest bound within the MAC budget (past the sum, nothing changes)
+    total = sum(c for c in cost.values() if math.isfinite(c))
+    while budget is not None and low <= total and fraction(chosen_at(low)) > budget:
         low = max(low * SCALE_STEP, 1 / SCALE_STEP**8)
     probes: dict[tuple, tuple[Graph, list[str], Comparison]] = {
         (): (base_graph, [], base),
