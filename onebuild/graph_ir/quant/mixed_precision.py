@@ -15,8 +15,9 @@ until the quantized model's output SQNR reaches a target.
    most work (MACs plus output elements) kept low for a noise sum under a bound. Greedily, by
    work per unit of noise, fill the bound `scale` (1 = the allowed noise) and promote the
    rest; probe the result (quantize and measure again), and move `scale` by SCALE_STEP up
-   while the target holds, down until it does, then bisect (at most MAX_PROBES probes), within
-   the MAC budget if one is given. The probes correct what the sum gets wrong.
+   while the target holds, down until it does, then bisect to within BRACKET (at most
+   MAX_PROBES probes), within the MAC budget if one is given. The probes correct what the sum
+   gets wrong.
 
 The search is deterministic (same graph, statistics and samples: same choice) and every probe is
 recorded: `MixedPrecisionResult.record` is what the build reports (with, under "sensitivity",
@@ -41,6 +42,7 @@ from .sensitivity import isolated_output_noise
 KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output keeps the input's params
 SENSITIVITY_SAMPLES = 8
 SCALE_STEP = 1.5
+BRACKET = 1.25  # bisection stops when the bound that failed is within this of one that held
 MAX_PROBES = 8  # after the base-type and all-promoted probes
 # Units below this share of the MACs are promoted whatever they cost on the measured samples:
 # promoting them costs (nearly) nothing, and on unseen data they are the first to overshoot
@@ -209,7 +211,7 @@ def search(
         else:
             failed = scale if failed is None else min(failed, scale)
         if held is not None and failed is not None:
-            if failed / held < 1.1:
+            if failed / held < BRACKET:
                 break
             scale = (held * failed) ** 0.5
         elif held is not None:
