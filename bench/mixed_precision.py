@@ -6,10 +6,11 @@ the mixed-precision search (`target_sqnr_db`, int16 promotion) run on the calibr
 a build without `[quantize.accuracy]` does: promoted MAC fraction, SQNR reached on them and on
 the held-out images, the probes; the time from ONNX file to quantized model (import, O1,
 calibration, search) next to onnxruntime's quantize_static on the same file and samples, wall
-and CPU (on a shared machine the CPU time is the steadier figure). With
-`--layers`: the output SQNR with each layer alone quantized (`quant.sensitivity`) on both image
-sets, and the held-out clipping table (share of each tensor's values outside its calibrated
-range, and the largest overshoot as a share of that range). SQNR is the worst output's.
+and CPU (on a shared machine the CPU time is the steadier figure). With `--layers`: the output
+SQNR with each layer alone quantized (`quant.sensitivity`, its leave-one-out clipping included)
+on both image sets, and the held-out clipping table (share of each tensor's values outside its
+calibrated range, and the largest overshoot as a share of that range). SQNR is the worst
+output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
 """
