@@ -41,6 +41,31 @@ def outlier_digits(path: Path) -> Path:
     return path
 
 
+def decoy_digits(path: Path) -> Path:
+    """The digits CNN with a decoy and a real problem. Decoy: four of conv1's channels scaled
+    down 300x and left so (conv2 reads them at their old weights: they hardly matter), so
+    conv1 is the layer with the most local noise per channel. Real problem: four of conv2's
+    channels scaled down 300x and scaled back up by the classifier's weights."""
+    model = onnx.load(DIGITS / "digits.onnx")
+    weights = {t.name: t for t in model.graph.initializer}
+    small = np.ones(8, np.float32)
+    small[:4] = 1 / 300
+    outliers = np.ones(16, np.float32)
+    outliers[:4] = 1 / 300
+
+    def scale(name: str, fn) -> None:
+        array = fn(numpy_helper.to_array(weights[name]).astype(np.float32))
+        weights[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
+
+    scale("w1", lambda w: w * small[:, None, None, None])
+    scale("b1", lambda b: b * small)
+    scale("w2", lambda w: w * outliers[:, None, None, None])
+    scale("b2", lambda b: b * outliers)
+    scale("w3", lambda w: w / np.repeat(outliers, 4)[None, :])  # fc reads channel-major 16x2x2
+    onnx.save(model, path)
+    return path
+
+
 def _float(path: Path):
     return optimize(load_onnx(path, SHAPES))
 
@@ -71,6 +96,23 @@ def test_outlier_channels_are_promoted_and_the_target_met(tmp_path):
     assert record["high_precision_mac_fraction"] < 1
     dtypes = {n.name: n.outputs[0].dtype for n in model.main.nodes}
     assert dtypes["conv1"] == np.int16 and dtypes["fc"] == np.uint8
+
+
+def test_layers_are_ranked_by_their_effect_at_the_output(tmp_path):
+    """conv1 is the locally noisiest layer but its noise hardly reaches the logits; ranking by
+    local noise promotes it (and with it conv2, which reads it): every MAC. Measured at the
+    output, conv1 stays uint8 and only conv2's channels and the classifier reading them are
+    promoted."""
+    path = decoy_digits(tmp_path / "decoy.onnx")
+    _, uint8_db = _quantized_db(path, None)
+    assert uint8_db < 10
+    model, mixed_db = _quantized_db(path, MixedPrecisionOptions(target_sqnr_db=30))
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["target_met"] and mixed_db >= 30
+    assert "conv1" not in record["promoted"] and {"conv2", "fc"} <= set(record["promoted"])
+    assert record["high_precision_mac_fraction"] < 0.81  # conv2 + fc: 80.5 % of the MACs
+    alone = {layer["node"]: layer["sqnr_db_alone"] for layer in record["sensitivity"]}
+    assert alone["conv1"] > 30 > 10 > alone["conv2"]  # measured at the output
 
 
 def test_a_target_already_met_promotes_nothing(tmp_path):
@@ -130,3 +172,16 @@ def test_a_mixed_precision_build_is_reported_cached_and_bit_exact_on_the_npu(pro
     assert set(build_statuses(project).values()) == {"up-to-date"}
     changed = build_statuses(project, "quantize.mixed_precision.target_sqnr_db=32")
     assert changed["calibrate"] == "up-to-date" and changed["quantize"] == "run"
+
+
+def test_a_budget_below_the_layers_that_are_always_promoted_ends(tmp_path, monkeypatch):
+    """The classifier (2.7 % of the MACs) counted as negligible, so always promoted: a 1 %
+    budget cannot be held by any bound; the search still ends, with the best within it."""
+    from onebuild.graph_ir.quant import mixed_precision
+
+    monkeypatch.setattr(mixed_precision, "NEGLIGIBLE_MAC_FRACTION", 0.05)
+    path = outlier_digits(tmp_path / "outlier.onnx")
+    budget = MixedPrecisionOptions(target_sqnr_db=30, max_high_precision_mac_fraction=0.01)
+    model, _ = _quantized_db(path, budget)
+    record = json.loads(model.metadata["mixed_precision"])
+    assert record["high_precision_mac_fraction"] <= 0.01 and record["target_met"] is False

@@ -1,0 +1,196 @@
+"""Automatic mixed precision on the real trained models of `real_models.py`. Prints JSON, one
+entry per model.
+
+Per model: uint8 (onebuild defaults) and int16 SQNR on the calibration and the held-out images;
+the mixed-precision search (`target_sqnr_db`, int16 promotion) run on the calibration images, as
+a build without `[quantize.accuracy]` does: promoted MAC fraction, SQNR reached on them and on
+the held-out images, the probes; the time from ONNX file to quantized model (import, O1,
+calibration, search) next to onnxruntime's quantize_static on the same file and samples, wall
+and CPU (on a shared machine the CPU time is the steadier figure). With `--layers`: the output
+SQNR with each layer alone quantized (`quant.sensitivity`, its leave-one-out clipping included)
+on both image sets, and the held-out clipping table (share of each tensor's values outside its
+calibrated range, and the largest overshoot as a share of that range). SQNR is the worst
+output's.
+
+    python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+from quantize_vs_ort import Reader
+from real_models import MODELS, fetch, samples
+
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.macs import graph_macs, macs
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.evaluate import compare_graphs
+from onebuild.graph_ir.quant.mixed_precision import layer_units
+from onebuild.graph_ir.quant.sensitivity import isolated_output_noise
+from onebuild.graph_ir.serde import load_onnx
+
+TOP = 12
+
+
+def _worst_db(float_graph, quantized, batch) -> float:
+    comparison = compare_graphs(float_graph, quantized, [("samples", batch)])
+    return round(min(o["sqnr_db"] for o in comparison.outputs.values()), 2)
+
+
+def _fixed(spec, work: Path) -> Path:
+    """The wheel's export with its dynamic dims fixed to the bench's input shape."""
+    proto = onnx.load(fetch(spec))
+    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
+        dim.Clear()
+        dim.dim_value = size
+    path = work / f"{spec.name}.onnx"
+    onnx.save(proto, path)
+    return path
+
+
+def _mixed(path: Path, batch, target: float):
+    """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
+    seconds))."""
+    start, cpu = time.perf_counter(), time.process_time()
+    model = optimize(load_onnx(path))
+    stats = calibrate(model.main, [("calibration", batch)])
+    options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=target))
+    model = quantize(model, options, stats, [batch])
+    return model, (time.perf_counter() - start, time.process_time() - cpu)
+
+
+def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> tuple[float, float]:
+    start, cpu = time.perf_counter(), time.process_time()
+    quantize_static(
+        str(path),
+        str(work / f"{path.stem}.qdq.onnx"),
+        Reader(x, calib),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
+    """Each layer's output SQNR alone on both sets (worst first on held-out) and clipping."""
+    units = layer_units(float_graph, uint8)
+    total = max(graph_macs(float_graph), 1)
+    nodes = {n.name: n for n in float_graph.nodes}
+    alone = {}
+    for label, batch in (("calibration", calib_batch), ("held_out", held_out)):
+        signal, noise = isolated_output_noise(float_graph, uint8, batch, list(units))
+        alone[label] = {
+            layer: min(10 * np.log10(signal[o] / max(noise[layer][o], 1e-300)) for o in signal)
+            for layer in units
+        }
+    worst = sorted(units, key=lambda n: alone["held_out"][n])[:TOP]
+    ranges = stats.ranges_for("uint8")
+    clipped = {}
+
+    def observe(value, array) -> None:
+        if value.name in ranges:
+            lo, hi = min(ranges[value.name][0], 0.0), max(ranges[value.name][1], 0.0)
+            outside = float(((array < lo) | (array > hi)).mean())
+            over = max(float(array.max()) - hi, lo - float(array.min()), 0.0)
+            if outside:
+                clipped[value.name] = (outside, over / (hi - lo) if hi > lo else 0.0)
+
+    Interpreter(float_graph, observer=observe).run_batch(held_out)
+    return {
+        "sqnr_db_alone": [
+            {
+                "layer": n,
+                "op": nodes[n].op,
+                "mac_fraction": round(macs(nodes[n]) / total, 4),
+                "calibration": round(alone["calibration"][n], 1),
+                "held_out": round(alone["held_out"][n], 1),
+            }
+            for n in worst
+        ],
+        "predicted_uint8_db": {  # the isolated noises summed
+            label: round(-10 * np.log10(sum(10 ** (-db / 10) for db in values.values())), 2)
+            for label, values in alone.items()
+        },
+        "tensors_clipped_held_out": f"{len(clipped)} of {len(ranges)}",
+        "clipping": [
+            {"tensor": k, "outside": round(v[0], 4), "overshoot": round(v[1], 3)}
+            for k, v in sorted(clipped.items(), key=lambda kv: -kv[1][0])[:TOP]
+        ],
+    }
+
+
+def measure(spec, count: int, target: float, layers: bool, work: Path) -> dict:
+    path = _fixed(spec, work)
+    calib, held_out = samples(spec, count)
+    float_graph = optimize(load_onnx(path)).main
+    x = float_graph.inputs[0].name
+    calib_batch, held_batch = {x: calib}, {x: held_out}
+    stats = calibrate(float_graph, [("calibration", calib_batch)])
+    entry = {
+        "model": spec.name,
+        "calibration_samples": len(calib),
+        "held_out_samples": len(held_out),
+    }
+    plain = {}
+    for dtype in ("uint8", "int16"):
+        quantized = quantize(optimize(load_onnx(path)), QuantizeOptions(dtype=dtype), stats).main
+        plain[dtype] = quantized
+        entry[f"{dtype}_sqnr_db"] = {
+            "calibration": _worst_db(float_graph, quantized, calib_batch),
+            "held_out": _worst_db(float_graph, quantized, held_batch),
+        }
+    model, seconds = _mixed(path, calib_batch, target)
+    record = json.loads(model.metadata["mixed_precision"])
+    ort_seconds = _ort_seconds(path, x, calib, work)
+    entry["mixed_precision"] = {
+        "target_sqnr_db": target,
+        "high_precision_mac_fraction": round(record["high_precision_mac_fraction"], 4),
+        "promoted_layers": len(record["promoted"]),
+        "sqnr_db_calibration": round(record["sqnr_db"], 2),
+        "sqnr_db_held_out": _worst_db(float_graph, model.main, held_batch),
+        "probes": [
+            [s["promoted"], round(s["high_precision_mac_fraction"], 3), round(s["sqnr_db"], 2)]
+            for s in record["steps"]
+        ],
+        "seconds": round(seconds[0], 1),
+        "onnxruntime_seconds": round(ort_seconds[0], 1),
+        "time_ratio": round(seconds[0] / ort_seconds[0], 1),
+        "cpu_seconds": round(seconds[1], 1),  # all threads (onnxruntime uses several)
+        "onnxruntime_cpu_seconds": round(ort_seconds[1], 1),
+        "cpu_time_ratio": round(seconds[1] / ort_seconds[1], 1),
+    }
+    if layers:
+        entry["layers"] = _layers(float_graph, plain["uint8"], calib_batch, held_batch, stats)
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=16, help="samples per set (at most)")
+    parser.add_argument("--models", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--target", type=float, default=30.0, help="target_sqnr_db")
+    parser.add_argument("--layers", action="store_true", help="per-layer and clipping tables")
+    args = parser.parse_args()
+    wanted = {m for m in args.models.split(",") if m}
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        for spec in MODELS:
+            if not wanted or spec.name in wanted:
+                entry = measure(spec, args.samples, args.target, args.layers, Path(folder))
+                results.append(entry)
+                print(json.dumps(entry), flush=True)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""What each layer's quantization costs at the model's outputs, measured one layer at a time.
+
+The float graph runs with one node replaced by its quantized twin: the node's float inputs are
+quantized with the twin's input parameters, the twin's integer kernel runs on them with its
+quantized constants, and its outputs are dequantized back. Everything else stays float, so the
+difference at the outputs is that layer's own contribution, carried through the real network
+downstream of it (a noisy channel that the next layer scales up counts as much as it matters,
+and a noisy layer whose error a later Sigmoid or Softmax flattens counts little). Noises of
+different layers are nearly independent, so they add: the sum over the layers kept in the low
+type predicts the output noise of a mixed-precision model.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..interpreter import Interpreter
+from ..ir import Graph, Node
+from ..ops import OPS
+from .evaluate import Batch
+from .model_io import is_quantized
+from .params import dequantize, quantize
+
+CHUNK = 8
+CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one sample at least)
+
+
+def _twin_kernel(float_node: Node, twin: Node):
+    """A kernel for `float_node` that runs `twin` (its quantized form) on quantized inputs."""
+    kernel = OPS[twin.op].kernel
+
+    def run(attrs, *args):
+        # the batch plan rewrites shape-like attributes for batched runs: carry those over
+        changed = {k: v for k, v in attrs.items() if float_node.attrs.get(k) is not v}
+        feeds = iter(a for a, v in zip(args, float_node.inputs) if v is None or not v.is_const)
+        inputs = []
+        for value in twin.inputs:
+            if value is None:
+                inputs.append(None)
+            elif value.is_const:
+                inputs.append(value.numpy())
+            else:
+                array = next(feeds)
+                quantized = is_quantized(value)
+                inputs.append(quantize(array, value.quant, value.dtype) if quantized else array)
+        twin_attrs = {**twin.attrs, **{k: v for k, v in changed.items() if k in twin.attrs}}
+        results = kernel(twin_attrs, *inputs)
+        return tuple(
+            (dequantize(r, v.quant) if is_quantized(v) else r).astype(f.dtype, copy=False)
+            for r, v, f in zip(results, twin.outputs, float_node.outputs)
+        )
+
+    return run
+
+
+def _leave_one_out(per_sample: np.ndarray, largest: bool) -> np.ndarray:
+    """Per sample, the extreme of the other samples' extremes (its own when it is alone)."""
+    if len(per_sample) < 2:
+        return per_sample
+    order = np.argsort(-per_sample if largest else per_sample, kind="stable")
+    best, second = per_sample[order[0]], per_sample[order[1]]
+    out = np.full(per_sample.shape, best)
+    out[order[0]] = second
+    return out
+
+
+class _Bounds:
+    """Each node output's range per sample as the other samples would have calibrated it."""
+
+    def __init__(self):
+        self.lo: dict[str, list[np.ndarray]] = {}
+        self.hi: dict[str, list[np.ndarray]] = {}
+
+    def observe(self, value, array: np.ndarray) -> None:
+        flat = np.asarray(array, np.float64).reshape(len(array), -1)
+        if flat.shape[1]:
+            self.lo.setdefault(value.name, []).append(flat.min(axis=1))
+            self.hi.setdefault(value.name, []).append(flat.max(axis=1))
+
+    def clip(self, name: str, array: np.ndarray, samples: slice) -> np.ndarray:
+        if name not in self.hi:
+            return array
+        lo = _leave_one_out(np.concatenate(self.lo[name]), largest=False)[samples]
+        hi = _leave_one_out(np.concatenate(self.hi[name]), largest=True)[samples]
+        shape = (len(lo),) + (1,) * (array.ndim - 1)
+        lo, hi = np.minimum(lo, 0).reshape(shape), np.maximum(hi, 0).reshape(shape)
+        return np.clip(array, lo, hi).astype(array.dtype, copy=False)
+
+
+def isolated_output_noise(
+    float_graph: Graph, quantized: Graph, batch: Batch, names: Sequence[str]
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """(signal power per output, {node name: noise power per output}) on the samples of
+    `batch`, each named node of `float_graph` quantized alone as it is in `quantized` (a node
+    without a quantized twin of the same name and output shapes adds no noise). The node's
+    outputs are also clipped, on each sample, to the range the other samples reach: what
+    calibration that had not seen the sample would have allowed, so a layer whose range
+    unseen data overshoots (the logits, a squeeze-excitation gate) shows what that costs."""
+    twins = {node.name: node for node in quantized.nodes}
+    signal = {v.name: 0.0 for v in float_graph.outputs}
+    noise = {name: dict.fromkeys(signal, 0.0) for name in names}
+    measured = {
+        index: _twin_kernel(node, twins[node.name])
+        for index, node in enumerate(float_graph.nodes)
+        if node.name in noise
+        and node.name in twins
+        and [v.shape for v in twins[node.name].outputs] == [v.shape for v in node.outputs]
+    }
+    # state["at"]: the node running its twin; -1: a reference pass that fills the cache. The
+    # nodes before the one that runs its twin return their cached reference results.
+    state: dict = {"at": -1, "samples": slice(None)}
+    cache: dict[int, tuple] = {}
+    bounds = _Bounds()
+
+    def wrap(index: int, node: Node):
+        exact, noisy = OPS[node.op].kernel, measured.get(index)
+
+        def run(attrs, *args):
+            if state["at"] < 0:
+                cache[index] = exact(attrs, *args)
+                return cache[index]
+            if index < state["at"]:
+                return cache[index]
+            if index > state["at"]:
+                return exact(attrs, *args)
+            return tuple(
+                bounds.clip(v.name, r, state["samples"])
+                for r, v in zip(noisy(attrs, *args), node.outputs)
+            )
+
+        return run
+
+    outputs = {v.name for i in measured for v in float_graph.nodes[i].outputs}
+
+    def record(value, array) -> None:
+        if value.name in outputs:
+            bounds.observe(value, array)
+
+    run = Interpreter(
+        float_graph, kernels={n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
+    )
+    count = len(next(iter(batch.values())))
+    per_sample = sum(v.size * v.dtype.itemsize for n in float_graph.nodes for v in n.outputs)
+    chunk = max(1, min(CHUNK, CACHE_BYTES // max(per_sample, 1))) if run.batchable else 1
+    parts = [slice(start, min(start + chunk, count)) for start in range(0, count, chunk)]
+    for part in parts:  # every sample's range first: the clipping bounds need them all
+        Interpreter(float_graph, observer=record).run_batch(
+            {name: array[part] for name, array in batch.items()}, chunk
+        )
+    for part in parts:
+        feeds = {name: array[part] for name, array in batch.items()}
+        state.update(at=-1, samples=part)
+        reference = {k: v.astype(np.float64) for k, v in run.run_batch(feeds, chunk).items()}
+        for name, array in reference.items():
+            signal[name] += float(np.vdot(array, array))
+        for index in measured:
+            state["at"] = index
+            got = run.run_batch(feeds, chunk)
+            name = float_graph.nodes[index].name
+            for output, want in reference.items():
+                noise[name][output] += float(np.square(want - got[output]).sum())
+        cache.clear()
+    return signal, noise
