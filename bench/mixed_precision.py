@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-from quantize_vs_ort import Reader
+from quantize_vs_ort import ort_quantize
 from real_models import MODELS, fetch, samples
 
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
@@ -68,16 +67,7 @@ def _mixed(path: Path, batch, target: float):
 
 def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> tuple[float, float]:
     start, cpu = time.perf_counter(), time.process_time()
-    quantize_static(
-        str(path),
-        str(work / f"{path.stem}.qdq.onnx"),
-        Reader(x, calib),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
+    ort_quantize(path, work / f"{path.stem}.qdq.onnx", x, calib)
     return time.perf_counter() - start, time.process_time() - cpu
 
 

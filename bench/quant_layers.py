@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-from quantize_vs_ort import DIGITS, Reader, _onebuild
+from quantize_vs_ort import DIGITS, _onebuild, ort_quantize
 from real_models import MODELS, fetch, samples
 
 from onebuild.graph_ir.interpreter import Interpreter
@@ -116,16 +115,7 @@ def main() -> None:
         onnx.save(proto, path)
         x = proto.graph.input[0].name
         qdq = work / "qdq.onnx"
-        quantize_static(
-            str(path),
-            str(qdq),
-            Reader(x, calib),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
-        )
+        ort_quantize(path, qdq, x, calib)
         qdq_proto = onnx.load(qdq)
         graph, quantized, _ = _onebuild(path, None, calib, work, **json.loads(args.options))
     ort_params = _ort_params(qdq_proto)

@@ -68,6 +68,21 @@ class Reader(CalibrationDataReader):
         return next(self.items, None)
 
 
+def ort_quantize(path: Path, output: Path, x: str, calib: np.ndarray) -> None:
+    """onnxruntime's quantize_static with the bench's like-for-like settings: QDQ, per-channel
+    int8 weights, uint8 activations, minmax calibration."""
+    quantize_static(
+        str(path),
+        str(output),
+        Reader(x, calib),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+
+
 def _sqnr(reference: list[list[np.ndarray]], test: list[list[np.ndarray]], only=None) -> float:
     """SQNR over all outputs concatenated, or over output number `only`."""
     pick = (lambda sample: sample) if only is None else (lambda sample: sample[only : only + 1])
@@ -145,16 +160,7 @@ def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every=
             per_output[f"{key}_on_ort"] = _per_output(names, reference, ours)
 
     start = time.perf_counter()
-    quantize_static(
-        str(path),
-        str(work / f"{name}.qdq.onnx"),
-        Reader(x, calib),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
+    ort_quantize(path, work / f"{name}.qdq.onnx", x, calib)
     ort_seconds = time.perf_counter() - start
     session = _session(str(work / f"{name}.qdq.onnx"))
     theirs = _session_run(session, x, names, evaluation)
