@@ -257,7 +257,7 @@ def test_decoder_rejects_moves_and_vectors_that_do_not_fit_their_tensors(rng):
     """A re-sealed .tvn whose move attributes or vector operand disagree with its tensors is
     a one-line FormatError, not an out-of-range read in the simulator."""
     from onebuild.errors import FormatError
-    from onebuild.targets.trix_sim.tvn import _check_layer, _Reader
+    from onebuild.targets.trix_sim.tvn_layers import Reader, check_layer
 
     hw = load_hardware("trix-m")
     cases = [
@@ -270,10 +270,10 @@ def test_decoder_rejects_moves_and_vectors_that_do_not_fit_their_tensors(rng):
     for quantized, kind, key, bad in cases:
         module = decode(encode(generate(lower(quantized, hw), hw)))
         layer = next(layer for layer in module.layers if layer.kind == kind)
-        _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)  # as compiled: fine
+        check_layer(Reader(b"", "x.tvn"), layer, module.tensors)  # as compiled: fine
         layer.attrs[key] = bad
         with pytest.raises(FormatError, match="attributes do not match its tensors"):
-            _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)
+            check_layer(Reader(b"", "x.tvn"), layer, module.tensors)
     graph = Graph("mul")
     x = graph.add_input("x", np.float32, (1, 4, 3, 3))
     v = graph.add_input("v", np.float32, (1, 4, 1, 1))
@@ -283,7 +283,7 @@ def test_decoder_rejects_moves_and_vectors_that_do_not_fit_their_tensors(rng):
     mul = next(layer for layer in module.layers if layer.kind == "mul")
     mul.inputs = mul.inputs[::-1]  # the full tensor where the vector belongs
     with pytest.raises(FormatError, match="vector operand does not match its output"):
-        _check_layer(_Reader(b"", "x.tvn"), mul, module.tensors)
+        check_layer(Reader(b"", "x.tvn"), mul, module.tensors)
 
 
 def test_reduce_mean_over_height_and_width(rng):
@@ -347,7 +347,7 @@ def test_simulator_refuses_a_program_planned_beyond_the_sram(rng):
 )
 def test_decoder_rejects_move_attributes_of_the_wrong_type(rng, key, bad):
     from onebuild.errors import FormatError
-    from onebuild.targets.trix_sim.tvn import _check_layer, _Reader
+    from onebuild.targets.trix_sim.tvn_layers import Reader, check_layer
 
     kinds = {
         "starts": "slice",
@@ -369,7 +369,7 @@ def test_decoder_rejects_move_attributes_of_the_wrong_type(rng, key, bad):
     layer = next(layer for layer in module.layers if layer.kind == kinds[key])
     layer.attrs[key] = bad
     with pytest.raises(FormatError, match="attributes do not match its tensors"):
-        _check_layer(_Reader(b"", "x.tvn"), layer, module.tensors)
+        check_layer(Reader(b"", "x.tvn"), layer, module.tensors)
 
 
 @pytest.mark.parametrize("kernel, stride, pads", [(3, 2, [0, 0, 0, 0]), (2, 2, [1, 0, 0, 1])])

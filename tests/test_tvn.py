@@ -26,13 +26,12 @@ from onebuild.targets.trix_sim.tvn import (
     DIGEST,
     HEADER,
     SECTION,
-    _check_layer,
-    _Reader,
     decode,
     encode,
     load_tvn,
     save_tvn,
 )
+from onebuild.targets.trix_sim.tvn_layers import Reader, check_layer
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 HW = load_hardware("trix-s")
@@ -127,4 +126,4 @@ def test_tiles_and_windows_outside_their_layer_are_rejected():
     conv = next(layer for layer in module.layers if layer.kind == "conv")
     conv.attrs["strides"] = [200, 1]
     with pytest.raises(FormatError, match="window attributes do not match its tensors"):
-        _check_layer(_Reader(b"", "x.tvn"), conv, module.tensors)
+        check_layer(Reader(b"", "x.tvn"), conv, module.tensors)

@@ -21,9 +21,9 @@ from ...fields import Fields
 from ...fileio import atomic_write_bytes
 from . import MAGIC  # the package says how .tvn files begin (without loading this module)
 from .codegen import EXEC, LOAD, STORE, Module, align
-from .lower import WINDOWED, Layer, TensorDesc, chw
+from .lower import Layer, TensorDesc, chw
 from .moves import MOVES
-from .moves import valid as valid_move
+from .tvn_layers import Reader, check, check_attrs, check_epilogue, check_layer, code_range
 
 # 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues
 VERSION = 3
@@ -131,17 +131,7 @@ def save_tvn(module: Module, path: str | os.PathLike) -> None:
 
 
 # -- decoding --------------------------------------------------------------------------------
-class _Reader:
-    def __init__(self, data: bytes, where: str):
-        self.data, self.where = data, where
-
-    def fail(self, message: str) -> FormatError:
-        return FormatError(
-            f"{self.where}: not a valid .tvn file: {message} (recompile the model to rewrite it)"
-        )
-
-
-def _sections(r: _Reader) -> dict[int, bytes]:
+def _sections(r: Reader) -> dict[int, bytes]:
     data = r.data
     if len(data) < HEADER.size + DIGEST or data[:4] != MAGIC:
         raise r.fail("bad magic or too short")
@@ -167,14 +157,14 @@ def _sections(r: _Reader) -> dict[int, bytes]:
     return sections
 
 
-def _json(r: _Reader, data: bytes, what: str):
+def _json(r: Reader, data: bytes, what: str):
     try:
         return json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise r.fail(f"{what} is not valid JSON ({error})") from None
 
 
-def _io(r: _Reader, data: bytes) -> list[tuple]:
+def _io(r: Reader, data: bytes) -> list[tuple]:
     if len(data) < 4:
         raise r.fail("I/O table is truncated")
     (count,) = struct.unpack_from("<I", data)
@@ -198,20 +188,10 @@ def _io(r: _Reader, data: bytes) -> list[tuple]:
     return entries
 
 
-def _check(r: _Reader, condition: bool, message: str) -> None:
-    if not condition:
-        raise r.fail(message)
-
-
 MAX_DRAM_OFFSET = 1 << 40
 BODY_KEYS = {"tensors", "layers", "inputs", "outputs", "arena_bytes", "sram_peak"}
 TENSOR_KEYS = {"dims", "dtype", "scale", "zero_point", "dram"}
 LAYER_KEYS = {"kind", "name", "inputs", "output", "attrs", "arrays"}
-
-
-def _code_range(dtype: str) -> tuple[int, int]:
-    info = np.iinfo(dtype)
-    return int(info.min), int(info.max)
 
 
 def _tensor(f: Fields, name: str, spec) -> tuple[TensorDesc, int]:
@@ -220,14 +200,14 @@ def _tensor(f: Fields, name: str, spec) -> tuple[TensorDesc, int]:
     dtype = f.choice(spec["dtype"], f"{path}.dtype", DTYPES[:3])
     dims = f.integers(spec["dims"], f"{path}.dims", 1, 1 << 20, min_len=1, max_len=4)
     scale = f.number(spec["scale"], f"{path}.scale", positive=True)
-    zero_point = f.integer(spec["zero_point"], f"{path}.zero_point", *_code_range(dtype))
+    zero_point = f.integer(spec["zero_point"], f"{path}.zero_point", *code_range(dtype))
     dram = f.integer(spec["dram"], f"{path}.dram", 0, MAX_DRAM_OFFSET)
     return TensorDesc(name, chw(tuple(dims)), tuple(dims), dtype, scale, zero_point), dram
 
 
 def decode(data: bytes, where: str = "<bytes>") -> Module:
     """A validated module; every offset and size is checked against the file and the DRAM."""
-    r = _Reader(bytes(data), where)
+    r = Reader(bytes(data), where)
     f = Fields(r.fail)
     sections = _sections(r)
     meta = f.obj(_json(r, sections[META], "META"), "META")
@@ -235,7 +215,7 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     body = f.obj(_json(r, sections[LAYERS], "LAYERS"), "LAYERS", BODY_KEYS)
     blob = sections[BLOB]
     code_bytes = sections[CODE]
-    _check(r, len(code_bytes) % RECORD == 0, "CODE size is not a whole number of records")
+    check(r, len(code_bytes) % RECORD == 0, "CODE size is not a whole number of records")
     code = np.frombuffer(code_bytes, dtype="<u4").reshape(-1, 10).astype(np.uint32)
     tensors, dram = {}, {}
     for name, spec in f.obj(body["tensors"], "tensors").items():
@@ -243,19 +223,19 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     arena = f.integer(body["arena_bytes"], "arena_bytes", 0, MAX_ARENA)
     dram_size = align(len(blob)) + arena
     for name, t in tensors.items():
-        _check(r, dram[name] + t.nbytes <= dram_size, f"tensor '{name}' lies outside the DRAM")
+        check(r, dram[name] + t.nbytes <= dram_size, f"tensor '{name}' lies outside the DRAM")
     layers, arrays = [], {}
     for index, raw in enumerate(f.array(body["layers"], "layers", min_len=1)):
         layers.append(_layer(r, f, index, raw, tensors, blob, arrays))
     f.unique([layer.name for layer in layers], "layers")
     for index, layer in enumerate(layers):
         if "epilogue" in layer.attrs:
-            _check_epilogue(r, f, index, layers, tensors)
+            check_epilogue(r, f, index, layers, tensors)
     inputs = _names(f, body["inputs"], "inputs", tensors, 0)
     outputs = _names(f, body["outputs"], "outputs", tensors, 1)
     produced = {layer.output for layer in layers}
     for name in outputs:
-        _check(r, name in produced or name in inputs, f"no layer produces output '{name}'")
+        check(r, name in produced or name in inputs, f"no layer produces output '{name}'")
     _check_io_table(r, _io(r, sections[IO]), [*inputs, *outputs], len(inputs), tensors, dram)
     sram_peak = f.integer(body["sram_peak"], "sram_peak", 0, MAX_ARENA)
     outs = np.array([tensors[layer.output].shape for layer in layers], np.int64).reshape(-1, 3)
@@ -275,9 +255,9 @@ def _names(f: Fields, value, path: str, tensors: dict, minimum: int) -> list[str
     return names
 
 
-def _check_io_table(r: _Reader, io: list[tuple], names: list[str], n_in: int, tensors, dram):
+def _check_io_table(r: Reader, io: list[tuple], names: list[str], n_in: int, tensors, dram):
     """The binary I/O table (what a runtime reads) says exactly what LAYERS says."""
-    _check(r, [e[-1] for e in io] == names, "I/O table does not match LAYERS")
+    check(r, [e[-1] for e in io] == names, "I/O table does not match LAYERS")
     for position, (direction, dtype, layout, rank, *rest) in enumerate(io):
         dims, (scale, zero_point, offset, nbytes, name) = rest[:4], rest[4:]
         t = tensors[name]
@@ -286,10 +266,10 @@ def _check_io_table(r: _Reader, io: list[tuple], names: list[str], n_in: int, te
             [*t.dims, *[1] * (4 - len(t.dims))], t.scale, t.zero_point, dram[name], t.nbytes,
         )  # fmt: skip
         got = (direction, dtype, layout, rank, dims, scale, zero_point, offset, nbytes)
-        _check(r, got == expected, f"I/O table entry '{name}' does not match its tensor")
+        check(r, got == expected, f"I/O table entry '{name}' does not match its tensor")
 
 
-def _layer(r: _Reader, f: Fields, index: int, raw, tensors, blob: bytes, arrays: dict) -> Layer:
+def _layer(r: Reader, f: Fields, index: int, raw, tensors, blob: bytes, arrays: dict) -> Layer:
     path = f"layers[{index}]"
     f.obj(raw, path, LAYER_KEYS)
     kind = f.choice(raw["kind"], f"{path}.kind", sorted(LAYER_KINDS))
@@ -299,7 +279,7 @@ def _layer(r: _Reader, f: Fields, index: int, raw, tensors, blob: bytes, arrays:
         f.choice(f.text(tensor, f"{path}.inputs[{i}]"), f"{path}.inputs[{i}]", tensors)
     out = f.choice(f.text(raw["output"], f"{path}.output"), f"{path}.output", tensors)
     attrs = f.obj(raw["attrs"], f"{path}.attrs")
-    _check_attrs(f, kind, attrs, [tensors[i] for i in ins], tensors[out], f"{path}.attrs")
+    check_attrs(f, kind, attrs, [tensors[i] for i in ins], tensors[out], f"{path}.attrs")
     loaded = {}
     for key, spec in f.obj(raw["arrays"], f"{path}.arrays").items():
         where = f"{path}.arrays.{key}"
@@ -314,189 +294,31 @@ def _layer(r: _Reader, f: Fields, index: int, raw, tensors, blob: bytes, arrays:
         loaded[key] = array.reshape(shape) if shape else array.reshape(())
         arrays[(index, key)] = offset
     layer = Layer(kind, name, ins, out, attrs, loaded)
-    _check_layer(r, layer, tensors)
+    check_layer(r, layer, tensors)
     return layer
 
 
-_WINDOW = {"kernel": (1, 2), "strides": (1, 2), "dilations": (1, 2), "pads": (0, 4)}
-_FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index", "vector_index"}
-_MULTIPLIER, _SHIFT = (0, (1 << 31) - 1), (1, 62)
-
-
-def _check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) -> None:
-    """Types and ranges of a layer's attributes; zero points and clamps inside the range of
-    the tensor they apply to."""
-    wide = (-(1 << 16), 1 << 16)
-    for key, value in attrs.items():
-        where = f"{path}.{key}"
-        if key in _WINDOW:
-            low, count = _WINDOW[key]
-            f.integers(value, where, low, 255, min_len=count, max_len=count)
-        elif key in _FLAGS:
-            f.integer(value, where, 0, 1)
-        elif key == "group":
-            f.integer(value, where, 1, 1 << 20)
-        elif key == "x_zero_point":
-            f.integer(value, where, *_code_range(ins[0].dtype))
-        elif key in ("y_zero_point", "qmin", "qmax"):
-            f.integer(value, where, *_code_range(out.dtype))
-        elif key in ("a_zero_point", "b_zero_point"):
-            f.integer(value, where, *wide)
-        elif key in ("a_rescale", "b_rescale"):
-            f.integers(value, where, 0, (1 << 31) - 1, min_len=2, max_len=2)
-            f.integer(value[1], f"{where}[1]", *_SHIFT)
-        elif key in ("multiplier", "shift") and kind == "concat":
-            limits = _MULTIPLIER if key == "multiplier" else _SHIFT
-            f.integers(value, where, *limits, min_len=len(ins), max_len=len(ins))
-        elif key in ("multiplier", "shift"):
-            f.integer(value, where, *(_MULTIPLIER if key == "multiplier" else _SHIFT))
-        elif key == "x_zero_points":
-            f.integers(value, where, *wide, min_len=len(ins), max_len=len(ins))
-            for i, (zp, t) in enumerate(zip(value, ins)):
-                f.integer(zp, f"{where}[{i}]", *_code_range(t.dtype))
-        else:
-            f.require(_small_ints(value), where, "is not an integer or a list of integers")
-    if "qmin" in attrs and "qmax" in attrs:
-        f.require(attrs["qmin"] <= attrs["qmax"], f"{path}.qmin", "is above qmax")
-
-
-def _small_ints(value) -> bool:
-    """An attribute: an int or a (nested) list of ints, all of sane magnitude."""
-    if isinstance(value, list):
-        return len(value) <= 1024 and all(map(_small_ints, value))
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 40
-
-
-REQUIRED = {
-    "conv": ({"kernel", "strides", "dilations", "pads", "group", "x_zero_point"},
-             {"weights", "bias", "multiplier", "shift"}),
-    "gemm": ({"x_zero_point"}, {"weights", "bias", "multiplier", "shift"}),
-    "add": ({"a_zero_point", "b_zero_point", "multiplier", "shift", "a_rescale", "b_rescale",
-             "subtract"}, set()),
-    "mul": ({"a_zero_point", "b_zero_point", "multiplier", "shift"}, set()),
-    "avgpool": ({"kernel", "strides", "dilations", "pads", "count_include_pad", "x_zero_point"},
-                {"ratio"}),
-    "maxpool": ({"kernel", "strides", "dilations", "pads"}, set()),
-    "lookup": (set(), {"table"}),
-    "requant": ({"x_zero_point", "multiplier", "shift"}, set()),
-    "softmax": ({"multiplier", "shift"}, {"table"}),
-    "concat": ({"x_zero_points", "multiplier", "shift"}, set()),
-    "reshape": (set(), set()),
-    "slice": ({"starts", "ends", "steps"}, set()),
-    "transpose": ({"perm"}, set()),
-    "pad": ({"pads", "mode", "value"}, set()),
-    "depth_to_space": ({"blocksize", "crd"}, set()),
-    "resize": (set(), {"rows", "cols"}),
-}  # fmt: skip
-OUTPUT_ATTRS = {"y_zero_point", "qmin", "qmax"}
-
-
-def _check_layer(r: _Reader, layer: Layer, tensors) -> None:
-    attrs, arrays = REQUIRED[layer.kind]
-    if layer.kind not in ("maxpool", "lookup", "reshape", *MOVES):
-        attrs = attrs | OUTPUT_ATTRS
-    _check(r, attrs <= set(layer.attrs), f"layer '{layer.name}' misses attributes")
-    _check(r, arrays <= set(layer.arrays), f"layer '{layer.name}' misses arrays")
-    out = tensors[layer.output].shape
-    if layer.kind in MOVES:
-        fits = valid_move(layer, tensors[layer.inputs[0]].shape, out)
-        _check(r, fits, f"layer '{layer.name}' attributes do not match its tensors")
-    if layer.kind in WINDOWED:
-        fits = _window_fits(layer.attrs, tensors[layer.inputs[0]].shape, out)
-        _check(r, fits, f"layer '{layer.name}' window attributes do not match its tensors")
-    if layer.kind == "conv":
-        w = layer.arrays["weights"]
-        ok = w.ndim == 4 and w.shape[0] == out[0] and layer.attrs["group"] >= 1
-        for key in ("bias", "multiplier", "shift"):
-            ok = ok and layer.arrays[key].shape == (out[0],)
-        _check(r, ok, f"layer '{layer.name}' weights do not match its output")
-    if layer.kind == "gemm":
-        w = layer.arrays["weights"]
-        _check(r, w.ndim == 2 and w.shape[0] == out[0], f"layer '{layer.name}' weights")
-    if layer.kind == "lookup":
-        x = tensors[layer.inputs[0]]
-        size = 1 << (8 * np.dtype(x.dtype).itemsize)
-        _check(r, layer.arrays["table"].shape == (size,), f"layer '{layer.name}' table size")
-    if layer.kind == "softmax":
-        table = layer.arrays["table"]
-        ok = table.shape == (512,) and table.dtype == np.int32
-        _check(r, ok, f"layer '{layer.name}' exponential table")
-    if "operand" in layer.arrays:
-        ok = layer.attrs.get("const_index") in (0, 1) and len(layer.inputs) == 1
-        _check(r, ok and layer.arrays["operand"].shape == (out[0],), f"layer '{layer.name}'")
-    elif layer.kind in ("add", "mul"):
-        _check(r, len(layer.inputs) == 2, f"layer '{layer.name}' needs two inputs")
-        if "vector_index" in layer.attrs:  # a per-channel (or scalar) vector second
-            c, h, w = tensors[layer.inputs[1]].shape
-            ok = (h, w) == (1, 1) and c in (1, out[0])
-            _check(r, ok, f"layer '{layer.name}' vector operand does not match its output")
-    if "shift" in layer.arrays:
-        shifts = layer.arrays["shift"]
-        _check(r, bool(np.all((shifts >= 1) & (shifts <= 62))), f"layer '{layer.name}' shifts")
-
-
-def _check_epilogue(r: _Reader, f: Fields, index: int, layers: list[Layer], tensors) -> None:
-    """A convolution's `epilogue`: a later Add of two same-shape tensors or Concat that reads
-    its output once, with the same dtype and height and width (fusion.py)."""
-    conv = layers[index]
-    after = f.integer(conv.attrs["epilogue"], f"layers[{index}].attrs.epilogue", 0, 1 << 20)
-    ok = conv.kind == "conv" and index < after < len(layers)
-    if ok:
-        consumer = layers[after]
-        mid, out = tensors[conv.output], tensors[consumer.output]
-        pair = consumer.kind == "add" and len(set(consumer.inputs)) == 2
-        pair = pair and not {"vector_index", "const_index"} & set(consumer.attrs)
-        ok = (pair or consumer.kind == "concat") and consumer.inputs.count(conv.output) == 1
-        ok = ok and mid.dtype == out.dtype and mid.shape[1:] == out.shape[1:]
-        ok = ok and (consumer.kind == "concat" or mid.shape == out.shape)
-    _check(r, ok, f"layer '{conv.name}' epilogue is not a later add or concat of its output")
-
-
-def _window_fits(attrs: dict, x: tuple[int, ...], out: tuple[int, ...]) -> bool:
-    """Kernel, strides and dilations in [1, 255], pads in [0, 255], and every output row and
-    column's window starting inside the padded input (so a tile's input span stays bounded)."""
-    sizes = [attrs[key] for key in ("kernel", "strides", "dilations")]
-    pads = attrs["pads"]
-
-    def ints(value, count: int, low: int) -> bool:
-        return (
-            isinstance(value, list) and len(value) == count and all(low <= n <= 255 for n in value)
-        )
-
-    if not all(ints(v, 2, 1) for v in sizes) or not ints(pads, 4, 0):
-        return False
-    if len(x) != 3 or len(out) != 3:
-        return False
-    kernel, strides, dilations = sizes
-    for axis in (0, 1):
-        padded = x[1 + axis] + pads[axis] + pads[axis + 2]
-        reach = (kernel[axis] - 1) * dilations[axis] + 1
-        if reach > padded or (out[1 + axis] - 1) * strides[axis] >= padded:
-            return False
-    return True
-
-
-def _validate_code(r: _Reader, code: np.ndarray, outs: np.ndarray, dram_size: int) -> None:
+def _validate_code(r: Reader, code: np.ndarray, outs: np.ndarray, dram_size: int) -> None:
     """Opcodes, layer numbers, each EXEC's output rows and channels inside its layer's output
     ([C, H, W] per layer in `outs`), and every DMA transfer inside the DRAM."""
     if not len(code):
         return
     ops, layer = code[:, 0], code[:, 1]
-    _check(r, bool(np.isin(ops, (LOAD, STORE, EXEC)).all()), "unknown opcode")
-    _check(r, bool((layer < len(outs)).all()), "instruction refers to an unknown layer")
+    check(r, bool(np.isin(ops, (LOAD, STORE, EXEC)).all()), "unknown opcode")
+    check(r, bool((layer < len(outs)).all()), "instruction refers to an unknown layer")
     execs = code[ops == EXEC].astype(np.int64)
     if len(execs):
         r0, rows, ch0, chs = execs[:, 2], execs[:, 3], execs[:, 4], execs[:, 5]
         out = outs[execs[:, 1]]
         inside = (rows >= 1) & (r0 + rows <= out[:, 1]) & (chs >= 1) & (ch0 + chs <= out[:, 0])
-        _check(r, bool(inside.all()), "an EXEC tile leaves its layer's output")
+        check(r, bool(inside.all()), "an EXEC tile leaves its layer's output")
     for kind, dram_col, stride_col in ((LOAD, 2, 6), (STORE, 3, 7)):
         rows = code[ops == kind].astype(np.int64)
         if len(rows):
             block, count = rows[:, 4], rows[:, 5]
             last = rows[:, dram_col] + rows[:, stride_col] * np.maximum(count - 1, 0) + block
-            _check(r, bool((last <= dram_size).all()), "a DMA transfer leaves the DRAM")
-            _check(r, bool((count <= 1 << 16).all()), "a DMA count is out of range")
+            check(r, bool((last <= dram_size).all()), "a DMA transfer leaves the DRAM")
+            check(r, bool((count <= 1 << 16).all()), "a DMA count is out of range")
 
 
 MAX_FILE = 1 << 30  # BLOB and arena share a DRAM of at most a few hundred MiB in practice
