@@ -8,7 +8,7 @@ from itertools import pairwise
 import numpy as np
 
 from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
-from ...graph_ir.quant.params import requantize
+from ...graph_ir.quant.params import ADD_SHIFT, requantize
 from .lower import Layer
 
 
@@ -200,3 +200,17 @@ def softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
     fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
     a = layer.attrs
     return saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))
+
+
+def elementwise(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An add/sub or mul layer's saturated output codes from its operands' codes (the rules of
+    the integer reference's QAdd and QMul)."""
+    a = layer.attrs
+    xa = x.astype(np.int64) - a["a_zero_point"]
+    xb = b.astype(np.int64) - a["b_zero_point"]
+    if layer.kind == "mul":
+        return saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
+    left = requantize(xa << ADD_SHIFT, *a["a_rescale"])
+    right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
+    total = left - right if a["subtract"] else left + right
+    return saturate(layer, requantize(total, a["multiplier"], a["shift"]))

@@ -26,10 +26,11 @@ import math
 import numpy as np
 
 from ...errors import FormatError, UserError
-from ...graph_ir.quant.params import ADD_SHIFT, requantize
+from ...graph_ir.quant.params import requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .exact import (
     all_codes,
+    elementwise,
     exact_dot,
     exact_int,
     lookup,
@@ -334,15 +335,15 @@ class Simulator:
         return None
 
     def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """`_binary(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
+        """`elementwise(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
         up in a table of every pair of codes made once with `_binary` itself (when the layer's
         output, over all its tiles, is at least as large as the table, or it exists)."""
         key = (layer.name, "pair")
         small = key not in self._tables and self._output_size(layer) < 1 << 16
         if x.itemsize != 1 or b.itemsize != 1 or small:
-            return _binary(layer, x, b).astype(self.module.tensors[layer.output].dtype)
+            return elementwise(layer, x, b).astype(self.module.tensors[layer.output].dtype)
         if key not in self._tables:
-            table = _binary(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
+            table = elementwise(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
             self._tables[key] = table.astype(self.module.tensors[layer.output].dtype).ravel()
         return lookup(self._tables[key], x, b)
 
@@ -503,15 +504,3 @@ def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) ->
     if stride >= block and at + count * stride <= len(memory):
         return memory[at : at + count * stride].reshape(count, stride)[:, :block]
     return np.lib.stride_tricks.as_strided(memory[at:], (count, block), (stride, 1))
-
-
-def _binary(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = layer.attrs
-    xa = x.astype(np.int64) - a["a_zero_point"]
-    xb = b.astype(np.int64) - a["b_zero_point"]
-    if layer.kind == "mul":
-        return saturate(layer, requantize(xa * xb, a["multiplier"], a["shift"]))
-    left = requantize(xa << ADD_SHIFT, *a["a_rescale"])
-    right = requantize(xb << ADD_SHIFT, *a["b_rescale"])
-    total = left - right if a["subtract"] else left + right
-    return saturate(layer, requantize(total, a["multiplier"], a["shift"]))
