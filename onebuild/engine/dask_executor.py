@@ -98,11 +98,12 @@ class DaskExecutor:
         future = self._connect().submit(
             run_step, step, config, shipped, [str(p) for p in outputs], key=key, pure=False
         )
+        summaries = []
         try:
             blobs, error, summaries = future.result()
         finally:
             future.release()
-        self.progress.finished(key, summaries)
+            self.progress.finished(key, summaries)  # a failed task's live line closes too
         for output, blob in zip(outputs, blobs):
             if blob is None:
                 continue
@@ -122,12 +123,13 @@ class DaskExecutor:
             )
             for i in range(count)
         ]
+        parts = []
         try:
             parts = client.gather(futures)
         finally:
             client.cancel(futures)
-        for future, (_, _, summaries) in zip(futures, parts):
-            self.progress.finished(future.key, summaries)
+            for future, part in zip(futures, parts or [(None, None, [])] * count):
+                self.progress.finished(future.key, part[2])
         errors = [error for _, error, _ in parts if error is not None]
         if errors:
             raise UserError(errors[0])
@@ -209,8 +211,8 @@ def _on_worker(prefix: str, inputs: dict[str, bytes]):
     """A task's private root holding its input files at the client's paths, with its progress
     going to the client; yields (root, the progress summaries list); removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
-    summaries = _forwarding()
     try:
+        summaries = _forwarding()
         for path, blob in inputs.items():
             unpack_tree(blob, _inside(root, path))
         yield root, summaries

@@ -3,7 +3,8 @@ until the quantized model's output SQNR reaches a target.
 
 1. Quantize everything to the base type and measure every output against the float model on
    the evaluation samples; met: done. Then promote everything: the noise left is the floor
-   (a target the floor misses cannot be met; that model is returned and said).
+   (a target the floor misses cannot be met: that model is returned and said, or the base
+   model when promoting everything exceeds `max_high_precision_mac_fraction`).
 2. Measure what each layer costs at the outputs when it alone is quantized
    (`sensitivity.isolated_output_noise`, on the first SENSITIVITY_SAMPLES samples, each layer
    output also clipped to the range the other samples reach): the noise it adds, carried

@@ -32,7 +32,7 @@ def _twin_kernel(float_node: Node, twin: Node):
     def run(attrs, *args):
         # the batch plan rewrites shape-like attributes for batched runs: carry those over
         changed = {k: v for k, v in attrs.items() if float_node.attrs.get(k) is not v}
-        feeds = iter(a for a, v in zip(args, float_node.inputs) if v is None or not v.is_const)
+        feeds = iter(a for a, v in zip(args, float_node.inputs) if v is not None and not v.is_const)
         inputs = []
         for value in twin.inputs:
             if value is None:
@@ -133,8 +133,8 @@ def isolated_output_noise(
     outputs = {v.name for i in measured for v in float_graph.nodes[i].outputs}
 
     def record(value, array) -> None:
-        if value.name in outputs:
-            bounds.observe(value, array)
+        if value.name in outputs:  # one sample per call when the graph cannot run batched
+            bounds.observe(value, array if run.batchable else array[None])
 
     run = Interpreter(
         float_graph, kernels={n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
@@ -143,10 +143,9 @@ def isolated_output_noise(
     per_sample = sum(v.size * v.dtype.itemsize for n in float_graph.nodes for v in n.outputs)
     chunk = max(1, min(CHUNK, CACHE_BYTES // max(per_sample, 1))) if run.batchable else 1
     parts = [slice(start, min(start + chunk, count)) for start in range(0, count, chunk)]
+    observing = Interpreter(float_graph, observer=record)
     for part in parts:  # every sample's range first: the clipping bounds need them all
-        Interpreter(float_graph, observer=record).run_batch(
-            {name: array[part] for name, array in batch.items()}, chunk
-        )
+        observing.run_batch({name: array[part] for name, array in batch.items()}, chunk)
     for part in parts:
         feeds = {name: array[part] for name, array in batch.items()}
         state.update(at=-1, samples=part)

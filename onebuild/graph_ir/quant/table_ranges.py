@@ -4,7 +4,8 @@ A value read only by lookup tables (Sigmoid, Tanh, HardSigmoid, HardSwish, Relu,
 or through data movement, wastes codes on inputs the tables map to the same output code: a
 detector's logits in [-154, 101] before a Sigmoid whose uint8 output is 0 below -6.2 and 255
 above 6.2 spend 95 % of their 256 codes where the output cannot change. The range is narrowed to
-the inputs where some table's output code still changes (two codes of margin); beyond it
+the inputs where some table's output code still changes (a margin of 1/128 of that range:
+two codes in 8 bits); beyond it
 every reader gives the same codes as before, so only resolution is gained (the producer's
 requantization clamps there).
 """

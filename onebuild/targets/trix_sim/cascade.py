@@ -28,8 +28,9 @@ STRIPED = ("conv", "maxpool", "avgpool")  # layers that run on row tiles of ever
 def find_cascades(program: Program, keeps: Callable[[str], bool]) -> dict[int, int]:
     """first -> last layer of the longest runs of layers that can cascade: each layer after
     the first directly follows the one before and is the only reader of its output, which is
-    not a model output and not kept in SRAM (`keeps`; nor is the first layer's input; the last
-    layer's output may be, but leaves the SRAM if the run is cascaded); no epilogues."""
+    not a model output; no epilogues. The first layer's input must not be kept in SRAM
+    (`keeps`); intermediates may be (`plan` prices what cascading them saves), and the last
+    layer's output leaves the SRAM if the run is cascaded."""
     readers: dict[str, int] = {}
     for layer in program.layers:
         for name in layer.inputs:
@@ -175,9 +176,9 @@ def emit_cascade(em: "Emitter", index: int) -> None:
     channels = [em.p.tensors[x.output].shape[0] for x in layers]
     for number, ranges in enumerate(stripes(em.p, layers, rows)):
         em.tile()
-        for j, layer in enumerate(layers):
+        for j, layer in enumerate(layers if number == 0 else ()):  # weights stay for all stripes
             per_channel, _, _ = em.constants(layer)
-            if per_channel and number == 0:
+            if per_channel:
                 em.load_weights(index + j, 0, channels[j], per_channel, at[j])
         sizes = stripe_bytes(em.p, layers, ranges)
         buffers = [fixed + number % em.buffers * slot]

@@ -1,13 +1,12 @@
 """Exact integer arithmetic of the TRIX simulator on float BLAS and numpy: GEMMs whose
 float32 partial sums provably stay integers below 2^24, requantization in float64 or in place
-in int64 where a bound proves it exact, saturation and the integer softmax, tables of every
+in int64 where a bound proves it exact, saturation, tables of every
 code, and fast operand comparison."""
 
 from itertools import pairwise
 
 import numpy as np
 
-from ...graph_ir.ops.quantized_softmax import EXP_BITS, FRACTION_BITS, RECIPROCAL_BITS
 from ...graph_ir.quant.params import ADD_SHIFT, requantize
 from .lower import Layer
 
@@ -187,19 +186,6 @@ def saturate(layer: Layer, scaled: np.ndarray) -> np.ndarray:
     a = layer.attrs
     shifted = np.asarray(scaled + a["y_zero_point"])
     return np.clip(shifted, a["qmin"], a["qmax"], out=shifted)
-
-
-def softmax(layer: Layer, x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Softmax over the channels (axis 0) of codes, as docs/quantization.md defines it."""
-    distance = x.max(axis=0).astype(np.int64) - x  # [C, rows, W], each >= 0
-    parts = table[distance & 255] * table[256 + (distance >> 8)]
-    e = (parts + (1 << (EXP_BITS - 1))) >> EXP_BITS
-    total = e.sum(axis=0)
-    reciprocal = ((1 << RECIPROCAL_BITS) + total // 2) // total
-    shift = RECIPROCAL_BITS - FRACTION_BITS
-    fraction = (e * reciprocal + (1 << (shift - 1))) >> shift
-    a = layer.attrs
-    return saturate(layer, requantize(fraction, a["multiplier"], a["shift"]))
 
 
 def elementwise(layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:

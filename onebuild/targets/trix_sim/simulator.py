@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ...errors import FormatError, UserError
+from ...graph_ir.ops.quantized_softmax import integer_softmax
 from ...graph_ir.quant.params import requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .exact import (
@@ -39,7 +40,6 @@ from .exact import (
     same_values,
     saturate,
     scale_in_place,
-    softmax,
 )
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
@@ -300,7 +300,7 @@ class Simulator:
         elif layer.kind == "softmax":
             table = self._sram_view(0, "int32", layer.arrays["table"].shape)
             reads.append((0, table.nbytes))
-            y = softmax(layer, x, table.astype(np.int64))[ch0 : ch0 + chs]
+            y = integer_softmax(x, table, 0, layer.attrs)[ch0 : ch0 + chs]  # over channels
         elif layer.kind == "requant":
             a = layer.attrs
             y = self._rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
@@ -455,7 +455,7 @@ class Simulator:
         if pointwise:  # the input tile is already the im2col matrix
             windows = centered[..., None, None]
         else:
-            padded = padded_rows(layer, centered, r0, rows, i0, h, w, 0)
+            padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
             windows = window_view(layer, padded, rows, ow)
         bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
         group = a["group"]

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen import EXEC, Module
+from .codegen import Module
 from .hardware import Hardware
 from .lower import Program
+from .opcodes import EXEC
 from .perf import roofline
 
 

@@ -10,8 +10,8 @@ from .lower import Layer, window_span
 
 
 def padded_rows(
-    layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, h: int, w: int, fill, dtype=None
-):
+    layer: Layer, x: np.ndarray, r0: int, rows: int, i0: int, w: int, fill: int, dtype=None
+) -> np.ndarray:
     """The input window rows of a tile, padded (top/bottom from the tile's position), as
     `dtype` (default: floats as they are, integers as int64); x itself where nothing pads."""
     a = layer.attrs
@@ -58,9 +58,9 @@ def pool(layer: Layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
     a = layer.attrs
     if maximum:
         fill = np.iinfo(x.dtype).min  # the codes themselves: a maximum needs no widening
-        padded = padded_rows(layer, x, r0, rows, i0, h, w, fill, x.dtype)
+        padded = padded_rows(layer, x, r0, rows, i0, w, fill, x.dtype)
         return window_max(layer, padded, rows, ow)
-    padded = padded_rows(layer, x, r0, rows, i0, h, w, a["x_zero_point"])
+    padded = padded_rows(layer, x, r0, rows, i0, w, a["x_zero_point"])
     sums = window_view(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
     counted = np.zeros((1, *padded.shape[1:]), np.int64)
     top = r0 * a["strides"][0] - a["pads"][0]
