@@ -34,6 +34,8 @@ from .kernel_attrs import (
     average_pool_attrs,
     binary_attrs,
     concat_attrs,
+    constant_operands,
+    lookup_table,
     matmul_attrs,
     requantize_attrs,
     softmax_attrs,
@@ -306,15 +308,10 @@ class _Folder:
 
     def _lookup(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:
         x = self.activation(node.inputs[0])
-        extra = node.inputs[1:]
-        if x is None or any(v is not None and not v.is_const for v in extra):
+        if x is None or constant_operands(node) is None:
             return None
-        info = np.iinfo(x.dtype)
-        codes = np.arange(info.min, info.max + 1).astype(x.dtype)
-        operands = [None if v is None else v.numpy() for v in extra]
-        (real,) = OPS[node.op].kernel(node.attrs, dequantize(codes, x.quant), *operands)
-        real = np.nan_to_num(np.asarray(real, np.float64), posinf=np.finfo(np.float32).max)
-        table = self.graph.add_constant(quantize(real, y, dtype), f"{node.name}_table")
+        codes = lookup_table(node, x.quant, x.dtype, y, dtype)
+        table = self.graph.add_constant(codes, f"{node.name}_table")
         return self._node("QLookup", [x, table], {}, node, q_node)
 
     def _move(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:

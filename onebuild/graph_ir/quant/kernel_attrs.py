@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from ..ir import Node
+from ..ops import OPS
 from ..ops.quantized_softmax import output_multiplier_real
 from ..tensor import QuantParams
-from .params import ADD_SHIFT, quantize_multiplier
+from .params import ADD_SHIFT, dequantize, quantize, quantize_multiplier
 
 
 def output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:
@@ -118,3 +120,26 @@ def softmax_attrs(axis: int, y: QuantParams, dtype: str) -> dict:
     """QSoftmax: the multiplier from its Q30 fractions to the output codes."""
     m, r = quantize_multiplier(output_multiplier_real(y.scale[0]))
     return {"axis": axis, **output_attrs(dtype, y), "multiplier": m, "shift": r}
+
+
+def constant_operands(node: Node) -> list[np.ndarray | None] | None:
+    """The extra operands of a table op (Clip's bounds) as arrays, or None if one is computed."""
+    extra = node.inputs[1:]
+    if any(v is not None and not v.is_const for v in extra):
+        return None
+    return [None if v is None else v.numpy() for v in extra]
+
+
+def function_codes(node: Node, real: np.ndarray, y: QuantParams, dtype: str) -> np.ndarray:
+    """The codes (`dtype`, output parameters `y`) of table op `node` (constant operands) on
+    the real inputs `real`; +inf saturates as float32's largest value."""
+    (out,) = OPS[node.op].kernel(node.attrs, real, *constant_operands(node))
+    out = np.nan_to_num(np.asarray(out, np.float64), posinf=np.finfo(np.float32).max)
+    return quantize(out, y, dtype)
+
+
+def lookup_table(node: Node, x: QuantParams, x_dtype: str, y: QuantParams, dtype: str):
+    """The QLookup table of table op `node`: its output code for every input code."""
+    info = np.iinfo(x_dtype)
+    codes = np.arange(info.min, info.max + 1).astype(x_dtype)
+    return function_codes(node, dequantize(codes, x), y, dtype)

@@ -37,6 +37,8 @@ from .kernel_attrs import (
     average_pool_attrs,
     binary_attrs,
     concat_attrs,
+    constant_operands,
+    lookup_table,
     matmul_attrs,
     requantize_attrs,
     softmax_attrs,
@@ -45,7 +47,6 @@ from .params import (
     HEADROOM,
     MultiplierRangeError,
     activation_params,
-    dequantize,
     qdq_attrs,
     quantize,
     weight_params,
@@ -276,25 +277,14 @@ class _Quantizer:
         attrs = average_pool_attrs(node.op, node.attrs, x.shape[2:], x.quant, out_params, dtype)
         self._produce(node, "QAveragePool", [x], attrs, dtype, out_params)
 
-    def _lookup_inputs(self, node: Node) -> list[np.ndarray] | None:
-        """The constant extra operands (Clip bounds) of a table op, or None if not constant."""
-        extra = node.inputs[1:]
-        if any(v is not None and not v.is_const for v in extra):
-            return None
-        return [None if v is None else v.numpy() for v in extra]
-
     def _lookup_ok(self, node: Node) -> bool:
-        return self._lookup_inputs(node) is not None
+        return constant_operands(node) is not None
 
     def _lookup(self, node: Node, dtype: str) -> None:
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
-        info = np.iinfo(dtype)
-        codes = np.arange(info.min, info.max + 1).astype(dtype)
-        real = dequantize(codes, x.quant)
-        (y,) = OPS[node.op].kernel(node.attrs, real, *self._lookup_inputs(node))
-        y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
-        table = self.graph.add_constant(quantize(y, out_params, dtype), f"{node.name}_table")
+        codes = lookup_table(node, x.quant, dtype, out_params, dtype)
+        table = self.graph.add_constant(codes, f"{node.name}_table")
         self._produce(node, "QLookup", [x, table], {}, dtype, out_params)
 
     def _passthrough_ok(self, node: Node) -> bool:

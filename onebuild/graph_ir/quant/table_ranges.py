@@ -16,7 +16,8 @@ import numpy as np
 
 from ..ir import Node, Value
 from ..ops import OPS
-from .params import QuantParams, quantize
+from .kernel_attrs import constant_operands, function_codes
+from .params import QuantParams
 
 GRID = 1 << 14  # points at which each table's function is evaluated over the calibrated range
 MARGIN = 1 / 128  # of the narrowed range, on each side: two 8-bit codes
@@ -69,10 +70,8 @@ def _spans(value, grid, dtype, dtype_of, output_params, is_output) -> list | Non
                     return None
                 spans += inner
         elif _constant_table(node):
-            extra = [None if v is None else v.numpy() for v in node.inputs[1:]]
-            (y,) = OPS[node.op].kernel(node.attrs, grid.astype(np.float32), *extra)
-            y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
-            codes = quantize(y, output_params(node.output, dtype), dtype)
+            real = grid.astype(np.float32)
+            codes = function_codes(node, real, output_params(node.output, dtype), dtype)
             changes = np.flatnonzero(codes[1:] != codes[:-1])
             if changes.size:
                 spans.append((int(changes[0]), int(changes[-1]) + 1))
@@ -83,8 +82,7 @@ def _spans(value, grid, dtype, dtype_of, output_params, is_output) -> list | Non
 
 def _constant_table(node: Node) -> bool:
     """A lookup op whose extra operands (Clip's bounds) are constant."""
-    lookup = OPS[node.op].quant == "lookup"
-    return lookup and all(v is None or v.is_const for v in node.inputs[1:])
+    return OPS[node.op].quant == "lookup" and constant_operands(node) is not None
 
 
 def _moves_codes(node: Node) -> bool:
