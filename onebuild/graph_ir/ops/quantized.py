@@ -10,10 +10,10 @@ import numpy as np
 
 from ..quant.params import (
     ADD_SHIFT,
+    count_multipliers,
     dequantize,
     qdq_params,
     quantize,
-    quantize_multiplier,
     requantize,
 )
 from .conv import conv, conv_type, gemm, gemm_type
@@ -137,10 +137,5 @@ def q_average_pool(attrs, x):
     The multiplier of each count is `quantize_multiplier(scale_ratio / count)`.
     """
     total, counts = window_sums(attrs, _centered(x, attrs["x_zero_point"]).astype(np.float64))
-    m = np.zeros(counts.shape, np.int64)
-    r = np.ones(counts.shape, np.int64)
-    for count in np.unique(counts):
-        m[counts == count], r[counts == count] = quantize_multiplier(
-            attrs["scale_ratio"] / int(count)
-        )
+    m, r = count_multipliers(attrs["scale_ratio"], counts)
     return _output(attrs, requantize(_exact_int(total), m, r))

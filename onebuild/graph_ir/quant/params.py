@@ -125,6 +125,16 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
 SPLIT_BITS = 24
 
 
+def count_multipliers(ratio: float, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(multiplier, shift) arrays shaped like `counts`: `quantize_multiplier(ratio / count)`
+    for each window's element count (an average pool's rescale)."""
+    m = np.zeros(counts.shape, np.int64)
+    r = np.ones(counts.shape, np.int64)
+    for count in np.unique(counts):
+        m[counts == count], r[counts == count] = quantize_multiplier(ratio / int(count))
+    return m, r
+
+
 def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.ndarray:
     """round_half_even(acc * m / 2^r), exact: floor((acc * m + 2^(r-1)) / 2^r), less one where
     acc * m / 2^r lies exactly half-way and that result is odd.

@@ -4,7 +4,7 @@ docs/quantization.md."""
 
 import numpy as np
 
-from ...graph_ir.quant.params import quantize_multiplier, requantize
+from ...graph_ir.quant.params import count_multipliers, requantize
 from .exact import saturate
 from .lower import Layer, window_span
 
@@ -70,10 +70,5 @@ def pool(layer: Layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
     else:
         counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
     counts = window_view(layer, counted, rows, ow).sum(axis=(3, 4))[0]
-    m = np.zeros(counts.shape, np.int64)
-    r = np.ones(counts.shape, np.int64)
-    for count in np.unique(counts):
-        m[counts == count], r[counts == count] = quantize_multiplier(
-            float(layer.arrays["ratio"]) / int(count)
-        )
+    m, r = count_multipliers(float(layer.arrays["ratio"]), counts)
     return saturate(layer, requantize(sums, m, r))
