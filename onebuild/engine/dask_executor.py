@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import OneBuildError, UserError
 from ..progress import Progress, forward_to, summary
 from ..tasks import STEPS
-from .step_cache import _replace
+from .step_cache import put_in_place
 
 INSTALL = "pip install 'onebuild[dask]'"
 TOPIC = "onebuild-progress"  # the Dask event topic of steps' live progress
@@ -105,11 +105,8 @@ class DaskExecutor:
             future.release()
             self.progress.finished(key, summaries)  # a failed task's live line closes too
         for output, blob in zip(outputs, blobs):
-            if blob is None:
-                continue
-            with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=_parent(output)) as tmp:
-                unpack_tree(blob, Path(tmp) / "x")
-                _replace(Path(tmp) / "x", output)
+            if blob is not None:
+                put_in_place(output, lambda target, blob=blob: unpack_tree(blob, target))
         if error is not None:
             raise UserError(error)
 
@@ -199,11 +196,6 @@ def dask_setup(worker) -> None:
     is the client's to handle (it closes the cluster), so the workers ignore SIGINT."""
     with contextlib.suppress(ValueError):  # not the main thread: nothing to change
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _parent(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.parent
 
 
 @contextlib.contextmanager

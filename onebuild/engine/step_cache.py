@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ..fileio import current_umask
@@ -151,21 +152,28 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _replace(stored: Path, output: Path) -> None:
-    """Put a copy of `stored` at `output` atomically (rename of a sibling temporary)."""
+def put_in_place(output: Path, write: Callable[[Path], None]) -> None:
+    """Make `output` atomically: `write` makes it (a file or a folder) at a sibling temporary
+    path, which is then renamed over it."""
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        _copy(stored, staging / "x")
-        (staging / "x").chmod(
-            0o777 & ~current_umask() if stored.is_dir() else 0o666 & ~current_umask()
-        )
+        write(staging / "x")
         if output.is_dir():
-            old = staging / "old"
-            os.replace(output, old)
+            os.replace(output, staging / "old")
         os.replace(staging / "x", output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace(stored: Path, output: Path) -> None:
+    """Put a copy of `stored` at `output` atomically."""
+
+    def write(target: Path) -> None:
+        _copy(stored, target)
+        target.chmod(0o777 & ~current_umask() if stored.is_dir() else 0o666 & ~current_umask())
+
+    put_in_place(output, write)
 
 
 def open_cache(folder: Path, url: str | None = None):
