@@ -231,7 +231,9 @@ def run_step(
         return [pack_tree(p) if p.exists() else None for p in local], error, summaries
 
 
-def run_shard(step: str, config: dict, inputs: dict[str, bytes], index: int, count: int):
+def run_shard(
+    step: str, config: dict, inputs: dict[str, bytes], index: int, count: int
+) -> tuple[Any, str | None, list[dict]]:
     """On a worker: part `index` of `count` of a step that splits; (part, error message,
     progress summaries)."""
     module = import_module(STEPS[step].module)

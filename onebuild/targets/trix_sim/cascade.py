@@ -84,7 +84,7 @@ def stripes(program: Program, layers: list[Layer], rows: int) -> list[list[tuple
     return result
 
 
-def stripe_bytes(program: Program, layers: list[Layer], ranges: list[tuple[int, int]]):
+def stripe_bytes(program: Program, layers: list[Layer], ranges: list[tuple[int, int]]) -> list[int]:
     """SRAM bytes of a stripe's rows of the first input and of every layer's output."""
     sizes = []
     for name, (lo, hi) in zip([layers[0].inputs[0], *(x.output for x in layers)], ranges):
@@ -103,7 +103,14 @@ def _estimate(program: Program, hw: Hardware, parts: list[tuple[Layer, int, int]
     return max(compute, dma)
 
 
-def plan(program: Program, hw: Hardware, layers: list[Layer], avail: int, buffers: int, keeps):
+def plan(
+    program: Program,
+    hw: Hardware,
+    layers: list[Layer],
+    avail: int,
+    buffers: int,
+    keeps: Callable[[str], bool],
+) -> tuple[int, int] | None:
     """(last layer's output rows per stripe, bytes per stripe slot), or None when no stripe
     fits or the perf model expects the recomputed overlap rows to cost more than the DRAM round
     trips save (tensors kept in SRAM, `keeps`, cost none apart, and leave the SRAM together).

@@ -161,7 +161,7 @@ def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int,
     return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
 
 
-def all_codes(dtype) -> np.ndarray:
+def all_codes(dtype: str | np.dtype) -> np.ndarray:
     """Every value of an 8- or 16-bit integer dtype, in the order of its bits: the rows of a
     table that `lookup` indexes with codes of that dtype."""
     bits = np.dtype(dtype).itemsize * 8

@@ -62,7 +62,11 @@ class Timeline:
     def _granules(self, lo: int, hi: int) -> slice:
         return slice(lo // self.GRANULE, -(-hi // self.GRANULE))
 
-    def schedule(self, engine: str, cycles: int, reads, writes) -> int:
+    def schedule(
+        self, engine: str, cycles: int, reads: list[tuple[int, int]], writes: list[tuple[int, int]]
+    ) -> int:
+        """When `cycles` of work on `engine` end, started once the engine is free and its reads
+        and writes (SRAM byte ranges) no longer conflict with earlier work."""
         start = self.free[engine]
         for lo, hi in reads:
             start = max(start, int(self.written[self._granules(lo, hi)].max(initial=0)))

@@ -54,7 +54,19 @@ def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarr
     return result
 
 
-def pool(layer: Layer, x, r0, rows, i0, h, w, ow, maximum: bool) -> np.ndarray:
+def pool(
+    layer: Layer,
+    x: np.ndarray,
+    r0: int,
+    rows: int,
+    i0: int,
+    h: int,
+    w: int,
+    ow: int,
+    maximum: bool,
+) -> np.ndarray:
+    """Output rows [r0, r0 + rows) of a max or average pool from the input rows `x` held from
+    row i0 (of h, width w; ow output columns), by the integer rules."""
     a = layer.attrs
     if maximum:
         fill = np.iinfo(x.dtype).min  # the codes themselves: a maximum needs no widening
