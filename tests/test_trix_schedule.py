@@ -206,3 +206,29 @@ def test_int16_epilogues_and_cascades_are_bit_exact(make, rng):
     assert any("epilogue" in layer.attrs for layer in module.layers) or make is _stem_graph
     for sram in (8192, 65536, hw.sram_bytes):
         assert_bit_exact(quantized, dataclasses.replace(hw, sram_bytes=sram), "performance", rng)
+
+
+def test_the_estimate_charges_fused_layers_as_the_code_generator_runs_them(quantized, monkeypatch):
+    """perf.estimate (what partition's cost strategy reads) gives the fused Add no layer of
+    its own and moves no fused intermediate: it is below the same estimate without fusion by
+    at least the intermediates' DMA, and the Concat moves only its pooled part."""
+    from onebuild.targets.trix_sim import perf
+    from onebuild.targets.trix_sim.fusion import fuse_epilogues
+    from onebuild.targets.trix_sim.perf import dma_cycles, estimate
+
+    hw = load_hardware("trix-m")
+    program = lower(quantized, hw)
+    fused = estimate(program, hw)
+    add = next(layer.name for layer in program.layers if layer.kind == "add")
+    concat = next(layer for layer in program.layers if layer.kind == "concat")
+    assert add not in fused["layers"]
+    pooled = program.tensors[concat.inputs[2]].nbytes
+    assert fused["layers"][concat.name]["dram_bytes"] == 2 * pooled
+    monkeypatch.setattr(perf, "fuse_epilogues", lambda p: p)
+    plain = estimate(program, hw)
+    middles = [
+        layer.output for layer in fuse_epilogues(program).layers if "epilogue" in layer.attrs
+    ]
+    assert plain["cycles"] - fused["cycles"] >= dma_cycles(
+        hw, sum(program.tensors[n].nbytes for n in middles)
+    )

@@ -11,6 +11,7 @@ its latency plus bytes / bandwidth.
 
 import math
 
+from .fusion import epilogue_operand, fuse_epilogues, fused_parts, silent
 from .hardware import Hardware
 from .lower import Layer, Program
 
@@ -65,15 +66,25 @@ def roofline(program: Program, hw: Hardware) -> dict[str, float]:
 
 def estimate(program: Program, hw: Hardware) -> dict:
     """Analytical cycles without compiling: per layer, the larger of compute (whole layer on
-    the MAC array or vector unit) and DMA (weights once, inputs and output once)."""
+    the MAC array or vector unit) and DMA (weights once, inputs and output once). Adds and
+    Concat parts fused into their convolution (fusion.py) cost what the code generator makes
+    of them: the convolution's output stage and the Add's other operand, no layer of their
+    own, and a fused intermediate never moves."""
+    program = fuse_epilogues(program)
+    quiet, parts = silent(program), fused_parts(program)
     total, layers = 0, {}
-    for layer in program.layers:
-        if layer.kind == "reshape":
+    for index, layer in enumerate(program.layers):
+        if layer.kind == "reshape" or index in quiet:
             continue
         out = program.tensors[layer.output]
         x = program.tensors[layer.inputs[0]]
         compute = exec_cycles(hw, layer, out.shape[1], out.shape[0], out.shape, x.shape)
-        moved = out.nbytes + sum(program.tensors[n].nbytes for n in layer.inputs)
+        if layer.kind == "concat":  # the parts not fused: read, then written into place
+            moved = 2 * sum(program.tensors[n].nbytes for n in layer.inputs if n not in parts)
+        else:
+            moved = out.nbytes + sum(program.tensors[n].nbytes for n in layer.inputs)
+            operand = epilogue_operand(program, layer)
+            moved += program.tensors[operand].nbytes if operand else 0
         moved += streamed_bytes(layer)
         cycles = max(compute, dma_cycles(hw, moved))
         layers[layer.name] = {"kind": layer.kind, "cycles": cycles, "dram_bytes": moved}
