@@ -620,3 +620,46 @@ def test_fused_swish_runs_in_onert_and_litert(tmp_path):
     np.testing.assert_allclose(got_onert, want, rtol=1e-5, atol=1e-5)
     (got_litert,) = run_litert(write_circle(model, "tflite"), [[x]])[0]
     np.testing.assert_allclose(got_litert, want, rtol=1e-5, atol=1e-5)
+
+
+def depth_to_space_model(tmp_path, mode: str, kernel: int):
+    """Conv (k x k, 1 -> 12 channels) -> DepthToSpace(2, `mode`) -> Relu on 8x8 digit images;
+    the bias is the same for each of the four output positions when k = 1 (a ConvTranspose)."""
+    from onnx import helper
+    from onnx_builders import make_model
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.5, (12, 1, kernel, kernel)).astype(np.float32)
+    pad = kernel // 2
+    nodes = [
+        helper.make_node("Conv", ["input", "w", "b"], ["t"], pads=[pad] * 4, name="conv"),
+        helper.make_node("DepthToSpace", ["t"], ["u"], blocksize=2, mode=mode, name="d2s"),
+        helper.make_node("Relu", ["u"], ["y"], name="relu"),
+    ]
+    bias = rng.normal(0, 0.1, 3 if kernel == 1 else 12).astype(np.float32)
+    inits = [("w", w), ("b", np.tile(bias, 12 // bias.size))]
+    path = tmp_path / f"d2s_{mode}_{kernel}.onnx"
+    path.write_bytes(make_model(nodes, [("input", [1, 1, 8, 8])], ["y"], inits).SerializeToString())
+    return load_onnx(path)
+
+
+def test_depth_to_space_in_onert_and_litert(tmp_path):
+    """DCR DepthToSpace is written as DEPTH_TO_SPACE: onert and LiteRT run it within RTOL and
+    the round trip is bit for bit. After a 1x1 conv the reader folds the pair into the
+    ConvTranspose it spells (same outputs); CRD order has no TFLite spelling and is named."""
+    samples = [[x] for x in digits_images(8)]
+    feeds = {"input": digits_images(32)}
+    for kernel, ops in ((3, ["Conv", "DepthToSpace", "Relu"]), (1, ["ConvTranspose", "Relu"])):
+        model = depth_to_space_model(tmp_path, "DCR", kernel)
+        data = write_circle(model)
+        check_float(model, samples, run_onert(data, tmp_path, samples))
+        check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
+        back = through_ir_file(read_circle(data), tmp_path)
+        assert [n.op for n in back.main.nodes] == ops
+        np.testing.assert_array_equal(
+            Interpreter(back.main).run_batch(feeds)["y"],
+            Interpreter(model.main).run_batch(feeds)["y"],
+        )
+    with pytest.raises(UnsupportedOpsError) as caught:
+        write_circle(depth_to_space_model(tmp_path, "CRD", 3))
+    assert [op for op, *_ in caught.value.unsupported] == ["DepthToSpace"]

@@ -190,6 +190,20 @@ def _pixel_shuffle(w, node, block: int) -> None:
     w.op("DEPTH_TO_SPACE", [windows], [w.define(out, NHWC)], block_size=block)
 
 
+def depth_to_space(w, node):
+    """DepthToSpace in DCR order (TFLite's: channel (i b + j) C + c goes to row offset i,
+    column offset j, channel c). CRD order has no TFLite spelling without a transpose."""
+    x = node.inputs[0]
+    _require(len(x.shape) == 4 and node.attrs.get("mode", "DCR") == "DCR")
+    operands = [w.get(x, NHWC)]
+    w.op(
+        "DEPTH_TO_SPACE",
+        operands,
+        [w.define(node.output, NHWC)],
+        block_size=node.attrs["blocksize"],
+    )
+
+
 def _grouped(w, node, xi: int, data: np.ndarray, params, options: dict) -> None:
     """A grouped convolution as SPLIT, one CONV_2D per group, CONCATENATION (onert's CONV_2D
     takes no groups; LiteRT's float one does, its quantized ones do not)."""

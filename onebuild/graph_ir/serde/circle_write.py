@@ -286,6 +286,7 @@ WRITERS: dict[str, Callable] = {
     "Clip": ops.clip,
     "Gelu": ops.unary,
     "ConvTranspose": nn.conv_transpose,
+    "DepthToSpace": nn.depth_to_space,
     "Swish": ops.unary,
     "QLookup": ops.lookup,
     "Softmax": ops.softmax,
