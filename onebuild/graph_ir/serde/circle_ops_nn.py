@@ -242,11 +242,10 @@ def gemm(w, node):
     a, b = node.inputs[:2]
     attrs = node.attrs
     _require(b.is_const and len(a.shape) == 2 and not attrs.get("transA"))
-    data = b.numpy()
-    trans_b = attrs.get("transB", 0)
+    data = _columns_in_stored_order(w, a, b.numpy() if attrs.get("transB", 0) else b.numpy().T)
     if node.op == "Gemm":
         alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
-        weight = (data if trans_b else data.T) * np.float32(alpha)
+        weight = data * np.float32(alpha)
         wi = w.constant(weight.astype(np.float32), b.name)
         c = node.inputs[2] if len(node.inputs) > 2 else None
         _require(c is None or c.is_const)
@@ -255,7 +254,7 @@ def gemm(w, node):
             bias = np.broadcast_to(c.numpy().astype(np.float32) * np.float32(beta), bias.shape)
         bi = w.constant(np.ascontiguousarray(bias), f"{node.name}_bias")
     else:
-        weight, params = _weights_for(a, b, data if trans_b else data.T, 0)
+        weight, params = _weights_for(a, b, data, 0)
         if params.axis is not None and a.dtype == np.uint8:
             _pointwise_conv(w, node, weight, params)
             return
@@ -284,10 +283,17 @@ def _pointwise_conv(w, node, weight: np.ndarray, params: QuantParams) -> None:
     w.op("RESHAPE", [result, flat], [w.define(out, None)])
 
 
+def _columns_in_stored_order(w, a, weight: np.ndarray) -> np.ndarray:
+    """Weights [O, K] with their columns in the order input `a` is stored in."""
+    order = w.flat_order.get(id(a))
+    return weight if order is None else np.ascontiguousarray(weight[:, order])
+
+
 def matmul(w, node):
     a, b = node.inputs
     if b.is_const and len(b.shape) == 2:
-        weight = w.constant(np.ascontiguousarray(b.numpy().T), b.name)
+        data = _columns_in_stored_order(w, a, b.numpy().T)
+        weight = w.constant(np.ascontiguousarray(data), b.name)
         keep = len(a.shape) > 2
         _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None, keep_num_dims=keep)
         return
