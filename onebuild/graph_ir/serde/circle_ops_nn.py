@@ -3,6 +3,7 @@ pooling, resizing, normalization), with TFLite's SAME/VALID padding or an explic
 
 import numpy as np
 
+from ..ops.conv import pixel_shuffle_block, pixel_shuffle_weights
 from ..tensor import QuantParams
 from .circle_ops import (
     NHWC,
@@ -148,8 +149,8 @@ def conv_transpose(w, node):
     _require(not any(attrs["pads"]) and not any(attrs["output_padding"]))
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     _require(bias is None or bias.is_const)
-    block = weight.shape[2]
-    if w.fmt == "circle" and [block, block] == [*weight.shape[2:]] == list(attrs["strides"]):
+    block = pixel_shuffle_block(attrs, weight.shape)
+    if w.fmt == "circle" and block is not None:
         _pixel_shuffle(w, node, block)
         return
     out = node.output
@@ -174,16 +175,14 @@ def _pixel_shuffle(w, node, block: int) -> None:
     goes to row offset i, column offset j, channel o)."""
     x, weight = node.inputs[:2]
     out = node.output
-    channels = weight.shape[1]
-    data = weight.numpy().transpose(2, 3, 1, 0).reshape(block * block * channels, 1, 1, -1)
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    offsets = np.zeros(channels, np.float32) if bias is None else bias.numpy().reshape(-1)
+    data, offsets = pixel_shuffle_weights(weight.numpy(), None if bias is None else bias.numpy())
     n, _, h, wd = x.shape
     windows = w.new_tensor(f"{out.name}_windows", out.dtype, (n, h, wd, data.shape[0]))
     operands = [
         w.get(x, NHWC),
-        w.constant(np.ascontiguousarray(data), weight.name),
-        w.constant(np.tile(offsets, block * block), f"{node.name}_bias"),
+        w.constant(np.ascontiguousarray(data.transpose(0, 2, 3, 1)), weight.name),
+        w.constant(offsets.astype(np.float32), f"{node.name}_bias"),
     ]
     options = dict(padding=VALID, stride_h=1, stride_w=1, dilation_h=1, dilation_w=1)
     w.op("CONV_2D", operands, [windows], **options)
