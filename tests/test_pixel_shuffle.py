@@ -49,10 +49,11 @@ def test_rewrite_keeps_the_float_function_and_the_names(tmp_path):
     windows = split_pixel_shuffles(model.main)
     graph = model.main
     ops = [n.op for n in graph.nodes]
-    assert ops == ["Conv", "Conv", "DepthToSpace", "Relu", "ConvTranspose"]
+    assert ops == ["Conv", "Conv", "DepthToSpace", "ConvTranspose"]  # the Relu fused
     up = graph.nodes[1]
-    assert up.name == "up" and graph.nodes[2].output.name == "u"  # overrides still find them
-    assert windows == {up.output.name: "u"}
+    assert up.attrs["clip"] == [0.0, float("inf")]
+    assert up.name == "up" and graph.nodes[2].output.name == "v"  # overrides still find them
+    assert windows == {up.output.name: "v"}
     assert not any(v.name in ("w1", "b1") for v in graph.constants.values())
     got = Interpreter(graph).run_batch(feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
