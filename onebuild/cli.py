@@ -14,6 +14,7 @@ from .cli_recipes import (
     cmd_build,
     cmd_cache_gc,
     cmd_clean,
+    cmd_convert_cfg,
     cmd_dag,
     cmd_list,
     cmd_report,
@@ -135,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimization preset (default O1)",
     )
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("convert-cfg", help="translate a onecc .cfg into a recipe")
+    p.add_argument("cfg", help="the onecc configuration (INI) file")
+    p.add_argument("-o", "--output", help="recipe to write (default: the .cfg's name, .toml)")
+    p.set_defaults(func=cmd_convert_cfg)
 
     p = sub.add_parser("schema", help="print the JSON Schema of recipes")
     p.set_defaults(func=cmd_schema)
