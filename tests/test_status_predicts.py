@@ -93,14 +93,16 @@ def test_dag_draws_the_partition_to_its_codegen_tasks(tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     recipe = str(tmp_path / "examples" / "tiny_mobilenet_npu.toml")
-    cli("build", recipe)
+    split = ["--set", 'partition.opcode={MaxPool = "cpu"}']  # two NPU parts around the pool
+    cli("build", recipe, *split)
     result = subprocess.run(
-        [sys.executable, "-m", "onebuild.cli", "dag", recipe, "--dot"],
+        [sys.executable, "-m", "onebuild.cli", "dag", recipe, "--dot", *split],
         capture_output=True,
         text=True,
         check=True,
     )
-    parts = [s["part"] for s in cli("status", recipe)["steps"] if s["step"] == "codegen"]
+    steps = cli("status", recipe, *split)["steps"]
+    parts = [s["part"] for s in steps if s["step"] == "codegen"]
     assert len(parts) >= 2
     for part in parts:
         assert f'"{recipe}::partition" -> "{recipe}::codegen:{part}";' in result.stdout
