@@ -5,8 +5,10 @@ MAC-array ops map the reduction (input channels x kernel taps) onto `mac_rows` a
 channels onto `mac_cols`, one output pixel per cycle; depthwise convolutions use the vector unit
 when that is faster; a fused epilogue (an add or requantization of each output code,
 `fusion.py`) runs in the output stage at `vector_lanes` codes per cycle, overlapped. Pooling,
-elementwise, lookup and requantization run on `vector_lanes` elements per cycle. A DMA costs
-its latency plus bytes / bandwidth.
+elementwise, lookup and requantization run on `vector_lanes` elements per cycle (an average
+pool reads each window's kh kw codes; a max pool takes `vector_lanes` two-operand maxima per
+cycle, separably where that is fewer: `pool_ops`). A DMA costs its latency plus bytes /
+bandwidth.
 """
 
 import math
@@ -40,12 +42,29 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
     if layer.kind == "gemm":
         k = layer.arrays["weights"].shape[1]
         return math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
+    if layer.kind == "maxpool":
+        return max(1, math.ceil(chs * pool_ops(layer, rows, ow, in_shape[1]) / hw.vector_lanes))
     window = 1
-    if layer.kind in ("maxpool", "avgpool"):
+    if layer.kind == "avgpool":
         window = layer.attrs["kernel"][0] * layer.attrs["kernel"][1]
     elif layer.kind == "softmax":
         window = 4  # maximum, exponentials, sum, scaling: four passes over the tile
     return max(1, math.ceil(chs * pixels * window / hw.vector_lanes))
+
+
+def pool_ops(layer: Layer, rows: int, ow: int, height: int) -> int:
+    """Vector results (two-operand maxima, at least one per output) of `rows` output rows of
+    a max pool per channel, in the cheaper of two orders: each window alone (kh kw - 1 maxima
+    per output), or separably (`windows.window_max`): kw - 1 per output column of every
+    padded input row the tile spans, then kh - 1 per output (a row's maxima shared by the
+    windows that overlap on it)."""
+    a = layer.attrs
+    (kh, kw), (sh, _), (dh, _) = a["kernel"], a["strides"], a["dilations"]
+    span = min((rows - 1) * sh + (kh - 1) * dh + 1, height + a["pads"][0] + a["pads"][2])
+    outputs = rows * ow
+    direct = outputs * (kh * kw - 1)
+    separable = span * ow * (kw - 1) + outputs * (kh - 1)
+    return max(outputs, min(direct, separable))
 
 
 def streamed_bytes(layer: Layer) -> int:

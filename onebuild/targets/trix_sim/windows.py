@@ -38,19 +38,21 @@ def window_view(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndar
 
 
 def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
+    """[C, rows, ow] maxima of the pooling windows, separably as the vector unit runs them
+    (`perf.pool_ops`): each padded row's maxima over the kernel's columns at the output
+    columns, then the maxima of kernel-height runs of those rows at the output rows (rows
+    shared by overlapping windows reduced once). Bit-exact with the k x k window maxima: a
+    maximum does not depend on the order its operands are taken in."""
     a = layer.attrs
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    taps = (
-        padded[
-            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
-        ]
-        for i in range(kh)
-        for j in range(kw)
-    )
-    result = next(taps).copy()
-    for tap in taps:
-        np.maximum(result, tap, out=result)
+    span = (rows - 1) * sh + (kh - 1) * dh + 1
+    cols = [padded[:, :span, j * dw : j * dw + (ow - 1) * sw + 1 : sw] for j in range(kw)]
+    across = cols[0].copy()
+    for tap in cols[1:]:
+        np.maximum(across, tap, out=across)
+    result = across[:, : (rows - 1) * sh + 1 : sh].copy()
+    for i in range(1, kh):
+        np.maximum(result, across[:, i * dh : i * dh + (rows - 1) * sh + 1 : sh], out=result)
     return result
 
 
