@@ -27,15 +27,7 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
     _, _, ow = out_shape
     pixels = rows * ow
     if layer.kind == "conv":
-        weights = layer.arrays["weights"]
-        group = layer.attrs["group"]
-        per_group_out = weights.shape[0] // group
-        reduction = int(weights.shape[1] * weights.shape[2] * weights.shape[3])
-        groups = math.ceil(chs / per_group_out)
-        array = groups * math.ceil(reduction / hw.mac_rows) * pixels
-        array *= math.ceil(min(chs, per_group_out) / hw.mac_cols)
-        vector = math.ceil(chs * pixels * reduction / hw.vector_lanes)
-        cycles = max(1, min(array, vector) if per_group_out == 1 else array)
+        cycles = _conv_cycles(hw, layer, pixels, chs)
         if "epilogue" in layer.attrs:  # the output stage's add or requantize, overlapped
             cycles = max(cycles, math.ceil(chs * pixels / hw.vector_lanes))
         return cycles
@@ -50,6 +42,31 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
     elif layer.kind == "softmax":
         window = 4  # maximum, exponentials, sum, scaling: four passes over the tile
     return max(1, math.ceil(chs * pixels * window / hw.vector_lanes))
+
+
+def _conv_cycles(hw: Hardware, layer: Layer, pixels: int, chs: int) -> int:
+    """A convolution's `pixels` outputs of `chs` channels on the MAC array (a depthwise one on
+    the vector unit when that is faster)."""
+    weights = layer.arrays["weights"]
+    per_group_out = weights.shape[0] // layer.attrs["group"]
+    reduction = int(weights.shape[1] * weights.shape[2] * weights.shape[3])
+    groups = math.ceil(chs / per_group_out)
+    array = groups * math.ceil(reduction / hw.mac_rows) * pixels
+    array *= math.ceil(min(chs, per_group_out) / hw.mac_cols)
+    vector = math.ceil(chs * pixels * reduction / hw.vector_lanes)
+    return max(1, min(array, vector) if per_group_out == 1 else array)
+
+
+def conv_pool_cycles(
+    hw: Hardware, conv: Layer, pool: Layer, rows: int, chs: int, conv_rows: int, shapes
+) -> int:
+    """Cycles of an EXEC of a convolution with a max pool in its output stage (fusion.py):
+    `rows` pool output rows from `conv_rows` convolution rows of `chs` channels (`shapes`: the
+    convolution's and the pool's output); the larger of the MAC array's work and the pool's
+    maxima on the vector unit, which overlap."""
+    (_, height, width), (_, _, ow) = shapes
+    vector = math.ceil(chs * pool_ops(pool, rows, ow, height) / hw.vector_lanes)
+    return max(_conv_cycles(hw, conv, conv_rows * width, chs), vector)
 
 
 def pool_ops(layer: Layer, rows: int, ow: int, height: int) -> int:

@@ -29,24 +29,22 @@ from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import integer_softmax
 from ...graph_ir.quant.params import requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
+from .convolve import convolve, requant_channels
 from .exact import (
     all_codes,
     elementwise,
     exact_dot,
-    exact_int,
     lookup,
     product_bound,
-    requantize_float,
     same_values,
     saturate,
-    scale_in_place,
 )
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
-from .perf import dma_cycles, exec_cycles
+from .perf import conv_pool_cycles, dma_cycles, exec_cycles
 from .timeline import Report, Timeline, exactly_tiled
-from .windows import padded_rows, pool, window_view
+from .windows import pool
 
 WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
 
@@ -72,6 +70,12 @@ class Simulator:
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
         self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
+        self._pools = {  # convolution -> the max pool in its output stage
+            i: module.layers[layer.attrs["epilogue"]]
+            for i, layer in enumerate(module.layers)
+            if "epilogue" in layer.attrs
+            and module.layers[layer.attrs["epilogue"]].kind == "maxpool"
+        }
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -225,6 +229,8 @@ class Simulator:
             result = self._whole_slice(index, layer, in2_at, *self._slices[key])
             if result is not None:
                 return result
+        if index in self._pools:
+            return self._pooled_conv(index, layer, r0, rows, ch0, chs, in_at, w_at, out_at)
         tensors = self.module.tensors
         out_t = tensors[layer.output]
         x_t = tensors[layer.inputs[0]]
@@ -259,7 +265,7 @@ class Simulator:
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
                     taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
-                y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
+                y = convolve(layer, x, wq, r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
             macs = y.size * math.prod(weights.shape[1:])
             if "epilogue" in layer.attrs:
                 y = self._epilogue(layer, y, in2_at, reads)
@@ -272,7 +278,7 @@ class Simulator:
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
             bound = product_bound(xq.dtype, wq.dtype)
             acc = exact_dot(wq, xv[:, None], bound)[:, 0]
-            y = self._requant_channels(layer, acc[:, None, None], ch0, chs, k * bound)
+            y = requant_channels(layer, acc[:, None, None], ch0, chs, k * bound, out_t.dtype)
             macs = chs * k
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
@@ -320,6 +326,32 @@ class Simulator:
             place = self.sram[out_at : out_at + y.nbytes].view(y.dtype).reshape(y.shape)
             self._slices[key] = (*taken, place, result)
         return result
+
+    def _pooled_conv(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, w_at, out_at):
+        """A convolution tile with a max pool in its output stage: output rows [r0, r0 + rows)
+        of the pool, from the convolution rows they read (computed, never stored)."""
+        after, tensors = self._pools[index], self.module.tensors
+        x_t, mid_t, out_t = (tensors[n] for n in (layer.inputs[0], layer.output, after.output))
+        (c, h, w), (_, mh, mw) = x_t.shape, mid_t.shape
+        m0, m1 = tile_input_rows(after, r0, r0 + rows, mh, out_t.shape[1])
+        t0, t1 = tile_input_rows(layer, m0, m1, h, mh)
+        held = self._sram_view(in_at, x_t.dtype, (c, t1 - t0, w))
+        weights = layer.arrays["weights"]
+        wq = self._sram_view(w_at, weights.dtype, (chs, *weights.shape[1:]))
+        i0, i1 = input_rows(layer, m0, m1, h)
+        x = held[:, i0 - t0 : i1 - t0]
+        y = convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
+        y = y.astype(mid_t.dtype, copy=False)
+        p0, p1 = input_rows(after, r0, r0 + rows, mh)
+        z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
+        self._write_sram(out_at, z)
+        key = (index, r0, rows, chs)
+        if key not in self._cycles:
+            shapes = mid_t.shape, out_t.shape
+            self._cycles[key] = conv_pool_cycles(self.hw, layer, after, rows, chs, m1 - m0, shapes)
+        reads = [(in_at, in_at + held.nbytes), (w_at, w_at + wq.nbytes)]
+        macs = y.size * math.prod(weights.shape[1:])
+        return reads, [(out_at, out_at + z.nbytes)], self._cycles[key], macs
 
     def _whole_slice(self, index: int, layer, in2_at, held, t0, t1, wq, w_ref, box, place, result):
         """A convolution tile that took its slice of the whole layer before, by its kept views:
@@ -404,7 +436,7 @@ class Simulator:
                 weights = layer.arrays["weights"].astype(np.float32)
                 if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
                     self._weights32[index] = weights
-            y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
+            y = convolve(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, w, ow, out_t.dtype)
             self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
         return self._whole[index]
 
@@ -446,53 +478,6 @@ class Simulator:
                 if np.array_equal(whole[ch0 : ch0 + len(tile), r0 : r0 + tile.shape[1]], tile):
                     return whole.copy()
         return None
-
-    def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
-        a = layer.attrs
-        zp = a["x_zero_point"]
-        centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
-        pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
-        if pointwise:  # the input tile is already the im2col matrix
-            windows = centered[..., None, None]
-        else:
-            padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
-            windows = window_view(layer, padded, rows, ow)
-        bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
-        group = a["group"]
-        out_channels = layer.arrays["weights"].shape[0]
-        per_group_out, per_group_in = out_channels // group, wq.shape[1]
-        if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
-            taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
-            acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
-        else:
-            parts = []
-            for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
-                lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
-                patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
-                cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
-                kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-                part = exact_dot(kernel, cols, bound, keep_float=True)
-                parts.append(part.reshape(hi - lo, rows, ow))
-            acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return self._requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound)
-
-    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int):
-        """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
-        (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
-        where that is provably exact, else in int64."""
-        bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
-        m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
-        r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
-        a = layer.attrs
-        dtype = self.module.tensors[layer.output].dtype
-        y = requantize_float(acc, bias, m, r, a["y_zero_point"], a["qmin"], a["qmax"], dtype)
-        if y is not None:
-            return y
-        acc = exact_int(acc) if acc.dtype.kind == "f" else acc
-        y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
-        if y is None:
-            return saturate(layer, requantize(acc + bias, m, r))
-        return np.clip(y, a["qmin"], a["qmax"], out=y)
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)

@@ -86,13 +86,17 @@ class Timeline:
 
 def exactly_tiled(module: Module) -> list[int]:
     """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
-    cover every output element exactly once."""
+    cover every output element exactly once (not a convolution with a pool epilogue: its
+    tiles are the pool's)."""
     code = module.code
     execs = code[code[:, 0] == EXEC].astype(np.int64)
     tiled = []
     for index, layer in enumerate(module.layers):
         tiles = execs[execs[:, 1] == index]
         pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
+        after = module.layers[layer.attrs["epilogue"]] if "epilogue" in layer.attrs else None
+        if after is not None and after.kind == "maxpool":
+            continue
         if not len(tiles) or not (
             layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
         ):

@@ -1,0 +1,67 @@
+"""Convolution tiles of the TRIX simulator: exact integer accumulators on float32 BLAS
+(exact.exact_dot) and their requantization to output codes, in float64 where a bound proves it
+exact (exact.requantize_float), else in int64."""
+
+import math
+
+import numpy as np
+
+from ...graph_ir.quant.params import requantize
+from .exact import exact_dot, exact_int, product_bound, requantize_float, saturate, scale_in_place
+from .lower import Layer
+from .windows import padded_rows, window_view
+
+
+def convolve(
+    layer: Layer, x, wq, r0: int, rows: int, ch0: int, chs: int, i0: int, w: int, ow: int, dtype
+) -> np.ndarray:
+    """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
+    from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
+    or the same values as float32); `dtype` is the output's (the int64 path may return int64)."""
+    a = layer.attrs
+    zp = a["x_zero_point"]
+    centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
+    pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
+    if pointwise:  # the input tile is already the im2col matrix
+        windows = centered[..., None, None]
+    else:
+        padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
+        windows = window_view(layer, padded, rows, ow)
+    bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
+    group = a["group"]
+    out_channels = layer.arrays["weights"].shape[0]
+    per_group_out, per_group_in = out_channels // group, wq.shape[1]
+    if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
+        taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
+        acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
+    else:
+        parts = []
+        for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
+            lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
+            patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
+            cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
+            kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
+            part = exact_dot(kernel, cols, bound, keep_float=True)
+            parts.append(part.reshape(hi - lo, rows, ow))
+        acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound, dtype)
+
+
+def requant_channels(
+    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype
+) -> np.ndarray:
+    """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
+    (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
+    where that is provably exact, else in int64."""
+    bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
+    m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
+    r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
+    a = layer.attrs
+    y = requantize_float(acc, bias, m, r, a["y_zero_point"], a["qmin"], a["qmax"], dtype)
+    if y is not None:
+        return y
+    acc = exact_int(acc) if acc.dtype.kind == "f" else acc
+    y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
+    if y is None:
+        return saturate(layer, requantize(acc + bias, m, r))
+    return np.clip(y, a["qmin"], a["qmax"], out=y)
