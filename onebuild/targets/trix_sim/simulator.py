@@ -15,7 +15,10 @@ tile-by-tile execution.
 
 Addresses, sizes and cycles do not depend on the data, so the first run checks every DMA and
 schedules every instruction (timeline.py), and later runs of the same simulator reuse that
-report and the checked DMA views; every EXEC still checks its SRAM operands on every run.
+report and the checked DMA views; every EXEC still checks its SRAM operands on every run. Nor
+does where each byte came from: the first run follows it (provenance.py), and a tile proven to
+read the bytes the whole-layer result was computed from takes its slice without comparing
+them (nor is that layer's input copied).
 Requantization runs in float64 or in place in int64 where a bound proves it exact (exact.py);
 elementwise layers of 8-bit operands, concat parts and requant layers look their codes up in a
 table made once per layer from the integer rules over every input code.
@@ -43,6 +46,7 @@ from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
 from .perf import conv_pool_cycles, dma_cycles, exec_cycles
+from .provenance import Provenance
 from .timeline import Report, Timeline, exactly_tiled
 from .windows import pool
 
@@ -70,6 +74,11 @@ class Simulator:
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
         self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
+        self._labels: Provenance | None = None  # during the first run only
+        self._proven: set[tuple] = set()  # EXECs whose operands are what the whole layer read
+        self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
+        self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
+        self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
         self._pools = {  # convolution -> the max pool in its output stage
             i: module.layers[layer.attrs["epilogue"]]
             for i, layer in enumerate(module.layers)
@@ -138,9 +147,12 @@ class Simulator:
         return outputs, report
 
     def _run_timed(self) -> Report:
-        """Execute and schedule every instruction; the report."""
+        """Execute and schedule every instruction, following every byte's provenance; the
+        report."""
         module = self.module
         report, timeline = Report(), Timeline(len(self.sram))
+        self._labels = Provenance(len(module.blob), len(self.dram), len(self.sram))
+        self._proven, self._unproven = set(), set()
         finish: dict[str, int] = {}
         for position, (op, index, *args) in enumerate(self._code):
             try:
@@ -149,6 +161,9 @@ class Simulator:
                 raise self._inconsistent(position, index, error) from None
             name = module.layers[index].name
             finish[name] = max(finish.get(name, 0), end)
+        tried = set(self._snapshots)  # layers computed whole: each tile was proven or not
+        self._lean = tried - {key[0] for key in self._unproven}
+        self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
             stats["cycles"] = max(0, finish[name] - done)
@@ -196,6 +211,7 @@ class Simulator:
             self._copy(
                 position, self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride
             )
+            self._labels.load(dram, sram, block, count, dram_stride, sram_stride)
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [], [span])
@@ -207,6 +223,7 @@ class Simulator:
             self._copy(
                 position, self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride
             )
+            self._labels.store(sram, dram, block, count, sram_stride, dram_stride)
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [span], [])
@@ -215,6 +232,8 @@ class Simulator:
             report.dram_bytes += block * count
         elif op == EXEC:
             reads, writes, cycles, macs = self._exec(index, layer, *args)
+            for lo, hi in writes:
+                self._labels.wrote(lo, hi)
             end = timeline.schedule("compute", cycles, reads, writes)
             stats["compute_cycles"] += cycles
             stats["macs"] += macs
@@ -226,7 +245,7 @@ class Simulator:
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
         key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
         if key in self._slices and self._whole.get(index):
-            result = self._whole_slice(index, layer, in2_at, *self._slices[key])
+            result = self._whole_slice(index, layer, key, in2_at, *self._slices[key])
             if result is not None:
                 return result
         if index in self._pools:
@@ -254,11 +273,15 @@ class Simulator:
             shape = (chs, *weights.shape[1:])
             wq = self._sram_view(w_at, weights.dtype, shape)
             reads.append((w_at, w_at + wq.nbytes))
-            whole = self._whole_conv(index, layer, held, t0, t1)
-            if (
-                whole is not None
-                and same_values(held, whole[0][:, t0:t1])
-                and same_values(wq, weights[ch0 : ch0 + chs])
+            whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+            if whole is not None and self._labels is not None:
+                self._prove(key, held, t0, t1, weights)
+            if whole is not None and (
+                key in self._proven
+                or (
+                    same_values(held, whole[0][:, t0:t1])
+                    and same_values(wq, weights[ch0 : ch0 + chs])
+                )
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
                 y = whole[1][box]
@@ -353,12 +376,14 @@ class Simulator:
         macs = y.size * math.prod(weights.shape[1:])
         return reads, [(out_at, out_at + z.nbytes)], self._cycles[key], macs
 
-    def _whole_slice(self, index: int, layer, in2_at, held, t0, t1, wq, w_ref, box, place, result):
+    def _whole_slice(
+        self, index: int, layer, key, in2_at, held, t0, t1, wq, w_ref, box, place, result
+    ):
         """A convolution tile that took its slice of the whole layer before, by its kept views:
         the same operand checks, the same slice (through its epilogue, if fused) written to the
         same place."""
         x, y = self._whole[index]
-        if same_values(held, x[:, t0:t1]) and same_values(wq, w_ref):
+        if key in self._proven or (same_values(held, x[:, t0:t1]) and same_values(wq, w_ref)):
             tile = y[box]
             if "epilogue" in layer.attrs:
                 tile = self._epilogue(layer, tile, in2_at, [])
@@ -416,19 +441,39 @@ class Simulator:
             self._cycles[key] = exec_cycles(self.hw, layer, rows, chs, out, x)
         return self._cycles[key]
 
-    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, t0: int, t1: int):
+    def _prove(self, key: tuple, held: np.ndarray, t0: int, t1: int, weights) -> None:
+        """Record EXEC `key` as proven if the labels of its SRAM operands are those of the
+        input rows its layer's whole result was computed from and of its weights in the
+        blob."""
+        index, _, _, ch0, chs, in_at, w_at, _ = key
+        per_channel = weights[0].nbytes
+        blob_at = self.module.arrays[(index, "weights")] + ch0 * per_channel
+        snapshot = self._snapshots[index]
+        if self._labels.holds(in_at, snapshot[:, t0:t1]) and self._labels.holds_blob(
+            w_at, chs * per_channel, blob_at
+        ):
+            self._proven.add(key)
+        else:
+            self._unproven.add(key)
+
+    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
         """(input codes, output codes) of the whole convolution, computed at its first tile if
-        its tiles cover its output exactly; None otherwise."""
+        its tiles cover its output exactly; None otherwise. The input codes are a copy unless
+        every tile's operands are proven to be them (`_prove`)."""
         if index not in self._whole:
             return None
         if self._whole[index] is None:
             x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
             c, h, w = x_t.shape
-            if (t0, t1) == (0, h):  # a whole-height operand: the tensor as this layer reads it
-                x = held.copy()
-            else:
-                at = self.module.dram[layer.inputs[0]]
-                x = self.dram[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w).copy()
+            whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
+            at = in_at if whole_height else self.module.dram[layer.inputs[0]]
+            memory = self.sram if whole_height else self.dram
+            x = memory[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w)
+            if self._labels is not None:
+                labels = self._labels.of_sram if whole_height else self._labels.of_dram
+                self._snapshots[index] = labels(at, x_t.nbytes).reshape(c, h, -1)
+            if index not in self._lean:
+                x = x.copy()
             m, oh, ow = out_t.shape
             i0, i1 = input_rows(layer, 0, oh, h)
             weights = self._weights32.get(index)
