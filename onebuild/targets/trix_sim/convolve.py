@@ -13,11 +13,23 @@ from .windows import padded_rows, window_view
 
 
 def convolve(
-    layer: Layer, x, wq, r0: int, rows: int, ch0: int, chs: int, i0: int, w: int, ow: int, dtype
+    layer: Layer,
+    x,
+    wq,
+    r0: int,
+    rows: int,
+    ch0: int,
+    chs: int,
+    i0: int,
+    w: int,
+    ow: int,
+    dtype,
+    norm: float | None = None,
 ) -> np.ndarray:
     """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
     from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
-    or the same values as float32); `dtype` is the output's (the int64 path may return int64)."""
+    or the same values as float32; `norm`: `exact.row_norm` of them as a matrix, if known);
+    `dtype` is the output's (the int64 path may return int64)."""
     a = layer.attrs
     zp = a["x_zero_point"]
     centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
@@ -41,7 +53,8 @@ def convolve(
             patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
             cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
             kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-            part = exact_dot(kernel, cols, bound, keep_float=True)
+            known = norm if group == 1 else None
+            part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known)
             parts.append(part.reshape(hi - lo, rows, ow))
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound, dtype)

@@ -19,17 +19,20 @@ def exact_int(array: np.ndarray) -> np.ndarray:
 FLOAT32_EXACT = 1 << 24
 
 
-def exact_dot(a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False) -> np.ndarray:
+def exact_dot(
+    a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False, a_norm=None
+) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
     BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
     summation order is then exact), chunks summed in int64; float64 when products are too
-    large. Chunks are as long as the data allows (`reduction_chunks`). `keep_float` returns
-    the float product itself (exact integers) where one GEMM makes it, else int64."""
+    large. Chunks are as long as the data allows (`reduction_chunks`; `a_norm`: `row_norm(a)`
+    if known). `keep_float` returns the float product itself (exact integers) where one GEMM
+    makes it, else int64."""
     worst = FLOAT32_EXACT // max(bound, 1)
     if worst < 64:
         return exact_int(a.astype(np.float64) @ b.astype(np.float64))
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    edges = reduction_chunks(a32, b32, worst)
+    edges = reduction_chunks(a32, b32, worst, a_norm)
     if len(edges) == 2:
         return a32 @ b32 if keep_float else (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
@@ -38,18 +41,25 @@ def exact_dot(a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False
     return total
 
 
-def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int) -> list[int]:
+def row_norm(a: np.ndarray) -> float:
+    """The largest sum of squares of a row of `a` (float32 sums: within 7 % for rows of at
+    most 2^20)."""
+    return float(np.einsum("mk,mk->m", a, a).max(initial=0))
+
+
+def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int, a_norm=None) -> list[int]:
     """Edges of the fewest equal reduction chunks (halving) in which every partial sum of row
     i of `a` times column j of `b` is below 2^24: by Cauchy-Schwarz it is at most
     |a_i| |b_j| over the chunk; the float32 sums of squares are within 7 % for chunks of at most
-    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do."""
+    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do.
+    `a_norm`: `row_norm(a)`, if known (a program's constant weights)."""
     k = a.shape[1]
     least = -(-k // worst)
     pieces = 1
     while pieces < least and k <= 1 << 20:
         edges = [k * i // pieces for i in range(pieces + 1)]
         if all(
-            float(np.einsum("mk,mk->m", a[:, k0:k1], a[:, k0:k1]).max(initial=0))
+            (row_norm(a[:, k0:k1]) if a_norm is None or pieces > 1 else a_norm)
             * float(np.einsum("kn,kn->n", b[k0:k1], b[k0:k1]).max(initial=0))
             <= float(1 << 46)
             for k0, k1 in pairwise(edges)

@@ -23,25 +23,30 @@ class Provenance:
         self.fresh = dram_bytes  # the next unused label
         self.valid = True  # False once a STORE writes the blob: nothing is then proved
 
-    def _dram(self, index: np.ndarray) -> np.ndarray:
-        inside = index >= self.blob
-        labels = index.copy()
-        labels[inside] = self.arena[index[inside] - self.blob]
-        return labels
+    def _dram(self, at: int, block: int, count: int, stride: int) -> np.ndarray:
+        """Labels of a DRAM transfer's bytes: a view of the arena's, or the blob's own."""
+        if at >= self.blob:
+            return _region(self.arena, at - self.blob, block, count, stride)
+        index = at + stride * np.arange(count, dtype=np.int64)[:, None] + np.arange(block)
+        if count == 1 or block == stride:
+            index = index.reshape(-1)
+        if at + stride * (count - 1) + block > self.blob:  # reaching past the blob
+            inside = index >= self.blob
+            index[inside] = self.arena[index[inside] - self.blob]
+        return index
 
     def load(self, dram: int, sram: int, block: int, count: int, dram_stride: int, sram_stride):
         """A LOAD of `count` blocks of `block` bytes (a checked, in-range transfer)."""
-        self.sram[_spans(sram, block, count, sram_stride)] = self._dram(
-            _spans(dram, block, count, dram_stride)
-        )
+        place = _region(self.sram, sram, block, count, sram_stride)
+        place[...] = self._dram(dram, block, count, dram_stride).reshape(place.shape)
 
     def store(self, sram: int, dram: int, block: int, count: int, sram_stride, dram_stride):
         """A STORE of `count` blocks of `block` bytes (a checked, in-range transfer)."""
-        index = _spans(dram, block, count, dram_stride)
-        if index.size and int(index.min()) < self.blob:
+        if dram < self.blob:
             self.valid = False
             return
-        self.arena[index - self.blob] = self.sram[_spans(sram, block, count, sram_stride)]
+        place = _region(self.arena, dram - self.blob, block, count, dram_stride)
+        place[...] = _region(self.sram, sram, block, count, sram_stride).reshape(place.shape)
 
     def wrote(self, lo: int, hi: int) -> None:
         """An EXEC wrote SRAM bytes [lo, hi)."""
@@ -52,7 +57,7 @@ class Provenance:
         return self.sram[at : at + nbytes].copy()
 
     def of_dram(self, at: int, nbytes: int) -> np.ndarray:
-        return self._dram(np.arange(at, at + nbytes, dtype=np.int64))
+        return self._dram(at, nbytes, 1, nbytes).copy()
 
     def holds(self, at: int, labels: np.ndarray) -> bool:
         """Whether SRAM from `at` holds bytes with these labels (in C order)."""
@@ -64,6 +69,10 @@ class Provenance:
         return blob_at + nbytes <= self.blob and self.holds(at, expected)
 
 
-def _spans(at: int, block: int, count: int, stride: int) -> np.ndarray:
-    """Byte addresses of `count` blocks of `block` bytes `stride` apart, in order."""
-    return (at + stride * np.arange(count, dtype=np.int64)[:, None] + np.arange(block)).ravel()
+def _region(labels: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:
+    """A view of `count` blocks of `block` labels `stride` apart: one run where they are
+    contiguous, else [count, block]."""
+    if count == 1 or block == stride:
+        return labels[at : at + count * block]
+    step = labels.strides[0]
+    return np.lib.stride_tricks.as_strided(labels[at:], (count, block), (stride * step, step))

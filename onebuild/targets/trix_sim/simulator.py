@@ -39,6 +39,7 @@ from .exact import (
     exact_dot,
     lookup,
     product_bound,
+    row_norm,
     same_values,
     saturate,
 )
@@ -72,6 +73,7 @@ class Simulator:
         self._timed: Report | None = None  # the report of the first run: timing is data-free
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
+        self._norms: dict[int, float] = {}  # layer -> exact.row_norm of those weights
         self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
         self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
         self._labels: Provenance | None = None  # during the first run only
@@ -481,7 +483,9 @@ class Simulator:
                 weights = layer.arrays["weights"].astype(np.float32)
                 if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
                     self._weights32[index] = weights
-            y = convolve(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, w, ow, out_t.dtype)
+                    self._norms[index] = row_norm(weights.reshape(m, -1))
+            norm = self._norms.get(index)
+            y = convolve(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, w, ow, out_t.dtype, norm)
             self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
         return self._whole[index]
 
