@@ -18,10 +18,8 @@ schedules every instruction (timeline.py), and later runs of the same simulator 
 report and the checked DMA views; every EXEC still checks its SRAM operands on every run. Nor
 does where each byte came from: the first run follows it (provenance.py), and a tile proven to
 read the bytes the whole-layer result was computed from takes its slice without comparing
-them (nor is that layer's input copied).
-Requantization runs in float64 or in place in int64 where a bound proves it exact (exact.py);
-elementwise layers of 8-bit operands, concat parts and requant layers look their codes up in a
-table made once per layer from the integer rules over every input code.
+them (nor is that layer's input copied). Convolutions: convolve.py; code tables of
+elementwise layers, concat parts and requant layers: tables.py.
 """
 
 import math
@@ -30,24 +28,20 @@ import numpy as np
 
 from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import integer_softmax
-from ...graph_ir.quant.params import requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .convolve import convolve, requant_channels
 from .exact import (
-    all_codes,
-    elementwise,
     exact_dot,
-    lookup,
     product_bound,
     row_norm,
     same_values,
-    saturate,
 )
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
 from .perf import conv_pool_cycles, dma_cycles, exec_cycles
 from .provenance import Provenance
+from .tables import CodeTables
 from .timeline import Report, Timeline, exactly_tiled
 from .windows import pool
 
@@ -74,7 +68,7 @@ class Simulator:
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._norms: dict[int, float] = {}  # layer -> exact.row_norm of those weights
-        self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
+        self._codes = CodeTables(module)  # code tables of elementwise layers and concat parts
         self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
         self._labels: Provenance | None = None  # during the first run only
         self._proven: set[tuple] = set()  # EXECs whose operands are what the whole layer read
@@ -308,7 +302,7 @@ class Simulator:
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
-            y = self._pairwise(layer, *pair)
+            y = self._codes.pairwise(layer, *pair)
         elif layer.kind in ("add", "mul"):
             b_t, vector = tensors[layer.inputs[1]], layer.attrs.get("vector_index")
             shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
@@ -318,7 +312,7 @@ class Simulator:
             if whole is not None:
                 y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
             else:
-                y = self._pairwise(layer, *((b, x) if vector == 0 else (x, b)))
+                y = self._codes.pairwise(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
             y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
@@ -334,13 +328,13 @@ class Simulator:
             y = integer_softmax(x, table, 0, layer.attrs)[ch0 : ch0 + chs]  # over channels
         elif layer.kind == "requant":
             a = layer.attrs
-            y = self._rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
+            y = self._codes.rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
         elif layer.kind == "concat":
             a, part = layer.attrs, in2_at
             x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
             reads = [(in_at, in_at + x.nbytes)]
             zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
-            y = self._rescaled(layer, x, part, zp, m, r)
+            y = self._codes.rescaled(layer, x, part, zp, m, r)
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
         y = np.asarray(y).astype(out_t.dtype, copy=False)
@@ -393,35 +387,6 @@ class Simulator:
             return result
         return None
 
-    def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """`elementwise(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
-        up in a table of every pair of codes made once with `_binary` itself (when the layer's
-        output, over all its tiles, is at least as large as the table, or it exists)."""
-        key = (layer.name, "pair")
-        small = key not in self._tables and self._output_size(layer) < 1 << 16
-        if x.itemsize != 1 or b.itemsize != 1 or small:
-            return elementwise(layer, x, b).astype(self.module.tensors[layer.output].dtype)
-        if key not in self._tables:
-            table = elementwise(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
-            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype).ravel()
-        return lookup(self._tables[key], x, b)
-
-    def _rescaled(self, layer: Layer, x: np.ndarray, part: int, zero_point, m, r) -> np.ndarray:
-        """Saturated requantize(x - zero_point, m, r) (a requant layer, or part `part` of a
-        concat), looked up in a table of every input code made once with that formula (when the
-        layer's output is at least as large as the table, or it exists)."""
-        key = (layer.name, part)
-        if key not in self._tables and self._output_size(layer) < 1 << (8 * x.itemsize):
-            return saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
-        if key not in self._tables:
-            codes = all_codes(x.dtype).astype(np.int64)
-            table = saturate(layer, requantize(codes - zero_point, m, r))
-            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype)
-        return lookup(self._tables[key], x)
-
-    def _output_size(self, layer: Layer) -> int:
-        return math.prod(self.module.tensors[layer.output].shape)
-
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
         other operand's tile at `in2_at`, or a Concat's requantization of this part."""
@@ -430,10 +395,10 @@ class Simulator:
         if after.kind == "concat":
             a = after.attrs
             zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
-            return self._rescaled(after, y, part, zp, m, r)
+            return self._codes.rescaled(after, y, part, zp, m, r)
         other = self._sram_view(in2_at, self.module.tensors[after.inputs[1 - part]].dtype, y.shape)
         reads.append((in2_at, in2_at + other.nbytes))
-        return self._pairwise(after, *((y, other) if part == 0 else (other, y)))
+        return self._codes.pairwise(after, *((y, other) if part == 0 else (other, y)))
 
     def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
         key = (index, rows, chs)
@@ -503,7 +468,7 @@ class Simulator:
             if any(o is None for o in operands):
                 self._whole[index] = False
             else:
-                y = self._pairwise(layer, *operands)
+                y = self._codes.pairwise(layer, *operands)
                 self._whole[index] = (*operands, y)
         if self._whole[index] is False:
             return None
