@@ -1,12 +1,13 @@
-"""TRIX max pooling: the simulator's separable window maxima equal every window's own maximum,
-and the performance model counts the two-operand maxima of the cheaper order."""
+"""TRIX pooling: the simulator's separable window maxima and sums equal every window's own
+maximum and sum, and the performance model counts the two-operand maxima of the cheaper
+order."""
 
 import numpy as np
 import pytest
 
 from onebuild.targets.trix_sim.lower import Layer
 from onebuild.targets.trix_sim.perf import pool_ops
-from onebuild.targets.trix_sim.windows import window_max
+from onebuild.targets.trix_sim.windows import window_max, window_sum
 
 
 def _pool(kernel, strides, dilations, pads=(0, 0, 0, 0)) -> Layer:
@@ -24,13 +25,14 @@ def _pool(kernel, strides, dilations, pads=(0, 0, 0, 0)) -> Layer:
         ((4, 4), (4, 4), (1, 1)),
     ],
 )
-def test_separable_maxima_equal_each_window_maximum(rng, kernel, strides, dilations):
+def test_separable_maxima_and_sums_equal_each_windows(rng, kernel, strides, dilations):
     layer = _pool(kernel, strides, dilations)
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
     padded = rng.integers(-128, 128, (3, 17, 13)).astype(np.int8)
     rows = (17 - (kh - 1) * dh - 1) // sh + 1
     ow = (13 - (kw - 1) * dw - 1) // sw + 1
     expected = np.empty((3, rows, ow), np.int8)
+    sums = np.empty((3, rows, ow), np.int64)
     for i in range(rows):
         for j in range(ow):
             window = padded[
@@ -39,9 +41,11 @@ def test_separable_maxima_equal_each_window_maximum(rng, kernel, strides, dilati
                 j * sw : j * sw + (kw - 1) * dw + 1 : dw,
             ]
             expected[:, i, j] = window.reshape(3, -1).max(axis=1)
+            sums[:, i, j] = window.reshape(3, -1).sum(axis=1, dtype=np.int64)
     got = window_max(layer, padded, rows, ow)
     assert got.dtype == np.int8
     np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(window_sum(layer, padded, rows, ow), sums)
 
 
 def test_pool_ops_counts_the_cheaper_order():

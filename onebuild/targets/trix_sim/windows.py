@@ -43,16 +43,27 @@ def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarr
     columns, then the maxima of kernel-height runs of those rows at the output rows (rows
     shared by overlapping windows reduced once). Bit-exact with the k x k window maxima: a
     maximum does not depend on the order its operands are taken in."""
+    return _separable(layer, padded, rows, ow, np.maximum, padded.dtype)
+
+
+def window_sum(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+    """[C, rows, ow] int64 sums of the pooling windows, separably (exact: integers)."""
+    return _separable(layer, padded, rows, ow, np.add, np.int64)
+
+
+def _separable(layer: Layer, padded: np.ndarray, rows: int, ow: int, ufunc, dtype) -> np.ndarray:
+    """`ufunc` over every window: over the kernel's columns of each row, then over the
+    kernel's rows of those."""
     a = layer.attrs
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
     span = (rows - 1) * sh + (kh - 1) * dh + 1
     cols = [padded[:, :span, j * dw : j * dw + (ow - 1) * sw + 1 : sw] for j in range(kw)]
-    across = cols[0].copy()
+    across = cols[0].astype(dtype)
     for tap in cols[1:]:
-        np.maximum(across, tap, out=across)
+        ufunc(across, tap, out=across)
     result = across[:, : (rows - 1) * sh + 1 : sh].copy()
     for i in range(1, kh):
-        np.maximum(result, across[:, i * dh : i * dh + (rows - 1) * sh + 1 : sh], out=result)
+        ufunc(result, across[:, i * dh : i * dh + (rows - 1) * sh + 1 : sh], out=result)
     return result
 
 
@@ -74,15 +85,17 @@ def pool(
         fill = np.iinfo(x.dtype).min  # the codes themselves: a maximum needs no widening
         padded = padded_rows(layer, x, r0, rows, i0, w, fill, x.dtype)
         return window_max(layer, padded, rows, ow)
-    padded = padded_rows(layer, x, r0, rows, i0, w, a["x_zero_point"])
-    sums = window_view(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
-    counted = np.zeros((1, *padded.shape[1:]), np.int64)
+    zp, (kh, kw) = a["x_zero_point"], a["kernel"]
+    padded = padded_rows(layer, x, r0, rows, i0, w, zp, x.dtype)  # pads hold the zero point
+    sums = window_sum(layer, padded, rows, ow)
+    sums -= zp * kh * kw
+    counted = np.zeros((1, *padded.shape[1:]), np.uint8)
     top = r0 * a["strides"][0] - a["pads"][0]
     if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
         first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
         counted[:, first - top : last - top, :] = 1
     else:
         counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
-    counts = window_view(layer, counted, rows, ow).sum(axis=(3, 4))[0]
+    counts = window_sum(layer, counted, rows, ow)[0]
     m, r = count_multipliers(float(layer.arrays["ratio"]), counts)
     return saturate(layer, requantize(sums, m, r))
