@@ -32,26 +32,36 @@ def convolve(
     `dtype` is the output's (the int64 path may return int64)."""
     a = layer.attrs
     zp = a["x_zero_point"]
-    centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
-    pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
-    if pointwise:  # the input tile is already the im2col matrix
-        windows = centered[..., None, None]
-    else:
-        padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
-        windows = window_view(layer, padded, rows, ow)
     bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
     group = a["group"]
     out_channels = layer.arrays["weights"].shape[0]
     per_group_out, per_group_in = out_channels // group, wq.shape[1]
+    pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
     if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
+        centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
+        padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
+        windows = window_view(layer, padded, rows, ow)
         taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
         acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
     else:
+        if pointwise:  # the input tile is already the im2col matrix
+            windows = np.subtract(x, np.float32(zp), dtype=np.float32)[..., None, None]
+        else:  # codes, padded with the zero point: centered as the im2col matrix is made
+            windows = window_view(
+                layer, padded_rows(layer, x, r0, rows, i0, w, zp, x.dtype), rows, ow
+            )
         parts = []
         for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
             lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
             patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
-            cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
+            patch = patch.transpose(0, 3, 4, 1, 2)
+            if pointwise:
+                cols = patch.reshape(-1, rows * ow)  # a view
+            else:
+                cols = np.empty(
+                    (patch.shape[0] * patch.shape[1] * patch.shape[2], rows * ow), np.float32
+                )
+                np.subtract(patch, np.float32(zp), out=cols.reshape(patch.shape), dtype=np.float32)
             kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
             known = norm if group == 1 else None
             part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known)
