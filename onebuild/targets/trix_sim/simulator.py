@@ -148,7 +148,7 @@ class Simulator:
         module = self.module
         report, timeline = Report(), Timeline(len(self.sram))
         self._labels = Provenance(len(module.blob), len(self.dram), len(self.sram))
-        self._proven, self._unproven = set(), set()
+        self._proven, self._unproven, self._snapshots = set(), set(), {}
         finish: dict[str, int] = {}
         for position, (op, index, *args) in enumerate(self._code):
             try:
