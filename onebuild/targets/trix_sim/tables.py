@@ -1,7 +1,7 @@
 """Code tables of the TRIX simulator: an elementwise layer of two 8-bit operands, a concat
 part or a requant layer looks its output codes up in a table made once per layer by the
 integer rules over every input code (or pair of codes), where the layer's output is at least as
-large as the table."""
+large as the table (a concat part whose every code maps to itself is not looked up)."""
 
 import math
 
@@ -16,7 +16,7 @@ from .lower import Layer
 class CodeTables:
     def __init__(self, module: Module):
         self.module = module
-        self.tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
+        self.tables: dict[tuple, np.ndarray | None] = {}  # (layer, part) -> output codes
 
     def pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
         """`elementwise(layer, x, b)` as codes of the output; where both operands are 8-bit,
@@ -40,10 +40,13 @@ class CodeTables:
         if key not in self.tables and self._output_size(layer) < 1 << (8 * x.itemsize):
             return saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
         if key not in self.tables:
-            codes = all_codes(x.dtype).astype(np.int64)
-            table = saturate(layer, requantize(codes - zero_point, m, r))
-            self.tables[key] = table.astype(self.module.tensors[layer.output].dtype)
-        return lookup(self.tables[key], x)
+            codes = all_codes(x.dtype)
+            table = saturate(layer, requantize(codes.astype(np.int64) - zero_point, m, r))
+            table = table.astype(self.module.tensors[layer.output].dtype)
+            same = table.dtype == x.dtype and np.array_equal(table, codes)
+            self.tables[key] = None if same else table  # None: every code maps to itself
+        table = self.tables[key]
+        return x if table is None else lookup(table, x)
 
     def _output_size(self, layer: Layer) -> int:
         return math.prod(self.module.tensors[layer.output].shape)
