@@ -7,7 +7,15 @@ import math
 import numpy as np
 
 from ...graph_ir.quant.params import requantize
-from .exact import exact_dot, exact_int, product_bound, requantize_float, saturate, scale_in_place
+from .exact import (
+    exact_dot,
+    exact_int,
+    float_scaling,
+    product_bound,
+    requantize_float,
+    saturate,
+    scale_in_place,
+)
 from .lower import Layer
 from .windows import padded_rows, window_view
 
@@ -25,11 +33,13 @@ def convolve(
     ow: int,
     dtype,
     norm: float | None = None,
+    scalings: dict | None = None,
 ) -> np.ndarray:
     """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
     from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
     or the same values as float32; `norm`: `exact.row_norm` of them as a matrix, if known);
-    `dtype` is the output's (the int64 path may return int64)."""
+    `dtype` is the output's (the int64 path may return int64). `scalings`: a cache of the
+    requantization constants (`requant_channels`)."""
     a = layer.attrs
     zp = a["x_zero_point"]
     bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
@@ -67,20 +77,29 @@ def convolve(
             part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known)
             parts.append(part.reshape(hi - lo, rows, ow))
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound, dtype)
+    bound *= math.prod(wq.shape[1:])
+    return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings)
 
 
 def requant_channels(
-    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype
+    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype, scalings=None
 ) -> np.ndarray:
     """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
     (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
-    where that is provably exact, else in int64."""
+    where that is provably exact, else in int64. `scalings`: a dict that keeps the float64
+    constants (`exact.float_scaling`) per layer and channel range across calls."""
     bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
     m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
     r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
     a = layer.attrs
-    y = requantize_float(acc, bias, m, r, a["y_zero_point"], a["qmin"], a["qmax"], dtype)
+    zp, qmin, qmax = a["y_zero_point"], a["qmin"], a["qmax"]
+    key = (layer.name, ch0, chs)
+    scaling = None if scalings is None else scalings.get(key)
+    if scaling is None:
+        scaling = float_scaling(bias, m, r, zp, qmin, qmax)
+        if scalings is not None:
+            scalings[key] = scaling
+    y = requantize_float(acc, bias, m, r, zp, qmin, qmax, dtype, scaling)
     if y is not None:
         return y
     acc = exact_int(acc) if acc.dtype.kind == "f" else acc

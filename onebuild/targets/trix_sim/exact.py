@@ -3,6 +3,7 @@ float32 partial sums provably stay integers below 2^24, requantization in float6
 in int64 where a bound proves it exact, saturation, tables of every
 code, and fast operand comparison."""
 
+from functools import cache
 from itertools import pairwise
 
 import numpy as np
@@ -69,6 +70,7 @@ def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int, a_norm=None) -> l
     return [*range(0, k, worst), k]
 
 
+@cache
 def product_bound(codes: np.dtype, weights: np.dtype) -> int:
     """The largest |(x - zero point) * w| of these code and weight dtypes."""
     x, w = np.iinfo(codes), np.iinfo(weights)
@@ -138,12 +140,15 @@ def _byte_rows(a: np.ndarray) -> np.ndarray | None:
 FLOAT64_EXACT = 1 << 53
 
 
-def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype):
+def requantize_float(
+    acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype, scaling=None
+):
     """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
     int64 arrays broadcasting against acc), in float64 in four or five passes: t = acc s +
     bias s with s = m 2^-r, rounded half to even (np.rint, as `params.requantize`), plus zp,
     clipped. `acc` holds integers in float32/float64 (or int64 below 2^53). None where the
     proof below does not hold for every channel (the caller then takes the int64 path).
+    `scaling`: `float_scaling` of the same arguments, if known (a layer's constants).
 
     Exact: requantize is round_half_even(w) for w = (acc + bias) s. Every quantity is a
     multiple of 2^-r, exact in float64 while below 2^(53 - r). Where round(w) + zp is in
@@ -152,6 +157,21 @@ def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int,
     acc s, bias s and their sum w are all exact and rint(t) = round_half_even(w), ties
     included. Elsewhere two roundings leave |t - w| <= 2^-51 (|w| + |bias s|) and |bias s| <
     2^(53 - r) <= 2^49 (r >= 4, checked), so t stays beyond the same clip bound."""
+    if scaling is None:
+        scaling = float_scaling(bias, m, r, zp, qmin, qmax)
+    if scaling is False:
+        return None
+    scale, offset = scaling
+    t = np.multiply(acc, scale, dtype=np.float64)
+    t += offset
+    np.rint(t, out=t)
+    if zp:
+        t += zp
+    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+
+
+def float_scaling(bias, m, r, zp: int, qmin: int, qmax: int):
+    """(s, bias s) in float64 for `requantize_float`, or False where its proof does not hold."""
     m, r, bias = (np.asarray(v, np.int64) for v in (m, r, bias))
     reach = max(abs(qmin), abs(qmax)) + 1 + abs(zp) + 1
     if (
@@ -159,16 +179,11 @@ def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int,
         or int(r.max()) > 62 - reach.bit_length()
         or (int(np.abs(bias).max()) * int(m.max()) >= FLOAT64_EXACT)
     ):
-        return None
+        return False
     if int(((np.int64(reach) << r) + np.abs(bias) * m).max()) >= FLOAT64_EXACT:
-        return None
-    scale = np.ldexp(m.astype(np.float64), -r)
-    t = np.multiply(acc, scale, dtype=np.float64)
-    t += np.ldexp((bias * m).astype(np.float64), -r)  # bias s 2^r below 2^53 by the check
-    np.rint(t, out=t)
-    if zp:
-        t += zp
-    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+        return False
+    # bias s 2^r is below 2^53 by the checks: both are exact
+    return np.ldexp(m.astype(np.float64), -r), np.ldexp((bias * m).astype(np.float64), -r)
 
 
 def all_codes(dtype: str | np.dtype) -> np.ndarray:

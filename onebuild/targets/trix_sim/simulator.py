@@ -23,6 +23,7 @@ elementwise layers, concat parts and requant layers: tables.py.
 """
 
 import math
+from functools import partial
 
 import numpy as np
 
@@ -68,6 +69,8 @@ class Simulator:
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._norms: dict[int, float] = {}  # layer -> exact.row_norm of those weights
+        self._scalings: dict[tuple, tuple] = {}  # requantization constants (convolve.py)
+        self._convolve = partial(convolve, scalings=self._scalings)
         self._codes = CodeTables(module)  # code tables of elementwise layers and concat parts
         self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
         self._labels: Provenance | None = None  # during the first run only
@@ -192,16 +195,7 @@ class Simulator:
     ) -> int:
         """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
-        stats = report.layers.get(layer.name)
-        if stats is None:
-            stats = report.layers[layer.name] = {
-                "kind": layer.kind,
-                "cycles": 0,
-                "compute_cycles": 0,
-                "dma_cycles": 0,
-                "dram_bytes": 0,
-                "macs": 0,
-            }
+        stats = report.stats(layer.name, layer.kind)
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
             self._copy(
@@ -284,7 +278,8 @@ class Simulator:
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
                     taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
-                y = convolve(layer, x, wq, r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
+                tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
+                y = self._convolve(layer, x, wq, *tile)
             macs = y.size * math.prod(weights.shape[1:])
             if "epilogue" in layer.attrs:
                 y = self._epilogue(layer, y, in2_at, reads)
@@ -297,7 +292,9 @@ class Simulator:
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
             bound = product_bound(xq.dtype, wq.dtype)
             acc = exact_dot(wq, xv[:, None], bound)[:, 0]
-            y = requant_channels(layer, acc[:, None, None], ch0, chs, k * bound, out_t.dtype)
+            y = requant_channels(
+                layer, acc[:, None, None], ch0, chs, k * bound, out_t.dtype, self._scalings
+            )
             macs = chs * k
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
@@ -359,7 +356,7 @@ class Simulator:
         wq = self._sram_view(w_at, weights.dtype, (chs, *weights.shape[1:]))
         i0, i1 = input_rows(layer, m0, m1, h)
         x = held[:, i0 - t0 : i1 - t0]
-        y = convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
+        y = self._convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
         y = y.astype(mid_t.dtype, copy=False)
         p0, p1 = input_rows(after, r0, r0 + rows, mh)
         z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
@@ -450,7 +447,8 @@ class Simulator:
                     self._weights32[index] = weights
                     self._norms[index] = row_norm(weights.reshape(m, -1))
             norm = self._norms.get(index)
-            y = convolve(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, w, ow, out_t.dtype, norm)
+            whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
+            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm)
             self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
         return self._whole[index]
 

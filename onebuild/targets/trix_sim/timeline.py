@@ -25,6 +25,13 @@ class Report:
     # own), compute_cycles and dma_cycles (engine busy time), dram_bytes, macs
     layers: dict[str, dict] = field(default_factory=dict)
 
+    def stats(self, name: str, kind: str) -> dict:
+        """Layer `name`'s entry, made empty on first use."""
+        if name not in self.layers:
+            counts = ("cycles", "compute_cycles", "dma_cycles", "dram_bytes", "macs")
+            self.layers[name] = {"kind": kind, **dict.fromkeys(counts, 0)}
+        return self.layers[name]
+
     def copy(self) -> "Report":
         return Report(self.cycles, self.dram_bytes, {k: dict(v) for k, v in self.layers.items()})
 
