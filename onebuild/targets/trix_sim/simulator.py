@@ -18,8 +18,10 @@ schedules every instruction (timeline.py), and later runs of the same simulator 
 report and the checked DMA views; every EXEC still checks its SRAM operands on every run. Nor
 does where each byte came from: the first run follows it (provenance.py), and a tile proven to
 read the bytes the whole-layer result was computed from takes its slice without comparing
-them (nor is that layer's input copied). Convolutions: convolve.py; code tables of
-elementwise layers, concat parts and requant layers: tables.py.
+them (nor is that layer's input copied): wholes.py. A convolution with a max pool in its
+output stage, whose tiles overlap, is computed whole where all its tiles are proven so.
+Convolutions: convolve.py; code tables of elementwise layers, concat parts and requant
+layers: tables.py.
 """
 
 import math
@@ -34,7 +36,6 @@ from .convolve import convolve, requant_channels
 from .exact import (
     exact_dot,
     product_bound,
-    row_norm,
     same_values,
 )
 from .hardware import Hardware
@@ -44,12 +45,11 @@ from .perf import conv_pool_cycles, dma_cycles, exec_cycles
 from .provenance import Provenance
 from .tables import CodeTables
 from .timeline import Report, Timeline, exactly_tiled
+from .wholes import WholeLayers
 from .windows import pool
 
-WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
 
-
-class Simulator:
+class Simulator(WholeLayers):
     def __init__(self, module: Module, hw: Hardware):
         if hw.name != module.meta.get("hardware"):
             raise UserError(f"module was compiled for {module.meta.get('hardware')}, not {hw.name}")
@@ -61,7 +61,6 @@ class Simulator:
         self.dram = np.zeros(module.dram_bytes, np.uint8)
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
-        self._tiled = exactly_tiled(module)
         self._whole: dict[int, tuple | None] = {}
         self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
         self._code = module.code.tolist()
@@ -84,6 +83,7 @@ class Simulator:
             if "epilogue" in layer.attrs
             and module.layers[layer.attrs["epilogue"]].kind == "maxpool"
         }
+        self._tiled = [*exactly_tiled(module), *self._pools]  # layers computed whole
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -162,6 +162,8 @@ class Simulator:
             finish[name] = max(finish.get(name, 0), end)
         tried = set(self._snapshots)  # layers computed whole: each tile was proven or not
         self._lean = tried - {key[0] for key in self._unproven}
+        # a pooled convolution's tiles overlap: computed whole only where that was proven
+        self._tiled = [i for i in self._tiled if i not in self._pools or i in self._lean]
         self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
@@ -345,7 +347,8 @@ class Simulator:
 
     def _pooled_conv(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, w_at, out_at):
         """A convolution tile with a max pool in its output stage: output rows [r0, r0 + rows)
-        of the pool, from the convolution rows they read (computed, never stored)."""
+        of the pool, from the convolution rows they read (never stored: computed, or taken
+        from the whole convolution where its operands are those it was computed from)."""
         after, tensors = self._pools[index], self.module.tensors
         x_t, mid_t, out_t = (tensors[n] for n in (layer.inputs[0], layer.output, after.output))
         (c, h, w), (_, mh, mw) = x_t.shape, mid_t.shape
@@ -354,35 +357,31 @@ class Simulator:
         held = self._sram_view(in_at, x_t.dtype, (c, t1 - t0, w))
         weights = layer.arrays["weights"]
         wq = self._sram_view(w_at, weights.dtype, (chs, *weights.shape[1:]))
-        i0, i1 = input_rows(layer, m0, m1, h)
-        x = held[:, i0 - t0 : i1 - t0]
-        y = self._convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
-        y = y.astype(mid_t.dtype, copy=False)
+        key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
+        whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+        if whole is not None and self._labels is not None:
+            self._prove(key, held, t0, t1, weights)
+        if whole is not None and (
+            key in self._proven
+            or (same_values(held, whole[0][:, t0:t1]) and same_values(wq, weights[ch0 : ch0 + chs]))
+        ):
+            y = whole[1][ch0 : ch0 + chs, m0:m1]
+        else:
+            i0, i1 = input_rows(layer, m0, m1, h)
+            x = held[:, i0 - t0 : i1 - t0]
+            y = self._convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
+            y = y.astype(mid_t.dtype, copy=False)
         p0, p1 = input_rows(after, r0, r0 + rows, mh)
         z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
         self._write_sram(out_at, z)
-        key = (index, r0, rows, chs)
-        if key not in self._cycles:
+        timing = (index, r0, rows, chs)
+        if timing not in self._cycles:
             shapes = mid_t.shape, out_t.shape
-            self._cycles[key] = conv_pool_cycles(self.hw, layer, after, rows, chs, m1 - m0, shapes)
+            cycles = conv_pool_cycles(self.hw, layer, after, rows, chs, m1 - m0, shapes)
+            self._cycles[timing] = cycles
         reads = [(in_at, in_at + held.nbytes), (w_at, w_at + wq.nbytes)]
         macs = y.size * math.prod(weights.shape[1:])
-        return reads, [(out_at, out_at + z.nbytes)], self._cycles[key], macs
-
-    def _whole_slice(
-        self, index: int, layer, key, in2_at, held, t0, t1, wq, w_ref, box, place, result
-    ):
-        """A convolution tile that took its slice of the whole layer before, by its kept views:
-        the same operand checks, the same slice (through its epilogue, if fused) written to the
-        same place."""
-        x, y = self._whole[index]
-        if key in self._proven or (same_values(held, x[:, t0:t1]) and same_values(wq, w_ref)):
-            tile = y[box]
-            if "epilogue" in layer.attrs:
-                tile = self._epilogue(layer, tile, in2_at, [])
-            place[...] = tile
-            return result
-        return None
+        return reads, [(out_at, out_at + z.nbytes)], self._cycles[timing], macs
 
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
@@ -404,92 +403,6 @@ class Simulator:
             out, x = (self.module.tensors[n].shape for n in (layer.output, layer.inputs[0]))
             self._cycles[key] = exec_cycles(self.hw, layer, rows, chs, out, x)
         return self._cycles[key]
-
-    def _prove(self, key: tuple, held: np.ndarray, t0: int, t1: int, weights) -> None:
-        """Record EXEC `key` as proven if the labels of its SRAM operands are those of the
-        input rows its layer's whole result was computed from and of its weights in the
-        blob."""
-        index, _, _, ch0, chs, in_at, w_at, _ = key
-        per_channel = weights[0].nbytes
-        blob_at = self.module.arrays[(index, "weights")] + ch0 * per_channel
-        snapshot = self._snapshots[index]
-        if self._labels.holds(in_at, snapshot[:, t0:t1]) and self._labels.holds_blob(
-            w_at, chs * per_channel, blob_at
-        ):
-            self._proven.add(key)
-        else:
-            self._unproven.add(key)
-
-    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
-        """(input codes, output codes) of the whole convolution, computed at its first tile if
-        its tiles cover its output exactly; None otherwise. The input codes are a copy unless
-        every tile's operands are proven to be them (`_prove`)."""
-        if index not in self._whole:
-            return None
-        if self._whole[index] is None:
-            x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
-            c, h, w = x_t.shape
-            whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
-            at = in_at if whole_height else self.module.dram[layer.inputs[0]]
-            memory = self.sram if whole_height else self.dram
-            x = memory[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w)
-            if self._labels is not None:
-                labels = self._labels.of_sram if whole_height else self._labels.of_dram
-                self._snapshots[index] = labels(at, x_t.nbytes).reshape(c, h, -1)
-            if index not in self._lean:
-                x = x.copy()
-            m, oh, ow = out_t.shape
-            i0, i1 = input_rows(layer, 0, oh, h)
-            weights = self._weights32.get(index)
-            if weights is None:  # constants of the program: kept up to a memory budget
-                weights = layer.arrays["weights"].astype(np.float32)
-                if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
-                    self._weights32[index] = weights
-                    self._norms[index] = row_norm(weights.reshape(m, -1))
-            norm = self._norms.get(index)
-            whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
-            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm)
-            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
-        return self._whole[index]
-
-    def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
-        """The whole output of an elementwise layer of two same-shape tensors, if its tiles
-        cover its output exactly and both operand tiles equal the slices it was computed from.
-        Each operand tensor is found at the first tile: in DRAM, or (a whole-height tile) in
-        SRAM where the tile's channels sit in the tensor kept there."""
-        if index not in self._whole:
-            return None
-        if self._whole[index] is None:
-            operands = [
-                self._find_tensor(n, t, at, ch0, r0) for n, t, at in zip(layer.inputs, tiles, ats)
-            ]
-            if any(o is None for o in operands):
-                self._whole[index] = False
-            else:
-                y = self._codes.pairwise(layer, *operands)
-                self._whole[index] = (*operands, y)
-        if self._whole[index] is False:
-            return None
-        *operands, y = self._whole[index]
-        box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
-        if all(same_values(t, o[box]) for t, o in zip(tiles, operands)):
-            return y
-        return None
-
-    def _find_tensor(self, name: str, tile: np.ndarray, at: int, ch0: int, r0: int):
-        """A copy of tensor `name` whose slice at (ch0, r0) equals `tile`: from the SRAM copy
-        the tile is part of (whole-height tiles), else from DRAM; None if neither matches."""
-        t = self.module.tensors[name]
-        c, h, w = t.shape
-        places = [(self.dram, self.module.dram[name])]
-        if tile.shape[1] == h:
-            places.insert(0, (self.sram, at - ch0 * tile[0].nbytes))
-        for memory, base in places:
-            if base >= 0 and base + t.nbytes <= len(memory):
-                whole = memory[base : base + t.nbytes].view(t.dtype).reshape(c, h, w)
-                if np.array_equal(whole[ch0 : ch0 + len(tile), r0 : r0 + tile.shape[1]], tile):
-                    return whole.copy()
-        return None
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
