@@ -162,8 +162,11 @@ class Simulator(WholeLayers):
             finish[name] = max(finish.get(name, 0), end)
         tried = set(self._snapshots)  # layers computed whole: each tile was proven or not
         self._lean = tried - {key[0] for key in self._unproven}
-        # a pooled convolution's tiles overlap: computed whole only where that was proven
-        self._tiled = [i for i in self._tiled if i not in self._pools or i in self._lean]
+        # not computed whole again: a layer none of whose tiles reads what its whole result
+        # was computed from (a cascade's intermediate is never in DRAM), and a pooled
+        # convolution (overlapping tiles) unless all of them do
+        useful = {key[0] for key in self._proven}
+        self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
         self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
