@@ -26,6 +26,7 @@ from onebuild.targets.trix_sim.exact import (
     FLOAT32_EXACT,
     all_codes,
     exact_dot,
+    float_scaling,
     lookup,
     product_bound,
     reduction_chunks,
@@ -293,10 +294,11 @@ def _requantization_cases(rng, qmin, qmax, zp, shift):
     ("uint8", 0, 255, 0),
 ])  # fmt: skip
 def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp):
-    """The float64 and in-place int64 requantizations equal params.requantize plus saturation
-    on results at the clip bounds and at rounding ties, for every shift they accept, and
-    decline the shifts their proofs do not cover."""
-    accepted = {"float": [], "int64": []}
+    """The float64 (also from float32 accumulators, whose bias is added in float32) and
+    in-place int64 requantizations equal params.requantize plus saturation on results at the
+    clip bounds and at rounding ties, for every shift they accept, and decline the shifts
+    their proofs do not cover."""
+    accepted = {"float": [], "int64": [], "float32": []}
     for shift in range(8, 63, 3):
         acc, bias, m, r, want = _requantization_cases(rng, qmin, qmax, zp, shift)
         got = requantize_float(acc.astype(np.float64), bias, m, r, zp, qmin, qmax, dtype)
@@ -304,6 +306,13 @@ def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp
             accepted["float"].append(shift)
             assert got.dtype == dtype
             np.testing.assert_array_equal(got, want)
+            scaling = float_scaling(bias, m, r, zp, qmin, qmax)
+            small = np.abs(acc) < 1 << 24  # what a float32 accumulator holds exactly
+            if scaling[2] is not None and small.any():  # the bias added in float32
+                accepted["float32"].append(shift)
+                tight = np.where(small, acc, 0).astype(np.float32)
+                got = requantize_float(tight, bias, m, r, zp, qmin, qmax, dtype, scaling)
+                np.testing.assert_array_equal(got[small], want[small])
         bound = int(np.abs(acc).max())
         got = scale_in_place(acc.copy(), bias, m, r, zp, bound)
         if got is not None:
@@ -313,6 +322,7 @@ def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp
     assert max(accepted["float"]) >= (41 if qmax < 256 else 35)
     assert max(accepted["float"]) < 50 and max(accepted["int64"]) < 62
     assert min(accepted["float"]) == min(accepted["int64"]) == 8
+    assert min(accepted["float32"]) == 8 and max(accepted["float32"]) >= 20
 
 
 # (A, m, r, j): A m = j 2^r + 2^(r-1) - 1, one step below a rounding tie, so requantize(A, m,

@@ -146,9 +146,10 @@ def requantize_float(
     """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
     int64 arrays broadcasting against acc), in float64 in four or five passes: t = acc s +
     bias s with s = m 2^-r, rounded half to even (np.rint, as `params.requantize`), plus zp,
-    clipped. `acc` holds integers in float32/float64 (or int64 below 2^53). None where the
-    proof below does not hold for every channel (the caller then takes the int64 path).
-    `scaling`: `float_scaling` of the same arguments, if known (a layer's constants).
+    clipped. `acc` holds integers in float32 (below 2^24, as `exact_dot` makes them; it may
+    be updated in place) or float64 (or int64 below 2^53). None where the proof below does
+    not hold for every channel (the caller then takes the int64 path). `scaling`:
+    `float_scaling` of the same arguments, if known (a layer's constants).
 
     Exact: requantize is round_half_even(w) for w = (acc + bias) s. Every quantity is a
     multiple of 2^-r, exact in float64 while below 2^(53 - r). Where round(w) + zp is in
@@ -156,14 +157,25 @@ def requantize_float(
     1) 2^r + |bias| m with L = max(|qmin|, |qmax|) + 1, so if that is below 2^53 (checked)
     acc s, bias s and their sum w are all exact and rint(t) = round_half_even(w), ties
     included. Elsewhere two roundings leave |t - w| <= 2^-51 (|w| + |bias s|) and |bias s| <
-    2^(53 - r) <= 2^49 (r >= 4, checked), so t stays beyond the same clip bound."""
+    2^(53 - r) <= 2^49 (r >= 4, checked), so t stays beyond the same clip bound.
+
+    A float32 `acc` takes its bias in float32 instead (one narrower pass) where |bias| < 2^24
+    and R 2^r < 2^24 m for every channel (R = L + |zp| + 1, checked): then every v = acc + bias
+    with |v m| <= R 2^r (all the results the clip does not decide alone) is below 2^24, so
+    v' = fl32(v) = v and t = fl64(v s) = w exactly (v m < 2^53 as above). Beyond, on the high
+    side (the low one is alike): the integer V = ceil(u / s) for u = qmax - zp + 1 lies in that
+    range, so it is exact in float32; rounding is monotonic, so v >= V gives v' >= V and
+    t >= fl64(V s) >= u: clipped to qmax, as w >= u is."""
     if scaling is None:
         scaling = float_scaling(bias, m, r, zp, qmin, qmax)
     if scaling is False:
         return None
-    scale, offset = scaling
-    t = np.multiply(acc, scale, dtype=np.float64)
-    t += offset
+    scale, offset, bias32 = scaling
+    if acc.dtype == np.float32 and bias32 is not None:
+        t = np.multiply(np.add(acc, bias32, out=acc), scale, dtype=np.float64)
+    else:
+        t = np.multiply(acc, scale, dtype=np.float64)
+        t += offset
     np.rint(t, out=t)
     if zp:
         t += zp
@@ -171,7 +183,9 @@ def requantize_float(
 
 
 def float_scaling(bias, m, r, zp: int, qmin: int, qmax: int):
-    """(s, bias s) in float64 for `requantize_float`, or False where its proof does not hold."""
+    """(s, bias s) in float64 and the bias in float32 (None where a float32 accumulator may
+    not take it: see `requantize_float`) for `requantize_float`, or False where its proof does
+    not hold."""
     m, r, bias = (np.asarray(v, np.int64) for v in (m, r, bias))
     reach = max(abs(qmin), abs(qmax)) + 1 + abs(zp) + 1
     if (
@@ -183,7 +197,11 @@ def float_scaling(bias, m, r, zp: int, qmin: int, qmax: int):
     if int(((np.int64(reach) << r) + np.abs(bias) * m).max()) >= FLOAT64_EXACT:
         return False
     # bias s 2^r is below 2^53 by the checks: both are exact
-    return np.ldexp(m.astype(np.float64), -r), np.ldexp((bias * m).astype(np.float64), -r)
+    scale, offset = np.ldexp(m.astype(np.float64), -r), np.ldexp((bias * m).astype(np.float64), -r)
+    narrow = int(np.abs(bias).max()) < FLOAT32_EXACT and bool(
+        ((np.int64(reach) << r) < (m << 24)).all()
+    )
+    return scale, offset, bias.astype(np.float32) if narrow else None
 
 
 def all_codes(dtype: str | np.dtype) -> np.ndarray:
