@@ -62,7 +62,7 @@ class Simulator(WholeLayers):
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
         self._whole: dict[int, tuple | None] = {}
-        self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
+        self._cycles: dict[tuple, int] = {}  # (layer, [row0,] rows, channels) -> EXEC cycles
         self._code = module.code.tolist()
         self._timed: Report | None = None  # the report of the first run: timing is data-free
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
