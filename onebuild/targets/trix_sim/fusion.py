@@ -73,7 +73,9 @@ def fuse_pools(program: Program, first: int, last: int) -> None:
     before it (the convolution's entry in `program.layers` replaced by a copy)."""
     for index in range(first, last):
         conv, pool = program.layers[index], program.layers[index + 1]
-        if conv.kind == "conv" and "epilogue" not in conv.attrs and pool.kind == "maxpool":
+        same = program.tensors[conv.output].dtype == program.tensors[pool.output].dtype
+        fits = same and pool.kind == "maxpool" and pool.inputs == [conv.output]
+        if fits and conv.kind == "conv" and "epilogue" not in conv.attrs:
             program.layers[index] = replace(conv, attrs={**conv.attrs, "epilogue": index + 1})
 
 
