@@ -9,9 +9,12 @@ the simulator's time as a multiple of it.
 
 Every time is the minimum of several runs, with BLAS pinned to one thread (threadpoolctl): on a
 loaded machine the minimum is the least disturbed run, and a multithreaded GEMM floor would
-measure the load rather than the GEMM. `simulator_ms` is a run of a simulator that already ran
-once (the program's timeline is then known); `simulator_first_run_ms` builds a simulator and
-runs it once, as `onebuild run x.tvn` does per sample.
+measure the load rather than the GEMM. The same runs are also timed in the thread's CPU time
+(`*_cpu_*` keys): with one thread doing all the work it equals the wall time of an idle
+machine, and on a shared one it leaves out the time the thread waited for a core.
+`simulator_ms` is a run of a simulator that already ran once (the program's timeline is then
+known); `simulator_first_run_ms` builds a simulator and runs it once, as `onebuild run x.tvn`
+does per sample.
 """
 
 import json
@@ -36,33 +39,38 @@ from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.simulator import Simulator
 
 
-def best_seconds(fn, repeats: int, *args) -> float:
-    """The fastest of `repeats` calls, after one warm-up call."""
+def best_seconds(fn, repeats: int, *args) -> tuple[float, float]:
+    """The fastest of `repeats` calls, after one warm-up call: in wall time and in the
+    thread's CPU time."""
     fn(*args)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+    return min(wall), min(cpu)
 
 
 def first_run(module, hw, feeds) -> None:
     Simulator(module, hw).run(feeds)
 
 
-def float32_gemm_macs_per_second() -> float:
-    """numpy's float32 GEMM rate on a typical convolution shape (256 x 2304 @ 2304 x 784): the
-    speed limit of a numpy simulator, whose exact integer GEMMs run on float32 BLAS."""
+def float32_gemm_macs_per_second() -> tuple[float, float]:
+    """numpy's float32 GEMM rate on a typical convolution shape (256 x 2304 @ 2304 x 784), per
+    wall and per CPU second: the speed limit of a numpy simulator, whose exact integer GEMMs
+    run on float32 BLAS."""
     rng = np.random.default_rng(0)
     a = rng.random((256, 2304), dtype=np.float32)
     b = rng.random((2304, 784), dtype=np.float32)
-    return a.shape[0] * a.shape[1] * b.shape[1] / best_seconds(np.matmul, 10, a, b)
+    macs = a.shape[0] * a.shape[1] * b.shape[1]
+    wall, cpu = best_seconds(np.matmul, 10, a, b)
+    return macs / wall, macs / cpu
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    gemm_rate = float32_gemm_macs_per_second()
+    gemm_rate, gemm_cpu_rate = float32_gemm_macs_per_second()
     results = []
     for name in ("resnet50", "squeezenet"):
         model = import_onnx(light_model(name, seed=1, expose_logits=True))
@@ -79,13 +87,13 @@ def main() -> None:
         options.log_severity_level = 3
         proto = export_onnx(Model([quantized])).SerializeToString()
         session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
-        ort_seconds = best_seconds(session.run, 10, None, feeds)
+        ort_seconds, _ = best_seconds(session.run, 10, None, feeds)
         for preset in ("trix-s", "trix-m"):
             hw = load_hardware(preset)
             module = generate(lower(quantized, hw), hw, "performance")
-            first_seconds = best_seconds(first_run, 3, module, hw, feeds)
+            first_seconds, _ = best_seconds(first_run, 3, module, hw, feeds)
             simulator = Simulator(module, hw)
-            sim_seconds = best_seconds(simulator.run, 5, feeds)
+            sim_seconds, sim_cpu_seconds = best_seconds(simulator.run, 5, feeds)
             _, report = simulator.run(feeds)
             summary = report.summary(hw, module)
             results.append(
@@ -99,6 +107,11 @@ def main() -> None:
                     "float32_gemm_floor_ms": round(summary["macs"] / gemm_rate * 1e3, 1),
                     "float32_gemm_floor_ratio": round(summary["macs"] / gemm_rate / ort_seconds, 2),
                     "simulator_floor_ratio": round(sim_seconds * gemm_rate / summary["macs"], 2),
+                    "simulator_cpu_ms": round(sim_cpu_seconds * 1e3, 1),
+                    "float32_gemm_floor_cpu_ms": round(summary["macs"] / gemm_cpu_rate * 1e3, 1),
+                    "simulator_floor_ratio_cpu": round(
+                        sim_cpu_seconds * gemm_cpu_rate / summary["macs"], 2
+                    ),
                     "simulator_first_run_ms": round(first_seconds * 1e3, 1),
                     "cycles": summary["cycles"],
                     "roofline_cycles": summary["roofline_cycles"],

@@ -169,11 +169,13 @@ def stem():
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monkeypatch):
     """The stem convolution, the max pool and the 1x1 convolution run as one cascade in row
-    stripes: the first two outputs are never stored, the stem's stripes overlap (the window's
-    shared rows are computed twice), and the program is faster than layer by layer and
-    bit-exact, also on SRAMs that force thin stripes and with the `memory` preference (whose
-    arena must keep the stem's input alive while the last layer's stripes are stored). 64 KiB
-    of SRAM: the stem's output (54 KiB) cannot stay resident."""
+    stripes: the first two outputs are never stored, the pool runs in the stem's output stage
+    (the stem's EXECs name the pool's row stripes, the pool has none), and the program is
+    faster than layer by layer and than with the pool apart, and bit-exact (the stem computed
+    whole on later runs, its stripes proven to read its input), also on SRAMs that
+    force thin stripes and with the `memory` preference (whose arena must keep the stem's
+    input alive while the last layer's stripes are stored). 64 KiB of SRAM: the stem's output
+    (54 KiB) cannot stay resident."""
     hw = dataclasses.replace(load_hardware(preset), sram_bytes=65536)
     program = lower(stem, hw)
     module = generate(program, hw)
@@ -181,20 +183,58 @@ def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monke
     stores = code[code[:, 0] == STORE][:, 1].tolist()
     assert set(stores) == {2}  # only the last layer's stripes are stored
     order = code[code[:, 0] == EXEC][:, 1].tolist()
-    assert order == [0, 1, 2] * len(stores)  # the three layers' stripes interleave
+    assert order == [0, 2] * len(stores)  # the stem (with the pool) and the last layer
+    assert module.layers[0].attrs["epilogue"] == 1
     stripes = code[(code[:, 0] == EXEC) & (code[:, 1] == 0)][:, 2:4]
-    assert len(stripes) >= 4 and (stripes[1:, 0] < stripes[:-1].sum(axis=1)).all()
+    assert len(stripes) >= 4 and stripes[0, 0] == 0
+    assert (stripes[1:, 0] == stripes[:-1].sum(axis=1)).all()  # the pool's rows, each once
+    assert stripes[-1].sum() == program.tensors[program.layers[1].output].shape[1]
     x = stem.inputs[0]
     feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
-    _, cascaded = Simulator(module, hw).run(feeds)
+    simulator = Simulator(module, hw)
+    got, cascaded = simulator.run(feeds)
+    assert 0 in simulator._lean  # the stem is computed whole: every stripe is proven its slice
+    again, _ = simulator.run(feeds)
+    monkeypatch.setattr(cascade, "fuse_pools", lambda *args: None)
+    apart = generate(program, hw)
+    assert apart.code[(apart.code[:, 0] == EXEC)][1:2, 1].tolist() == [1]  # the pool's own
+    want, unfused = Simulator(apart, hw).run(feeds)
     monkeypatch.setattr(cascade, "find_cascades", lambda *args: {})
     _, plain = Simulator(generate(program, hw), hw).run(feeds)
     monkeypatch.undo()
-    assert cascaded.cycles < plain.cycles and cascaded.dram_bytes < plain.dram_bytes
+    assert cascaded.cycles < unfused.cycles < plain.cycles
+    assert cascaded.dram_bytes < plain.dram_bytes
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+        np.testing.assert_array_equal(again[name], want[name])
     for pref in ("performance", "memory"):
         assert_bit_exact(stem, hw, pref, rng)
     for sram in (8192, 16384):
         assert_bit_exact(stem, dataclasses.replace(hw, sram_bytes=sram), "performance", rng)
+
+
+def test_pool_epilogues_round_trip_and_are_checked(stem, rng):
+    """A `.tvn` with a max pool epilogue decodes to the same program, which runs to the same
+    codes; an epilogue naming a layer other than the pool reading the convolution, or a tile
+    beyond the pool's rows, is a FormatError."""
+    hw = dataclasses.replace(load_hardware("trix-m"), sram_bytes=65536)
+    module = generate(lower(stem, hw), hw)
+    assert module.layers[0].attrs["epilogue"] == 1
+    decoded = decode(encode(module))
+    assert [layer.attrs for layer in decoded.layers] == [layer.attrs for layer in module.layers]
+    x = stem.inputs[0]
+    feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
+    got, _ = Simulator(decoded, hw).run(feeds)
+    want, _ = Simulator(module, hw).run(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    with pytest.raises(FormatError, match="epilogue"):
+        decode(_tampered(module, 0, 2), "m.tvn")  # the 1x1 convolution
+    code = module.code.copy()
+    first = np.flatnonzero((code[:, 0] == EXEC) & (code[:, 1] == 0))[-1]
+    code[first, 3] += 1  # one row past the pool's output
+    with pytest.raises(FormatError, match="EXEC tile leaves"):
+        decode(encode(dataclasses.replace(module, code=code)), "m.tvn")
 
 
 @pytest.mark.parametrize("make", [_block_graph, _stem_graph])

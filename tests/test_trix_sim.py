@@ -26,6 +26,7 @@ from onebuild.targets.trix_sim.exact import (
     FLOAT32_EXACT,
     all_codes,
     exact_dot,
+    float_scaling,
     lookup,
     product_bound,
     reduction_chunks,
@@ -37,6 +38,7 @@ from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
 from onebuild.targets.trix_sim.perf import roofline
 from onebuild.targets.trix_sim.simulator import Simulator
+from onebuild.targets.trix_sim.timeline import exactly_tiled
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 PRESETS = ["trix-s", "trix-m"]
@@ -292,10 +294,11 @@ def _requantization_cases(rng, qmin, qmax, zp, shift):
     ("uint8", 0, 255, 0),
 ])  # fmt: skip
 def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp):
-    """The float64 and in-place int64 requantizations equal params.requantize plus saturation
-    on results at the clip bounds and at rounding ties, for every shift they accept, and
-    decline the shifts their proofs do not cover."""
-    accepted = {"float": [], "int64": []}
+    """The float64 (also from float32 accumulators, whose bias is added in float32) and
+    in-place int64 requantizations equal params.requantize plus saturation on results at the
+    clip bounds and at rounding ties, for every shift they accept, and decline the shifts
+    their proofs do not cover."""
+    accepted = {"float": [], "int64": [], "float32": []}
     for shift in range(8, 63, 3):
         acc, bias, m, r, want = _requantization_cases(rng, qmin, qmax, zp, shift)
         got = requantize_float(acc.astype(np.float64), bias, m, r, zp, qmin, qmax, dtype)
@@ -303,6 +306,13 @@ def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp
             accepted["float"].append(shift)
             assert got.dtype == dtype
             np.testing.assert_array_equal(got, want)
+            scaling = float_scaling(bias, m, r, zp, qmin, qmax)
+            small = np.abs(acc) < 1 << 24  # what a float32 accumulator holds exactly
+            if scaling[2] is not None and small.any():  # the bias added in float32
+                accepted["float32"].append(shift)
+                tight = np.where(small, acc, 0).astype(np.float32)
+                got = requantize_float(tight, bias, m, r, zp, qmin, qmax, dtype, scaling)
+                np.testing.assert_array_equal(got[small], want[small])
         bound = int(np.abs(acc).max())
         got = scale_in_place(acc.copy(), bias, m, r, zp, bound)
         if got is not None:
@@ -312,6 +322,7 @@ def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp
     assert max(accepted["float"]) >= (41 if qmax < 256 else 35)
     assert max(accepted["float"]) < 50 and max(accepted["int64"]) < 62
     assert min(accepted["float"]) == min(accepted["int64"]) == 8
+    assert min(accepted["float32"]) == 8 and max(accepted["float32"]) >= 20
 
 
 # (A, m, r, j): A m = j 2^r + 2^(r-1) - 1, one step below a rounding tie, so requantize(A, m,
@@ -368,8 +379,9 @@ def test_same_values_equals_array_equal(rng):
 
 def test_whole_layer_execution_equals_tile_by_tile(rng):
     """Layers run whole give the same outputs and report as tile by tile, also for a stream
-    whose tile reads other data than the whole layer was computed from (that tile computes
-    alone); a later run of a simulator (on other data before) equals a new simulator's run."""
+    whose tile reads other data than the whole layer was computed from (that tile is not
+    proven to read the same bytes, compares them and computes alone); a later run of a
+    simulator (on other data before) equals a new simulator's run."""
     model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
     run_preset(model)
     x = model.main.inputs[0]
@@ -378,8 +390,9 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
     module = generate(lower(quantized, hw), hw, "performance")
     feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
     before = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
-    conv = next(i for i, layer in enumerate(module.layers) if layer.kind == "conv")
-    loads = np.flatnonzero((module.code[:, 0] == LOAD) & (module.code[:, 1] == conv))
+    tiled = exactly_tiled(module)
+    conv = next(i for i in tiled if len(_loads(module, i)) > 2 and module.layers[i].kind == "conv")
+    loads = _loads(module, conv)
     tampered = module.code.copy()
     tampered[loads[len(loads) // 2], 2] += 7  # one input tile from the wrong DRAM address
     results = []
@@ -393,9 +406,17 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
             for sample in samples:
                 outputs, report = simulator.run(sample)
             results.append((outputs, report.cycles, report.layers))
+            proven = {key[0] for key in simulator._proven}
+            assert (conv in proven) == whole and (conv in simulator._lean) == (
+                whole and code is module.code
+            )
     for first, *others in (results[:3], results[3:]):
         for other in others:
             assert first[1:] == other[1:]
             for name in first[0]:
                 np.testing.assert_array_equal(first[0][name], other[0][name])
     assert any(not np.array_equal(results[0][0][n], results[3][0][n]) for n in results[0][0])
+
+
+def _loads(module, index: int) -> np.ndarray:
+    return np.flatnonzero((module.code[:, 0] == LOAD) & (module.code[:, 1] == index))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .fusion import fuse_pools, fused_parts, silent
 from .hardware import Hardware
 from .lower import Layer, Program, tile_input_rows
 from .memory import align
@@ -146,7 +147,8 @@ def plan(
 def plan_cascades(em: "Emitter", budget: int) -> None:
     """Runs of layers cascaded where they fit and the perf model expects them to be faster
     (else the longest faster prefix); their tensors then leave the SRAM-resident ones (`budget`
-    bytes, if any), which are planned again without them."""
+    bytes, if any), which are planned again without them. A max pool in a cascade runs in the
+    output stage of the convolution before it (fusion.fuse_pools)."""
 
     def keeps(name: str) -> bool:
         return name in em.resident
@@ -168,12 +170,16 @@ def plan_cascades(em: "Emitter", budget: int) -> None:
             avail = em.hw.sram_bytes - max(em.pool[first : end + 1])
             if sum(weight_bytes(em.p.layers[first : end + 1])) + em.buffers * slot > avail:
                 del em.cascades[first]
+    for first, (end, _, _) in em.cascades.items():
+        fuse_pools(em.p, first, end)
+    em.fused, em.silent = fused_parts(em.p), silent(em.p)
 
 
 def emit_cascade(em: "Emitter", index: int) -> None:
     """The cascade starting at layer `index` in row stripes: each stripe loads the first
     layer's input rows, computes every layer's rows the next one reads (in SRAM only), and
-    stores the last layer's stripe. Every layer's weights load once, at the first stripe."""
+    stores the last layer's stripe. Every layer's weights load once, at the first stripe. A
+    convolution with a fused max pool has one EXEC per stripe, over the pool's rows."""
     end, rows, slot = em.cascades[index]
     layers = em.p.layers[index : end + 1]
     weights = weight_bytes(layers)
@@ -194,6 +200,12 @@ def emit_cascade(em: "Emitter", index: int) -> None:
         x = em.p.tensors[layers[0].inputs[0]]
         em.load_rows(index, layers[0].inputs[0], *ranges[0], 0, x.shape[0], buffers[0])
         for j, (lo, hi) in enumerate(ranges[1:]):
-            args = (lo, hi - lo, 0, channels[j], buffers[j], 0, at[j], buffers[j + 1])
+            if j and layers[j - 1].attrs.get("epilogue") == index + j:
+                continue  # a max pool in the output stage of the convolution before it
+            if layers[j].attrs.get("epilogue") == index + j + 1:  # its rows are the pool's
+                lo, hi = ranges[j + 2]
+                args = (lo, hi - lo, 0, channels[j], buffers[j], 0, at[j], buffers[j + 2])
+            else:
+                args = (lo, hi - lo, 0, channels[j], buffers[j], 0, at[j], buffers[j + 1])
             em.emit(EXEC, index + j, *args)
         em.store_rows(end, layers[-1].output, *ranges[-1], 0, channels[-1], buffers[-1])

@@ -3,6 +3,7 @@ float32 partial sums provably stay integers below 2^24, requantization in float6
 in int64 where a bound proves it exact, saturation, tables of every
 code, and fast operand comparison."""
 
+from functools import cache
 from itertools import pairwise
 
 import numpy as np
@@ -19,17 +20,20 @@ def exact_int(array: np.ndarray) -> np.ndarray:
 FLOAT32_EXACT = 1 << 24
 
 
-def exact_dot(a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False) -> np.ndarray:
+def exact_dot(
+    a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False, a_norm=None
+) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
     BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
     summation order is then exact), chunks summed in int64; float64 when products are too
-    large. Chunks are as long as the data allows (`reduction_chunks`). `keep_float` returns
-    the float product itself (exact integers) where one GEMM makes it, else int64."""
+    large. Chunks are as long as the data allows (`reduction_chunks`; `a_norm`: `row_norm(a)`
+    if known). `keep_float` returns the float product itself (exact integers) where one GEMM
+    makes it, else int64."""
     worst = FLOAT32_EXACT // max(bound, 1)
     if worst < 64:
         return exact_int(a.astype(np.float64) @ b.astype(np.float64))
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    edges = reduction_chunks(a32, b32, worst)
+    edges = reduction_chunks(a32, b32, worst, a_norm)
     if len(edges) == 2:
         return a32 @ b32 if keep_float else (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
@@ -38,18 +42,25 @@ def exact_dot(a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False
     return total
 
 
-def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int) -> list[int]:
+def row_norm(a: np.ndarray) -> float:
+    """The largest sum of squares of a row of `a` (float32 sums: within 7 % for rows of at
+    most 2^20)."""
+    return float(np.einsum("mk,mk->m", a, a).max(initial=0))
+
+
+def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int, a_norm=None) -> list[int]:
     """Edges of the fewest equal reduction chunks (halving) in which every partial sum of row
     i of `a` times column j of `b` is below 2^24: by Cauchy-Schwarz it is at most
     |a_i| |b_j| over the chunk; the float32 sums of squares are within 7 % for chunks of at most
-    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do."""
+    2^20, so |a_i|^2 |b_j|^2 <= 2^46 suffices. Chunks of `worst` (the product bound) always do.
+    `a_norm`: `row_norm(a)`, if known (a program's constant weights)."""
     k = a.shape[1]
     least = -(-k // worst)
     pieces = 1
     while pieces < least and k <= 1 << 20:
         edges = [k * i // pieces for i in range(pieces + 1)]
         if all(
-            float(np.einsum("mk,mk->m", a[:, k0:k1], a[:, k0:k1]).max(initial=0))
+            (row_norm(a[:, k0:k1]) if a_norm is None or pieces > 1 else a_norm)
             * float(np.einsum("kn,kn->n", b[k0:k1], b[k0:k1]).max(initial=0))
             <= float(1 << 46)
             for k0, k1 in pairwise(edges)
@@ -59,6 +70,7 @@ def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int) -> list[int]:
     return [*range(0, k, worst), k]
 
 
+@cache
 def product_bound(codes: np.dtype, weights: np.dtype) -> int:
     """The largest |(x - zero point) * w| of these code and weight dtypes."""
     x, w = np.iinfo(codes), np.iinfo(weights)
@@ -128,12 +140,16 @@ def _byte_rows(a: np.ndarray) -> np.ndarray | None:
 FLOAT64_EXACT = 1 << 53
 
 
-def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype):
+def requantize_float(
+    acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype, scaling=None
+):
     """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
     int64 arrays broadcasting against acc), in float64 in four or five passes: t = acc s +
     bias s with s = m 2^-r, rounded half to even (np.rint, as `params.requantize`), plus zp,
-    clipped. `acc` holds integers in float32/float64 (or int64 below 2^53). None where the
-    proof below does not hold for every channel (the caller then takes the int64 path).
+    clipped. `acc` holds integers in float32 (below 2^24, as `exact_dot` makes them; it may
+    be updated in place) or float64 (or int64 below 2^53). None where the proof below does
+    not hold for every channel (the caller then takes the int64 path). `scaling`:
+    `float_scaling` of the same arguments, if known (a layer's constants).
 
     Exact: requantize is round_half_even(w) for w = (acc + bias) s. Every quantity is a
     multiple of 2^-r, exact in float64 while below 2^(53 - r). Where round(w) + zp is in
@@ -141,7 +157,35 @@ def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int,
     1) 2^r + |bias| m with L = max(|qmin|, |qmax|) + 1, so if that is below 2^53 (checked)
     acc s, bias s and their sum w are all exact and rint(t) = round_half_even(w), ties
     included. Elsewhere two roundings leave |t - w| <= 2^-51 (|w| + |bias s|) and |bias s| <
-    2^(53 - r) <= 2^49 (r >= 4, checked), so t stays beyond the same clip bound."""
+    2^(53 - r) <= 2^49 (r >= 4, checked), so t stays beyond the same clip bound.
+
+    A float32 `acc` takes its bias in float32 instead (one narrower pass) where |bias| < 2^24
+    and R 2^r < 2^24 m for every channel (R = L + |zp| + 1, checked): then every v = acc + bias
+    with |v m| <= R 2^r (all the results the clip does not decide alone) is below 2^24, so
+    v' = fl32(v) = v and t = fl64(v s) = w exactly (v m < 2^53 as above). Beyond, on the high
+    side (the low one is alike): the integer V = ceil(u / s) for u = qmax - zp + 1 lies in that
+    range, so it is exact in float32; rounding is monotonic, so v >= V gives v' >= V and
+    t >= fl64(V s) >= u: clipped to qmax, as w >= u is."""
+    if scaling is None:
+        scaling = float_scaling(bias, m, r, zp, qmin, qmax)
+    if scaling is False:
+        return None
+    scale, offset, bias32 = scaling
+    if acc.dtype == np.float32 and bias32 is not None:
+        t = np.multiply(np.add(acc, bias32, out=acc), scale, dtype=np.float64)
+    else:
+        t = np.multiply(acc, scale, dtype=np.float64)
+        t += offset
+    np.rint(t, out=t)
+    if zp:
+        t += zp
+    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+
+
+def float_scaling(bias, m, r, zp: int, qmin: int, qmax: int):
+    """(s, bias s) in float64 and the bias in float32 (None where a float32 accumulator may
+    not take it: see `requantize_float`) for `requantize_float`, or False where its proof does
+    not hold."""
     m, r, bias = (np.asarray(v, np.int64) for v in (m, r, bias))
     reach = max(abs(qmin), abs(qmax)) + 1 + abs(zp) + 1
     if (
@@ -149,16 +193,15 @@ def requantize_float(acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int,
         or int(r.max()) > 62 - reach.bit_length()
         or (int(np.abs(bias).max()) * int(m.max()) >= FLOAT64_EXACT)
     ):
-        return None
+        return False
     if int(((np.int64(reach) << r) + np.abs(bias) * m).max()) >= FLOAT64_EXACT:
-        return None
-    scale = np.ldexp(m.astype(np.float64), -r)
-    t = np.multiply(acc, scale, dtype=np.float64)
-    t += np.ldexp((bias * m).astype(np.float64), -r)  # bias s 2^r below 2^53 by the check
-    np.rint(t, out=t)
-    if zp:
-        t += zp
-    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+        return False
+    # bias s 2^r is below 2^53 by the checks: both are exact
+    scale, offset = np.ldexp(m.astype(np.float64), -r), np.ldexp((bias * m).astype(np.float64), -r)
+    narrow = int(np.abs(bias).max()) < FLOAT32_EXACT and bool(
+        ((np.int64(reach) << r) < (m << 24)).all()
+    )
+    return scale, offset, bias.astype(np.float32) if narrow else None
 
 
 def all_codes(dtype: str | np.dtype) -> np.ndarray:

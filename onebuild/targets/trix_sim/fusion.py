@@ -7,13 +7,18 @@ write the consumer's output, a Concat's in its channel range. The intermediate t
 reaches DRAM or SRAM (its bytes alias the consumer's output), a fused Add emits no
 instructions, and a Concat only copies the parts not fused. Bit-exact: the epilogue is the
 composition the two layers compute (docs/tvn-format.md).
+
+In a cascade (cascade.py), a max pool that reads a convolution's output is that
+convolution's epilogue too (`fuse_pools`): each EXEC computes the convolution rows one stripe
+of the pool reads and writes their maxima, the pool's vector work overlapping the MAC array
+(perf.conv_pool_cycles), as a pooling engine on the convolution's output stream does.
 """
 
 from dataclasses import replace
 
 from .lower import Layer, Program
 
-EPILOGUE_KINDS = ("add", "concat")
+EPILOGUE_KINDS = ("add", "concat", "maxpool")
 
 
 def _pair_add(layer: Layer) -> bool:
@@ -63,6 +68,23 @@ def fuse_epilogues(program: Program) -> Program:
     return replace(program, layers=layers)
 
 
+def fuse_pools(program: Program, first: int, last: int) -> None:
+    """Make each max pool of the cascade `first`..`last` the epilogue of the convolution
+    before it (the convolution's entry in `program.layers` replaced by a copy)."""
+    for index in range(first, last):
+        conv, pool = program.layers[index], program.layers[index + 1]
+        same = program.tensors[conv.output].dtype == program.tensors[pool.output].dtype
+        fits = same and pool.kind == "maxpool" and pool.inputs == [conv.output]
+        if fits and conv.kind == "conv" and "epilogue" not in conv.attrs:
+            program.layers[index] = replace(conv, attrs={**conv.attrs, "epilogue": index + 1})
+
+
+def pooled(program: Program, layer: Layer) -> Layer | None:
+    """The max pool in `layer`'s output stage, if any: its EXEC tiles are the pool's."""
+    after = consumer(program, layer)
+    return after if after is not None and after.kind == "maxpool" else None
+
+
 def consumer(program: Program, layer: Layer) -> Layer | None:
     """The layer fused into `layer`'s output stage, if any."""
     index = layer.attrs.get("epilogue")
@@ -74,7 +96,7 @@ def destination(program: Program, layer: Layer) -> tuple[str, int]:
     after = consumer(program, layer)
     if after is None:
         return layer.output, 0
-    if after.kind == "add":
+    if after.kind in ("add", "maxpool"):
         return after.output, 0
     part = after.inputs.index(layer.output)
     return after.output, sum(program.tensors[n].shape[0] for n in after.inputs[:part])
@@ -94,14 +116,15 @@ def fused_parts(program: Program) -> set[str]:
 
 
 def silent(program: Program) -> set[int]:
-    """Consumers left without instructions: fused Adds, Concats whose every part is fused."""
+    """Consumers left without instructions: fused Adds and max pools, Concats whose every
+    part is fused."""
     parts = fused_parts(program)
     return {
         index
         for index, layer in enumerate(program.layers)
         if layer.kind in EPILOGUE_KINDS
         and any(n in parts for n in layer.inputs)
-        and (layer.kind == "add" or all(n in parts for n in layer.inputs))
+        and (layer.kind != "concat" or all(n in parts for n in layer.inputs))
     }
 
 

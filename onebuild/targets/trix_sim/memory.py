@@ -9,7 +9,7 @@ space left free by the tensors already placed whose lifetimes overlap.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .fusion import destination, touched
+from .fusion import destination, pooled, touched
 from .lower import Layer, Program
 
 ALIGN = 16
@@ -35,8 +35,9 @@ def liveness(program: Program, together: dict[int, int] | None = None) -> Livene
     from the first's."""
     root = {name: name for name in program.inputs}
     for layer in program.layers:
-        # a fused convolution's output is never stored: its bytes are its consumer's
-        own = destination(program, layer)[0]
+        # a fused convolution's output is never stored: its bytes are its consumer's (but for
+        # a pool's, which is smaller, where the output keeps bytes of its own)
+        own = layer.output if pooled(program, layer) else destination(program, layer)[0]
         root[layer.output] = root[layer.inputs[0]] if layer.kind == "reshape" else own
     first = {name: -1 for name in program.inputs}
     last: dict[str, int] = {}

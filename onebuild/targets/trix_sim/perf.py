@@ -5,8 +5,10 @@ MAC-array ops map the reduction (input channels x kernel taps) onto `mac_rows` a
 channels onto `mac_cols`, one output pixel per cycle; depthwise convolutions use the vector unit
 when that is faster; a fused epilogue (an add or requantization of each output code,
 `fusion.py`) runs in the output stage at `vector_lanes` codes per cycle, overlapped. Pooling,
-elementwise, lookup and requantization run on `vector_lanes` elements per cycle. A DMA costs
-its latency plus bytes / bandwidth.
+elementwise, lookup and requantization run on `vector_lanes` elements per cycle (an average
+pool reads each window's kh kw codes; a max pool takes `vector_lanes` two-operand maxima per
+cycle, separably where that is fewer: `pool_ops`). A DMA costs its latency plus bytes /
+bandwidth.
 """
 
 import math
@@ -25,27 +27,61 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
     _, _, ow = out_shape
     pixels = rows * ow
     if layer.kind == "conv":
-        weights = layer.arrays["weights"]
-        group = layer.attrs["group"]
-        per_group_out = weights.shape[0] // group
-        reduction = int(weights.shape[1] * weights.shape[2] * weights.shape[3])
-        groups = math.ceil(chs / per_group_out)
-        array = groups * math.ceil(reduction / hw.mac_rows) * pixels
-        array *= math.ceil(min(chs, per_group_out) / hw.mac_cols)
-        vector = math.ceil(chs * pixels * reduction / hw.vector_lanes)
-        cycles = max(1, min(array, vector) if per_group_out == 1 else array)
+        cycles = _conv_cycles(hw, layer, pixels, chs)
         if "epilogue" in layer.attrs:  # the output stage's add or requantize, overlapped
             cycles = max(cycles, math.ceil(chs * pixels / hw.vector_lanes))
         return cycles
     if layer.kind == "gemm":
         k = layer.arrays["weights"].shape[1]
         return math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
+    if layer.kind == "maxpool":
+        return max(1, math.ceil(chs * pool_ops(layer, rows, ow, in_shape[1]) / hw.vector_lanes))
     window = 1
-    if layer.kind in ("maxpool", "avgpool"):
+    if layer.kind == "avgpool":
         window = layer.attrs["kernel"][0] * layer.attrs["kernel"][1]
     elif layer.kind == "softmax":
         window = 4  # maximum, exponentials, sum, scaling: four passes over the tile
     return max(1, math.ceil(chs * pixels * window / hw.vector_lanes))
+
+
+def _conv_cycles(hw: Hardware, layer: Layer, pixels: int, chs: int) -> int:
+    """A convolution's `pixels` outputs of `chs` channels on the MAC array (a depthwise one on
+    the vector unit when that is faster)."""
+    weights = layer.arrays["weights"]
+    per_group_out = weights.shape[0] // layer.attrs["group"]
+    reduction = int(weights.shape[1] * weights.shape[2] * weights.shape[3])
+    groups = math.ceil(chs / per_group_out)
+    array = groups * math.ceil(reduction / hw.mac_rows) * pixels
+    array *= math.ceil(min(chs, per_group_out) / hw.mac_cols)
+    vector = math.ceil(chs * pixels * reduction / hw.vector_lanes)
+    return max(1, min(array, vector) if per_group_out == 1 else array)
+
+
+def conv_pool_cycles(
+    hw: Hardware, conv: Layer, pool: Layer, rows: int, chs: int, conv_rows: int, shapes
+) -> int:
+    """Cycles of an EXEC of a convolution with a max pool in its output stage (fusion.py):
+    `rows` pool output rows from `conv_rows` convolution rows of `chs` channels (`shapes`: the
+    convolution's and the pool's output); the larger of the MAC array's work and the pool's
+    maxima on the vector unit, which overlap."""
+    (_, height, width), (_, _, ow) = shapes
+    vector = math.ceil(chs * pool_ops(pool, rows, ow, height) / hw.vector_lanes)
+    return max(_conv_cycles(hw, conv, conv_rows * width, chs), vector)
+
+
+def pool_ops(layer: Layer, rows: int, ow: int, height: int) -> int:
+    """Vector results (two-operand maxima, at least one per output) of `rows` output rows of
+    a max pool per channel, in the cheaper of two orders: each window alone (kh kw - 1 maxima
+    per output), or separably (`windows.window_max`): kw - 1 per output column of every
+    padded input row the tile spans, then kh - 1 per output (a row's maxima shared by the
+    windows that overlap on it)."""
+    a = layer.attrs
+    (kh, kw), (sh, _), (dh, _) = a["kernel"], a["strides"], a["dilations"]
+    span = min((rows - 1) * sh + (kh - 1) * dh + 1, height + a["pads"][0] + a["pads"][2])
+    outputs = rows * ow
+    direct = outputs * (kh * kw - 1)
+    separable = span * ow * (kw - 1) + outputs * (kh - 1)
+    return max(outputs, min(direct, separable))
 
 
 def streamed_bytes(layer: Layer) -> int:

@@ -15,43 +15,41 @@ tile-by-tile execution.
 
 Addresses, sizes and cycles do not depend on the data, so the first run checks every DMA and
 schedules every instruction (timeline.py), and later runs of the same simulator reuse that
-report and the checked DMA views; every EXEC still checks its SRAM operands on every run.
-Requantization runs in float64 or in place in int64 where a bound proves it exact (exact.py);
-elementwise layers of 8-bit operands, concat parts and requant layers look their codes up in a
-table made once per layer from the integer rules over every input code.
+report and the checked DMA views; every EXEC still checks its SRAM operands on every run. Nor
+does where each byte came from: the first run follows it (provenance.py), and a tile proven to
+read the bytes the whole-layer result was computed from takes its slice without comparing
+them (nor is that layer's input copied): wholes.py. A convolution with a max pool in its
+output stage, whose tiles overlap, is computed whole where all its tiles are proven so.
+Convolutions: convolve.py; code tables of elementwise layers, concat parts and requant
+layers: tables.py.
 """
 
 import math
+from functools import partial
 
 import numpy as np
 
 from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import integer_softmax
-from ...graph_ir.quant.params import requantize
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
+from .convolve import convolve, requant_channels
 from .exact import (
-    all_codes,
-    elementwise,
     exact_dot,
-    exact_int,
-    lookup,
     product_bound,
-    requantize_float,
     same_values,
-    saturate,
-    scale_in_place,
 )
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
-from .perf import dma_cycles, exec_cycles
+from .perf import conv_pool_cycles, dma_cycles, exec_cycles
+from .provenance import Provenance
+from .tables import CodeTables
 from .timeline import Report, Timeline, exactly_tiled
-from .windows import padded_rows, pool, window_view
+from .wholes import WholeLayers
+from .windows import pool
 
-WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
 
-
-class Simulator:
+class Simulator(WholeLayers):
     def __init__(self, module: Module, hw: Hardware):
         if hw.name != module.meta.get("hardware"):
             raise UserError(f"module was compiled for {module.meta.get('hardware')}, not {hw.name}")
@@ -63,15 +61,29 @@ class Simulator:
         self.dram = np.zeros(module.dram_bytes, np.uint8)
         self.dram[: len(module.blob)] = np.frombuffer(module.blob, np.uint8)
         self.sram = np.zeros(hw.sram_bytes, np.uint8)
-        self._tiled = exactly_tiled(module)
         self._whole: dict[int, tuple | None] = {}
-        self._cycles: dict[tuple[int, int, int], int] = {}  # (layer, rows, channels) -> EXEC cycles
+        self._cycles: dict[tuple, int] = {}  # (layer, [row0,] rows, channels) -> EXEC cycles
         self._code = module.code.tolist()
         self._timed: Report | None = None  # the report of the first run: timing is data-free
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
-        self._tables: dict[tuple, np.ndarray] = {}  # (layer name, part) -> output codes
+        self._norms: dict[int, float] = {}  # layer -> exact.row_norm of those weights
+        self._scalings: dict[tuple, tuple] = {}  # requantization constants (convolve.py)
+        self._convolve = partial(convolve, scalings=self._scalings)
+        self._codes = CodeTables(module)  # code tables of elementwise layers and concat parts
         self._slices: dict[tuple, tuple] = {}  # EXEC arguments -> views of a whole-layer tile
+        self._labels: Provenance | None = None  # during the first run only
+        self._proven: set[tuple] = set()  # EXECs whose operands are what the whole layer read
+        self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
+        self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
+        self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
+        self._pools = {  # convolution -> the max pool in its output stage
+            i: module.layers[layer.attrs["epilogue"]]
+            for i, layer in enumerate(module.layers)
+            if "epilogue" in layer.attrs
+            and module.layers[layer.attrs["epilogue"]].kind == "maxpool"
+        }
+        self._tiled = [*exactly_tiled(module), *self._pools]  # layers computed whole
 
     # -- memory ------------------------------------------------------------------------------
     def _sram_view(self, offset: int, dtype: str, shape) -> np.ndarray:
@@ -134,9 +146,12 @@ class Simulator:
         return outputs, report
 
     def _run_timed(self) -> Report:
-        """Execute and schedule every instruction; the report."""
+        """Execute and schedule every instruction, following every byte's provenance; the
+        report."""
         module = self.module
         report, timeline = Report(), Timeline(len(self.sram))
+        self._labels = Provenance(len(module.blob), len(self.dram), len(self.sram))
+        self._proven, self._unproven, self._snapshots = set(), set(), {}
         finish: dict[str, int] = {}
         for position, (op, index, *args) in enumerate(self._code):
             try:
@@ -145,6 +160,14 @@ class Simulator:
                 raise self._inconsistent(position, index, error) from None
             name = module.layers[index].name
             finish[name] = max(finish.get(name, 0), end)
+        tried = set(self._snapshots)  # layers computed whole: each tile was proven or not
+        self._lean = tried - {key[0] for key in self._unproven}
+        # not computed whole again: a layer none of whose tiles reads what its whole result
+        # was computed from (a cascade's intermediate is never in DRAM), and a pooled
+        # convolution (overlapping tiles) unless all of them do
+        useful = {key[0] for key in self._proven}
+        self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
+        self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
             stats["cycles"] = max(0, finish[name] - done)
@@ -177,21 +200,13 @@ class Simulator:
     ) -> int:
         """Execute one instruction; returns the cycle it ends."""
         layer = self.module.layers[index]
-        stats = report.layers.get(layer.name)
-        if stats is None:
-            stats = report.layers[layer.name] = {
-                "kind": layer.kind,
-                "cycles": 0,
-                "compute_cycles": 0,
-                "dma_cycles": 0,
-                "dram_bytes": 0,
-                "macs": 0,
-            }
+        stats = report.stats(layer.name, layer.kind)
         if op == LOAD:
             dram, sram, block, count, dram_stride, sram_stride = args[:6]
             self._copy(
                 position, self.dram, dram, self.sram, sram, block, count, dram_stride, sram_stride
             )
+            self._labels.load(dram, sram, block, count, dram_stride, sram_stride)
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [], [span])
@@ -203,6 +218,7 @@ class Simulator:
             self._copy(
                 position, self.sram, sram, self.dram, dram, block, count, sram_stride, dram_stride
             )
+            self._labels.store(sram, dram, block, count, sram_stride, dram_stride)
             cycles = dma_cycles(self.hw, block * count)
             span = (sram, sram + sram_stride * (count - 1) + block)
             end = timeline.schedule("dma", cycles, [span], [])
@@ -211,6 +227,8 @@ class Simulator:
             report.dram_bytes += block * count
         elif op == EXEC:
             reads, writes, cycles, macs = self._exec(index, layer, *args)
+            for lo, hi in writes:
+                self._labels.wrote(lo, hi)
             end = timeline.schedule("compute", cycles, reads, writes)
             stats["compute_cycles"] += cycles
             stats["macs"] += macs
@@ -222,9 +240,11 @@ class Simulator:
     def _exec(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, in2_at, w_at, out_at):
         key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
         if key in self._slices and self._whole.get(index):
-            result = self._whole_slice(index, layer, in2_at, *self._slices[key])
+            result = self._whole_slice(index, layer, key, in2_at, *self._slices[key])
             if result is not None:
                 return result
+        if index in self._pools:
+            return self._pooled_conv(index, layer, r0, rows, ch0, chs, in_at, w_at, out_at)
         tensors = self.module.tensors
         out_t = tensors[layer.output]
         x_t = tensors[layer.inputs[0]]
@@ -248,18 +268,23 @@ class Simulator:
             shape = (chs, *weights.shape[1:])
             wq = self._sram_view(w_at, weights.dtype, shape)
             reads.append((w_at, w_at + wq.nbytes))
-            whole = self._whole_conv(index, layer, held, t0, t1)
-            if (
-                whole is not None
-                and same_values(held, whole[0][:, t0:t1])
-                and same_values(wq, weights[ch0 : ch0 + chs])
+            whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+            if whole is not None and self._labels is not None:
+                self._prove(key, held, t0, t1, weights)
+            if whole is not None and (
+                key in self._proven
+                or (
+                    same_values(held, whole[0][:, t0:t1])
+                    and same_values(wq, weights[ch0 : ch0 + chs])
+                )
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
                 y = whole[1][box]
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
                     taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
-                y = self._conv(layer, x, wq, r0, rows, ch0, chs, i0, h, w, out_t.shape[2])
+                tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
+                y = self._convolve(layer, x, wq, *tile)
             macs = y.size * math.prod(weights.shape[1:])
             if "epilogue" in layer.attrs:
                 y = self._epilogue(layer, y, in2_at, reads)
@@ -272,12 +297,14 @@ class Simulator:
             reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
             bound = product_bound(xq.dtype, wq.dtype)
             acc = exact_dot(wq, xv[:, None], bound)[:, 0]
-            y = self._requant_channels(layer, acc[:, None, None], ch0, chs, k * bound)
+            y = requant_channels(
+                layer, acc[:, None, None], ch0, chs, k * bound, out_t.dtype, self._scalings
+            )
             macs = chs * k
         elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
-            y = self._pairwise(layer, *pair)
+            y = self._codes.pairwise(layer, *pair)
         elif layer.kind in ("add", "mul"):
             b_t, vector = tensors[layer.inputs[1]], layer.attrs.get("vector_index")
             shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
@@ -287,7 +314,7 @@ class Simulator:
             if whole is not None:
                 y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
             else:
-                y = self._pairwise(layer, *((b, x) if vector == 0 else (x, b)))
+                y = self._codes.pairwise(layer, *((b, x) if vector == 0 else (x, b)))
         elif layer.kind == "maxpool":
             y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
         elif layer.kind == "avgpool":
@@ -303,13 +330,13 @@ class Simulator:
             y = integer_softmax(x, table, 0, layer.attrs)[ch0 : ch0 + chs]  # over channels
         elif layer.kind == "requant":
             a = layer.attrs
-            y = self._rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
+            y = self._codes.rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
         elif layer.kind == "concat":
             a, part = layer.attrs, in2_at
             x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
             reads = [(in_at, in_at + x.nbytes)]
             zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
-            y = self._rescaled(layer, x, part, zp, m, r)
+            y = self._codes.rescaled(layer, x, part, zp, m, r)
         else:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
         y = np.asarray(y).astype(out_t.dtype, copy=False)
@@ -321,47 +348,43 @@ class Simulator:
             self._slices[key] = (*taken, place, result)
         return result
 
-    def _whole_slice(self, index: int, layer, in2_at, held, t0, t1, wq, w_ref, box, place, result):
-        """A convolution tile that took its slice of the whole layer before, by its kept views:
-        the same operand checks, the same slice (through its epilogue, if fused) written to the
-        same place."""
-        x, y = self._whole[index]
-        if same_values(held, x[:, t0:t1]) and same_values(wq, w_ref):
-            tile = y[box]
-            if "epilogue" in layer.attrs:
-                tile = self._epilogue(layer, tile, in2_at, [])
-            place[...] = tile
-            return result
-        return None
-
-    def _pairwise(self, layer: Layer, x: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """`elementwise(layer, x, b)` as codes of the output; where both operands are 8-bit, looked
-        up in a table of every pair of codes made once with `_binary` itself (when the layer's
-        output, over all its tiles, is at least as large as the table, or it exists)."""
-        key = (layer.name, "pair")
-        small = key not in self._tables and self._output_size(layer) < 1 << 16
-        if x.itemsize != 1 or b.itemsize != 1 or small:
-            return elementwise(layer, x, b).astype(self.module.tensors[layer.output].dtype)
-        if key not in self._tables:
-            table = elementwise(layer, *np.ix_(all_codes(x.dtype), all_codes(b.dtype)))
-            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype).ravel()
-        return lookup(self._tables[key], x, b)
-
-    def _rescaled(self, layer: Layer, x: np.ndarray, part: int, zero_point, m, r) -> np.ndarray:
-        """Saturated requantize(x - zero_point, m, r) (a requant layer, or part `part` of a
-        concat), looked up in a table of every input code made once with that formula (when the
-        layer's output is at least as large as the table, or it exists)."""
-        key = (layer.name, part)
-        if key not in self._tables and self._output_size(layer) < 1 << (8 * x.itemsize):
-            return saturate(layer, requantize(x.astype(np.int64) - zero_point, m, r))
-        if key not in self._tables:
-            codes = all_codes(x.dtype).astype(np.int64)
-            table = saturate(layer, requantize(codes - zero_point, m, r))
-            self._tables[key] = table.astype(self.module.tensors[layer.output].dtype)
-        return lookup(self._tables[key], x)
-
-    def _output_size(self, layer: Layer) -> int:
-        return math.prod(self.module.tensors[layer.output].shape)
+    def _pooled_conv(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, w_at, out_at):
+        """A convolution tile with a max pool in its output stage: output rows [r0, r0 + rows)
+        of the pool, from the convolution rows they read (never stored: computed, or taken
+        from the whole convolution where its operands are those it was computed from)."""
+        after, tensors = self._pools[index], self.module.tensors
+        x_t, mid_t, out_t = (tensors[n] for n in (layer.inputs[0], layer.output, after.output))
+        (c, h, w), (_, mh, mw) = x_t.shape, mid_t.shape
+        m0, m1 = tile_input_rows(after, r0, r0 + rows, mh, out_t.shape[1])
+        t0, t1 = tile_input_rows(layer, m0, m1, h, mh)
+        held = self._sram_view(in_at, x_t.dtype, (c, t1 - t0, w))
+        weights = layer.arrays["weights"]
+        wq = self._sram_view(w_at, weights.dtype, (chs, *weights.shape[1:]))
+        key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
+        whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+        if whole is not None and self._labels is not None:
+            self._prove(key, held, t0, t1, weights)
+        if whole is not None and (
+            key in self._proven
+            or (same_values(held, whole[0][:, t0:t1]) and same_values(wq, weights[ch0 : ch0 + chs]))
+        ):
+            y = whole[1][ch0 : ch0 + chs, m0:m1]
+        else:
+            i0, i1 = input_rows(layer, m0, m1, h)
+            x = held[:, i0 - t0 : i1 - t0]
+            y = self._convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
+            y = y.astype(mid_t.dtype, copy=False)
+        p0, p1 = input_rows(after, r0, r0 + rows, mh)
+        z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
+        self._write_sram(out_at, z)
+        timing = (index, r0, rows, chs)
+        if timing not in self._cycles:
+            shapes = mid_t.shape, out_t.shape
+            cycles = conv_pool_cycles(self.hw, layer, after, rows, chs, m1 - m0, shapes)
+            self._cycles[timing] = cycles
+        reads = [(in_at, in_at + held.nbytes), (w_at, w_at + wq.nbytes)]
+        macs = y.size * math.prod(weights.shape[1:])
+        return reads, [(out_at, out_at + z.nbytes)], self._cycles[timing], macs
 
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
@@ -371,10 +394,10 @@ class Simulator:
         if after.kind == "concat":
             a = after.attrs
             zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
-            return self._rescaled(after, y, part, zp, m, r)
+            return self._codes.rescaled(after, y, part, zp, m, r)
         other = self._sram_view(in2_at, self.module.tensors[after.inputs[1 - part]].dtype, y.shape)
         reads.append((in2_at, in2_at + other.nbytes))
-        return self._pairwise(after, *((y, other) if part == 0 else (other, y)))
+        return self._codes.pairwise(after, *((y, other) if part == 0 else (other, y)))
 
     def _exec_cycles(self, index: int, rows: int, chs: int) -> int:
         key = (index, rows, chs)
@@ -383,116 +406,6 @@ class Simulator:
             out, x = (self.module.tensors[n].shape for n in (layer.output, layer.inputs[0]))
             self._cycles[key] = exec_cycles(self.hw, layer, rows, chs, out, x)
         return self._cycles[key]
-
-    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, t0: int, t1: int):
-        """(input codes, output codes) of the whole convolution, computed at its first tile if
-        its tiles cover its output exactly; None otherwise."""
-        if index not in self._whole:
-            return None
-        if self._whole[index] is None:
-            x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
-            c, h, w = x_t.shape
-            if (t0, t1) == (0, h):  # a whole-height operand: the tensor as this layer reads it
-                x = held.copy()
-            else:
-                at = self.module.dram[layer.inputs[0]]
-                x = self.dram[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w).copy()
-            m, oh, ow = out_t.shape
-            i0, i1 = input_rows(layer, 0, oh, h)
-            weights = self._weights32.get(index)
-            if weights is None:  # constants of the program: kept up to a memory budget
-                weights = layer.arrays["weights"].astype(np.float32)
-                if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
-                    self._weights32[index] = weights
-            y = self._conv(layer, x[:, i0:i1], weights, 0, oh, 0, m, i0, h, w, ow)
-            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
-        return self._whole[index]
-
-    def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
-        """The whole output of an elementwise layer of two same-shape tensors, if its tiles
-        cover its output exactly and both operand tiles equal the slices it was computed from.
-        Each operand tensor is found at the first tile: in DRAM, or (a whole-height tile) in
-        SRAM where the tile's channels sit in the tensor kept there."""
-        if index not in self._whole:
-            return None
-        if self._whole[index] is None:
-            operands = [
-                self._find_tensor(n, t, at, ch0, r0) for n, t, at in zip(layer.inputs, tiles, ats)
-            ]
-            if any(o is None for o in operands):
-                self._whole[index] = False
-            else:
-                y = self._pairwise(layer, *operands)
-                self._whole[index] = (*operands, y)
-        if self._whole[index] is False:
-            return None
-        *operands, y = self._whole[index]
-        box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
-        if all(same_values(t, o[box]) for t, o in zip(tiles, operands)):
-            return y
-        return None
-
-    def _find_tensor(self, name: str, tile: np.ndarray, at: int, ch0: int, r0: int):
-        """A copy of tensor `name` whose slice at (ch0, r0) equals `tile`: from the SRAM copy
-        the tile is part of (whole-height tiles), else from DRAM; None if neither matches."""
-        t = self.module.tensors[name]
-        c, h, w = t.shape
-        places = [(self.dram, self.module.dram[name])]
-        if tile.shape[1] == h:
-            places.insert(0, (self.sram, at - ch0 * tile[0].nbytes))
-        for memory, base in places:
-            if base >= 0 and base + t.nbytes <= len(memory):
-                whole = memory[base : base + t.nbytes].view(t.dtype).reshape(c, h, w)
-                if np.array_equal(whole[ch0 : ch0 + len(tile), r0 : r0 + tile.shape[1]], tile):
-                    return whole.copy()
-        return None
-
-    def _conv(self, layer, x, wq, r0, rows, ch0, chs, i0, h, w, ow) -> np.ndarray:
-        a = layer.attrs
-        zp = a["x_zero_point"]
-        centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
-        pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
-        if pointwise:  # the input tile is already the im2col matrix
-            windows = centered[..., None, None]
-        else:
-            padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
-            windows = window_view(layer, padded, rows, ow)
-        bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
-        group = a["group"]
-        out_channels = layer.arrays["weights"].shape[0]
-        per_group_out, per_group_in = out_channels // group, wq.shape[1]
-        if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
-            taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
-            acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
-        else:
-            parts = []
-            for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
-                lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
-                patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
-                cols = patch.transpose(0, 3, 4, 1, 2).reshape(-1, rows * ow)  # a view if 1x1
-                kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-                part = exact_dot(kernel, cols, bound, keep_float=True)
-                parts.append(part.reshape(hi - lo, rows, ow))
-            acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return self._requant_channels(layer, acc, ch0, chs, math.prod(wq.shape[1:]) * bound)
-
-    def _requant_channels(self, layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int):
-        """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
-        (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
-        where that is provably exact, else in int64."""
-        bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
-        m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
-        r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
-        a = layer.attrs
-        dtype = self.module.tensors[layer.output].dtype
-        y = requantize_float(acc, bias, m, r, a["y_zero_point"], a["qmin"], a["qmax"], dtype)
-        if y is not None:
-            return y
-        acc = exact_int(acc) if acc.dtype.kind == "f" else acc
-        y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
-        if y is None:
-            return saturate(layer, requantize(acc + bias, m, r))
-        return np.clip(y, a["qmin"], a["qmax"], out=y)
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)

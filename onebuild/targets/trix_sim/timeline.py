@@ -25,6 +25,13 @@ class Report:
     # own), compute_cycles and dma_cycles (engine busy time), dram_bytes, macs
     layers: dict[str, dict] = field(default_factory=dict)
 
+    def stats(self, name: str, kind: str) -> dict:
+        """Layer `name`'s entry, made empty on first use."""
+        if name not in self.layers:
+            counts = ("cycles", "compute_cycles", "dma_cycles", "dram_bytes", "macs")
+            self.layers[name] = {"kind": kind, **dict.fromkeys(counts, 0)}
+        return self.layers[name]
+
     def copy(self) -> "Report":
         return Report(self.cycles, self.dram_bytes, {k: dict(v) for k, v in self.layers.items()})
 
@@ -86,13 +93,17 @@ class Timeline:
 
 def exactly_tiled(module: Module) -> list[int]:
     """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
-    cover every output element exactly once."""
+    cover every output element exactly once (not a convolution with a pool epilogue: its
+    tiles are the pool's)."""
     code = module.code
     execs = code[code[:, 0] == EXEC].astype(np.int64)
     tiled = []
     for index, layer in enumerate(module.layers):
         tiles = execs[execs[:, 1] == index]
         pair = layer.kind in ("add", "mul") and "operand" not in layer.arrays
+        after = module.layers[layer.attrs["epilogue"]] if "epilogue" in layer.attrs else None
+        if after is not None and after.kind == "maxpool":
+            continue
         if not len(tiles) or not (
             layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
         ):

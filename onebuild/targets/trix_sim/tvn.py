@@ -25,9 +25,10 @@ from .lower import Layer, TensorDesc, chw
 from .moves import MOVES
 from .tvn_layers import Reader, check, check_attrs, check_epilogue, check_layer, code_range
 
-# 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues
-VERSION = 3
-READABLE = (1, 2, 3)  # an older file is a newer one without what came later
+# 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues;
+# 4: max pool epilogues (EXEC tiles of the pool's output)
+VERSION = 4
+READABLE = (1, 2, 3, 4)  # an older file is a newer one without what came later
 HEADER = struct.Struct("<4sHHII")  # magic, version, flags, section count, reserved
 SECTION = struct.Struct("<IIQQ")  # kind, reserved, offset, size
 IO_ENTRY = struct.Struct(
@@ -238,13 +239,21 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
         check(r, name in produced or name in inputs, f"no layer produces output '{name}'")
     _check_io_table(r, _io(r, sections[IO]), [*inputs, *outputs], len(inputs), tensors, dram)
     sram_peak = f.integer(body["sram_peak"], "sram_peak", 0, MAX_ARENA)
-    outs = np.array([tensors[layer.output].shape for layer in layers], np.int64).reshape(-1, 3)
+    tiled = [_tiled_output(layers, layer) for layer in layers]  # what each layer's EXECs write
+    outs = np.array([tensors[name].shape for name in tiled], np.int64).reshape(-1, 3)
     _validate_code(r, code, outs, dram_size)
     module = Module(
         meta, tensors, dram, layers, arrays, blob, code, inputs, outputs, arena, sram_peak
     )
     module.source = where  # named by errors found while simulating (runner.py)
     return module
+
+
+def _tiled_output(layers: list[Layer], layer: Layer) -> str:
+    """The tensor whose rows and channels a layer's EXEC tiles name: a convolution with a max
+    pool epilogue computes the pool's tiles."""
+    after = layers[layer.attrs["epilogue"]] if "epilogue" in layer.attrs else None
+    return after.output if after is not None and after.kind == "maxpool" else layer.output
 
 
 def _names(f: Fields, value, path: str, tensors: dict, minimum: int) -> list[str]:

@@ -150,7 +150,8 @@ def check_layer(r: Reader, layer: Layer, tensors) -> None:
 
 def check_epilogue(r: Reader, f: Fields, index: int, layers: list[Layer], tensors) -> None:
     """A convolution's `epilogue`: a later Add of two same-shape tensors or Concat that reads
-    its output once, with the same dtype and height and width (fusion.py)."""
+    its output once, with the same dtype and height and width, or the max pool that reads only
+    its output, with the same dtype (fusion.py)."""
     conv = layers[index]
     after = f.integer(conv.attrs["epilogue"], f"layers[{index}].attrs.epilogue", 0, 1 << 20)
     ok = conv.kind == "conv" and index < after < len(layers)
@@ -162,7 +163,11 @@ def check_epilogue(r: Reader, f: Fields, index: int, layers: list[Layer], tensor
         ok = (pair or consumer.kind == "concat") and consumer.inputs.count(conv.output) == 1
         ok = ok and mid.dtype == out.dtype and mid.shape[1:] == out.shape[1:]
         ok = ok and (consumer.kind == "concat" or mid.shape == out.shape)
-    check(r, ok, f"layer '{conv.name}' epilogue is not a later add or concat of its output")
+        pool = consumer.kind == "maxpool" and consumer.inputs == [conv.output]
+        ok = ok or (pool and mid.dtype == out.dtype)
+    check(
+        r, ok, f"layer '{conv.name}' epilogue is not a later add, concat or max pool of its output"
+    )
 
 
 def _window_fits(attrs: dict, x: tuple[int, ...], out: tuple[int, ...]) -> bool:

@@ -38,19 +38,36 @@ def window_view(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndar
 
 
 def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow] maxima of the pooling windows: one strided slice per kernel tap."""
+    """[C, rows, ow] maxima of the pooling windows, separably as the vector unit runs them
+    (`perf.pool_ops`): each padded row's maxima over the kernel's columns at the output
+    columns, then the maxima of kernel-height runs of those rows at the output rows (rows
+    shared by overlapping windows reduced once). Bit-exact with the k x k window maxima: a
+    maximum does not depend on the order its operands are taken in."""
+    return _separable(layer, padded, rows, ow, np.maximum, padded.dtype)
+
+
+def window_sum(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
+    """[C, rows, ow] int64 sums of the pooling windows, separably (exact: integers); one
+    reduction where a single window covers the padded rows (a global pool)."""
+    a = layer.attrs
+    if (rows, ow) == (1, 1) and padded.shape[1:] == tuple(a["kernel"]):
+        return padded.reshape(len(padded), -1).sum(axis=1, dtype=np.int64)[:, None, None]
+    return _separable(layer, padded, rows, ow, np.add, np.int64)
+
+
+def _separable(layer: Layer, padded: np.ndarray, rows: int, ow: int, ufunc, dtype) -> np.ndarray:
+    """`ufunc` over every window: over the kernel's columns of each row, then over the
+    kernel's rows of those."""
     a = layer.attrs
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    taps = (
-        padded[
-            :, i * dh : i * dh + (rows - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
-        ]
-        for i in range(kh)
-        for j in range(kw)
-    )
-    result = next(taps).copy()
-    for tap in taps:
-        np.maximum(result, tap, out=result)
+    span = (rows - 1) * sh + (kh - 1) * dh + 1
+    cols = [padded[:, :span, j * dw : j * dw + (ow - 1) * sw + 1 : sw] for j in range(kw)]
+    across = cols[0].astype(dtype)
+    for tap in cols[1:]:
+        ufunc(across, tap, out=across)
+    result = across[:, : (rows - 1) * sh + 1 : sh].copy()
+    for i in range(1, kh):
+        ufunc(result, across[:, i * dh : i * dh + (rows - 1) * sh + 1 : sh], out=result)
     return result
 
 
@@ -72,15 +89,30 @@ def pool(
         fill = np.iinfo(x.dtype).min  # the codes themselves: a maximum needs no widening
         padded = padded_rows(layer, x, r0, rows, i0, w, fill, x.dtype)
         return window_max(layer, padded, rows, ow)
-    padded = padded_rows(layer, x, r0, rows, i0, w, a["x_zero_point"])
-    sums = window_view(layer, padded - a["x_zero_point"], rows, ow).sum(axis=(3, 4))
-    counted = np.zeros((1, *padded.shape[1:]), np.int64)
-    top = r0 * a["strides"][0] - a["pads"][0]
+    zp = a["x_zero_point"]
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+    padded = padded_rows(layer, x, r0, rows, i0, w, zp, x.dtype)  # pads hold the zero point
+    sums = window_sum(layer, padded, rows, ow)
+    sums -= zp * kh * kw
+    # the inputs each window counts: a row range times a column range of the padded rows
+    counted_rows = np.zeros(padded.shape[1], np.int64)
+    counted_cols = np.ones(padded.shape[2], np.int64)
+    top = r0 * sh - a["pads"][0]
     if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
         first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
-        counted[:, first - top : last - top, :] = 1
+        counted_rows[first - top : last - top] = 1
     else:
-        counted[:, i0 - top : i0 - top + x.shape[1], a["pads"][1] : a["pads"][1] + w] = 1
-    counts = window_view(layer, counted, rows, ow).sum(axis=(3, 4))[0]
+        counted_rows[i0 - top : i0 - top + x.shape[1]] = 1
+        counted_cols[: a["pads"][1]] = counted_cols[a["pads"][1] + w :] = 0
+    counts = np.outer(
+        _axis_sums(counted_rows, kh, sh, dh, rows), _axis_sums(counted_cols, kw, sw, dw, ow)
+    )
     m, r = count_multipliers(float(layer.arrays["ratio"]), counts)
     return saturate(layer, requantize(sums, m, r))
+
+
+def _axis_sums(counted: np.ndarray, kernel: int, stride: int, dilation: int, n: int):
+    """Per output position along one axis, the counted inputs its window covers."""
+    return sum(
+        counted[j * dilation : j * dilation + (n - 1) * stride + 1 : stride] for j in range(kernel)
+    )

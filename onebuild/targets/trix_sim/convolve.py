@@ -1,0 +1,109 @@
+"""Convolution tiles of the TRIX simulator: exact integer accumulators on float32 BLAS
+(exact.exact_dot) and their requantization to output codes, in float64 where a bound proves it
+exact (exact.requantize_float), else in int64."""
+
+import math
+
+import numpy as np
+
+from ...graph_ir.quant.params import requantize
+from .exact import (
+    exact_dot,
+    exact_int,
+    float_scaling,
+    product_bound,
+    requantize_float,
+    saturate,
+    scale_in_place,
+)
+from .lower import Layer
+from .windows import padded_rows, window_view
+
+
+def convolve(
+    layer: Layer,
+    x,
+    wq,
+    r0: int,
+    rows: int,
+    ch0: int,
+    chs: int,
+    i0: int,
+    w: int,
+    ow: int,
+    dtype,
+    norm: float | None = None,
+    scalings: dict | None = None,
+) -> np.ndarray:
+    """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
+    from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
+    or the same values as float32; `norm`: `exact.row_norm` of them as a matrix, if known);
+    `dtype` is the output's (the int64 path may return int64). `scalings`: a cache of the
+    requantization constants (`requant_channels`)."""
+    a = layer.attrs
+    zp = a["x_zero_point"]
+    bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
+    group = a["group"]
+    out_channels = layer.arrays["weights"].shape[0]
+    per_group_out, per_group_in = out_channels // group, wq.shape[1]
+    pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
+    if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
+        centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
+        padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
+        windows = window_view(layer, padded, rows, ow)
+        taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
+        acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
+    else:
+        if pointwise:  # the input tile is already the im2col matrix
+            windows = np.subtract(x, np.float32(zp), dtype=np.float32)[..., None, None]
+        else:  # codes, padded with the zero point: centered as the im2col matrix is made
+            windows = window_view(
+                layer, padded_rows(layer, x, r0, rows, i0, w, zp, x.dtype), rows, ow
+            )
+        parts = []
+        for g in range(ch0 // per_group_out, (ch0 + chs - 1) // per_group_out + 1):
+            lo, hi = max(ch0, g * per_group_out), min(ch0 + chs, (g + 1) * per_group_out)
+            patch = windows[g * per_group_in : (g + 1) * per_group_in]  # [Cg, rows, ow, kh, kw]
+            patch = patch.transpose(0, 3, 4, 1, 2)
+            if pointwise:
+                cols = patch.reshape(-1, rows * ow)  # a view
+            else:
+                cols = np.empty(
+                    (patch.shape[0] * patch.shape[1] * patch.shape[2], rows * ow), np.float32
+                )
+                np.subtract(patch, np.float32(zp), out=cols.reshape(patch.shape), dtype=np.float32)
+            kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
+            known = norm if group == 1 else None
+            part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known)
+            parts.append(part.reshape(hi - lo, rows, ow))
+        acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    bound *= math.prod(wq.shape[1:])
+    return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings)
+
+
+def requant_channels(
+    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype, scalings=None
+) -> np.ndarray:
+    """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
+    (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
+    where that is provably exact, else in int64. `scalings`: a dict that keeps the float64
+    constants (`exact.float_scaling`) per layer and channel range across calls."""
+    bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
+    m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
+    r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
+    a = layer.attrs
+    zp, qmin, qmax = a["y_zero_point"], a["qmin"], a["qmax"]
+    key = (layer.name, ch0, chs)
+    scaling = None if scalings is None else scalings.get(key)
+    if scaling is None:
+        scaling = float_scaling(bias, m, r, zp, qmin, qmax)
+        if scalings is not None:
+            scalings[key] = scaling
+    y = requantize_float(acc, bias, m, r, zp, qmin, qmax, dtype, scaling)
+    if y is not None:
+        return y
+    acc = exact_int(acc) if acc.dtype.kind == "f" else acc
+    y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
+    if y is None:
+        return saturate(layer, requantize(acc + bias, m, r))
+    return np.clip(y, a["qmin"], a["qmax"], out=y)

@@ -1,0 +1,115 @@
+"""Whole-layer execution of the TRIX simulator: a convolution (or an elementwise layer of two
+same-shape tensors) whose EXEC tiles cover its output is computed once, and each tile takes
+its slice only where its SRAM operands are proven (provenance.py) or seen to be the slices
+the whole result was computed from; elsewhere it computes alone. A mixin of `Simulator`,
+whose state it uses (module, memories, caches, provenance)."""
+
+import numpy as np
+
+from .exact import row_norm, same_values
+from .lower import Layer, input_rows
+
+WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
+
+
+class WholeLayers:
+    def _whole_slice(
+        self, index: int, layer, key, in2_at, held, t0, t1, wq, w_ref, box, place, result
+    ):
+        """A convolution tile that took its slice of the whole layer before, by its kept views:
+        the same operand checks, the same slice (through its epilogue, if fused) written to the
+        same place."""
+        x, y = self._whole[index]
+        if key in self._proven or (same_values(held, x[:, t0:t1]) and same_values(wq, w_ref)):
+            tile = y[box]
+            if "epilogue" in layer.attrs:
+                tile = self._epilogue(layer, tile, in2_at, [])
+            place[...] = tile
+            return result
+        return None
+
+    def _prove(self, key: tuple, held: np.ndarray, t0: int, t1: int, weights) -> None:
+        """Record EXEC `key` as proven if the labels of its SRAM operands are those of the
+        input rows its layer's whole result was computed from and of its weights in the
+        blob."""
+        index, _, _, ch0, chs, in_at, w_at, _ = key
+        per_channel = weights[0].nbytes
+        blob_at = self.module.arrays[(index, "weights")] + ch0 * per_channel
+        snapshot = self._snapshots[index]
+        if self._labels.holds(in_at, snapshot[:, t0:t1]) and self._labels.holds_blob(
+            w_at, chs * per_channel, blob_at
+        ):
+            self._proven.add(key)
+        else:
+            self._unproven.add(key)
+
+    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
+        """(input codes, output codes) of the whole convolution, computed at its first tile if
+        its tiles cover its output exactly; None otherwise. The input codes are a copy unless
+        every tile's operands are proven to be them (`_prove`)."""
+        if index not in self._whole:
+            return None
+        if self._whole[index] is None:
+            x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
+            c, h, w = x_t.shape
+            whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
+            at = in_at if whole_height else self.module.dram[layer.inputs[0]]
+            memory = self.sram if whole_height else self.dram
+            x = memory[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w)
+            if self._labels is not None:
+                labels = self._labels.of_sram if whole_height else self._labels.of_dram
+                self._snapshots[index] = labels(at, x_t.nbytes).reshape(c, h, -1)
+            if index not in self._lean:
+                x = x.copy()
+            m, oh, ow = out_t.shape
+            i0, i1 = input_rows(layer, 0, oh, h)
+            weights = self._weights32.get(index)
+            if weights is None:  # constants of the program: kept up to a memory budget
+                weights = layer.arrays["weights"].astype(np.float32)
+                if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
+                    self._weights32[index] = weights
+                    self._norms[index] = row_norm(weights.reshape(m, -1))
+            norm = self._norms.get(index)
+            whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
+            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm)
+            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
+        return self._whole[index]
+
+    def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
+        """The whole output of an elementwise layer of two same-shape tensors, if its tiles
+        cover its output exactly and both operand tiles equal the slices it was computed from.
+        Each operand tensor is found at the first tile: in DRAM, or (a whole-height tile) in
+        SRAM where the tile's channels sit in the tensor kept there."""
+        if index not in self._whole:
+            return None
+        if self._whole[index] is None:
+            operands = [
+                self._find_tensor(n, t, at, ch0, r0) for n, t, at in zip(layer.inputs, tiles, ats)
+            ]
+            if any(o is None for o in operands):
+                self._whole[index] = False
+            else:
+                y = self._codes.pairwise(layer, *operands)
+                self._whole[index] = (*operands, y)
+        if self._whole[index] is False:
+            return None
+        *operands, y = self._whole[index]
+        box = np.s_[ch0 : ch0 + len(tiles[0]), r0 : r0 + tiles[0].shape[1]]
+        if all(same_values(t, o[box]) for t, o in zip(tiles, operands)):
+            return y
+        return None
+
+    def _find_tensor(self, name: str, tile: np.ndarray, at: int, ch0: int, r0: int):
+        """A copy of tensor `name` whose slice at (ch0, r0) equals `tile`: from the SRAM copy
+        the tile is part of (whole-height tiles), else from DRAM; None if neither matches."""
+        t = self.module.tensors[name]
+        c, h, w = t.shape
+        places = [(self.dram, self.module.dram[name])]
+        if tile.shape[1] == h:
+            places.insert(0, (self.sram, at - ch0 * tile[0].nbytes))
+        for memory, base in places:
+            if base >= 0 and base + t.nbytes <= len(memory):
+                whole = memory[base : base + t.nbytes].view(t.dtype).reshape(c, h, w)
+                if np.array_equal(whole[ch0 : ch0 + len(tile), r0 : r0 + tile.shape[1]], tile):
+                    return whole.copy()
+        return None
