@@ -15,7 +15,8 @@ until the quantized model's output SQNR reaches a target.
 3. Take noises as adding up, so keeping a set of layers in the base type is a knapsack: the
    most work (MACs plus output elements) kept low for a noise sum under a bound. Greedily, by
    work per unit of noise, fill the bound `scale` (1 = the allowed noise) and promote the
-   rest; probe the result (quantize and measure again), and move `scale` by SCALE_STEP up
+   rest; probe the result (quantize and measure again; `probes.Probes` computes the float
+   outputs once and reruns only the nodes a candidate changed), and move `scale` by SCALE_STEP up
    while the target holds, down until it does, then bisect to within BRACKET (at most
    MAX_PROBES probes), within the MAC budget if one is given. The probes correct what the sum
    gets wrong.
@@ -36,8 +37,9 @@ from ..macs import graph_macs, macs
 from ..metrics import sqnr_db
 from ..ops import OPS
 from .config import LayerOverride, QuantConfig
-from .evaluate import Batch, Comparison, compare_graphs
+from .evaluate import Batch, Comparison
 from .model_io import is_quantized
+from .probes import Probes
 from .sensitivity import isolated_output_noise
 
 KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output keeps the input's params
@@ -128,7 +130,7 @@ def search(
 ) -> MixedPrecisionResult:
     """Quantize with `build(config)` and promote layers to `target.dtype` until the worst
     output's SQNR on `batches` reaches `target.target_sqnr_db` (see the module docstring)."""
-    named = [(f"sample batch {i}", batch) for i, batch in enumerate(batches)]
+    measure = Probes(float_graph, batches)
     node_macs = {node.name: macs(node) for node in float_graph.nodes}
     total_macs = max(graph_macs(float_graph), 1)
     steps: list[dict] = []
@@ -141,7 +143,7 @@ def search(
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
         graph = build(replace(config, layers=layers))
-        comparison = compare_graphs(float_graph, graph, named)
+        comparison = measure.compare(graph)
         steps.append(
             {
                 "promoted": len(promoted),

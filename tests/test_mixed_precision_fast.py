@@ -1,0 +1,127 @@
+"""The mixed-precision search's shortcuts give exactly what the full evaluation gives: probes
+that rerun only what changed (quant/probes.py) and sensitivity runs that recompute only the
+nodes the measured layer reaches (quant/sensitivity.py), on the trained digits CNN and real
+digit images."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from test_mixed_precision import decoy_digits, outlier_digits
+
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
+from onebuild.datasets import first_samples, iter_batches
+from onebuild.graph_ir.quant import mixed_precision, probes, sensitivity
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
+from onebuild.graph_ir.quant.evaluate import compare_graphs
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde import load_onnx
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+SHAPES = {"input": [1, 1, 8, 8]}
+
+
+class FullEvaluation:
+    """The slow path: every probe compared with `compare_graphs`, nothing reused."""
+
+    def __init__(self, float_graph, batches):
+        self.float_graph = float_graph
+        self.batches = [(f"sample batch {i}", b) for i, b in enumerate(batches)]
+
+    def compare(self, candidate):
+        return compare_graphs(self.float_graph, candidate, self.batches)
+
+
+def _search(path: Path) -> dict:
+    model = optimize(load_onnx(path, SHAPES))
+    specs = [(v.name, v.shape) for v in model.main.inputs]
+    stats = calibrate(model.main, iter_batches(DIGITS / "data/calib.npz", specs))
+    samples = first_samples(DIGITS / "data/calib.npz", specs, 16)
+    options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=30))
+    return json.loads(quantize(model, options, stats, samples).metadata["mixed_precision"])
+
+
+@pytest.mark.parametrize("variant", [outlier_digits, decoy_digits])
+def test_the_search_with_shared_probes_equals_the_full_evaluation(variant, tmp_path, monkeypatch):
+    path = variant(tmp_path / "m.onnx")
+    made = []
+
+    class Counting(probes.Probes):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(mixed_precision, "Probes", Counting)
+    fast = _search(path)
+    assert made and made[0].reused > 0  # the probes did share work
+    monkeypatch.setattr(mixed_precision, "Probes", FullEvaluation)
+    full = _search(path)
+    assert len(fast["steps"]) >= 3 and fast["promoted"]  # a search happened
+    assert fast == full  # promoted set, SQNR of every probe, sensitivities: bit for bit
+
+
+def test_a_probe_reruns_only_what_changed_and_measures_as_compare_graphs(tmp_path):
+    path = outlier_digits(tmp_path / "m.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    ranges, means = stats.ranges_for("uint8"), stats.channel_means()
+    test = first_samples(DIGITS / "data/test.npz", specs, 40)  # two chunks of samples
+    base = quantize_graph(float_graph, ranges, QuantConfig(), means)
+    late = QuantConfig(layers=(LayerOverride(("fc",), "int16"),))
+    promoted_fc = quantize_graph(float_graph, ranges, late, means)
+    shared = probes.Probes(float_graph, test)
+    for candidate in (base, promoted_fc):
+        computed = shared.computed
+        got = shared.compare(candidate)
+        want = compare_graphs(float_graph, candidate, [(str(i), b) for i, b in enumerate(test)])
+        assert got.outputs == want.outputs and got.samples == want.samples == 40
+    # the second candidate differs from the first only from fc's input conversion on: the
+    # convolutions and pools are reused, per chunk of samples
+    assert shared.computed - computed < len(promoted_fc.nodes)
+    assert shared.reused >= 2 * 6
+
+
+def _branching_digits(path: Path) -> Path:
+    """The digits CNN with a side branch off pool1 (a copy of conv2, averaged) as a second
+    output: conv2 and the side convolution do not reach each other."""
+    model = onnx.load(DIGITS / "digits.onnx")
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    model.graph.initializer.append(numpy_helper.from_array(weights["w2"][::-1].copy(), "ws"))
+    model.graph.node.extend(
+        [
+            helper.make_node("Conv", ["p1", "ws", "b2"], ["s"], name="side", pads=[1, 1, 1, 1]),
+            helper.make_node("GlobalAveragePool", ["s"], ["sg"], name="side_pool"),
+            helper.make_node("Flatten", ["sg"], ["features"], name="side_flat"),
+        ]
+    )
+    features = helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, ["N", 16])
+    model.graph.output.append(features)
+    onnx.save(model, path)
+    return path
+
+
+def test_sensitivity_reusing_unreached_nodes_equals_recomputing_them(tmp_path, monkeypatch):
+    path = _branching_digits(tmp_path / "branch.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    quantized = quantize_graph(float_graph, stats.ranges_for("uint8"), QuantConfig())
+    batch = first_samples(DIGITS / "data/test.npz", specs, 8)[0]
+    layers = ["conv1", "conv2", "side", "fc"]
+    position = {n.name: i for i, n in enumerate(float_graph.nodes)}
+    reached = sensitivity._downstream(float_graph, position["conv2"])
+    assert position["side"] not in reached and position["fc"] in reached
+    signal, noise = sensitivity.isolated_output_noise(float_graph, quantized, batch, layers)
+    assert noise["side"]["logits"] == 0 < noise["side"]["features"]  # the branches apart
+    assert noise["conv2"]["features"] == 0 < noise["conv2"]["logits"]
+    everything_after = lambda graph, index: set(range(index + 1, len(graph.nodes)))  # noqa: E731
+    monkeypatch.setattr(sensitivity, "_downstream", everything_after)
+    assert sensitivity.isolated_output_noise(float_graph, quantized, batch, layers) == (
+        signal,
+        noise,
+    )
+    assert np.isfinite(signal["logits"]) and signal["features"] > 0
