@@ -123,7 +123,7 @@ def isolated_output_noise(
     }
     # state["at"]: the node running its twin; -1: a reference pass that fills the cache. The
     # nodes the twin's outputs do not reach return their cached reference results.
-    state: dict = {"at": -1, "samples": slice(None)}
+    state: dict = {"at": -1, "samples": slice(None), "observe": False}
     cache: dict[int, tuple] = {}
     bounds = _Bounds()
     reached = {index: _downstream(float_graph, index) for index in measured}
@@ -147,23 +147,26 @@ def isolated_output_noise(
     outputs = {v.name for i in measured for v in float_graph.nodes[i].outputs}
 
     def record(value, array) -> None:
-        if value.name in outputs:  # one sample per call when the graph cannot run batched
+        if state["observe"] and value.name in outputs:  # one sample per call when unbatched
             bounds.observe(value, array if run.batchable else array[None])
 
-    run = Interpreter(
-        float_graph, kernels={n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
-    )
+    kernels = {n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
+    run = Interpreter(float_graph, observer=record, kernels=kernels)
     count = len(next(iter(batch.values())))
     per_sample = sum(v.size * v.dtype.itemsize for n in float_graph.nodes for v in n.outputs)
     chunk = max(1, min(CHUNK, CACHE_BYTES // max(per_sample, 1))) if run.batchable else 1
     parts = [slice(start, min(start + chunk, count)) for start in range(0, count, chunk)]
-    observing = Interpreter(float_graph, observer=record)
-    for part in parts:  # every sample's range first: the clipping bounds need them all
-        observing.run_batch({name: array[part] for name, array in batch.items()}, chunk)
+    if len(parts) > 1:  # every sample's range first: the clipping bounds need them all
+        observing = Interpreter(float_graph, observer=record)
+        state["observe"] = True
+        for part in parts:
+            observing.run_batch({name: array[part] for name, array in batch.items()}, chunk)
     for part in parts:
         feeds = {name: array[part] for name, array in batch.items()}
-        state.update(at=-1, samples=part)
+        # one part: its reference pass records the ranges
+        state.update(at=-1, samples=part, observe=len(parts) == 1)
         reference = {k: v.astype(np.float64) for k, v in run.run_batch(feeds, chunk).items()}
+        state["observe"] = False
         for name, array in reference.items():
             signal[name] += float(np.vdot(array, array))
         for index in measured:
