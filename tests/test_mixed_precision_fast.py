@@ -125,3 +125,54 @@ def test_sensitivity_reusing_unreached_nodes_equals_recomputing_them(tmp_path, m
         noise,
     )
     assert np.isfinite(signal["logits"]) and signal["features"] > 0
+
+
+@pytest.mark.parametrize("step", [0, 1])  # at the bound, and one past it (float64)
+def test_integer_conv_on_float32_is_exact_up_to_its_bound(step):
+    """QConv runs on float32 when |x - zp| * sum|w| of every output stays below 2^24: codes
+    and weights at the extremes (255 and 127 over 518 taps: 16 775 430) give the exact
+    integer result; one more tap goes past the bound, which the float64 path takes."""
+    from onebuild.graph_ir.ops import quantized
+
+    taps = 518 + step
+    x = np.full((1, taps, 1, 1), 255, np.uint8)
+    x[0, ::7] = 0  # codes at both ends of the range: x - zp is 255 or 0
+    w = np.full((2, taps, 1, 1), 127, np.int8)
+    w[1, ::3] = -127
+    b = np.array([3, -5], np.int32)
+    attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [0] * 4, "group": 1}
+    attrs |= {"x_zero_point": 0, "dtype": "int16", "y_zero_point": 0, "qmin": -32768}
+    attrs |= {"qmax": 32767, "multiplier": [1 << 14] * 2, "shift": [24] * 2}  # y = acc / 1024
+    exact = (x.astype(np.int64)[:, None] * w.astype(np.int64)[None]).sum(axis=2)[..., 0, 0]
+    exact = exact + b
+    centered = x.astype(np.int64)
+    assert quantized._float32_exact(centered, w) == (step == 0)
+    got = quantized.q_conv(attrs, x, w, b)[..., 0, 0]
+    want = quantized.requantize(exact, 1 << 14, 24)
+    assert np.array_equal(got, np.clip(want, -32768, 32767))
+    assert abs(int(exact[0, 0])) > 1 << 23  # large enough that float32 rounding would show
+
+
+def test_quantized_models_run_the_same_on_float32_and_float64(tmp_path, monkeypatch):
+    from onebuild.graph_ir.interpreter import Interpreter
+    from onebuild.graph_ir.ops import quantized
+
+    path = outlier_digits(tmp_path / "m.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    test = first_samples(DIGITS / "data/test.npz", specs, 64)[0]
+    ranges, means = stats.ranges_for("uint8"), stats.channel_means()
+    graph = quantize_graph(float_graph, ranges, QuantConfig(), means)
+    fast = Interpreter(graph).run_batch(test)
+    taken = []
+    monkeypatch.setattr(quantized, "FLOAT32_EXACT", 0)  # float64 everywhere
+    slow = Interpreter(graph).run_batch(test)
+    monkeypatch.undo()
+    check = quantized._float32_exact
+    monkeypatch.setattr(
+        quantized, "_float32_exact", lambda *a: taken.append(check(*a)) or taken[-1]
+    )
+    Interpreter(graph).run_batch(test)
+    assert any(taken)  # the float32 path did run
+    assert all(np.array_equal(fast[k], slow[k]) for k in fast)
