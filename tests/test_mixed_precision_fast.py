@@ -176,3 +176,25 @@ def test_quantized_models_run_the_same_on_float32_and_float64(tmp_path, monkeypa
     Interpreter(graph).run_batch(test)
     assert any(taken)  # the float32 path did run
     assert all(np.array_equal(fast[k], slow[k]) for k in fast)
+
+
+def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
+    """From a set that holds, the largest units go back to the base type one at a time; a
+    demotion that breaks the target is undone, and only REFINE_PROBES are tried."""
+    units = {name: [name, f"{name}/pool"] for name in "abcdefg"}
+    noisy = {"a": 5.0, "b": 1.0, "c": 1.0, "d": 0.5, "e": 0.5, "f": 0.1, "g": 0.1}
+    probed = []
+
+    def tried(chosen):
+        probed.append(list(chosen))
+        kept = {name for name in units if name not in chosen}
+        return None, list(chosen), sum(noisy[name] for name in kept)
+
+    start = [n for name in "abcdefg" for n in units[name]]
+    best = (None, start, 0.0)
+    met = lambda noise: noise <= 1.6  # noqa: E731
+    _, chosen, noise = mixed_precision._demote(best, list("abcdefg"), units, tried, met)
+    # a is too noisy; b fits; c would exceed; d fits (1.5); e is past REFINE_PROBES (4)
+    assert [name for name in "abcdefg" if name not in chosen] == ["b", "d"] and noise == 1.5
+    assert len(probed) == mixed_precision.REFINE_PROBES
+    assert "b/pool" not in chosen and "a/pool" in chosen  # a unit goes back whole
