@@ -23,7 +23,7 @@ from ..ops import OPS
 from .evaluate import CHUNK, Batch, Comparison
 from .model_io import dequantize_outputs, quantize_inputs
 
-CACHE_BYTES = 512 << 20  # stored node results (least recently used dropped first)
+CACHE_BYTES = 256 << 20  # stored node results (least recently used dropped first)
 
 
 def _feed(digest, item) -> None:
