@@ -1,5 +1,5 @@
-"""The recipe commands of the CLI: build, status, dag, clean, list, schema, report (printing,
-exit codes); `onebuild.cli` parses the arguments and dispatches here."""
+"""The recipe commands of the CLI: build, status, dag, clean, list, schema, report, convert-cfg
+(printing, exit codes); `onebuild.cli` parses the arguments and dispatches here."""
 
 import json
 import shutil
@@ -9,6 +9,23 @@ from pathlib import Path
 
 from .errors import UserError
 from .plan import PLAN_FILE, load_plan
+
+
+def cmd_convert_cfg(args) -> int:
+    """A onecc .cfg as a recipe beside it (or at -o); replaces only a recipe it wrote itself."""
+    from .fileio import atomic_write_bytes
+    from .onecc_cfg import HEADER, convert_cfg
+
+    cfg = Path(args.cfg)
+    target = Path(args.output) if args.output else cfg.with_suffix(".toml")
+    if target.exists() and not target.read_bytes().startswith(HEADER.encode()):
+        raise UserError(f"{target}: exists and was not written by convert-cfg; choose -o PATH")
+    converted = convert_cfg(cfg, target)
+    atomic_write_bytes(target, converted.text.encode())
+    for note in converted.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"{target}: build it with `onebuild build {target}`")
+    return 0
 
 
 def cmd_schema(args) -> int:

@@ -204,8 +204,12 @@ def quantize(
         weight_only_quantize(model.main, settings)
         verify(model.main)
         return model
+    from .graph_ir.quant.pixel_shuffle import split_pixel_shuffles
+
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
     float_graph = equalize(model.main, options)
+    windows = split_pixel_shuffles(float_graph)  # in integers and on the NPU, not float islands
+    ranges.update({conv: ranges[out] for conv, out in windows.items() if out in ranges})
 
     rounder = nearest
     if options.weight_rounding == "adaround":

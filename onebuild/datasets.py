@@ -1,5 +1,5 @@
-"""Sample sets for calibration and evaluation: an npz file, a folder of npz/npy files, or
-random data (only when asked for: it calibrates badly).
+"""Sample sets for calibration and evaluation: an npz file, a folder of npz/npy files, ONE's
+HDF5 input data (`hdf5_data`), or random data (only when asked for: it calibrates badly).
 
 Batches are yielded one file at a time as `(where, {input name: [N, *shape]})`, so a folder of
 many files is never held in memory at once. A folder's `.npz` files hold arrays keyed by input
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, UserError
+from .hdf5_data import HDF5_SUFFIXES, iter_hdf5
 from .npz import MAX_HEADER, NPY_MAGIC, byte_limit, check_finite, read_npz
 
 Batch = dict[str, np.ndarray]
@@ -73,6 +74,10 @@ def iter_batches(
     """Batches of the npz file or folder at `path` for a model with `inputs` (name, shape)."""
     path = Path(path)
     shapes = dict(inputs)
+    if path.is_file() and path.suffix.lower() in HDF5_SUFFIXES:
+        for where, batch in iter_hdf5(path, inputs):
+            yield _with_sample_axis(where, batch, shapes)
+        return
     if path.is_file():
         yield _with_sample_axis(str(path), read_npz(path), shapes)
         return

@@ -209,3 +209,31 @@ def test_multiple_subgraphs_round_trip(tmp_path, rng):
         np.testing.assert_array_equal(
             Interpreter(copy).run({"x": x})["mm"], Interpreter(original).run({"x": x})["mm"]
         )
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_batchnorm_folds_into_conv_transpose(group, rng):
+    """ConvTranspose (weights [I, O / group, kh, kw]) -> BatchNormalization -> Relu: O1 folds
+    the BatchNormalization into the weights and bias; onnxruntime's outputs on the unfolded
+    model within float tolerance."""
+    channels = 4
+    inits = [
+        ("w", rng.normal(0, 0.5, (4, channels // group, 3, 3)).astype(np.float32)),
+        ("b", rng.normal(0, 0.1, channels).astype(np.float32)),
+        ("scale", rng.uniform(0.5, 2.0, channels).astype(np.float32)),
+        ("shift", rng.normal(0, 0.3, channels).astype(np.float32)),
+        ("mean", rng.normal(0, 0.3, channels).astype(np.float32)),
+        ("var", rng.uniform(0.2, 3.0, channels).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2], group=group),
+        helper.make_node("BatchNormalization", ["t", "scale", "shift", "mean", "var"], ["n"]),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    proto = make_model(nodes, [("x", [1, 4, 5, 5])], ["y"], inits)
+    model = import_onnx(proto)
+    run_preset(model)
+    assert [n.op for n in model.main.nodes] == ["ConvTranspose", "Relu"]
+    x = rng.normal(0, 1, (1, 4, 5, 5)).astype(np.float32)
+    got = Interpreter(model.main).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ort_run(proto, {"x": x}), rtol=1e-5, atol=1e-5)

@@ -122,7 +122,8 @@ def test_onert_runs_the_digits_packages(built):
 
 
 def mobilenet_images() -> np.ndarray:
-    """The 16 calibration images (uniform noise in [0, 1]) and 48 32x32 crops of
+    """The 16 calibration images (halved 64x64 photo crops, see
+    examples/models/make_tiny_mobilenet_calib.py) and 48 full-resolution 32x32 crops of
     scikit-learn's two bundled photographs in [0, 1], as [64, 1, 3, 32, 32]."""
     from sklearn.datasets import load_sample_images
 

@@ -87,7 +87,7 @@ def test_report_content_follows_the_build_records(built):
     assert "<script" not in text and "<img" not in text and "<link" not in text
     partition = built / "build/tiny_mobilenet_npu/partition/tiny_mobilenet.partition.json"
     fallbacks = json.loads(partition.read_text())["fallbacks"]
-    assert len(fallbacks) >= 5
+    assert len(fallbacks) >= 2  # the GELU head: its DequantizeLinear and ReduceMean
     for fallback in fallbacks:  # each CPU fallback is listed with its reason
         row = f"<td>{fallback['node']}</td><td>{fallback['op']}</td><td>{fallback['reasons'][0]}"
         assert row in text

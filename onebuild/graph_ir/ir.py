@@ -180,6 +180,12 @@ class Graph:
             value.graph = self
         return value
 
+    def rename_node(self, node: "Node", name: str) -> None:
+        """Give `node` a new name (made unique among the graph's node names)."""
+        self._node_names.discard(node.name)
+        node.name = self._unique_node_name(name)
+        self._node_names.add(node.name)
+
     def reserve(self, names: Iterable[str]) -> None:
         """Keep `names` free: values created meanwhile get `name_1`, ... instead, until `rename`
         gives a reserved name to its value. An importer reserves the tensor names of its source

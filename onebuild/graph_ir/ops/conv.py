@@ -197,6 +197,31 @@ def conv_transpose(attrs, x, w, b=None):
     return np.ascontiguousarray(y.astype(x.dtype, copy=False))
 
 
+def pixel_shuffle_block(attrs: Attrs, weight_shape: tuple[int, ...]) -> int | None:
+    """The block size b of a 2-D ConvTranspose whose windows do not overlap (square kernel b =
+    stride b, no groups, dilation, padding or output padding), else None. Such a layer is a
+    1x1 Conv to b * b * O channels followed by DepthToSpace(b, DCR): `pixel_shuffle_weights`."""
+    kernel = list(weight_shape[2:])
+    if len(kernel) != 2 or kernel[0] != kernel[1] or list(attrs["strides"]) != kernel:
+        return None
+    if attrs["group"] != 1 or set(attrs["dilations"]) != {1}:
+        return None
+    if any(attrs["pads"]) or any(attrs.get("output_padding", [0, 0])):
+        return None
+    return kernel[0]
+
+
+def pixel_shuffle_weights(
+    weight: np.ndarray, bias: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """ConvTranspose weights [I, O, b, b] and bias [O] (or None) as the 1x1 Conv's [b b O, I,
+    1, 1] and [b b O]: output channel (i b + j) O + o computes offset (i, j) of channel o."""
+    inputs, outputs, block = weight.shape[:3]
+    conv = weight.transpose(2, 3, 1, 0).reshape(block * block * outputs, inputs, 1, 1)
+    offsets = np.zeros(outputs, weight.dtype) if bias is None else bias.reshape(-1)
+    return np.ascontiguousarray(conv), np.tile(offsets, block * block)
+
+
 def gemm_type(attrs: Attrs, types) -> list[TensorType]:
     a, b = types[0].shape, types[1].shape
     m, ka = (a[1], a[0]) if attrs.get("transA") else a

@@ -24,6 +24,11 @@ def _fold_into(graph: Graph, producer: Node, bn: Node, factor: np.ndarray, shift
     if producer.op == "Conv":
         w = w * factor.reshape((-1,) + (1,) * (w.ndim - 1))
         old_bias = bias.numpy().astype(np.float64) if bias is not None else 0.0
+    elif producer.op == "ConvTranspose":  # weights [I, O / group, ...]; output g * O/g + j
+        group = producer.attrs["group"]
+        grouped = w.reshape(group, w.shape[0] // group, w.shape[1], -1)
+        w = (grouped * factor.reshape(group, 1, -1, 1)).reshape(w.shape)
+        old_bias = bias.numpy().astype(np.float64) if bias is not None else 0.0
     else:  # Gemm: output columns are channels
         w = w * (factor[:, None] if producer.attrs.get("transB") else factor[None, :])
         beta = producer.attrs.get("beta", 1.0)
@@ -40,13 +45,15 @@ def _fold_into(graph: Graph, producer: Node, bn: Node, factor: np.ndarray, shift
 
 
 def fold_batchnorm(graph: Graph) -> bool:
-    """Fold BatchNormalization into the Conv or Gemm that feeds it (constant weights only)."""
+    """Fold BatchNormalization into the Conv, ConvTranspose or Gemm that feeds it (constant
+    weights only)."""
     modified = False
     for bn in graph:
         if bn.op != "BatchNormalization":
             continue
         producer = bn.inputs[0].producer
-        if producer is None or producer.op not in ("Conv", "Gemm") or "clip" in producer.attrs:
+        folds_into = ("Conv", "ConvTranspose", "Gemm")
+        if producer is None or producer.op not in folds_into or "clip" in producer.attrs:
             continue
         if single_reader(producer.output) is not bn or not producer.inputs[1].is_const:
             continue
@@ -102,7 +109,7 @@ def _add_bias_slot(graph: Graph, node: Node) -> None:
     replace_node(graph, node, [replacement.output])
 
 
-def _clip_bounds(node: Node) -> tuple[float, float] | None:
+def clip_bounds(node: Node) -> tuple[float, float] | None:
     """The [lo, hi] range of a Relu or a Clip with constant scalar bounds."""
     if node.op == "Relu":
         return 0.0, float("inf")
@@ -127,7 +134,7 @@ def fuse_activations(graph: Graph) -> bool:
     """Fuse Relu / Relu6 / Clip into the Conv, Gemm, Add or MatMul that produces their input."""
     modified = False
     for act in graph:
-        bounds = _clip_bounds(act)
+        bounds = clip_bounds(act)
         if bounds is None or act.graph is None:
             continue
         source: Value = act.inputs[0]

@@ -334,8 +334,40 @@ def split(w, node):
 
 
 def reshape(w, node):
-    shape = w.constant(np.asarray(node.output.shape, np.int32), f"{node.name}_shape")
-    w.op("RESHAPE", [w.get(node.inputs[0], None), shape], [w.define(node.output, None)])
+    x, out = node.inputs[0], node.output
+    shape = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+    order = _flatten_order(w, node)
+    if order is None:
+        w.op("RESHAPE", [w.get(x, None), shape], [w.define(out, None)])
+        return
+    w.op("RESHAPE", [w.get(x, NHWC), shape], [w.define(out, None)])
+    w.flat_order[id(out)] = order
+
+
+DENSE = ("Gemm", "QGemm", "MatMul")
+
+
+def _flatten_order(w, node) -> np.ndarray | None:
+    """For a flatten of a channels-last tensor read only by FULLY_CONNECTED layers: the IR
+    column each stored column holds when the NHWC data is flattened as is (their weights are
+    permuted to match, so no TRANSPOSE is written; onert has no int8 TRANSPOSE). None
+    otherwise."""
+    x, out = node.inputs[0], node.output
+    if x.is_const or w.home_of(x) != NHWC or out in w.graph.outputs:
+        return None
+    n, c, h, wd = x.shape
+    if tuple(out.shape) != (n, c * h * wd) or not out.users:
+        return None
+    for user in out.users:
+        weight = user.inputs[1] if len(user.inputs) > 1 else None
+        if user.op not in DENSE or user.inputs[0] is not out or weight is None:
+            return None
+        if not weight.is_const or len(weight.shape) != 2 or user.attrs.get("transA"):
+            return None
+        per_channel = weight.quant is not None and weight.quant.axis is not None
+        if user.op == "QGemm" and x.dtype == np.uint8 and per_channel:
+            return None  # written as RESHAPE + CONV_2D (nn.gemm), which the reader keeps apart
+    return np.arange(c * h * wd).reshape(c, h, wd).transpose(1, 2, 0).ravel()
 
 
 def transpose(w, node):
@@ -376,6 +408,19 @@ def pad(w, node):
 def identity(w, node):
     _require(all(not v.uses and v not in w.graph.outputs for v in node.outputs[1:]))
     w.alias(node.outputs[0], node.inputs[0])
+
+
+# ops whose writers read their first input channels-last (circle_ops_nn)
+CHANNELS_LAST = {"Conv", "QConv", "MaxPool", "AveragePool", "QAveragePool", "GlobalAveragePool"}
+
+
+def _channels_last_readers(value) -> bool:
+    users = value.users
+    return (
+        len(value.shape) == 4
+        and bool(users)
+        and all(u.op in CHANNELS_LAST and u.inputs[0] is value for u in users)
+    )
 
 
 def quantize_op(w, node):

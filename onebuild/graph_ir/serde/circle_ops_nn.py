@@ -3,6 +3,7 @@ pooling, resizing, normalization), with TFLite's SAME/VALID padding or an explic
 
 import numpy as np
 
+from ..ops.conv import pixel_shuffle_block, pixel_shuffle_weights
 from ..tensor import QuantParams
 from .circle_ops import (
     NHWC,
@@ -148,8 +149,8 @@ def conv_transpose(w, node):
     _require(not any(attrs["pads"]) and not any(attrs["output_padding"]))
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     _require(bias is None or bias.is_const)
-    block = weight.shape[2]
-    if w.fmt == "circle" and [block, block] == [*weight.shape[2:]] == list(attrs["strides"]):
+    block = pixel_shuffle_block(attrs, weight.shape)
+    if w.fmt == "circle" and block is not None:
         _pixel_shuffle(w, node, block)
         return
     out = node.output
@@ -174,20 +175,32 @@ def _pixel_shuffle(w, node, block: int) -> None:
     goes to row offset i, column offset j, channel o)."""
     x, weight = node.inputs[:2]
     out = node.output
-    channels = weight.shape[1]
-    data = weight.numpy().transpose(2, 3, 1, 0).reshape(block * block * channels, 1, 1, -1)
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    offsets = np.zeros(channels, np.float32) if bias is None else bias.numpy().reshape(-1)
+    data, offsets = pixel_shuffle_weights(weight.numpy(), None if bias is None else bias.numpy())
     n, _, h, wd = x.shape
     windows = w.new_tensor(f"{out.name}_windows", out.dtype, (n, h, wd, data.shape[0]))
     operands = [
         w.get(x, NHWC),
-        w.constant(np.ascontiguousarray(data), weight.name),
-        w.constant(np.tile(offsets, block * block), f"{node.name}_bias"),
+        w.constant(np.ascontiguousarray(data.transpose(0, 2, 3, 1)), weight.name),
+        w.constant(offsets.astype(np.float32), f"{node.name}_bias"),
     ]
     options = dict(padding=VALID, stride_h=1, stride_w=1, dilation_h=1, dilation_w=1)
     w.op("CONV_2D", operands, [windows], **options)
     w.op("DEPTH_TO_SPACE", [windows], [w.define(out, NHWC)], block_size=block)
+
+
+def depth_to_space(w, node):
+    """DepthToSpace in DCR order (TFLite's: channel (i b + j) C + c goes to row offset i,
+    column offset j, channel c). CRD order has no TFLite spelling without a transpose."""
+    x = node.inputs[0]
+    _require(len(x.shape) == 4 and node.attrs.get("mode", "DCR") == "DCR")
+    operands = [w.get(x, NHWC)]
+    w.op(
+        "DEPTH_TO_SPACE",
+        operands,
+        [w.define(node.output, NHWC)],
+        block_size=node.attrs["blocksize"],
+    )
 
 
 def _grouped(w, node, xi: int, data: np.ndarray, params, options: dict) -> None:
@@ -228,11 +241,10 @@ def gemm(w, node):
     a, b = node.inputs[:2]
     attrs = node.attrs
     _require(b.is_const and len(a.shape) == 2 and not attrs.get("transA"))
-    data = b.numpy()
-    trans_b = attrs.get("transB", 0)
+    data = _columns_in_stored_order(w, a, b.numpy() if attrs.get("transB", 0) else b.numpy().T)
     if node.op == "Gemm":
         alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
-        weight = (data if trans_b else data.T) * np.float32(alpha)
+        weight = data * np.float32(alpha)
         wi = w.constant(weight.astype(np.float32), b.name)
         c = node.inputs[2] if len(node.inputs) > 2 else None
         _require(c is None or c.is_const)
@@ -241,7 +253,7 @@ def gemm(w, node):
             bias = np.broadcast_to(c.numpy().astype(np.float32) * np.float32(beta), bias.shape)
         bi = w.constant(np.ascontiguousarray(bias), f"{node.name}_bias")
     else:
-        weight, params = _weights_for(a, b, data if trans_b else data.T, 0)
+        weight, params = _weights_for(a, b, data, 0)
         if params.axis is not None and a.dtype == np.uint8:
             _pointwise_conv(w, node, weight, params)
             return
@@ -270,10 +282,17 @@ def _pointwise_conv(w, node, weight: np.ndarray, params: QuantParams) -> None:
     w.op("RESHAPE", [result, flat], [w.define(out, None)])
 
 
+def _columns_in_stored_order(w, a, weight: np.ndarray) -> np.ndarray:
+    """Weights [O, K] with their columns in the order input `a` is stored in."""
+    order = w.flat_order.get(id(a))
+    return weight if order is None else np.ascontiguousarray(weight[:, order])
+
+
 def matmul(w, node):
     a, b = node.inputs
     if b.is_const and len(b.shape) == 2:
-        weight = w.constant(np.ascontiguousarray(b.numpy().T), b.name)
+        data = _columns_in_stored_order(w, a, b.numpy().T)
+        weight = w.constant(np.ascontiguousarray(data), b.name)
         keep = len(a.shape) > 2
         _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None, keep_num_dims=keep)
         return

@@ -66,6 +66,10 @@ class Reader:
         self._exact_scales(model, buffers)
         self.values: dict[int, dict] = {}  # tensor index -> {perm: Value}
         self.functions: dict[int, tuple] = {}  # id(QLookup output) -> (input, (op, attrs))
+        self.readers: dict[int, set] = {}  # tensor index -> {(operator name, input position)}
+        # tensor index -> the IR column of each stored column (a flatten of channels-last data
+        # whose IR value is the IR's flatten; see circle_read_ops.reshape)
+        self.column_order: dict[int, np.ndarray] = {}
         self.graph.reserve(t.name for t in self.tensors)
 
     def fail(self, what: str) -> FormatError:
@@ -311,6 +315,14 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
         value.quant = t.quant
         reader.values[int(index)] = {None: value}
     operators = sub.tables(3, "operators")
+    for op in operators:  # who reads each tensor (a flatten before dense layers looks ahead)
+        name = (
+            BUILTIN_NAMES.get(codes[op.scalar(0, "I")]) if op.scalar(0, "I") < len(codes) else None
+        )
+        for position, x in enumerate(op.array(1, "int32", "operator inputs")):
+            reader.readers.setdefault(int(x), set()).add((name, position))
+    for index in sub.array(2, "int32", "subgraph outputs"):
+        reader.readers.setdefault(int(index), set()).add(("output", 0))
     unsupported = []
     for i, op in enumerate(operators):
         opcode = op.scalar(0, "I")

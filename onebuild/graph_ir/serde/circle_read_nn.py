@@ -147,6 +147,10 @@ def fully_connected(r, inputs, outputs, options):
     weights = r.const(w_i)
     if weights is None or weights.ndim != 2:
         raise Malformed("the weights must be a constant 2-D tensor")
+    order = r.column_order.get(x_i)
+    if order is not None:  # the input is stored as the flattened channels-last data
+        stored, weights = weights, np.empty_like(weights)
+        weights[:, order] = stored
     x = r.value(x_i)
     if len(x.shape) != 2:
         if o["keep_num_dims"]:
@@ -159,7 +163,7 @@ def fully_connected(r, inputs, outputs, options):
         attrs = {"transB": 1, **_quantized_matmul_attrs(r, x_i, w_i, outputs[0], o["activation"])}
         _emit(r, "QGemm", [x, w, _bias(r, b_i, weights.shape[0], True)], attrs, outputs[0])
         return
-    w = r.value(w_i)
+    w = r.value(w_i) if order is None else r.graph.add_constant(weights, r.info(w_i).name)
     attrs = {"transB": 1, **_activation_attrs(r, outputs[0], o["activation"])}
     b = None if b_i < 0 else r.value(b_i)
     _emit(r, "Gemm", [x, w, b], attrs, outputs[0])

@@ -244,7 +244,26 @@ def split(r, inputs, outputs, options, code):
 
 def reshape(r, inputs, outputs, options):
     shape = list(r.info(outputs[0]).shape)
-    _emit(r, "Reshape", [r.value(inputs[0])], {"shape": shape}, outputs[0])
+    order = _flatten_order(r, inputs[0], outputs[0])
+    if order is None:
+        _emit(r, "Reshape", [r.value(inputs[0])], {"shape": shape}, outputs[0])
+        return
+    # the IR's own flatten; the FULLY_CONNECTED readers permute their weights by `order`
+    flat = r.graph.make_node("Reshape", [r.value(inputs[0], NHWC)], {"shape": shape}).output
+    r.define(outputs[0], flat)
+    r.column_order[outputs[0]] = order
+
+
+def _flatten_order(r, source: int, target: int) -> np.ndarray | None:
+    """For a flatten of a channels-last tensor read only as FULLY_CONNECTED inputs (how the
+    writer spells an IR flatten before dense layers): the IR column of each stored column."""
+    t, out = r.info(source), r.info(target)
+    if r.perm_of(source) != NHWC or r.readers.get(target) != {("FULLY_CONNECTED", 0)}:
+        return None
+    n, h, w, c = t.shape
+    if tuple(out.shape) != (n, h * w * c):
+        return None
+    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).ravel()
 
 
 def transpose(r, inputs, outputs, options):

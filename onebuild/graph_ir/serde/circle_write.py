@@ -62,6 +62,9 @@ class Writer:
         self.home: dict[int, Perm] = {}  # id(value) -> the layout its producer wrote
         self.index: dict[tuple[int, Perm], int] = {}  # (id(value), layout) -> tensor index
         self.names: set[str] = set()
+        # id(value) -> the IR column of each stored column, for a 2-D value written as the
+        # flattened channels-last data (read only by dense layers, whose weights follow it)
+        self.flat_order: dict[int, np.ndarray] = {}
 
     # -- tensors -------------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -286,6 +289,7 @@ WRITERS: dict[str, Callable] = {
     "Clip": ops.clip,
     "Gelu": ops.unary,
     "ConvTranspose": nn.conv_transpose,
+    "DepthToSpace": nn.depth_to_space,
     "Swish": ops.unary,
     "QLookup": ops.lookup,
     "Softmax": ops.softmax,

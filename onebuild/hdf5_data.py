@@ -1,0 +1,93 @@
+"""ONE's calibration data format: an HDF5 file as one-quantize and record-minmax read it.
+
+Layout (rawdata2hdf5 writes it): a group `value` holding one group per sample, named `0`, `1`,
+...; in each, one dataset per model input, named by its position `0`, `1`, .... A dataset is
+either an array of the input's shape, or (with the attribute `rawData` on `value`) the raw
+bytes of the float32 input. Read with h5py (the `onecc` extra), sizes checked before data, a
+bounded number of samples at a time; nothing is executed or unpickled.
+"""
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FormatError, UserError
+from .npz import byte_limit
+
+HDF5_SUFFIXES = (".h5", ".hdf5")
+CHUNK_SAMPLES = 64
+RAW_DTYPE = np.dtype(np.float32)
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise UserError(
+            "reading ONE's HDF5 input data needs h5py: pip install 'onebuild[onecc]' (or save "
+            "the samples as .npz)"
+        ) from None
+    return h5py
+
+
+def _sample_names(path: Path, group) -> list[str]:
+    names = list(group.keys())
+    if not names or not all(name.isdigit() for name in names):
+        raise FormatError(f"{path}: the 'value' group must hold samples named 0, 1, ...")
+    return sorted(names, key=int)
+
+
+def _input_array(path: Path, sample: str, dataset, raw: bool, shape) -> np.ndarray:
+    where = f"{path}: value/{sample}/{dataset.name.rsplit('/', 1)[-1]}"
+    if dataset.dtype.kind not in "biuf" or dataset.dtype.fields is not None:
+        raise FormatError(f"{where}: {dataset.dtype} is not numbers")
+    expected = int(np.prod(shape)) * (RAW_DTYPE.itemsize if raw else 1)
+    count = int(dataset.size) * (dataset.dtype.itemsize if raw else 1)
+    if count != expected:
+        what = "bytes" if raw else "values"
+        raise FormatError(f"{where}: {count} {what}, the input {list(shape)} needs {expected}")
+    data = dataset[()]
+    if raw:
+        return np.frombuffer(np.asarray(data).tobytes(), RAW_DTYPE).reshape(shape)
+    return np.asarray(data, np.float32).reshape(shape)
+
+
+def iter_hdf5(
+    path: str | Path, inputs: Sequence[tuple[str, tuple[int, ...]]]
+) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """Batches `(where, {input name: [N, *shape]})` of at most CHUNK_SAMPLES samples each."""
+    h5py, path = _h5py(), Path(path)
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as error:
+        raise FormatError(f"{path}: not an HDF5 file ({error})") from None
+    with handle:
+        group = handle.get("value")
+        if not isinstance(group, h5py.Group):
+            raise FormatError(f"{path}: no 'value' group (ONE's input data layout)")
+        raw = "rawData" in group.attrs
+        names = _sample_names(path, group)
+        sample_bytes = sum(int(np.prod(shape)) * 4 for _, shape in inputs)
+        if sample_bytes * len(names) > byte_limit():
+            raise UserError(
+                f"{path}: {len(names)} samples of {sample_bytes} bytes exceed the data limit "
+                "(ONEBUILD_MAX_NPZ_BYTES)"
+            )
+        for start in range(0, len(names), CHUNK_SAMPLES):
+            chunk = names[start : start + CHUNK_SAMPLES]
+            batch = {name: [] for name, _ in inputs}
+            for sample in chunk:
+                datasets = group[sample]
+                if not isinstance(datasets, h5py.Group) or len(datasets) != len(inputs):
+                    raise FormatError(
+                        f"{path}: value/{sample} must hold {len(inputs)} dataset(s), one per "
+                        "model input"
+                    )
+                for index, (name, shape) in enumerate(inputs):
+                    dataset = datasets.get(str(index))
+                    if not isinstance(dataset, h5py.Dataset):
+                        raise FormatError(f"{path}: value/{sample} has no dataset '{index}'")
+                    batch[name].append(_input_array(path, sample, dataset, raw, shape))
+            where = f"{path} (samples {chunk[0]}-{chunk[-1]})"
+            yield where, {name: np.stack(arrays) for name, arrays in batch.items()}

@@ -1,0 +1,265 @@
+"""ONE's onecc configuration files (`.cfg`) as onebuild recipes.
+
+A onecc user's `model.cfg` (an INI file: `[onecc]` switches the `one-*` steps on, one section
+per step holds its options) becomes a recipe with the same steps and settings, written beside
+it. Paths in the cfg are relative to the folder onecc runs in (the cfg's own, by convention);
+in the recipe they are relative to the recipe. ONE's defaults are written out where onebuild's
+differ (granularity `layer`, the percentile calibration at 1 / 99, model I/O in the quantized
+type), so the recipe builds what onecc would have.
+
+Every key is either translated, known to be irrelevant here (the intermediate `output_path`s
+onecc chains its tools with, logging), or an error naming the section and key and what to do:
+nothing is dropped silently. The file is parsed as data (configparser, no interpolation).
+"""
+
+import configparser
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import toml
+
+from .errors import UserError
+
+IMPORTS = {"one-import-onnx": "ONNX", "one-import-tflite": "tflite"}
+ELSEWHERE = {  # onecc steps onebuild does not run, and what to do instead
+    "one-import-tf": "convert the TensorFlow model to ONNX or tflite first",
+    "one-import-bcq": "convert the BCQ model to ONNX or tflite first",
+    "one-import-pytorch": "export the PyTorch model with torch.onnx.export first",
+    "one-profile": "time the package with `onebuild run` / `onebuild inspect` instead",
+    "one-infer": "run the package with `onebuild run` instead",
+}
+STEPS = {*IMPORTS, *ELSEWHERE, "one-optimize", "one-quantize", "one-partition", "one-codegen",
+         "one-pack"}  # fmt: skip
+IGNORED = {"input_path", "output_path", "verbose", "save_intermediate", "generate_profile_data"}
+IMPORT_KEYS = {"keep_io_order", "unroll_rnn", "unroll_lstm", "dynamic_batch_to_single_batch",
+               "experimental_disable_batchmatmul_unfold"}  # fmt: skip
+QUANTIZE_KEYS = {
+    "quantized_dtype", "granularity", "input_type", "output_type", "input_dtype", "input_data",
+    "input_data_format", "mode", "min_percentile", "max_percentile", "moving_avg_batch",
+    "moving_avg_const",
+}  # fmt: skip
+CODEGEN_TARGETS = {"trix": "trix_sim", "trix_sim": "trix_sim"}
+HEADER = "# Translated from a onecc configuration by `onebuild convert-cfg`"
+
+
+@dataclass
+class Converted:
+    """The recipe text, and notes for the user (settings kept as comments, not translated)."""
+
+    text: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _read(path: Path) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=True)
+    parser.optionxform = str  # keys are case-sensitive in onecc
+    try:
+        with open(path, encoding="utf-8") as handle:
+            parser.read_file(handle)
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror})") from None
+    except (configparser.Error, UnicodeDecodeError) as error:
+        first = str(error).splitlines()[0]
+        raise UserError(f"{path}: not a onecc configuration ({first})") from None
+    return parser
+
+
+def _flag(path: Path, section: str, key: str, text: str) -> bool:
+    if text.strip().lower() in ("true", "1", "yes"):
+        return True
+    if text.strip().lower() in ("false", "0", "no", ""):
+        return False
+    raise UserError(f"{path}: [{section}] {key} = {text!r} is not True or False")
+
+
+class _Converter:
+    def __init__(self, path: Path, recipe: Path):
+        self.path, self.recipe = path, recipe
+        self.cfg = _read(path)
+        self.data: dict = {}
+        self.comments: dict[str, list[str]] = {}
+        self.notes: list[str] = []
+
+    def fail(self, section: str, key: str, why: str) -> UserError:
+        return UserError(f"{self.path}: [{section}] {key}: {why}")
+
+    def options(self, section: str, known: set[str]) -> dict[str, str]:
+        """The section's keys (an error names the first one not in `known` or IGNORED)."""
+        if not self.cfg.has_section(section):
+            raise UserError(f"{self.path}: [onecc] turns {section} on but there is no [{section}]")
+        values = dict(self.cfg.items(section))
+        for key in values:
+            if key not in known | IGNORED:
+                accepted = ", ".join(sorted(known))
+                raise self.fail(section, key, f"not translated (onebuild reads: {accepted})")
+        return values
+
+    def relative(self, section: str, key: str, text: str) -> str:
+        """A cfg path (relative to the cfg's folder) relative to the recipe's folder."""
+        target = (self.path.parent / text.strip()).resolve()
+        if not target.exists():
+            raise self.fail(section, key, f"{target} does not exist")
+        return Path(os.path.relpath(target, self.recipe.parent.resolve())).as_posix()
+
+    def steps(self) -> list[str]:
+        if not self.cfg.has_section("onecc"):
+            raise UserError(f"{self.path}: no [onecc] section (which steps run)")
+        enabled = []
+        for key, text in self.cfg.items("onecc"):
+            if key == "include":
+                self.comments.setdefault("optimize", []).append(f"onecc include = {text}")
+                continue
+            if key not in STEPS:
+                raise self.fail("onecc", key, f"unknown step (known: {', '.join(sorted(STEPS))})")
+            if _flag(self.path, "onecc", key, text):
+                if key in ELSEWHERE:
+                    raise self.fail("onecc", key, f"onebuild has no such step: {ELSEWHERE[key]}")
+                enabled.append(key)
+        imports = [step for step in enabled if step in IMPORTS]
+        if len(imports) != 1:
+            raise UserError(
+                f"{self.path}: [onecc] must turn on exactly one of {', '.join(IMPORTS)} "
+                f"(it turns on {', '.join(imports) or 'none'})"
+            )
+        return enabled
+
+    def backend(self) -> None:
+        if self.cfg.has_section("backend"):
+            target = self.cfg.get("backend", "target", fallback="").strip()
+            if target and target.lower() not in CODEGEN_TARGETS:
+                raise self.fail("backend", "target", f"'{target}' is not a TRIX target here")
+
+    def import_step(self, section: str) -> None:
+        values = self.options(section, IMPORT_KEYS if section == "one-import-onnx" else set())
+        if "input_path" not in values:
+            raise self.fail(section, "input_path", "missing (the model to import)")
+        self.data["import"] = {"source": self.relative(section, "input_path", values["input_path"])}
+        kept = ", ".join(f"{k}={v}" for k, v in values.items() if k in IMPORT_KEYS)
+        if kept:
+            self.comments["import"] = [
+                "onebuild imports a dynamic batch as 1 and keeps the I/O order and recurrent",
+                f"layers as they are; onecc options: {kept}",
+            ]
+
+    def optimize_step(self) -> None:
+        values = self.options("one-optimize", set(self.cfg.options("one-optimize")))
+        flags = sorted(k for k, v in values.items() if k not in IGNORED and v.strip() == "True")
+        self.data["optimize"] = {"preset": "O1"}
+        self.comments.setdefault("optimize", []).append(
+            "onebuild's O1 (docs: README, 'O1 passes') stands for one-optimize's passes"
+            + (f": {', '.join(flags)}" if flags else "")
+        )
+
+    def quantize_step(self) -> None:
+        values = self.options("one-quantize", QUANTIZE_KEYS)
+        dtype = values.get("quantized_dtype", "uint8").strip()
+        if dtype not in ("uint8", "int16"):
+            raise self.fail("one-quantize", "quantized_dtype", f"'{dtype}': use uint8 or int16")
+        if values.get("input_dtype", "float32").strip() != "float32":
+            raise self.fail("one-quantize", "input_dtype", "only float32 models are quantized")
+        step = {
+            "dtype": dtype,
+            "granularity": values.get("granularity", "layer").strip(),
+            "input_type": values.get("input_type", dtype).strip(),
+            "output_type": values.get("output_type", dtype).strip(),
+        }
+        for key in ("granularity", "input_type", "output_type"):
+            allowed = (
+                ("layer", "channel") if key == "granularity" else ("float32", "uint8", "int16")
+            )
+            if step[key] not in allowed:
+                raise self.fail("one-quantize", key, f"'{step[key]}': use {' or '.join(allowed)}")
+        mode = values.get("mode", "percentile").strip()
+        if mode not in ("percentile", "moving_average"):
+            raise self.fail("one-quantize", "mode", f"'{mode}': use percentile or moving_average")
+        step["method"] = mode
+        numbers = {"min_percentile": 1.0, "max_percentile": 99.0} if mode == "percentile" else {}
+        if mode == "moving_average":
+            numbers = {"moving_avg_batch": 16, "moving_avg_const": 0.1}
+        for key, default in numbers.items():
+            text = values.get(key, str(default))
+            try:
+                step[key] = type(default)(float(text)) if isinstance(default, int) else float(text)
+            except ValueError:
+                raise self.fail("one-quantize", key, f"'{text}' is not a number") from None
+        self.calibration(values, step)
+        self.data["quantize"] = step
+
+    def calibration(self, values: dict[str, str], step: dict) -> None:
+        data = values.get("input_data", "").strip()
+        if not data:
+            step["random_calibration"] = True
+            self.notes.append(
+                "one-quantize has no input_data: calibrating on random data as onecc does, which "
+                "calibrates badly; set quantize.calibration to real samples"
+            )
+            return
+        layout = values.get("input_data_format", "h5").strip().lower()
+        if layout not in ("h5", "hdf5"):
+            raise self.fail(
+                "one-quantize",
+                "input_data_format",
+                f"'{layout}' (raw files without shapes): save the samples as .h5 (rawdata2hdf5) "
+                "or as .npz keyed by input name",
+            )
+        step["calibration"] = self.relative("one-quantize", "input_data", data)
+
+    def partition_step(self) -> None:
+        values = self.options("one-partition", {"backends", "default", "part_file", "input_file"})
+        step = {}
+        if "backends" in values:
+            step["backends"] = [b.strip() for b in values["backends"].split(",") if b.strip()]
+        if "default" in values:
+            step["default"] = values["default"].strip()
+        part = values.get("part_file") or values.get("input_file")
+        if part:
+            step["part_file"] = self.relative("one-partition", "part_file", part)
+        self.data["partition"] = step
+
+    def codegen_step(self) -> None:
+        values = self.options("one-codegen", {"backend", "command"})
+        backend = values.get("backend", "").strip()
+        if backend.lower() not in CODEGEN_TARGETS:
+            raise self.fail("one-codegen", "backend", f"'{backend}': onebuild compiles for trix")
+        self.data["codegen"] = {"target": CODEGEN_TARGETS[backend.lower()]}
+        if values.get("command", "").strip():
+            self.comments["codegen"] = [
+                f"one-codegen command (not translated): {values['command']}"
+            ]
+            self.notes.append(
+                "one-codegen's command line is not translated; choose the hardware with "
+                "codegen.hw (onebuild targets lists the presets)"
+            )
+
+    def pack_step(self) -> None:
+        values = self.options("one-pack", set())
+        output = values.get("output_path", "").strip()
+        if not output:
+            raise self.fail("one-pack", "output_path", "missing (the nnpackage to write)")
+        target = (self.path.parent / output).resolve()
+        self.data["pack"] = {
+            "output": Path(os.path.relpath(target, self.recipe.parent.resolve())).as_posix()
+        }
+
+    def run(self) -> Converted:
+        self.backend()
+        steps = self.steps()
+        for step in steps:
+            if step in IMPORTS:
+                self.import_step(step)
+            else:
+                getattr(self, step.removeprefix("one-") + "_step")()
+        header = f"{HEADER} ({self.path.name});\n# ONE's defaults are spelled out.\n"
+        sections = []
+        for name in ("import", "optimize", "quantize", "partition", "codegen", "pack"):
+            if name not in self.data:
+                continue
+            comments = "".join(f"# {line}\n" for line in self.comments.get(name, []))
+            sections.append(comments + toml.dumps({name: self.data[name]}))
+        return Converted(header + "\n".join(sections), self.notes)
+
+
+def convert_cfg(path: str | os.PathLike, recipe: str | os.PathLike) -> Converted:
+    """The recipe (to be written at `recipe`) that builds what onecc builds from `path`."""
+    return _Converter(Path(path), Path(recipe)).run()

@@ -1,0 +1,169 @@
+"""onecc configuration files translated into recipes (`onebuild convert-cfg`) and ONE's HDF5
+calibration data: a cfg in ONE's template layout builds the same package as the recipe a user
+would write, and every key is translated or refused with one line naming it."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from onebuild.datasets import iter_batches
+from onebuild.graph_ir.serde import load_ir
+from onebuild.npz import read_npz, write_npz
+
+DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
+SHAPE = (1, 1, 8, 8)
+
+CFG = """\
+[Environment]
+ONECC_ENV="ONECC"
+
+[backend]
+target=trix
+
+[onecc]
+one-import-tf=False
+one-import-tflite=False
+one-import-bcq=False
+one-import-onnx=True
+one-optimize=True
+one-quantize=True
+one-partition=False
+one-pack=True
+one-codegen=True
+one-profile=False
+one-infer=False
+
+[one-import-onnx]
+input_path=digits.onnx
+output_path=digits.circle
+dynamic_batch_to_single_batch=True
+
+[one-optimize]
+input_path=digits.circle
+output_path=digits.opt.circle
+fuse_batchnorm_with_conv=True
+
+[one-quantize]
+input_path=digits.opt.circle
+output_path=digits.q.circle
+input_data=calib.h5
+input_data_format=h5
+quantized_dtype=uint8
+granularity=channel
+{quantize_extra}
+[one-codegen]
+backend=trix
+command=-o digits.tvn digits.q.circle
+
+[one-pack]
+input_path=digits.tvn
+output_path=digits_pkg
+"""
+
+
+def onebuild(*args, cwd):
+    command = [sys.executable, "-m", "onebuild.cli", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+
+
+def write_h5(path: Path, samples: np.ndarray, raw: bool = True) -> None:
+    """ONE's layout: value/<sample>/<input index>; raw bytes as rawdata2hdf5 writes them."""
+    with h5py.File(path, "w") as handle:
+        group = handle.create_group("value")
+        if raw:
+            group.attrs["rawData"] = "1"
+        for index, sample in enumerate(samples):
+            data = np.frombuffer(sample.astype(np.float32).tobytes(), np.uint8) if raw else sample
+            group.create_group(str(index)).create_dataset("0", data=data)
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(DIGITS / "digits.onnx", tmp_path / "digits.onnx")
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"][:96]
+    write_h5(tmp_path / "calib.h5", calib)
+    write_npz(tmp_path / "calib.npz", {"input": calib})
+    return tmp_path
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_hdf5_samples_equal_the_npz_ones(project, raw):
+    """Raw bytes and typed arrays both read as the samples, in 64-sample batches."""
+    calib = read_npz(project / "calib.npz")["input"]
+    write_h5(project / "data.hdf5", calib, raw=raw)
+    batches = [b["input"] for _, b in iter_batches(project / "data.hdf5", [("input", SHAPE)])]
+    assert [len(b) for b in batches] == [64, 32]
+    np.testing.assert_array_equal(np.concatenate(batches), calib)
+
+
+def test_cfg_builds_what_the_handwritten_recipe_builds(project):
+    """ONE's defaults are spelled out (percentile 1 / 99, I/O in the quantized type); the
+    translated build quantizes exactly as a recipe with the same settings and npz data."""
+    (project / "model.cfg").write_text(CFG.format(quantize_extra=""))
+    result = onebuild("convert-cfg", "model.cfg", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "one-codegen's command line is not translated" in result.stderr
+    text = (project / "model.toml").read_text()
+    for line in ('method = "percentile"', "min_percentile = 1.0", 'input_type = "uint8"'):
+        assert line in text
+    built = onebuild("build", "model.toml", cwd=project)
+    assert built.returncode == 0, built.stderr
+    assert (project / "digits_pkg" / "metadata" / "MANIFEST").is_file()
+    mine = text.replace("calib.h5", "calib.npz").replace("digits_pkg", "mine_pkg")
+    (project / "mine.toml").write_text(mine + '\n[build]\ndir = "build_mine"\n')
+    assert onebuild("build", "mine.toml", cwd=project).returncode == 0
+    ours = load_ir(project / "build" / "model" / "quantize.obir").main
+    theirs = load_ir(project / "build_mine" / "quantize.obir").main
+    assert [n.attrs for n in ours.nodes] == [n.attrs for n in theirs.nodes]
+    again = onebuild("convert-cfg", "model.cfg", cwd=project)  # replaces its own recipe
+    assert again.returncode == 0 and (project / "model.toml").read_text() == text
+
+
+@pytest.mark.parametrize(
+    "edit, names",
+    [
+        (("one-import-tf=False", "one-import-tf=True"), "[onecc] one-import-tf"),
+        (("one-infer=False", "one-infer=maybe"), "[onecc] one-infer"),
+        (("granularity=channel", "granularity=channel\nampq=True"), "[one-quantize] ampq"),
+        (("input_data_format=h5", "input_data_format=list"), "input_data_format"),
+        (("input_data=calib.h5", "input_data=missing.h5"), "[one-quantize] input_data"),
+        (("backend=trix\n", "backend=npu9\n"), "[one-codegen] backend"),
+        (("[one-pack]", "[one-packing]"), "no [one-pack]"),
+        (("[onecc]", "[onecc\n"), "model.cfg"),
+    ],
+)
+def test_untranslatable_keys_are_named(project, edit, names):
+    (project / "model.cfg").write_text(CFG.format(quantize_extra="").replace(*edit, 1))
+    result = onebuild("convert-cfg", "model.cfg", cwd=project)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and names in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and not (project / "model.toml").exists()
+
+
+def test_a_recipe_it_did_not_write_is_kept(project):
+    (project / "model.cfg").write_text(CFG.format(quantize_extra=""))
+    (project / "model.toml").write_text("# mine\n")
+    result = onebuild("convert-cfg", "model.cfg", cwd=project)
+    assert result.returncode == 2 and "choose -o" in result.stderr
+    assert (project / "model.toml").read_text() == "# mine\n"
+
+
+@pytest.mark.parametrize(
+    "damage, names",
+    [
+        (lambda p: p.write_bytes(b"not hdf5 at all"), "not an HDF5 file"),
+        (lambda p: write_h5(p, np.zeros((3, 1, 1, 8, 7), np.float32)), "value/0/0"),
+    ],
+)
+def test_bad_hdf5_data_is_one_line(project, damage, names):
+    damage(project / "calib.h5")
+    (project / "model.cfg").write_text(CFG.format(quantize_extra=""))
+    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    result = onebuild("build", "model.toml", cwd=project)
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert result.returncode in (1, 2) and len(errors) == 1 and names in errors[0], result.stderr
