@@ -59,8 +59,8 @@ MAX_PROBES = 8  # after the base-type and all-promoted probes
 # their calibrated range (squeeze-excitation gates, pooled features, the classifier: on the
 # PP-OCR classifier's held-out lines they cost 20-26 dB alone, 44-56 dB on calibration lines).
 NEGLIGIBLE_MAC_FRACTION = 0.001
-REFINE_PROBES = 4  # then the largest promoted units, each tried back in the base type,
-DEMOTE_MARGIN_DB = 1.0  # when the set found holds the target by this much
+REFINE_PROBES = 4  # then the largest promoted units are tried back in the base type, one each,
+DEMOTE_MARGIN_DB = 1.0  # if the set found holds the target by at least this
 REPORTED_LAYERS = 10  # the record lists the layers that cost the most alone
 
 
@@ -207,17 +207,17 @@ def search(
     total = sum(c for c in cost.values() if math.isfinite(c))
     while budget is not None and low <= total and fraction(chosen_at(low)) > budget:
         low = max(low * SCALE_STEP, 1 / SCALE_STEP**8)
-    probes: dict[tuple, tuple[Graph, Comparison, list[str]]] = {
-        (): (base_graph, base, []),
-        tuple(everything): (graph, comparison, everything),
+    probes: dict[tuple, tuple[Graph, list[str], Comparison]] = {
+        (): (base_graph, [], base),
+        tuple(everything): (graph, everything, comparison),
     }
 
     def tried(chosen: list[str]) -> tuple[Graph, list[str], Comparison]:
         """The probe of promoting `chosen` (each set probed once)."""
         if tuple(chosen) not in probes:
-            probes[tuple(chosen)] = (*probe(chosen), chosen)
-        graph, comparison, chosen = probes[tuple(chosen)]
-        return graph, chosen, comparison
+            graph, comparison = probe(chosen)
+            probes[tuple(chosen)] = (graph, chosen, comparison)
+        return probes[tuple(chosen)]
 
     held, failed, scale = None, None, max(1.0, low)
     for _ in range(MAX_PROBES):
@@ -235,8 +235,7 @@ def search(
             break
         else:
             scale = max(scale / SCALE_STEP, low)
-    found = [(g, chosen, c) for g, c, chosen in probes.values()]
-    within = [p for p in found if budget is None or fraction(p[1]) <= budget]
+    within = [p for p in probes.values() if budget is None or fraction(p[1]) <= budget]
     holding = [p for p in within if met(p[2])]
     if holding:
         graph, chosen, comparison = min(holding, key=lambda p: fraction(p[1]))
