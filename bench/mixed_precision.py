@@ -13,6 +13,10 @@ calibrated range, and the largest overshoot as a share of that range). SQNR is t
 output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
+
+On a machine shared with other jobs, run it with OPENBLAS_NUM_THREADS=1: multi-threaded BLAS
+spins there (up to 10x slower on small products) and its summation order moves the float
+reference by an ulp, which can change the promoted set.
 """
 
 import argparse

@@ -86,10 +86,29 @@ def _exact_int(array: np.ndarray) -> np.ndarray:
     return np.rint(array).astype(np.int64)
 
 
+FLOAT32_EXACT = 1 << 24  # integers of smaller magnitude, and their sums below it, are exact
+
+
+def _float32_exact(centered: np.ndarray, w: np.ndarray) -> bool:
+    """Whether every partial sum of a conv of these integers stays below 2^24 in magnitude
+    (then float32 arithmetic, in any order and with fused multiply-adds, is exact)."""
+    if not centered.size:
+        return True
+    largest = max(-int(centered.min()), int(centered.max()))
+    per_output = np.abs(w.astype(np.int64)).reshape(len(w), -1).sum(axis=1).max()
+    return largest * int(per_output) < FLOAT32_EXACT
+
+
 @register("QConv", _typed(lambda attrs, types: conv_type(attrs, types[:2])), batch=PER_SAMPLE)
 def q_conv(attrs, x, w, b):
-    """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized."""
-    centered = _centered(x, attrs["x_zero_point"]).astype(np.float64)
+    """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized
+    (on float32 BLAS when that is exact: 8-bit layers, mostly; float64 otherwise)."""
+    centered = _centered(x, attrs["x_zero_point"])
+    if _float32_exact(centered, w):
+        acc = conv(attrs, centered.astype(np.float32), w.astype(np.float32))
+        bias = b.astype(np.int64).reshape((1, -1) + (1,) * (x.ndim - 2))
+        return _per_channel(attrs, _exact_int(acc) + bias, 1)
+    centered = centered.astype(np.float64)
     acc = conv(attrs, centered, w.astype(np.float64), b.astype(np.float64))
     return _per_channel(attrs, _exact_int(acc), 1)
 

@@ -151,15 +151,23 @@ def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.
     r = np.asarray(r, np.int64)
     one = np.int64(1)
     if acc.size and max(-int(acc.min()), int(acc.max())) <= 1 << 31:  # acc * m below 2^62
-        total = acc * m + (one << (r - 1))
-        out = total >> r
-        tie = total & ((one << r) - 1) == 0
-    else:
-        k = np.minimum(r, SPLIT_BITS)
-        hi = acc >> k
-        lo = acc - (hi << k)
-        low = lo * m + (one << (r - 1))
-        high = hi * m + (low >> k)
-        out = high >> (r - k)
-        tie = (low & ((one << k) - 1) == 0) & (high & ((one << (r - k)) - 1) == 0)
-    return np.where(tie, out & ~one, out)
+        total = np.asarray(acc * m)  # in place below: fewer passes over large tensors
+        total += one << (r - 1)
+        out = np.asarray(total >> r)
+        # half-way and odd: the low r + 1 bits of total are exactly 2^r; one less then
+        np.bitwise_and(total, (one << (r + 1)) - 1, out=total)
+        out -= total == one << r
+        return out
+    k = np.minimum(r, SPLIT_BITS)
+    low = np.asarray(acc & ((one << k) - 1))  # lo = acc - hi * 2^k
+    low *= m
+    low += one << (r - 1)
+    high = np.asarray(acc >> k)
+    high *= m
+    high += low >> k
+    out = np.asarray(high >> (r - k))
+    # half-way (no remainder in either part) and odd (bit r - k of high): one less
+    np.bitwise_and(low, (one << k) - 1, out=low)
+    np.bitwise_and(high, (one << (r - k + 1)) - 1, out=high)
+    out -= (low == 0) & (high == one << (r - k))
+    return out

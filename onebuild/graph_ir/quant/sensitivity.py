@@ -7,7 +7,8 @@ difference at the outputs is that layer's own contribution, carried through the 
 downstream of it (a noisy channel that the next layer scales up counts as much as it matters,
 and a noisy layer whose error a later Sigmoid or Softmax flattens counts little). Noises of
 different layers are nearly independent, so they add: the sum over the layers kept in the low
-type predicts the output noise of a mixed-precision model.
+type predicts the output noise of a mixed-precision model. Each layer's run recomputes only the
+nodes its outputs reach; the rest return the reference pass's results.
 """
 
 from collections.abc import Sequence
@@ -87,6 +88,20 @@ class _Bounds:
         return np.clip(array, lo, hi).astype(array.dtype, copy=False)
 
 
+def _downstream(graph: Graph, index: int) -> set[int]:
+    """The positions of the nodes that read, directly or not, node `index`'s outputs."""
+    position = {id(node): i for i, node in enumerate(graph.nodes)}  # cheap next to a run
+    found: set[int] = set()
+    frontier = [graph.nodes[index]]
+    while frontier:
+        for value in frontier.pop().outputs:
+            for reader in value.users:
+                if position[id(reader)] not in found:
+                    found.add(position[id(reader)])
+                    frontier.append(reader)
+    return found
+
+
 def isolated_output_noise(
     float_graph: Graph, quantized: Graph, batch: Batch, names: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
@@ -107,10 +122,11 @@ def isolated_output_noise(
         and [v.shape for v in twins[node.name].outputs] == [v.shape for v in node.outputs]
     }
     # state["at"]: the node running its twin; -1: a reference pass that fills the cache. The
-    # nodes before the one that runs its twin return their cached reference results.
-    state: dict = {"at": -1, "samples": slice(None)}
+    # nodes the twin's outputs do not reach return their cached reference results.
+    state: dict = {"at": -1, "samples": slice(None), "observe": False}
     cache: dict[int, tuple] = {}
     bounds = _Bounds()
+    reached = {index: _downstream(float_graph, index) for index in measured}
 
     def wrap(index: int, node: Node):
         exact, noisy = OPS[node.op].kernel, measured.get(index)
@@ -119,10 +135,8 @@ def isolated_output_noise(
             if state["at"] < 0:
                 cache[index] = exact(attrs, *args)
                 return cache[index]
-            if index < state["at"]:
-                return cache[index]
-            if index > state["at"]:
-                return exact(attrs, *args)
+            if index != state["at"]:
+                return exact(attrs, *args) if index in reached[state["at"]] else cache[index]
             return tuple(
                 bounds.clip(v.name, r, state["samples"])
                 for r, v in zip(noisy(attrs, *args), node.outputs)
@@ -133,23 +147,26 @@ def isolated_output_noise(
     outputs = {v.name for i in measured for v in float_graph.nodes[i].outputs}
 
     def record(value, array) -> None:
-        if value.name in outputs:  # one sample per call when the graph cannot run batched
+        if state["observe"] and value.name in outputs:  # one sample per call when unbatched
             bounds.observe(value, array if run.batchable else array[None])
 
-    run = Interpreter(
-        float_graph, kernels={n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
-    )
+    kernels = {n.name: wrap(i, n) for i, n in enumerate(float_graph.nodes)}
+    run = Interpreter(float_graph, observer=record, kernels=kernels)
     count = len(next(iter(batch.values())))
     per_sample = sum(v.size * v.dtype.itemsize for n in float_graph.nodes for v in n.outputs)
     chunk = max(1, min(CHUNK, CACHE_BYTES // max(per_sample, 1))) if run.batchable else 1
     parts = [slice(start, min(start + chunk, count)) for start in range(0, count, chunk)]
-    observing = Interpreter(float_graph, observer=record)
-    for part in parts:  # every sample's range first: the clipping bounds need them all
-        observing.run_batch({name: array[part] for name, array in batch.items()}, chunk)
+    if len(parts) > 1:  # every sample's range first: the clipping bounds need them all
+        observing = Interpreter(float_graph, observer=record)
+        state["observe"] = True
+        for part in parts:
+            observing.run_batch({name: array[part] for name, array in batch.items()}, chunk)
     for part in parts:
         feeds = {name: array[part] for name, array in batch.items()}
-        state.update(at=-1, samples=part)
+        # one part: its reference pass records the ranges
+        state.update(at=-1, samples=part, observe=len(parts) == 1)
         reference = {k: v.astype(np.float64) for k, v in run.run_batch(feeds, chunk).items()}
+        state["observe"] = False
         for name, array in reference.items():
             signal[name] += float(np.vdot(array, array))
         for index in measured:

@@ -1,0 +1,148 @@
+"""Output SQNR of many candidate quantizations of one float graph on fixed samples, sharing work.
+
+The mixed-precision search quantizes the same graph many times with a few layers changed and
+measures each candidate's outputs against the float model. `Probes` computes the float outputs
+once and keeps each candidate node's results under a content key: a digest of its op,
+attributes, output types, constants and the keys of its inputs (a Merkle hash of the subgraph
+that computes it). A node whose key was computed before (by an earlier candidate, on the same
+samples) returns the stored arrays instead of running, so a candidate costs only the nodes
+downstream of what changed. The stored arrays are the ones a full run computes, so every SQNR
+is bit-identical to `evaluate.compare_graphs` on the same samples.
+"""
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..interpreter import Interpreter
+from ..ir import Graph, Node
+from ..metrics import OutputMetrics
+from ..ops import OPS
+from .evaluate import CHUNK, Batch, Comparison
+from .model_io import dequantize_outputs, quantize_inputs
+
+CACHE_BYTES = 256 << 20  # stored node results (least recently used dropped first)
+
+
+def _feed(digest, item) -> None:
+    """Feed `item` (attribute values: numbers, strings, arrays, nested lists and dicts) to the
+    hash, with its type, so equal keys mean equal kernel arguments."""
+    if isinstance(item, np.ndarray):
+        digest.update(f"a{item.dtype.str}{item.shape}".encode())
+        digest.update(np.ascontiguousarray(item).tobytes())
+    elif isinstance(item, dict):
+        digest.update(f"d{len(item)}".encode())
+        for key in sorted(item, key=str):
+            _feed(digest, key)
+            _feed(digest, item[key])
+    elif isinstance(item, list | tuple):
+        digest.update(f"l{len(item)}".encode())
+        for element in item:
+            _feed(digest, element)
+    elif isinstance(item, float | np.floating):
+        digest.update(f"f{float(item).hex()}".encode())
+    else:
+        digest.update(f"{type(item).__name__}:{item!r};".encode())
+
+
+def node_keys(graph: Graph) -> dict[str, bytes]:
+    """Per node name, the content key of its results (see the module docstring)."""
+    keys: dict[int, bytes] = {}
+    for value in graph.inputs:
+        digest = hashlib.blake2b(digest_size=16)
+        _feed(digest, ["input", value.name, value.dtype.str, value.shape, repr(value.quant)])
+        keys[id(value)] = digest.digest()
+    by_node = {}
+    for node in graph.nodes:
+        digest = hashlib.blake2b(digest_size=16)
+        _feed(digest, [node.op, node.attrs, [(v.dtype.str, v.shape) for v in node.outputs]])
+        for value in node.inputs:
+            if value is None:
+                digest.update(b"none")
+            elif value.is_const:
+                _feed(digest, value.numpy())
+            else:
+                digest.update(keys[id(value)])
+        key = digest.digest()
+        for index, value in enumerate(node.outputs):
+            keys[id(value)] = key + bytes([index % 256])
+        by_node[node.name] = key
+    return by_node
+
+
+class Probes:
+    """Compare candidate graphs with `float_graph` on `batches` (their outputs only)."""
+
+    def __init__(self, float_graph: Graph, batches: Sequence[Batch], cache_bytes=CACHE_BYTES):
+        self.float_graph, self.cache_bytes = float_graph, cache_bytes
+        self.reference = Interpreter(float_graph)
+        self.parts = [
+            {v.name: batch[v.name][start : start + CHUNK] for v in float_graph.inputs}
+            for batch in batches
+            for start in range(0, len(next(iter(batch.values()))), CHUNK)
+        ]
+        self.wanted: dict[tuple[int, int], dict] = {}  # (part, chunk) -> float outputs
+        self.stored: OrderedDict[tuple, tuple] = OrderedDict()
+        self.bytes = 0
+        self.computed = self.reused = 0  # node runs, for the record
+
+    def _want(self, index: int, chunk: int) -> dict:
+        if (index, chunk) not in self.wanted:
+            self.wanted[index, chunk] = self.reference.run_batch(self.parts[index], chunk)
+        return self.wanted[index, chunk]
+
+    def _remember(self, key: tuple, results: tuple) -> None:
+        results = tuple(np.asarray(r) for r in results)
+        for array in results:
+            array.flags.writeable = False  # a kernel writing into a stored result fails loudly
+        self.stored[key] = results
+        self.bytes += sum(r.nbytes for r in results)
+        while self.bytes > self.cache_bytes and len(self.stored) > 1:
+            _, dropped = self.stored.popitem(last=False)
+            self.bytes -= sum(r.nbytes for r in dropped)
+
+    def _kernel(self, node: Node, key: bytes, state: dict):
+        kernel = OPS[node.op].kernel
+
+        def run(attrs, *args):
+            stored_key = (state["part"], state["chunk"], state["sample"], key)
+            results = self.stored.get(stored_key)
+            if results is None:
+                self.computed += 1
+                results = kernel(attrs, *args)
+                self._remember(stored_key, results)
+            else:
+                self.reused += 1
+                self.stored.move_to_end(stored_key)
+            return results
+
+        return run
+
+    def compare(self, candidate: Graph) -> Comparison:
+        """The output metrics of `candidate` against the float graph, as `compare_graphs`
+        computes them (its per-layer table left empty)."""
+        keys = node_keys(candidate)
+        state: dict = {}
+        kernels = {n.name: self._kernel(n, keys[n.name], state) for n in candidate.nodes}
+        test_run = Interpreter(candidate, kernels=kernels)
+        chunk = CHUNK if self.reference.batchable and test_run.batchable else 1
+        outputs = {v.name: OutputMetrics() for v in self.float_graph.outputs}
+        first = self.float_graph.outputs[0].name
+        result = Comparison()
+        for index, part in enumerate(self.parts):
+            count = len(next(iter(part.values())))
+            for start in range(0, count, chunk):
+                piece = {name: array[start : start + chunk] for name, array in part.items()}
+                want = self._want(index, chunk)
+                state.update(part=index, chunk=chunk, sample=start)
+                got = dequantize_outputs(
+                    candidate, test_run.run_batch(quantize_inputs(candidate, piece), chunk)
+                )
+                for offset in range(len(got[first])):
+                    for name, metrics in outputs.items():
+                        metrics.update(want[name][start + offset], got[name][offset])
+                    result.samples += 1
+        result.outputs = {name: m.summary() for name, m in outputs.items()}
+        return result

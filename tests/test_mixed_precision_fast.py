@@ -1,0 +1,200 @@
+"""The mixed-precision search's shortcuts give exactly what the full evaluation gives: probes
+that rerun only what changed (quant/probes.py) and sensitivity runs that recompute only the
+nodes the measured layer reaches (quant/sensitivity.py), on the trained digits CNN and real
+digit images."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from test_mixed_precision import decoy_digits, outlier_digits
+
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
+from onebuild.datasets import first_samples, iter_batches
+from onebuild.graph_ir.quant import mixed_precision, probes, sensitivity
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
+from onebuild.graph_ir.quant.evaluate import compare_graphs
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde import load_onnx
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+SHAPES = {"input": [1, 1, 8, 8]}
+
+
+class FullEvaluation:
+    """The slow path: every probe compared with `compare_graphs`, nothing reused."""
+
+    def __init__(self, float_graph, batches):
+        self.float_graph = float_graph
+        self.batches = [(f"sample batch {i}", b) for i, b in enumerate(batches)]
+
+    def compare(self, candidate):
+        return compare_graphs(self.float_graph, candidate, self.batches)
+
+
+def _search(path: Path) -> dict:
+    model = optimize(load_onnx(path, SHAPES))
+    specs = [(v.name, v.shape) for v in model.main.inputs]
+    stats = calibrate(model.main, iter_batches(DIGITS / "data/calib.npz", specs))
+    samples = first_samples(DIGITS / "data/calib.npz", specs, 16)
+    options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=30))
+    return json.loads(quantize(model, options, stats, samples).metadata["mixed_precision"])
+
+
+@pytest.mark.parametrize("variant", [outlier_digits, decoy_digits])
+def test_the_search_with_shared_probes_equals_the_full_evaluation(variant, tmp_path, monkeypatch):
+    path = variant(tmp_path / "m.onnx")
+    made = []
+
+    class Counting(probes.Probes):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(mixed_precision, "Probes", Counting)
+    fast = _search(path)
+    assert made and made[0].reused > 0  # the probes did share work
+    monkeypatch.setattr(mixed_precision, "Probes", FullEvaluation)
+    full = _search(path)
+    assert len(fast["steps"]) >= 3 and fast["promoted"]  # a search happened
+    assert fast == full  # promoted set, SQNR of every probe, sensitivities: bit for bit
+
+
+def test_a_probe_reruns_only_what_changed_and_measures_as_compare_graphs(tmp_path):
+    path = outlier_digits(tmp_path / "m.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    ranges, means = stats.ranges_for("uint8"), stats.channel_means()
+    test = first_samples(DIGITS / "data/test.npz", specs, 40)  # two chunks of samples
+    base = quantize_graph(float_graph, ranges, QuantConfig(), means)
+    late = QuantConfig(layers=(LayerOverride(("fc",), "int16"),))
+    promoted_fc = quantize_graph(float_graph, ranges, late, means)
+    shared = probes.Probes(float_graph, test)
+    for candidate in (base, promoted_fc):
+        computed = shared.computed
+        got = shared.compare(candidate)
+        want = compare_graphs(float_graph, candidate, [(str(i), b) for i, b in enumerate(test)])
+        assert got.outputs == want.outputs and got.samples == want.samples == 40
+    # the second candidate differs from the first only from fc's input conversion on: the
+    # convolutions and pools are reused, per chunk of samples
+    assert shared.computed - computed < len(promoted_fc.nodes)
+    assert shared.reused >= 2 * 6
+
+
+def _branching_digits(path: Path) -> Path:
+    """The digits CNN with a side branch off pool1 (a copy of conv2, averaged) as a second
+    output: conv2 and the side convolution do not reach each other."""
+    model = onnx.load(DIGITS / "digits.onnx")
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    model.graph.initializer.append(numpy_helper.from_array(weights["w2"][::-1].copy(), "ws"))
+    model.graph.node.extend(
+        [
+            helper.make_node("Conv", ["p1", "ws", "b2"], ["s"], name="side", pads=[1, 1, 1, 1]),
+            helper.make_node("GlobalAveragePool", ["s"], ["sg"], name="side_pool"),
+            helper.make_node("Flatten", ["sg"], ["features"], name="side_flat"),
+        ]
+    )
+    features = helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, ["N", 16])
+    model.graph.output.append(features)
+    onnx.save(model, path)
+    return path
+
+
+def test_sensitivity_reusing_unreached_nodes_equals_recomputing_them(tmp_path, monkeypatch):
+    path = _branching_digits(tmp_path / "branch.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    quantized = quantize_graph(float_graph, stats.ranges_for("uint8"), QuantConfig())
+    batch = first_samples(DIGITS / "data/test.npz", specs, 8)[0]
+    layers = ["conv1", "conv2", "side", "fc"]
+    position = {n.name: i for i, n in enumerate(float_graph.nodes)}
+    reached = sensitivity._downstream(float_graph, position["conv2"])
+    assert position["side"] not in reached and position["fc"] in reached
+    signal, noise = sensitivity.isolated_output_noise(float_graph, quantized, batch, layers)
+    assert noise["side"]["logits"] == 0 < noise["side"]["features"]  # the branches apart
+    assert noise["conv2"]["features"] == 0 < noise["conv2"]["logits"]
+    everything_after = lambda graph, index: set(range(index + 1, len(graph.nodes)))  # noqa: E731
+    monkeypatch.setattr(sensitivity, "_downstream", everything_after)
+    assert sensitivity.isolated_output_noise(float_graph, quantized, batch, layers) == (
+        signal,
+        noise,
+    )
+    assert np.isfinite(signal["logits"]) and signal["features"] > 0
+
+
+@pytest.mark.parametrize("step", [0, 1])  # at the bound, and one past it (float64)
+def test_integer_conv_on_float32_is_exact_up_to_its_bound(step):
+    """QConv runs on float32 when |x - zp| * sum|w| of every output stays below 2^24: codes
+    and weights at the extremes (255 and 127 over 518 taps: 16 775 430) give the exact
+    integer result; one more tap goes past the bound, which the float64 path takes."""
+    from onebuild.graph_ir.ops import quantized
+
+    taps = 518 + step
+    x = np.full((1, taps, 1, 1), 255, np.uint8)
+    x[0, ::7] = 0  # codes at both ends of the range: x - zp is 255 or 0
+    w = np.full((2, taps, 1, 1), 127, np.int8)
+    w[1, ::3] = -127
+    b = np.array([3, -5], np.int32)
+    attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [0] * 4, "group": 1}
+    attrs |= {"x_zero_point": 0, "dtype": "int16", "y_zero_point": 0, "qmin": -32768}
+    attrs |= {"qmax": 32767, "multiplier": [1 << 14] * 2, "shift": [24] * 2}  # y = acc / 1024
+    exact = (x.astype(np.int64)[:, None] * w.astype(np.int64)[None]).sum(axis=2)[..., 0, 0]
+    exact = exact + b
+    centered = x.astype(np.int64)
+    assert quantized._float32_exact(centered, w) == (step == 0)
+    got = quantized.q_conv(attrs, x, w, b)[..., 0, 0]
+    want = quantized.requantize(exact, 1 << 14, 24)
+    assert np.array_equal(got, np.clip(want, -32768, 32767))
+    assert abs(int(exact[0, 0])) > 1 << 23  # large enough that float32 rounding would show
+
+
+def test_quantized_models_run_the_same_on_float32_and_float64(tmp_path, monkeypatch):
+    from onebuild.graph_ir.interpreter import Interpreter
+    from onebuild.graph_ir.ops import quantized
+
+    path = outlier_digits(tmp_path / "m.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    test = first_samples(DIGITS / "data/test.npz", specs, 64)[0]
+    ranges, means = stats.ranges_for("uint8"), stats.channel_means()
+    graph = quantize_graph(float_graph, ranges, QuantConfig(), means)
+    fast = Interpreter(graph).run_batch(test)
+    taken = []
+    monkeypatch.setattr(quantized, "FLOAT32_EXACT", 0)  # float64 everywhere
+    slow = Interpreter(graph).run_batch(test)
+    monkeypatch.undo()
+    check = quantized._float32_exact
+    monkeypatch.setattr(
+        quantized, "_float32_exact", lambda *a: taken.append(check(*a)) or taken[-1]
+    )
+    Interpreter(graph).run_batch(test)
+    assert any(taken)  # the float32 path did run
+    assert all(np.array_equal(fast[k], slow[k]) for k in fast)
+
+
+def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
+    """From a set that holds, the largest units go back to the base type one at a time; a
+    demotion that breaks the target is undone, and only REFINE_PROBES are tried."""
+    units = {name: [name, f"{name}/pool"] for name in "abcdefg"}
+    noisy = {"a": 5.0, "b": 1.0, "c": 1.0, "d": 0.5, "e": 0.5, "f": 0.1, "g": 0.1}
+    probed = []
+
+    def tried(chosen):
+        probed.append(list(chosen))
+        kept = {name for name in units if name not in chosen}
+        return None, list(chosen), sum(noisy[name] for name in kept)
+
+    start = [n for name in "abcdefg" for n in units[name]]
+    best = (None, start, 0.0)
+    met = lambda noise: noise <= 1.6  # noqa: E731
+    _, chosen, noise = mixed_precision._demote(best, list("abcdefg"), units, tried, met)
+    # a is too noisy; b fits; c would exceed; d fits (1.5); e is past REFINE_PROBES (4)
+    assert [name for name in "abcdefg" if name not in chosen] == ["b", "d"] and noise == 1.5
+    assert len(probed) == mixed_precision.REFINE_PROBES
+    assert "b/pool" not in chosen and "a/pool" in chosen  # a unit goes back whole
