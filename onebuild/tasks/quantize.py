@@ -21,6 +21,7 @@ KEYS = (
     "output_type",
     "bias_correction",
     "equalization",
+    "activation_granularity",
     "weight_rounding",
     "layers",
     "mixed_precision",

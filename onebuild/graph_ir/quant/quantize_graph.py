@@ -15,6 +15,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
 - a value read only by lookup tables is quantized over the inputs where a table's output code
   still changes (`table_ranges.py`), the rest from its calibrated range;
+- with `activation_granularity = "channel"`, the values on Conv -> [table] -> depthwise Conv
+  edges get one scale and zero point per channel (`channel_activations.py`);
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
@@ -32,6 +34,7 @@ from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
+from .channel_activations import chosen_values
 from .config import FLOAT, QuantConfig, layer_settings
 from .kernel_attrs import (
     average_pool_attrs,
@@ -47,6 +50,7 @@ from .params import (
     HEADROOM,
     MultiplierRangeError,
     activation_params,
+    channel_params,
     qdq_attrs,
     quantize,
     weight_params,
@@ -72,6 +76,7 @@ class _Quantizer:
         config,
         means,
         round_weights: "WeightRounder",
+        channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
     ):
         for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
@@ -85,6 +90,10 @@ class _Quantizer:
         self.quant_of: dict[tuple[int, str], Value] = {}  # (source value, dtype) -> quantized
         self.home: dict[int, str] = {}  # dtype in which a source value was produced
         self.param_cache: dict[tuple[int, str], QuantParams] = {}
+        self.channel_ranges = channel_ranges
+        self.per_channel: dict[int, str] = {}  # value id -> the dtype it is per-channel in
+        if config.activation_granularity == "channel":
+            self.per_channel = chosen_values(source, self._dtype_of, channel_ranges)
 
     # -- parameters and conversions ----------------------------------------------------------
     def params(self, value: Value, dtype: str) -> QuantParams:
@@ -97,11 +106,23 @@ class _Quantizer:
             raise UserError(f"no calibration range for '{value.name}'; recalibrate the model")
         lo, hi = self.ranges[value.name]
         headroom = HEADROOM.get(dtype, 1.0)
+        if self.per_channel.get(id(value)) == dtype:
+            params = self.param_cache[(id(value), dtype)] = self._channel_params(value, lo, hi)
+            return params
         lo, hi = live_range(
             value, lo * headroom, hi * headroom, dtype, self._dtype_of, self.params, self._is_output
         )
         params = self.param_cache[(id(value), dtype)] = activation_params(lo, hi, dtype)
         return params
+
+    def _channel_params(self, value: Value, lo: float, hi: float) -> QuantParams:
+        """Each channel's calibrated range, within the tensor's range (the method's clipping)."""
+        dtype = self.per_channel[id(value)]
+        headroom = HEADROOM.get(dtype, 1.0)
+        low, high = (np.asarray(a, np.float64) for a in self.channel_ranges[value.name])
+        high = np.minimum(high, hi) * headroom
+        low = np.minimum(np.maximum(low, lo) * headroom, high)
+        return channel_params(low, high, dtype)
 
     def _dtype_of(self, node: Node) -> str | None:
         dtype = self.settings[id(node)].dtype
@@ -228,7 +249,7 @@ class _Quantizer:
         channels = w.shape[channel_axis]
         scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
         wq = self.round_weights(node, w, w_params, w_dtype)
-        s_x = x.quant.scale[0]
+        s_x = np.broadcast_to(np.asarray(x.quant.scale, np.float64), (channels,))
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
         b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
@@ -242,8 +263,9 @@ class _Quantizer:
         w_value.quant = w_params
         b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"
         b_value = self.graph.add_constant(bq, b_name)
-        b_scales = tuple(float(s_x * s) for s in scales[: channels if per_channel else 1])
-        b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if per_channel else None)
+        by_channel = per_channel or x.quant.axis is not None
+        b_scales = tuple(float(a * s) for a, s in zip(s_x, scales))[: channels if by_channel else 1]
+        b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if by_channel else None)
         op = "QConv" if node.op == "Conv" else "QGemm"
         self._produce(node, op, [x, w_value, b_value], attrs, dtype, out_params)
 
@@ -436,11 +458,18 @@ def quantize_graph(
     config: QuantConfig | None = None,
     channel_means: Mapping[str, np.ndarray] | None = None,
     round_weights: WeightRounder = nearest,
+    channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Graph:
     """The integer-reference form of `graph` given calibration ranges per value name and, for
     bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`);
-    `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`)."""
+    `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`);
+    `channel_ranges` (per-channel min/max) serve `activation_granularity = "channel"`."""
     quantizer = _Quantizer(
-        graph, ranges, config or QuantConfig(), channel_means or {}, round_weights
+        graph,
+        ranges,
+        config or QuantConfig(),
+        channel_means or {},
+        round_weights,
+        channel_ranges or {},
     )
     return quantizer.run()
