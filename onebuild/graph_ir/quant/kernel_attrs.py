@@ -11,7 +11,7 @@ from ..ir import Node
 from ..ops import OPS
 from ..ops.quantized_softmax import output_multiplier_real
 from ..tensor import QuantParams
-from .params import ADD_SHIFT, dequantize, quantize, quantize_multiplier
+from .params import ADD_SHIFT, channel_of, dequantize, quantize, quantize_multiplier
 
 
 def output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:
@@ -165,14 +165,7 @@ def lookup_table(node: Node, x: QuantParams, x_dtype: str, y: QuantParams, dtype
         return function_codes(node, dequantize(codes, x), y, dtype)
     channels = max(len(x.scale), len(y.scale))
     rows = [
-        function_codes(node, dequantize(codes, _channel(x, c)), _channel(y, c), dtype)
+        function_codes(node, dequantize(codes, channel_of(x, c)), channel_of(y, c), dtype)
         for c in range(channels)
     ]
     return np.stack(rows)
-
-
-def _channel(params: QuantParams, c: int) -> QuantParams:
-    """Channel `c`'s parameters (per-tensor ones serve every channel)."""
-    if params.axis is None:
-        return params
-    return QuantParams((params.scale[c],), (params.zero_point[c],), None)

@@ -45,6 +45,13 @@ def channel_params(lo: np.ndarray, hi: np.ndarray, dtype: str, axis: int = 1) ->
     return QuantParams(scales, tuple(p.zero_point[0] for p in each), axis)
 
 
+def channel_of(params: QuantParams, c: int) -> QuantParams:
+    """Channel `c`'s parameters, per tensor (per-tensor parameters serve every channel)."""
+    if params.axis is None:
+        return params
+    return QuantParams((params.scale[c],), (params.zero_point[c],), None)
+
+
 CLIP_SEARCH = np.linspace(1.0, 0.8, 11)  # candidate fractions of the largest magnitude
 
 

@@ -50,6 +50,7 @@ from .params import (
     HEADROOM,
     MultiplierRangeError,
     activation_params,
+    channel_of,
     channel_params,
     qdq_attrs,
     quantize,
@@ -107,7 +108,7 @@ class _Quantizer:
         lo, hi = self.ranges[value.name]
         headroom = HEADROOM.get(dtype, 1.0)
         if self.per_channel.get(id(value)) == dtype:
-            params = self.param_cache[(id(value), dtype)] = self._channel_params(value, lo, hi)
+            params = self.param_cache[(id(value), dtype)] = self._channel_params(value)
             return params
         lo, hi = live_range(
             value, lo * headroom, hi * headroom, dtype, self._dtype_of, self.params, self._is_output
@@ -115,14 +116,26 @@ class _Quantizer:
         params = self.param_cache[(id(value), dtype)] = activation_params(lo, hi, dtype)
         return params
 
-    def _channel_params(self, value: Value, lo: float, hi: float) -> QuantParams:
-        """Each channel's calibrated range, within the tensor's range (the method's clipping)."""
+    def _channel_params(self, value: Value) -> QuantParams:
+        """Each channel's calibrated min/max (the method's per-tensor range is not applied:
+        it is set by the widest channels), narrowed per channel to where the tables reading
+        the value still change code (`live_range`, with that channel's output parameters)."""
         dtype = self.per_channel[id(value)]
         headroom = HEADROOM.get(dtype, 1.0)
-        low, high = (np.asarray(a, np.float64) for a in self.channel_ranges[value.name])
-        high = np.minimum(high, hi) * headroom
-        low = np.minimum(np.maximum(low, lo) * headroom, high)
-        return channel_params(low, high, dtype)
+        low, high = (np.asarray(a, np.float64) * headroom for a in self.channel_ranges[value.name])
+        ranges = [
+            live_range(
+                value,
+                float(a),
+                float(b),
+                dtype,
+                self._dtype_of,
+                lambda out, kind, c=c: channel_of(self.params(out, kind), c),
+                self._is_output,
+            )
+            for c, (a, b) in enumerate(zip(low, high))
+        ]
+        return channel_params(*np.array(ranges).T, dtype)
 
     def _dtype_of(self, node: Node) -> str | None:
         dtype = self.settings[id(node)].dtype
