@@ -352,3 +352,21 @@ output = "out/m.nnpkg"
     assert all(why in reasons for reasons in fallbacks.values())
     manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
     assert len(manifest["models"]) == 3
+
+
+def test_an_ungated_per_tensor_build_suggests_the_setting(tmp_path, caplog):
+    onnx.save(spread_model(), tmp_path / "m.onnx")
+    calib, _ = _digits()
+    write_npz(tmp_path / "calib.npz", {"x": calib})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ncalibration = "calib.npz"\n'
+    )
+    hint = 'activation_granularity = "channel"'
+    with caplog.at_level("WARNING", logger="onebuild"):
+        build_statuses(recipe)
+    assert hint in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="onebuild"):
+        build_statuses(recipe, f"quantize.{hint.replace(' ', '')}")
+    assert hint not in caplog.text
