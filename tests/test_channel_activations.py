@@ -370,3 +370,10 @@ def test_an_ungated_per_tensor_build_suggests_the_setting(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="onebuild"):
         build_statuses(recipe, f"quantize.{hint.replace(' ', '')}")
     assert hint not in caplog.text
+
+
+def test_int16_stays_per_tensor(setup):
+    graph, stats, evaluation = setup
+    quantized = _quantized(graph, stats, "int16", "channel")
+    assert all(v.quant.axis is None for n in quantized.nodes for v in n.outputs if v.quant)
+    assert _sqnr(graph, quantized, evaluation) > 30  # int16 has resolution to spare

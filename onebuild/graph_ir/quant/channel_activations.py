@@ -11,8 +11,9 @@ edge
 one scale and zero point per channel (axis 1): the producing QConv requantizes each output
 channel to its own parameters, the table becomes one table per channel ([C, codes]) and the
 depthwise QConv centers each input channel by its zero point, with the multiplier
-s_x[c] * s_w[c] / s_y. Only whole edges whose every reader is one of these nodes qualify
-(nothing else ever reads a per-channel value), so no other kernel needs a per-channel form.
+s_x[c] * s_w[c] / s_y. 8-bit types only (int16 stays per tensor). Only whole edges whose
+every reader is one of these nodes qualify (nothing else ever reads a per-channel value), so no
+other kernel needs a per-channel form.
 """
 
 import logging
@@ -25,6 +26,9 @@ from ..ir import Graph, Node, Value
 from ..ops import OPS
 
 log = logging.getLogger(__name__)
+# int16 keeps per-tensor parameters: its resolution to spare is plentiful, and one int16 table
+# per channel would take 128 KB each
+EIGHT_BIT = frozenset({"uint8", "int8"})
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,12 @@ def chosen_values(
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
 ) -> dict[int, str]:
     """The values (by id) quantized per channel, each with its dtype: those of every edge whose
-    nodes all run in one quantized dtype (`dtype_of`: None for float) and whose per-channel
+    nodes all run in one 8-bit dtype (`dtype_of`: None for float) and whose per-channel
     ranges calibration recorded (older statistics lack them: that edge stays per tensor)."""
     chosen = {}
     for edge in depthwise_edges(graph):
         dtypes = {dtype_of(node) for node in edge.nodes}
-        if len(dtypes) != 1 or None in dtypes:
+        if len(dtypes) != 1 or not dtypes <= EIGHT_BIT:
             continue
         missing = [v.name for v in edge.values if v.name not in channel_ranges]
         if missing:
