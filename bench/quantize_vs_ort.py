@@ -124,6 +124,7 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
     # per-channel activations on the Conv -> [table] -> depthwise Conv edges
     "onebuild_pcact": {"activation_granularity": "channel"},
     "onebuild_mse_pcact": {"method": "mse", "activation_granularity": "channel"},
+    "onebuild_cle_pcact": {"equalization": True, "activation_granularity": "channel"},
     "onebuild_cle_mse_pcact": {
         "equalization": True,
         "method": "mse",
