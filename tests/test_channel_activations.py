@@ -39,9 +39,10 @@ CHANNELS = 16
 SPREAD = 300.0
 
 
-def spread_model() -> onnx.ModelProto:
+def spread_model(affine: bool = False) -> onnx.ModelProto:
     """Conv 3x3 -> Relu -> Conv 1x1 -> BN (scales spanning 300x) -> HardSwish -> depthwise 3x3
-    (weights divided by the BN scale) -> Relu -> Conv 1x1 (10 outputs)."""
+    (weights divided by the BN scale) -> Relu -> Conv 1x1 (10 outputs); with `affine`, a
+    scalar Mul and Add after the HardSwish (PP-LCNetV3's learnable affine block)."""
     rng = np.random.default_rng(17)
     gamma = rng.permutation(np.geomspace(1 / np.sqrt(SPREAD), np.sqrt(SPREAD), CHANNELS))
     inits = {
@@ -64,6 +65,14 @@ def spread_model() -> onnx.ModelProto:
         helper.make_node("Relu", ["dw"], ["a2"]),
         helper.make_node("Conv", ["a2", "w3"], ["y"]),
     ]
+    if affine:
+        nodes[4].output[0] = "hs0"
+        nodes[4:5] = [
+            nodes[4],
+            helper.make_node("Mul", ["hs0", "lab_scale"], ["hs1"]),
+            helper.make_node("Add", ["hs1", "lab_shift"], ["hs"]),
+        ]
+        inits.update({"lab_scale": [0.63], "lab_shift": [-0.55]})
     arrays = [(name, np.asarray(a, np.float32)) for name, a in inits.items()]
     return make_model(nodes, [("x", [1, 1, 8, 8])], ["y"], arrays, opset=14)
 
@@ -377,3 +386,36 @@ def test_int16_stays_per_tensor(setup):
     quantized = _quantized(graph, stats, "int16", "channel")
     assert all(v.quant.axis is None for n in quantized.nodes for v in n.outputs if v.quant)
     assert _sqnr(graph, quantized, evaluation) > 30  # int16 has resolution to spare
+
+
+def test_a_scalar_affine_after_the_table_is_absorbed_into_it(tmp_path):
+    path = tmp_path / "affine.onnx"
+    onnx.save(spread_model(affine=True), path)
+    model = load_model(path)
+    run_preset(model)
+    graph = model.main
+    calib, evaluation = _digits()
+    stats = calibrate(graph, {"x": calib})
+    (edge,) = depthwise_edges(graph)
+    assert [n.op for n in edge.affine] == ["Mul", "Add"]
+    assert [v.name for v in edge.values] == ["pw", "hs"]
+    quantized = _quantized(graph, stats, "uint8", "channel")
+    ops = [n.op for n in quantized.nodes]
+    assert "QMul" not in ops and "QAdd" not in ops and ops.count("QLookup") == 1
+    tensor = _sqnr(graph, _quantized(graph, stats, "uint8", "tensor"), evaluation)
+    assert _sqnr(graph, quantized, evaluation) >= tensor + 10
+    # the table is the composed function, channel by channel
+    table = _node(quantized, "hs0")
+    x, y = table.inputs[0].quant, table.output.quant
+    for c in (0, 7, 15):
+        for code in range(256):
+            real = float(np.float32((code - x.zero_point[c]) * x.scale[c]))
+            real = float(np.float32(np.float32(_hardswish(real)) * np.float32(0.63)))
+            real = float(np.float32(np.float32(real) + np.float32(-0.55)))
+            q = _round_half_even(Fraction(real) / Fraction(y.scale[c])) + y.zero_point[c]
+            assert table.inputs[1].numpy()[c, code] == min(max(q, 0), 255)
+    runtime = _session(Model([_single_node(table)]))
+    for sample in evaluation[:4]:
+        trace = _trace(quantized, sample)
+        (theirs,) = runtime.run(None, {table.inputs[0].name: trace[table.inputs[0].name]})
+        assert np.array_equal(theirs, trace[table.output.name])

@@ -6,12 +6,15 @@ tensor, a quarter to half of them span fewer than 4 uint8 codes, and a depthwise
 sees each channel alone. `quantize.activation_granularity = "channel"` gives the values of each
 edge
 
-    Conv (constant weights) -> [one lookup table: HardSwish, Relu, Clip, ...] -> depthwise Conv(s)
+    Conv (constant weights) -> [one lookup table: HardSwish, Relu, Clip, ...
+                                [-> Mul / Add / Sub by scalar constants]] -> depthwise Conv(s)
 
 one scale and zero point per channel (axis 1): the producing QConv requantizes each output
 channel to its own parameters, the table becomes one table per channel ([C, codes]) and the
 depthwise QConv centers each input channel by its zero point, with the multiplier
-s_x[c] * s_w[c] / s_y. 8-bit types only (int16 stays per tensor). Only whole edges whose
+s_x[c] * s_w[c] / s_y. Scalar Mul / Add / Sub after the table (PP-LCNetV3's learnable affine
+blocks) are absorbed into it: one table of the composed function, the intermediate values never
+quantized. 8-bit types only (int16 stays per tensor). Only whole edges whose
 every reader is one of these nodes qualify (nothing else ever reads a per-channel value), so no
 other kernel needs a per-channel form.
 """
@@ -38,11 +41,13 @@ class Edge:
     producer: Node
     table: Node | None
     depthwise: tuple[Node, ...]
-    values: tuple[Value, ...]  # the producer's output, and the table's if there is one
+    values: tuple[Value, ...]  # the producer's output, and the table's (chain's) if there is one
+    affine: tuple[Node, ...] = ()  # scalar Mul / Add / Sub after the table, absorbed into it
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        return (self.producer, *([self.table] if self.table else []), *self.depthwise)
+        table = (self.table, *self.affine) if self.table else ()
+        return (self.producer, *table, *self.depthwise)
 
 
 def _constant_conv(node: Node | None) -> bool:
@@ -68,6 +73,27 @@ def _table(node: Node | None) -> bool:
     return not node.inputs[0].is_const and all(v is None or v.is_const for v in node.inputs[1:])
 
 
+def _scalar_affine(node: Node, value: Value) -> bool:
+    """A Mul, Add or Sub of `value` and a one-element constant."""
+    if node.op not in ("Mul", "Add", "Sub") or len(node.inputs) != 2 or "clip" in node.attrs:
+        return False
+    other = node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+    return other is not value and other.is_const and other.size == 1
+
+
+def _affine_chain(node: Node, outputs: set[int]) -> tuple[Node, ...]:
+    """The scalar affine ops that follow table `node` alone (each the only reader)."""
+    chain: list[Node] = []
+    value = node.outputs[0]
+    while id(value) not in outputs and len(value.users) == 1:
+        (user,) = value.users
+        if not _scalar_affine(user, value) or user.outputs[0].shape != value.shape:
+            break
+        chain.append(user)
+        value = user.outputs[0]
+    return tuple(chain)
+
+
 def depthwise_edges(graph: Graph) -> list[Edge]:
     """Every edge of `graph` that per-channel activation quantization may use, in node order."""
     outputs = {id(v) for v in graph.outputs}
@@ -75,7 +101,8 @@ def depthwise_edges(graph: Graph) -> list[Edge]:
     for node in graph.nodes:
         if not _table(node) and not _constant_conv(node):
             continue
-        end = node.outputs[0]
+        affine = _affine_chain(node, outputs) if _table(node) else ()
+        end = (affine[-1] if affine else node).outputs[0]
         users = end.users
         if id(end) in outputs or not users or not all(_depthwise(u, end) for u in users):
             continue
@@ -85,7 +112,7 @@ def depthwise_edges(graph: Graph) -> list[Edge]:
         start = node.inputs[0]
         if id(start) in outputs or start.users != [node] or not _constant_conv(start.producer):
             continue
-        found.append(Edge(start.producer, node, tuple(users), (start, end)))
+        found.append(Edge(start.producer, node, tuple(users), (start, end), affine))
     return found
 
 
@@ -94,15 +121,15 @@ def edge_values(graph: Graph) -> list[str]:
     return [value.name for edge in depthwise_edges(graph) for value in edge.values]
 
 
-def chosen_values(
+def chosen_edges(
     graph: Graph,
     dtype_of: Callable[[Node], str | None],
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
-) -> dict[int, str]:
-    """The values (by id) quantized per channel, each with its dtype: those of every edge whose
-    nodes all run in one 8-bit dtype (`dtype_of`: None for float) and whose per-channel
-    ranges calibration recorded (older statistics lack them: that edge stays per tensor)."""
-    chosen = {}
+) -> list[tuple[Edge, str]]:
+    """The edges quantized per channel, each with its dtype: those whose nodes all run in one
+    8-bit dtype (`dtype_of`: None for float) and whose per-channel ranges calibration
+    recorded (older statistics lack them: that edge stays per tensor)."""
+    chosen = []
     for edge in depthwise_edges(graph):
         dtypes = {dtype_of(node) for node in edge.nodes}
         if len(dtypes) != 1 or not dtypes <= EIGHT_BIT:
@@ -116,5 +143,5 @@ def chosen_values(
             )
             continue
         (dtype,) = dtypes
-        chosen.update({id(v): dtype for v in edge.values})
+        chosen.append((edge, dtype))
     return chosen

@@ -148,24 +148,32 @@ def constant_operands(node: Node) -> list[np.ndarray | None] | None:
     return [None if v is None else v.numpy() for v in extra]
 
 
-def function_codes(node: Node, real: np.ndarray, y: QuantParams, dtype: str) -> np.ndarray:
+def function_codes(
+    node: Node, real: np.ndarray, y: QuantParams, dtype: str, then: Sequence[Node] = ()
+) -> np.ndarray:
     """The codes (`dtype`, output parameters `y`) of table op `node` (constant operands) on
-    the real inputs `real`; +inf saturates as float32's largest value."""
+    the real inputs `real`, followed by the one-input ops `then` (their other operands
+    constant); +inf saturates as float32's largest value."""
     (out,) = OPS[node.op].kernel(node.attrs, real, *constant_operands(node))
+    for step in then:
+        operands = [v.numpy() if v.is_const else out for v in step.inputs]
+        (out,) = OPS[step.op].kernel(step.attrs, *operands)
     out = np.nan_to_num(np.asarray(out, np.float64), posinf=np.finfo(np.float32).max)
     return quantize(out, y, dtype)
 
 
-def lookup_table(node: Node, x: QuantParams, x_dtype: str, y: QuantParams, dtype: str):
-    """The QLookup table of table op `node`: its output code for every input code; with
-    per-channel `x` or `y`, one row per channel ([C, codes])."""
+def lookup_table(
+    node: Node, x: QuantParams, x_dtype: str, y: QuantParams, dtype: str, then: Sequence[Node] = ()
+):
+    """The QLookup table of table op `node` (then the ops `then`): its output code for every
+    input code; with per-channel `x` or `y`, one row per channel ([C, codes])."""
     info = np.iinfo(x_dtype)
     codes = np.arange(info.min, info.max + 1).astype(x_dtype)
     if x.axis is None and y.axis is None:
-        return function_codes(node, dequantize(codes, x), y, dtype)
+        return function_codes(node, dequantize(codes, x), y, dtype, then)
     channels = max(len(x.scale), len(y.scale))
     rows = [
-        function_codes(node, dequantize(codes, channel_of(x, c)), channel_of(y, c), dtype)
+        function_codes(node, dequantize(codes, channel_of(x, c)), channel_of(y, c), dtype, then)
         for c in range(channels)
     ]
     return np.stack(rows)

@@ -34,7 +34,7 @@ from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
-from .channel_activations import chosen_values
+from .channel_activations import chosen_edges
 from .config import FLOAT, QuantConfig, layer_settings
 from .kernel_attrs import (
     average_pool_attrs,
@@ -93,8 +93,13 @@ class _Quantizer:
         self.param_cache: dict[tuple[int, str], QuantParams] = {}
         self.channel_ranges = channel_ranges
         self.per_channel: dict[int, str] = {}  # value id -> the dtype it is per-channel in
+        self.affine: dict[int, tuple[Node, ...]] = {}  # table node id -> the ops it absorbs
+        self.absorbed: set[int] = set()  # node ids emitted as part of a table
         if config.activation_granularity == "channel":
-            self.per_channel = chosen_values(source, self._dtype_of, channel_ranges)
+            for edge, dtype in chosen_edges(source, self._dtype_of, channel_ranges):
+                self.per_channel.update({id(v): dtype for v in edge.values})
+                if edge.affine:
+                    self.affine[id(edge.table)] = edge.affine
 
     # -- parameters and conversions ----------------------------------------------------------
     def params(self, value: Value, dtype: str) -> QuantParams:
@@ -123,6 +128,8 @@ class _Quantizer:
         dtype = self.per_channel[id(value)]
         headroom = HEADROOM.get(dtype, 1.0)
         low, high = (np.asarray(a, np.float64) * headroom for a in self.channel_ranges[value.name])
+        if any(id(user) in self.affine for user in value.users):  # the table is not the end
+            return channel_params(low, high, dtype)
         ranges = [
             live_range(
                 value,
@@ -184,9 +191,10 @@ class _Quantizer:
     def _node(self, op: str, inputs, attrs, name: str) -> Value:
         return self.graph.make_node(op, inputs, attrs, name, output_names=[f"{name}_q"]).output
 
-    def _produce(self, node: Node, op: str, inputs, attrs, dtype: str, params) -> None:
-        """Emit the quantized node that replaces `node` (same name) with output `params`."""
-        out = node.outputs[0]
+    def _produce(self, node: Node, op: str, inputs, attrs, dtype: str, params, out=None) -> None:
+        """Emit the quantized node that replaces `node` (same name) with output `params`,
+        producing `out` (default: the node's output)."""
+        out = node.outputs[0] if out is None else out
         new = self.graph.make_node(op, inputs, attrs, node.name, output_names=[f"{out.name}_q"])
         new.output.quant = params
         self.quant_of[(id(out), dtype)] = new.output
@@ -206,6 +214,8 @@ class _Quantizer:
                 self.quant_of[(id(value), dtype)] = new
                 self.home[id(value)] = dtype
         for node in self.source.nodes:
+            if id(node) in self.absorbed:
+                continue
             dtype = self.settings[id(node)].dtype
             if dtype == FLOAT or not self._quantized(node, dtype):
                 self._float_island(node)
@@ -316,11 +326,16 @@ class _Quantizer:
         return constant_operands(node) is not None
 
     def _lookup(self, node: Node, dtype: str) -> None:
+        """One table over every input code; on a per-channel edge it absorbs the scalar affine
+        ops after it (`channel_activations`) and produces the last one's output."""
         x = self.as_quant(node.inputs[0], dtype)
-        out_params = self.params(node.output, dtype)
-        codes = lookup_table(node, x.quant, dtype, out_params, dtype)
+        affine = self.affine.get(id(node), ())
+        out = (affine[-1] if affine else node).output
+        out_params = self.params(out, dtype)
+        codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
         table = self.graph.add_constant(codes, f"{node.name}_table")
-        self._produce(node, "QLookup", [x, table], {}, dtype, out_params)
+        self._produce(node, "QLookup", [x, table], {}, dtype, out_params, out)
+        self.absorbed.update(id(n) for n in affine)
 
     def _passthrough_ok(self, node: Node) -> bool:
         """Data movement runs on the codes of a quantized input when every output is a tensor
