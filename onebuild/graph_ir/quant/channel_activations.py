@@ -27,6 +27,8 @@ import numpy as np
 
 from ..ir import Graph, Node, Value
 from ..ops import OPS
+from ..tensor import QuantParams
+from .params import HEADROOM, channel_params
 
 log = logging.getLogger(__name__)
 # int16 keeps per-tensor parameters: its resolution to spare is plentiful, and one int16 table
@@ -145,3 +147,20 @@ def chosen_edges(
         (dtype,) = dtypes
         chosen.append((edge, dtype))
     return chosen
+
+
+Narrow = Callable[[float, float, int], tuple[float, float]]
+
+
+def edge_params(
+    ranges: tuple[np.ndarray, np.ndarray], dtype: str, narrow: Narrow | None
+) -> QuantParams:
+    """Per-channel parameters from each channel's calibrated min/max (the calibration
+    method's per-tensor clipping, set by the widest channels, is not applied), each range
+    narrowed by `narrow(lo, hi, channel)` when given (where a table still changes code)."""
+    headroom = HEADROOM.get(dtype, 1.0)
+    low, high = (np.asarray(a, np.float64) * headroom for a in ranges)
+    if narrow is not None:
+        pairs = [narrow(float(a), float(b), c) for c, (a, b) in enumerate(zip(low, high))]
+        low, high = np.array(pairs, np.float64).reshape(-1, 2).T
+    return channel_params(low, high, dtype)

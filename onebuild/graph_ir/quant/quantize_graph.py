@@ -34,7 +34,7 @@ from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
-from .channel_activations import chosen_edges
+from .channel_activations import chosen_edges, edge_params
 from .config import FLOAT, QuantConfig, layer_settings
 from .kernel_attrs import (
     average_pool_attrs,
@@ -51,7 +51,6 @@ from .params import (
     MultiplierRangeError,
     activation_params,
     channel_of,
-    channel_params,
     qdq_attrs,
     quantize,
     weight_params,
@@ -122,27 +121,18 @@ class _Quantizer:
         return params
 
     def _channel_params(self, value: Value) -> QuantParams:
-        """Each channel's calibrated min/max (the method's per-tensor range is not applied:
-        it is set by the widest channels), narrowed per channel to where the tables reading
-        the value still change code (`live_range`, with that channel's output parameters)."""
+        """Each channel's calibrated min/max, narrowed per channel where a table reads the
+        value (`channel_activations.edge_params`)."""
         dtype = self.per_channel[id(value)]
-        headroom = HEADROOM.get(dtype, 1.0)
-        low, high = (np.asarray(a, np.float64) * headroom for a in self.channel_ranges[value.name])
-        if any(id(user) in self.affine for user in value.users):  # the table is not the end
-            return channel_params(low, high, dtype)
-        ranges = [
-            live_range(
-                value,
-                float(a),
-                float(b),
-                dtype,
-                self._dtype_of,
-                lambda out, kind, c=c: channel_of(self.params(out, kind), c),
-                self._is_output,
-            )
-            for c, (a, b) in enumerate(zip(low, high))
-        ]
-        return channel_params(*np.array(ranges).T, dtype)
+        absorbs = any(id(user) in self.affine for user in value.users)
+        narrow = None
+        if not absorbs:  # the table is the end of the edge: where its code changes
+
+            def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
+                out = lambda v, kind: channel_of(self.params(v, kind), c)  # noqa: E731
+                return live_range(value, lo, hi, dtype, self._dtype_of, out, self._is_output)
+
+        return edge_params(self.channel_ranges[value.name], dtype, narrow)
 
     def _dtype_of(self, node: Node) -> str | None:
         dtype = self.settings[id(node)].dtype
