@@ -4,8 +4,10 @@ Both quantizers get the same float ONNX file, the same calibration samples and t
 uint8 asymmetric activations, int8 symmetric per-channel weights, MinMax calibration; onnxruntime
 writes QDQ. onebuild's variants (`VARIANTS`): `onebuild_plain` is like for like (no bias
 correction), `onebuild` its defaults (bias correction), `_mse` the search-based calibration
-(`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`); all
-run O1 (pattern fusion included); `best` names the best variant. Accuracy is the SQNR (dB) of
+(`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`),
+`_pcact` with per-channel activations on the edges into depthwise convolutions
+(`activation_granularity = "channel"`); all run O1 (pattern fusion included); `best` names
+the best variant. Accuracy is the SQNR (dB) of
 each quantized model's logits against the float model on the same evaluation samples (onebuild's
 integer reference interpreter; onnxruntime running its own QDQ model); `onebuild_plain_on_ort`
 is onebuild's like for like model exported to QDQ and run by onnxruntime (the same
@@ -119,6 +121,15 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
     "onebuild_cle": {"equalization": True},
     "onebuild_cle_mse": {"equalization": True, "method": "mse"},
     "onebuild_best": {"equalization": True, "method": "mse", "weight_rounding": "adaround"},
+    # per-channel activations on the Conv -> [table] -> depthwise Conv edges
+    "onebuild_pcact": {"activation_granularity": "channel"},
+    "onebuild_mse_pcact": {"method": "mse", "activation_granularity": "channel"},
+    "onebuild_cle_pcact": {"equalization": True, "activation_granularity": "channel"},
+    "onebuild_cle_mse_pcact": {
+        "equalization": True,
+        "method": "mse",
+        "activation_granularity": "channel",
+    },
 }
 
 
@@ -177,7 +188,8 @@ def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every=
     }
     if len(names) > 1:  # the total is dominated by the outputs of the largest values
         result["sqnr_db_per_output"] = per_output
-    for key, label in (("onebuild", "time_ratio"), ("onebuild_cle", "time_ratio_cle")):
+    ratios = (("onebuild", "time_ratio"), ("onebuild_cle", "time_ratio_cle"))
+    for key, label in (*ratios, ("onebuild_pcact", "time_ratio_pcact")):
         if key in seconds:
             result[label] = round(seconds[key] / ort_seconds, 3)
     return result

@@ -69,6 +69,7 @@ class QuantizeOptions:
     output_type: str = "float32"
     bias_correction: bool = True
     equalization: bool = False  # full mode: cross-layer equalization before calibration
+    activation_granularity: str = "tensor"  # "tensor" | "channel" (edges into depthwise convs)
     weight_rounding: str = "nearest"  # "nearest" | "adaround"
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
     mixed_precision: MixedPrecisionOptions | None = None
@@ -92,6 +93,7 @@ class QuantizeOptions:
             self.output_type,
             layers,
             self.bias_correction,
+            self.activation_granularity,
         )
 
 
@@ -207,6 +209,7 @@ def quantize(
     from .graph_ir.quant.pixel_shuffle import split_pixel_shuffles
 
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
+    channel_ranges = stats.channel_ranges
     float_graph = equalize(model.main, options)
     windows = split_pixel_shuffles(float_graph)  # in integers and on the NPU, not float islands
     ranges.update({conv: ranges[out] for conv, out in windows.items() if out in ranges})
@@ -218,7 +221,7 @@ def quantize(
         rounder = LearnedRounding(input_moments(float_graph, samples))
 
     def build(config: QuantConfig) -> Graph:
-        return quantize_graph(float_graph, ranges, config, means, rounder)
+        return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)

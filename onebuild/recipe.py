@@ -131,6 +131,11 @@ class QuantizeStep(_Section):
         description="full mode: cross-layer equalization of Conv/Gemm -> (Relu) -> Conv/Gemm "
         "chains before calibration (float outputs unchanged)",
     )
+    activation_granularity: Literal["tensor", "channel"] = Field(
+        default=_Q.activation_granularity,
+        description="full mode: channel = one scale and zero point per channel on the "
+        "Conv -> [activation table] -> depthwise Conv edges (the NPU runs them on the CPU)",
+    )
     weight_rounding: Literal["nearest", "adaround"] = Field(
         default=_Q.weight_rounding,
         description="adaround: learn each weight's rounding direction on real samples "

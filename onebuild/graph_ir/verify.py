@@ -37,11 +37,12 @@ def _check_quant_params(node: Node) -> None:
             stored = stored[int(index[:-1])]
         if stored is None or value is None or value.quant is None:
             continue
-        if int(stored) != int(value.quant.zero_point[0]):
+        own = list(value.quant.zero_point)  # a list attribute: per-channel, one per channel
+        found = [int(z) for z in stored] if isinstance(stored, list) else int(stored)
+        expected = own if isinstance(stored, list) else own[0]
+        if found != expected:
             raise _fail(
-                node,
-                f"attribute {attr} = {stored}, but '{value.name}' has zero point "
-                f"{value.quant.zero_point[0]}",
+                node, f"attribute {attr} = {stored}, but '{value.name}' has zero point {expected}"
             )
     value = {"QuantizeLinear": node.outputs, "DequantizeLinear": node.inputs}.get(node.op, [None])[
         0

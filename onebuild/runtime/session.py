@@ -25,6 +25,7 @@ from ..errors import ModelError, OneBuildError, UserError
 from ..gates import json_safe
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
+from ..graph_ir.quant.channel_activations import edge_values
 from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_ir, load_model, load_onnx, save_ir
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
@@ -153,9 +154,11 @@ class Session:
 
     def _resume_recorder(self) -> RangeRecorder:
         """A recorder continuing from the workspace's statistics file (empty without one)."""
-        axes = channel_axes(self._float.main)
+        axes, edges = channel_axes(self._float.main), edge_values(self._float.main)
         stats = self.workspace.read_minmax()
-        return RangeRecorder.resume(stats, axes) if stats else RangeRecorder(channel_axes=axes)
+        if stats:
+            return RangeRecorder.resume(stats, axes, edges)
+        return RangeRecorder(channel_axes=axes, channel_ranges=edges)
 
     # ---- the app's view -----------------------------------------------------------------------
 

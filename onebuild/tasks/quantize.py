@@ -21,6 +21,7 @@ KEYS = (
     "output_type",
     "bias_correction",
     "equalization",
+    "activation_granularity",
     "weight_rounding",
     "layers",
     "mixed_precision",
@@ -107,9 +108,22 @@ def _check_sqnr(float_graph, quantized, samples) -> None:
     log.warning(
         "quantize: low accuracy on %d calibration samples: output SQNR %s (below %.0f dB); "
         "worst layers: %s. Try [quantize.mixed_precision] target_sqnr_db = 30, method = "
-        '"mse", or dtype = "int16"; [quantize.accuracy] gates the build',
+        '"mse", %sor dtype = "int16"; [quantize.accuracy] gates the build',
         comparison.samples,
         outputs,
         MIN_SQNR_DB,
         worst,
+        _channel_hint(float_graph, quantized),
     )
+
+
+def _channel_hint(float_graph, quantized) -> str:
+    """The per-channel activation setting, when the model has depthwise edges it does not use."""
+    from ..graph_ir.quant.channel_activations import depthwise_edges
+
+    used = any(
+        v.quant is not None and v.quant.axis is not None for n in quantized.nodes for v in n.outputs
+    )
+    if used or not depthwise_edges(float_graph):
+        return ""
+    return 'activation_granularity = "channel" (depthwise inputs), '

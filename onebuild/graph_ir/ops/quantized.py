@@ -35,14 +35,25 @@ def _same_shape(attrs: Attrs, types) -> list[TensorType]:
     return [types[0]]
 
 
-def _centered(q: np.ndarray, zero_point: int) -> np.ndarray:
-    return q.astype(np.int64) - zero_point
+def _channels(number, ndim: int):
+    """An attribute that is one number, or one per channel (a list: along axis 1 of a rank
+    `ndim` array, the per-channel activation parameters of `docs/quantization.md`)."""
+    if isinstance(number, (list, tuple)):
+        return np.asarray(number, np.int64).reshape((1, -1) + (1,) * (ndim - 2))
+    return number
+
+
+def _centered(q: np.ndarray, zero_point) -> np.ndarray:
+    return q.astype(np.int64) - _channels(zero_point, q.ndim)
 
 
 def _output(attrs: Attrs, scaled: np.ndarray) -> np.ndarray:
-    """Add the output zero point and saturate to [qmin, qmax] (fused activations included)."""
-    y = scaled + attrs["y_zero_point"]
-    return np.clip(y, attrs["qmin"], attrs["qmax"]).astype(attrs["dtype"])
+    """Add the output zero point and saturate to [qmin, qmax] (fused activations included);
+    each may be one per channel."""
+    ndim = scaled.ndim
+    y = scaled + _channels(attrs["y_zero_point"], ndim)
+    low, high = _channels(attrs["qmin"], ndim), _channels(attrs["qmax"], ndim)
+    return np.clip(y, low, high).astype(attrs["dtype"])
 
 
 @register("QuantizeLinear", _typed(_same_shape), batch=PER_SAMPLE)
@@ -70,8 +81,13 @@ def requantize_op(attrs, q):
     "QLookup", lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)], batch=PER_SAMPLE
 )
 def q_lookup(attrs, q, table):
-    """Any unary elementwise function as a table over every input code: y = table[q - min]."""
-    return table[q.astype(np.int64) - np.iinfo(q.dtype).min]
+    """Any unary elementwise function as a table over every input code: y = table[q - min];
+    a table of shape [C, codes] holds one row per channel (axis 1): y = table[c, q - min]."""
+    index = q.astype(np.int64) - np.iinfo(q.dtype).min
+    if table.ndim == 1:
+        return table[index]
+    channel = np.arange(table.shape[0]).reshape((1, -1) + (1,) * (q.ndim - 2))
+    return table[channel, index]
 
 
 def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:

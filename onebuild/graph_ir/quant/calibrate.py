@@ -4,7 +4,9 @@ Memory stays bounded: batches arrive one at a time (one npz file of a folder, sa
 keeps one observer (a few numbers, or a fixed histogram), never the activations themselves.
 The inputs of Conv/Gemm/MatMul layers also get per-channel sums (their means drive bias
 correction at quantization time), kept exactly (integers in units of the smallest float64) and
-rounded once at the end.
+rounded once at the end. The values on the edges into depthwise convolutions
+(`channel_activations.edge_values`) also get each channel's min and max (axis 1), for
+per-channel activation quantization.
 Recorders of sample shards merge (`RangeRecorder.merge`, `merge_recorders`) into exactly the
 statistics of one pass over all samples, when shards start at multiples of `CHUNK` samples.
 The result, `CalibrationStats`, does not depend on the quantized dtype, so it is computed once
@@ -20,6 +22,7 @@ from ...errors import UserError
 from ..interpreter import Interpreter, check_feeds
 from ..ir import Graph, Value
 from ..ops.recurrent import cell_state_name, lstm_reporting_cells
+from .channel_activations import edge_values
 from .observers import Histogram, MinMax, MovingAverage, Percentile
 from .params import activation_params, dequantize, quantize
 
@@ -53,6 +56,8 @@ class CalibrationStats:
     histograms: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
     channel_sums: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
     """value name -> (elements summed per channel, float64 sum per channel)"""
+    channel_ranges: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """value name -> (min per channel, max per channel), axis 1 (min/max whatever the method)"""
 
     def channel_means(self) -> dict[str, np.ndarray]:
         return {name: total / count for name, (count, total) in self.channel_sums.items()}
@@ -117,8 +122,10 @@ class RangeRecorder:
         options: Mapping | None = None,
         channel_axes: Mapping[str, int] | None = None,
         finite: bool = False,
+        channel_ranges: Iterable[str] = (),
     ):
-        """`finite`: raise NonFiniteError when a value holds NaN or Inf (before recording it)."""
+        """`finite`: raise NonFiniteError when a value holds NaN or Inf (before recording it);
+        `channel_ranges`: values whose per-channel min/max (axis 1) are recorded too."""
         if method not in METHODS:
             raise UserError(f"unknown calibration method '{method}' (known: {', '.join(METHODS)})")
         self.method, self.options = method, dict(options or {})
@@ -126,16 +133,22 @@ class RangeRecorder:
         self.finite = finite
         self.observers: dict[str, object] = {}
         self.sums: dict[str, tuple[int, list[int]]] = {}  # exact: units of 2**-EXACT_BITS
+        self.channel_names = frozenset(channel_ranges)
+        self.extremes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.samples = 0
 
     @classmethod
     def resume(
-        cls, stats: CalibrationStats, channel_axes: Mapping[str, int] | None = None
+        cls,
+        stats: CalibrationStats,
+        channel_axes: Mapping[str, int] | None = None,
+        channel_ranges: Iterable[str] = (),
     ) -> "RangeRecorder":
         """Continue recording where saved `minmax` statistics left off."""
         if stats.method != "minmax":
             raise UserError(f"cannot resume '{stats.method}' statistics; only 'minmax' ones")
-        recorder = cls(channel_axes=channel_axes)
+        recorder = cls(channel_axes=channel_axes, channel_ranges=channel_ranges)
+        recorder.extremes = dict(stats.channel_ranges)
         for name, (lo, hi) in stats.ranges.items():
             observer = recorder.observers[name] = MinMax()
             observer.lo, observer.hi = lo, hi
@@ -161,6 +174,8 @@ class RangeRecorder:
         axis = self.channel_axes.get(name)
         if axis is not None and array.size:
             self._add_channel_sums(name, array, axis)
+        if name in self.channel_names and array.ndim > 1 and array.size:
+            self._add_channel_extremes(name, array)
         observer = self.observers.get(name)
         if observer is None:
             try:
@@ -190,6 +205,14 @@ class RangeRecorder:
         total = [t + sum(map(_exact, column)) for t, column in zip(total, columns)]
         self.sums[name] = (count + array.size // array.shape[axis], total)
 
+    def _add_channel_extremes(self, name: str, array: np.ndarray) -> None:
+        rows = np.moveaxis(array, 1, 0).reshape(array.shape[1], -1)
+        lo, hi = rows.min(axis=1).astype(np.float64), rows.max(axis=1).astype(np.float64)
+        if name in self.extremes:
+            lo = np.minimum(lo, self.extremes[name][0])
+            hi = np.maximum(hi, self.extremes[name][1])
+        self.extremes[name] = (lo, hi)
+
     def merge(self, other: "RangeRecorder") -> None:
         """Add the statistics of another shard of samples (same method and options)."""
         if (other.method, other.options) != (self.method, self.options):
@@ -202,6 +225,11 @@ class RangeRecorder:
         for name, (count, total) in other.sums.items():
             mine, summed = self.sums.get(name, (0, [0] * len(total)))
             self.sums[name] = (mine + count, [a + b for a, b in zip(summed, total)])
+        for name, (lo, hi) in other.extremes.items():
+            if name in self.extremes:
+                lo = np.minimum(lo, self.extremes[name][0])
+                hi = np.maximum(hi, self.extremes[name][1])
+            self.extremes[name] = (lo, hi)
         self.samples += other.samples
 
     def stats(self) -> CalibrationStats:
@@ -214,6 +242,7 @@ class RangeRecorder:
                 name: (count, np.array([t / EXACT_ONE for t in total], np.float64))
                 for name, (count, total) in self.sums.items()
             },
+            channel_ranges=dict(self.extremes),
         )
         if self.method == "mse":
             stats.histograms = {n: (o.limit, o.counts) for n, o in items}
@@ -250,7 +279,9 @@ def record(
     chunks are the same as in one pass: a file's samples, `CHUNK` at a time)."""
     batches = [("calibration data", data)] if isinstance(data, Mapping) else data
     options = dict(options or {})
-    recorder = RangeRecorder(method, dict(options), channel_axes(graph), finite=True)
+    recorder = RangeRecorder(
+        method, dict(options), channel_axes(graph), finite=True, channel_ranges=edge_values(graph)
+    )
     interpreter = recorder.interpreter(graph)
     chunk = CHUNK
     if method == "moving_average":  # ONE blends the min/max of each batch of samples

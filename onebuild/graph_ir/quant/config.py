@@ -26,6 +26,8 @@ class QuantConfig:
     output_type: str = FLOAT
     layers: tuple[LayerOverride, ...] = ()
     bias_correction: bool = True  # full mode: correct biases for the mean weight-rounding error
+    # full mode: "channel" quantizes the Conv -> [table] -> depthwise Conv edges per channel
+    activation_granularity: str = "tensor"
 
     @property
     def quantized_dtypes(self) -> set[str]:

@@ -11,21 +11,31 @@ from ..ir import Node
 from ..ops import OPS
 from ..ops.quantized_softmax import output_multiplier_real
 from ..tensor import QuantParams
-from .params import ADD_SHIFT, dequantize, quantize, quantize_multiplier
+from .params import ADD_SHIFT, channel_of, dequantize, quantize, quantize_multiplier
 
 
 def output_attrs(dtype: str, params: QuantParams, clip=None) -> dict:
-    """Output type, zero point and saturation bounds (narrowed by a fused activation clip)."""
+    """Output type, zero point and saturation bounds (narrowed by a fused activation clip);
+    with per-channel `params`, one zero point and one pair of bounds per channel (lists)."""
+    bounds = [_bounds(dtype, s, zp, clip) for s, zp in zip(params.scale, params.zero_point)]
+    zero_points = list(params.zero_point)
+    if params.axis is None:
+        (qmin, qmax), zp = bounds[0], zero_points[0]
+        return {"dtype": dtype, "y_zero_point": zp, "qmin": qmin, "qmax": qmax}
+    qmin, qmax = ([b[i] for b in bounds] for i in (0, 1))
+    return {"dtype": dtype, "y_zero_point": zero_points, "qmin": qmin, "qmax": qmax}
+
+
+def _bounds(dtype: str, scale: float, zp: int, clip) -> tuple[int, int]:
     info = np.iinfo(dtype)
     qmin, qmax = int(info.min), int(info.max)
-    zp, scale = params.zero_point[0], params.scale[0]
     if clip is not None:
         lo, hi = clip
         if np.isfinite(lo):
             qmin = max(qmin, min(qmax, int(np.ceil(lo / scale + zp))))
         if np.isfinite(hi):
             qmax = min(qmax, max(qmin, int(np.floor(hi / scale + zp))))
-    return {"dtype": dtype, "y_zero_point": zp, "qmin": qmin, "qmax": qmax}
+    return qmin, qmax
 
 
 def requantize_attrs(x: QuantParams, y: QuantParams, dtype: str) -> dict:
@@ -42,15 +52,23 @@ def matmul_attrs(
     y: QuantParams,
     dtype: str,
 ) -> dict:
-    """QConv (op "Conv") or QGemm: one requantization multiplier per output channel."""
-    multipliers = [quantize_multiplier(x.scale[0] * s / y.scale[0]) for s in weight_scales]
+    """QConv (op "Conv") or QGemm: one requantization multiplier per output channel,
+    s_x * s_w[c] / s_y[c]; a per-channel input (a depthwise convolution's, where output
+    channel c reads input channel c alone) has its own zero point and scale per channel."""
+    channels = len(weight_scales)
+    s_x = np.broadcast_to(np.asarray(x.scale, np.float64), (channels,))
+    s_y = np.broadcast_to(np.asarray(y.scale, np.float64), (channels,))
+    multipliers = [
+        quantize_multiplier(float(a * s / b)) for a, s, b in zip(s_x, weight_scales, s_y)
+    ]
     if op == "Conv":
         kernel = {k: attrs[k] for k in ("strides", "dilations", "pads", "group")}
     else:
         kernel = {"transB": int(attrs.get("transB", 0))}
+    x_zero_point = x.zero_point[0] if x.axis is None else list(x.zero_point)
     return {
         **kernel,
-        "x_zero_point": x.zero_point[0],
+        "x_zero_point": x_zero_point,
         **output_attrs(dtype, y, attrs.get("clip")),
         "multiplier": [m for m, _ in multipliers],
         "shift": [r for _, r in multipliers],
@@ -130,16 +148,32 @@ def constant_operands(node: Node) -> list[np.ndarray | None] | None:
     return [None if v is None else v.numpy() for v in extra]
 
 
-def function_codes(node: Node, real: np.ndarray, y: QuantParams, dtype: str) -> np.ndarray:
+def function_codes(
+    node: Node, real: np.ndarray, y: QuantParams, dtype: str, then: Sequence[Node] = ()
+) -> np.ndarray:
     """The codes (`dtype`, output parameters `y`) of table op `node` (constant operands) on
-    the real inputs `real`; +inf saturates as float32's largest value."""
+    the real inputs `real`, followed by the one-input ops `then` (their other operands
+    constant); +inf saturates as float32's largest value."""
     (out,) = OPS[node.op].kernel(node.attrs, real, *constant_operands(node))
+    for step in then:
+        operands = [v.numpy() if v.is_const else out for v in step.inputs]
+        (out,) = OPS[step.op].kernel(step.attrs, *operands)
     out = np.nan_to_num(np.asarray(out, np.float64), posinf=np.finfo(np.float32).max)
     return quantize(out, y, dtype)
 
 
-def lookup_table(node: Node, x: QuantParams, x_dtype: str, y: QuantParams, dtype: str):
-    """The QLookup table of table op `node`: its output code for every input code."""
+def lookup_table(
+    node: Node, x: QuantParams, x_dtype: str, y: QuantParams, dtype: str, then: Sequence[Node] = ()
+):
+    """The QLookup table of table op `node` (then the ops `then`): its output code for every
+    input code; with per-channel `x` or `y`, one row per channel ([C, codes])."""
     info = np.iinfo(x_dtype)
     codes = np.arange(info.min, info.max + 1).astype(x_dtype)
-    return function_codes(node, dequantize(codes, x), y, dtype)
+    if x.axis is None and y.axis is None:
+        return function_codes(node, dequantize(codes, x), y, dtype, then)
+    channels = max(len(x.scale), len(y.scale))
+    rows = [
+        function_codes(node, dequantize(codes, channel_of(x, c)), channel_of(y, c), dtype, then)
+        for c in range(channels)
+    ]
+    return np.stack(rows)

@@ -37,6 +37,21 @@ def activation_params(lo: float, hi: float, dtype: str) -> QuantParams:
     return QuantParams((scale,), (zero_point,), None)
 
 
+def channel_params(lo: np.ndarray, hi: np.ndarray, dtype: str, axis: int = 1) -> QuantParams:
+    """Per-channel activation parameters (`axis`, channels observed in [lo[c], hi[c]]): each
+    channel as `activation_params` would quantize it alone."""
+    each = [activation_params(a, b, dtype) for a, b in zip(np.ravel(lo), np.ravel(hi))]
+    scales = tuple(p.scale[0] for p in each)
+    return QuantParams(scales, tuple(p.zero_point[0] for p in each), axis)
+
+
+def channel_of(params: QuantParams, c: int) -> QuantParams:
+    """Channel `c`'s parameters, per tensor (per-tensor parameters serve every channel)."""
+    if params.axis is None:
+        return params
+    return QuantParams((params.scale[c],), (params.zero_point[c],), None)
+
+
 CLIP_SEARCH = np.linspace(1.0, 0.8, 11)  # candidate fractions of the largest magnitude
 
 

@@ -15,6 +15,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
 - a value read only by lookup tables is quantized over the inputs where a table's output code
   still changes (`table_ranges.py`), the rest from its calibrated range;
+- with `activation_granularity = "channel"`, the values on Conv -> [table] -> depthwise Conv
+  edges get one scale and zero point per channel (`channel_activations.py`);
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
@@ -32,6 +34,7 @@ from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
+from .channel_activations import chosen_edges, edge_params
 from .config import FLOAT, QuantConfig, layer_settings
 from .kernel_attrs import (
     average_pool_attrs,
@@ -47,6 +50,7 @@ from .params import (
     HEADROOM,
     MultiplierRangeError,
     activation_params,
+    channel_of,
     qdq_attrs,
     quantize,
     weight_params,
@@ -72,6 +76,7 @@ class _Quantizer:
         config,
         means,
         round_weights: "WeightRounder",
+        channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
     ):
         for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
@@ -85,6 +90,15 @@ class _Quantizer:
         self.quant_of: dict[tuple[int, str], Value] = {}  # (source value, dtype) -> quantized
         self.home: dict[int, str] = {}  # dtype in which a source value was produced
         self.param_cache: dict[tuple[int, str], QuantParams] = {}
+        self.channel_ranges = channel_ranges
+        self.per_channel: dict[int, str] = {}  # value id -> the dtype it is per-channel in
+        self.affine: dict[int, tuple[Node, ...]] = {}  # table node id -> the ops it absorbs
+        self.absorbed: set[int] = set()  # node ids emitted as part of a table
+        if config.activation_granularity == "channel":
+            for edge, dtype in chosen_edges(source, self._dtype_of, channel_ranges):
+                self.per_channel.update({id(v): dtype for v in edge.values})
+                if edge.affine:
+                    self.affine[id(edge.table)] = edge.affine
 
     # -- parameters and conversions ----------------------------------------------------------
     def params(self, value: Value, dtype: str) -> QuantParams:
@@ -97,11 +111,28 @@ class _Quantizer:
             raise UserError(f"no calibration range for '{value.name}'; recalibrate the model")
         lo, hi = self.ranges[value.name]
         headroom = HEADROOM.get(dtype, 1.0)
+        if self.per_channel.get(id(value)) == dtype:
+            params = self.param_cache[(id(value), dtype)] = self._channel_params(value)
+            return params
         lo, hi = live_range(
             value, lo * headroom, hi * headroom, dtype, self._dtype_of, self.params, self._is_output
         )
         params = self.param_cache[(id(value), dtype)] = activation_params(lo, hi, dtype)
         return params
+
+    def _channel_params(self, value: Value) -> QuantParams:
+        """Each channel's calibrated min/max, narrowed per channel where a table reads the
+        value (`channel_activations.edge_params`)."""
+        dtype = self.per_channel[id(value)]
+        absorbs = any(id(user) in self.affine for user in value.users)
+        narrow = None
+        if not absorbs:  # the table is the end of the edge: where its code changes
+
+            def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
+                out = lambda v, kind: channel_of(self.params(v, kind), c)  # noqa: E731
+                return live_range(value, lo, hi, dtype, self._dtype_of, out, self._is_output)
+
+        return edge_params(self.channel_ranges[value.name], dtype, narrow)
 
     def _dtype_of(self, node: Node) -> str | None:
         dtype = self.settings[id(node)].dtype
@@ -150,9 +181,10 @@ class _Quantizer:
     def _node(self, op: str, inputs, attrs, name: str) -> Value:
         return self.graph.make_node(op, inputs, attrs, name, output_names=[f"{name}_q"]).output
 
-    def _produce(self, node: Node, op: str, inputs, attrs, dtype: str, params) -> None:
-        """Emit the quantized node that replaces `node` (same name) with output `params`."""
-        out = node.outputs[0]
+    def _produce(self, node: Node, op: str, inputs, attrs, dtype: str, params, out=None) -> None:
+        """Emit the quantized node that replaces `node` (same name) with output `params`,
+        producing `out` (default: the node's output)."""
+        out = node.outputs[0] if out is None else out
         new = self.graph.make_node(op, inputs, attrs, node.name, output_names=[f"{out.name}_q"])
         new.output.quant = params
         self.quant_of[(id(out), dtype)] = new.output
@@ -172,6 +204,8 @@ class _Quantizer:
                 self.quant_of[(id(value), dtype)] = new
                 self.home[id(value)] = dtype
         for node in self.source.nodes:
+            if id(node) in self.absorbed:
+                continue
             dtype = self.settings[id(node)].dtype
             if dtype == FLOAT or not self._quantized(node, dtype):
                 self._float_island(node)
@@ -228,7 +262,7 @@ class _Quantizer:
         channels = w.shape[channel_axis]
         scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
         wq = self.round_weights(node, w, w_params, w_dtype)
-        s_x = x.quant.scale[0]
+        s_x = np.broadcast_to(np.asarray(x.quant.scale, np.float64), (channels,))
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
         b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
@@ -242,8 +276,9 @@ class _Quantizer:
         w_value.quant = w_params
         b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"
         b_value = self.graph.add_constant(bq, b_name)
-        b_scales = tuple(float(s_x * s) for s in scales[: channels if per_channel else 1])
-        b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if per_channel else None)
+        by_channel = per_channel or x.quant.axis is not None
+        b_scales = tuple(float(a * s) for a, s in zip(s_x, scales))[: channels if by_channel else 1]
+        b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if by_channel else None)
         op = "QConv" if node.op == "Conv" else "QGemm"
         self._produce(node, op, [x, w_value, b_value], attrs, dtype, out_params)
 
@@ -281,11 +316,16 @@ class _Quantizer:
         return constant_operands(node) is not None
 
     def _lookup(self, node: Node, dtype: str) -> None:
+        """One table over every input code; on a per-channel edge it absorbs the scalar affine
+        ops after it (`channel_activations`) and produces the last one's output."""
         x = self.as_quant(node.inputs[0], dtype)
-        out_params = self.params(node.output, dtype)
-        codes = lookup_table(node, x.quant, dtype, out_params, dtype)
+        affine = self.affine.get(id(node), ())
+        out = (affine[-1] if affine else node).output
+        out_params = self.params(out, dtype)
+        codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
         table = self.graph.add_constant(codes, f"{node.name}_table")
-        self._produce(node, "QLookup", [x, table], {}, dtype, out_params)
+        self._produce(node, "QLookup", [x, table], {}, dtype, out_params, out)
+        self.absorbed.update(id(n) for n in affine)
 
     def _passthrough_ok(self, node: Node) -> bool:
         """Data movement runs on the codes of a quantized input when every output is a tensor
@@ -436,11 +476,18 @@ def quantize_graph(
     config: QuantConfig | None = None,
     channel_means: Mapping[str, np.ndarray] | None = None,
     round_weights: WeightRounder = nearest,
+    channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Graph:
     """The integer-reference form of `graph` given calibration ranges per value name and, for
     bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`);
-    `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`)."""
+    `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`);
+    `channel_ranges` (per-channel min/max) serve `activation_granularity = "channel"`."""
     quantizer = _Quantizer(
-        graph, ranges, config or QuantConfig(), channel_means or {}, round_weights
+        graph,
+        ranges,
+        config or QuantConfig(),
+        channel_means or {},
+        round_weights,
+        channel_ranges or {},
     )
     return quantizer.run()

@@ -4,8 +4,10 @@ An npz archive (no pickles) with `method` and `samples` (0-d arrays), `names` (u
 `ranges` (float64 [V, 2]) and, for the `mse` method, `limits` (float64 [V]) and `counts`
 (int64 [V, bins]); the per-channel sums of layer inputs as `sum_names` (unicode [S]),
 `sum_counts` (int64 [S], elements summed per channel), `sum_sizes` (int64 [S], channels) and
-`sums` (float64, the S sums concatenated). Names are sorted, so the same statistics give the
-same bytes.
+`sums` (float64, the S sums concatenated); the per-channel ranges of the values on the edges
+into depthwise convolutions as `range_names` (unicode [R]), `range_sizes` (int64 [R],
+channels) and `channel_ranges` (float64 [sum of sizes, 2]: min, max). Names are sorted, so
+the same statistics give the same bytes.
 """
 
 import os
@@ -18,6 +20,7 @@ from ..quant.calibrate import CalibrationStats
 
 KEYS = {"method", "samples", "names", "ranges"}
 SUM_KEYS = {"sum_names", "sum_counts", "sum_sizes", "sums"}
+RANGE_KEYS = {"range_names", "range_sizes", "channel_ranges"}
 
 
 def save_calibration(stats: CalibrationStats, path: str | os.PathLike) -> None:
@@ -37,6 +40,12 @@ def save_calibration(stats: CalibrationStats, path: str | os.PathLike) -> None:
     arrays["sum_counts"] = np.array([stats.channel_sums[n][0] for n in summed], np.int64)
     arrays["sum_sizes"] = np.array([len(s) for s in sums], np.int64)
     arrays["sums"] = np.concatenate(sums) if sums else np.zeros(0, np.float64)
+    ranged = sorted(stats.channel_ranges)
+    if ranged:  # (an npz array may not be empty)
+        pairs = [np.stack(stats.channel_ranges[n], axis=1).astype(np.float64) for n in ranged]
+        arrays["range_names"] = np.array(ranged, dtype=str)
+        arrays["range_sizes"] = np.array([len(p) for p in pairs], np.int64)
+        arrays["channel_ranges"] = np.concatenate(pairs)
     write_npz(path, arrays)
 
 
@@ -84,7 +93,32 @@ def load_calibration(path: str | os.PathLike) -> CalibrationStats:
         }
     if SUM_KEYS & set(arrays):
         stats.channel_sums = _channel_sums(path, arrays)
+    if RANGE_KEYS & set(arrays):
+        stats.channel_ranges = _channel_ranges(path, arrays)
     return stats
+
+
+def _channel_ranges(path, arrays) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    bad = FormatError(f"{path}: channel ranges do not match their names and sizes")
+    if not set(arrays) >= RANGE_KEYS:
+        raise bad
+    names, sizes, pairs = arrays["range_names"], arrays["range_sizes"], arrays["channel_ranges"]
+    if (
+        names.ndim != 1
+        or sizes.shape != names.shape
+        or sizes.dtype.kind != "i"
+        or (sizes < 0).any()
+        or pairs.dtype.kind != "f"
+        or pairs.shape != (int(sizes.sum()), 2)
+        or not np.isfinite(pairs).all()
+        or (pairs[:, 0] > pairs[:, 1]).any()
+    ):
+        raise bad
+    ends = np.cumsum(sizes)
+    return {
+        str(n): (pairs[end - size : end, 0], pairs[end - size : end, 1])
+        for n, size, end in zip(names, sizes, ends)
+    }
 
 
 def _channel_sums(path, arrays) -> dict[str, tuple[int, np.ndarray]]:

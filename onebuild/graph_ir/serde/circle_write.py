@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError, UnsupportedOpsError
-from ..ir import Graph, Model, Value
+from ..ir import Graph, Model, Node, Value
 from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
@@ -156,7 +156,7 @@ class Writer:
         for node in self.graph.nodes:
             mapping = WRITERS.get(node.op)
             try:
-                if mapping is None:
+                if mapping is None or _per_channel_activations(node):
                     raise ops.Unsupported
                 mapping(self, node)
             except ops.Unsupported:
@@ -314,6 +314,13 @@ WRITERS: dict[str, Callable] = {
     "DequantizeLinear": ops.quantize_op,
     "Requantize": ops.quantize_op,
 }
+
+
+def _per_channel_activations(node: Node) -> bool:
+    """A computed value quantized per channel (`quantize.activation_granularity`): TFLite
+    kernels take per-tensor activations only."""
+    values = [v for v in [*node.inputs, *node.outputs] if v is not None and not v.is_const]
+    return any(v.quant is not None and v.quant.axis is not None for v in values)
 
 
 def _permuted(quant: QuantParams | None, perm: Perm) -> QuantParams | None:

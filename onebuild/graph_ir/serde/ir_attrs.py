@@ -122,8 +122,9 @@ RULES: dict[str, Rule] = {
     "zero_point": _ints(*I32),
     "multiplier": _int_or_ints(0, (1 << 31) - 1),
     "shift": _int_or_ints(1, 62),
-    **dict.fromkeys(["x_zero_point", "y_zero_point", "a_zero_point", "b_zero_point", "qmin",
-                     "qmax"], _int(*I32)),
+    **dict.fromkeys(["a_zero_point", "b_zero_point"], _int(*I32)),
+    # one, or one per channel (QConv / QGemm with per-channel activations)
+    **dict.fromkeys(["x_zero_point", "y_zero_point", "qmin", "qmax"], _int_or_ints(*I32)),
     "x_zero_points": _ints(*I32),
     **dict.fromkeys(["a_rescale", "b_rescale"], _ints(0, (1 << 31) - 1, count=2)),
     **dict.fromkeys(["x_multiplier", "h_multiplier"], _ints(0, (1 << 31) - 1)),
@@ -240,11 +241,13 @@ def check_attributes(f: Fields, op: str, attrs: dict, inputs: Sequence, path: st
 def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> None:
     types = [None if v is None else v.dtype for v in inputs]
 
-    def within(key: str, value: int, dtype: np.dtype | None) -> None:
+    def within(key: str, value: int | list, dtype: np.dtype | None) -> None:
         if dtype is not None and _is_integer(dtype):
             lo, hi = code_range(dtype)
-            f.require(lo <= value <= hi, f"{path}.{key}", f"{value} is outside {dtype}'s range")
+            for v in value if isinstance(value, list) else [value]:
+                f.require(lo <= v <= hi, f"{path}.{key}", f"{v} is outside {dtype}'s range")
 
+    _per_channel_lists(f, op, attrs, inputs, path)
     if op in _INTEGER_OUTPUT:
         out = dtypes.dtype(attrs["dtype"])
         f.require(_is_integer(out), f"{path}.dtype", f"{op} produces integers, not {out}")
@@ -252,7 +255,8 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
             if key in attrs:
                 within(key, attrs[key], out)
         if "qmin" in attrs:
-            f.require(attrs["qmin"] <= attrs["qmax"], f"{path}.qmin", "is above qmax")
+            ok = _ordered(attrs["qmin"], attrs["qmax"])
+            f.require(ok, f"{path}.qmin", "is above qmax")
     first = types[0] if types else None
     for key, index in (("x_zero_point", 0), ("a_zero_point", 0), ("b_zero_point", 1)):
         if key in attrs and index < len(types):
@@ -277,6 +281,37 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
     if op == "Requantize" and first is not None:
         for key in ("multiplier", "shift"):
             f.require(not isinstance(attrs[key], list), f"{path}.{key}", "must be one integer")
+
+
+def _ordered(qmin, qmax) -> bool:
+    """qmin <= qmax, each one number or one per channel."""
+    low = qmin if isinstance(qmin, list) else [qmin]
+    high = qmax if isinstance(qmax, list) else [qmax]
+    if len(low) == len(high):
+        return all(a <= b for a, b in zip(low, high))
+    return 1 in (len(low), len(high)) and all(a <= b for a in low for b in high)
+
+
+def _per_channel_lists(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> None:
+    """Zero points and bounds are lists only in QConv / QGemm, one per channel of their value
+    (per-channel activations): x_zero_point per input channel, the others per output channel."""
+    for key in ("x_zero_point", "y_zero_point", "qmin", "qmax"):
+        value = attrs.get(key)
+        if not isinstance(value, list):
+            continue
+        f.require(op in ("QConv", "QGemm"), f"{path}.{key}", "must be one integer")
+        data = inputs[0] if inputs and inputs[0] is not None else None
+        weight = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+        if key == "x_zero_point" and data is not None and len(data.shape) > 1:
+            channels = data.shape[1]
+        elif key != "x_zero_point" and weight is not None and weight.shape:
+            transposed = op == "QGemm" and not attrs.get("transB") and len(weight.shape) > 1
+            channels = weight.shape[1 if transposed else 0]
+        else:
+            continue
+        f.require(
+            len(value) == channels, f"{path}.{key}", f"needs one entry per channel ({channels})"
+        )
 
 
 def _qdq(f: Fields, op: str, attrs: dict, value, path: str) -> None:

@@ -103,11 +103,19 @@ class _Exporter:
 
     def quantize(self, source: str, value: Value, node_name: str) -> None:
         operands = self.qdq_operands(value.quant, value.dtype, value.name)
-        self.emit("QuantizeLinear", [source, *operands], [value.name], f"{node_name}/quantize")
+        self.emit(
+            "QuantizeLinear",
+            [source, *operands],
+            [value.name],
+            f"{node_name}/quantize",
+            axis=value.quant.axis,
+        )
 
     def activation(self, source: str, attrs: dict, out: Value, base: str) -> str:
         """The fused activation of a quantized node, from its saturation bounds, in float."""
         info = np.iinfo(out.dtype)
+        if out.quant.axis is not None:
+            return self.channel_bounds(source, attrs, out, base)
         if attrs["qmin"] <= info.min and attrs["qmax"] >= info.max:
             return source
         scale, zp = out.quant.scale[0], out.quant.zero_point[0]
@@ -120,6 +128,23 @@ class _Exporter:
             bounds = [self.constant(lo, f"{base}_min"), self.constant(hi, f"{base}_max")]
             self.emit("Clip", [source, *bounds], [result], f"{base}/clip")
         return result
+
+    def channel_bounds(self, source: str, attrs: dict, out: Value, base: str) -> str:
+        """Per-channel saturation bounds as Max / Min with [1, C, 1, ...] constants (the ones
+        that narrow the type's range)."""
+        info = np.iinfo(out.dtype)
+        scale, zp = (np.asarray(a, np.float64) for a in (out.quant.scale, out.quant.zero_point))
+        shape = (1, -1) + (1,) * (len(out.shape) - 2)
+        for op, key, limit in (("Max", "qmin", info.min), ("Min", "qmax", info.max)):
+            codes = np.asarray(attrs[key], np.float64)
+            if (codes == limit).all():
+                continue
+            bound = ((codes - zp) * scale).astype(np.float32).reshape(shape)
+            result = self.fresh(f"{base}_{op.lower()}")
+            operand = self.constant(bound, f"{base}_{key}")
+            self.emit(op, [source, operand], [result], f"{base}/{op.lower()}")
+            source = result
+        return source
 
     def fused_clip(self, node: Node, source: str, target: str) -> None:
         """A float node's fused `clip` as a Relu or Clip writing `target`."""
@@ -175,12 +200,26 @@ class _Exporter:
         operands = node.inputs[:2] if node.op in ("QConv", "QGemm") else node.inputs
         operands = operands[:1] if node.op == "QSoftmax" else operands  # not the exp table
         inputs = [self.dequantize(v, f"{node.name}_in{i}") for i, v in enumerate(operands)]
-        if node.op in ("QConv", "QGemm"):
+        # onnxruntime fuses DQ -> Conv -> Q into QLinearConv, whose activations must be per
+        # tensor: with per-channel ones the bias is added after the Conv, out of that pattern
+        by_channel = any(v.quant.axis is not None for v in (node.inputs[0], out))
+        if node.op in ("QConv", "QGemm") and not by_channel:
             inputs.append(self.bias(node.inputs[2], node.name))
         y = self.fresh(f"{node.name}_float")
         keep = {k: attrs[k] for k in FLOAT_ATTRS[op] if k in attrs}
         self.emit(op, inputs, [y], node.name, **keep)
+        if node.op in ("QConv", "QGemm") and by_channel:
+            y = self.bias_after(y, node.inputs[2], len(out.shape), node.name)
         self.quantize(self.activation(y, attrs, out, node.name), out, node.name)
+
+    def bias_after(self, source: str, bias: Value, rank: int, base: str) -> str:
+        """`source` + the real bias, broadcast along axis 1."""
+        scale = np.asarray(bias.quant.scale, np.float64)
+        real = (bias.numpy().astype(np.float64) * scale).astype(np.float32)
+        operand = self.constant(real.reshape((1, -1) + (1,) * (rank - 2)), f"{base}_bias_float")
+        result = self.fresh(f"{base}_biased")
+        self.emit("Add", [source, operand], [result], f"{base}/bias")
+        return result
 
     def bias(self, bias: Value, base: str) -> str:
         """int32 biases dequantize in ONNX; int64 ones (int16 models) become float constants."""
@@ -195,9 +234,16 @@ class _Exporter:
         codes = self.fresh(f"{node.name}_codes")
         self.emit("Cast", [x.name], [codes], f"{node.name}/cast", to=onnx.TensorProto.INT32)
         index = self.fresh(f"{node.name}_index")
-        offset = self.constant(np.int32(np.iinfo(x.dtype).min), f"{node.name}_offset")
+        offset = np.int32(np.iinfo(x.dtype).min)
+        source = table.name
+        if len(table.shape) == 2:  # one table per channel: gather from the rows laid end to end
+            rows, width = table.shape
+            starts = np.arange(rows, dtype=np.int32) * np.int32(width) - offset
+            offset = -starts.reshape((1, -1) + (1,) * (len(x.shape) - 2))
+            source = self.constant(table.numpy().ravel(), f"{node.name}_rows")
+        offset = self.constant(offset, f"{node.name}_offset")
         self.emit("Sub", [codes, offset], [index], f"{node.name}/offset")
-        self.emit("Gather", [table.name, index], [node.output.name], node.name, axis=0)
+        self.emit("Gather", [source, index], [node.output.name], node.name, axis=0)
 
     def wrapped(self, node: Node) -> None:
         """Data movement on quantized values: DQ -> float op -> Q with the same parameters."""

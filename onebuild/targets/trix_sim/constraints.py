@@ -17,10 +17,14 @@ Constraint = Callable[[Node, Hardware], bool]
 def quantized_io(node: Node, hw: Hardware) -> bool:
     """inputs and output must be quantized tensors of a supported dtype (uint8 or int16)"""
     values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
-    return all(
-        v.quant is not None and v.dtype.name in hw.dtypes and len(v.quant.scale) == 1
-        for v in values
-    )
+    return all(v.quant is not None and v.dtype.name in hw.dtypes for v in values)
+
+
+def per_tensor_activations(node: Node, hw: Hardware) -> bool:
+    """activations must be quantized per tensor (values quantized per channel, by
+    quantize.activation_granularity = "channel", run on the CPU)"""
+    values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
+    return all(v.quant is None or len(v.quant.scale) == 1 for v in values)
 
 
 def batch_one(node: Node, hw: Hardware) -> bool:
@@ -170,7 +174,12 @@ def resize_on_grid(node: Node, hw: Hardware) -> bool:
     return node.attrs.get("mode", "nearest") in ("nearest", "linear") and bool(resize_taps(node))
 
 
-GENERIC: tuple[Constraint, ...] = (quantized_io, batch_one, channel_limit)  # every op
+GENERIC: tuple[Constraint, ...] = (  # every op
+    quantized_io,
+    per_tensor_activations,
+    batch_one,
+    channel_limit,
+)
 
 
 def reason(constraint: Constraint) -> str:

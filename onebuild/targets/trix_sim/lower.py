@@ -27,6 +27,7 @@ from .constraints import (
     kernel_size,
     move_fits_sram,
     pass_through_dtype,
+    per_tensor_activations,
     pool_without_ceil,
     quantized_io,
     reason,
@@ -304,7 +305,8 @@ def _concat(node: Node, ins: list[str], out: str) -> Layer:
 
 
 _MOVE = (pass_through_dtype, move_fits_sram)
-MOVING = (quantized_io, batch_one)  # no per-channel parameters: any number of channels
+# no per-channel parameters: any number of channels
+MOVING = (quantized_io, per_tensor_activations, batch_one)
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 

@@ -1,0 +1,166 @@
+"""Per-channel activation quantization on the edges into depthwise convolutions.
+
+In BatchNorm-folded mobile networks the channels of a depthwise convolution's input can differ
+in range by orders of magnitude (up to 350x in the PicoDet layout detector): with one scale per
+tensor, a quarter to half of them span fewer than 4 uint8 codes, and a depthwise convolution
+sees each channel alone. `quantize.activation_granularity = "channel"` gives the values of each
+edge
+
+    Conv (constant weights) -> [one lookup table: HardSwish, Relu, Clip, ...
+                                [-> Mul / Add / Sub by scalar constants]] -> depthwise Conv(s)
+
+one scale and zero point per channel (axis 1): the producing QConv requantizes each output
+channel to its own parameters, the table becomes one table per channel ([C, codes]) and the
+depthwise QConv centers each input channel by its zero point, with the multiplier
+s_x[c] * s_w[c] / s_y. Scalar Mul / Add / Sub after the table (PP-LCNetV3's learnable affine
+blocks) are absorbed into it: one table of the composed function, the intermediate values never
+quantized. 8-bit types only (int16 stays per tensor). Only whole edges whose
+every reader is one of these nodes qualify (nothing else ever reads a per-channel value), so no
+other kernel needs a per-channel form.
+"""
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import Graph, Node, Value
+from ..ops import OPS
+from ..tensor import QuantParams
+from .params import HEADROOM, channel_params
+
+log = logging.getLogger(__name__)
+# int16 keeps per-tensor parameters: its resolution to spare is plentiful, and one int16 table
+# per channel would take 128 KB each
+EIGHT_BIT = frozenset({"uint8", "int8"})
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A pointwise (or any) Conv -> [table] -> depthwise Conv(s) chain of the float graph."""
+
+    producer: Node
+    table: Node | None
+    depthwise: tuple[Node, ...]
+    values: tuple[Value, ...]  # the producer's output, and the table's (chain's) if there is one
+    affine: tuple[Node, ...] = ()  # scalar Mul / Add / Sub after the table, absorbed into it
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        table = (self.table, *self.affine) if self.table else ()
+        return (self.producer, *table, *self.depthwise)
+
+
+def _constant_conv(node: Node | None) -> bool:
+    if node is None or node.op != "Conv" or not node.inputs[1].is_const:
+        return False
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return bias is None or bias.is_const
+
+
+def _depthwise(node: Node, value: Value) -> bool:
+    """A Conv reading `value` where output channel c reads input channel c alone."""
+    if not _constant_conv(node) or node.inputs[0] is not value or len(value.shape) != 4:
+        return False
+    weight = node.inputs[1]
+    channels = value.shape[1]
+    return weight.shape[1] == 1 and node.attrs["group"] == channels == weight.shape[0] > 1
+
+
+def _table(node: Node | None) -> bool:
+    """A lookup-table op with one computed input and constant operands (Clip's bounds)."""
+    if node is None or OPS[node.op].quant != "lookup" or len(node.outputs) != 1:
+        return False
+    return not node.inputs[0].is_const and all(v is None or v.is_const for v in node.inputs[1:])
+
+
+def _scalar_affine(node: Node, value: Value) -> bool:
+    """A Mul, Add or Sub of `value` and a one-element constant."""
+    if node.op not in ("Mul", "Add", "Sub") or len(node.inputs) != 2 or "clip" in node.attrs:
+        return False
+    other = node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+    return other is not value and other.is_const and other.size == 1
+
+
+def _affine_chain(node: Node, outputs: set[int]) -> tuple[Node, ...]:
+    """The scalar affine ops that follow table `node` alone (each the only reader)."""
+    chain: list[Node] = []
+    value = node.outputs[0]
+    while id(value) not in outputs and len(value.users) == 1:
+        (user,) = value.users
+        if not _scalar_affine(user, value) or user.outputs[0].shape != value.shape:
+            break
+        chain.append(user)
+        value = user.outputs[0]
+    return tuple(chain)
+
+
+def depthwise_edges(graph: Graph) -> list[Edge]:
+    """Every edge of `graph` that per-channel activation quantization may use, in node order."""
+    outputs = {id(v) for v in graph.outputs}
+    found = []
+    for node in graph.nodes:
+        if not _table(node) and not _constant_conv(node):
+            continue
+        affine = _affine_chain(node, outputs) if _table(node) else ()
+        end = (affine[-1] if affine else node).outputs[0]
+        users = end.users
+        if id(end) in outputs or not users or not all(_depthwise(u, end) for u in users):
+            continue
+        if _constant_conv(node):
+            found.append(Edge(node, None, tuple(users), (end,)))
+            continue
+        start = node.inputs[0]
+        if id(start) in outputs or start.users != [node] or not _constant_conv(start.producer):
+            continue
+        found.append(Edge(start.producer, node, tuple(users), (start, end), affine))
+    return found
+
+
+def edge_values(graph: Graph) -> list[str]:
+    """The names of the values on those edges: calibration observes each channel's range."""
+    return [value.name for edge in depthwise_edges(graph) for value in edge.values]
+
+
+def chosen_edges(
+    graph: Graph,
+    dtype_of: Callable[[Node], str | None],
+    channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> list[tuple[Edge, str]]:
+    """The edges quantized per channel, each with its dtype: those whose nodes all run in one
+    8-bit dtype (`dtype_of`: None for float) and whose per-channel ranges calibration
+    recorded (older statistics lack them: that edge stays per tensor)."""
+    chosen = []
+    for edge in depthwise_edges(graph):
+        dtypes = {dtype_of(node) for node in edge.nodes}
+        if len(dtypes) != 1 or not dtypes <= EIGHT_BIT:
+            continue
+        missing = [v.name for v in edge.values if v.name not in channel_ranges]
+        if missing:
+            log.warning(
+                "no per-channel ranges for '%s' in the calibration statistics; it stays "
+                "quantized per tensor (recalibrate)",
+                missing[0],
+            )
+            continue
+        (dtype,) = dtypes
+        chosen.append((edge, dtype))
+    return chosen
+
+
+Narrow = Callable[[float, float, int], tuple[float, float]]
+
+
+def edge_params(
+    ranges: tuple[np.ndarray, np.ndarray], dtype: str, narrow: Narrow | None
+) -> QuantParams:
+    """Per-channel parameters from each channel's calibrated min/max (the calibration
+    method's per-tensor clipping, set by the widest channels, is not applied), each range
+    narrowed by `narrow(lo, hi, channel)` when given (where a table still changes code)."""
+    headroom = HEADROOM.get(dtype, 1.0)
+    low, high = (np.asarray(a, np.float64) * headroom for a in ranges)
+    if narrow is not None:
+        pairs = [narrow(float(a), float(b), c) for c, (a, b) in enumerate(zip(low, high))]
+        low, high = np.array(pairs, np.float64).reshape(-1, 2).T
+    return channel_params(low, high, dtype)
