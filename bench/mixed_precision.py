@@ -13,6 +13,7 @@ calibrated range, and the largest overshoot as a share of that range). SQNR is t
 output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
+        [--options '{"activation_granularity": "channel"}']
 
 On a machine shared with other jobs, run it with OPENBLAS_NUM_THREADS=1: multi-threaded BLAS
 spins there (up to 10x slower on small products) and its summation order moves the float
@@ -58,14 +59,14 @@ def _fixed(spec, work: Path) -> Path:
     return path
 
 
-def _mixed(path: Path, batch, target: float):
+def _mixed(path: Path, batch, target: float, options: dict):
     """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
     seconds))."""
     start, cpu = time.perf_counter(), time.process_time()
     model = optimize(load_onnx(path))
     stats = calibrate(model.main, [("calibration", batch)])
-    options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=target))
-    model = quantize(model, options, stats, [batch])
+    mixed = MixedPrecisionOptions(target_sqnr_db=target)
+    model = quantize(model, QuantizeOptions(mixed_precision=mixed, **options), stats, [batch])
     return model, (time.perf_counter() - start, time.process_time() - cpu)
 
 
@@ -123,7 +124,7 @@ def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
     }
 
 
-def measure(spec, count: int, target: float, layers: bool, work: Path) -> dict:
+def measure(spec, count: int, target: float, layers: bool, work: Path, options: dict) -> dict:
     path = _fixed(spec, work)
     calib, held_out = samples(spec, count)
     float_graph = optimize(load_onnx(path)).main
@@ -137,13 +138,14 @@ def measure(spec, count: int, target: float, layers: bool, work: Path) -> dict:
     }
     plain = {}
     for dtype in ("uint8", "int16"):
-        quantized = quantize(optimize(load_onnx(path)), QuantizeOptions(dtype=dtype), stats).main
+        settings = QuantizeOptions(dtype=dtype, **options)
+        quantized = quantize(optimize(load_onnx(path)), settings, stats).main
         plain[dtype] = quantized
         entry[f"{dtype}_sqnr_db"] = {
             "calibration": _worst_db(float_graph, quantized, calib_batch),
             "held_out": _worst_db(float_graph, quantized, held_batch),
         }
-    model, seconds = _mixed(path, calib_batch, target)
+    model, seconds = _mixed(path, calib_batch, target, options)
     record = json.loads(model.metadata["mixed_precision"])
     ort_seconds = _ort_seconds(path, x, calib, work)
     entry["mixed_precision"] = {
@@ -174,13 +176,16 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
     parser.add_argument("--target", type=float, default=30.0, help="target_sqnr_db")
     parser.add_argument("--layers", action="store_true", help="per-layer and clipping tables")
+    parser.add_argument("--options", default="{}", help='QuantizeOptions as JSON, e.g. '
+                        '\'{"activation_granularity": "channel"}\'')  # fmt: skip
     args = parser.parse_args()
     wanted = {m for m in args.models.split(",") if m}
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for spec in MODELS:
             if not wanted or spec.name in wanted:
-                entry = measure(spec, args.samples, args.target, args.layers, Path(folder))
+                options = json.loads(args.options)
+                entry = measure(spec, args.samples, args.target, args.layers, Path(folder), options)
                 results.append(entry)
                 print(json.dumps(entry), flush=True)
     print(json.dumps(results, indent=2))
