@@ -6,9 +6,11 @@ propagated (each quantized model runs on its own activations, as deployed). onnx
 are the outputs of the DequantizeLinear nodes of its QDQ model (exposed as outputs);
 onebuild's are the integer reference interpreter's codes, dequantized. Settings as the like for
 like entry of `quantize_vs_ort.py` (uint8, per-channel int8 weights, MinMax, no bias
-correction). Prints JSON rows in graph order, then the worst rows of each.
+correction). Prints JSON rows in graph order, then the worst rows of each. `--sample I` measures
+the I-th evaluation sample alone (a total over several can be dominated by one).
 
-    python bench/quant_layers.py layout_cdla [--samples 4] [--options '{"method": "mse"}']
+    python bench/quant_layers.py layout_cdla [--samples 4] [--sample I]
+        [--options '{"method": "mse"}']
 """
 
 import argparse
@@ -104,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=[m.name for m in MODELS] + ["digits"])
     parser.add_argument("--samples", type=int, default=4, help="evaluation samples (at most)")
+    parser.add_argument("--sample", type=int, help="only this evaluation sample (its index)")
     parser.add_argument("--options", default='{"bias_correction": false}', help="onebuild's")
     parser.add_argument("--worst", type=int, default=15)
     args = parser.parse_args()
@@ -111,6 +114,8 @@ def main() -> None:
         work = Path(folder)
         proto, calib, evaluation = _model(args.model)
         evaluation = evaluation[: args.samples]
+        if args.sample is not None:
+            evaluation = evaluation[args.sample : args.sample + 1]
         path = work / f"{args.model}.onnx"
         onnx.save(proto, path)
         x = proto.graph.input[0].name

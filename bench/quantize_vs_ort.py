@@ -23,8 +23,17 @@ and Inception-v2 graphs with seeded random weights fed seeded uniform [0, 1) ima
 several outputs is measured on all of them together (`sqnr_db`) and on each alone
 (`sqnr_db_per_output`): the total is dominated by the outputs with the largest values.
 
+With `--jitter K`, the like-for-like settings (`onebuild_plain`, `onebuild`, `onnxruntime`) are
+also run K more times with every activation scale multiplied by its own factor 1 + 0.003 z (z
+standard normal, seeded per run): onebuild's calibrated ranges, onnxruntime's QDQ scales. Such a
+change is neutral on average, so the spread of the SQNRs (`sqnr_db_jitter`: mean, standard
+deviation and each run, the unperturbed run first) is the measurement's own noise: a difference
+between the tools smaller than it says nothing. With `--ort-pre`, `onnxruntime_pre` is
+onnxruntime's quantize_static of the model after its own `quant_pre_process` (which folds
+BatchNormalization into the Conv before it; without it onnxruntime leaves both in float).
+
     python bench/quantize_vs_ort.py [--samples 16] [--models layout_cdla,ocr_cls,...]
-        [--variants onebuild_plain,onebuild_mse,...]
+        [--variants onebuild_plain,onebuild_mse,...] [--jitter 4] [--ort-pre]
 """
 
 import argparse
@@ -44,6 +53,7 @@ from onnxruntime.quantization import (
     QuantType,
     quantize_static,
 )
+from ort_variants import jitter_qdq, jitter_ranges, preprocess
 from real_models import MODELS, fetch, samples
 
 from onebuild.compile import QuantizeOptions, equalize, quantize
@@ -133,9 +143,10 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
 }
 
 
-def _onebuild(path: Path, shapes, calib, work: Path, method="minmax", **options):
+def _onebuild(path: Path, shapes, calib, work: Path, method="minmax", jitter=None, **options):
     """File in -> quantized IR file out through the compile API (import, O1, [equalization],
-    calibration, quantization, write): (float graph, quantized graph, seconds)."""
+    calibration, quantization, write): (float graph, quantized graph, seconds). `jitter`: a
+    seed; each calibrated range [lo, hi] becomes [lo f, hi f] with its jitter factor f."""
     start = time.perf_counter()
     model = load_onnx(path, shapes)
     run_preset(model)
@@ -143,15 +154,30 @@ def _onebuild(path: Path, shapes, calib, work: Path, method="minmax", **options)
     graph = equalize(model.main, settings)
     batch = {graph.inputs[0].name: calib}
     stats = calibrate(graph, batch, method)
+    if jitter is not None:
+        stats.ranges = jitter_ranges(stats.ranges, jitter)
     done = replace(settings, equalization=False)  # equalized once, as the build's steps do
     quantized = quantize(model, done, stats, [batch]).main
     save_ir(model, work / f"{path.stem}.obir")
     return graph, quantized, time.perf_counter() - start
 
 
-def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every=False, variants=()):
+def compare(
+    name: str,
+    path: Path,
+    shapes,
+    calib,
+    evaluation,
+    work: Path,
+    every=False,
+    variants=(),
+    jitter=0,
+    ort_pre=False,
+):
     """Both quantizers on one model; `every`: measure all outputs (together and each alone),
-    else the last (the logits); `variants`: the keys of `VARIANTS` to run (default: all)."""
+    else the last (the logits); `variants`: the keys of `VARIANTS` to run (default: all);
+    `jitter`: runs with perturbed activation scales of the like-for-like settings; `ort_pre`:
+    onnxruntime on its own pre-processed model too."""
     sqnr, per_output, seconds, reference = {}, {}, {}, None
     for key, options in VARIANTS.items():
         if variants and key not in variants:
@@ -178,6 +204,12 @@ def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every=
     sqnr["onnxruntime"] = _sqnr(reference, theirs)
     per_output["onnxruntime"] = _per_output(names, reference, theirs)
     seconds["onnxruntime"] = round(ort_seconds, 3)
+    if ort_pre:  # BatchNormalization folded first, as onnxruntime recommends
+        preprocess(path, work / f"{name}.pre.onnx")
+        ort_quantize(work / f"{name}.pre.onnx", work / f"{name}.pre.qdq.onnx", x, calib)
+        theirs = _session_run(_session(str(work / f"{name}.pre.qdq.onnx")), x, names, evaluation)
+        sqnr["onnxruntime_pre"] = _sqnr(reference, theirs)
+        per_output["onnxruntime_pre"] = _per_output(names, reference, theirs)
     result = {
         "model": name,
         "calibration_samples": len(calib),
@@ -188,6 +220,23 @@ def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every=
     }
     if len(names) > 1:  # the total is dominated by the outputs of the largest values
         result["sqnr_db_per_output"] = per_output
+    if jitter:
+        runs = {k: [sqnr[k]] for k in ("onebuild_plain", "onebuild", "onnxruntime") if k in sqnr}
+        qdq = onnx.load(work / f"{name}.qdq.onnx")
+        for seed in range(1, jitter + 1):
+            for key in runs:
+                if key == "onnxruntime":
+                    session = _session(jitter_qdq(qdq, seed).SerializeToString())
+                    runs[key].append(_sqnr(reference, _session_run(session, x, names, evaluation)))
+                else:
+                    _, quantized, _ = _onebuild(
+                        path, shapes, calib, work, jitter=seed, **VARIANTS[key]
+                    )
+                    runs[key].append(_sqnr(reference, _run(quantized, x, names, evaluation)))
+        result["sqnr_db_jitter"] = {
+            k: {"mean": round(float(np.mean(v)), 2), "std": round(float(np.std(v)), 2), "runs": v}
+            for k, v in runs.items()
+        }
     ratios = (("onebuild", "time_ratio"), ("onebuild_cle", "time_ratio_cle"))
     for key, label in (*ratios, ("onebuild_pcact", "time_ratio_pcact")):
         if key in seconds:
@@ -195,7 +244,7 @@ def compare(name: str, path: Path, shapes, calib, evaluation, work: Path, every=
     return result
 
 
-def _real(count: int, work: Path, wanted, variants) -> list[dict]:
+def _real(count: int, work: Path, wanted, variants, **extra) -> list[dict]:
     results = []
     for spec in MODELS:
         if wanted and spec.name not in wanted:
@@ -209,7 +258,7 @@ def _real(count: int, work: Path, wanted, variants) -> list[dict]:
             dim.dim_value = size
         fixed = work / f"{spec.name}.onnx"
         onnx.save(proto, fixed)
-        entry = compare(spec.name, fixed, None, calib, evaluation, work, True, variants)
+        entry = compare(spec.name, fixed, None, calib, evaluation, work, True, variants, **extra)
         results.append({"description": spec.description, **entry})
     return results
 
@@ -219,20 +268,23 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16, help="samples per set (at most)")
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
     parser.add_argument("--variants", default="", help="onebuild variants (default: all)")
+    parser.add_argument("--jitter", type=int, default=0, help="perturbed runs (noise estimate)")
+    parser.add_argument("--ort-pre", action="store_true", help="onnxruntime pre-processed too")
     args = parser.parse_args()
     wanted = {m for m in args.models.split(",") if m}
     variants = {v for v in args.variants.split(",") if v}
+    extra = {"jitter": args.jitter, "ort_pre": args.ort_pre}
     results = []
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        results += _real(args.samples, work, wanted, variants)
+        results += _real(args.samples, work, wanted, variants, **extra)
         if not wanted or "digits" in wanted:
             calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
             evaluation = read_npz(DIGITS / "data" / "test.npz")["input"]
             shapes = {"input": [1, 1, 8, 8]}
             path = DIGITS / "digits.onnx"
             results.append(
-                compare("digits", path, shapes, calib, evaluation, work, False, variants)
+                compare("digits", path, shapes, calib, evaluation, work, False, variants, **extra)
             )
         for name in LIGHT:
             if wanted and name not in wanted:
@@ -246,7 +298,9 @@ def main() -> None:
             rng = np.random.default_rng(7)
             calib = rng.random((args.samples, *shape), dtype=np.float32)
             evaluation = rng.random((args.samples, *shape), dtype=np.float32)
-            results.append(compare(name, path, None, calib, evaluation, work, False, variants))
+            results.append(
+                compare(name, path, None, calib, evaluation, work, False, variants, **extra)
+            )
     print(json.dumps(results, indent=2))
 
 

@@ -1,0 +1,56 @@
+"""Helpers of `quantize_vs_ort.py` that need only numpy and onnx: neutral jitter of activation
+scales (the measurement's noise) and onnxruntime's recommended pre-processing."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+JITTER = 0.003  # relative standard deviation of each activation scale in a jitter run
+
+
+def factors(names, seed: int) -> dict[str, float]:
+    """One factor 1 + JITTER z per distinct name (in sorted order), z standard normal drawn
+    from `seed`."""
+    names = sorted(set(names))
+    z = np.random.default_rng(seed).standard_normal(len(names))
+    return dict(zip(names, (1.0 + JITTER * z).tolist()))
+
+
+def jitter_ranges(ranges: dict[str, tuple[float, float]], seed: int) -> dict:
+    """Each calibrated range [lo, hi] as [lo f, hi f] with its factor f: the scale times f, the
+    zero point (nearly) unchanged."""
+    scale = factors(ranges, seed)
+    return {name: (lo * scale[name], hi * scale[name]) for name, (lo, hi) in ranges.items()}
+
+
+def jitter_qdq(proto: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """A copy of a QDQ model with every activation scale (the initializer its QuantizeLinear
+    shares with its DequantizeLinear) multiplied by its factor; weights are left alone."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    inits = {i.name: i for i in copy.graph.initializer}
+    names = [
+        n.input[1]
+        for n in copy.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits
+    ]
+    for name, factor in factors(names, seed).items():
+        scale = onnx.numpy_helper.to_array(inits[name]).astype(np.float64) * factor
+        inits[name].CopyFrom(onnx.numpy_helper.from_array(scale.astype(np.float32), name))
+    return copy
+
+
+def preprocess(path: Path, output: Path) -> None:
+    """onnxruntime's `quant_pre_process` (shape inference and its graph optimizations, which
+    fold BatchNormalization into the Conv before it), as its quantizer's warning recommends;
+    opsets below 13 are converted to 13, where quantize_static's per-channel DequantizeLinear
+    (an `axis` attribute) is valid."""
+    from onnx import version_converter
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    quant_pre_process(str(path), str(output), skip_symbolic_shape=True)
+    proto = onnx.load(output)
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 13:
+        onnx.save(version_converter.convert_version(proto, 13), output)
