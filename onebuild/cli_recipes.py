@@ -12,14 +12,19 @@ from .plan import PLAN_FILE, load_plan
 
 
 def cmd_convert_cfg(args) -> int:
-    """A onecc .cfg as a recipe beside it (or at -o); replaces only a recipe it wrote itself."""
+    """A onecc .cfg as a recipe beside it (or at -o); replaces only a recipe it wrote itself
+    and nobody edited since."""
     from .fileio import atomic_write_bytes
-    from .onecc_cfg import HEADER, convert_cfg
+    from .onecc_cfg import convert_cfg, unchanged_translation
 
     cfg = Path(args.cfg)
     target = Path(args.output) if args.output else cfg.with_suffix(".toml")
-    if target.exists() and not target.read_bytes().startswith(HEADER.encode()):
-        raise UserError(f"{target}: exists and was not written by convert-cfg; choose -o PATH")
+    if target.exists():
+        text = target.read_bytes()[: 1 << 20].decode("utf-8", "replace")
+        if not unchanged_translation(text):
+            raise UserError(
+                f"{target}: exists and is not an unedited convert-cfg translation; choose -o PATH"
+            )
     converted = convert_cfg(cfg, target)
     atomic_write_bytes(target, converted.text.encode())
     for note in converted.notes:

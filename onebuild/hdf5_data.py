@@ -3,8 +3,9 @@
 Layout (rawdata2hdf5 writes it): a group `value` holding one group per sample, named `0`, `1`,
 ...; in each, one dataset per model input, named by its position `0`, `1`, .... A dataset is
 either an array of the input's shape, or (with the attribute `rawData` on `value`) the raw
-bytes of the float32 input. Read with h5py (the `onecc` extra), sizes checked before data, a
-bounded number of samples at a time; nothing is executed or unpickled.
+bytes of the float32 input. Read with h5py (the `onecc` extra), shapes and sizes checked before
+data, at most CHUNK_SAMPLES samples in memory at a time (the data limit applies to them);
+nothing is executed or unpickled.
 """
 
 from collections.abc import Iterator, Sequence
@@ -33,7 +34,7 @@ def _h5py():
 
 def _sample_names(path: Path, group) -> list[str]:
     names = list(group.keys())
-    if not names or not all(name.isdigit() for name in names):
+    if not names or not all(name.isascii() and name.isdecimal() for name in names):
         raise FormatError(f"{path}: the 'value' group must hold samples named 0, 1, ...")
     return sorted(names, key=int)
 
@@ -42,11 +43,14 @@ def _input_array(path: Path, sample: str, dataset, raw: bool, shape) -> np.ndarr
     where = f"{path}: value/{sample}/{dataset.name.rsplit('/', 1)[-1]}"
     if dataset.dtype.kind not in "biuf" or dataset.dtype.fields is not None:
         raise FormatError(f"{where}: {dataset.dtype} is not numbers")
-    expected = int(np.prod(shape)) * (RAW_DTYPE.itemsize if raw else 1)
-    count = int(dataset.size) * (dataset.dtype.itemsize if raw else 1)
-    if count != expected:
-        what = "bytes" if raw else "values"
-        raise FormatError(f"{where}: {count} {what}, the input {list(shape)} needs {expected}")
+    if dataset.shape is None:
+        raise FormatError(f"{where}: an empty dataset")
+    if raw:
+        count, expected = int(dataset.size) * dataset.dtype.itemsize, int(np.prod(shape)) * 4
+        if count != expected:
+            raise FormatError(f"{where}: {count} bytes, the input {list(shape)} needs {expected}")
+    elif tuple(dataset.shape) != tuple(shape):
+        raise FormatError(f"{where}: shape {list(dataset.shape)}, the input is {list(shape)}")
     data = dataset[()]
     if raw:
         return np.frombuffer(np.asarray(data).tobytes(), RAW_DTYPE).reshape(shape)
@@ -69,25 +73,33 @@ def iter_hdf5(
         raw = "rawData" in group.attrs
         names = _sample_names(path, group)
         sample_bytes = sum(int(np.prod(shape)) * 4 for _, shape in inputs)
-        if sample_bytes * len(names) > byte_limit():
+        if sample_bytes * min(len(names), CHUNK_SAMPLES) > byte_limit():
             raise UserError(
-                f"{path}: {len(names)} samples of {sample_bytes} bytes exceed the data limit "
-                "(ONEBUILD_MAX_NPZ_BYTES)"
+                f"{path}: {CHUNK_SAMPLES} samples of {sample_bytes} bytes at a time exceed the "
+                "data limit (ONEBUILD_MAX_NPZ_BYTES)"
             )
         for start in range(0, len(names), CHUNK_SAMPLES):
             chunk = names[start : start + CHUNK_SAMPLES]
             batch = {name: [] for name, _ in inputs}
             for sample in chunk:
-                datasets = group[sample]
-                if not isinstance(datasets, h5py.Group) or len(datasets) != len(inputs):
-                    raise FormatError(
-                        f"{path}: value/{sample} must hold {len(inputs)} dataset(s), one per "
-                        "model input"
-                    )
-                for index, (name, shape) in enumerate(inputs):
-                    dataset = datasets.get(str(index))
-                    if not isinstance(dataset, h5py.Dataset):
-                        raise FormatError(f"{path}: value/{sample} has no dataset '{index}'")
-                    batch[name].append(_input_array(path, sample, dataset, raw, shape))
+                try:
+                    _read_sample(h5py, path, group, sample, inputs, raw, batch)
+                except (OSError, KeyError, ValueError, TypeError) as error:
+                    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                    raise FormatError(f"{path}: value/{sample} cannot be read ({first})") from None
             where = f"{path} (samples {chunk[0]}-{chunk[-1]})"
             yield where, {name: np.stack(arrays) for name, arrays in batch.items()}
+
+
+def _read_sample(h5py, path: Path, group, sample: str, inputs, raw: bool, batch) -> None:
+    """Append each input's array of sample `sample` to `batch`."""
+    datasets = group.get(sample)
+    if not isinstance(datasets, h5py.Group) or len(datasets) != len(inputs):
+        raise FormatError(
+            f"{path}: value/{sample} must hold {len(inputs)} dataset(s), one per model input"
+        )
+    for index, (name, shape) in enumerate(inputs):
+        dataset = datasets.get(str(index))
+        if not isinstance(dataset, h5py.Dataset):
+            raise FormatError(f"{path}: value/{sample} has no dataset '{index}'")
+        batch[name].append(_input_array(path, sample, dataset, raw, shape))

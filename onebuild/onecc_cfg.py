@@ -13,6 +13,7 @@ nothing is dropped silently. The file is parsed as data (configparser, no interp
 """
 
 import configparser
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +33,17 @@ ELSEWHERE = {  # onecc steps onebuild does not run, and what to do instead
 STEPS = {*IMPORTS, *ELSEWHERE, "one-optimize", "one-quantize", "one-partition", "one-codegen",
          "one-pack"}  # fmt: skip
 IGNORED = {"input_path", "output_path", "verbose", "save_intermediate", "generate_profile_data"}
+PARTITION_IGNORED = {"input_file", "work_path"}  # the model and folder onecc chains through
 IMPORT_KEYS = {"keep_io_order", "unroll_rnn", "unroll_lstm", "dynamic_batch_to_single_batch",
                "experimental_disable_batchmatmul_unfold"}  # fmt: skip
 QUANTIZE_KEYS = {
-    "quantized_dtype", "granularity", "input_type", "output_type", "input_dtype", "input_data",
+    "quantized_dtype", "granularity", "input_type", "output_type", "input_dtype",
+    "input_model_dtype", "input_data",
     "input_data_format", "mode", "min_percentile", "max_percentile", "moving_avg_batch",
     "moving_avg_const",
 }  # fmt: skip
 CODEGEN_TARGETS = {"trix": "trix_sim", "trix_sim": "trix_sim"}
-HEADER = "# Translated from a onecc configuration by `onebuild convert-cfg`"
+HEADER = "# Translated from a onecc configuration by onebuild convert-cfg"
 
 
 @dataclass
@@ -66,11 +69,11 @@ def _read(path: Path) -> configparser.ConfigParser:
 
 
 def _flag(path: Path, section: str, key: str, text: str) -> bool:
-    if text.strip().lower() in ("true", "1", "yes"):
-        return True
-    if text.strip().lower() in ("false", "0", "no", ""):
-        return False
-    raise UserError(f"{path}: [{section}] {key} = {text!r} is not True or False")
+    """A boolean as onecc reads it (configparser's getboolean: 1/yes/true/on, 0/no/false/off)."""
+    state = configparser.ConfigParser.BOOLEAN_STATES.get(text.strip().lower())
+    if state is None:
+        raise UserError(f"{path}: [{section}] {key} = {text!r} is not a boolean (True or False)")
+    return state
 
 
 class _Converter:
@@ -95,27 +98,39 @@ class _Converter:
                 raise self.fail(section, key, f"not translated (onebuild reads: {accepted})")
         return values
 
-    def relative(self, section: str, key: str, text: str) -> str:
-        """A cfg path (relative to the cfg's folder) relative to the recipe's folder."""
-        target = (self.path.parent / text.strip()).resolve()
-        if not target.exists():
+    def relative(self, section: str, key: str, text: str, exists: bool = True) -> str:
+        """A cfg path (relative to the cfg's folder) relative to the recipe's folder; with
+        `exists`, the file must be there."""
+        try:
+            target = (self.path.parent / text.strip()).resolve()
+            found = target.exists()
+        except (OSError, ValueError) as error:
+            raise self.fail(section, key, f"not a usable path ({error})") from None
+        if exists and not found:
             raise self.fail(section, key, f"{target} does not exist")
         return Path(os.path.relpath(target, self.recipe.parent.resolve())).as_posix()
 
     def steps(self) -> list[str]:
-        if not self.cfg.has_section("onecc"):
+        section = next((s for s in ("onecc", "one-build") if self.cfg.has_section(s)), None)
+        if section is None:
             raise UserError(f"{self.path}: no [onecc] section (which steps run)")
-        enabled = []
-        for key, text in self.cfg.items("onecc"):
+        enabled, include = [], None
+        for key, text in self.cfg.items(section):
             if key == "include":
-                self.comments.setdefault("optimize", []).append(f"onecc include = {text}")
+                include = text
                 continue
             if key not in STEPS:
-                raise self.fail("onecc", key, f"unknown step (known: {', '.join(sorted(STEPS))})")
-            if _flag(self.path, "onecc", key, text):
+                raise self.fail(section, key, f"unknown step (known: {', '.join(sorted(STEPS))})")
+            if _flag(self.path, section, key, text):
                 if key in ELSEWHERE:
-                    raise self.fail("onecc", key, f"onebuild has no such step: {ELSEWHERE[key]}")
+                    raise self.fail(section, key, f"onebuild has no such step: {ELSEWHERE[key]}")
                 enabled.append(key)
+        if include is not None:
+            if "one-optimize" not in enabled:
+                raise self.fail(
+                    section, "include", "names optimization options: turn on one-optimize"
+                )
+            self.comments.setdefault("optimize", []).append(f"onecc include = {include}")
         imports = [step for step in enabled if step in IMPORTS]
         if len(imports) != 1:
             raise UserError(
@@ -126,6 +141,9 @@ class _Converter:
 
     def backend(self) -> None:
         if self.cfg.has_section("backend"):
+            for key in self.cfg.options("backend"):
+                if key != "target":
+                    raise self.fail("backend", key, "not translated (onebuild reads: target)")
             target = self.cfg.get("backend", "target", fallback="").strip()
             if target and target.lower() not in CODEGEN_TARGETS:
                 raise self.fail("backend", "target", f"'{target}' is not a TRIX target here")
@@ -143,8 +161,14 @@ class _Converter:
             ]
 
     def optimize_step(self) -> None:
-        values = self.options("one-optimize", set(self.cfg.options("one-optimize")))
-        flags = sorted(k for k, v in values.items() if k not in IGNORED and v.strip() == "True")
+        if not self.cfg.has_section("one-optimize"):
+            raise UserError(f"{self.path}: [onecc] turns one-optimize on but there is no section")
+        values = dict(self.cfg.items("one-optimize"))
+        flags = sorted(
+            k
+            for k, v in values.items()
+            if k not in IGNORED and _flag(self.path, "one-optimize", k, v)
+        )
         self.data["optimize"] = {"preset": "O1"}
         self.comments.setdefault("optimize", []).append(
             "onebuild's O1 (docs: README, 'O1 passes') stands for one-optimize's passes"
@@ -156,8 +180,9 @@ class _Converter:
         dtype = values.get("quantized_dtype", "uint8").strip()
         if dtype not in ("uint8", "int16"):
             raise self.fail("one-quantize", "quantized_dtype", f"'{dtype}': use uint8 or int16")
-        if values.get("input_dtype", "float32").strip() != "float32":
-            raise self.fail("one-quantize", "input_dtype", "only float32 models are quantized")
+        for key in ("input_dtype", "input_model_dtype"):
+            if values.get(key, "float32").strip() != "float32":
+                raise self.fail("one-quantize", key, "only float32 models are quantized")
         step = {
             "dtype": dtype,
             "granularity": values.get("granularity", "layer").strip(),
@@ -178,11 +203,15 @@ class _Converter:
         if mode == "moving_average":
             numbers = {"moving_avg_batch": 16, "moving_avg_const": 0.1}
         for key, default in numbers.items():
-            text = values.get(key, str(default))
+            text = values.get(key, str(default)).strip()
             try:
-                step[key] = type(default)(float(text)) if isinstance(default, int) else float(text)
-            except ValueError:
-                raise self.fail("one-quantize", key, f"'{text}' is not a number") from None
+                step[key] = type(default)(text)
+            except (ValueError, OverflowError):
+                kind = "an integer" if isinstance(default, int) else "a number"
+                raise self.fail("one-quantize", key, f"'{text}' is not {kind}") from None
+        other = {"min_percentile", "max_percentile", "moving_avg_batch", "moving_avg_const"}
+        for key in sorted(other - set(numbers) & set(values)):
+            raise self.fail("one-quantize", key, f"has no effect with mode = {mode}")
         self.calibration(values, step)
         self.data["quantize"] = step
 
@@ -206,15 +235,16 @@ class _Converter:
         step["calibration"] = self.relative("one-quantize", "input_data", data)
 
     def partition_step(self) -> None:
-        values = self.options("one-partition", {"backends", "default", "part_file", "input_file"})
+        values = self.options(
+            "one-partition", {"backends", "default", "part_file"} | PARTITION_IGNORED
+        )
         step = {}
         if "backends" in values:
             step["backends"] = [b.strip() for b in values["backends"].split(",") if b.strip()]
         if "default" in values:
             step["default"] = values["default"].strip()
-        part = values.get("part_file") or values.get("input_file")
-        if part:
-            step["part_file"] = self.relative("one-partition", "part_file", part)
+        if values.get("part_file", "").strip():
+            step["part_file"] = self.relative("one-partition", "part_file", values["part_file"])
         self.data["partition"] = step
 
     def codegen_step(self) -> None:
@@ -237,10 +267,7 @@ class _Converter:
         output = values.get("output_path", "").strip()
         if not output:
             raise self.fail("one-pack", "output_path", "missing (the nnpackage to write)")
-        target = (self.path.parent / output).resolve()
-        self.data["pack"] = {
-            "output": Path(os.path.relpath(target, self.recipe.parent.resolve())).as_posix()
-        }
+        self.data["pack"] = {"output": self.relative("one-pack", "output_path", output, False)}
 
     def run(self) -> Converted:
         self.backend()
@@ -250,14 +277,25 @@ class _Converter:
                 self.import_step(step)
             else:
                 getattr(self, step.removeprefix("one-") + "_step")()
-        header = f"{HEADER} ({self.path.name});\n# ONE's defaults are spelled out.\n"
         sections = []
         for name in ("import", "optimize", "quantize", "partition", "codegen", "pack"):
             if name not in self.data:
                 continue
             comments = "".join(f"# {line}\n" for line in self.comments.get(name, []))
             sections.append(comments + toml.dumps({name: self.data[name]}))
-        return Converted(header + "\n".join(sections), self.notes)
+        body = f"# From {self.path.name}; ONE's defaults are spelled out.\n" + "\n".join(sections)
+        return Converted(f"{HEADER}, sha256 {_digest(body)}\n{body}", self.notes)
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def unchanged_translation(text: str) -> bool:
+    """Whether a recipe's text is a translation this module wrote, not edited since: its
+    first line records the digest of the rest."""
+    first, _, body = text.partition("\n")
+    return first == f"{HEADER}, sha256 {_digest(body)}"
 
 
 def convert_cfg(path: str | os.PathLike, recipe: str | os.PathLike) -> Converted:

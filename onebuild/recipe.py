@@ -74,7 +74,7 @@ class QuantizeLayer(_Section):
 class QuantizeAccuracy(_Section):
     """Compare the quantized model with the float one; fail the build below a threshold."""
 
-    data: str = Field(description="evaluation samples: npz or folder of npz/npy files")
+    data: str = Field(description="evaluation samples: npz, folder of npz/npy files, or .h5")
     labels: str | None = Field(default=None, description="npz with one array of class labels")
     min_sqnr_db: float | None = None
     min_top1_match: float | None = Field(default=None, ge=0, le=1)
@@ -106,7 +106,9 @@ class QuantizeStep(_Section):
     mode: Literal["full", "weight_only"] = _Q.mode
     dtype: Literal["uint8", "int8", "int16"] = _Q.dtype
     granularity: Literal["channel", "layer"] = _Q.granularity
-    calibration: str | None = Field(default=None, description="npz or folder of npz/npy files")
+    calibration: str | None = Field(
+        default=None, description="npz, folder of npz/npy files, or ONE's HDF5 input data (.h5)"
+    )
     random_calibration: bool = Field(
         default=False, description="calibrate on random data when there is none (inaccurate)"
     )
@@ -313,8 +315,9 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     ):
         raise UserError(
             f"{path}: quantize.calibration: full quantization needs calibration data (an "
-            "npz file or a folder of npz/npy files); quantize.random_calibration = true "
-            "calibrates on random data instead, which costs accuracy"
+            "npz file, a folder of npz/npy files or ONE's .h5 data); "
+            "quantize.random_calibration = true calibrates on random data instead, which costs "
+            "accuracy"
         )
     for key, wants in (
         ("mixed_precision", quantize and quantize["mixed_precision"]),

@@ -135,6 +135,20 @@ def test_cfg_builds_what_the_handwritten_recipe_builds(project):
         (("backend=trix\n", "backend=npu9\n"), "[one-codegen] backend"),
         (("[one-pack]", "[one-packing]"), "no [one-pack]"),
         (("[onecc]", "[onecc\n"), "model.cfg"),
+        (("[one-optimize]", "[one-optimizer]"), "one-optimize"),
+        (("target=trix", "target=trix\ncommand=x"), "[backend] command"),
+        (
+            (
+                "granularity=channel",
+                "granularity=channel\nmode=moving_average\nmoving_avg_batch=inf",
+            ),
+            "[one-quantize] moving_avg_batch",
+        ),
+        (
+            ("granularity=channel", "granularity=channel\nmin_percentile=5\nmode=moving_average"),
+            "[one-quantize] min_percentile",
+        ),
+        (("input_data=calib.h5", "input_data=ca\x00lib.h5"), "[one-quantize] input_data"),
     ],
 )
 def test_untranslatable_keys_are_named(project, edit, names):
@@ -145,12 +159,17 @@ def test_untranslatable_keys_are_named(project, edit, names):
     assert "Traceback" not in result.stderr and not (project / "model.toml").exists()
 
 
-def test_a_recipe_it_did_not_write_is_kept(project):
-    (project / "model.cfg").write_text(CFG.format(quantize_extra=""))
-    (project / "model.toml").write_text("# mine\n")
-    result = onebuild("convert-cfg", "model.cfg", cwd=project)
-    assert result.returncode == 2 and "choose -o" in result.stderr
-    assert (project / "model.toml").read_text() == "# mine\n"
+def test_a_recipe_it_did_not_write_or_that_was_edited_is_kept(project):
+    """convert-cfg replaces its own unedited translation only (onecc's booleans: on/off too)."""
+    (project / "model.cfg").write_text(CFG.format(quantize_extra="").replace("=True", "=on"))
+    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    recipe = project / "model.toml"
+    edited = recipe.read_text().replace('dtype = "uint8"', 'dtype = "int16"')
+    for text in ("# mine\n", edited):
+        recipe.write_text(text)
+        result = onebuild("convert-cfg", "model.cfg", cwd=project)
+        assert result.returncode == 2 and "choose -o" in result.stderr
+        assert recipe.read_text() == text
 
 
 @pytest.mark.parametrize(
@@ -158,6 +177,15 @@ def test_a_recipe_it_did_not_write_is_kept(project):
     [
         (lambda p: p.write_bytes(b"not hdf5 at all"), "not an HDF5 file"),
         (lambda p: write_h5(p, np.zeros((3, 1, 1, 8, 7), np.float32)), "value/0/0"),
+        (lambda p: write_h5(p, np.zeros((3, 1, 8, 8, 1), np.float32), raw=False), "shape"),
+        (
+            lambda p: h5py.File(p, "w").create_group("value/²").create_dataset("0", data=[1]),
+            "samples named 0, 1",
+        ),
+        (
+            lambda p: h5py.File(p, "w").create_dataset("value/0/0", data=h5py.Empty("f")),
+            "empty dataset",
+        ),
     ],
 )
 def test_bad_hdf5_data_is_one_line(project, damage, names):

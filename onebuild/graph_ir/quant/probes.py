@@ -11,6 +11,7 @@ is bit-identical to `evaluate.compare_graphs` on the same samples.
 """
 
 import hashlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -47,6 +48,9 @@ def _feed(digest, item) -> None:
         digest.update(f"{type(item).__name__}:{item!r};".encode())
 
 
+_UNSHARED = itertools.count()
+
+
 def node_keys(graph: Graph) -> dict[str, bytes]:
     """Per node name, the content key of its results (see the module docstring)."""
     keys: dict[int, bytes] = {}
@@ -57,6 +61,8 @@ def node_keys(graph: Graph) -> dict[str, bytes]:
     by_node = {}
     for node in graph.nodes:
         digest = hashlib.blake2b(digest_size=16)
+        if node.subgraphs:  # bodies are not hashed: a unique key, never reused
+            digest.update(f"unshared {next(_UNSHARED)}".encode())
         _feed(digest, [node.op, node.attrs, [(v.dtype.str, v.shape) for v in node.outputs]])
         for value in node.inputs:
             if value is None:

@@ -12,7 +12,7 @@ from ..ops.quantized_softmax import exp_table
 from ..quant.kernel_attrs import softmax_attrs
 from ..quant.params import dequantize, qdq_params, quantize
 from ..tensor import QuantParams
-from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1
+from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, channels_last_columns
 
 NHWC = (0, 2, 3, 1)
 FLOAT_ACTIVATIONS = {(0.0, np.inf): ACT_RELU, (0.0, 6.0): ACT_RELU6, (-1.0, 1.0): ACT_RELU_N1_TO_1}
@@ -367,7 +367,7 @@ def _flatten_order(w, node) -> np.ndarray | None:
         per_channel = weight.quant is not None and weight.quant.axis is not None
         if user.op == "QGemm" and x.dtype == np.uint8 and per_channel:
             return None  # written as RESHAPE + CONV_2D (nn.gemm), which the reader keeps apart
-    return np.arange(c * h * wd).reshape(c, h, wd).transpose(1, 2, 0).ravel()
+    return channels_last_columns(c, h, wd)
 
 
 def transpose(w, node):
@@ -408,19 +408,6 @@ def pad(w, node):
 def identity(w, node):
     _require(all(not v.uses and v not in w.graph.outputs for v in node.outputs[1:]))
     w.alias(node.outputs[0], node.inputs[0])
-
-
-# ops whose writers read their first input channels-last (circle_ops_nn)
-CHANNELS_LAST = {"Conv", "QConv", "MaxPool", "AveragePool", "QAveragePool", "GlobalAveragePool"}
-
-
-def _channels_last_readers(value) -> bool:
-    users = value.users
-    return (
-        len(value.shape) == 4
-        and bool(users)
-        and all(u.op in CHANNELS_LAST and u.inputs[0] is value for u in users)
-    )
 
 
 def quantize_op(w, node):

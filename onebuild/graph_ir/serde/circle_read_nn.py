@@ -163,7 +163,11 @@ def fully_connected(r, inputs, outputs, options):
         attrs = {"transB": 1, **_quantized_matmul_attrs(r, x_i, w_i, outputs[0], o["activation"])}
         _emit(r, "QGemm", [x, w, _bias(r, b_i, weights.shape[0], True)], attrs, outputs[0])
         return
-    w = r.value(w_i) if order is None else r.graph.add_constant(weights, r.info(w_i).name)
+    if order is None:
+        w = r.value(w_i)
+    else:
+        w = r.graph.add_constant(weights, r.info(w_i).name)
+        w.quant = r.info(w_i).quant
     attrs = {"transB": 1, **_activation_attrs(r, outputs[0], o["activation"])}
     b = None if b_i < 0 else r.value(b_i)
     _emit(r, "Gemm", [x, w, b], attrs, outputs[0])

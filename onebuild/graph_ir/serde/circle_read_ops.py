@@ -15,7 +15,7 @@ from ..ops.quantized_softmax import exp_table
 from ..quant.kernel_attrs import binary_attrs, output_attrs, softmax_attrs
 from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
-from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
+from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS, channels_last_columns
 
 NHWC = (0, 2, 3, 1)
 
@@ -249,8 +249,7 @@ def reshape(r, inputs, outputs, options):
         _emit(r, "Reshape", [r.value(inputs[0])], {"shape": shape}, outputs[0])
         return
     # the IR's own flatten; the FULLY_CONNECTED readers permute their weights by `order`
-    flat = r.graph.make_node("Reshape", [r.value(inputs[0], NHWC)], {"shape": shape}).output
-    r.define(outputs[0], flat)
+    _emit(r, "Reshape", [r.value(inputs[0], NHWC)], {"shape": shape}, outputs[0])
     r.column_order[outputs[0]] = order
 
 
@@ -263,7 +262,7 @@ def _flatten_order(r, source: int, target: int) -> np.ndarray | None:
     n, h, w, c = t.shape
     if tuple(out.shape) != (n, h * w * c):
         return None
-    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).ravel()
+    return channels_last_columns(c, h, w)
 
 
 def transpose(r, inputs, outputs, options):

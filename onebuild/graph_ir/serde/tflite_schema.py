@@ -191,3 +191,9 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
 OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
 OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]
 OPTIONS["MINIMUM"] = OPTIONS["MAXIMUM"]
+
+
+def channels_last_columns(c: int, h: int, w: int) -> np.ndarray:
+    """For a [C, H, W] sample flattened channels-last (TFLite's layout): the channels-first
+    index of each stored element (column j of the stored flatten holds IR column order[j])."""
+    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).ravel()
