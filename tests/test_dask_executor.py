@@ -255,6 +255,9 @@ def test_ctrl_c_on_a_local_cluster_stops_cleanly_and_the_next_build_completes(se
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # as a terminal's job: a test runner started in the background ignores SIGINT, which
+        # its children would inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     children, lines = [], []
     for line in process.stderr:  # the first step run on a worker has finished
