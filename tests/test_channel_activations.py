@@ -19,6 +19,7 @@ from onnx import helper
 from onnx_builders import make_model
 from sklearn.datasets import load_digits
 from test_partition import assert_package_matches_reference, build_statuses
+from test_qdq_export import single_node
 
 from onebuild.compile import QuantizeOptions, quantize
 from onebuild.graph_ir.interpreter import Interpreter
@@ -257,23 +258,6 @@ def _session(model: Model) -> ort.InferenceSession:
     return ort.InferenceSession(proto, options, ["CPUExecutionProvider"])
 
 
-def _single_node(node: Node) -> Graph:
-    """`node` alone, its non-constant inputs as graph inputs (same dtypes and parameters)."""
-    graph = Graph(node.name)
-    inputs = []
-    for value in node.inputs:
-        if value.is_const:
-            new = graph.add_constant(value.const, value.name)
-        else:
-            new = graph.add_input(value.name, value.dtype, value.shape)
-        new.quant = value.quant
-        inputs.append(new)
-    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
-    copy.output.quant = node.output.quant
-    graph.outputs = [copy.output]
-    return graph
-
-
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 def test_qdq_export_runs_in_onnxruntime_within_one_lsb(setup, dtype):
     graph, stats, evaluation = setup
@@ -283,7 +267,7 @@ def test_qdq_export_runs_in_onnxruntime_within_one_lsb(setup, dtype):
     assert any(a.name == "axis" and a.i == 1 for n in per_axis for a in n.attribute)
     for name in ("pw", "hs", "dw"):  # layer by layer: the same quantized input in both
         node = _node(quantized, name)
-        runtime = _session(Model([_single_node(node)]))
+        runtime = _session(Model([single_node(node)]))
         for sample in evaluation[:8]:
             trace = _trace(quantized, sample)
             feeds = {v.name: trace[v.name] for v in node.inputs if not v.is_const}
@@ -414,7 +398,7 @@ def test_a_scalar_affine_after_the_table_is_absorbed_into_it(tmp_path):
             real = float(np.float32(np.float32(real) + np.float32(-0.55)))
             q = _round_half_even(Fraction(real) / Fraction(y.scale[c])) + y.zero_point[c]
             assert table.inputs[1].numpy()[c, code] == min(max(q, 0), 255)
-    runtime = _session(Model([_single_node(table)]))
+    runtime = _session(Model([single_node(table)]))
     for sample in evaluation[:4]:
         trace = _trace(quantized, sample)
         (theirs,) = runtime.run(None, {table.inputs[0].name: trace[table.inputs[0].name]})

@@ -61,7 +61,7 @@ def test_exported_float_model_matches_onnxruntime(rng):
         np.testing.assert_allclose(array, want[value.name], rtol=1e-4, atol=1e-5)
 
 
-def _single_node(node: Node) -> Graph:
+def single_node(node: Node) -> Graph:
     """`node` alone, its non-constant inputs as graph inputs (same dtypes and parameters)."""
     graph = Graph(node.name)
     inputs = []
@@ -94,7 +94,7 @@ def test_light_models_layer_by_layer_match_onnxruntime(rng, name):
     layers = [n for n in quantized.nodes if n.op.startswith("Q") and n.op != "QuantizeLinear"]
     assert {"QConv", "QAveragePool"} <= {n.op for n in layers}
     for node in layers:
-        single = _single_node(node)
+        single = single_node(node)
         feeds = {v.name: trace[v.name] for v in single.inputs}
         (theirs,) = session(Model([single])).run(None, feeds)
         ours = trace[node.output.name]
