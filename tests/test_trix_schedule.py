@@ -106,6 +106,16 @@ def test_fusion_removes_the_intermediate_round_trips(quantized, rng, monkeypatch
     assert fused_report.cycles < plain_report.cycles
 
 
+def assert_same_outputs(module, reference, hw, graph: Graph, rng) -> None:
+    """Both programs give the same codes on one random uint8 input of `graph`."""
+    x = graph.inputs[0]
+    feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
+    got, _ = Simulator(module, hw).run(feeds)
+    want, _ = Simulator(reference, hw).run(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
 def _tampered(module, index: int, value) -> bytes:
     layers = list(module.layers)
     attrs = {**layers[index].attrs, "epilogue": value}
@@ -134,12 +144,7 @@ def test_version_2_files_without_epilogues_still_load(quantized, rng, monkeypatc
     content = bytearray(encode(module)[:-DIGEST])
     content[4:6] = (2).to_bytes(2, "little")
     old = decode(bytes(content) + hashlib.sha256(content).digest())
-    x = quantized.inputs[0]
-    feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
-    got, _ = Simulator(old, hw).run(feeds)
-    want, _ = Simulator(module, hw).run(feeds)
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name])
+    assert_same_outputs(old, module, hw, quantized, rng)
 
 
 def _stem_graph(rng):
@@ -222,12 +227,7 @@ def test_pool_epilogues_round_trip_and_are_checked(stem, rng):
     assert module.layers[0].attrs["epilogue"] == 1
     decoded = decode(encode(module))
     assert [layer.attrs for layer in decoded.layers] == [layer.attrs for layer in module.layers]
-    x = stem.inputs[0]
-    feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
-    got, _ = Simulator(decoded, hw).run(feeds)
-    want, _ = Simulator(module, hw).run(feeds)
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name])
+    assert_same_outputs(decoded, module, hw, stem, rng)
     with pytest.raises(FormatError, match="epilogue"):
         decode(_tampered(module, 0, 2), "m.tvn")  # the 1x1 convolution
     code = module.code.copy()
