@@ -43,6 +43,10 @@ QUANTIZE_KEYS = {
     "moving_avg_const",
 }  # fmt: skip
 CODEGEN_TARGETS = {"trix": "trix_sim", "trix_sim": "trix_sim"}
+MODE_OPTIONS = {  # one-quantize's calibration modes and their options, with ONE's defaults
+    "percentile": {"min_percentile": 1.0, "max_percentile": 99.0},
+    "moving_average": {"moving_avg_batch": 16, "moving_avg_const": 0.1},
+}
 HEADER = "# Translated from a onecc configuration by onebuild convert-cfg"
 
 
@@ -196,22 +200,20 @@ class _Converter:
             if step[key] not in allowed:
                 raise self.fail("one-quantize", key, f"'{step[key]}': use {' or '.join(allowed)}")
         mode = values.get("mode", "percentile").strip()
-        if mode not in ("percentile", "moving_average"):
+        if mode not in MODE_OPTIONS:
             raise self.fail("one-quantize", "mode", f"'{mode}': use percentile or moving_average")
         step["method"] = mode
-        numbers = {"min_percentile": 1.0, "max_percentile": 99.0} if mode == "percentile" else {}
-        if mode == "moving_average":
-            numbers = {"moving_avg_batch": 16, "moving_avg_const": 0.1}
-        for key, default in numbers.items():
+        for key, default in MODE_OPTIONS[mode].items():
             text = values.get(key, str(default)).strip()
             try:
                 step[key] = type(default)(text)
             except (ValueError, OverflowError):
                 kind = "an integer" if isinstance(default, int) else "a number"
                 raise self.fail("one-quantize", key, f"'{text}' is not {kind}") from None
-        other = {"min_percentile", "max_percentile", "moving_avg_batch", "moving_avg_const"}
-        for key in sorted(other - set(numbers) & set(values)):
-            raise self.fail("one-quantize", key, f"has no effect with mode = {mode}")
+        other = [k for options in MODE_OPTIONS.values() for k in options if k in values]
+        unused = [k for k in other if k not in MODE_OPTIONS[mode]]
+        if unused:
+            raise self.fail("one-quantize", unused[0], f"has no effect with mode = {mode}")
         self.calibration(values, step)
         self.data["quantize"] = step
 
