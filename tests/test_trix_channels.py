@@ -6,6 +6,8 @@ bit-exactly with the integer reference on both presets, on tiny SRAMs that force
 through the .tvn encoding (`test_trix_ops.check`); the same programs with the zero points of
 one channel used for all do not (so the checks see a dropped per-channel zero point)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_trix_ops import check
@@ -17,6 +19,9 @@ from onebuild.graph_ir.ir import Graph, Node
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.targets import load_target
+from onebuild.targets.host_cpu import HostCpu
+from onebuild.targets.placement import Options, place
 from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower, unsupported
@@ -196,3 +201,38 @@ def test_cascaded_through_a_per_channel_edge(rng, stride):
     stores = module.code[module.code[:, 0] == STORE]
     assert module.layers[0].kind == "conv" and 0 not in set(stores[:, 1].tolist())
     assert_bit_exact(quantized, hw, "memory", rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SkewedCpu(HostCpu):
+    """A host CPU on which the nodes named in `free` cost nothing and those in `slow` a
+    second each."""
+
+    free: frozenset = frozenset()
+    slow: frozenset = frozenset()
+
+    def node_us(self, node) -> float:
+        if node.name in self.free:
+            return 0.0
+        return 1e6 if node.name in self.slow else super().node_us(node)
+
+
+def test_the_cost_partition_never_cuts_a_per_channel_edge(rng):
+    """With the layers before the table slow on the CPU, those after it free and handoffs
+    free, the cheapest cut would hand the table's per-channel output to the CPU; the minimum
+    cut never hands a value quantized per channel between backends, so every part's inputs
+    and outputs are per tensor and every NPU part lowers."""
+    quantized = channel_graph(rng, 9, (31, 29), "HardSwish")
+    ops = [n.op for n in quantized.nodes]
+    head = {n.name for n in quantized.nodes[: ops.index("QLookup") + 1]}
+    tail = {n.name for n in quantized.nodes} - head
+    cpu = _SkewedCpu(handoff_us=0.0, free=frozenset(tail), slow=frozenset(head))
+    options = Options(accelerator="trix", hw="trix-m", strategy="cost")
+    placement = place(quantized, "m", load_target("trix_sim"), options, cpu)
+    assert len(placement.partitioning.parts) == 2  # the cut is somewhere in the middle
+    hw = load_hardware("trix-m")
+    for part in placement.partitioning.parts:
+        for value in [*part.graph.inputs, *part.graph.outputs]:
+            assert len(value.quant.scale) == 1, value.name
+        if part.backend == "trix":
+            lower(part.graph, hw)
