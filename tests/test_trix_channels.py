@@ -26,15 +26,19 @@ from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower, unsupported
 from onebuild.targets.trix_sim.opcodes import LOAD, STORE
+from onebuild.targets.trix_sim.perf import estimate
 from onebuild.targets.trix_sim.simulator import Simulator
 from onebuild.targets.trix_sim.tvn import HEADER, decode, encode
 
 
-def channel_graph(rng, channels=7, size=(9, 11), table="HardSwish", kernel=3, stride=1):
+def channel_graph(
+    rng, channels=7, size=(9, 11), table="HardSwish", kernel=3, stride=1, residual=False
+):
     """Conv 1x1 (BatchNorm-folded: output channels spanning 300x; with no table, a fused
-    clip to [-0.5, 2]) -> [table] -> depthwise
-    kernel x kernel conv (undoing the spread) -> Conv 1x1, quantized to uint8 with per-channel
-    activations on the depthwise edge; calibrated on smooth images (sums of sines)."""
+    clip to [-0.5, 2]) -> [table] -> depthwise kernel x kernel conv (undoing the spread)
+    [-> + another 1x1 conv of the input, with `residual`] -> Conv 1x1, quantized to uint8 with
+    per-channel activations on the depthwise edge; calibrated on smooth images (sums of
+    sines)."""
     gamma = rng.permutation(np.geomspace(1 / 17, 17, channels)).astype(np.float32)
     graph = Graph("channels")
     x = graph.add_input("x", np.float32, (1, 3, *size))
@@ -47,12 +51,16 @@ def channel_graph(rng, channels=7, size=(9, 11), table="HardSwish", kernel=3, st
             attrs["clip"] = clip
         return graph.make_node("Conv", [value, w, b], attrs).output
 
+    if residual:
+        shortcut = conv(x, rng.normal(0, 0.5, (channels, 3, 1, 1)), step=stride)
     pointwise = rng.normal(0, 0.5, (channels, 3, 1, 1)) * gamma[:, None, None, None]
     mid = conv(x, pointwise, clip=[-0.5, 2.0] if table is None else None)
     if table is not None:
         mid = graph.make_node(table, [mid]).output
     taps = rng.normal(0, 0.5, (channels, 1, kernel, kernel)) / gamma[:, None, None, None]
     mid = conv(mid, taps, group=channels, pad=kernel // 2, step=stride)
+    if residual:  # the depthwise conv's output stage adds it (fusion.py: the later producer)
+        mid = graph.make_node("Add", [shortcut, mid]).output
     graph.outputs = [conv(mid, rng.normal(0, 0.4, (5, channels, 1, 1)))]
     rows, cols = np.meshgrid(np.arange(size[0]), np.arange(size[1]), indexing="ij")
     phases = rng.uniform(0, 2 * np.pi, (8, 3, 1, 1))
@@ -100,6 +108,17 @@ def _dropped(program, key: str):
     return program
 
 
+def test_a_depthwise_conv_with_a_fused_residual_add(rng):
+    """The depthwise conv that centers each input channel by its zero point runs a residual
+    Add in its output stage (`epilogue`), bit-exactly."""
+    quantized = channel_graph(rng, 11, (13, 10), "HardSwish", residual=True)
+    hw = load_hardware("trix-m")
+    module = generate(lower(quantized, hw), hw)
+    (depthwise,) = [layer for layer in module.layers if layer.attrs.get("group", 1) > 1]
+    assert module.layers[depthwise.attrs["epilogue"]].kind == "add"
+    check(quantized, rng)
+
+
 @pytest.mark.parametrize("key", ["x_zero_point", "y_zero_point"])
 def test_a_dropped_per_channel_zero_point_is_seen(rng, key):
     """Each per-channel zero point decides the output: the program with channel 0's zero
@@ -116,7 +135,8 @@ def test_a_dropped_per_channel_zero_point_is_seen(rng, key):
 def test_tables_per_channel_count_their_bytes(rng):
     """A [C, 256] table is DMAed once, the rows of each tile's channels with the tile: the
     lookup layer's simulated DRAM traffic is its input, its output and the C x 256 table
-    bytes (with `memory`, which keeps no tensor in SRAM)."""
+    bytes (with `memory`, which keeps no tensor in SRAM), as the performance model
+    estimates."""
     quantized = channel_graph(rng, 21, (5, 7), "Sigmoid")
     hw = load_hardware("trix-s")
     program = lower(quantized, hw)
@@ -130,6 +150,7 @@ def test_tables_per_channel_count_their_bytes(rng):
     assert int((from_table[:, 4] * from_table[:, 5]).sum()) == 21 * 256
     report = assert_bit_exact(quantized, hw, "memory", rng)
     assert report["layers"][lookup.name]["dram_bytes"] == 21 * 256 + 2 * 21 * 5 * 7
+    assert estimate(program, hw)["layers"][lookup.name]["dram_bytes"] == 21 * 256 + 2 * 21 * 35
 
 
 def test_the_edge_falls_back_whole(rng):
