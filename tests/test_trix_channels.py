@@ -7,9 +7,11 @@ through the .tvn encoding (`test_trix_ops.check`); the same programs with the ze
 one channel used for all do not (so the checks see a dropped per-channel zero point)."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
+from test_structural_mutations import _tvn_resealed, _tvn_sections, _with_json
 from test_trix_ops import check
 from test_trix_sim import assert_bit_exact
 
@@ -28,7 +30,7 @@ from onebuild.targets.trix_sim.lower import lower, unsupported
 from onebuild.targets.trix_sim.opcodes import LOAD, STORE
 from onebuild.targets.trix_sim.perf import estimate
 from onebuild.targets.trix_sim.simulator import Simulator
-from onebuild.targets.trix_sim.tvn import HEADER, decode, encode
+from onebuild.targets.trix_sim.tvn import HEADER, LAYERS, decode, encode
 
 
 def channel_graph(
@@ -257,3 +259,36 @@ def test_the_cost_partition_never_cuts_a_per_channel_edge(rng):
             assert len(value.quant.scale) == 1, value.name
         if part.backend == "trix":
             lower(part.graph, hw)
+
+
+def _shorter(layers: list[dict]) -> None:
+    conv = next(layer for layer in layers if isinstance(layer["attrs"]["y_zero_point"], list))
+    conv["attrs"]["y_zero_point"].pop()
+
+
+def _on_a_full_conv(layers: list[dict]) -> None:
+    conv = next(layer for layer in layers if layer["attrs"].get("group") == 1)
+    conv["attrs"]["x_zero_point"] = [0] * 6  # the input has 3 channels, the output 6
+
+
+def _out_of_range(layers: list[dict]) -> None:
+    depthwise = next(layer for layer in layers if layer["attrs"].get("group", 1) > 1)
+    depthwise["attrs"]["x_zero_point"][-1] = 256
+
+
+def _clamps_crossed(layers: list[dict]) -> None:
+    conv = next(layer for layer in layers if isinstance(layer["attrs"].get("qmax"), list))
+    conv["attrs"]["qmax"][0] = conv["attrs"]["qmin"][0] - 1
+
+
+@pytest.mark.parametrize("mutation", [_shorter, _on_a_full_conv, _out_of_range, _clamps_crossed])
+def test_bad_per_channel_codes_are_one_line_errors(rng, mutation):
+    """Per-channel lists of the wrong length, on a layer that cannot take them, out of the
+    code range or with crossed clamps: a FormatError naming the file and the attribute."""
+    hw = load_hardware("trix-m")
+    data = encode(generate(lower(channel_graph(rng, 6, (5, 6), "HardSwish"), hw), hw))
+    sections = _tvn_sections(data)
+    tree = json.loads(dict(sections)[LAYERS])
+    mutation(tree["layers"])
+    with pytest.raises(FormatError, match=r"m\.tvn: not a valid \.tvn file: layers\[\d\]\.attrs"):
+        decode(_tvn_resealed(_with_json(sections, LAYERS, tree)), "m.tvn")
