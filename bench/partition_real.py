@@ -105,12 +105,6 @@ def main() -> None:
         help="a model of bench/real_models.py instead (ocr_cls, ocr_det, ocr_rec: calibrated and "
         "checked on its samples there)",
     )
-    parser.add_argument(
-        "--div-as-mul",
-        action="store_true",
-        help="rewrite Div by a constant as Mul by its reciprocal first (what issue 17's fusion "
-        "pass does in O1; a stand-in until that is merged)",
-    )
     args = parser.parse_args()
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     logging.getLogger("onebuild.progress").setLevel(logging.INFO)  # the partition table
@@ -124,8 +118,6 @@ def main() -> None:
             model, name, pictures = other_model(args.model, folder)
         write_npz(folder / "calibration.npz", {name: np.stack(pictures[:-1])})
         recipe = folder / "layout.toml"
-        if args.div_as_mul:
-            model = divisions_as_multiplications(model, folder / f"{model.stem}_mul.onnx")
         recipe.write_text(RECIPE.format(model=model, hw=args.hw, granularity=args.granularity))
         results = build([load_recipe(recipe)])
         failed = [f"{r.step}: {r.error}" for r in results if r.status == "failed"]
@@ -143,26 +135,6 @@ def main() -> None:
         entry["npu_binaries"] = binaries(folder / "build/layout", args.hw)
     entry["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(entry, indent=2))
-
-
-def divisions_as_multiplications(source: Path, target: Path) -> Path:
-    """The model with every Div by a constant initializer a Mul by the reciprocal."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(source))
-    constants = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            constants[node.output[0]] = node.attribute[0].t
-    for node in model.graph.node:
-        if node.op_type == "Div" and node.input[1] in constants:
-            divisor = numpy_helper.to_array(constants[node.input[1]])
-            name = node.input[1] + "_reciprocal"
-            model.graph.initializer.append(numpy_helper.from_array(1 / divisor, name))
-            node.op_type, node.input[1] = "Mul", name
-    onnx.save(model, str(target))
-    return target
 
 
 def summary(report: dict, hw: str) -> dict:
