@@ -19,6 +19,22 @@ def _load(args):
     return load_model(args.model, shapes or None)
 
 
+def _check_output(output: str, suffixes: tuple[str, ...], *sources: str) -> None:
+    """Refuse an -o that names one of the command's own inputs or a file of another kind (a
+    suffix the written format does not have): a slip must not overwrite a model or its data."""
+    path = Path(output)
+    if path.is_dir():
+        raise UserError(f"{output}: is a folder; -o takes a file path ending in {suffixes[0]}")
+    if path.suffix.lower() not in suffixes:
+        raise UserError(
+            f"{output}: -o writes {' or '.join(suffixes)} files; give a path ending in "
+            f"{suffixes[0]}"
+        )
+    for source in sources:
+        if path.exists() and Path(source).exists() and path.samefile(source):
+            raise UserError(f"{output}: -o names the command's own input; choose another path")
+
+
 def _binary(args):
     """The compiled binary a model argument is (recognized by content by the installed
     targets: a .tvn, say), else None."""
@@ -58,6 +74,7 @@ def _package_summary(package, reports) -> list[str]:
 def cmd_run(args) -> int:
     from .npz import read_npz, write_npz
 
+    _check_output(args.outputs, (".npz",), args.model, args.inputs)
     if args.quantize or args.codegen or args.auto_compile:
         return run_on_device(args)
     feeds = read_npz(args.inputs)
@@ -162,6 +179,7 @@ def _model_reports(package, reports) -> list[dict]:
 
 
 def cmd_export(args) -> int:
+    _check_output(args.output, (".onnx", ".circle", ".tflite"), args.model)
     model = _load(args)
     suffix = Path(args.output).suffix.lower()
     if suffix in (".circle", ".tflite"):
@@ -263,6 +281,7 @@ def cmd_import(args) -> int:
 
     if args.optimize not in PRESETS:
         raise UserError(f"unknown preset '{args.optimize}' (known: {', '.join(PRESETS)})")
+    _check_output(args.output, (".obir",), args.model)
     model = _load(args)
     if args.optimize != "O0":
         for record in run_preset(model, args.optimize):

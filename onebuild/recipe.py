@@ -39,6 +39,7 @@ from .plan import (
     is_url,
     read_recipe_data,
 )
+from .targets import load_target
 
 
 class _Section(BaseModel):
@@ -66,7 +67,9 @@ class OptimizeStep(_Section):
 
 
 class QuantizeLayer(_Section):
-    names: list[str]
+    """Settings for some layers (node names as `onebuild inspect` lists them)."""
+
+    names: list[str] = Field(description="node names these settings apply to")
     dtype: Literal["uint8", "int8", "int16", "float32"] | None = None
     granularity: Literal["channel", "layer"] | None = None
 
@@ -163,12 +166,19 @@ class QuantizeStep(_Section):
 class PartitionStep(_Section):
     """Split the model between the NPU and the CPU."""
 
-    backends: list[str] = Field(default_factory=lambda: list(_P.backends))
+    backends: list[str] = Field(
+        default_factory=lambda: list(_P.backends),
+        description='the [codegen] target\'s backend and \'cpu\' (trix_sim: ["trix", "cpu"])',
+    )
     default: str = _P.default
     strategy: Literal["capability", "cost"] = _P.strategy
     comply: Literal["opcode", "opname"] = _P.comply
-    opcode: dict[str, str] = Field(default_factory=dict)
-    opname: dict[str, str] = Field(default_factory=dict)
+    opcode: dict[str, str] = Field(
+        default_factory=dict, description='op type -> backend pins, e.g. { Softmax = "cpu" }'
+    )
+    opname: dict[str, str] = Field(
+        default_factory=dict, description="node name -> backend pins (`comply` says which map wins)"
+    )
     part_file: str | None = None
     cpu_precision: Literal["quantized", "float"] = Field(
         default=_P.cpu_precision,
@@ -355,6 +365,12 @@ def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
         raise UserError(
             f"{path}: partition.backends: expected one NPU backend and 'cpu', e.g. "
             f'["trix", "cpu"] (got {partition["backends"]})'
+        )
+    backend = load_target(steps["codegen"]["target"]).backend
+    if accelerators[0] != backend:
+        raise UserError(
+            f"{path}: partition.backends: target '{steps['codegen']['target']}' runs on the "
+            f'backend \'{backend}\' (got {accelerators[0]!r}); e.g. ["{backend}", "cpu"]'
         )
     if partition["default"] != "cpu":
         raise UserError(

@@ -11,6 +11,7 @@ default) corrupts when two processes touch it, sqlite3 locks and stays consisten
 
 import io
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -37,11 +38,14 @@ from .build_folder import check_database, locked, os_error_line, raise_doit_erro
 from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
+    made_by,
     outputs_intact,
     refuse_foreign,
     sweep,
 )
 from .step_cache import fingerprint, open_cache, step_key, tree_digest
+
+log = logging.getLogger("onebuild")
 
 DB_NAME = "tasks.sqlite3"
 
@@ -269,6 +273,16 @@ class _Runner:
                 code = step.code(task.config)
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
                 refuse_foreign(task.outputs, f"{task.recipe}: [{where}]", "replace")
+                other = made_by(task.outputs)
+                if other not in (None, str(task.recipe)):
+                    log.warning(
+                        "%s: [%s] replaces %s, which %s made (give each recipe its own output "
+                        "path, or they replace each other's on every build)",
+                        task.recipe,
+                        where,
+                        task.outputs[0],
+                        other,
+                    )
                 claim(task.outputs, task.step)
                 if cache.restore(key, task.outputs):
                     result.status = "restored"
@@ -339,7 +353,7 @@ class _Runner:
             "targets": [str(p) for p in task.targets],
             "uptodate": [
                 config_changed(json.dumps(check, sort_keys=True)),
-                (outputs_intact, (task.outputs,), {}),
+                (outputs_intact, (task.outputs, task.recipe), {}),
             ],
             "verbosity": 0,
         }

@@ -53,11 +53,23 @@ def foreign(outputs: list[Path]) -> list[Path]:
     return [p for p in present if str(p) not in claimed]
 
 
-def outputs_intact(outputs: list[Path]) -> bool:
-    """Whether every output is as the step's log recorded it (by fingerprint, else by content):
-    an output deleted or edited since is made again, a merely touched one is not."""
+def made_by(outputs: list[Path]) -> str | None:
+    """The recipe whose step last made these outputs, as their log names it."""
+    try:
+        recipe = json.loads(log_path(outputs).read_bytes()).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recipe if isinstance(recipe, str) else None
+
+
+def outputs_intact(outputs: list[Path], recipe: Path) -> bool:
+    """Whether every output is as `recipe`'s step logged it (by fingerprint, else by content):
+    an output deleted or edited since, or made since by another recipe's step writing to the
+    same path, is made again; a merely touched one is not."""
     try:
         log = json.loads(log_path(outputs).read_bytes())
+        if log["recipe"] != str(recipe):
+            return False
         digests, prints = log["outputs"], log.get("fingerprints", {})
         for path in outputs:
             if not path.exists():

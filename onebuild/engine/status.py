@@ -139,6 +139,8 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
             reasons.append(f"input {path.name} is missing")
         elif recorded.get(str(path)) != digest:
             reasons.append(f"input {path.name} changed")
-    if not outputs_intact(task.outputs):
+    if log.get("recipe") != str(task.recipe):
+        reasons.append(f"another recipe's step made its outputs since ({log.get('recipe')})")
+    elif not outputs_intact(task.outputs, task.recipe):
         reasons.append("an output is missing or was modified")
     return reasons
