@@ -90,6 +90,30 @@ def q_lookup(attrs, q, table):
     return table[channel, index]
 
 
+SEGMENT_BITS = 7  # an interpolated table's segments are 2^7 = 128 input codes wide
+KNOTS = (1 << 16 >> SEGMENT_BITS) + 1  # 513: every int16 code lies in one of 512 segments
+
+
+@register(
+    "QLookupInterp",
+    lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)],
+    batch=PER_SAMPLE,
+)
+def q_lookup_interp(attrs, q, table):
+    """An int16 function of one value per channel (axis 1), as TFLite's int16 LUT: table
+    [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512); with
+    u = q + 32768, k = u >> 7, t = u & 127 and a = table[c, k], b = table[c, k + 1]:
+    y = a + ((b - a)·t + 64) >> 7 (the fraction rounded half up), always between a and b."""
+    u = q.astype(np.int64) - np.iinfo(np.int16).min
+    index = u >> SEGMENT_BITS
+    channel = np.arange(table.shape[0]).reshape((1, -1) + (1,) * (q.ndim - 2))
+    base = table[channel, index].astype(np.int64)
+    slope = table[channel, index + 1].astype(np.int64) - base
+    half = 1 << (SEGMENT_BITS - 1)
+    fraction = (slope * (u & ((1 << SEGMENT_BITS) - 1)) + half) >> SEGMENT_BITS
+    return (base + fraction).astype(table.dtype)
+
+
 def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
     shape = [1] * acc.ndim
     shape[channel_axis] = -1

@@ -41,6 +41,7 @@ from .kernel_attrs import (
     binary_attrs,
     concat_attrs,
     constant_operands,
+    interpolated_table,
     lookup_table,
     matmul_attrs,
     requantize_attrs,
@@ -322,9 +323,13 @@ class _Quantizer:
         affine = self.affine.get(id(node), ())
         out = (affine[-1] if affine else node).output
         out_params = self.params(out, dtype)
-        codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
+        op = "QLookup"
+        if dtype == "int16" and out_params.axis is not None:  # 513 knots per channel
+            op, codes = "QLookupInterp", interpolated_table(node, x.quant, out_params, affine)
+        else:
+            codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
         table = self.graph.add_constant(codes, f"{node.name}_table")
-        self._produce(node, "QLookup", [x, table], {}, dtype, out_params, out)
+        self._produce(node, op, [x, table], {}, dtype, out_params, out)
         self.absorbed.update(id(n) for n in affine)
 
     def _passthrough_ok(self, node: Node) -> bool:
