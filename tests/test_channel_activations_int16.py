@@ -26,6 +26,7 @@ from test_channel_activations import (
 from test_partition import assert_package_matches_reference, build_statuses
 from test_qdq_export import single_node
 
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
 from onebuild.errors import UnsupportedOpsError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Model
@@ -34,8 +35,9 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges
 from onebuild.graph_ir.quant.kernel_attrs import function_codes
+from onebuild.graph_ir.quant.mixed_precision import edge_units
 from onebuild.graph_ir.quant.params import channel_of, dequantize
-from onebuild.graph_ir.serde import load_model
+from onebuild.graph_ir.serde import load_model, load_onnx
 from onebuild.graph_ir.serde.circle_write import write_circle
 from onebuild.npz import write_npz
 
@@ -179,3 +181,28 @@ def test_int16_npu_package_runs_the_edge_on_cpu_and_is_bit_exact(tmp_path):
     assert fallbacks == {"pw", "hs0", "dw"}
     manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
     assert len(manifest["models"]) == 3
+
+
+# -- mixed precision -------------------------------------------------------------------------------
+def test_mixed_precision_promotes_the_edge_whole_to_int16_per_channel(tmp_path):
+    """uint8 per channel holds 40.4 dB; for 50 the search promotes the edge (pointwise conv,
+    table with its absorbed Mul and Add, depthwise conv) together, and the edge becomes int16
+    per channel with an interpolated table (70.4 dB). Split, it would be per tensor."""
+    path = tmp_path / "m.onnx"
+    onnx.save(spread_model(affine=True), path)
+    calib, evaluation = _digits()
+    model = optimize(load_onnx(path))
+    stats = calibrate(model.main, [("calibration", {"x": calib})])
+    units, members = edge_units(model.main, {n: [n] for n in ("c0", "pw", "hs0", "dw", "y")})
+    assert units == {"c0": ["c0"], "pw": ["pw", "hs0", "dw", "hs1", "hs"], "y": ["y"]}
+    assert members["pw"] == ["pw", "dw"]  # the table holds the Mul and Add: not measured alone
+    mixed = MixedPrecisionOptions(target_sqnr_db=50)
+    options = QuantizeOptions(activation_granularity="channel", mixed_precision=mixed)
+    quantized = quantize(model, options, stats, [{"x": evaluation[:16]}])
+    record = json.loads(quantized.metadata["mixed_precision"])
+    assert record["target_met"] and record["sqnr_db"] >= 50
+    assert {"pw", "hs0", "hs1", "hs", "dw"} <= set(record["promoted"])
+    assert record["high_precision_mac_fraction"] < 1
+    table = _node(quantized.main, "hs0")
+    assert table.op == "QLookupInterp" and table.output.quant.axis == 1
+    assert _node(quantized.main, "c0").output.dtype == np.uint8
