@@ -225,3 +225,30 @@ def test_an_absorbing_int16_table_input_is_narrowed_to_where_its_code_changes(sp
         assert (bound[flat] < np.maximum(-2 * lo[flat], 2 * hi[flat])).all()
     else:  # the last op is the table: its own narrowing (table_ranges.live_range) applies
         assert (bound[flat] <= np.maximum(-2 * lo[flat], 2 * hi[flat])).all()
+
+
+def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path):
+    """The recipe form: uint8 per channel with mixed precision to 50 dB (accuracy data: the
+    evaluation digits); the report keeps its keys, the edge is promoted whole and the NPU
+    package (the edge's int16 per-channel layers on the CPU) is bit-exact."""
+    onnx.save(spread_model(affine=True), tmp_path / "m.onnx")
+    calib, evaluation = _digits()
+    write_npz(tmp_path / "calib.npz", {"x": calib})
+    write_npz(tmp_path / "eval.npz", {"x": evaluation[:4]})
+    write_npz(tmp_path / "test.npz", {"x": evaluation[:16]})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ncalibration = "calib.npz"\n'
+        'activation_granularity = "channel"\n[quantize.mixed_precision]\ntarget_sqnr_db = 50\n'
+        '[quantize.accuracy]\ndata = "test.npz"\n[partition]\n[codegen]\nhw = "trix-m"\n'
+        '[pack]\noutput = "out/m.nnpkg"\n'
+    )
+    build_statuses(recipe)
+    report = json.loads((tmp_path / "build/r/quantize.accuracy.json").read_text())
+    record = report["mixed_precision"]
+    keys = {"target_sqnr_db", "dtype", "promoted", "high_precision_mac_fraction", "sqnr_db"}
+    assert keys | {"target_met", "steps", "sensitivity"} <= set(record)
+    assert record["target_met"] and {"pw", "hs0", "hs1", "hs", "dw"} <= set(record["promoted"])
+    partition = assert_package_matches_reference(tmp_path)
+    assert "cpu" in [p["backend"] for p in partition["parts"]]
+    assert {"pw", "hs0", "dw"} <= {f["node"] for f in partition["fallbacks"]}
