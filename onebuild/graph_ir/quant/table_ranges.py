@@ -73,7 +73,9 @@ def composed_live_range(
     grid = np.linspace(lo, hi, GRID + 1)
     codes = function_codes(node, grid.astype(np.float32), y, dtype, then)
     changes = np.flatnonzero(codes[1:] != codes[:-1])
-    return _within(grid, [(int(changes[0]), int(changes[-1]) + 1)] if changes.size else [])
+    if not changes.size:  # flat on the calibration data: unseen data may not be, keep it all
+        return lo, hi
+    return _within(grid, [(int(changes[0]), int(changes[-1]) + 1)])
 
 
 def _spans(value, grid, dtype, dtype_of, output_params, is_output) -> list | None:
