@@ -7,9 +7,12 @@ within that channel's calibrated range is run through the table and compared wit
 function rounded at that code (`kernel_attrs.function_codes`, the 65536-entry table's value), in
 output codes (LSBs): the largest difference, the 99.9th percentile, the mean and the share of
 codes that agree exactly; with the largest difference as a share of the channel's calibrated
-output range.
+output range. With `--qdq`: every per-channel layer (QConv with per-channel input or output,
+QLookupInterp) exported alone as QDQ ONNX and run in onnxruntime on the integer reference's own
+inputs (the first calibration image): per op, the layers, the largest code difference and
+how many layers are within 1 code.
 
-    python bench/int16_tables.py [--samples 4] [--models layout_cdla,...]
+    python bench/int16_tables.py [--samples 4] [--models layout_cdla,...] [--qdq]
 """
 
 import argparse
@@ -18,21 +21,71 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 from mixed_precision import _fixed
 from real_models import MODELS, samples
 
 from onebuild.compile import QuantizeOptions, optimize, quantize
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges
 from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.params import channel_of, dequantize
 from onebuild.graph_ir.serde import load_onnx
+from onebuild.graph_ir.serde.onnx_export import export_onnx
 
 CODES = np.arange(-32768, 32768).astype(np.int16)
 
 
-def measure(spec, count: int, work: Path) -> dict:
+def _alone(node) -> Graph:
+    """`node` alone, its computed inputs as graph inputs (same dtypes and parameters)."""
+    graph = Graph(node.name)
+    inputs = []
+    for value in node.inputs:
+        if value.is_const:
+            new = graph.add_constant(value.const, value.name)
+        else:
+            new = graph.add_input(value.name, value.dtype, value.shape)
+        new.quant = value.quant
+        inputs.append(new)
+    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
+    copy.output.quant = node.output.quant
+    graph.outputs = [copy.output]
+    return graph
+
+
+def qdq_differences(quantized: Graph, feeds: dict) -> dict:
+    """Per-channel layers alone in onnxruntime against the integer reference, in codes."""
+    trace = {}
+    Interpreter(quantized, observer=lambda v, a: trace.__setitem__(v.name, a)).run_batch(feeds)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    worst: dict[str, list[int]] = {}
+    for node in quantized.nodes:
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
+        if node.op not in ("QConv", "QLookupInterp") or all(
+            v.quant is None or v.quant.axis is None for v in values
+        ):
+            continue
+        proto = export_onnx(Model([_alone(node)])).SerializeToString()
+        session = ort.InferenceSession(proto, options, ["CPUExecutionProvider"])
+        inputs = {v.name: trace[v.name] for v in node.inputs if v is not None and not v.is_const}
+        (theirs,) = session.run(None, inputs)
+        diff = np.abs(theirs.astype(np.int64) - trace[node.output.name].astype(np.int64))
+        worst.setdefault(node.op, []).append(int(diff.max()))
+    return {
+        f"qdq_{op}": {
+            "layers": len(d),
+            "max_code_difference": max(d),
+            "within_1": sum(x <= 1 for x in d),
+        }
+        for op, d in worst.items()
+    }
+
+
+def measure(spec, count: int, work: Path, qdq: bool = False) -> dict:
     path = _fixed(spec, work)
     calib, _ = samples(spec, count)
     float_graph = optimize(load_onnx(path)).main
@@ -60,7 +113,9 @@ def measure(spec, count: int, work: Path) -> dict:
             span = (max(out_hi[c], 0) - min(out_lo[c], 0)) / y.scale[0]
             relative.append(diff.max() / span if span > 0 else 0.0)
     every = np.concatenate(differences)
+    extra = qdq_differences(quantized, {float_graph.inputs[0].name: calib[:1]}) if qdq else {}
     return {
+        **extra,
         "model": spec.name,
         "tables": len(tables),
         "channels": len(relative),
@@ -78,12 +133,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=4, help="calibration samples")
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--qdq", action="store_true", help="per-channel layers in onnxruntime")
     args = parser.parse_args()
     wanted = {m for m in args.models.split(",") if m}
     with tempfile.TemporaryDirectory() as folder:
         for spec in MODELS:
             if not wanted or spec.name in wanted:
-                print(json.dumps(measure(spec, args.samples, Path(folder))), flush=True)
+                entry = measure(spec, args.samples, Path(folder), args.qdq)
+                print(json.dumps(entry), flush=True)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from onebuild.graph_ir.ir import Model
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
-from onebuild.graph_ir.quant.channel_activations import depthwise_edges
+from onebuild.graph_ir.quant.channel_activations import depthwise_edges, edge_params
 from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.mixed_precision import edge_units
 from onebuild.graph_ir.quant.params import channel_of, dequantize
@@ -252,3 +252,16 @@ def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path):
     partition = assert_package_matches_reference(tmp_path)
     assert "cpu" in [p["backend"] for p in partition["parts"]]
     assert {"pw", "hs0", "dw"} <= {f["node"] for f in partition["fallbacks"]}
+
+
+def test_a_dead_int16_channel_gets_a_range_of_at_least_2_to_the_minus_20_of_the_widest():
+    """A dead channel (values ~1e-11) on its own range would get a multiplier that flushes to
+    zero while its bias, in accumulator units, is ~1e17 (see INT16_MIN_RANGE)."""
+    low, high = np.array([-10.0, -1e-11, 0.0]), np.array([6.0, 1e-11, 3.0])
+    params = edge_params((low, high), "int16", None)
+    floor = 2 * 10.0 * 2.0**-20 / 32767  # the headroom doubles every range first
+    assert params.scale[1] == pytest.approx(floor)
+    assert params.scale[0] == pytest.approx(20.0 / 32767)  # live channels keep their range
+    assert params.scale[2] == pytest.approx(6.0 / 32767)
+    eight = edge_params((low, high), "uint8", None)  # 8-bit keeps each channel's own range
+    assert eight.scale[1] == pytest.approx(2e-11 / 255)

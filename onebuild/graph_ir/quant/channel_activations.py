@@ -150,6 +150,13 @@ def chosen_edges(
 
 
 Narrow = Callable[[float, float, int], tuple[float, float]]
+# An int16 channel's range is at least this share of the widest channel's. BatchNorm-folded
+# exports carry dead channels (weights ~1e-26, values ~1e-11): on their own range, their
+# producer's multiplier s_x·s_w/s_y falls below 2^-31 and is flushed to zero while the bias,
+# in accumulator units, is ~1e17, so the integer kernel gives 0 where the real output is
+# hundreds of that channel's steps (onnxruntime's QDQ: 16384 codes apart on the layout
+# detector). On 2^-20 of the widest range such values round to 0 either way.
+INT16_MIN_RANGE = 2.0**-20
 
 
 def edge_params(
@@ -163,4 +170,6 @@ def edge_params(
     if narrow is not None:
         pairs = [narrow(float(a), float(b), c) for c, (a, b) in enumerate(zip(low, high))]
         low, high = np.array(pairs, np.float64).reshape(-1, 2).T
+    if dtype == "int16":  # dead channels: see INT16_MIN_RANGE
+        high = np.maximum(high, np.abs(np.concatenate([low, high])).max() * INT16_MIN_RANGE)
     return channel_params(low, high, dtype)
