@@ -9,8 +9,8 @@ output codes (LSBs): the largest difference, the 99.9th percentile, the mean and
 codes that agree exactly; with the largest difference as a share of the channel's calibrated
 output range. With `--qdq`: every per-channel layer (QConv with per-channel input or output,
 QLookupInterp) exported alone as QDQ ONNX and run in onnxruntime on the integer reference's own
-inputs (the first calibration image): per op, the layers, the largest code difference and
-how many layers are within 1 code.
+inputs (the first calibration image; onnxruntime's graph optimizations off): per op, the
+layers, the largest code difference and how many layers are within 1 code.
 
     python bench/int16_tables.py [--samples 4] [--models layout_cdla,...] [--qdq]
 """
@@ -62,6 +62,9 @@ def qdq_differences(quantized: Graph, feeds: dict) -> dict:
     Interpreter(quantized, observer=lambda v, a: trace.__setitem__(v.name, a)).run_batch(feeds)
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # onnxruntime's graph optimizations put int16 DQ -> Conv -> Q on a kernel that differs by
+    # thousands of codes (per tensor too: the OCR detector's first conv): measured without
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     worst: dict[str, list[int]] = {}
     for node in quantized.nodes:
         values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
