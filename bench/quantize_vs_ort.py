@@ -6,7 +6,8 @@ writes QDQ. onebuild's variants (`VARIANTS`): `onebuild_plain` is like for like 
 correction), `onebuild` its defaults (bias correction), `_mse` the search-based calibration
 (`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`),
 `_pcact` with per-channel activations on the edges into depthwise convolutions
-(`activation_granularity = "channel"`); all run O1 (pattern fusion included); `best` names
+(`activation_granularity = "channel"`), `_ada` and `best` with learned rounding
+(`weight_rounding = "adaround"`); all run O1 (pattern fusion included); `best` names
 the best variant. Accuracy is the SQNR (dB) of
 each quantized model's logits against the float model on the same evaluation samples (onebuild's
 integer reference interpreter; onnxruntime running its own QDQ model); `onebuild_plain_on_ort`
@@ -23,7 +24,7 @@ and Inception-v2 graphs with seeded random weights fed seeded uniform [0, 1) ima
 several outputs is measured on all of them together (`sqnr_db`) and on each alone
 (`sqnr_db_per_output`): the total is dominated by the outputs with the largest values.
 
-With `--jitter K`, the like-for-like settings (`onebuild_plain`, `onebuild`, `onnxruntime`) are
+With `--jitter K`, every variant run (choose them with `--variants`) and onnxruntime are
 also run K more times with every activation scale multiplied by its own factor 1 + 0.003 z (z
 standard normal, seeded per run): onebuild's calibrated ranges, onnxruntime's QDQ scales. Such a
 change is neutral on average, so the spread of the SQNRs (`sqnr_db_jitter`: mean, standard
@@ -140,6 +141,17 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
         "method": "mse",
         "activation_granularity": "channel",
     },
+    "onebuild_best_pcact": {
+        "equalization": True,
+        "method": "mse",
+        "weight_rounding": "adaround",
+        "activation_granularity": "channel",
+    },
+    "onebuild_cle_ada_pcact": {
+        "equalization": True,
+        "weight_rounding": "adaround",
+        "activation_granularity": "channel",
+    },
 }
 
 
@@ -176,7 +188,7 @@ def compare(
 ):
     """Both quantizers on one model; `every`: measure all outputs (together and each alone),
     else the last (the logits); `variants`: the keys of `VARIANTS` to run (default: all);
-    `jitter`: runs with perturbed activation scales of the like-for-like settings; `ort_pre`:
+    `jitter`: runs with perturbed activation scales of every variant run and onnxruntime; `ort_pre`:
     onnxruntime on its own pre-processed model too."""
     sqnr, per_output, seconds, reference = {}, {}, {}, None
     for key, options in VARIANTS.items():
@@ -221,7 +233,7 @@ def compare(
     if len(names) > 1:  # the total is dominated by the outputs of the largest values
         result["sqnr_db_per_output"] = per_output
     if jitter:
-        runs = {k: [sqnr[k]] for k in ("onebuild_plain", "onebuild", "onnxruntime") if k in sqnr}
+        runs = {k: [v] for k, v in sqnr.items() if k in VARIANTS or k == "onnxruntime"}
         qdq = onnx.load(work / f"{name}.qdq.onnx")
         for seed in range(1, jitter + 1):
             for key in runs:

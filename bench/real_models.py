@@ -111,12 +111,15 @@ def _whole_images(names: list[str], height: int, width: int, mean, std) -> np.nd
     return np.stack([_chw_bgr(image, mean, std)[None] for image in images])
 
 
-def _text_lines(image: np.ndarray, rows: list[tuple[int, int]], height: int, width: int):
+def _text_lines(
+    image: np.ndarray, rows: list[tuple[int, int]], height: int, width: int, both_ways=False
+):
     """Line crops (row range, whole width) resized to `height` keeping the aspect ratio up to
-    `width`, right-padded with zeros: the PP-OCR classifier's and recognizer's preprocessing."""
+    `width`, right-padded with zeros: the PP-OCR classifier's and recognizer's preprocessing.
+    `both_ways`: each crop also turned by 180 degrees (the classifier's other class)."""
     samples = []
-    for top, bottom in rows:
-        crop = image[top:bottom]
+    crops = [image[top:bottom] for top, bottom in rows]
+    for crop in [c for upright in crops for c in (upright, upright[::-1, ::-1])[: 1 + both_ways]]:
         resized_w = min(width, int(np.ceil(height * crop.shape[1] / crop.shape[0])))
         line = _chw_bgr(_resize(crop, height, resized_w), [0.5] * 3, [0.5] * 3)
         padded = np.zeros((3, height, width), np.float32)
@@ -159,11 +162,12 @@ def samples(model: RealModel, count: int) -> tuple[np.ndarray, np.ndarray]:
         calib, evaluation = _detector_samples(height, width)
     else:  # line recognizers: text lines of the bundled page scan and of the text image
         page, text = _rgb(data.page()), _rgb(data.text())
-        calib = _text_lines(page, _page_rows(2, 8), height, width)
+        turned = model.name == "ocr_cls"  # the direction classifier's task: both orientations
+        calib = _text_lines(page, _page_rows(2, 8), height, width, turned)
         evaluation = np.concatenate(
             [
-                _text_lines(page, _page_rows(12, 6), height, width),
-                _text_lines(text, [(30, 95), (95, 160)], height, width),
+                _text_lines(page, _page_rows(12, 6), height, width, turned),
+                _text_lines(text, [(30, 95), (95, 160)], height, width, turned),
             ]
         )
     return calib[:count], evaluation[:count]

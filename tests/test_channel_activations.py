@@ -4,8 +4,8 @@
 The model is BatchNorm-folded as mobile networks are: a pointwise conv whose BatchNorm scales
 span 300x across channels, HardSwish, a depthwise conv that undoes the spread (scikit-learn's
 digits as inputs). Checked: the edges chosen, the SQNR gained, the integer kernels against loop
-definitions, the QDQ export in onnxruntime, the statistics file, and the NPU package (those
-layers fall back to the CPU, the package stays bit-exact)."""
+definitions, the QDQ export in onnxruntime, the statistics file, and the NPU package (one NPU
+part, bit-exact)."""
 
 import json
 from fractions import Fraction
@@ -314,7 +314,7 @@ def test_the_compile_api_option_reaches_the_quantizer(onnx_path, setup):
 
 
 # -- the NPU package ------------------------------------------------------------------------------
-def test_npu_package_runs_edge_on_cpu_and_is_bit_exact(tmp_path):
+def test_npu_package_runs_edge_on_the_npu_and_is_bit_exact(tmp_path):
     onnx.save(spread_model(), tmp_path / "m.onnx")
     calib, evaluation = _digits()
     write_npz(tmp_path / "calib.npz", {"x": calib})
@@ -338,13 +338,10 @@ output = "out/m.nnpkg"
     )
     build_statuses(recipe)
     report = assert_package_matches_reference(tmp_path)
-    assert [p["backend"] for p in report["parts"]] == ["trix", "cpu", "trix"]
-    why = "activations must be quantized per tensor"
-    fallbacks = {f["node"]: " ".join(f["reasons"]) for f in report["fallbacks"]}
-    assert set(fallbacks) == {"pw", "hs", "dw"}
-    assert all(why in reasons for reasons in fallbacks.values())
+    assert [p["backend"] for p in report["parts"]] == ["trix"]
+    assert report["fallbacks"] == []
     manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
-    assert len(manifest["models"]) == 3
+    assert len(manifest["models"]) == 1
 
 
 def test_an_ungated_per_tensor_build_suggests_the_setting(tmp_path, caplog):

@@ -27,18 +27,15 @@ from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.channel_activations import edge_values
 from ..graph_ir.quant.model_io import is_quantized
-from ..graph_ir.serde import load_ir, load_model, load_onnx, save_ir
-from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
+from ..graph_ir.serde import load_model, save_ir
 from ..npz import check_finite
 from ..progress import Progress
-from ..targets import binary_target
 from .choice import choose_state
 from .device_compile import codegen_file, quantize_file
 from .gate import gate_reason, gate_report
-from .models import BinaryModel, GraphModel, PackageModel, compiled_model, load_binary
-from .odc import QUANT_TYPES, OdcSettings, settings_from_config
-from .package import IR_TYPES, load_cpu_model, load_package
-from .package_files import is_package
+from .models import BinaryModel, GraphModel, compiled_model, load_binary
+from .odc import QUANT_TYPES, OdcSettings
+from .opening import open_model
 from .session_io import checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
 
@@ -68,7 +65,6 @@ class Session:
         self._cpath: Path | None = None
         self._float: Model | None = None  # the float model, when it can be compiled on the device
         self._recording: Progress | None = None  # recorded runs towards minmax_records
-        self._circle = False  # the app's model is a circle: the quantized model is one too
         self._load(input_shapes)
         self.workspace = None
         if self._float is not None:
@@ -79,31 +75,14 @@ class Session:
     # ---- loading ------------------------------------------------------------------------------
 
     def _load(self, input_shapes) -> None:
-        path = self.path
-        if is_package(path):
-            package = self._package = load_package(path)  # (keeps a zip's extraction alive)
-            self.settings = settings_from_config(package.config, f"{path}: config.cfg")
-            if len(package.models) == 1 and package.models[0].kind in IR_TYPES:
-                kind = package.models[0].kind
-                model_file = Path(package.root) / package.models[0].path
-                self._circle = kind == "circle"  # quantized on the device as circle too
-                self._adopt(load_cpu_model(model_file, kind), source=model_file)
-            else:
-                self._fixed(PackageModel(package), package.inputs, package.outputs)
-            return
-        if not path.is_file():
-            raise UserError(f"{path}: no such file or nnpackage")
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-        if binary_target(path) is not None:
-            binary = load_binary(path)
-            self._fixed(BinaryModel(binary), binary.inputs, binary.outputs)
-        elif head.startswith(IR_MAGIC):
-            self._adopt(load_ir(path), source=path)
+        opened = self._opened = open_model(self.path, input_shapes)
+        self.settings = opened.settings or self.settings
+        self._circle = opened.circle
+        if opened.runner is not None:
+            self._io(opened.inputs, opened.outputs)
+            self._model, self._state = opened.runner, "COMPILED"
         else:
-            from ..compile import optimize
-
-            self._adopt(optimize(load_onnx(path, input_shapes)))  # the build's default preset
+            self._adopt(opened.model, opened.source)
 
     def _adopt(self, model: Model, source: Path | None = None) -> None:
         """A float model compiles on the device; a quantized one can still be compiled."""
@@ -115,10 +94,6 @@ class Session:
         else:
             self._float, self._float_runner = model, GraphModel(graph)
             self._model, self._state = self._float_runner, "INITIAL"
-
-    def _fixed(self, model, inputs, outputs) -> None:
-        self._io(inputs, outputs)
-        self._model, self._state = model, "COMPILED"
 
     def _io(self, inputs, outputs) -> None:
         def dims(t) -> tuple[int, ...]:

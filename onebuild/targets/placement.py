@@ -8,9 +8,10 @@ style) pin nodes in both. Every node left on the CPU is reported with the reason
 """
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..errors import ModelError, UserError
-from ..graph_ir.ir import Graph
+from ..graph_ir.ir import Graph, Value
 from ..graph_ir.macs import macs
 from ..graph_ir.partition.assign import min_cost, override
 from ..graph_ir.partition.regions import Partitioning, split
@@ -134,7 +135,7 @@ def _cost(graph, name, options, cpu, reasons, pinned, baseline, latency_of):
 
     fixed = {n: b == accel for n, b in pinned.items()}
     fixed.update({n.name: False for n in graph.nodes if reasons[n.name]})
-    labels = min_cost(graph, cost, cpu.handoff, fixed)
+    labels = min_cost(graph, cost, partial(_handoff, cpu), fixed)
     chosen = {n: accel if on else CPU for n, on in labels.items()}
     latency = latency_of(split(graph, chosen, name))
     improved = True
@@ -159,6 +160,16 @@ def _cost(graph, name, options, cpu, reasons, pinned, baseline, latency_of):
     moved = sorted(n for n in chosen if chosen[n] != capability[n])
     lines.append(f"moved {len(moved)} supported node(s) to the CPU: " + ", ".join(moved[:10]))
     return chosen, latency, lines
+
+
+NEVER = 1e30  # a handoff the minimum cut must not make
+
+
+def _handoff(cpu: HostCpu, value: Value) -> float:
+    """Handing `value` between backends; a value quantized per channel is never handed over
+    (accelerator programs take and give values quantized per tensor)."""
+    per_channel = not value.is_const and value.quant is not None and len(value.quant.scale) > 1
+    return NEVER if per_channel else cpu.handoff(value)
 
 
 class _Latency:

@@ -157,8 +157,10 @@ class Emitter:
         self.emit(LOAD, index, self.array_at[(index, "table")], 0, table.nbytes, 1, 0, 0)
 
     def load_weights(self, index: int, ch0: int, chs: int, per_channel: int, sram: int) -> None:
-        """The weights of output channels [ch0, ch0 + chs) to SRAM."""
-        src = self.array_at[(index, "weights")] + ch0 * per_channel
+        """The weights (or tables, one per channel) of output channels [ch0, ch0 + chs) to
+        SRAM."""
+        name = "weights" if "weights" in self.p.layers[index].arrays else "table"
+        src = self.array_at[(index, name)] + ch0 * per_channel
         self.emit(LOAD, index, src, sram, chs * per_channel, 1, 0, 0)
 
     def operand_tile(self, layer: Layer, name: str, r0: int, r1: int, c0: int, cs: int):
@@ -221,8 +223,12 @@ class Emitter:
         return min(chunk, channels), slots
 
     def constants(self, layer: Layer) -> tuple[int, int, object]:
-        """Bytes per output channel of weights, the table bytes, and the table (or None)."""
+        """Bytes per output channel of weights, the table bytes, and the table (or None). A
+        table per channel ([C, codes]) is loaded as weights are: the rows of a tile's
+        channels, with the tile."""
         weights, table = layer.arrays.get("weights"), layer.arrays.get("table")
+        if table is not None and table.ndim == 2:
+            weights, table = table, None
         per_channel = 0 if weights is None else int(np.prod(weights.shape[1:])) * weights.itemsize
         return per_channel, 0 if table is None else align(table.nbytes), table
 
@@ -245,7 +251,7 @@ class Emitter:
         per_channel, tables, _ = self.constants(layer)
         if layer.kind in CHANNELWISE:
             staged = sum(align(self.channel_bytes(n)) for n in layer.inputs)
-            return tables + self.buffers * (staged + out_channel)
+            return tables + self.buffers * (align(per_channel) + staged + out_channel)
         chs = min(self.p.tensors[layer.output].shape[0], self.hw.mac_cols)  # as `whole_height`
         fixed = tables + self.buffers * align(chs * per_channel)
         whole_input = align(self.p.tensors[layer.inputs[0]].nbytes)

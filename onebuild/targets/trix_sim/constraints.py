@@ -20,11 +20,33 @@ def quantized_io(node: Node, hw: Hardware) -> bool:
     return all(v.quant is not None and v.dtype.name in hw.dtypes for v in values)
 
 
+def per_channel(value) -> bool:
+    """Whether a value computed at run time is quantized with one scale and zero point per
+    channel (constants, such as weights, do not count)."""
+    quant = None if value is None or value.is_const else value.quant
+    return quant is not None and len(quant.scale) > 1
+
+
 def per_tensor_activations(node: Node, hw: Hardware) -> bool:
     """activations must be quantized per tensor (values quantized per channel, by
-    quantize.activation_granularity = "channel", run on the CPU)"""
+    quantize.activation_granularity = "channel", are read and written on the NPU only by
+    convolutions and lookup tables)"""
     values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
-    return all(v.quant is None or len(v.quant.scale) == 1 for v in values)
+    return not any(map(per_channel, values))
+
+
+def channel_activations(node: Node, hw: Hardware) -> bool:
+    """values quantized per channel (quantize.activation_granularity = "channel") must be
+    8-bit, on the channel axis, and a convolution may read one only if it is depthwise (each
+    output channel reads its own input channel); int16 ones run on the CPU"""
+    values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
+    for v in filter(per_channel, values):
+        if v.quant.axis != 1 or v.dtype.itemsize != 1 or len(v.quant.scale) != v.shape[1]:
+            return False
+    if node.op == "QConv" and per_channel(node.inputs[0]):
+        channels = node.inputs[0].shape[1]
+        return node.attrs["group"] == channels == node.outputs[0].shape[1]
+    return True
 
 
 def batch_one(node: Node, hw: Hardware) -> bool:

@@ -13,7 +13,6 @@ from .exact import (
     float_scaling,
     product_bound,
     requantize_float,
-    saturate,
     scale_in_place,
 )
 from .lower import Layer
@@ -48,6 +47,8 @@ def convolve(
     per_group_out, per_group_in = out_channels // group, wq.shape[1]
     pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
     if per_group_in == 1 and per_group_out == 1:  # depthwise: taps on the vector unit
+        if isinstance(zp, list):  # one zero point per input channel (x holds all of them)
+            zp = np.asarray(zp, np.float32)[:, None, None]
         centered = np.subtract(x, np.float32(zp), dtype=np.float32)  # exact: |x - zp| < 2^17
         padded = padded_rows(layer, centered, r0, rows, i0, w, 0)
         windows = window_view(layer, padded, rows, ow)
@@ -87,11 +88,29 @@ def requant_channels(
     """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
     (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
     where that is provably exact, else in int64. `scalings`: a dict that keeps the float64
-    constants (`exact.float_scaling`) per layer and channel range across calls."""
+    constants (`exact.float_scaling`) per layer and channel range across calls.
+
+    An output quantized per channel (lists of zero points and clamps) is requantized with
+    zero point 0 and the widest clamp [min(qmin - zp), max(qmax - zp)] over the channels into
+    int32, then offset and clamped per channel: clip(clip(v, L, H) + zp, qmin, qmax) equals
+    clip(v + zp, qmin, qmax) when [qmin - zp, qmax - zp] lies inside [L, H]."""
+    a = layer.attrs
+    if not isinstance(a["y_zero_point"], list):
+        return _requant(layer, acc, ch0, chs, bound, dtype, scalings, a)
+    zp, low, high = (
+        np.asarray(a[k], np.int64)[ch0 : ch0 + chs, None, None]
+        for k in ("y_zero_point", "qmin", "qmax")
+    )
+    wide = {"y_zero_point": 0, "qmin": int((low - zp).min()), "qmax": int((high - zp).max())}
+    y = _requant(layer, acc, ch0, chs, bound, np.int32, scalings, wide)
+    return np.clip(y + zp, low, high).astype(dtype)
+
+
+def _requant(layer: Layer, acc, ch0: int, chs: int, bound: int, dtype, scalings, a: dict):
+    """`requant_channels` with one output zero point and clamp (`a`)."""
     bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
     m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
     r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
-    a = layer.attrs
     zp, qmin, qmax = a["y_zero_point"], a["qmin"], a["qmax"]
     key = (layer.name, ch0, chs)
     scaling = None if scalings is None else scalings.get(key)
@@ -103,7 +122,7 @@ def requant_channels(
     if y is not None:
         return y
     acc = exact_int(acc) if acc.dtype.kind == "f" else acc
-    y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
+    y = scale_in_place(acc, bias, m, r, zp, bound)
     if y is None:
-        return saturate(layer, requantize(acc + bias, m, r))
-    return np.clip(y, a["qmin"], a["qmax"], out=y)
+        return np.clip(requantize(acc + bias, m, r) + zp, qmin, qmax)
+    return np.clip(y, qmin, qmax, out=y)

@@ -19,7 +19,9 @@ from .constraints import (
     batch_axis_kept,
     batch_one,
     broadcast_operands,
+    channel_activations,
     channel_concat,
+    channel_limit,
     channel_softmax,
     column_transpose,
     dense_layer,
@@ -27,6 +29,7 @@ from .constraints import (
     kernel_size,
     move_fits_sram,
     pass_through_dtype,
+    per_channel,
     per_tensor_activations,
     pool_without_ceil,
     quantized_io,
@@ -46,8 +49,8 @@ class TensorDesc:
     shape: tuple[int, int, int]  # (channels, height, width) of the single batch
     dims: tuple[int, ...]  # the IR shape
     dtype: str
-    scale: float
-    zero_point: int
+    scale: float  # a tensor quantized per channel (never a program input or output) keeps
+    zero_point: int  # its first channel's here; the layers that touch it hold every channel's
 
     @property
     def params(self) -> QuantParams:
@@ -128,8 +131,15 @@ def _tensor(value: Value) -> TensorDesc:
     )
 
 
+def _codes(number) -> int | list[int]:
+    """A zero point or clamp: one integer, or one per channel (a list)."""
+    if isinstance(number, (list, tuple, np.ndarray)):
+        return [int(n) for n in number]
+    return int(number)
+
+
 def _output_attrs(node: Node) -> dict:
-    return {k: int(node.attrs[k]) for k in ("y_zero_point", "qmin", "qmax")}
+    return {k: _codes(node.attrs[k]) for k in ("y_zero_point", "qmin", "qmax")}
 
 
 def _per_channel(node: Node, channels: int) -> dict[str, np.ndarray]:
@@ -162,7 +172,30 @@ def _lowers(*ops: str, constraints: tuple[Constraint, ...] = (), generic=GENERIC
     return wrap
 
 
-@_lowers("QConv", constraints=(kernel_size, stride_limit))
+def channel_region(node: Node, hw: Hardware) -> bool:
+    """every layer that writes or reads a value quantized per channel must run on the NPU,
+    and no such value may be a model input or output (NPU program inputs and outputs are
+    quantized per tensor)"""
+    seen, todo = {node}, [v for v in (*node.inputs, *node.outputs) if per_channel(v)]
+    while todo:
+        value = todo.pop()
+        if value.producer is None or (value.graph and value in value.graph.outputs):
+            return False
+        for other in (value.producer, *value.users):
+            if other in seen:
+                continue
+            seen.add(other)
+            if _failed(other, hw, skip=channel_region):
+                return False
+            todo += [v for v in (*other.inputs, *other.outputs) if per_channel(v)]
+    return True
+
+
+# the generic constraints of the layers that may touch values quantized per channel
+CHANNEL_GENERIC = (quantized_io, channel_activations, channel_region, batch_one, channel_limit)
+
+
+@_lowers("QConv", constraints=(kernel_size, stride_limit), generic=CHANNEL_GENERIC)
 def _conv(node: Node, ins: list[str], out: str) -> Layer:
     a, w, b = node.attrs, node.inputs[1].numpy(), node.inputs[2].numpy()
     attrs = {
@@ -171,7 +204,7 @@ def _conv(node: Node, ins: list[str], out: str) -> Layer:
         "dilations": list(a["dilations"]) + [1] * (2 - len(a["dilations"])),
         "pads": _pads_2d(a["pads"]),
         "group": int(a["group"]),
-        "x_zero_point": int(a["x_zero_point"]),
+        "x_zero_point": _codes(a["x_zero_point"]),
         **_output_attrs(node),
     }
     weights = w.reshape(w.shape[0], w.shape[1], *attrs["kernel"])
@@ -268,8 +301,10 @@ def _average_pool(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("avgpool", node.name, ins, out, attrs, {"ratio": np.float64(a["scale_ratio"])})
 
 
-@_lowers("QLookup")
+@_lowers("QLookup", generic=CHANNEL_GENERIC)
 def _lookup(node: Node, ins: list[str], out: str) -> Layer:
+    """A table of every input code, or one per channel ([C, codes]) where the input or
+    output is quantized per channel."""
     return Layer("lookup", node.name, ins, out, {}, {"table": node.inputs[1].numpy()})
 
 
@@ -376,11 +411,17 @@ def _view(node: Node, ins: list[str], out: str) -> Layer:
 
 def unsupported(node: Node, hw: Hardware) -> list[str]:
     """The reasons `node` cannot run on the NPU (empty when it can)."""
+    return _failed(node, hw)
+
+
+def _failed(node: Node, hw: Hardware, skip: Constraint | None = None) -> list[str]:
     lowering = LOWERINGS.get(node.op)
     if lowering is None:
         return [f"{node.op} is not an NPU operation"]
     failed = []
     for constraint in lowering.constraints:
+        if constraint is skip:
+            continue
         try:
             ok = constraint(node, hw)
         except (KeyError, IndexError, AttributeError, ValueError):
@@ -419,6 +460,8 @@ def lower(graph: Graph, hw: Hardware) -> Program:
             failures.setdefault("NPU model inputs and outputs must be quantized", []).append(
                 f"'{value.name}'"
             )
+        elif per_channel(value):
+            failures.setdefault(reason(channel_region), []).append(f"'{value.name}'")
     if failures:
         problems = [f"{why}: {_some(nodes)}" for why, nodes in failures.items()]
         raise ModelError(f"graph '{graph.name}' cannot run on {hw.name}: " + "; ".join(problems))

@@ -321,9 +321,15 @@ class Simulator(WholeLayers):
             y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
         elif layer.kind == "lookup":
             table = layer.arrays["table"]
-            codes = self._sram_view(0, table.dtype.name, table.shape)
-            reads.append((0, table.nbytes))
-            y = codes[x.astype(np.int64) - np.iinfo(x.dtype).min]
+            rank = x.astype(np.int64) - np.iinfo(x.dtype).min  # each code's row in the table
+            if table.ndim == 2:  # one table per channel: the tile's rows, at w_at
+                codes = self._sram_view(w_at, table.dtype.name, (chs, table.shape[1]))
+                reads.append((w_at, w_at + codes.nbytes))
+                y = codes[np.arange(chs)[:, None, None], rank]
+            else:
+                codes = self._sram_view(0, table.dtype.name, table.shape)
+                reads.append((0, table.nbytes))
+                y = codes[rank]
         elif layer.kind == "softmax":
             table = self._sram_view(0, "int32", layer.arrays["table"].shape)
             reads.append((0, table.nbytes))

@@ -23,12 +23,21 @@ from . import MAGIC  # the package says how .tvn files begin (without loading th
 from .codegen import EXEC, LOAD, STORE, Module, align
 from .lower import Layer, TensorDesc, chw
 from .moves import MOVES
-from .tvn_layers import Reader, check, check_attrs, check_epilogue, check_layer, code_range
+from .tvn_layers import (
+    Reader,
+    check,
+    check_attrs,
+    check_epilogue,
+    check_layer,
+    code_range,
+    per_channel_codes,
+)
 
 # 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues;
-# 4: max pool epilogues (EXEC tiles of the pool's output)
-VERSION = 4
-READABLE = (1, 2, 3, 4)  # an older file is a newer one without what came later
+# 4: max pool epilogues (EXEC tiles of the pool's output); 5: values quantized per channel
+# (convolution zero points and clamps per channel, lookup tables per channel)
+VERSION = 5
+READABLE = (1, 2, 3, 4, 5)  # an older file is a newer one without what came later
 HEADER = struct.Struct("<4sHHII")  # magic, version, flags, section count, reserved
 SECTION = struct.Struct("<IIQQ")  # kind, reserved, offset, size
 IO_ENTRY = struct.Struct(
@@ -229,6 +238,10 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     for index, raw in enumerate(f.array(body["layers"], "layers", min_len=1)):
         layers.append(_layer(r, f, index, raw, tensors, blob, arrays))
     f.unique([layer.name for layer in layers], "layers")
+    version = HEADER.unpack_from(r.data)[1]
+    for layer in layers:
+        per_channel = version < 5 and per_channel_codes(layer)
+        check(r, not per_channel, f"layer '{layer.name}' has per-channel codes before version 5")
     for index, layer in enumerate(layers):
         if "epilogue" in layer.attrs:
             check_epilogue(r, f, index, layers, tensors)

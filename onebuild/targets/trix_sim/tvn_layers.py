@@ -36,9 +36,20 @@ _FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index", "vector_i
 _MULTIPLIER, _SHIFT = (0, (1 << 31) - 1), (1, 62)
 
 
+def _codes(f: Fields, value, where: str, tensor, per_channel: bool) -> None:
+    """A zero point or clamp in the code range of `tensor`: one integer, or (a convolution's,
+    from version 5) one per channel of it."""
+    if per_channel and isinstance(value, list):
+        channels = tensor.shape[0]
+        f.integers(value, where, *code_range(tensor.dtype), min_len=channels, max_len=channels)
+    else:
+        f.integer(value, where, *code_range(tensor.dtype))
+
+
 def check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) -> None:
     """Types and ranges of a layer's attributes; zero points and clamps inside the range of
-    the tensor they apply to."""
+    the tensor they apply to (a convolution's may be one per channel)."""
+    conv = kind == "conv"
     wide = (-(1 << 16), 1 << 16)
     for key, value in attrs.items():
         where = f"{path}.{key}"
@@ -50,9 +61,10 @@ def check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) ->
         elif key == "group":
             f.integer(value, where, 1, 1 << 20)
         elif key == "x_zero_point":
-            f.integer(value, where, *code_range(ins[0].dtype))
+            depthwise = attrs.get("group") == ins[0].shape[0] == out.shape[0]
+            _codes(f, value, where, ins[0], conv and depthwise)
         elif key in ("y_zero_point", "qmin", "qmax"):
-            f.integer(value, where, *code_range(out.dtype))
+            _codes(f, value, where, out, conv)
         elif key in ("a_zero_point", "b_zero_point"):
             f.integer(value, where, *wide)
         elif key in ("a_rescale", "b_rescale"):
@@ -70,7 +82,18 @@ def check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) ->
         else:
             f.require(_small_ints(value), where, "is not an integer or a list of integers")
     if "qmin" in attrs and "qmax" in attrs:
-        f.require(attrs["qmin"] <= attrs["qmax"], f"{path}.qmin", "is above qmax")
+        ordered = np.less_equal(attrs["qmin"], attrs["qmax"])
+        f.require(bool(np.all(ordered)), f"{path}.qmin", "is above qmax")
+
+
+def per_channel_codes(layer: Layer) -> bool:
+    """Whether a layer holds parameters of values quantized per channel (.tvn version 5):
+    zero points or clamps per channel, or a table per channel."""
+    lists = any(isinstance(v, list) for k, v in layer.attrs.items() if k in PER_CHANNEL_ATTRS)
+    return lists or (layer.kind == "lookup" and layer.arrays["table"].ndim == 2)
+
+
+PER_CHANNEL_ATTRS = ("x_zero_point", "y_zero_point", "qmin", "qmax")
 
 
 def _small_ints(value) -> bool:
@@ -126,10 +149,11 @@ def check_layer(r: Reader, layer: Layer, tensors) -> None:
     if layer.kind == "gemm":
         w = layer.arrays["weights"]
         check(r, w.ndim == 2 and w.shape[0] == out[0], f"layer '{layer.name}' weights")
-    if layer.kind == "lookup":
+    if layer.kind == "lookup":  # one table, or one per channel
         x = tensors[layer.inputs[0]]
         size = 1 << (8 * np.dtype(x.dtype).itemsize)
-        check(r, layer.arrays["table"].shape == (size,), f"layer '{layer.name}' table size")
+        ok = layer.arrays["table"].shape in ((size,), (out[0], size))
+        check(r, ok, f"layer '{layer.name}' table size")
     if layer.kind == "softmax":
         table = layer.arrays["table"]
         ok = table.shape == (512,) and table.dtype == np.int32

@@ -1,0 +1,62 @@
+"""What a Session can open: an ONNX or IR model (float, or already quantized), a target's
+binary, or an nnpackage (one IR or circle model, which the device can still quantize or
+compile, or parts it can only run)."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..graph_ir.ir import Model
+from ..graph_ir.serde import load_ir, load_onnx
+from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
+from ..targets import binary_target
+from .models import BinaryModel, PackageModel, load_binary
+from .odc import OdcSettings, settings_from_config
+from .package import IR_TYPES, Package, load_cpu_model, load_package
+from .package_files import is_package
+
+
+@dataclass
+class Opened:
+    """An IR model the session may quantize or compile (`model`, read from `source`), or one
+    it only runs (`runner`, with its `inputs` and `outputs` specs)."""
+
+    model: Model | None = None
+    source: Path | None = None
+    runner: BinaryModel | PackageModel | None = None
+    inputs: list | None = None
+    outputs: list | None = None
+    settings: OdcSettings | None = None  # an nnpackage's config.cfg
+    circle: bool = False  # the model is a circle: the device writes its quantized model as one
+    package: Package | None = None  # (keeps a zip package's extraction alive)
+
+
+def open_model(path: str | os.PathLike, input_shapes: dict | None) -> Opened:
+    """The model at `path` (ONNX models are optimized with the build's default preset)."""
+    path = Path(path)
+    if is_package(path):
+        package = load_package(path)
+        settings = settings_from_config(package.config, f"{path}: config.cfg")
+        if len(package.models) == 1 and package.models[0].kind in IR_TYPES:
+            kind, model_file = package.models[0].kind, Path(package.root) / package.models[0].path
+            model = load_cpu_model(model_file, kind)
+            return Opened(
+                model, model_file, settings=settings, circle=kind == "circle", package=package
+            )
+        runner = PackageModel(package)
+        return Opened(
+            None, None, runner, package.inputs, package.outputs, settings, package=package
+        )
+    if not path.is_file():
+        raise UserError(f"{path}: no such file or nnpackage")
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if binary_target(path) is not None:
+        binary = load_binary(path)
+        return Opened(runner=BinaryModel(binary), inputs=binary.inputs, outputs=binary.outputs)
+    if head.startswith(IR_MAGIC):
+        return Opened(load_ir(path), path)
+    from ..compile import optimize
+
+    return Opened(optimize(load_onnx(path, input_shapes)))
