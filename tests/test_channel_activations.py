@@ -362,13 +362,6 @@ def test_an_ungated_per_tensor_build_suggests_the_setting(tmp_path, caplog):
     assert hint not in caplog.text
 
 
-def test_int16_stays_per_tensor(setup):
-    graph, stats, evaluation = setup
-    quantized = _quantized(graph, stats, "int16", "channel")
-    assert all(v.quant.axis is None for n in quantized.nodes for v in n.outputs if v.quant)
-    assert _sqnr(graph, quantized, evaluation) > 30  # int16 has resolution to spare
-
-
 def test_a_scalar_affine_after_the_table_is_absorbed_into_it(tmp_path):
     path = tmp_path / "affine.onnx"
     onnx.save(spread_model(affine=True), path)

@@ -90,6 +90,34 @@ def q_lookup(attrs, q, table):
     return table[channel, index]
 
 
+SEGMENT_BITS = 7  # an interpolated table's segments are 2^7 = 128 input codes wide
+KNOTS = (1 << 16 >> SEGMENT_BITS) + 1  # 513: every int16 code lies in one of 512 segments
+
+
+@register(
+    "QLookupInterp",
+    lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)],
+    batch=PER_SAMPLE,
+)
+def q_lookup_interp(attrs, q, table):
+    """An int16 function of one value per channel (axis 1), as TFLite's int16 LUT: table
+    [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512); with
+    u = q + 32768, k = u >> 7, t = u & 127 and a = table[c, k], b = table[c, k + 1]:
+    y = a + ((b - a)·t + 64) >> 7 (the fraction rounded half up), always between a and b."""
+    u = q.astype(np.int32) - np.iinfo(np.int16).min  # int32 is exact: |b - a|·t < 2^23
+    rows, width = table.shape
+    starts = (np.arange(rows, dtype=np.int32) * width).reshape((1, -1) + (1,) * (q.ndim - 2))
+    at = (u >> SEGMENT_BITS) + starts  # knot a's position in the rows laid end to end
+    knots = table.astype(np.int32).ravel()
+    base = knots.take(at)
+    slope = knots.take(at + 1) - base
+    slope *= u & ((1 << SEGMENT_BITS) - 1)
+    slope += 1 << (SEGMENT_BITS - 1)
+    slope >>= SEGMENT_BITS
+    base += slope
+    return base.astype(table.dtype)
+
+
 def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
     shape = [1] * acc.ndim
     shape[channel_axis] = -1

@@ -14,7 +14,8 @@ channel to its own parameters, the table becomes one table per channel ([C, code
 depthwise QConv centers each input channel by its zero point, with the multiplier
 s_x[c] * s_w[c] / s_y. Scalar Mul / Add / Sub after the table (PP-LCNetV3's learnable affine
 blocks) are absorbed into it: one table of the composed function, the intermediate values never
-quantized. 8-bit types only (int16 stays per tensor). Only whole edges whose
+quantized. In int16 the table is interpolated (`ops.quantized.q_lookup_interp`: 513 knots
+per channel instead of 65536 codes). Only whole edges whose
 every reader is one of these nodes qualify (nothing else ever reads a per-channel value), so no
 other kernel needs a per-channel form.
 """
@@ -31,9 +32,8 @@ from ..tensor import QuantParams
 from .params import HEADROOM, channel_params
 
 log = logging.getLogger(__name__)
-# int16 keeps per-tensor parameters: its resolution to spare is plentiful, and one int16 table
-# per channel would take 128 KB each
-EIGHT_BIT = frozenset({"uint8", "int8"})
+# int16 tables per channel are interpolated (QLookupInterp: 513 knots, 1 KB, per channel)
+CHANNEL_DTYPES = frozenset({"uint8", "int8", "int16"})
 
 
 @dataclass(frozen=True)
@@ -129,12 +129,12 @@ def chosen_edges(
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
 ) -> list[tuple[Edge, str]]:
     """The edges quantized per channel, each with its dtype: those whose nodes all run in one
-    8-bit dtype (`dtype_of`: None for float) and whose per-channel ranges calibration
+    quantized dtype (`dtype_of`: None for float) and whose per-channel ranges calibration
     recorded (older statistics lack them: that edge stays per tensor)."""
     chosen = []
     for edge in depthwise_edges(graph):
         dtypes = {dtype_of(node) for node in edge.nodes}
-        if len(dtypes) != 1 or not dtypes <= EIGHT_BIT:
+        if len(dtypes) != 1 or not dtypes <= CHANNEL_DTYPES:
             continue
         missing = [v.name for v in edge.values if v.name not in channel_ranges]
         if missing:
@@ -150,6 +150,13 @@ def chosen_edges(
 
 
 Narrow = Callable[[float, float, int], tuple[float, float]]
+# An int16 channel's range is at least this share of the widest channel's. BatchNorm-folded
+# exports carry dead channels (weights ~1e-26, values ~1e-11): on their own range, their
+# producer's multiplier s_x·s_w/s_y falls below 2^-31 and is flushed to zero while the bias,
+# in accumulator units, is ~1e17, so the integer kernel gives 0 where the real output is
+# hundreds of that channel's steps (onnxruntime's QDQ: 16384 codes apart on the layout
+# detector). On 2^-20 of the widest range such values round to 0 either way.
+INT16_MIN_RANGE = 2.0**-20
 
 
 def edge_params(
@@ -163,4 +170,6 @@ def edge_params(
     if narrow is not None:
         pairs = [narrow(float(a), float(b), c) for c, (a, b) in enumerate(zip(low, high))]
         low, high = np.array(pairs, np.float64).reshape(-1, 2).T
+    if dtype == "int16":  # dead channels: see INT16_MIN_RANGE
+        high = np.maximum(high, np.abs(np.concatenate([low, high])).max() * INT16_MIN_RANGE)
     return channel_params(low, high, dtype)

@@ -43,6 +43,7 @@ from ..ir import Graph, Node
 from ..macs import graph_macs, macs
 from ..metrics import sqnr_db
 from ..ops import OPS
+from .channel_activations import depthwise_edges
 from .config import LayerOverride, QuantConfig
 from .evaluate import Batch, Comparison
 from .model_io import is_quantized
@@ -109,6 +110,37 @@ def layer_units(float_graph: Graph, quantized: Graph) -> dict[str, list[str]]:
     }
 
 
+def edge_units(
+    float_graph: Graph, units: dict[str, list[str]]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """`units` with the layers of each per-channel edge (`channel_activations`: the producing
+    Conv, its table and the scalar ops the table absorbs, the depthwise Convs) merged into one
+    unit, keyed by its first layer, so an edge is promoted whole: a split edge is quantized per
+    tensor in both types. Returns (units, the measurable layers of each unit): a table that
+    absorbs scalar ops has no twin of its own output, so it is not measured alone."""
+    merged: dict[str, list[str]] = {}
+    members: dict[str, list[str]] = {}
+    home: dict[str, str] = {}  # layer -> key of the merged unit holding it
+    for edge in depthwise_edges(float_graph):
+        layers = [n.name for n in edge.nodes if n.name in units]
+        keys = list(dict.fromkeys(home.get(layer, layer) for layer in layers))
+        if not layers:
+            continue
+        key = min(keys, key=list(units).index)
+        names = [name for k in keys for name in merged.pop(k, units[k])]
+        names += [n.name for n in edge.nodes if n.name not in names]
+        skip = edge.table.name if edge.affine else None
+        measurable = [m for k in keys for m in members.pop(k, [k]) if m != skip]
+        merged[key], members[key] = list(dict.fromkeys(names)), measurable
+        home.update(dict.fromkeys([n for n in merged[key] if n in units], key))
+    result = {
+        layer: merged.get(layer, unit)
+        for layer, unit in units.items()
+        if home.get(layer, layer) == layer
+    }
+    return result, {layer: members.get(layer, [layer]) for layer in result}
+
+
 def _first(batches: Sequence[Batch], count: int) -> Batch:
     """The first `count` samples of `batches`, as one batch."""
     return {name: np.concatenate([batch[name] for batch in batches])[:count] for name in batches[0]}
@@ -169,6 +201,9 @@ def search(
     if met(base):
         return _result(base_graph, (), base, target, fraction, steps)
     units = layer_units(float_graph, base_graph)
+    members = {layer: [layer] for layer in units}
+    if config.activation_granularity == "channel":
+        units, members = edge_units(float_graph, units)
 
     def promoted(kept: set[str]) -> list[str]:
         return [name for layer, unit in units.items() if layer not in kept for name in unit]
@@ -184,9 +219,14 @@ def search(
     aim = 10 ** (-target.target_sqnr_db / 10)
     allowed = {o: max(aim - r, 1e-30) for o, r in floor.items()}
     measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
-    signal, noise = isolated_output_noise(
-        float_graph, base_graph, _first(batches, SENSITIVITY_SAMPLES), measured
+    alone_layers = [member for layer in measured for member in members[layer]]
+    signal, layer_noise = isolated_output_noise(
+        float_graph, base_graph, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
+    noise = {  # a merged edge's layers: their noises added
+        layer: {o: sum(layer_noise[m][o] for m in members[layer]) for o in signal}
+        for layer in measured
+    }
     cost = dict.fromkeys(units, math.inf)  # negligible layers are always promoted
     for layer in measured:
         cost[layer] = max(

@@ -41,6 +41,7 @@ from .kernel_attrs import (
     binary_attrs,
     concat_attrs,
     constant_operands,
+    interpolated_table,
     lookup_table,
     matmul_attrs,
     requantize_attrs,
@@ -56,7 +57,7 @@ from .params import (
     weight_params,
 )
 from .recurrent_rule import quantize_recurrent, recurrent_ok
-from .table_ranges import live_range
+from .table_ranges import composed_live_range, live_range
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
 
@@ -124,13 +125,22 @@ class _Quantizer:
         """Each channel's calibrated min/max, narrowed per channel where a table reads the
         value (`channel_activations.edge_params`)."""
         dtype = self.per_channel[id(value)]
-        absorbs = any(id(user) in self.affine for user in value.users)
+        absorbing = [user for user in value.users if id(user) in self.affine]
         narrow = None
-        if not absorbs:  # the table is the end of the edge: where its code changes
+        if not absorbing:  # the table is the end of the edge: where its code changes
 
             def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
                 out = lambda v, kind: channel_of(self.params(v, kind), c)  # noqa: E731
                 return live_range(value, lo, hi, dtype, self._dtype_of, out, self._is_output)
+
+        elif dtype == "int16":  # where the composed function changes code (interpolation
+            (table,) = absorbing  # steps are 128 input codes: input codes spent on the flat
+            then = self.affine[id(table)]  # side would coarsen them)
+            end = then[-1].outputs[0]
+
+            def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
+                y = channel_of(self.params(end, dtype), c)
+                return composed_live_range(table, then, lo, hi, y, dtype)
 
         return edge_params(self.channel_ranges[value.name], dtype, narrow)
 
@@ -322,9 +332,13 @@ class _Quantizer:
         affine = self.affine.get(id(node), ())
         out = (affine[-1] if affine else node).output
         out_params = self.params(out, dtype)
-        codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
+        op = "QLookup"
+        if dtype == "int16" and out_params.axis is not None:  # 513 knots per channel
+            op, codes = "QLookupInterp", interpolated_table(node, x.quant, out_params, affine)
+        else:
+            codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
         table = self.graph.add_constant(codes, f"{node.name}_table")
-        self._produce(node, "QLookup", [x, table], {}, dtype, out_params, out)
+        self._produce(node, op, [x, table], {}, dtype, out_params, out)
         self.absorbed.update(id(n) for n in affine)
 
     def _passthrough_ok(self, node: Node) -> bool:

@@ -1,0 +1,149 @@
+"""How far the interpolated int16 per-channel tables (QLookupInterp, 513 knots per channel) are
+from the float function on the real models' ranges. Prints JSON, one entry per model.
+
+Each model is calibrated on the bench's calibration images and quantized to int16 with
+`activation_granularity = "channel"`; for every QLookupInterp and every channel, each input code
+within that channel's calibrated range is run through the table and compared with the float
+function rounded at that code (`kernel_attrs.function_codes`, the 65536-entry table's value), in
+output codes (LSBs): the largest difference, the 99.9th percentile, the mean and the share of
+codes that agree exactly; with the largest difference as a share of int16's half range
+(32767 codes: the channel's calibrated output range is about half of it, the headroom).
+With `--qdq`: every per-channel layer (QConv with per-channel input or output,
+QLookupInterp) exported alone as QDQ ONNX and run in onnxruntime on the integer reference's own
+inputs (the first calibration image; onnxruntime's graph optimizations off): per op, the
+layers, the largest code difference and how many layers are within 1 code.
+
+    python bench/int16_tables.py [--samples 4] [--models layout_cdla,...] [--qdq]
+"""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from mixed_precision import _fixed
+from real_models import MODELS, samples
+
+from onebuild.compile import QuantizeOptions, optimize, quantize
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.ops import OPS
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.channel_activations import depthwise_edges
+from onebuild.graph_ir.quant.kernel_attrs import function_codes
+from onebuild.graph_ir.quant.params import channel_of, dequantize
+from onebuild.graph_ir.serde import load_onnx
+from onebuild.graph_ir.serde.onnx_export import export_onnx
+
+CODES = np.arange(-32768, 32768).astype(np.int16)
+
+
+def _alone(node) -> Graph:
+    """`node` alone, its computed inputs as graph inputs (same dtypes and parameters)."""
+    graph = Graph(node.name)
+    inputs = []
+    for value in node.inputs:
+        if value.is_const:
+            new = graph.add_constant(value.const, value.name)
+        else:
+            new = graph.add_input(value.name, value.dtype, value.shape)
+        new.quant = value.quant
+        inputs.append(new)
+    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
+    copy.output.quant = node.output.quant
+    graph.outputs = [copy.output]
+    return graph
+
+
+def qdq_differences(quantized: Graph, feeds: dict) -> dict:
+    """Per-channel layers alone in onnxruntime against the integer reference, in codes."""
+    trace = {}
+    Interpreter(quantized, observer=lambda v, a: trace.__setitem__(v.name, a)).run_batch(feeds)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # onnxruntime's graph optimizations put int16 DQ -> Conv -> Q on a kernel that differs by
+    # thousands of codes (per tensor too: the OCR detector's first conv): measured without
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    worst: dict[str, list[int]] = {}
+    for node in quantized.nodes:
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
+        if node.op not in ("QConv", "QLookupInterp") or all(
+            v.quant is None or v.quant.axis is None for v in values
+        ):
+            continue
+        proto = export_onnx(Model([_alone(node)])).SerializeToString()
+        session = ort.InferenceSession(proto, options, ["CPUExecutionProvider"])
+        inputs = {v.name: trace[v.name] for v in node.inputs if v is not None and not v.is_const}
+        (theirs,) = session.run(None, inputs)
+        diff = np.abs(theirs.astype(np.int64) - trace[node.output.name].astype(np.int64))
+        worst.setdefault(node.op, []).append(int(diff.max()))
+    return {
+        f"qdq_{op}": {
+            "layers": len(d),
+            "max_code_difference": max(d),
+            "within_1": sum(x <= 1 for x in d),
+        }
+        for op, d in worst.items()
+    }
+
+
+def measure(spec, count: int, work: Path, qdq: bool = False) -> dict:
+    path = _fixed(spec, work)
+    calib, _ = samples(spec, count)
+    float_graph = optimize(load_onnx(path)).main
+    stats = calibrate(float_graph, [("calibration", {float_graph.inputs[0].name: calib})])
+    options = QuantizeOptions(dtype="int16", activation_granularity="channel")
+    quantized = quantize(optimize(load_onnx(path)), options, stats).main
+    tables = {n.name: n for n in quantized.nodes if n.op == "QLookupInterp"}
+    differences, relative = [], []
+    for edge in depthwise_edges(float_graph):
+        node = tables.get(edge.table.name) if edge.table else None
+        if node is None:
+            continue
+        channels = node.inputs[1].shape[0]
+        every = np.repeat(CODES[None, None, :, None], channels, axis=1)
+        (got,) = OPS["QLookupInterp"].kernel({}, every, node.inputs[1].numpy())
+        lo, hi = stats.channel_ranges[edge.values[0].name]
+        for c in range(channels):
+            x, y = channel_of(node.inputs[0].quant, c), channel_of(node.output.quant, c)
+            real = dequantize(CODES, x)
+            exact = function_codes(edge.table, real, y, "int16", edge.affine)
+            inside = (real >= min(lo[c], 0)) & (real <= max(hi[c], 0))
+            diff = np.abs(got[0, c, :, 0].astype(np.int64) - exact)[inside]
+            differences.append(diff)
+            relative.append(diff.max() / np.iinfo(np.int16).max)
+    every = np.concatenate(differences)
+    extra = qdq_differences(quantized, {float_graph.inputs[0].name: calib[:1]}) if qdq else {}
+    return {
+        **extra,
+        "model": spec.name,
+        "tables": len(tables),
+        "channels": len(relative),
+        "codes_compared": int(every.size),
+        "max_lsb": int(every.max()),
+        "p99_9_lsb": float(np.percentile(every, 99.9)),
+        "mean_lsb": round(float(every.mean()), 4),
+        "exact_share": round(float(np.mean(every == 0)), 4),
+        "within_1_lsb_share": round(float(np.mean(every <= 1)), 5),
+        "max_share_of_int16_range": round(float(max(relative)), 5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=4, help="calibration samples")
+    parser.add_argument("--models", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--qdq", action="store_true", help="per-channel layers in onnxruntime")
+    args = parser.parse_args()
+    wanted = {m for m in args.models.split(",") if m}
+    with tempfile.TemporaryDirectory() as folder:
+        for spec in MODELS:
+            if not wanted or spec.name in wanted:
+                entry = measure(spec, args.samples, Path(folder), args.qdq)
+                print(json.dumps(entry), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""int16 per-channel activations on Conv -> table -> depthwise Conv edges: the table is
+interpolated (QLookupInterp: 513 knots per channel, TFLite's int16 LUT form), checked against
+its loop definition, against the float function (output LSBs, within the bound its kinks and
+curvature give), for the SQNR it buys, in onnxruntime (QDQ export) and in an NPU package
+(the edge on the CPU, bit-exact). The model is `test_channel_activations.spread_model`: a
+BatchNorm-folded pointwise conv whose channels span 300x, HardSwish [then a scalar affine],
+a depthwise conv."""
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import pytest
+from test_channel_activations import (
+    CHANNELS,
+    _digits,
+    _node,
+    _quantized,
+    _round_half_even,
+    _session,
+    _sqnr,
+    _trace,
+    spread_model,
+)
+from test_partition import assert_package_matches_reference, build_statuses
+from test_qdq_export import single_node
+
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
+from onebuild.errors import UnsupportedOpsError
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Model
+from onebuild.graph_ir.ops import OPS
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.channel_activations import depthwise_edges, edge_params
+from onebuild.graph_ir.quant.kernel_attrs import function_codes
+from onebuild.graph_ir.quant.mixed_precision import edge_units
+from onebuild.graph_ir.quant.params import channel_of, dequantize
+from onebuild.graph_ir.serde import load_model, load_onnx
+from onebuild.graph_ir.serde.circle_write import write_circle
+from onebuild.npz import write_npz
+
+AFFINE = (0.63, -0.55)  # spread_model(affine=True)'s scalar Mul and Add after the HardSwish
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["hardswish", "affine"])
+def spread(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("spread16") / "m.onnx"
+    onnx.save(spread_model(affine=request.param), path)
+    model = load_model(path)
+    run_preset(model)
+    calib, evaluation = _digits()
+    stats = calibrate(model.main, {"x": calib})
+    quantized = _quantized(model.main, stats, "int16", "channel")
+    return request.param, model.main, stats, evaluation, quantized
+
+
+def _table(quantized):
+    (node,) = [n for n in quantized.nodes if n.op == "QLookupInterp"]
+    return node
+
+
+def _function(real: float, affine: bool) -> float:
+    """HardSwish [then the affine], in float32 by the float graph's own kernels."""
+    (y,) = OPS["HardSwish"].kernel({}, np.float32([real]))
+    if affine:
+        y = np.float32(np.float32(y * np.float32(AFFINE[0])) + np.float32(AFFINE[1]))
+    return float(y[0])
+
+
+def test_the_int16_edge_is_per_channel_with_an_interpolated_table(spread):
+    quantized = spread[-1]
+    per_channel = {v.name for n in quantized.nodes for v in n.outputs if v.quant and v.quant.axis}
+    assert per_channel == {"pw_q", "hs_q"}
+    table = _table(quantized).inputs[1]
+    assert table.shape == (CHANNELS, 513) and table.dtype == np.int16
+    assert "QLookup" not in {n.op for n in quantized.nodes}
+
+
+def test_table_and_kernel_equal_their_loop_definitions(spread):
+    affine, _, _, evaluation, quantized = spread
+    node = _table(quantized)
+    x, y, table = node.inputs[0].quant, node.output.quant, node.inputs[1].numpy()
+    for c in range(CHANNELS):  # knot k: the function at input code -32768 + 128 k, rounded
+        for k in range(513):
+            real = float(np.float32((-32768 + 128 * k) * x.scale[c]))
+            q = _round_half_even(Fraction(_function(real, affine)) / Fraction(y.scale[c]))
+            assert table[c, k] == min(max(q, -32768), 32767), (c, k)
+    trace = _trace(quantized, evaluation[5])
+    codes, got = trace[node.inputs[0].name][0], trace[node.output.name][0]
+    for c in range(CHANNELS):  # y = a + floor(((b - a) t + 64) / 128)
+        for i in range(8):
+            for j in range(8):
+                u = int(codes[c, i, j]) + 32768
+                a, b = int(table[c, u // 128]), int(table[c, u // 128 + 1])
+                assert got[c, i, j] == a + ((b - a) * (u % 128) + 64) // 128
+
+
+def test_interpolation_error_stays_within_the_bound_of_kinks_and_curvature(spread):
+    """Against the float function rounded at every code (the 65536-entry table), over each
+    channel's calibrated input range: at most 2 LSB of rounding, plus where a segment holds a
+    kink of slope jump J (HardSwish at ±3: J = 0.5 · the affine scale), J·h/4, plus the
+    curvature's f''·h²/8 (h = 128 input steps, in output steps)."""
+    affine, graph, stats, _, quantized = spread
+    node = _table(quantized)
+    (edge,) = depthwise_edges(graph)
+    codes = np.arange(-32768, 32768).astype(np.int16)
+    every = np.repeat(codes[None, None, :, None], CHANNELS, axis=1)
+    (got,) = OPS["QLookupInterp"].kernel({}, every, node.inputs[1].numpy())
+    gain = AFFINE[0] if affine else 1.0
+    lo, hi = stats.channel_ranges[edge.values[0].name]
+    errors = []
+    for c in range(CHANNELS):
+        x, y = channel_of(node.inputs[0].quant, c), channel_of(node.output.quant, c)
+        real = dequantize(codes, x)
+        exact = function_codes(edge.table, real, y, "int16", edge.affine)
+        inside = (real >= min(lo[c], 0)) & (real <= max(hi[c], 0))
+        error = np.abs(got[0, c, :, 0].astype(np.int64) - exact)[inside].max()
+        h = 128 * x.scale[0]
+        bound = 2 + (gain * 0.5 * h / 4 + gain / 3 * h * h / 8) / y.scale[0]
+        assert error <= bound, (c, error, bound)
+        errors.append(int(error))
+    # measured: the small channels within 1 LSB, the widest ones at the kinks 5-38 (80 with
+    # the affine, whose output steps are 8x finer than its input steps)
+    assert sorted(errors)[CHANNELS // 2] <= 1 and max(errors) >= 5
+
+
+def test_int16_per_channel_rises_by_20_db(spread):
+    affine, graph, stats, evaluation, quantized = spread
+    tensor = _sqnr(graph, _quantized(graph, stats, "int16", "tensor"), evaluation)
+    channel = _sqnr(graph, quantized, evaluation)
+    # measured: 37.7 -> 72.3 dB (hardswish), 64.0 -> 77.8 (affine)
+    assert channel >= tensor + (10 if affine else 30), (tensor, channel)
+    assert channel >= 70
+
+
+def test_qdq_export_is_exact_for_the_table_and_within_one_lsb(spread):
+    _, graph, stats, evaluation, _ = spread
+    quantized = _quantized(graph, stats, "int16", "channel", output_type="int16")
+    node = _table(quantized)
+    runtime = _session(Model([single_node(node)]))
+    codes = np.arange(-32768, 32768).astype(np.int16).reshape(-1, 1, 1, 8, 8)
+    for block in np.repeat(codes, CHANNELS, axis=2):  # every code of every channel
+        (theirs,) = runtime.run(None, {node.inputs[0].name: block})
+        (ours,) = OPS["QLookupInterp"].kernel({}, block, node.inputs[1].numpy())
+        np.testing.assert_array_equal(theirs, ours)
+    for name in ("pw", "dw"):  # per-axis int16 Q/DQ around float convs: within 1 LSB
+        conv = _node(quantized, name)
+        runtime = _session(Model([single_node(conv)]))
+        for sample in evaluation[:4]:
+            trace = _trace(quantized, sample)
+            (theirs,) = runtime.run(None, {conv.inputs[0].name: trace[conv.inputs[0].name]})
+            diff = np.abs(theirs.astype(np.int64) - trace[conv.output.name])
+            assert diff.max() <= 1, name
+    ours = Interpreter(quantized).run_batch({"x": evaluation})["y"]
+    runtime = _session(Model([quantized]))
+    theirs = np.stack([runtime.run(None, {"x": sample})[0] for sample in evaluation])
+    diff = np.abs(ours.astype(np.int64) - theirs)  # 1-LSB differences compound end to end
+    print("end to end: max", diff.max(), "share within 1 LSB", np.mean(diff <= 1))
+    assert diff.max() <= 2 and np.mean(diff <= 1) >= 0.99
+    with pytest.raises(UnsupportedOpsError, match="QLookupInterp"):  # TFLite: per tensor only
+        write_circle(Model([quantized]))
+
+
+def test_int16_npu_package_runs_the_edge_on_cpu_and_is_bit_exact(tmp_path):
+    onnx.save(spread_model(affine=True), tmp_path / "m.onnx")
+    calib, evaluation = _digits()
+    write_npz(tmp_path / "calib.npz", {"x": calib})
+    write_npz(tmp_path / "eval.npz", {"x": evaluation[:4]})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ndtype = "int16"\n'
+        'calibration = "calib.npz"\nactivation_granularity = "channel"\n[partition]\n'
+        '[codegen]\nhw = "trix-m"\n[pack]\noutput = "out/m.nnpkg"\n'
+    )
+    build_statuses(recipe)
+    report = assert_package_matches_reference(tmp_path)
+    assert [p["backend"] for p in report["parts"]] == ["trix", "cpu", "trix"]
+    fallbacks = {f["node"] for f in report["fallbacks"]}
+    assert fallbacks == {"pw", "hs0", "dw"}
+    manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
+    assert len(manifest["models"]) == 3
+
+
+# -- mixed precision -------------------------------------------------------------------------------
+def test_mixed_precision_promotes_the_edge_whole_to_int16_per_channel(tmp_path):
+    """uint8 per channel holds 40.4 dB; for 50 the search promotes the edge (pointwise conv,
+    table with its absorbed Mul and Add, depthwise conv) together, and the edge becomes int16
+    per channel with an interpolated table (70.4 dB). Split, it would be per tensor."""
+    path = tmp_path / "m.onnx"
+    onnx.save(spread_model(affine=True), path)
+    calib, evaluation = _digits()
+    model = optimize(load_onnx(path))
+    stats = calibrate(model.main, [("calibration", {"x": calib})])
+    units, members = edge_units(model.main, {n: [n] for n in ("c0", "pw", "hs0", "dw", "y")})
+    assert units == {"c0": ["c0"], "pw": ["pw", "hs0", "dw", "hs1", "hs"], "y": ["y"]}
+    assert members["pw"] == ["pw", "dw"]  # the table holds the Mul and Add: not measured alone
+    mixed = MixedPrecisionOptions(target_sqnr_db=50)
+    options = QuantizeOptions(activation_granularity="channel", mixed_precision=mixed)
+    quantized = quantize(model, options, stats, [{"x": evaluation[:16]}])
+    record = json.loads(quantized.metadata["mixed_precision"])
+    assert record["target_met"] and record["sqnr_db"] >= 50
+    assert {"pw", "hs0", "hs1", "hs", "dw"} <= set(record["promoted"])
+    assert record["high_precision_mac_fraction"] < 1
+    table = _node(quantized.main, "hs0")
+    assert table.op == "QLookupInterp" and table.output.quant.axis == 1
+    assert _node(quantized.main, "c0").output.dtype == np.uint8
+
+
+def test_an_absorbing_int16_table_input_is_narrowed_to_where_its_code_changes(spread):
+    """With absorbed scalar ops the table's input range is cut where the composed function is
+    flat (HardSwish below -3): coarse interpolation steps are not spent there; every channel's
+    calibrated range stays inside (a positive-only range too, whose headroom-doubled lower
+    bound lies above the data)."""
+    affine, graph, stats, _, quantized = spread
+    node = _table(quantized)
+    (edge,) = depthwise_edges(graph)
+    lo, hi = stats.channel_ranges[edge.values[0].name]
+    bound = np.asarray(node.inputs[0].quant.scale) * 32767
+    assert (bound >= hi).all() and (bound >= np.minimum(-lo, 3.0)).all()
+    flat = 2 * lo < -4  # the doubled range reaches far into the flat side
+    assert flat.any()
+    if affine:
+        assert (bound[flat] < np.maximum(-2 * lo[flat], 2 * hi[flat])).all()
+    else:  # the last op is the table: its own narrowing (table_ranges.live_range) applies
+        assert (bound[flat] <= np.maximum(-2 * lo[flat], 2 * hi[flat])).all()
+
+
+def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path):
+    """The recipe form: uint8 per channel with mixed precision to 50 dB (accuracy data: the
+    evaluation digits); the report keeps its keys, the edge is promoted whole and the NPU
+    package (the edge's int16 per-channel layers on the CPU) is bit-exact."""
+    onnx.save(spread_model(affine=True), tmp_path / "m.onnx")
+    calib, evaluation = _digits()
+    write_npz(tmp_path / "calib.npz", {"x": calib})
+    write_npz(tmp_path / "eval.npz", {"x": evaluation[:4]})
+    write_npz(tmp_path / "test.npz", {"x": evaluation[:16]})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ncalibration = "calib.npz"\n'
+        'activation_granularity = "channel"\n[quantize.mixed_precision]\ntarget_sqnr_db = 50\n'
+        '[quantize.accuracy]\ndata = "test.npz"\n[partition]\n[codegen]\nhw = "trix-m"\n'
+        '[pack]\noutput = "out/m.nnpkg"\n'
+    )
+    build_statuses(recipe)
+    report = json.loads((tmp_path / "build/r/quantize.accuracy.json").read_text())
+    record = report["mixed_precision"]
+    keys = {"target_sqnr_db", "dtype", "promoted", "high_precision_mac_fraction", "sqnr_db"}
+    assert keys | {"target_met", "steps", "sensitivity"} <= set(record)
+    assert record["target_met"] and {"pw", "hs0", "hs1", "hs", "dw"} <= set(record["promoted"])
+    partition = assert_package_matches_reference(tmp_path)
+    assert "cpu" in [p["backend"] for p in partition["parts"]]
+    assert {"pw", "hs0", "dw"} <= {f["node"] for f in partition["fallbacks"]}
+
+
+def test_a_dead_int16_channel_gets_a_range_of_at_least_2_to_the_minus_20_of_the_widest():
+    """A dead channel (values ~1e-11) on its own range would get a multiplier that flushes to
+    zero while its bias, in accumulator units, is ~1e17 (see INT16_MIN_RANGE)."""
+    low, high = np.array([-10.0, -1e-11, 0.0]), np.array([6.0, 1e-11, 3.0])
+    params = edge_params((low, high), "int16", None)
+    floor = 2 * 10.0 * 2.0**-20 / 32767  # the headroom doubles every range first
+    assert params.scale[1] == pytest.approx(floor)
+    assert params.scale[0] == pytest.approx(20.0 / 32767)  # live channels keep their range
+    assert params.scale[2] == pytest.approx(6.0 / 32767)
+    eight = edge_params((low, high), "uint8", None)  # 8-bit keeps each channel's own range
+    assert eight.scale[1] == pytest.approx(2e-11 / 255)
