@@ -34,6 +34,7 @@ from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
+from .bias_correction import corrected_bias
 from .channel_activations import chosen_edges, edge_params
 from .config import FLOAT, QuantConfig, layer_settings
 from .kernel_attrs import (
@@ -277,9 +278,8 @@ class _Quantizer:
         limit = np.iinfo(b_type)
         b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
         mean = self.means.get(node.inputs[0].name)
-        if mean is not None and mean.size == _in_channels(node, w, channel_axis):
-            error = wq * np.asarray(w_params.scale).reshape(_channel_shape(w, channel_axis)) - w
-            b_real = b_real - _output_shift(node, error, mean, channel_axis)
+        if mean is not None:
+            b_real = corrected_bias(node, w, wq, w_params.scale, b_real, mean, channel_axis)
         bq = np.clip(np.rint(b_real / (s_x * scales)), limit.min, limit.max).astype(b_type)
         attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype)
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
@@ -451,29 +451,6 @@ def _constant_weights(node: Node) -> bool:
         return False
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     return bias is None or bias.is_const
-
-
-def _channel_shape(weight: np.ndarray, axis: int) -> tuple[int, ...]:
-    shape = [1] * weight.ndim
-    shape[axis] = -1
-    return tuple(shape)
-
-
-def _in_channels(node: Node, weight: np.ndarray, axis: int) -> int:
-    if node.op == "Conv":
-        return weight.shape[1] * node.attrs["group"]
-    return weight.shape[1 - axis]
-
-
-def _output_shift(node: Node, weight_error: np.ndarray, mean: np.ndarray, axis: int) -> np.ndarray:
-    """The mean output change per channel that `weight_error` causes on inputs whose channels
-    average `mean` (zero padding ignored)."""
-    if node.op != "Conv":
-        return weight_error @ mean if axis == 0 else mean @ weight_error
-    groups = node.attrs["group"]
-    out_channels, in_per_group = weight_error.shape[:2]
-    per_group = weight_error.reshape(groups, out_channels // groups, in_per_group, -1).sum(axis=3)
-    return np.einsum("goi,gi->go", per_group, mean.reshape(groups, in_per_group)).ravel()
 
 
 def nearest(node: Node, weight: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
