@@ -64,7 +64,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="onebuild", description=__doc__)
+    parser = _Parser(
+        prog="onebuild",
+        description="onecc-style compiler driver: TOML recipes build ONNX, circle or tflite "
+        "models into quantized, partitioned, NPU-compiled nnpackages (cached, incremental); "
+        "model commands run, inspect, export and compare models. Exit codes: 0 done, 1 a "
+        "build step failed, 2 bad input (one line, no traceback).",
+    )
     parser.add_argument("--version", action="version", version=f"onebuild {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -103,8 +103,11 @@ def cmd_build(args) -> int:
         summary = f"{counts['run']} step(s) run, {counts['up-to-date']} up to date"
         if counts["restored"]:
             summary += f", {counts['restored']} restored from the step cache"
-        if counts["failed"]:
-            summary += f", {counts['failed']} failed"
+        blocked = sum(r.blocked for r in failed)
+        if len(failed) > blocked:
+            summary += f", {len(failed) - blocked} failed"
+        if blocked:
+            summary += f", {blocked} not run (after a failed step)"
         print(summary)
         for package in packages:
             print(f"package: {package}")

@@ -125,7 +125,7 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
     except (OSError, ValueError):
         return ["its build log is unreadable"]
     if log.get("status") == "running":
-        return ["its last run did not finish"]
+        return ["its last run failed or did not finish"]
     reasons = []
     if log.get("code") != STEPS[task.step].code(task.config):
         reasons.append("onebuild's code for this step changed")

@@ -152,11 +152,19 @@ class Writer:
                 )
         for value in self.graph.inputs:
             self.define(value, None)
+        per_channel = [n.name for n in self.graph.nodes if _per_channel_activations(n)]
+        if per_channel:
+            raise ModelError(
+                f"circle/tflite export: {len(per_channel)} node(s) take or give activations "
+                f"quantized per channel, which TFLite kernels cannot (nodes "
+                f"{', '.join(repr(n) for n in per_channel[:5])}{', ...' * (len(per_channel) > 5)}"
+                '); quantize with activation_granularity = "tensor" for circle'
+            )
         unsupported = []
         for node in self.graph.nodes:
             mapping = WRITERS.get(node.op)
             try:
-                if mapping is None or _per_channel_activations(node):
+                if mapping is None:
                     raise ops.Unsupported
                 mapping(self, node)
             except ops.Unsupported:

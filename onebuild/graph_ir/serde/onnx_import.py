@@ -254,14 +254,17 @@ class _GraphImporter:
                 shape.append(fixed)
             elif axis == 0:
                 log.warning(
-                    "input '%s': dynamic batch dim set to 1 (use input_shapes to change)", info.name
+                    "input '%s': dynamic batch dim set to 1 (change it with import.input_shapes "
+                    "in a recipe, --input-shape on the command line)",
+                    info.name,
                 )
                 shape.append(1)
             else:
                 label = dim.dim_param or (str(dim.dim_value) if dim.HasField("dim_value") else "?")
                 raise ModelError(
                     f"{self.source}: input '{info.name}' has dynamic dim '{label}' on axis {axis};"
-                    f" fix it with input_shapes, e.g. {{ {info.name} = [...] }}"
+                    f" fix it with import.input_shapes, e.g. {{ {info.name} = [...] }} in a "
+                    f"recipe, or --input-shape {info.name}=... on the command line"
                 )
         return dtype, tuple(shape)
 
