@@ -183,7 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
     p.add_argument("--dot", action="store_true", help="Graphviz dot output")
     p = recipe_command("clean", "remove artifacts, logs and task state", cmd_clean, False)
-    p.add_argument("--cache", action="store_true", help="also empty the local step cache")
+    p.add_argument(
+        "--cache",
+        action="store_true",
+        help="also empty the build folder's step cache (a shared build.cache is kept: cache gc)",
+    )
     recipe_command("report", "write the HTML build report (report.html)", cmd_report, False)
 
     cache = sub.add_parser("cache", help="manage a step cache")

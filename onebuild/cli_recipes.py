@@ -223,6 +223,9 @@ def cmd_clean(args) -> int:
             if args.cache and plan.cache_dir is None:
                 shutil.rmtree(plan.build_dir / "cache", ignore_errors=True)
         print(f"cleaned {plan.recipe.name}")
+        shared = plan.cache_dir or plan.cache_url
+        if args.cache and shared:
+            print(f"kept the shared step cache {shared} (build.cache); trim it with `onebuild cache gc`")
     return 0
 
 
