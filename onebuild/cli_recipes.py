@@ -225,7 +225,7 @@ def cmd_clean(args) -> int:
         print(f"cleaned {plan.recipe.name}")
         shared = plan.cache_dir or plan.cache_url
         if args.cache and shared:
-            print(f"kept the shared step cache {shared} (build.cache); trim it with `onebuild cache gc`")
+            print(f"kept the shared step cache {shared} (build.cache): trim it with `cache gc`")
     return 0
 
 
