@@ -147,7 +147,8 @@ def test_corrupt_database_is_recovered(project):
     run(project)
     (project / "build/r/tasks.sqlite3").write_bytes(b"garbage" * 100)
     statuses = run(project)
-    assert statuses["import"] == "restored"  # doit's state is lost, the step cache is not
+    # doit's state is lost; the step logs still prove every output current (same cache key)
+    assert set(statuses.values()) == {"up-to-date"}
     assert any(p.name.startswith("tasks.sqlite3.corrupt") for p in (project / "build/r").iterdir())
     assert set(run(project).values()) == {"up-to-date"}
 

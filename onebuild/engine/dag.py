@@ -272,6 +272,9 @@ class _Runner:
                 digests = [tree_digest(p) for p in task.inputs]
                 code = step.code(task.config)
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
+                if _done_with(task, key):  # doit's database lacked it (another recipe's folder)
+                    result.status = "up-to-date"
+                    return True
                 refuse_foreign(task.outputs, f"{task.recipe}: [{where}]", "replace")
                 other = made_by(task.outputs)
                 if other not in (None, str(task.recipe)):
@@ -357,6 +360,18 @@ class _Runner:
             ],
             "verbosity": 0,
         }
+
+
+def _done_with(task: StepTask, key: str) -> bool:
+    """Whether the step's log says it finished with cache key `key` and its outputs are as it
+    left them: nothing to do, even where doit's database has no record of the task (a build of
+    several recipes keeps its state in the first one's folder)."""
+    try:
+        log = json.loads(Path(f"{task.outputs[0]}.log").read_bytes())
+    except (OSError, ValueError):
+        return False
+    finished = isinstance(log, dict) and log.get("status") in ("run", "restored")
+    return finished and log.get("cache_key") == key and outputs_intact(task.outputs, task.recipe)
 
 
 def _folder_files(folder: Path) -> list[Path]:
