@@ -21,6 +21,7 @@ from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.npz import read_npz
+from onebuild.targets.trix_sim import kernels
 from onebuild.targets.trix_sim.codegen import LOAD, generate
 from onebuild.targets.trix_sim.exact import (
     FLOAT32_EXACT,
@@ -289,15 +290,22 @@ def _requantization_cases(rng, qmin, qmax, zp, shift):
     return acc, bias, m, r, want
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def requantize_path(request, monkeypatch):
+    """The float requantization by the compiled kernel (numba, in the test extra) or numpy."""
+    monkeypatch.setattr(kernels, "use", request.param == "compiled")
+    assert (kernels.compiled() is not None) == (request.param == "compiled")
+
+
 @pytest.mark.parametrize("dtype, qmin, qmax, zp", [
     ("uint8", 0, 255, 131), ("int8", -127, 127, 0), ("int16", -32767, 32767, 0),
     ("uint8", 0, 255, 0),
 ])  # fmt: skip
-def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp):
+def test_requantization_shortcuts_equal_the_reference(rng, requantize_path, dtype, qmin, qmax, zp):
     """The float64 (also from float32 accumulators, whose bias is added in float32) and
     in-place int64 requantizations equal params.requantize plus saturation on results at the
     clip bounds and at rounding ties, for every shift they accept, and decline the shifts
-    their proofs do not cover."""
+    their proofs do not cover; on both paths of the float one."""
     accepted = {"float": [], "int64": [], "float32": []}
     for shift in range(8, 63, 3):
         acc, bias, m, r, want = _requantization_cases(rng, qmin, qmax, zp, shift)
@@ -332,7 +340,7 @@ NEAR_TIES = [(1059271, 1868380169, 44, 112), (1080351, 1176502305, 43, 144),
              (33559303, 1316820297, 49, 78), (33764623, 1308812817, 49, 78)]  # fmt: skip
 
 
-def test_requantization_shortcuts_one_step_below_a_tie():
+def test_requantization_shortcuts_one_step_below_a_tie(requantize_path):
     for a, m, r, j in NEAR_TIES:
         assert requantize(np.int64(a), m, r) == j
         for bias in (0, -123_456):

@@ -9,6 +9,7 @@ from itertools import pairwise
 import numpy as np
 
 from ...graph_ir.quant.params import ADD_SHIFT, requantize
+from . import kernels
 from .lower import Layer
 
 
@@ -171,7 +172,19 @@ def requantize_float(
     if scaling is False:
         return None
     scale, offset, bias32 = scaling
-    if acc.dtype == np.float32 and bias32 is not None:
+    narrow = acc.dtype == np.float32 and bias32 is not None
+    fused = kernels.compiled()
+    rows = _per_row(acc, scale, offset, bias32 if narrow else scale)
+    if fused is not None and rows is not None and acc.flags.c_contiguous:
+        out = np.empty(acc.shape, dtype)
+        scale, offset, bias32 = rows
+        flat = (len(acc), -1)
+        bias32 = bias32 if narrow else bias32[:0].astype(np.float32)  # empty: t = acc s + o
+        fused.requantize(
+            acc.reshape(flat), bias32, scale, offset, zp, qmin, qmax, out.reshape(flat)
+        )
+        return out
+    if narrow:
         t = np.multiply(np.add(acc, bias32, out=acc), scale, dtype=np.float64)
     else:
         t = np.multiply(acc, scale, dtype=np.float64)
@@ -180,6 +193,22 @@ def requantize_float(
     if zp:
         t += zp
     return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+
+
+def _per_row(acc: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray] | None:
+    """`arrays` as one value per row of `acc` (its first axis) each, or None if one of them
+    varies along another axis (or acc has no rows)."""
+    if acc.ndim == 0 or not len(acc) or any(a.ndim > acc.ndim for a in arrays):
+        return None
+    shape = (len(acc),) + (1,) * (acc.ndim - 1)
+    if all(a.shape == shape for a in arrays):  # as requant_channels passes them
+        return [a.reshape(-1) for a in arrays]
+    try:
+        if np.broadcast_shapes(shape, *(a.shape for a in arrays)) != shape:
+            return None
+    except ValueError:
+        return None
+    return [np.ascontiguousarray(np.broadcast_to(a, shape).reshape(-1)) for a in arrays]
 
 
 def float_scaling(bias, m, r, zp: int, qmin: int, qmax: int):

@@ -271,6 +271,7 @@ class Simulator(WholeLayers):
             whole = self._whole_conv(index, layer, held, in_at, t0, t1)
             if whole is not None and self._labels is not None:
                 self._prove(key, held, t0, t1, weights)
+            after = "epilogue" in layer.attrs
             if whole is not None and (
                 key in self._proven
                 or (
@@ -279,14 +280,14 @@ class Simulator(WholeLayers):
                 )
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
-                y = whole[1][box]
+                y, after = whole[1][box], after and not whole[2]
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
                     taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
                 tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
                 y = self._convolve(layer, x, wq, *tile)
             macs = y.size * math.prod(weights.shape[1:])
-            if "epilogue" in layer.attrs:
+            if after:
                 y = self._epilogue(layer, y, in2_at, reads)
         elif layer.kind == "gemm":
             weights = layer.arrays["weights"]

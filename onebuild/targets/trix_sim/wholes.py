@@ -19,10 +19,10 @@ class WholeLayers:
         """A convolution tile that took its slice of the whole layer before, by its kept views:
         the same operand checks, the same slice (through its epilogue, if fused) written to the
         same place."""
-        x, y = self._whole[index]
+        x, y, mapped = self._whole[index]
         if key in self._proven or (same_values(held, x[:, t0:t1]) and same_values(wq, w_ref)):
             tile = y[box]
-            if "epilogue" in layer.attrs:
+            if "epilogue" in layer.attrs and not mapped:
                 tile = self._epilogue(layer, tile, in2_at, [])
             place[...] = tile
             return result
@@ -44,9 +44,11 @@ class WholeLayers:
             self._unproven.add(key)
 
     def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
-        """(input codes, output codes) of the whole convolution, computed at its first tile if
-        its tiles cover its output exactly; None otherwise. The input codes are a copy unless
-        every tile's operands are proven to be them (`_prove`)."""
+        """(input codes, output codes, whether those went through its concat epilogue) of the
+        whole convolution, computed at its first tile if its tiles cover its output exactly;
+        None otherwise. The input codes are a copy unless every tile's operands are proven to
+        be them (`_prove`). A concat epilogue (which reads nothing else) is applied to the
+        whole output once."""
         if index not in self._whole:
             return None
         if self._whole[index] is None:
@@ -72,7 +74,11 @@ class WholeLayers:
             norm = self._norms.get(index)
             whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
             y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm)
-            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
+            y = y.astype(out_t.dtype, copy=False)
+            after = self.module.layers[layer.attrs.get("epilogue", index)]
+            if after.kind == "concat":  # through its concat part once, not tile by tile
+                y = self._epilogue(layer, y, 0, [])
+            self._whole[index] = (x, y, after.kind == "concat")
         return self._whole[index]
 
     def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
