@@ -11,6 +11,7 @@ from .exact import (
     exact_dot,
     exact_int,
     float_scaling,
+    lookup,
     product_bound,
     requantize_float,
     saturate,
@@ -34,12 +35,14 @@ def convolve(
     dtype,
     norm: float | None = None,
     scalings: dict | None = None,
+    table: np.ndarray | None = None,
 ) -> np.ndarray:
     """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
     from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
     or the same values as float32; `norm`: `exact.row_norm` of them as a matrix, if known);
     `dtype` is the output's (the int64 path may return int64). `scalings`: a cache of the
-    requantization constants (`requant_channels`)."""
+    requantization constants (`requant_channels`); `table`: codes of `dtype` to look the
+    results up in (a fused consumer's), if any."""
     a = layer.attrs
     zp = a["x_zero_point"]
     bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
@@ -78,16 +81,17 @@ def convolve(
             parts.append(part.reshape(hi - lo, rows, ow))
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
     bound *= math.prod(wq.shape[1:])
-    return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings)
+    return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings, table)
 
 
 def requant_channels(
-    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype, scalings=None
+    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype, scalings=None, table=None
 ) -> np.ndarray:
     """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
     (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
     where that is provably exact, else in int64. `scalings`: a dict that keeps the float64
-    constants (`exact.float_scaling`) per layer and channel range across calls."""
+    constants (`exact.float_scaling`) per layer and channel range across calls; `table`:
+    codes of `dtype` to look the results up in, if any."""
     bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
     m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
     r = layer.arrays["shift"][ch0 : ch0 + chs, None, None]
@@ -99,11 +103,13 @@ def requant_channels(
         scaling = float_scaling(bias, m, r, zp, qmin, qmax)
         if scalings is not None:
             scalings[key] = scaling
-    y = requantize_float(acc, bias, m, r, zp, qmin, qmax, dtype, scaling)
+    y = requantize_float(acc, bias, m, r, zp, qmin, qmax, dtype, scaling, table)
     if y is not None:
         return y
     acc = exact_int(acc) if acc.dtype.kind == "f" else acc
     y = scale_in_place(acc, bias, m, r, a["y_zero_point"], bound)
     if y is None:
-        return saturate(layer, requantize(acc + bias, m, r))
-    return np.clip(y, a["qmin"], a["qmax"], out=y)
+        y = saturate(layer, requantize(acc + bias, m, r))
+    else:
+        y = np.clip(y, a["qmin"], a["qmax"], out=y)
+    return y if table is None else lookup(table, y.astype(dtype))

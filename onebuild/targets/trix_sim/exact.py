@@ -142,15 +142,16 @@ FLOAT64_EXACT = 1 << 53
 
 
 def requantize_float(
-    acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype, scaling=None
+    acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype, scaling=None, table=None
 ):
     """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
-    int64 arrays broadcasting against acc), in float64 in four or five passes: t = acc s +
-    bias s with s = m 2^-r, rounded half to even (np.rint, as `params.requantize`), plus zp,
-    clipped. `acc` holds integers in float32 (below 2^24, as `exact_dot` makes them; it may
-    be updated in place) or float64 (or int64 below 2^53). None where the proof below does
-    not hold for every channel (the caller then takes the int64 path). `scaling`:
-    `float_scaling` of the same arguments, if known (a layer's constants).
+    int64 arrays broadcasting against acc), in float64: t = acc s + bias s with s = m 2^-r,
+    rounded half to even (np.rint, as `params.requantize`), plus zp, clipped; in four or five
+    numpy passes, or one compiled pass (kernels.py). `acc` holds integers in float32 (below
+    2^24, as `exact_dot` makes them; it may be updated in place) or float64 (or int64 below
+    2^53). None where the proof below does not hold for every channel (the caller then takes
+    the int64 path). `scaling`: `float_scaling` of the same arguments, if known (a layer's
+    constants). `table`: codes of `dtype` to look the results up in (`lookup`), if any.
 
     Exact: requantize is round_half_even(w) for w = (acc + bias) s. Every quantity is a
     multiple of 2^-r, exact in float64 while below 2^(53 - r). Where round(w) + zp is in
@@ -180,8 +181,9 @@ def requantize_float(
         scale, offset, bias32 = rows
         flat = (len(acc), -1)
         bias32 = bias32 if narrow else bias32[:0].astype(np.float32)  # empty: t = acc s + o
+        codes = out[:0].reshape(-1) if table is None else table  # empty: no lookup
         fused.requantize(
-            acc.reshape(flat), bias32, scale, offset, zp, qmin, qmax, out.reshape(flat)
+            acc.reshape(flat), bias32, scale, offset, zp, qmin, qmax, codes, out.reshape(flat)
         )
         return out
     if narrow:
@@ -192,7 +194,8 @@ def requantize_float(
     np.rint(t, out=t)
     if zp:
         t += zp
-    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+    y = np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+    return y if table is None else lookup(table, y)
 
 
 def _per_row(acc: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray] | None:

@@ -31,18 +31,19 @@ def compiled() -> SimpleNamespace | None:
     return _loaded[0]
 
 
-def _requantize(acc, bias32, scale, offset, zp, qmin, qmax, out):
+def _requantize(acc, bias32, scale, offset, zp, qmin, qmax, table, out):
     """out[i, j] = clip(rint(t) + zp, qmin, qmax) per row i (a channel), with t = float64(acc
     + bias32[i]) * scale[i] (the sum in float32) where bias32 has a value per row, else t =
-    float64(acc) * scale[i] + offset[i]: `exact.requantize_float`, operation for operation."""
+    float64(acc) * scale[i] + offset[i]: `exact.requantize_float`, operation for operation;
+    then table[the code's bits] where `table` is not empty (`exact.lookup`)."""
     rows, n = acc.shape
-    narrow = len(bias32) == rows
+    narrow, mapped, bits = len(bias32) == rows, len(table) > 0, len(table) - 1
     for i in range(rows):
         s, o = scale[i], offset[i]
-        if narrow:
-            b = bias32[i]
+        b = bias32[i] if narrow else np.float32(0)
+        for j in range(n):
+            t = np.float64(acc[i, j] + b) * s if narrow else np.float64(acc[i, j]) * s + o
+            out[i, j] = min(max(np.rint(t) + zp, qmin), qmax)
+        if mapped:  # a second loop: the first stays vectorized
             for j in range(n):
-                out[i, j] = min(max(np.rint(np.float64(acc[i, j] + b) * s) + zp, qmin), qmax)
-        else:
-            for j in range(n):
-                out[i, j] = min(max(np.rint(np.float64(acc[i, j]) * s + o) + zp, qmin), qmax)
+                out[i, j] = table[np.int64(out[i, j]) & bits]

@@ -67,6 +67,7 @@ class Simulator(WholeLayers):
         self._timed: Report | None = None  # the report of the first run: timing is data-free
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
+        self._parts: dict[int, tuple] = {}  # layer -> wholes.WholeLayers._part_table
         self._norms: dict[int, float] = {}  # layer -> exact.row_norm of those weights
         self._scalings: dict[tuple, tuple] = {}  # requantization constants (convolve.py)
         self._convolve = partial(convolve, scalings=self._scalings)

@@ -6,7 +6,7 @@ whose state it uses (module, memories, caches, provenance)."""
 
 import numpy as np
 
-from .exact import row_norm, same_values
+from .exact import all_codes, row_norm, same_values
 from .lower import Layer, input_rows
 
 WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
@@ -73,13 +73,25 @@ class WholeLayers:
                     self._norms[index] = row_norm(weights.reshape(m, -1))
             norm = self._norms.get(index)
             whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
-            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm)
-            y = y.astype(out_t.dtype, copy=False)
-            after = self.module.layers[layer.attrs.get("epilogue", index)]
-            if after.kind == "concat":  # through its concat part once, not tile by tile
-                y = self._epilogue(layer, y, 0, [])
-            self._whole[index] = (x, y, after.kind == "concat")
+            if index not in self._parts:
+                self._parts[index] = self._part_table(layer)
+            concat, table = self._parts[index]
+            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm, table=table)
+            self._whole[index] = (x, y.astype(out_t.dtype, copy=False), concat)
         return self._whole[index]
+
+    def _part_table(self, layer: Layer) -> tuple[bool, np.ndarray | None]:
+        """Whether a convolution's epilogue is a concat part (which reads nothing else: it
+        applies to the whole output at once), and that part's codes by the bits of the
+        convolution's output codes (None where every code maps to itself)."""
+        if "epilogue" not in layer.attrs:
+            return False, None
+        if self.module.layers[layer.attrs["epilogue"]].kind != "concat":
+            return False, None
+        codes = all_codes(self.module.tensors[layer.output].dtype)
+        mapped = self._epilogue(layer, codes, 0, [])
+        same = mapped.dtype == codes.dtype and np.array_equal(mapped, codes)
+        return True, None if same else mapped
 
     def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
         """The whole output of an elementwise layer of two same-shape tensors, if its tiles
