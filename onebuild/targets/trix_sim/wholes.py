@@ -57,10 +57,11 @@ class WholeLayers:
             whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
             at = in_at if whole_height else self.module.dram[layer.inputs[0]]
             memory = self.sram if whole_height else self.dram
-            x = memory[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w)
+            nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
+            x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
             if self._labels is not None:
                 labels = self._labels.of_sram if whole_height else self._labels.of_dram
-                self._snapshots[index] = labels(at, x_t.nbytes).reshape(c, h, -1)
+                self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
             if index not in self._lean:
                 x = x.copy()
             m, oh, ow = out_t.shape

@@ -3,6 +3,7 @@
 docs/quantization.md."""
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...graph_ir.quant.params import count_multipliers, requantize
 from .exact import saturate
@@ -28,13 +29,16 @@ def padded_rows(
 
 
 def window_view(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow, kh, kw] window view."""
+    """[C, rows, ow, kh, kw] window view (read-only; strides set directly, a few times
+    cheaper than sliding_window_view's)."""
     a = layer.attrs
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    view = np.lib.stride_tricks.sliding_window_view(
-        padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2)
-    )
-    return view[:, : (rows - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
+    c, h, w = padded.shape
+    if (rows - 1) * sh + (kh - 1) * dh >= h or (ow - 1) * sw + (kw - 1) * dw >= w:
+        raise ValueError(f"{rows} x {ow} windows do not fit {h} x {w} padded rows")
+    s0, s1, s2 = padded.strides
+    strides = (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw)
+    return as_strided(padded, (c, rows, ow, kh, kw), strides, writeable=False)
 
 
 def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
