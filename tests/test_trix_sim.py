@@ -21,6 +21,7 @@ from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.npz import read_npz
+from onebuild.targets.trix_sim import exact as exact_mod
 from onebuild.targets.trix_sim import kernels
 from onebuild.targets.trix_sim.codegen import LOAD, generate
 from onebuild.targets.trix_sim.exact import (
@@ -32,6 +33,7 @@ from onebuild.targets.trix_sim.exact import (
     product_bound,
     reduction_chunks,
     requantize_float,
+    row_l1,
     same_values,
     scale_in_place,
 )
@@ -272,6 +274,29 @@ def test_exact_dot_is_exact_where_float32_sums_would_round(rng):
         assert (len(edges) == 2) == one_gemm
         expected = a.astype(np.int64) @ b.astype(np.int64)
         np.testing.assert_array_equal(exact_dot(a, b, bound), expected)
+
+
+def test_exact_dot_takes_one_gemm_where_the_l1_reach_proves_it(rng, monkeypatch):
+    """Weights whose row sums of |w| times the largest |x - zp| stay below 2^24 take one GEMM
+    without looking at the data (reduction_chunks is not called), exactly, on the codes that
+    make every partial sum largest; a reach at 2^24 falls back to the chunk search."""
+    k = 1152  # a 3x3 convolution over 128 channels: K * bound > 2^24
+    a = rng.integers(-50, 51, (16, k)).astype(np.int8)
+    a[0] = np.where(np.arange(k) % 2, 56, -56)
+    b = np.where(a[0][:, None] > 0, 255.0, -255.0).astype(np.float32) * np.ones((1, 9), np.float32)
+    bound = product_bound(np.dtype(np.uint8), np.dtype(np.int8))
+    assert k * bound >= FLOAT32_EXACT
+    reach = row_l1(a.astype(np.float32)) * 255
+    assert reach == 56 * k * 255 < FLOAT32_EXACT
+    expected = a.astype(np.int64) @ b.astype(np.int64)
+    assert expected[0, 0] == reach
+    searched = []
+    real = exact_mod.reduction_chunks
+    monkeypatch.setattr(exact_mod, "reduction_chunks", lambda *a: searched.append(1) or real(*a))
+    np.testing.assert_array_equal(exact_dot(a, b, bound, reach=reach).astype(np.int64), expected)
+    assert not searched
+    np.testing.assert_array_equal(exact_dot(a, b, bound, reach=FLOAT32_EXACT), expected)
+    assert searched
 
 
 def _requantization_cases(rng, qmin, qmax, zp, shift):

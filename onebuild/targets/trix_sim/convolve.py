@@ -33,13 +33,14 @@ def convolve(
     w: int,
     ow: int,
     dtype,
-    norm: float | None = None,
+    norms: tuple[float, float] | None = None,
     scalings: dict | None = None,
     table: np.ndarray | None = None,
 ) -> np.ndarray:
     """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
     from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
-    or the same values as float32; `norm`: `exact.row_norm` of them as a matrix, if known);
+    or the same values as float32; `norms`: `exact.row_norm` and `exact.row_l1` of them as a
+    matrix, if known);
     `dtype` is the output's (the int64 path may return int64). `scalings`: a cache of the
     requantization constants (`requant_channels`); `table`: codes of `dtype` to look the
     results up in (a fused consumer's), if any."""
@@ -76,8 +77,10 @@ def convolve(
                 )
                 np.subtract(patch, np.float32(zp), out=cols.reshape(patch.shape), dtype=np.float32)
             kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-            known = norm if group == 1 else None
-            part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known)
+            known, reach = (None, None) if norms is None or group > 1 else norms
+            if reach is not None:  # times the largest |x - zp| (pads are zp)
+                reach *= max(zp - int(np.iinfo(x.dtype).min), int(np.iinfo(x.dtype).max) - zp)
+            part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known, reach=reach)
             parts.append(part.reshape(hi - lo, rows, ow))
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
     bound *= math.prod(wq.shape[1:])

@@ -22,19 +22,23 @@ FLOAT32_EXACT = 1 << 24
 
 
 def exact_dot(
-    a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False, a_norm=None
+    a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False, a_norm=None, reach=None
 ) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
     BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
     summation order is then exact), chunks summed in int64; float64 when products are too
     large. Chunks are as long as the data allows (`reduction_chunks`; `a_norm`: `row_norm(a)`
-    if known). `keep_float` returns the float product itself (exact integers) where one GEMM
-    makes it, else int64."""
+    if known); one chunk without looking at the data where `reach`, a bound on every sum of
+    |a_ik b_kj| over k (`row_l1(a)` times the largest |b|), is below 2^24. `keep_float`
+    returns the float product itself (exact integers) where one GEMM makes it, else int64."""
     worst = FLOAT32_EXACT // max(bound, 1)
     if worst < 64:
         return exact_int(a.astype(np.float64) @ b.astype(np.float64))
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    edges = reduction_chunks(a32, b32, worst, a_norm)
+    if reach is not None and reach < FLOAT32_EXACT:
+        edges = [0, a.shape[1]]
+    else:
+        edges = reduction_chunks(a32, b32, worst, a_norm)
     if len(edges) == 2:
         return a32 @ b32 if keep_float else (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
@@ -47,6 +51,11 @@ def row_norm(a: np.ndarray) -> float:
     """The largest sum of squares of a row of `a` (float32 sums: within 7 % for rows of at
     most 2^20)."""
     return float(np.einsum("mk,mk->m", a, a).max(initial=0))
+
+
+def row_l1(a: np.ndarray) -> float:
+    """The largest sum of |a_ik| over a row of `a` (exact for integers below 2^53 in all)."""
+    return float(np.abs(a).sum(axis=1, dtype=np.float64).max(initial=0))
 
 
 def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int, a_norm=None) -> list[int]:

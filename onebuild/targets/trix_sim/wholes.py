@@ -6,7 +6,7 @@ whose state it uses (module, memories, caches, provenance)."""
 
 import numpy as np
 
-from .exact import all_codes, row_norm, same_values
+from .exact import all_codes, row_l1, row_norm, same_values
 from .lower import Layer, input_rows
 
 WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
@@ -71,13 +71,14 @@ class WholeLayers:
                 weights = layer.arrays["weights"].astype(np.float32)
                 if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
                     self._weights32[index] = weights
-                    self._norms[index] = row_norm(weights.reshape(m, -1))
-            norm = self._norms.get(index)
+                    matrix = weights.reshape(m, -1)
+                    self._norms[index] = (row_norm(matrix), row_l1(matrix))
+            norms = self._norms.get(index)
             whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
             if index not in self._parts:
                 self._parts[index] = self._part_table(layer)
             concat, table = self._parts[index]
-            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm, table=table)
+            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norms=norms, table=table)
             self._whole[index] = (x, y.astype(out_t.dtype, copy=False), concat)
         return self._whole[index]
 
