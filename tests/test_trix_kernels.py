@@ -74,6 +74,7 @@ def test_squeezenet_is_identical_on_both_paths(rng, monkeypatch):
     quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
     calls = _both_paths(monkeypatch, quantized, ["trix-s", "trix-m"], rng)
     assert calls["requantize"] >= 26  # every convolution's outputs at least once
+    assert calls["row_sums"] >= 1  # its global average pool
 
 
 @pytest.mark.parametrize("shape", [CONVS[0], CONVS[2], CONVS[3]])  # plain, depthwise, grouped

@@ -1,7 +1,9 @@
 """Compiled kernels of the TRIX simulator, optional (extra `fast`: numba): one pass over the
-data where numpy makes several. Each does the same operations in the same precisions as the
-numpy code it replaces (no fast-math, so no fused multiply-adds nor reordering), so outputs are
-bit-identical; the simulator takes them where numba is installed, unless `ONEBUILD_NUMBA=0`.
+data where numpy makes several (requantization) or casts in buffered chunks (int64 sums of
+codes). Each does the same operations in the same precisions as the numpy code it replaces
+(no fast-math, so no fused multiply-adds nor reordering; integer sums are exact in any order),
+so outputs are bit-identical; the simulator takes them where numba is installed, unless
+`ONEBUILD_NUMBA=0`.
 
 Compiled on first use and cached on disk (numba's `cache=True`): a process pays numba's import
 and the loading of the cached machine code once (about 0.6 s), a first compile once per
@@ -27,7 +29,8 @@ def compiled() -> SimpleNamespace | None:
             _loaded.append(None)
         else:
             jit = numba.njit(cache=True, nogil=True)
-            _loaded.append(SimpleNamespace(requantize=jit(_requantize)))
+            kernels = {"requantize": jit(_requantize), "row_sums": jit(_row_sums)}
+            _loaded.append(SimpleNamespace(**kernels))
     return _loaded[0]
 
 
@@ -47,3 +50,13 @@ def _requantize(acc, bias32, scale, offset, zp, qmin, qmax, table, out):
         if mapped:  # a second loop: the first stays vectorized
             for j in range(n):
                 out[i, j] = table[np.int64(out[i, j]) & bits]
+
+
+def _row_sums(codes, out):
+    """out[i] = the int64 sum of row i of `codes` (a global pool's windows: integers, exact in
+    any order)."""
+    for i in range(codes.shape[0]):
+        total = 0
+        for j in range(codes.shape[1]):
+            total += codes[i, j]
+        out[i] = total

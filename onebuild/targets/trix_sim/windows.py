@@ -8,6 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...graph_ir.quant.params import count_multipliers, requantize
+from . import kernels
 from .exact import saturate
 from .lower import Layer, window_span
 
@@ -55,7 +56,12 @@ def window_sum(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarr
     reduction where a single window covers the padded rows (a global pool)."""
     a = layer.attrs
     if (rows, ow) == (1, 1) and padded.shape[1:] == tuple(a["kernel"]):
-        return padded.reshape(len(padded), -1).sum(axis=1, dtype=np.int64)[:, None, None]
+        codes, fused = padded.reshape(len(padded), -1), kernels.compiled()
+        if fused is None:
+            return codes.sum(axis=1, dtype=np.int64)[:, None, None]
+        sums = np.empty((len(codes), 1, 1), np.int64)
+        fused.row_sums(codes, sums.reshape(-1))
+        return sums
     return _separable(layer, padded, rows, ow, np.add, np.int64)
 
 
