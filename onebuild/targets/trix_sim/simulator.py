@@ -78,6 +78,7 @@ class Simulator(WholeLayers):
         self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
         self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
         self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
+        self._copies: dict[int, tuple] = {}  # position -> wholes.WholeLayers._proven_copies
         self._pools = {  # convolution -> the max pool in its output stage
             i: module.layers[layer.attrs["epilogue"]]
             for i, layer in enumerate(module.layers)
@@ -168,6 +169,7 @@ class Simulator(WholeLayers):
         # convolution (overlapping tiles) unless all of them do
         useful = {key[0] for key in self._proven}
         self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
+        self._copies = self._proven_copies()
         self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
@@ -178,12 +180,17 @@ class Simulator(WholeLayers):
     def _run_again(self) -> None:
         """Execute every instruction of a program that ran before: its DMA views were checked
         and its timeline is known (neither depends on the data); EXECs check their SRAM
-        operands as always."""
-        layers, dma = self.module.layers, self._dma
+        operands as always, but for those proven to copy a slice of a whole layer's result
+        (`_proven_copies`), which copy it."""
+        layers, dma, copies, whole = self.module.layers, self._dma, self._copies, self._whole
         for position, (op, index, *args) in enumerate(self._code):
             try:
                 if op == EXEC:
-                    self._exec(index, layers[index], *args)
+                    copy = copies.get(position)
+                    if copy is not None and whole[index]:
+                        copy[1][...] = whole[index][1][copy[0]]
+                    else:
+                        self._exec(index, layers[index], *args)
                 elif dma[position] is not None:
                     destination, source = dma[position]
                     destination[...] = source

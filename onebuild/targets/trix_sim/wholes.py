@@ -6,6 +6,7 @@ whose state it uses (module, memories, caches, provenance)."""
 
 import numpy as np
 
+from .codegen import EXEC
 from .exact import all_codes, row_l1, row_norm, same_values
 from .lower import Layer, input_rows
 
@@ -27,6 +28,24 @@ class WholeLayers:
             place[...] = tile
             return result
         return None
+
+    def _proven_copies(self) -> dict[int, tuple]:
+        """Position -> (box, place) of each EXEC, after a first run, that is proven to take
+        slice `box` of its whole layer's result (`_prove`) and writes it to SRAM view `place`
+        as it is (no epilogue, or a concat part already applied to the whole): a copy on later
+        runs, once the layer's first tile computed the whole result (its checks are those of
+        the first run: addresses and provenance do not depend on the data)."""
+        copies, layers = {}, self.module.layers
+        for position, (op, index, r0, rows, ch0, chs, in_at, _, w_at, out_at) in enumerate(
+            self._code
+        ):
+            key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
+            if op != EXEC or key not in self._proven or key not in self._slices:
+                continue
+            if "epilogue" not in layers[index].attrs or self._parts.get(index, (False,))[0]:
+                *_, box, place, _ = self._slices[key]
+                copies[position] = (box, place)
+        return copies
 
     def _prove(self, key: tuple, held: np.ndarray, t0: int, t1: int, weights) -> None:
         """Record EXEC `key` as proven if the labels of its SRAM operands are those of the
