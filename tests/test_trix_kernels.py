@@ -20,6 +20,7 @@ from onebuild.targets.trix_sim.simulator import Simulator
 def _counted(monkeypatch) -> dict:
     """Turns the kernels on and counts their calls."""
     monkeypatch.setattr(kernels, "use", True)
+    kernels.load()
     fused = kernels.compiled()
     assert fused is not None, "numba is in the test extra: the compiled path must be tested"
     calls = {}

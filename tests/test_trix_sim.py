@@ -319,6 +319,7 @@ def _requantization_cases(rng, qmin, qmax, zp, shift):
 def requantize_path(request, monkeypatch):
     """The float requantization by the compiled kernel (numba, in the test extra) or numpy."""
     monkeypatch.setattr(kernels, "use", request.param == "compiled")
+    kernels.load()
     assert (kernels.compiled() is not None) == (request.param == "compiled")
 
 

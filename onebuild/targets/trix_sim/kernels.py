@@ -2,12 +2,12 @@
 data where numpy makes several (requantization) or casts in buffered chunks (int64 sums of
 codes). Each does the same operations in the same precisions as the numpy code it replaces
 (no fast-math, so no fused multiply-adds nor reordering; integer sums are exact in any order),
-so outputs are bit-identical; the simulator takes them where numba is installed, unless
-`ONEBUILD_NUMBA=0`.
+so outputs are bit-identical. `ONEBUILD_NUMBA=0` keeps the numpy path.
 
-Compiled on first use and cached on disk (numba's `cache=True`): a process pays numba's import
-and the loading of the cached machine code once (about 0.6 s), a first compile once per
-machine (about 1 s per dtype signature)."""
+Loaded once per process, when a simulator runs a second time (`Simulator.run`): numba's
+import and the loading of the machine code it caches on disk (`cache=True`) cost about 0.45 s,
+the first compile on a machine about 0.8 s more, which a one-sample run would not win back
+(squeezenet saves about 3 ms a run). From then on every simulator of the process uses them."""
 
 import os
 from types import SimpleNamespace
@@ -15,14 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 
 use = os.environ.get("ONEBUILD_NUMBA", "1") != "0"  # tests switch it to force either path
-_loaded: list = []  # [the kernels, or None where numba is missing], once per process
+_loaded: list = []  # [the kernels, or None where numba is missing], once loaded
 
 
-def compiled() -> SimpleNamespace | None:
-    """The kernels, compiled, or None where numba is missing or `use` is off."""
-    if not use:
-        return None
-    if not _loaded:
+def load() -> None:
+    """Makes the kernels available to `compiled` from now on where numba is installed and
+    `use` is on (they compile, or load from numba's cache, at their first call)."""
+    if use and not _loaded:
         try:
             import numba
         except ImportError:
@@ -31,7 +30,11 @@ def compiled() -> SimpleNamespace | None:
             jit = numba.njit(cache=True, nogil=True)
             kernels = {"requantize": jit(_requantize), "row_sums": jit(_row_sums)}
             _loaded.append(SimpleNamespace(**kernels))
-    return _loaded[0]
+
+
+def compiled() -> SimpleNamespace | None:
+    """The kernels once `load`ed; None before, where numba is missing or where `use` is off."""
+    return _loaded[0] if use and _loaded else None
 
 
 def _requantize(acc, bias32, scale, offset, zp, qmin, qmax, table, out):
