@@ -18,10 +18,11 @@ schedules every instruction (timeline.py), and later runs of the same simulator 
 report and the checked DMA views; every EXEC still checks its SRAM operands on every run. Nor
 does where each byte came from: the first run follows it (provenance.py), and a tile proven to
 read the bytes the whole-layer result was computed from takes its slice without comparing
-them (nor is that layer's input copied): wholes.py. A convolution with a max pool in its
-output stage, whose tiles overlap, is computed whole where all its tiles are proven so.
-Convolutions: convolve.py; code tables of elementwise layers, concat parts and requant
-layers: tables.py.
+them (nor is that layer's input copied), a plain copy through the views its first run checked:
+wholes.py. A convolution with a max pool in its output stage, whose tiles overlap, is computed
+whole where all its tiles are proven so. Convolutions: convolve.py; code tables of elementwise
+layers, concat parts and requant layers: tables.py; compiled kernels (numba, optional, loaded
+when a simulator runs again): kernels.py.
 """
 
 import math
