@@ -2,6 +2,8 @@
 code they replace give identical outputs and cycles, both bit-exact with the integer reference
 interpreter: each test runs both paths."""
 
+import sys
+
 import numpy as np
 import pytest
 from test_trix_sim import CONVS, _conv_graph, integer_graph
@@ -85,3 +87,23 @@ def test_convolutions_are_identical_on_both_paths(rng, monkeypatch, shape, dtype
     calls = _both_paths(monkeypatch, integer_graph(graph, data, dtype), ["trix-s"], rng)
     # int16 outputs need shifts beyond the float64 proof: int64 on both paths
     assert (calls.get("requantize", 0) > 0) == (dtype == "uint8")
+
+
+def test_without_numba_the_numpy_path_runs(rng, monkeypatch):
+    """A process where numba cannot be imported loads no kernels and simulates with numpy."""
+    monkeypatch.setattr(kernels, "use", True)
+    monkeypatch.setattr(kernels, "_loaded", [])
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    kernels.load()
+    assert kernels.compiled() is None
+    graph, data = _conv_graph(rng, *CONVS[0])
+    quantized = integer_graph(graph, data)
+    hw = load_hardware("trix-s")
+    simulator = Simulator(generate(lower(quantized, hw), hw, "performance"), hw)
+    feeds = {"x": rng.integers(0, 256, quantized.inputs[0].shape).astype(np.uint8)}
+    want = Interpreter(quantized).run(feeds)
+    for _ in range(2):  # the second run loads the kernels: none
+        got, _ = simulator.run(feeds)
+        for value in quantized.outputs:
+            np.testing.assert_array_equal(got[value.name], want[value.name])
+    assert kernels.compiled() is None

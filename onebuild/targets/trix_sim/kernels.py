@@ -24,7 +24,7 @@ def load() -> None:
     if use and not _loaded:
         try:
             import numba
-        except ImportError:
+        except Exception:  # missing, or a numba that cannot load (its LLVM, its numpy range)
             _loaded.append(None)
         else:
             jit = numba.njit(cache=True, nogil=True)
