@@ -104,10 +104,16 @@ class WholeLayers:
     def _part_table(self, layer: Layer) -> tuple[bool, np.ndarray | None]:
         """Whether a convolution's epilogue is a concat part (which reads nothing else: it
         applies to the whole output at once), and that part's codes by the bits of the
-        convolution's output codes (None where every code maps to itself)."""
+        convolution's output codes (None where every code maps to itself); not where the
+        part's rescale is not one for every channel."""
         if "epilogue" not in layer.attrs:
             return False, None
-        if self.module.layers[layer.attrs["epilogue"]].kind != "concat":
+        after = self.module.layers[layer.attrs["epilogue"]]
+        part = after.inputs.index(layer.output) if after.kind == "concat" else None
+        a = after.attrs
+        if part is None or any(
+            np.ndim(a[k][part]) for k in ("x_zero_points", "multiplier", "shift")
+        ):
             return False, None
         codes = all_codes(self.module.tensors[layer.output].dtype)
         mapped = self._epilogue(layer, codes, 0, [])
