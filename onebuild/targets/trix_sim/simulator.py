@@ -190,7 +190,7 @@ class Simulator(WholeLayers):
             try:
                 if op == EXEC:
                     copy = copies.get(position)
-                    if copy is not None and whole[index]:
+                    if copy is not None and whole.get(index):
                         copy[1][...] = whole[index][1][copy[0]]
                     else:
                         self._exec(index, layers[index], *args)
