@@ -14,7 +14,8 @@ measure the load rather than the GEMM. The same runs are also timed in the threa
 machine, and on a shared one it leaves out the time the thread waited for a core.
 `simulator_ms` is a run of a simulator that already ran once (the program's timeline is then
 known); `simulator_first_run_ms` builds a simulator and runs it once, as `onebuild run x.tvn`
-does per sample.
+does per sample. `compiled_kernels`: whether the simulator ran numba's kernels (extra `fast`;
+`ONEBUILD_NUMBA=0` measures the numpy path).
 """
 
 import json
@@ -33,6 +34,7 @@ from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_export import export_onnx
 from onebuild.graph_ir.serde.onnx_import import import_onnx
+from onebuild.targets.trix_sim import kernels
 from onebuild.targets.trix_sim.codegen import generate
 from onebuild.targets.trix_sim.hardware import load_hardware
 from onebuild.targets.trix_sim.lower import lower
@@ -119,6 +121,7 @@ def main() -> None:
                     "mac_utilization": summary["mac_utilization"],
                     "sram_peak_bytes": summary["sram_peak_bytes"],
                     "sram_bytes": hw.sram_bytes,
+                    "compiled_kernels": kernels.compiled() is not None,
                 }
             )
     print(json.dumps(results, indent=2))

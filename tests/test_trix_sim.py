@@ -21,6 +21,8 @@ from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.model_zoo import light_model
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 from onebuild.npz import read_npz
+from onebuild.targets.trix_sim import exact as exact_mod
+from onebuild.targets.trix_sim import kernels
 from onebuild.targets.trix_sim.codegen import LOAD, generate
 from onebuild.targets.trix_sim.exact import (
     FLOAT32_EXACT,
@@ -31,6 +33,7 @@ from onebuild.targets.trix_sim.exact import (
     product_bound,
     reduction_chunks,
     requantize_float,
+    row_l1,
     same_values,
     scale_in_place,
 )
@@ -273,6 +276,29 @@ def test_exact_dot_is_exact_where_float32_sums_would_round(rng):
         np.testing.assert_array_equal(exact_dot(a, b, bound), expected)
 
 
+def test_exact_dot_takes_one_gemm_where_the_l1_reach_proves_it(rng, monkeypatch):
+    """Weights whose row sums of |w| times the largest |x - zp| stay below 2^24 take one GEMM
+    without looking at the data (reduction_chunks is not called), exactly, on the codes that
+    make every partial sum largest; a reach at 2^24 falls back to the chunk search."""
+    k = 1152  # a 3x3 convolution over 128 channels: K * bound > 2^24
+    a = rng.integers(-50, 51, (16, k)).astype(np.int8)
+    a[0] = np.where(np.arange(k) % 2, 56, -56)
+    b = np.where(a[0][:, None] > 0, 255.0, -255.0).astype(np.float32) * np.ones((1, 9), np.float32)
+    bound = product_bound(np.dtype(np.uint8), np.dtype(np.int8))
+    assert k * bound >= FLOAT32_EXACT
+    reach = row_l1(a.astype(np.float32)) * 255
+    assert reach == 56 * k * 255 < FLOAT32_EXACT
+    expected = a.astype(np.int64) @ b.astype(np.int64)
+    assert expected[0, 0] == reach
+    searched = []
+    real = exact_mod.reduction_chunks
+    monkeypatch.setattr(exact_mod, "reduction_chunks", lambda *a: searched.append(1) or real(*a))
+    np.testing.assert_array_equal(exact_dot(a, b, bound, reach=reach).astype(np.int64), expected)
+    assert not searched
+    np.testing.assert_array_equal(exact_dot(a, b, bound, reach=FLOAT32_EXACT), expected)
+    assert searched
+
+
 def _requantization_cases(rng, qmin, qmax, zp, shift):
     """Accumulators whose results straddle the clip bounds and the rounding ties: per channel
     a random 31-bit multiplier or exactly 2^30 (ties at every other step)."""
@@ -289,15 +315,23 @@ def _requantization_cases(rng, qmin, qmax, zp, shift):
     return acc, bias, m, r, want
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def requantize_path(request, monkeypatch):
+    """The float requantization by the compiled kernel (numba, in the test extra) or numpy."""
+    monkeypatch.setattr(kernels, "use", request.param == "compiled")
+    kernels.load()
+    assert (kernels.compiled() is not None) == (request.param == "compiled")
+
+
 @pytest.mark.parametrize("dtype, qmin, qmax, zp", [
     ("uint8", 0, 255, 131), ("int8", -127, 127, 0), ("int16", -32767, 32767, 0),
     ("uint8", 0, 255, 0),
 ])  # fmt: skip
-def test_requantization_shortcuts_equal_the_reference(rng, dtype, qmin, qmax, zp):
+def test_requantization_shortcuts_equal_the_reference(rng, requantize_path, dtype, qmin, qmax, zp):
     """The float64 (also from float32 accumulators, whose bias is added in float32) and
     in-place int64 requantizations equal params.requantize plus saturation on results at the
     clip bounds and at rounding ties, for every shift they accept, and decline the shifts
-    their proofs do not cover."""
+    their proofs do not cover; on both paths of the float one."""
     accepted = {"float": [], "int64": [], "float32": []}
     for shift in range(8, 63, 3):
         acc, bias, m, r, want = _requantization_cases(rng, qmin, qmax, zp, shift)
@@ -332,7 +366,7 @@ NEAR_TIES = [(1059271, 1868380169, 44, 112), (1080351, 1176502305, 43, 144),
              (33559303, 1316820297, 49, 78), (33764623, 1308812817, 49, 78)]  # fmt: skip
 
 
-def test_requantization_shortcuts_one_step_below_a_tie():
+def test_requantization_shortcuts_one_step_below_a_tie(requantize_path):
     for a, m, r, j in NEAR_TIES:
         assert requantize(np.int64(a), m, r) == j
         for bias in (0, -123_456):

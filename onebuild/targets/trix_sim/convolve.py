@@ -11,6 +11,7 @@ from .exact import (
     exact_dot,
     exact_int,
     float_scaling,
+    lookup,
     product_bound,
     requantize_float,
     scale_in_place,
@@ -31,14 +32,17 @@ def convolve(
     w: int,
     ow: int,
     dtype,
-    norm: float | None = None,
+    norms: tuple[float, float] | None = None,
     scalings: dict | None = None,
+    table: np.ndarray | None = None,
 ) -> np.ndarray:
     """Output codes of rows [r0, r0 + rows) and channels [ch0, ch0 + chs) of a convolution
     from its input rows `x` (held from row i0, width w) and the channels' weights `wq` (codes,
-    or the same values as float32; `norm`: `exact.row_norm` of them as a matrix, if known);
+    or the same values as float32; `norms`: `exact.row_norm` and `exact.row_l1` of them as a
+    matrix, if known);
     `dtype` is the output's (the int64 path may return int64). `scalings`: a cache of the
-    requantization constants (`requant_channels`)."""
+    requantization constants (`requant_channels`); `table`: codes of `dtype` to look the
+    results up in (a fused consumer's), if any."""
     a = layer.attrs
     zp = a["x_zero_point"]
     bound = product_bound(x.dtype, layer.arrays["weights"].dtype)  # wq may be float32
@@ -74,21 +78,24 @@ def convolve(
                 )
                 np.subtract(patch, np.float32(zp), out=cols.reshape(patch.shape), dtype=np.float32)
             kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
-            known = norm if group == 1 else None
-            part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known)
+            known, reach = (None, None) if norms is None or group > 1 else norms
+            if reach is not None:  # times the largest |x - zp| (pads are zp)
+                reach *= max(zp - int(np.iinfo(x.dtype).min), int(np.iinfo(x.dtype).max) - zp)
+            part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known, reach=reach)
             parts.append(part.reshape(hi - lo, rows, ow))
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
     bound *= math.prod(wq.shape[1:])
-    return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings)
+    return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings, table)
 
 
 def requant_channels(
-    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype, scalings=None
+    layer: Layer, acc: np.ndarray, ch0: int, chs: int, bound: int, dtype, scalings=None, table=None
 ) -> np.ndarray:
     """Output codes of channels [ch0, ch0 + chs) from their accumulators without bias
     (integers, |acc| <= bound, in int64 or float; may be updated in place): in float64
     where that is provably exact, else in int64. `scalings`: a dict that keeps the float64
-    constants (`exact.float_scaling`) per layer and channel range across calls.
+    constants (`exact.float_scaling`) per layer and channel range across calls; `table`:
+    codes of `dtype` to look the results up in, if any.
 
     An output quantized per channel (lists of zero points and clamps) is requantized with
     zero point 0 and the widest clamp [min(qmin - zp), max(qmax - zp)] over the channels into
@@ -96,17 +103,18 @@ def requant_channels(
     clip(v + zp, qmin, qmax) when [qmin - zp, qmax - zp] lies inside [L, H]."""
     a = layer.attrs
     if not isinstance(a["y_zero_point"], list):
-        return _requant(layer, acc, ch0, chs, bound, dtype, scalings, a)
+        return _requant(layer, acc, ch0, chs, bound, dtype, scalings, a, table)
     zp, low, high = (
         np.asarray(a[k], np.int64)[ch0 : ch0 + chs, None, None]
         for k in ("y_zero_point", "qmin", "qmax")
     )
     wide = {"y_zero_point": 0, "qmin": int((low - zp).min()), "qmax": int((high - zp).max())}
     y = _requant(layer, acc, ch0, chs, bound, np.int32, scalings, wide)
-    return np.clip(y + zp, low, high).astype(dtype)
+    y = np.clip(y + zp, low, high).astype(dtype)
+    return y if table is None else lookup(table, y)
 
 
-def _requant(layer: Layer, acc, ch0: int, chs: int, bound: int, dtype, scalings, a: dict):
+def _requant(layer: Layer, acc, ch0: int, chs: int, bound: int, dtype, scalings, a, table=None):
     """`requant_channels` with one output zero point and clamp (`a`)."""
     bias = layer.arrays["bias"][ch0 : ch0 + chs, None, None]
     m = layer.arrays["multiplier"][ch0 : ch0 + chs, None, None]
@@ -118,11 +126,13 @@ def _requant(layer: Layer, acc, ch0: int, chs: int, bound: int, dtype, scalings,
         scaling = float_scaling(bias, m, r, zp, qmin, qmax)
         if scalings is not None:
             scalings[key] = scaling
-    y = requantize_float(acc, bias, m, r, zp, qmin, qmax, dtype, scaling)
+    y = requantize_float(acc, bias, m, r, zp, qmin, qmax, dtype, scaling, table)
     if y is not None:
         return y
     acc = exact_int(acc) if acc.dtype.kind == "f" else acc
     y = scale_in_place(acc, bias, m, r, zp, bound)
     if y is None:
-        return np.clip(requantize(acc + bias, m, r) + zp, qmin, qmax)
-    return np.clip(y, qmin, qmax, out=y)
+        y = np.clip(requantize(acc + bias, m, r) + zp, qmin, qmax)
+    else:
+        y = np.clip(y, qmin, qmax, out=y)
+    return y if table is None else lookup(table, y.astype(dtype))

@@ -9,6 +9,7 @@ from itertools import pairwise
 import numpy as np
 
 from ...graph_ir.quant.params import ADD_SHIFT, requantize
+from . import kernels
 from .lower import Layer
 
 
@@ -21,19 +22,23 @@ FLOAT32_EXACT = 1 << 24
 
 
 def exact_dot(
-    a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False, a_norm=None
+    a: np.ndarray, b: np.ndarray, bound: int, keep_float: bool = False, a_norm=None, reach=None
 ) -> np.ndarray:
     """a @ b of integer-valued arrays, exactly, where every |a_ik * b_kj| <= bound: float32
     BLAS over reduction chunks in which every partial sum provably stays below 2^24 (any
     summation order is then exact), chunks summed in int64; float64 when products are too
     large. Chunks are as long as the data allows (`reduction_chunks`; `a_norm`: `row_norm(a)`
-    if known). `keep_float` returns the float product itself (exact integers) where one GEMM
-    makes it, else int64."""
+    if known); one chunk without looking at the data where `reach`, a bound on every sum of
+    |a_ik b_kj| over k (`row_l1(a)` times the largest |b|), is below 2^24. `keep_float`
+    returns the float product itself (exact integers) where one GEMM makes it, else int64."""
     worst = FLOAT32_EXACT // max(bound, 1)
     if worst < 64:
         return exact_int(a.astype(np.float64) @ b.astype(np.float64))
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    edges = reduction_chunks(a32, b32, worst, a_norm)
+    if reach is not None and reach < FLOAT32_EXACT:
+        edges = [0, a.shape[1]]
+    else:
+        edges = reduction_chunks(a32, b32, worst, a_norm)
     if len(edges) == 2:
         return a32 @ b32 if keep_float else (a32 @ b32).astype(np.int64)
     total = np.zeros((a.shape[0], b.shape[1]), np.int64)
@@ -46,6 +51,11 @@ def row_norm(a: np.ndarray) -> float:
     """The largest sum of squares of a row of `a` (float32 sums: within 7 % for rows of at
     most 2^20)."""
     return float(np.einsum("mk,mk->m", a, a).max(initial=0))
+
+
+def row_l1(a: np.ndarray) -> float:
+    """The largest sum of |a_ik| over a row of `a` (exact for integers below 2^53 in all)."""
+    return float(np.abs(a).sum(axis=1, dtype=np.float64).max(initial=0))
 
 
 def reduction_chunks(a: np.ndarray, b: np.ndarray, worst: int, a_norm=None) -> list[int]:
@@ -141,15 +151,16 @@ FLOAT64_EXACT = 1 << 53
 
 
 def requantize_float(
-    acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype, scaling=None
+    acc: np.ndarray, bias, m, r, zp: int, qmin: int, qmax: int, dtype, scaling=None, table=None
 ):
     """clip(requantize(acc + bias, m, r) + zp, qmin, qmax) as `dtype`, per channel (bias, m, r
-    int64 arrays broadcasting against acc), in float64 in four or five passes: t = acc s +
-    bias s with s = m 2^-r, rounded half to even (np.rint, as `params.requantize`), plus zp,
-    clipped. `acc` holds integers in float32 (below 2^24, as `exact_dot` makes them; it may
-    be updated in place) or float64 (or int64 below 2^53). None where the proof below does
-    not hold for every channel (the caller then takes the int64 path). `scaling`:
-    `float_scaling` of the same arguments, if known (a layer's constants).
+    int64 arrays broadcasting against acc), in float64: t = acc s + bias s with s = m 2^-r,
+    rounded half to even (np.rint, as `params.requantize`), plus zp, clipped; in four or five
+    numpy passes, or one compiled pass (kernels.py). `acc` holds integers in float32 (below
+    2^24, as `exact_dot` makes them; it may be updated in place) or float64 (or int64 below
+    2^53). None where the proof below does not hold for every channel (the caller then takes
+    the int64 path). `scaling`: `float_scaling` of the same arguments, if known (a layer's
+    constants). `table`: codes of `dtype` to look the results up in (`lookup`), if any.
 
     Exact: requantize is round_half_even(w) for w = (acc + bias) s. Every quantity is a
     multiple of 2^-r, exact in float64 while below 2^(53 - r). Where round(w) + zp is in
@@ -171,7 +182,20 @@ def requantize_float(
     if scaling is False:
         return None
     scale, offset, bias32 = scaling
-    if acc.dtype == np.float32 and bias32 is not None:
+    narrow = acc.dtype == np.float32 and bias32 is not None
+    fused = kernels.compiled()
+    rows = _per_row(acc, scale, offset, bias32 if narrow else scale)
+    if fused is not None and rows is not None and acc.flags.c_contiguous:
+        out = np.empty(acc.shape, dtype)
+        scale, offset, bias32 = rows
+        flat = (len(acc), -1)
+        bias32 = bias32 if narrow else bias32[:0].astype(np.float32)  # empty: t = acc s + o
+        codes = out[:0].reshape(-1) if table is None else table  # empty: no lookup
+        fused.requantize(
+            acc.reshape(flat), bias32, scale, offset, zp, qmin, qmax, codes, out.reshape(flat)
+        )
+        return out
+    if narrow:
         t = np.multiply(np.add(acc, bias32, out=acc), scale, dtype=np.float64)
     else:
         t = np.multiply(acc, scale, dtype=np.float64)
@@ -179,7 +203,24 @@ def requantize_float(
     np.rint(t, out=t)
     if zp:
         t += zp
-    return np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+    y = np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
+    return y if table is None else lookup(table, y)
+
+
+def _per_row(acc: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray] | None:
+    """`arrays` as one value per row of `acc` (its first axis) each, or None if one of them
+    varies along another axis (or acc has no rows)."""
+    if acc.ndim == 0 or not len(acc) or any(a.ndim > acc.ndim for a in arrays):
+        return None
+    shape = (len(acc),) + (1,) * (acc.ndim - 1)
+    if all(a.shape == shape for a in arrays):  # as requant_channels passes them
+        return [a.reshape(-1) for a in arrays]
+    try:
+        if np.broadcast_shapes(shape, *(a.shape for a in arrays)) != shape:
+            return None
+    except ValueError:
+        return None
+    return [np.ascontiguousarray(np.broadcast_to(a, shape).reshape(-1)) for a in arrays]
 
 
 def float_scaling(bias, m, r, zp: int, qmin: int, qmax: int):

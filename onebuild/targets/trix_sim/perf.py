@@ -72,7 +72,7 @@ def conv_pool_cycles(
 def pool_ops(layer: Layer, rows: int, ow: int, height: int) -> int:
     """Vector results (two-operand maxima, at least one per output) of `rows` output rows of
     a max pool per channel, in the cheaper of two orders: each window alone (kh kw - 1 maxima
-    per output), or separably (`windows.window_max`): kw - 1 per output column of every
+    per output), or separably: kw - 1 per output column of every
     padded input row the tile spans, then kh - 1 per output (a row's maxima shared by the
     windows that overlap on it)."""
     a = layer.attrs

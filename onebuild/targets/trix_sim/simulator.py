@@ -18,10 +18,11 @@ schedules every instruction (timeline.py), and later runs of the same simulator 
 report and the checked DMA views; every EXEC still checks its SRAM operands on every run. Nor
 does where each byte came from: the first run follows it (provenance.py), and a tile proven to
 read the bytes the whole-layer result was computed from takes its slice without comparing
-them (nor is that layer's input copied): wholes.py. A convolution with a max pool in its
-output stage, whose tiles overlap, is computed whole where all its tiles are proven so.
-Convolutions: convolve.py; code tables of elementwise layers, concat parts and requant
-layers: tables.py.
+them (nor is that layer's input copied), a plain copy through the views its first run checked:
+wholes.py. A convolution with a max pool in its output stage, whose tiles overlap, is computed
+whole where all its tiles are proven so. Convolutions: convolve.py; code tables of elementwise
+layers, concat parts and requant layers: tables.py; compiled kernels (numba, optional, loaded
+when a simulator runs again): kernels.py.
 """
 
 import math
@@ -31,6 +32,7 @@ import numpy as np
 
 from ...errors import FormatError, UserError
 from ...graph_ir.ops.quantized_softmax import integer_softmax
+from . import kernels
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
 from .convolve import convolve, requant_channels
 from .exact import (
@@ -67,7 +69,8 @@ class Simulator(WholeLayers):
         self._timed: Report | None = None  # the report of the first run: timing is data-free
         self._dma: dict[int, tuple] = {}  # position -> (destination, source) views, checked
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
-        self._norms: dict[int, float] = {}  # layer -> exact.row_norm of those weights
+        self._parts: dict[int, tuple] = {}  # layer -> wholes.WholeLayers._part_table
+        self._norms: dict[int, tuple] = {}  # layer -> exact.row_norm, row_l1 of those weights
         self._scalings: dict[tuple, tuple] = {}  # requantization constants (convolve.py)
         self._convolve = partial(convolve, scalings=self._scalings)
         self._codes = CodeTables(module)  # code tables of elementwise layers and concat parts
@@ -77,6 +80,7 @@ class Simulator(WholeLayers):
         self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
         self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
         self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
+        self._copies: dict[int, tuple] = {}  # position -> wholes.WholeLayers._proven_copies
         self._pools = {  # convolution -> the max pool in its output stage
             i: module.layers[layer.attrs["epilogue"]]
             for i, layer in enumerate(module.layers)
@@ -136,6 +140,7 @@ class Simulator(WholeLayers):
         if self._timed is None:
             self._timed = self._run_timed()
         else:
+            kernels.load()  # a simulator that runs again: worth loading them (kernels.py)
             self._run_again()
         report = self._timed.copy()
         outputs = {}
@@ -167,6 +172,7 @@ class Simulator(WholeLayers):
         # convolution (overlapping tiles) unless all of them do
         useful = {key[0] for key in self._proven}
         self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
+        self._copies = self._proven_copies()
         self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
@@ -177,12 +183,17 @@ class Simulator(WholeLayers):
     def _run_again(self) -> None:
         """Execute every instruction of a program that ran before: its DMA views were checked
         and its timeline is known (neither depends on the data); EXECs check their SRAM
-        operands as always."""
-        layers, dma = self.module.layers, self._dma
+        operands as always, but for those proven to copy a slice of a whole layer's result
+        (`_proven_copies`), which copy it."""
+        layers, dma, copies, whole = self.module.layers, self._dma, self._copies, self._whole
         for position, (op, index, *args) in enumerate(self._code):
             try:
                 if op == EXEC:
-                    self._exec(index, layers[index], *args)
+                    copy = copies.get(position)
+                    if copy is not None and whole.get(index):
+                        copy[1][...] = whole[index][1][copy[0]]
+                    else:
+                        self._exec(index, layers[index], *args)
                 elif dma[position] is not None:
                     destination, source = dma[position]
                     destination[...] = source
@@ -271,6 +282,7 @@ class Simulator(WholeLayers):
             whole = self._whole_conv(index, layer, held, in_at, t0, t1)
             if whole is not None and self._labels is not None:
                 self._prove(key, held, t0, t1, weights)
+            after = "epilogue" in layer.attrs
             if whole is not None and (
                 key in self._proven
                 or (
@@ -279,14 +291,14 @@ class Simulator(WholeLayers):
                 )
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
-                y = whole[1][box]
+                y, after = whole[1][box], after and not whole[2]
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
                     taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
             else:
                 tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
                 y = self._convolve(layer, x, wq, *tile)
             macs = y.size * math.prod(weights.shape[1:])
-            if "epilogue" in layer.attrs:
+            if after:
                 y = self._epilogue(layer, y, in2_at, reads)
         elif layer.kind == "gemm":
             weights = layer.arrays["weights"]

@@ -6,7 +6,8 @@ whose state it uses (module, memories, caches, provenance)."""
 
 import numpy as np
 
-from .exact import row_norm, same_values
+from .codegen import EXEC
+from .exact import all_codes, row_l1, row_norm, same_values
 from .lower import Layer, input_rows
 
 WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
@@ -19,14 +20,32 @@ class WholeLayers:
         """A convolution tile that took its slice of the whole layer before, by its kept views:
         the same operand checks, the same slice (through its epilogue, if fused) written to the
         same place."""
-        x, y = self._whole[index]
+        x, y, mapped = self._whole[index]
         if key in self._proven or (same_values(held, x[:, t0:t1]) and same_values(wq, w_ref)):
             tile = y[box]
-            if "epilogue" in layer.attrs:
+            if "epilogue" in layer.attrs and not mapped:
                 tile = self._epilogue(layer, tile, in2_at, [])
             place[...] = tile
             return result
         return None
+
+    def _proven_copies(self) -> dict[int, tuple]:
+        """Position -> (box, place) of each EXEC, after a first run, that is proven to take
+        slice `box` of its whole layer's result (`_prove`) and writes it to SRAM view `place`
+        as it is (no epilogue, or a concat part already applied to the whole): a copy on later
+        runs, once the layer's first tile computed the whole result (its checks are those of
+        the first run: addresses and provenance do not depend on the data)."""
+        copies, layers = {}, self.module.layers
+        for position, (op, index, r0, rows, ch0, chs, in_at, _, w_at, out_at) in enumerate(
+            self._code
+        ):
+            key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
+            if op != EXEC or key not in self._proven or key not in self._slices:
+                continue
+            if "epilogue" not in layers[index].attrs or self._parts.get(index, (False,))[0]:
+                *_, box, place, _ = self._slices[key]
+                copies[position] = (box, place)
+        return copies
 
     def _prove(self, key: tuple, held: np.ndarray, t0: int, t1: int, weights) -> None:
         """Record EXEC `key` as proven if the labels of its SRAM operands are those of the
@@ -44,9 +63,11 @@ class WholeLayers:
             self._unproven.add(key)
 
     def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
-        """(input codes, output codes) of the whole convolution, computed at its first tile if
-        its tiles cover its output exactly; None otherwise. The input codes are a copy unless
-        every tile's operands are proven to be them (`_prove`)."""
+        """(input codes, output codes, whether those went through its concat epilogue) of the
+        whole convolution, computed at its first tile if its tiles cover its output exactly;
+        None otherwise. The input codes are a copy unless every tile's operands are proven to
+        be them (`_prove`). A concat epilogue (which reads nothing else) is applied to the
+        whole output once."""
         if index not in self._whole:
             return None
         if self._whole[index] is None:
@@ -55,10 +76,11 @@ class WholeLayers:
             whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
             at = in_at if whole_height else self.module.dram[layer.inputs[0]]
             memory = self.sram if whole_height else self.dram
-            x = memory[at : at + x_t.nbytes].view(x_t.dtype).reshape(c, h, w)
+            nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
+            x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
             if self._labels is not None:
                 labels = self._labels.of_sram if whole_height else self._labels.of_dram
-                self._snapshots[index] = labels(at, x_t.nbytes).reshape(c, h, -1)
+                self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
             if index not in self._lean:
                 x = x.copy()
             m, oh, ow = out_t.shape
@@ -68,12 +90,35 @@ class WholeLayers:
                 weights = layer.arrays["weights"].astype(np.float32)
                 if sum(a.nbytes for a in self._weights32.values()) < WEIGHTS32_BUDGET:
                     self._weights32[index] = weights
-                    self._norms[index] = row_norm(weights.reshape(m, -1))
-            norm = self._norms.get(index)
+                    matrix = weights.reshape(m, -1)
+                    self._norms[index] = (row_norm(matrix), row_l1(matrix))
+            norms = self._norms.get(index)
             whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
-            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norm=norm)
-            self._whole[index] = (x, y.astype(out_t.dtype, copy=False))
+            if index not in self._parts:
+                self._parts[index] = self._part_table(layer)
+            concat, table = self._parts[index]
+            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norms=norms, table=table)
+            self._whole[index] = (x, y.astype(out_t.dtype, copy=False), concat)
         return self._whole[index]
+
+    def _part_table(self, layer: Layer) -> tuple[bool, np.ndarray | None]:
+        """Whether a convolution's epilogue is a concat part (which reads nothing else: it
+        applies to the whole output at once), and that part's codes by the bits of the
+        convolution's output codes (None where every code maps to itself); not where the
+        part's rescale is not one for every channel."""
+        if "epilogue" not in layer.attrs:
+            return False, None
+        after = self.module.layers[layer.attrs["epilogue"]]
+        part = after.inputs.index(layer.output) if after.kind == "concat" else None
+        a = after.attrs
+        if part is None or any(
+            np.ndim(a[k][part]) for k in ("x_zero_points", "multiplier", "shift")
+        ):
+            return False, None
+        codes = all_codes(self.module.tensors[layer.output].dtype)
+        mapped = self._epilogue(layer, codes, 0, [])
+        same = mapped.dtype == codes.dtype and np.array_equal(mapped, codes)
+        return True, None if same else mapped
 
     def _whole_pair(self, index: int, layer: Layer, tiles, ats, ch0: int, r0: int):
         """The whole output of an elementwise layer of two same-shape tensors, if its tiles

@@ -2,9 +2,13 @@
 (convolutions and pooling), and max/average pooling by the integer rules of
 docs/quantization.md."""
 
+from functools import lru_cache
+
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...graph_ir.quant.params import count_multipliers, requantize
+from . import kernels
 from .exact import saturate
 from .lower import Layer, window_span
 
@@ -28,21 +32,22 @@ def padded_rows(
 
 
 def window_view(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow, kh, kw] window view."""
+    """[C, rows, ow, kh, kw] window view (read-only; strides set directly, a few times
+    cheaper than sliding_window_view's)."""
     a = layer.attrs
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    view = np.lib.stride_tricks.sliding_window_view(
-        padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2)
-    )
-    return view[:, : (rows - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
+    c, h, w = padded.shape
+    if (rows - 1) * sh + (kh - 1) * dh >= h or (ow - 1) * sw + (kw - 1) * dw >= w:
+        raise ValueError(f"{rows} x {ow} windows do not fit {h} x {w} padded rows")
+    s0, s1, s2 = padded.strides
+    strides = (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw)
+    return as_strided(padded, (c, rows, ow, kh, kw), strides, writeable=False)
 
 
 def window_max(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarray:
-    """[C, rows, ow] maxima of the pooling windows, separably as the vector unit runs them
-    (`perf.pool_ops`): each padded row's maxima over the kernel's columns at the output
-    columns, then the maxima of kernel-height runs of those rows at the output rows (rows
-    shared by overlapping windows reduced once). Bit-exact with the k x k window maxima: a
-    maximum does not depend on the order its operands are taken in."""
+    """[C, rows, ow] maxima of the pooling windows, separably (`_separable`). The vector unit
+    takes the kernel's columns first (`perf.pool_ops`); the order does not change a maximum,
+    and rows first is the faster one in numpy."""
     return _separable(layer, padded, rows, ow, np.maximum, padded.dtype)
 
 
@@ -51,23 +56,30 @@ def window_sum(layer: Layer, padded: np.ndarray, rows: int, ow: int) -> np.ndarr
     reduction where a single window covers the padded rows (a global pool)."""
     a = layer.attrs
     if (rows, ow) == (1, 1) and padded.shape[1:] == tuple(a["kernel"]):
-        return padded.reshape(len(padded), -1).sum(axis=1, dtype=np.int64)[:, None, None]
+        codes, fused = padded.reshape(len(padded), -1), kernels.compiled()
+        if fused is None:
+            return codes.sum(axis=1, dtype=np.int64)[:, None, None]
+        sums = np.empty((len(codes), 1, 1), np.int64)
+        fused.row_sums(codes, sums.reshape(-1))
+        return sums
     return _separable(layer, padded, rows, ow, np.add, np.int64)
 
 
 def _separable(layer: Layer, padded: np.ndarray, rows: int, ow: int, ufunc, dtype) -> np.ndarray:
-    """`ufunc` over every window: over the kernel's columns of each row, then over the
-    kernel's rows of those."""
+    """`ufunc` over every window as `dtype`: over the kernel's rows at each output row (whole
+    contiguous rows, which numpy vectorizes), then over the kernel's columns of those at each
+    output column (strided)."""
     a = layer.attrs
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
-    span = (rows - 1) * sh + (kh - 1) * dh + 1
-    cols = [padded[:, :span, j * dw : j * dw + (ow - 1) * sw + 1 : sw] for j in range(kw)]
-    across = cols[0].astype(dtype)
-    for tap in cols[1:]:
-        ufunc(across, tap, out=across)
-    result = across[:, : (rows - 1) * sh + 1 : sh].copy()
-    for i in range(1, kh):
-        ufunc(result, across[:, i * dh : i * dh + (rows - 1) * sh + 1 : sh], out=result)
+    width = (ow - 1) * sw + (kw - 1) * dw + 1
+    taps = [padded[:, i * dh : i * dh + (rows - 1) * sh + 1 : sh, :width] for i in range(kh)]
+    down = ufunc(taps[0], taps[1], dtype=dtype) if kh > 1 else taps[0].astype(dtype)
+    for tap in taps[2:]:
+        ufunc(down, tap, out=down)
+    cols = [down[:, :, j * dw : j * dw + (ow - 1) * sw + 1 : sw] for j in range(kw)]
+    result = ufunc(cols[0], cols[1]) if kw > 1 else cols[0].copy()
+    for tap in cols[2:]:
+        ufunc(result, tap, out=result)
     return result
 
 
@@ -94,21 +106,34 @@ def pool(
     padded = padded_rows(layer, x, r0, rows, i0, w, zp, x.dtype)  # pads hold the zero point
     sums = window_sum(layer, padded, rows, ow)
     sums -= zp * kh * kw
+    window = (kh, kw, sh, sw, dh, dw, *a["pads"], bool(a["count_include_pad"]))
+    tile = (r0, rows, i0, x.shape[1], h, w, ow, *padded.shape[1:])
+    m, r = _count_scaling(float(layer.arrays["ratio"]), window, tile)
+    return saturate(layer, requantize(sums, m, r))
+
+
+@lru_cache(maxsize=4096)
+def _count_scaling(ratio: float, window: tuple, tile: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """`count_multipliers` of an average pool tile's windows (they depend on its geometry
+    only: cached, as np.unique costs tens of microseconds a call)."""
+    kh, kw, sh, sw, dh, dw, pad_top, pad_left, pad_bottom, _, include_pad = window
+    r0, rows, i0, held, h, w, ow, span, width = tile
     # the inputs each window counts: a row range times a column range of the padded rows
-    counted_rows = np.zeros(padded.shape[1], np.int64)
-    counted_cols = np.ones(padded.shape[2], np.int64)
-    top = r0 * sh - a["pads"][0]
-    if a["count_include_pad"]:  # explicit pads count, rows beyond them do not
-        first, last = max(-a["pads"][0], top), min(h + a["pads"][2], top + padded.shape[1])
+    counted_rows = np.zeros(span, np.int64)
+    counted_cols = np.ones(width, np.int64)
+    top = r0 * sh - pad_top
+    if include_pad:  # explicit pads count, rows beyond them do not
+        first, last = max(-pad_top, top), min(h + pad_bottom, top + span)
         counted_rows[first - top : last - top] = 1
     else:
-        counted_rows[i0 - top : i0 - top + x.shape[1]] = 1
-        counted_cols[: a["pads"][1]] = counted_cols[a["pads"][1] + w :] = 0
+        counted_rows[i0 - top : i0 - top + held] = 1
+        counted_cols[:pad_left] = counted_cols[pad_left + w :] = 0
     counts = np.outer(
         _axis_sums(counted_rows, kh, sh, dh, rows), _axis_sums(counted_cols, kw, sw, dw, ow)
     )
-    m, r = count_multipliers(float(layer.arrays["ratio"]), counts)
-    return saturate(layer, requantize(sums, m, r))
+    m, r = count_multipliers(ratio, counts)
+    m.flags.writeable = r.flags.writeable = False  # shared by every call
+    return m, r
 
 
 def _axis_sums(counted: np.ndarray, kernel: int, stride: int, dilation: int, n: int):
