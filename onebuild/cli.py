@@ -75,9 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def model_command(name: str, help_text: str):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("model", help="an .onnx model or an onebuild IR file")
+    def shape_option(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--input-shape",
             action="append",
@@ -85,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="NAME=DIMS",
             help="fix the dims of an ONNX input, e.g. input=1,3,224,224 (repeatable)",
         )
+
+    def model_command(name: str, help_text: str):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("model", help="an .onnx model or an onebuild IR file")
+        shape_option(p)
         return p
 
     p = model_command("run", "run a model on a batch of inputs")
@@ -117,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="compare an nnpackage with its float reference model")
     p.add_argument("package", help="nnpackage folder or zip")
     p.add_argument("--reference", required=True, help="the float model (.onnx or IR file)")
+    shape_option(p)  # the reference's
     p.add_argument("-i", "--inputs", required=True, help="npz: one [N,*shape] array per input")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_verify)

@@ -134,7 +134,7 @@ def cmd_verify(args) -> int:
     from .runtime.package import load_package, run_package
 
     package = load_package(args.package)
-    reference = load_model(args.reference).main
+    reference = load_model(args.reference, dict(args.input_shape or []) or None).main
     feeds = read_npz(args.inputs)
     outputs, reports = run_package(package, feeds)
     try:
