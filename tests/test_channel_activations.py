@@ -393,3 +393,24 @@ def test_a_scalar_affine_after_the_table_is_absorbed_into_it(tmp_path):
         trace = _trace(quantized, sample)
         (theirs,) = runtime.run(None, {table.inputs[0].name: trace[table.inputs[0].name]})
         assert np.array_equal(theirs, trace[table.output.name])
+
+
+# -- on the device --------------------------------------------------------------------------------
+def test_a_session_quantizes_per_channel_when_asked(setup, onnx_path, tmp_path):
+    from onebuild.runtime.session import Session
+
+    graph, _, evaluation = setup
+    calib = _digits()[0][:16]
+    figures = {}
+    for granularity in ("tensor", "channel"):
+        session = Session(onnx_path, workspace=tmp_path / granularity)
+        session.set_activation_granularity(granularity)
+        session.set_execute_config("DUMP_MINMAX")
+        for sample in calib:
+            session.run({"x": sample})
+        session.reset_execute_config()
+        quantized = load_model(session.quantize()).main
+        per_channel = [v for n in quantized.nodes for v in n.outputs if v.quant and v.quant.axis]
+        figures[granularity] = (len(per_channel), _sqnr(graph, quantized, evaluation))
+    assert figures["tensor"][0] == 0 and figures["channel"][0] > 0, figures
+    assert figures["channel"][1] >= figures["tensor"][1] + 10, figures

@@ -32,7 +32,9 @@ def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Pa
     ranges, `samples` runs of them); the other options are the compile API's defaults. An
     `output` ending in .circle gets a circle when the circle is exact, else an IR file beside
     it (returned)."""
-    options = QuantizeOptions(**QUANT_TYPES[settings.quant_type])
+    options = QuantizeOptions(
+        **QUANT_TYPES[settings.quant_type], activation_granularity=settings.activation_granularity
+    )
     full = options.mode == "full"
     if full and not samples:
         raise UserError(

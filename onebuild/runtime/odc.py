@@ -5,6 +5,7 @@ A package enables auto-compilation from its config, so the app is just load + ru
     ODC_AUTO_COMPILE=1          run() records, quantizes, compiles and switches by itself
     ODC_MINMAX_RECORDS=10       float runs recorded before quantizing
     ODC_QUANT_TYPE=U8_ASYM      U8_ASYM | I16_SYM | WO_I8_SYM | WO_I16_SYM
+    ODC_ACTIVATION_GRANULARITY=tensor   tensor | channel (the recipe's quantize key)
     ODC_TARGET=trix_sim         codegen target, ODC_HW its hardware preset (trix-m)
     ODC_CODEGEN_PREF=performance   performance | memory | compile_time
     ODC_MIN_SQNR_DB=20          accuracy gate thresholds; also ODC_MIN_TOP1_MATCH,
@@ -34,6 +35,7 @@ DEFAULT_GATE = (("min_sqnr_db", 20.0),)
 PREFS = ("performance", "memory", "compile_time")
 BACKENDS = ("npu", "auto")
 REQUIREMENTS = ("performance", "memory")
+GRANULARITIES = ("tensor", "channel")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class OdcSettings:
     auto_compile: bool = False
     minmax_records: int = 10
     quant_type: str = "U8_ASYM"
+    activation_granularity: str = "tensor"
     target: str = "trix_sim"
     hw: str = "trix-m"
     pref: str = "performance"
@@ -52,6 +55,7 @@ class OdcSettings:
     def __post_init__(self):
         checks = {
             "quant_type": (self.quant_type, tuple(QUANT_TYPES)),
+            "activation_granularity": (self.activation_granularity, GRANULARITIES),
             "pref": (self.pref, PREFS),
             "backend": (self.backend, BACKENDS),
             "requirement": (self.requirement, REQUIREMENTS),
@@ -82,6 +86,7 @@ FIELDS = {
     "ODC_AUTO_COMPILE": ("auto_compile", "bool"),
     "ODC_MINMAX_RECORDS": ("minmax_records", "int"),
     "ODC_QUANT_TYPE": ("quant_type", "str"),
+    "ODC_ACTIVATION_GRANULARITY": ("activation_granularity", "str"),
     "ODC_TARGET": ("target", "str"),
     "ODC_HW": ("hw", "str"),
     "ODC_CODEGEN_PREF": ("pref", "str"),

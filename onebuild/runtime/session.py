@@ -237,6 +237,11 @@ class Session:
         """U8_ASYM, I16_SYM (full), WO_I8_SYM or WO_I16_SYM (weight-only)."""
         self.settings = self._changed(quant_type=qtype)
 
+    def set_activation_granularity(self, granularity: str) -> None:
+        """`tensor` (default) or `channel`: a scale and zero point per channel on Conv ->
+        [table] -> depthwise Conv edges (the TRIX NPU runs them; circle cannot hold them)."""
+        self.settings = self._changed(activation_granularity=granularity)
+
     def set_quantized_model_path(self, path: str | os.PathLike) -> None:
         self._qpath = Path(path)
 
