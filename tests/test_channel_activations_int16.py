@@ -208,23 +208,21 @@ def test_mixed_precision_promotes_the_edge_whole_to_int16_per_channel(tmp_path):
     assert _node(quantized.main, "c0").output.dtype == np.uint8
 
 
-def test_an_absorbing_int16_table_input_is_narrowed_to_where_its_code_changes(spread):
-    """With absorbed scalar ops the table's input range is cut where the composed function is
-    flat (HardSwish below -3): coarse interpolation steps are not spent there; every channel's
-    calibrated range stays inside (a positive-only range too, whose headroom-doubled lower
-    bound lies above the data)."""
+def test_an_int16_channel_keeps_its_whole_calibrated_range(spread):
+    """int16 per-channel edge values keep each channel's calibrated range, symmetric (no
+    narrowing to where an absorbing table's code changes: on the OCR detector that fitted the
+    calibration tiles, 39.0 -> 52.3 dB, and lost unseen ones, 39.7 -> 32.3)."""
     affine, graph, stats, _, quantized = spread
     node = _table(quantized)
     (edge,) = depthwise_edges(graph)
     lo, hi = stats.channel_ranges[edge.values[0].name]
     bound = np.asarray(node.inputs[0].quant.scale) * 32767
-    assert (bound >= hi).all() and (bound >= np.minimum(-lo, 3.0)).all()
-    flat = 2 * lo < -4  # the doubled range reaches far into the flat side
-    assert flat.any()
+    widest = 2 * np.maximum(-lo, hi)  # int16 headroom: twice the calibrated magnitude
     if affine:
-        assert (bound[flat] < np.maximum(-2 * lo[flat], 2 * hi[flat])).all()
+        assert (bound >= widest * (1 - 1e-6)).all()
     else:  # the last op is the table: its own narrowing (table_ranges.live_range) applies
-        assert (bound[flat] <= np.maximum(-2 * lo[flat], 2 * hi[flat])).all()
+        assert (bound >= hi).all() and (bound >= np.minimum(-lo, 3.0)).all()
+        assert (bound < widest * (1 - 1e-6)).any()
 
 
 def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path):

@@ -58,7 +58,7 @@ from .params import (
     weight_params,
 )
 from .recurrent_rule import quantize_recurrent, recurrent_ok
-from .table_ranges import composed_live_range, live_range
+from .table_ranges import live_range
 
 ACTIVATION_TYPES = ("uint8", "int8", "int16")
 
@@ -133,15 +133,6 @@ class _Quantizer:
             def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
                 out = lambda v, kind: channel_of(self.params(v, kind), c)  # noqa: E731
                 return live_range(value, lo, hi, dtype, self._dtype_of, out, self._is_output)
-
-        elif dtype == "int16":  # where the composed function changes code (interpolation
-            (table,) = absorbing  # steps are 128 input codes: input codes spent on the flat
-            then = self.affine[id(table)]  # side would coarsen them)
-            end = then[-1].outputs[0]
-
-            def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
-                y = channel_of(self.params(end, dtype), c)
-                return composed_live_range(table, then, lo, hi, y, dtype)
 
         return edge_params(self.channel_ranges[value.name], dtype, narrow)
 

@@ -10,7 +10,7 @@ every reader gives the same codes as before, so only resolution is gained (the p
 requantization clamps there).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
@@ -58,24 +58,6 @@ def _within(grid: np.ndarray, spans: list) -> tuple[float, float]:
     first, last = grid[min(s[0] for s in spans)], grid[max(s[1] for s in spans)]
     margin = (last - first) * MARGIN  # the end codes stay beyond the last change after rounding
     return max(lo, float(first - margin)), min(hi, float(last + margin))
-
-
-def composed_live_range(
-    node: Node, then: Sequence[Node], lo: float, hi: float, y: QuantParams, dtype: str
-) -> tuple[float, float]:
-    """[lo, hi] narrowed to the inputs where table op `node` followed by the scalar ops `then`
-    (absorbed into its table) changes its output code (`dtype`, parameters `y`); the range is
-    first widened to contain 0, as the parameters will be (a headroom-doubled positive lower
-    bound is above the data)."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    if not hi > lo:
-        return lo, hi
-    grid = np.linspace(lo, hi, GRID + 1)
-    codes = function_codes(node, grid.astype(np.float32), y, dtype, then)
-    changes = np.flatnonzero(codes[1:] != codes[:-1])
-    if not changes.size:  # flat on the calibration data: unseen data may not be, keep it all
-        return lo, hi
-    return _within(grid, [(int(changes[0]), int(changes[-1]) + 1)])
 
 
 def _spans(value, grid, dtype, dtype_of, output_params, is_output) -> list | None:
