@@ -194,3 +194,41 @@ def test_clean_then_rebuild_restores(project):
     assert not (project / "out/m.nnpkg").exists()
     assert not (project / "build/r/optimize.obir").exists()
     assert set(run(project).values()) == {"restored"}
+
+
+def test_a_package_another_recipe_replaced_is_made_again(project, caplog):
+    """Two recipes writing one package path: each build makes it for its own recipe (with a
+    warning), and status names the other recipe as the one reason."""
+    from onebuild.engine.status import status
+
+    (project / "s.toml").write_text(RECIPE.replace('preset = "O1"', 'preset = "O0"'))
+    plans = {name: load_recipe(project / name) for name in ("r.toml", "s.toml")}
+    made = {}
+    for name in ("r.toml", "s.toml", "r.toml"):
+        results = build([plans[name]], progress=lambda message: None)
+        package = project / "out/m.nnpkg"
+        made[name] = [p.read_bytes() for p in sorted(package.rglob("*")) if p.is_file()]
+        assert json.loads((project / "out/m.nnpkg.log").read_text())["recipe"] == str(
+            project / name
+        )
+        assert {r.step: r.status for r in results}["pack"] in ("run", "restored")
+    assert made["r.toml"] != made["s.toml"]  # the last build is r's again, not s's left over
+    assert "s.toml made" in caplog.text or "r.toml made" in caplog.text
+    build([plans["s.toml"]], progress=lambda message: None)
+    reasons = {r.step: r.reasons for r in status([plans["r.toml"]])}["pack"]
+    assert reasons == [f"another recipe's step made its outputs since ({project / 's.toml'})"]
+
+
+def test_a_build_of_several_recipes_keeps_built_steps_up_to_date(tmp_path):
+    """doit's state of a multi-recipe build lives in the first recipe's folder; the others'
+    steps are judged by their logs (same cache key, intact outputs): nothing runs or restores."""
+    plans = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(MODEL, folder / "model.onnx")
+        (folder / "r.toml").write_text(RECIPE)
+        plans.append(load_recipe(folder / "r.toml"))
+        build([plans[-1]], progress=lambda message: None)
+    results = build(plans, progress=lambda message: None)
+    assert {r.status for r in results} == {"up-to-date"}, [(r.recipe, r.status) for r in results]

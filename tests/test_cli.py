@@ -163,3 +163,39 @@ def test_non_finite_inputs_to_a_float_model_give_one_warning_line(model_file, tm
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "dynamic batch dim" not in line]
     assert lines == [f"onebuild: warning: {tmp_path / 'in.npz'}: output(s) y hold NaN or Inf"]
+
+
+@pytest.mark.parametrize(
+    "command, mentions",
+    [
+        (["run", "{m}", "-i", "{data}", "-o", "{data}"], "own input"),
+        (["run", "{m}", "-i", "{data}", "-o", "{m}"], "writes .npz"),
+        (["import", "{m}", "-o", "{data}"], "writes .obir"),
+        (["export", "{m}", "-o", "{tmp}/notes.toml"], "writes .onnx or .circle or .tflite"),
+        (["import", "{m}", "-o", "{m}"], "writes .obir"),
+    ],
+)
+def test_an_output_that_would_overwrite_an_input_or_another_kind_is_refused(
+    model_file, tmp_path, rng, command, mentions
+):
+    data = tmp_path / "in.npz"
+    write_npz(data, {"x": rng.random((2, 1, 3, 8, 8), dtype=np.float32)})
+    (tmp_path / "notes.toml").write_text("mine")
+    before = {p: p.read_bytes() for p in (data, model_file, tmp_path / "notes.toml")}
+    args = [a.format(m=model_file, data=data, tmp=tmp_path) for a in command]
+    result = onebuild(*args)
+    assert result.returncode == 2 and mentions in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in before} == before  # nothing of the user's touched
+
+
+def test_partition_backends_must_name_the_targets_backend(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[quantize]\nrandom_calibration = true\n'
+        '[partition]\nbackends = ["npu", "cpu"]\n[codegen]\n'
+    )
+    (tmp_path / "m.onnx").write_bytes(b"")
+    result = onebuild("list", recipe)
+    assert result.returncode == 2
+    assert "target 'trix_sim' runs on the backend 'trix' (got 'npu')" in result.stderr

@@ -126,6 +126,8 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
         return ["its build log is unreadable"]
     if log.get("status") == "running":
         return ["its last run failed or did not finish"]
+    if log.get("recipe") != str(task.recipe):  # its inputs and options are the other one's
+        return [f"another recipe's step made its outputs since ({log.get('recipe')})"]
     reasons = []
     if log.get("code") != STEPS[task.step].code(task.config):
         reasons.append("onebuild's code for this step changed")
@@ -139,8 +141,6 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
             reasons.append(f"input {path.name} is missing")
         elif recorded.get(str(path)) != digest:
             reasons.append(f"input {path.name} changed")
-    if log.get("recipe") != str(task.recipe):
-        reasons.append(f"another recipe's step made its outputs since ({log.get('recipe')})")
-    elif not outputs_intact(task.outputs, task.recipe):
+    if not outputs_intact(task.outputs, task.recipe):
         reasons.append("an output is missing or was modified")
     return reasons
