@@ -15,7 +15,7 @@ from test_structural_mutations import _tvn_resealed, _tvn_sections, _with_json
 from test_trix_ops import check
 from test_trix_sim import assert_bit_exact
 
-from onebuild.errors import FormatError, ModelError
+from onebuild.errors import FormatError, ModelError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Node
 from onebuild.graph_ir.quant.calibrate import calibrate
@@ -279,6 +279,36 @@ def _out_of_range(layers: list[dict]) -> None:
 def _clamps_crossed(layers: list[dict]) -> None:
     conv = next(layer for layer in layers if isinstance(layer["attrs"].get("qmax"), list))
     conv["attrs"]["qmax"][0] = conv["attrs"]["qmin"][0] - 1
+
+
+@pytest.mark.parametrize("strategy", ["capability", "cost"])
+@pytest.mark.parametrize("pin", [{"opcode": {"QLookup": "cpu"}}, {"opname": "depthwise"}])
+def test_a_node_mapped_to_the_cpu_takes_its_per_channel_edge_along(rng, strategy, pin):
+    """opcode/opname maps that send one layer of a per-channel edge to the CPU send the whole
+    edge (each other layer says why), so every NPU part still lowers; mapping layers of one
+    edge to both backends is a one-line user error."""
+    quantized = channel_graph(rng, 9, (11, 13), "HardSwish")
+    layers = _per_channel_layers(quantized)
+    if "opname" in pin:
+        depthwise = next(n for n in layers if layers[n].op == "QConv" and n != _first(layers))
+        pin = {"opname": {depthwise: "cpu"}}
+    options = Options(accelerator="trix", hw="trix-m", strategy=strategy, **pin)
+    placement = place(quantized, "m", load_target("trix_sim"), options, HostCpu())
+    assert all(placement.backend_of[name] == "cpu" for name in layers), placement.backend_of
+    tied = [f for f in placement.fallbacks if "tie it to node" in " ".join(f["reasons"])]
+    assert tied, placement.fallbacks
+    for part in placement.partitioning.parts:
+        if part.backend == "trix":
+            lower(part.graph, load_hardware("trix-m"))
+    first = _first(layers)
+    both = {"opname": {first: "trix", next(n for n in layers if n != first): "cpu"}}
+    with pytest.raises(UserError, match="share values quantized per channel"):
+        place(quantized, "m", load_target("trix_sim"), Options("trix", "trix-m", **both))
+
+
+def _first(layers: dict) -> str:
+    return next(iter(layers))
+
 
 
 @pytest.mark.parametrize("mutation", [_shorter, _on_a_full_conv, _out_of_range, _clamps_crossed])

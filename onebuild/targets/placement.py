@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ..errors import ModelError, UserError
-from ..graph_ir.ir import Graph, Value
+from ..graph_ir.ir import Graph, Node, Value
 from ..graph_ir.macs import macs
 from ..graph_ir.partition.assign import min_cost, override
 from ..graph_ir.partition.regions import Partitioning, split
+from ..graph_ir.quant.channel_activations import per_channel_value
 from . import Target
 from .host_cpu import HostCpu
 
@@ -58,6 +59,7 @@ def place(
         for n in graph.nodes
     }
     pinned = _pinned(graph, options, reasons)
+    _pin_channel_groups(graph, pinned, reasons, accel)
     capability = {
         n.name: pinned.get(n.name) or (accel if not reasons[n.name] else options.default)
         for n in graph.nodes
@@ -115,6 +117,47 @@ def _pinned(graph: Graph, options: Options, reasons: dict[str, list[str]]) -> di
     return pinned
 
 
+def _channel_groups(graph: Graph) -> list[list[Node]]:
+    """The nodes joined by values quantized per channel, in groups of two or more."""
+    leader = {n.name: n.name for n in graph.nodes}
+
+    def find(name: str) -> str:
+        while leader[name] != name:
+            leader[name] = name = leader[leader[name]]
+        return name
+
+    for node in graph.nodes:
+        for value in filter(per_channel_value, node.outputs):
+            for user in value.users:
+                leader[find(user.name)] = find(node.name)
+    groups: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        groups.setdefault(find(node.name), []).append(node)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def _pin_channel_groups(graph: Graph, pinned: dict, reasons: dict, accel: str) -> None:
+    """A node the maps place on the CPU takes the rest of its per-channel group with it
+    (values quantized per channel never cross backends); pins to both sides are an error."""
+    for group in _channel_groups(graph):
+        on_cpu = [n.name for n in group if pinned.get(n.name) == CPU]
+        on_accel = [n.name for n in group if pinned.get(n.name) == accel]
+        if on_cpu and on_accel:
+            raise UserError(
+                f"partition: nodes '{on_accel[0]}' (mapped to {accel}) and '{on_cpu[0]}' "
+                "(mapped to cpu) share values quantized per channel, which never cross "
+                "backends; map them to one backend, or quantize with activation_granularity = "
+                '"tensor"'
+            )
+        for node in group if on_cpu else ():
+            if node.name not in pinned:
+                reasons[node.name] = [
+                    *reasons[node.name],
+                    f"its values quantized per channel tie it to node '{on_cpu[0]}', which the "
+                    "partition maps place on cpu",
+                ]
+
+
 def _cost(graph, name, options, cpu, reasons, pinned, baseline, latency_of):
     """The minimum-latency placement and the lines that explain it; `baseline` is the
     capability placement, its parts and its latency."""
@@ -168,8 +211,7 @@ NEVER = 1e30  # a handoff the minimum cut must not make
 def _handoff(cpu: HostCpu, value: Value) -> float:
     """Handing `value` between backends; a value quantized per channel is never handed over
     (accelerator programs take and give values quantized per tensor)."""
-    per_channel = not value.is_const and value.quant is not None and len(value.quant.scale) > 1
-    return NEVER if per_channel else cpu.handoff(value)
+    return NEVER if per_channel_value(value) else cpu.handoff(value)
 
 
 class _Latency:

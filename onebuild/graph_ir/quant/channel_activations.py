@@ -52,6 +52,13 @@ class Edge:
         return (self.producer, *table, *self.depthwise)
 
 
+def per_channel_value(value: Value | None) -> bool:
+    """Whether a value computed at run time is quantized with a scale and zero point per
+    channel (weights and other constants do not count)."""
+    quant = None if value is None or value.is_const else value.quant
+    return quant is not None and len(quant.scale) > 1
+
+
 def _constant_conv(node: Node | None) -> bool:
     if node is None or node.op != "Conv" or not node.inputs[1].is_const:
         return False

@@ -16,6 +16,7 @@ import numpy as np
 
 from ...errors import ModelError, UnsupportedOpsError
 from ..ir import Graph, Model, Node, Value
+from ..quant.channel_activations import per_channel_value
 from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
@@ -327,8 +328,7 @@ WRITERS: dict[str, Callable] = {
 def _per_channel_activations(node: Node) -> bool:
     """A computed value quantized per channel (`quantize.activation_granularity`): TFLite
     kernels take per-tensor activations only."""
-    values = [v for v in [*node.inputs, *node.outputs] if v is not None and not v.is_const]
-    return any(v.quant is not None and v.quant.axis is not None for v in values)
+    return any(map(per_channel_value, [*node.inputs, *node.outputs]))
 
 
 def _permuted(quant: QuantParams | None, perm: Perm) -> QuantParams | None:

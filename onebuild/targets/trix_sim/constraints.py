@@ -9,6 +9,7 @@ import numpy as np
 
 from ...graph_ir.ir import Node
 from ...graph_ir.ops.resize import interpolation_matrix
+from ...graph_ir.quant.channel_activations import per_channel_value as per_channel
 from .hardware import Hardware
 
 Constraint = Callable[[Node, Hardware], bool]
@@ -18,13 +19,6 @@ def quantized_io(node: Node, hw: Hardware) -> bool:
     """inputs and output must be quantized tensors of a supported dtype (uint8 or int16)"""
     values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
     return all(v.quant is not None and v.dtype.name in hw.dtypes for v in values)
-
-
-def per_channel(value) -> bool:
-    """Whether a value computed at run time is quantized with one scale and zero point per
-    channel (constants, such as weights, do not count)."""
-    quant = None if value is None or value.is_const else value.quant
-    return quant is not None and len(quant.scale) > 1
 
 
 def per_tensor_activations(node: Node, hw: Hardware) -> bool:

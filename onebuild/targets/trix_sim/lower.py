@@ -21,7 +21,6 @@ from .constraints import (
     broadcast_operands,
     channel_activations,
     channel_concat,
-    channel_limit,
     channel_softmax,
     column_transpose,
     dense_layer,
@@ -191,8 +190,10 @@ def channel_region(node: Node, hw: Hardware) -> bool:
     return True
 
 
-# the generic constraints of the layers that may touch values quantized per channel
-CHANNEL_GENERIC = (quantized_io, channel_activations, channel_region, batch_one, channel_limit)
+# the generic constraints of the layers that may touch values quantized per channel: GENERIC
+# with per_tensor_activations replaced by what such layers need
+CHANNEL_ONES = {per_tensor_activations: (channel_activations, channel_region)}
+CHANNEL_GENERIC = tuple(c for g in GENERIC for c in CHANNEL_ONES.get(g, (g,)))
 
 
 @_lowers("QConv", constraints=(kernel_size, stride_limit), generic=CHANNEL_GENERIC)
