@@ -310,7 +310,6 @@ def _first(layers: dict) -> str:
     return next(iter(layers))
 
 
-
 @pytest.mark.parametrize("mutation", [_shorter, _on_a_full_conv, _out_of_range, _clamps_crossed])
 def test_bad_per_channel_codes_are_one_line_errors(rng, mutation):
     """Per-channel lists of the wrong length, on a layer that cannot take them, out of the
