@@ -24,6 +24,18 @@ def jitter_ranges(ranges: dict[str, tuple[float, float]], seed: int) -> dict:
     return {name: (lo * scale[name], hi * scale[name]) for name, (lo, hi) in ranges.items()}
 
 
+def jitter_channel_ranges(ranges: dict[str, tuple[np.ndarray, np.ndarray]], seed: int) -> dict:
+    """Each channel's calibrated range (values quantized per channel) times its own factor:
+    such a value has a scale per channel, each perturbed as a tensor's scale is (factors drawn
+    apart from the per-tensor ones)."""
+    names = {name: [f"{name}[{c}]" for c in range(len(lo))] for name, (lo, _) in ranges.items()}
+    scale = factors([n for each in names.values() for n in each], seed + 10_000)
+    return {
+        name: tuple(np.asarray(a) * np.array([scale[n] for n in names[name]]) for a in pair)
+        for name, pair in ranges.items()
+    }
+
+
 def jitter_qdq(proto: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     """A copy of a QDQ model with every activation scale (the initializer its QuantizeLinear
     shares with its DequantizeLinear) multiplied by its factor; weights are left alone."""

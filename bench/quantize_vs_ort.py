@@ -54,7 +54,7 @@ from onnxruntime.quantization import (
     QuantType,
     quantize_static,
 )
-from ort_variants import jitter_qdq, jitter_ranges, preprocess
+from ort_variants import jitter_channel_ranges, jitter_qdq, jitter_ranges, preprocess
 from real_models import MODELS, fetch, samples
 
 from onebuild.compile import QuantizeOptions, equalize, quantize
@@ -168,6 +168,7 @@ def _onebuild(path: Path, shapes, calib, work: Path, method="minmax", jitter=Non
     stats = calibrate(graph, batch, method)
     if jitter is not None:
         stats.ranges = jitter_ranges(stats.ranges, jitter)
+        stats.channel_ranges = jitter_channel_ranges(stats.channel_ranges, jitter)
     done = replace(settings, equalization=False)  # equalized once, as the build's steps do
     quantized = quantize(model, done, stats, [batch]).main
     save_ir(model, work / f"{path.stem}.obir")
