@@ -29,7 +29,7 @@ from test_qdq_export import single_node
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
 from onebuild.errors import ModelError
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Model
+from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
@@ -263,3 +263,20 @@ def test_a_dead_int16_channel_gets_a_range_of_at_least_2_to_the_minus_20_of_the_
     assert params.scale[2] == pytest.approx(6.0 / 32767)
     eight = edge_params((low, high), "uint8", None)  # 8-bit keeps each channel's own range
     assert eight.scale[1] == pytest.approx(2e-11 / 255)
+
+
+@pytest.mark.parametrize(
+    "op, dtype, table",
+    [
+        ("QLookupInterp", np.int16, (2, 513)),  # rows neither 1 nor the input's channels
+        ("QLookupInterp", np.int16, (3, 256)),  # not 513 knots
+        ("QLookupInterp", np.uint8, (3, 513)),  # interpolation is int16's
+        ("QLookup", np.uint8, (4, 256)),
+        ("QLookup", np.uint8, (3, 513)),  # not one entry per uint8 code
+    ],
+)
+def test_a_table_that_does_not_fit_its_input_is_refused(op, dtype, table):
+    graph = Graph("t")
+    x = graph.add_input("x", dtype, (1, 3, 2, 2))
+    with pytest.raises(ValueError, match="does not fit input"):
+        graph.make_node(op, [x, graph.add_constant(np.zeros(table, dtype))], {})

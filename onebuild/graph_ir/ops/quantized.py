@@ -77,9 +77,32 @@ def requantize_op(attrs, q):
     return _output(attrs, requantize(centered, attrs["multiplier"], attrs["shift"]))
 
 
-@register(
-    "QLookup", lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)], batch=PER_SAMPLE
-)
+def _table_type(entries: int | None, dtypes: tuple[str, ...] = ("int8", "uint8", "int16")):
+    """A lookup's output type: the table's, in the input's shape; the table holds `entries`
+    (else one per input code) in one row, or one row per channel (axis 1) as [1 or C, ...]."""
+
+    def infer(attrs: Attrs, types) -> list[TensorType]:
+        x, table = types
+        wanted = entries or 1 << (8 * x.dtype.itemsize)
+        rows = table.shape[0] if len(table.shape) == 2 else 1
+        channels = x.shape[1] if len(x.shape) > 1 else 1
+        if (
+            x.dtype.name not in dtypes
+            or len(table.shape) not in (1, 2)
+            or table.shape[-1] != wanted
+            or rows not in (1, channels)
+        ):
+            raise ValueError(
+                f"table {table.dtype}{list(table.shape)} does not fit input "
+                f"{x.dtype}{list(x.shape)}: {wanted} entries in one row or one per channel, "
+                f"input {' or '.join(dtypes)}"
+            )
+        return [TensorType(table.dtype, x.shape)]
+
+    return infer
+
+
+@register("QLookup", _table_type(None), batch=PER_SAMPLE)
 def q_lookup(attrs, q, table):
     """Any unary elementwise function as a table over every input code: y = table[q - min];
     a table of shape [C, codes] holds one row per channel (axis 1): y = table[c, q - min]."""
@@ -94,11 +117,7 @@ SEGMENT_BITS = 7  # an interpolated table's segments are 2^7 = 128 input codes w
 KNOTS = (1 << 16 >> SEGMENT_BITS) + 1  # 513: every int16 code lies in one of 512 segments
 
 
-@register(
-    "QLookupInterp",
-    lambda attrs, types: [TensorType(types[1].dtype, types[0].shape)],
-    batch=PER_SAMPLE,
-)
+@register("QLookupInterp", _table_type(KNOTS, ("int16",)), batch=PER_SAMPLE)
 def q_lookup_interp(attrs, q, table):
     """An int16 function of one value per channel (axis 1), as TFLite's int16 LUT: table
     [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512); with
