@@ -276,9 +276,14 @@ def _out_of_range(layers: list[dict]) -> None:
     depthwise["attrs"]["x_zero_point"][-1] = 256
 
 
-def _clamps_crossed(layers: list[dict]) -> None:
+def _clamps_crossed(layers: list[dict]) -> None:  # each in range, qmin above qmax
     conv = next(layer for layer in layers if isinstance(layer["attrs"].get("qmax"), list))
-    conv["attrs"]["qmax"][0] = conv["attrs"]["qmin"][0] - 1
+    conv["attrs"]["qmin"][0], conv["attrs"]["qmax"][0] = 200, 100
+
+
+def _mixed_forms(layers: list[dict]) -> None:  # one zero point, clamps per channel
+    conv = next(layer for layer in layers if isinstance(layer["attrs"].get("qmax"), list))
+    conv["attrs"]["y_zero_point"] = conv["attrs"]["y_zero_point"][0]
 
 
 @pytest.mark.parametrize("strategy", ["capability", "cost"])
@@ -310,8 +315,17 @@ def _first(layers: dict) -> str:
     return next(iter(layers))
 
 
-@pytest.mark.parametrize("mutation", [_shorter, _on_a_full_conv, _out_of_range, _clamps_crossed])
-def test_bad_per_channel_codes_are_one_line_errors(rng, mutation):
+@pytest.mark.parametrize(
+    "mutation, says",
+    [
+        (_shorter, "entries"),
+        (_on_a_full_conv, "x_zero_point"),
+        (_out_of_range, "out of range"),
+        (_clamps_crossed, "is above qmax"),
+        (_mixed_forms, "all lists or all integers"),
+    ],
+)
+def test_bad_per_channel_codes_are_one_line_errors(rng, mutation, says):
     """Per-channel lists of the wrong length, on a layer that cannot take them, out of the
     code range or with crossed clamps: a FormatError naming the file and the attribute."""
     hw = load_hardware("trix-m")
@@ -319,5 +333,22 @@ def test_bad_per_channel_codes_are_one_line_errors(rng, mutation):
     sections = _tvn_sections(data)
     tree = json.loads(dict(sections)[LAYERS])
     mutation(tree["layers"])
-    with pytest.raises(FormatError, match=r"m\.tvn: not a valid \.tvn file: layers\[\d\]\.attrs"):
+    with pytest.raises(
+        FormatError, match=r"m\.tvn: not a valid \.tvn file: layers\[\d\]\.attrs"
+    ) as error:
+        decode(_tvn_resealed(_with_json(sections, LAYERS, tree)), "m.tvn")
+    assert says in str(error.value)
+
+
+@pytest.mark.parametrize("shape", [[6, 1, 1, 1], [6, 1, 3, 1], [6, 2, 3, 3]])
+def test_depthwise_weights_must_fit_the_kernel_and_groups(rng, shape):
+    """Weights whose shape contradicts the layer's kernel or group are refused (a depthwise
+    conv with 1x1 weights under a 3x3 kernel used to run, silently wrong)."""
+    hw = load_hardware("trix-m")
+    data = encode(generate(lower(channel_graph(rng, 6, (5, 6), "HardSwish"), hw), hw))
+    sections = _tvn_sections(data)
+    tree = json.loads(dict(sections)[LAYERS])
+    depthwise = next(layer for layer in tree["layers"] if layer["attrs"].get("group", 1) > 1)
+    depthwise["arrays"]["weights"][2] = shape
+    with pytest.raises(FormatError, match="weights do not match"):
         decode(_tvn_resealed(_with_json(sections, LAYERS, tree)), "m.tvn")

@@ -81,6 +81,9 @@ def check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) ->
                 f.integer(zp, f"{where}[{i}]", *code_range(t.dtype))
         else:
             f.require(_small_ints(value), where, "is not an integer or a list of integers")
+    outputs = [attrs[k] for k in ("y_zero_point", "qmin", "qmax") if k in attrs]
+    same_form = len({isinstance(v, list) for v in outputs}) <= 1
+    f.require(same_form, path, "y_zero_point, qmin and qmax: all lists or all integers")
     if "qmin" in attrs and "qmax" in attrs:
         ordered = np.less_equal(attrs["qmin"], attrs["qmax"])
         f.require(bool(np.all(ordered)), f"{path}.qmin", "is above qmax")
@@ -141,8 +144,10 @@ def check_layer(r: Reader, layer: Layer, tensors) -> None:
         fits = _window_fits(layer.attrs, tensors[layer.inputs[0]].shape, out)
         check(r, fits, f"layer '{layer.name}' window attributes do not match its tensors")
     if layer.kind == "conv":
-        w = layer.arrays["weights"]
-        ok = w.ndim == 4 and w.shape[0] == out[0] and layer.attrs["group"] >= 1
+        w, a = layer.arrays["weights"], layer.attrs
+        channels = tensors[layer.inputs[0]].shape[0]
+        ok = w.ndim == 4 and w.shape[0] == out[0] and a["group"] >= 1
+        ok = ok and w.shape[1] * a["group"] == channels and list(w.shape[2:]) == a["kernel"]
         for key in ("bias", "multiplier", "shift"):
             ok = ok and layer.arrays[key].shape == (out[0],)
         check(r, ok, f"layer '{layer.name}' weights do not match its output")
