@@ -22,6 +22,7 @@ from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
 from ..tensor import QuantParams
 from .naming import fresh_name
+from .onnx_lookups import interpolated_lookup, lookup
 
 OPSET = 21
 IR_VERSION = 10
@@ -165,9 +166,9 @@ class _Exporter:
         elif node.op in QUANTIZED or node.op == "QAdd":
             self.quantized_node(node)
         elif node.op == "QLookup":
-            self.lookup(node)
+            lookup(self, node)
         elif node.op == "QLookupInterp":
-            self.interpolated_lookup(node)
+            interpolated_lookup(self, node)
         elif node.op in NO_QDQ_FORM:
             raise UserError(
                 f"node '{node.name}' ({node.op}) has no QDQ form; to export, keep it float: "
@@ -230,55 +231,6 @@ class _Exporter:
         scale = np.asarray(bias.quant.scale, np.float64)
         real = (bias.numpy().astype(np.float64) * scale).astype(np.float32)
         return self.constant(real, f"{base}_bias_float")
-
-    def lookup(self, node: Node) -> None:
-        x, table = node.inputs
-        codes = self.fresh(f"{node.name}_codes")
-        self.emit("Cast", [x.name], [codes], f"{node.name}/cast", to=onnx.TensorProto.INT32)
-        index = self.fresh(f"{node.name}_index")
-        offset = np.int32(np.iinfo(x.dtype).min)
-        source = table.name
-        if len(table.shape) == 2:  # one table per channel: gather from the rows laid end to end
-            rows, width = table.shape
-            starts = np.arange(rows, dtype=np.int32) * np.int32(width) - offset
-            offset = -starts.reshape((1, -1) + (1,) * (len(x.shape) - 2))
-            source = self.constant(table.numpy().ravel(), f"{node.name}_rows")
-        offset = self.constant(offset, f"{node.name}_offset")
-        self.emit("Sub", [codes, offset], [index], f"{node.name}/offset")
-        self.emit("Gather", [source, index], [node.output.name], node.name, axis=0)
-
-    def interpolated_lookup(self, node: Node) -> None:
-        """QLookupInterp exactly, in int32 (every intermediate below 2^24): u = q + 32768,
-        k = u / 128, t = u - 128·k, a and b gathered from the rows laid end to end,
-        y = a + ((b - a)·t + 64 + 2^23) / 128 - 2^16 (ONNX integer Div truncates: the 2^23
-        keeps the dividend positive, so it floors)."""
-        x, table = node.inputs
-        rows, width = table.shape
-        name = node.name
-
-        def op(kind: str, a: str, b, label: str) -> str:
-            if not isinstance(b, str):
-                b = self.constant(np.asarray(b, np.int32), f"{name}_{label}_operand")
-            out = self.fresh(f"{name}_{label}")
-            self.emit(kind, [a, b], [out], f"{name}/{label}")
-            return out
-
-        codes = self.fresh(f"{name}_codes")
-        self.emit("Cast", [x.name], [codes], f"{name}/cast", to=onnx.TensorProto.INT32)
-        u = op("Sub", codes, np.iinfo(np.int16).min, "unsigned")
-        k = op("Div", u, 128, "segment")
-        t = op("Sub", u, op("Mul", k, 128, "start"), "offset")
-        starts = np.arange(rows, dtype=np.int32) * width
-        starts = starts.reshape((1, -1) + (1,) * (len(x.shape) - 2))
-        at = op("Add", k, starts, "knot")
-        flat = self.constant(table.numpy().astype(np.int32).ravel(), f"{name}_knots")
-        a = op("Gather", flat, at, "base")
-        b = op("Gather", flat, op("Add", at, 1, "next_knot"), "end")
-        product = op("Mul", op("Sub", b, a, "slope"), t, "product")
-        floor = op("Div", op("Add", product, 64 + (1 << 23), "biased"), 128, "floor")
-        y = op("Add", a, op("Sub", floor, 1 << 16, "fraction"), "sum")
-        to = helper.np_dtype_to_tensor_dtype(node.output.dtype)
-        self.emit("Cast", [y], [node.output.name], name, to=to)
 
     def wrapped(self, node: Node) -> None:
         """Data movement on quantized values: DQ -> float op -> Q with the same parameters."""
