@@ -28,7 +28,7 @@ from real_models import MODELS, samples
 
 from onebuild.compile import QuantizeOptions, optimize, quantize
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.ir import Graph, Model, node_alone
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges
@@ -38,23 +38,6 @@ from onebuild.graph_ir.serde import load_onnx
 from onebuild.graph_ir.serde.onnx_export import export_onnx
 
 CODES = np.arange(-32768, 32768).astype(np.int16)
-
-
-def _alone(node) -> Graph:
-    """`node` alone, its computed inputs as graph inputs (same dtypes and parameters)."""
-    graph = Graph(node.name)
-    inputs = []
-    for value in node.inputs:
-        if value.is_const:
-            new = graph.add_constant(value.const, value.name)
-        else:
-            new = graph.add_input(value.name, value.dtype, value.shape)
-        new.quant = value.quant
-        inputs.append(new)
-    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
-    copy.output.quant = node.output.quant
-    graph.outputs = [copy.output]
-    return graph
 
 
 def qdq_differences(quantized: Graph, feeds: dict) -> dict:
@@ -73,7 +56,7 @@ def qdq_differences(quantized: Graph, feeds: dict) -> dict:
             v.quant is None or v.quant.axis is None for v in values
         ):
             continue
-        proto = export_onnx(Model([_alone(node)])).SerializeToString()
+        proto = export_onnx(Model([node_alone(node)])).SerializeToString()
         session = ort.InferenceSession(proto, options, ["CPUExecutionProvider"])
         inputs = {v.name: trace[v.name] for v in node.inputs if v is not None and not v.is_const}
         (theirs,) = session.run(None, inputs)

@@ -19,11 +19,10 @@ from onnx import helper
 from onnx_builders import make_model
 from sklearn.datasets import load_digits
 from test_partition import assert_package_matches_reference, build_statuses
-from test_qdq_export import single_node
 
 from onebuild.compile import QuantizeOptions, quantize
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Graph, Model, Node
+from onebuild.graph_ir.ir import Graph, Model, Node, node_alone
 from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate, merge_recorders, record
@@ -267,7 +266,7 @@ def test_qdq_export_runs_in_onnxruntime_within_one_lsb(setup, dtype):
     assert any(a.name == "axis" and a.i == 1 for n in per_axis for a in n.attribute)
     for name in ("pw", "hs", "dw"):  # layer by layer: the same quantized input in both
         node = _node(quantized, name)
-        runtime = _session(Model([single_node(node)]))
+        runtime = _session(Model([node_alone(node)]))
         for sample in evaluation[:8]:
             trace = _trace(quantized, sample)
             feeds = {v.name: trace[v.name] for v in node.inputs if not v.is_const}
@@ -388,7 +387,7 @@ def test_a_scalar_affine_after_the_table_is_absorbed_into_it(tmp_path):
             real = float(np.float32(np.float32(real) + np.float32(-0.55)))
             q = _round_half_even(Fraction(real) / Fraction(y.scale[c])) + y.zero_point[c]
             assert table.inputs[1].numpy()[c, code] == min(max(q, 0), 255)
-    runtime = _session(Model([single_node(table)]))
+    runtime = _session(Model([node_alone(table)]))
     for sample in evaluation[:4]:
         trace = _trace(quantized, sample)
         (theirs,) = runtime.run(None, {table.inputs[0].name: trace[table.inputs[0].name]})

@@ -24,12 +24,11 @@ from test_channel_activations import (
     spread_model,
 )
 from test_partition import assert_package_matches_reference, build_statuses
-from test_qdq_export import single_node
 
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
 from onebuild.errors import ModelError
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Graph, Model
+from onebuild.graph_ir.ir import Graph, Model, node_alone
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
@@ -139,7 +138,7 @@ def test_qdq_export_is_exact_for_the_table_and_within_one_lsb(spread):
     _, graph, stats, evaluation, _ = spread
     quantized = _quantized(graph, stats, "int16", "channel", output_type="int16")
     node = _table(quantized)
-    runtime = _session(Model([single_node(node)]))
+    runtime = _session(Model([node_alone(node)]))
     codes = np.arange(-32768, 32768).astype(np.int16).reshape(-1, 1, 1, 8, 8)
     for block in np.repeat(codes, CHANNELS, axis=2):  # every code of every channel
         (theirs,) = runtime.run(None, {node.inputs[0].name: block})
@@ -147,7 +146,7 @@ def test_qdq_export_is_exact_for_the_table_and_within_one_lsb(spread):
         np.testing.assert_array_equal(theirs, ours)
     for name in ("pw", "dw"):  # per-axis int16 Q/DQ around float convs: within 1 LSB
         conv = _node(quantized, name)
-        runtime = _session(Model([single_node(conv)]))
+        runtime = _session(Model([node_alone(conv)]))
         for sample in evaluation[:4]:
             trace = _trace(quantized, sample)
             (theirs,) = runtime.run(None, {conv.inputs[0].name: trace[conv.inputs[0].name]})

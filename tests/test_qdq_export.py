@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Graph, Model, Node
+from onebuild.graph_ir.ir import Graph, Model, node_alone
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
@@ -61,23 +61,6 @@ def test_exported_float_model_matches_onnxruntime(rng):
         np.testing.assert_allclose(array, want[value.name], rtol=1e-4, atol=1e-5)
 
 
-def single_node(node: Node) -> Graph:
-    """`node` alone, its non-constant inputs as graph inputs (same dtypes and parameters)."""
-    graph = Graph(node.name)
-    inputs = []
-    for value in node.inputs:
-        if value.is_const:
-            new = graph.add_constant(value.const, value.name)
-        else:
-            new = graph.add_input(value.name, value.dtype, value.shape)
-        new.quant = value.quant
-        inputs.append(new)
-    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
-    copy.output.quant = node.output.quant
-    graph.outputs = [copy.output]
-    return graph
-
-
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "inception_v2", "resnet50"])
 def test_light_models_layer_by_layer_match_onnxruntime(rng, name):
     model = import_onnx(light_model(name, seed=1))
@@ -94,7 +77,7 @@ def test_light_models_layer_by_layer_match_onnxruntime(rng, name):
     layers = [n for n in quantized.nodes if n.op.startswith("Q") and n.op != "QuantizeLinear"]
     assert {"QConv", "QAveragePool"} <= {n.op for n in layers}
     for node in layers:
-        single = single_node(node)
+        single = node_alone(node)
         feeds = {v.name: trace[v.name] for v in single.inputs}
         (theirs,) = session(Model([single])).run(None, feeds)
         ours = trace[node.output.name]

@@ -312,6 +312,24 @@ class Graph:
         return iter(list(self.nodes))
 
 
+def node_alone(node: Node) -> Graph:
+    """A graph of `node` alone: its computed inputs become graph inputs, its constants are
+    copied, and every value keeps its dtype, name and quantization parameters."""
+    graph = Graph(node.name)
+    inputs = []
+    for value in node.inputs:
+        if value.is_const:
+            new = graph.add_constant(value.const, value.name)
+        else:
+            new = graph.add_input(value.name, value.dtype, value.shape)
+        new.quant = value.quant
+        inputs.append(new)
+    copy = graph.make_node(node.op, inputs, node.attrs, node.name, [node.output.name])
+    copy.output.quant = node.output.quant
+    graph.outputs = [copy.output]
+    return graph
+
+
 @dataclass
 class Model:
     """Subgraphs (0 is the main one, as in circle/tflite) plus model-level metadata."""
