@@ -22,6 +22,7 @@ SYMMETRIC = {"int8", "int16"}
 # buys room for data beyond the calibration samples, which would otherwise clip (digits: the
 # held-out logits at 46.7 dB with the bare range, 78.9 with the headroom).
 HEADROOM = {"int16": 2.0}
+MIN_MULTIPLIER = 2.0**-31  # below it a requantization multiplier is flushed to zero
 
 
 def activation_params(lo: float, hi: float, dtype: str) -> QuantParams:
@@ -50,6 +51,26 @@ def channel_of(params: QuantParams, c: int) -> QuantParams:
     if params.axis is None:
         return params
     return QuantParams((params.scale[c],), (params.zero_point[c],), None)
+
+
+def bias_fitting(
+    params: QuantParams, bias: np.ndarray, input_scale, output_scale, bias_dtype
+) -> QuantParams:
+    """Weight `params` with each scale raised where the bias (per output channel) would not
+    fit half its integer type in units of input scale times weight scale, or where the
+    requantization multiplier s_x s_w / s_y would fall below MIN_MULTIPLIER (and be flushed to
+    zero). A BatchNorm-folded dead channel (weights ~1e-20, bias ~1) otherwise loses its bias;
+    now its weights round to 0 and its output is its bias."""
+    room = float(np.iinfo(bias_dtype).max // 2)
+    s_x = np.asarray(input_scale, np.float64)
+    need = np.maximum(
+        np.abs(bias) / (s_x * room), MIN_MULTIPLIER * np.asarray(output_scale, np.float64) / s_x
+    )
+    scales = np.asarray(params.scale, np.float64)
+    raised = np.maximum(scales, need if len(scales) > 1 else need.max(initial=0.0))
+    if (raised == scales).all():
+        return params
+    return QuantParams(tuple(map(float, raised)), params.zero_point, params.axis)
 
 
 CLIP_SEARCH = np.linspace(1.0, 0.8, 11)  # candidate fractions of the largest magnitude
@@ -127,7 +148,7 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     """
     if not 0 <= real < 2.0**29:
         raise MultiplierRangeError(f"requantization multiplier {real} is outside [0, 2^29)")
-    if real < 2.0**-31:
+    if real < MIN_MULTIPLIER:
         return 0, 1
     mantissa, exponent = math.frexp(real)  # real = mantissa * 2^exponent, mantissa in [0.5, 1)
     m = round(mantissa * (1 << 31))

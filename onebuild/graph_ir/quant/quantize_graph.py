@@ -52,6 +52,7 @@ from .params import (
     HEADROOM,
     MultiplierRangeError,
     activation_params,
+    bias_fitting,
     channel_of,
     qdq_attrs,
     quantize,
@@ -260,18 +261,21 @@ class _Quantizer:
         channel_axis = 0 if node.op == "Conv" or trans_b else 1
         w_dtype = weight_dtype(dtype)
         per_channel = self.settings[id(node)].granularity == "channel"
-        w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
         channels = w.shape[channel_axis]
-        scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
-        wq = self.round_weights(node, w, w_params, w_dtype)
         s_x = np.broadcast_to(np.asarray(x.quant.scale, np.float64), (channels,))
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
         b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
+        w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
+        s_y = np.broadcast_to(np.asarray(out_params.scale, np.float64), (channels,))
+        w_params = bias_fitting(w_params, b_real, s_x, s_y, b_type)
+        scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
+        wq = self.round_weights(node, w, w_params, w_dtype)
         mean = self.means.get(node.inputs[0].name)
         if mean is not None:
             b_real = corrected_bias(node, w, wq, w_params.scale, b_real, mean, channel_axis)
-        bq = np.clip(np.rint(b_real / (s_x * scales)), limit.min, limit.max).astype(b_type)
+        top = float(min(limit.max, 1 << 62))  # exact in float64 (2^63 - 1 is not)
+        bq = np.clip(np.rint(b_real / (s_x * scales)), -top, top).astype(b_type)
         attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype)
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
         w_value.quant = w_params
