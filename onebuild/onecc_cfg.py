@@ -269,7 +269,11 @@ class _Converter:
         output = values.get("output_path", "").strip()
         if not output:
             raise self.fail("one-pack", "output_path", "missing (the nnpackage to write)")
-        self.data["pack"] = {"output": self.relative("one-pack", "output_path", output, False)}
+        folder = self.relative("one-pack", "output_path", output, False)
+        model = values.get("input_path", "").strip() or self.data["import"]["source"]
+        name = Path(model).stem  # model2nnpkg names the package after its model file
+        self.data["pack"] = {"output": f"{folder}/{name}"}
+        self.comments["pack"] = [f"one-pack writes the nnpackage '{name}' inside {output}"]
 
     def run(self) -> Converted:
         self.backend()

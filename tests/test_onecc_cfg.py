@@ -113,7 +113,7 @@ def test_cfg_builds_what_the_handwritten_recipe_builds(project):
         assert line in text
     built = onebuild("build", "model.toml", cwd=project)
     assert built.returncode == 0, built.stderr
-    assert (project / "digits_pkg" / "metadata" / "MANIFEST").is_file()
+    assert (project / "digits_pkg" / "digits" / "metadata" / "MANIFEST").is_file()  # as ONE
     mine = text.replace("calib.h5", "calib.npz").replace("digits_pkg", "mine_pkg")
     (project / "mine.toml").write_text(mine + '\n[build]\ndir = "build_mine"\n')
     assert onebuild("build", "mine.toml", cwd=project).returncode == 0
