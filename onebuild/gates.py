@@ -44,11 +44,15 @@ def gate_checks(
 
 def failures(checks: list[dict[str, Any]]) -> str:
     """The failed checks in one line, e.g. "sqnr_db of 'y' = 12.3 (needs >= 20)"."""
+    return described([c for c in checks if not c["passed"]])
+
+
+def described(checks: list[dict[str, Any]]) -> str:
+    """Checks in one line, e.g. "sqnr_db of 'y' = 38.2 (needs >= 20)"."""
     return "; ".join(
         f"{c['check']} = {c['value']:.4g} (needs {'>=' if 'min' in c else '<='} "
         f"{c.get('min', c.get('max')):g})"
         for c in checks
-        if not c["passed"]
     )
 
 

@@ -187,6 +187,7 @@ def test_mixed_precision_choices_are_shown_as_the_quantized_model_has_them(built
     done = onebuild("build", "examples/digits.toml", "--set", "build.report=true", "--set",
                     override, cwd=built)  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert "evaluate: accuracy gate passed: sqnr_db of 'logits' = " in done.stderr  # said
     text = (built / "build/digits/report.html").read_text()
     row = "<tr><td>conv1, fc</td><td>int16</td><td>channel</td><td>conv1: int16, fc: int16</td>"
     assert row in text

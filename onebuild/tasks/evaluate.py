@@ -5,17 +5,19 @@ that failed and the layers that lose the most.
 """
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 WORST_LAYERS = 5
+log = logging.getLogger("onebuild.progress")  # quiet with --json, like progress lines
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..datasets import iter_batches
     from ..errors import UserError
     from ..fileio import atomic_write_bytes
-    from ..gates import failures, gate_checks, json_safe
+    from ..gates import described, failures, gate_checks, json_safe
     from ..graph_ir.quant.evaluate import compare_graphs
     from ..graph_ir.serde import load_ir
     from ..npz import read_npz
@@ -67,3 +69,5 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         raise UserError(
             f"accuracy gate failed: {failures(checks)}; worst layers: {worst}; see {outputs[0]}"
         )
+    if checks:
+        log.info("evaluate: accuracy gate passed: %s", described(checks))
