@@ -33,6 +33,6 @@ def test_partition_table_on_the_console_not_with_json(tmp_path, rng):
     assert trix[:2] == ["trix", "2"] and trix[3] == f"{npu_share:.1f}%"
     assert table[3].split()[:2] == ["cpu", "1"]
     reasons = [f["reasons"] for f in report["fallbacks"]]
-    assert table[4].strip() == "CPU fallback reasons (nodes):"
+    assert table[4].strip() == "CPU fallback reasons (nodes with each; a node may have several):"
     count, why = table[5].split(maxsplit=1)
     assert int(count) == sum(why in r for r in reasons) and why in reasons[0]

@@ -281,7 +281,7 @@ def report_lines(name: str, report: dict) -> list[str]:
         for why in fallback["reasons"]:
             counts[why] = counts.get(why, 0) + 1
     if counts:
-        lines.append("  CPU fallback reasons (nodes):")
+        lines.append("  CPU fallback reasons (nodes with each; a node may have several):")
         for why, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
             lines.append(f"  {count:>6}  {why}")
     return lines
