@@ -287,7 +287,14 @@ def _mixed_forms(layers: list[dict]) -> None:  # one zero point, clamps per chan
 
 
 @pytest.mark.parametrize("strategy", ["capability", "cost"])
-@pytest.mark.parametrize("pin", [{"opcode": {"QLookup": "cpu"}}, {"opname": "depthwise"}])
+@pytest.mark.parametrize(
+    "pin",
+    [
+        {"opcode": {"QLookup": "cpu"}},
+        {"opcode": {"_": "trix", "QLookup": "cpu"}},  # a blanket mapping gives way
+        {"opname": "depthwise"},
+    ],
+)
 def test_a_node_mapped_to_the_cpu_takes_its_per_channel_edge_along(rng, strategy, pin):
     """opcode/opname maps that send one layer of a per-channel edge to the CPU send the whole
     edge (each other layer says why), so every NPU part still lowers; mapping layers of one

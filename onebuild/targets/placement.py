@@ -59,7 +59,7 @@ def place(
         for n in graph.nodes
     }
     pinned = _pinned(graph, options, reasons)
-    _pin_channel_groups(graph, pinned, reasons, accel)
+    _pin_channel_groups(graph, pinned, reasons, options)
     capability = {
         n.name: pinned.get(n.name) or (accel if not reasons[n.name] else options.default)
         for n in graph.nodes
@@ -136,25 +136,36 @@ def _channel_groups(graph: Graph) -> list[list[Node]]:
     return [group for group in groups.values() if len(group) > 1]
 
 
-def _pin_channel_groups(graph: Graph, pinned: dict, reasons: dict, accel: str) -> None:
-    """A node the maps place on the CPU takes the rest of its per-channel group with it
-    (values quantized per channel never cross backends); pins to both sides are an error."""
+def _pin_channel_groups(graph: Graph, pinned: dict, reasons: dict, options: Options) -> None:
+    """A node the maps place on the CPU by name or op type takes the rest of its per-channel
+    group with it (values quantized per channel never cross backends), over blanket `_`
+    mappings; explicit mappings of one group to both backends are an error."""
+    accel = options.accelerator
     for group in _channel_groups(graph):
+        explicit = {
+            n.name for n in group if override(n, options.opcode, options.opname, options.comply)[1]
+        }
         on_cpu = [n.name for n in group if pinned.get(n.name) == CPU]
-        on_accel = [n.name for n in group if pinned.get(n.name) == accel]
-        if on_cpu and on_accel:
+        firm_cpu = [name for name in on_cpu if name in explicit] or on_cpu
+        firm_accel = [n.name for n in group if pinned.get(n.name) == accel and n.name in explicit]
+        if firm_accel and set(firm_cpu) & explicit:
             raise UserError(
-                f"partition: nodes '{on_accel[0]}' (mapped to {accel}) and '{on_cpu[0]}' "
+                f"partition: nodes '{firm_accel[0]}' (mapped to {accel}) and '{firm_cpu[0]}' "
                 "(mapped to cpu) share values quantized per channel, which never cross "
                 "backends; map them to one backend, or quantize with activation_granularity = "
                 '"tensor"'
             )
+        if firm_accel:  # blanket CPU mappings give way to an explicit NPU one
+            for name in on_cpu:
+                pinned.pop(name)
+            continue
         for node in group if on_cpu else ():
-            if node.name not in pinned:
+            if pinned.get(node.name) != CPU:
+                pinned.pop(node.name, None)
                 reasons[node.name] = [
                     *reasons[node.name],
-                    f"its values quantized per channel tie it to node '{on_cpu[0]}', which the "
-                    "partition maps place on cpu",
+                    f"its values quantized per channel tie it to node '{firm_cpu[0]}', which "
+                    "the partition maps place on cpu",
                 ]
 
 

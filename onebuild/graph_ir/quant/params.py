@@ -23,6 +23,7 @@ SYMMETRIC = {"int8", "int16"}
 # held-out logits at 46.7 dB with the bare range, 78.9 with the headroom).
 HEADROOM = {"int16": 2.0}
 MIN_MULTIPLIER = 2.0**-31  # below it a requantization multiplier is flushed to zero
+BIAS_ROOM = 1 << 55  # |bias| in accumulator units: acc + bias stays below 2^56 (`requantize`)
 
 
 def activation_params(lo: float, hi: float, dtype: str) -> QuantParams:
@@ -57,15 +58,14 @@ def bias_fitting(
     params: QuantParams, bias: np.ndarray, input_scale, output_scale, bias_dtype
 ) -> QuantParams:
     """Weight `params` with each scale raised where the bias (per output channel) would not
-    fit half its integer type in units of input scale times weight scale, or where the
-    requantization multiplier s_x s_w / s_y would fall below MIN_MULTIPLIER (and be flushed to
-    zero). A BatchNorm-folded dead channel (weights ~1e-20, bias ~1) otherwise loses its bias;
-    now its weights round to 0 and its output is its bias."""
-    room = float(np.iinfo(bias_dtype).max // 2)
+    fit half its integer type (at most BIAS_ROOM) in units of input scale times weight scale,
+    or where the requantization multiplier s_x s_w / s_y would fall below MIN_MULTIPLIER (and
+    be flushed to zero). A BatchNorm-folded dead channel (weights ~1e-20, bias ~1) otherwise
+    loses its bias; now its weights round to 0 and its output is its bias."""
+    room = float(min(np.iinfo(bias_dtype).max // 2, BIAS_ROOM))
     s_x = np.asarray(input_scale, np.float64)
-    need = np.maximum(
-        np.abs(bias) / (s_x * room), MIN_MULTIPLIER * np.asarray(output_scale, np.float64) / s_x
-    )
+    floor = 2 * MIN_MULTIPLIER  # twice: s_x s_w / s_y recomputed may round below the minimum
+    need = np.maximum(np.abs(bias) / (s_x * room), floor * np.asarray(output_scale) / s_x)
     scales = np.asarray(params.scale, np.float64)
     raised = np.maximum(scales, need if len(scales) > 1 else need.max(initial=0.0))
     if (raised == scales).all():

@@ -49,6 +49,7 @@ from .kernel_attrs import (
     softmax_attrs,
 )
 from .params import (
+    BIAS_ROOM,
     HEADROOM,
     MultiplierRangeError,
     activation_params,
@@ -274,7 +275,7 @@ class _Quantizer:
         mean = self.means.get(node.inputs[0].name)
         if mean is not None:
             b_real = corrected_bias(node, w, wq, w_params.scale, b_real, mean, channel_axis)
-        top = float(min(limit.max, 1 << 62))  # exact in float64 (2^63 - 1 is not)
+        top = float(min(limit.max, BIAS_ROOM))  # exact in float64 (2^63 - 1 is not)
         bq = np.clip(np.rint(b_real / (s_x * scales)), -top, top).astype(b_type)
         attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype)
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
