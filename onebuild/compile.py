@@ -70,6 +70,8 @@ class QuantizeOptions:
     bias_correction: bool = True
     equalization: bool = False  # full mode: cross-layer equalization before calibration
     activation_granularity: str = "tensor"  # "tensor" | "channel" (edges into depthwise convs)
+    # dtypes per-channel edges may take: the codegen target's (`Target.channel_dtypes`)
+    channel_dtypes: tuple[str, ...] = ("uint8", "int8", "int16")
     weight_rounding: str = "nearest"  # "nearest" | "adaround"
     layers: tuple[Mapping[str, Any], ...] = ()  # {"names": [...], "dtype": ..., "granularity"}
     mixed_precision: MixedPrecisionOptions | None = None
@@ -94,6 +96,7 @@ class QuantizeOptions:
             layers,
             self.bias_correction,
             self.activation_granularity,
+            tuple(self.channel_dtypes),
         )
 
 

@@ -39,7 +39,7 @@ from .plan import (
     is_url,
     read_recipe_data,
 )
-from .targets import load_target
+from .targets import channel_dtypes, load_target
 
 
 class _Section(BaseModel):
@@ -340,6 +340,8 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
             )
     if "partition" in steps:
         _complete_partition(path, steps)
+    if quantize and "codegen" in steps:  # per-channel edges in the dtypes the target lowers
+        quantize["channel_dtypes"] = list(channel_dtypes(steps["codegen"]["target"]))
     build = recipe.build or BuildSection()
     build_dir = Path(build.dir) if build.dir else path.parent / "build" / path.stem
     url = build.cache if build.cache and is_url(build.cache) else None

@@ -36,7 +36,7 @@ from onebuild.graph_ir.quant.channel_activations import depthwise_edges, edge_pa
 from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.mixed_precision import edge_units
 from onebuild.graph_ir.quant.params import channel_of, dequantize
-from onebuild.graph_ir.serde import load_model, load_onnx
+from onebuild.graph_ir.serde import load_ir, load_model, load_onnx
 from onebuild.graph_ir.serde.circle_write import write_circle
 from onebuild.npz import write_npz
 
@@ -162,7 +162,10 @@ def test_qdq_export_is_exact_for_the_table_and_within_one_lsb(spread):
         write_circle(Model([quantized]))
 
 
-def test_int16_npu_package_runs_the_edge_on_cpu_and_is_bit_exact(tmp_path):
+def test_int16_for_the_npu_stays_per_tensor_and_on_the_npu(tmp_path):
+    """The TRIX NPU lowers 8-bit per-channel values only (`channel_dtypes`), so an int16 build
+    for it keeps the edge per tensor: one NPU part, bit-exact (per channel, the edge ran on
+    the CPU between two NPU parts)."""
     onnx.save(spread_model(affine=True), tmp_path / "m.onnx")
     calib, evaluation = _digits()
     write_npz(tmp_path / "calib.npz", {"x": calib})
@@ -175,11 +178,9 @@ def test_int16_npu_package_runs_the_edge_on_cpu_and_is_bit_exact(tmp_path):
     )
     build_statuses(recipe)
     report = assert_package_matches_reference(tmp_path)
-    assert [p["backend"] for p in report["parts"]] == ["trix", "cpu", "trix"]
-    fallbacks = {f["node"] for f in report["fallbacks"]}
-    assert fallbacks == {"pw", "hs0", "dw"}
-    manifest = json.loads((tmp_path / "out/m.nnpkg/metadata/MANIFEST").read_text())
-    assert len(manifest["models"]) == 3
+    assert [p["backend"] for p in report["parts"]] == ["trix"]
+    quantized = load_ir(tmp_path / "build/r/quantize.obir").main
+    assert _node(quantized, "hs0").output.quant.axis is None
 
 
 # -- mixed precision -------------------------------------------------------------------------------
@@ -224,21 +225,23 @@ def test_an_int16_channel_keeps_its_whole_calibrated_range(spread):
         assert (bound < widest * (1 - 1e-6)).any()
 
 
-def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path):
-    """The recipe form: uint8 per channel with mixed precision to 50 dB (accuracy data: the
-    evaluation digits); the report keeps its keys, the edge is promoted whole and the NPU
-    package (the edge's int16 per-channel layers on the CPU) is bit-exact."""
+@pytest.mark.parametrize("npu", [False, True])
+def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path, npu):
+    """The recipe form: uint8 per channel with mixed precision (accuracy data: the evaluation
+    digits); the report keeps its keys and the edge is promoted whole. Without a codegen
+    target it becomes int16 per channel; with the TRIX NPU, which lowers 8-bit per-channel
+    values only, int16 per tensor, so the whole model stays on the NPU, bit-exact."""
     onnx.save(spread_model(affine=True), tmp_path / "m.onnx")
     calib, evaluation = _digits()
     write_npz(tmp_path / "calib.npz", {"x": calib})
     write_npz(tmp_path / "eval.npz", {"x": evaluation[:4]})
     write_npz(tmp_path / "test.npz", {"x": evaluation[:16]})
     recipe = tmp_path / "r.toml"
+    target = '[partition]\n[codegen]\nhw = "trix-m"\n' if npu else ""
     recipe.write_text(
         '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ncalibration = "calib.npz"\n'
         'activation_granularity = "channel"\n[quantize.mixed_precision]\ntarget_sqnr_db = 50\n'
-        '[quantize.accuracy]\ndata = "test.npz"\n[partition]\n[codegen]\nhw = "trix-m"\n'
-        '[pack]\noutput = "out/m.nnpkg"\n'
+        f'[quantize.accuracy]\ndata = "test.npz"\n{target}[pack]\noutput = "out/m.nnpkg"\n'
     )
     build_statuses(recipe)
     report = json.loads((tmp_path / "build/r/quantize.accuracy.json").read_text())
@@ -246,9 +249,13 @@ def test_a_promoted_edge_builds_reports_and_packs_bit_exactly(tmp_path):
     keys = {"target_sqnr_db", "dtype", "promoted", "high_precision_mac_fraction", "sqnr_db"}
     assert keys | {"target_met", "steps", "sensitivity"} <= set(record)
     assert record["target_met"] and {"pw", "hs0", "hs1", "hs", "dw"} <= set(record["promoted"])
-    partition = assert_package_matches_reference(tmp_path)
-    assert "cpu" in [p["backend"] for p in partition["parts"]]
-    assert {"pw", "hs0", "dw"} <= {f["node"] for f in partition["fallbacks"]}
+    quantized = load_ir(tmp_path / "build/r/quantize.obir").main
+    table = _node(quantized, "hs0")
+    assert table.output.dtype == np.int16
+    assert (table.output.quant.axis is None) == npu  # per channel only where no target refuses
+    if npu:
+        partition = assert_package_matches_reference(tmp_path)
+        assert [p["backend"] for p in partition["parts"]] == ["trix"]
 
 
 def test_a_dead_int16_channel_gets_a_range_of_at_least_2_to_the_minus_20_of_the_widest():

@@ -20,7 +20,7 @@ from ..graph_ir.serde.calibration_file import load_calibration
 from ..graph_ir.serde.circle_exact import exact_circle
 from ..packing import write_package
 from ..progress import Progress
-from ..targets import binary_suffix
+from ..targets import binary_suffix, channel_dtypes
 from .odc import QUANT_TYPES, OdcSettings
 from .workspace import Workspace
 
@@ -33,7 +33,9 @@ def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Pa
     `output` ending in .circle gets a circle when the circle is exact, else an IR file beside
     it (returned)."""
     options = QuantizeOptions(
-        **QUANT_TYPES[settings.quant_type], activation_granularity=settings.activation_granularity
+        **QUANT_TYPES[settings.quant_type],
+        activation_granularity=settings.activation_granularity,
+        channel_dtypes=channel_dtypes(settings.target),  # the dtypes its codegen lowers
     )
     full = options.mode == "full"
     if full and not samples:

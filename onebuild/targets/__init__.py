@@ -28,6 +28,7 @@ class Target(Protocol):
     backend: str  # the backend its binaries run on (nnpackage BACKENDS, partition names)
     model_type: str  # its binaries' file suffix and nnpackage model-type ("tvn")
     magic: bytes  # how its binaries begin
+    channel_dtypes: tuple[str, ...]  # dtypes of values quantized per channel it lowers
 
     def supports(self, node: Node, hw: str) -> list[str]:
         """Why `node` cannot run on the target (empty when it can)."""
@@ -86,6 +87,12 @@ def installed() -> tuple[Target, ...]:
 def target_of_type(model_type: str) -> Target | None:
     """The installed target whose binaries are of `model_type` (e.g. "tvn")."""
     return next((t for t in installed() if t.model_type == model_type), None)
+
+
+def channel_dtypes(name: str) -> tuple[str, ...]:
+    """The dtypes in which target `name` lowers values quantized per channel (none if its
+    class does not say)."""
+    return tuple(getattr(load_target(name), "channel_dtypes", ()))
 
 
 def binary_target(path: str | os.PathLike) -> Target | None:

@@ -34,6 +34,8 @@ WORST_LAYERS = 3
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
     config = {key: quantize[key] for key in KEYS}
+    if "channel_dtypes" in quantize:  # set by the plan from the [codegen] target
+        config["channel_dtypes"] = quantize["channel_dtypes"]
     accuracy = quantize.get("accuracy")
     config["check_sqnr"] = accuracy is None
     config["measure_on"] = accuracy["data"] if accuracy else quantize["calibration"]

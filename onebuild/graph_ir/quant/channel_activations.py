@@ -21,7 +21,7 @@ other kernel needs a per-channel form.
 """
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,14 +134,15 @@ def chosen_edges(
     graph: Graph,
     dtype_of: Callable[[Node], str | None],
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    allowed: Iterable[str] = CHANNEL_DTYPES,
 ) -> list[tuple[Edge, str]]:
     """The edges quantized per channel, each with its dtype: those whose nodes all run in one
-    quantized dtype (`dtype_of`: None for float) and whose per-channel ranges calibration
-    recorded (older statistics lack them: that edge stays per tensor)."""
+    quantized dtype of `allowed` (`dtype_of`: None for float) and whose per-channel ranges
+    calibration recorded (older statistics lack them: that edge stays per tensor)."""
     chosen = []
     for edge in depthwise_edges(graph):
         dtypes = {dtype_of(node) for node in edge.nodes}
-        if len(dtypes) != 1 or not dtypes <= CHANNEL_DTYPES:
+        if len(dtypes) != 1 or not dtypes <= CHANNEL_DTYPES & set(allowed):
             continue
         missing = [v.name for v in edge.values if v.name not in channel_ranges]
         if missing:

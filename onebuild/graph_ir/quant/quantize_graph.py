@@ -99,7 +99,8 @@ class _Quantizer:
         self.affine: dict[int, tuple[Node, ...]] = {}  # table node id -> the ops it absorbs
         self.absorbed: set[int] = set()  # node ids emitted as part of a table
         if config.activation_granularity == "channel":
-            for edge, dtype in chosen_edges(source, self._dtype_of, channel_ranges):
+            chosen = chosen_edges(source, self._dtype_of, channel_ranges, config.channel_dtypes)
+            for edge, dtype in chosen:
                 self.per_channel.update({id(v): dtype for v in edge.values})
                 if edge.affine:
                     self.affine[id(edge.table)] = edge.affine

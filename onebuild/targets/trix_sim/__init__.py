@@ -23,6 +23,7 @@ class TrixSim:
     backend = "trix"
     model_type = "tvn"
     magic = MAGIC
+    channel_dtypes = ("uint8",)  # 8-bit tables per channel (int16 ones are interpolated)
 
     def supports(self, node: Node, hw: str) -> list[str]:
         from .hardware import load_hardware
