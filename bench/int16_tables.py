@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from mixed_precision import _fixed
-from real_models import MODELS, samples
+from real_models import MODELS, fixed_export, samples
 
 from onebuild.compile import QuantizeOptions, optimize, quantize
 from onebuild.graph_ir.interpreter import Interpreter
@@ -73,7 +72,7 @@ def qdq_differences(quantized: Graph, feeds: dict) -> dict:
 
 
 def measure(spec, count: int, work: Path, qdq: bool = False) -> dict:
-    path = _fixed(spec, work)
+    path = fixed_export(spec, work)
     calib, _ = samples(spec, count)
     float_graph = optimize(load_onnx(path)).main
     stats = calibrate(float_graph, [("calibration", {float_graph.inputs[0].name: calib})])

@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 from quantize_vs_ort import ort_quantize
-from real_models import MODELS, fetch, samples
+from real_models import MODELS, fixed_export, samples
 
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
 from onebuild.graph_ir.interpreter import Interpreter
@@ -46,17 +45,6 @@ TOP = 12
 def _worst_db(float_graph, quantized, batch) -> float:
     comparison = compare_graphs(float_graph, quantized, [("samples", batch)])
     return round(min(o["sqnr_db"] for o in comparison.outputs.values()), 2)
-
-
-def _fixed(spec, work: Path) -> Path:
-    """The wheel's export with its dynamic dims fixed to the bench's input shape."""
-    proto = onnx.load(fetch(spec))
-    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
-        dim.Clear()
-        dim.dim_value = size
-    path = work / f"{spec.name}.onnx"
-    onnx.save(proto, path)
-    return path
 
 
 def _mixed(path: Path, batch, target: float, options: dict):
@@ -125,7 +113,7 @@ def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
 
 
 def measure(spec, count: int, target: float, layers: bool, work: Path, options: dict) -> dict:
-    path = _fixed(spec, work)
+    path = fixed_export(spec, work)
     calib, held_out = samples(spec, count)
     float_graph = optimize(load_onnx(path)).main
     x = float_graph.inputs[0].name

@@ -176,18 +176,12 @@ def binaries(build_dir: Path, hw: str) -> dict:
 def other_model(name: str, folder: Path) -> tuple[Path, str, list[np.ndarray]]:
     """A model of bench/real_models.py with its dims fixed, its input's name, and its
     calibration samples followed by one held-out evaluation sample."""
-    import onnx
-    from real_models import MODELS, fetch, samples
+    from real_models import MODELS, fixed_export, fixed_proto, samples
 
     spec = next(m for m in MODELS if m.name == name)
-    proto = onnx.load(fetch(spec))
-    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
-        dim.Clear()
-        dim.dim_value = size
-    fixed = folder / f"{name}.onnx"
-    onnx.save(proto, fixed)
     calibration, evaluation = samples(spec, 16)
-    return fixed, proto.graph.input[0].name, [*calibration, evaluation[0]]
+    name = fixed_proto(spec).graph.input[0].name
+    return fixed_export(spec, folder), name, [*calibration, evaluation[0]]
 
 
 def bit_exact(reference, package: Path, feeds: dict) -> tuple[bool, int]:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from quantize_vs_ort import DIGITS, _onebuild, ort_quantize
-from real_models import MODELS, fetch, samples
+from real_models import MODELS, fixed_proto, samples
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
@@ -95,11 +95,7 @@ def _model(name: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
             read_npz(DIGITS / "data" / "test.npz")["input"],
         )
     spec = next(m for m in MODELS if m.name == name)
-    proto = onnx.load(fetch(spec))
-    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
-        dim.Clear()
-        dim.dim_value = size
-    return proto, *samples(spec, 16)
+    return fixed_proto(spec), *samples(spec, 16)
 
 
 def main() -> None:

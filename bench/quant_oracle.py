@@ -18,8 +18,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
-from real_models import MODELS, fetch, samples
+from real_models import MODELS, fixed_export, samples
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.metrics import sqnr_db
@@ -123,14 +122,8 @@ def main() -> None:
     spec = next(m for m in MODELS if m.name == args.model)
     calib, evaluation = samples(spec, 16)
     evaluation = evaluation[: args.samples]
-    proto = onnx.load(fetch(spec))
-    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
-        dim.Clear()
-        dim.dim_value = size
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / f"{spec.name}.onnx"
-        onnx.save(proto, path)
-        model = load_onnx(path, None)
+        model = load_onnx(fixed_export(spec, Path(folder)), None)
     run_preset(model)
     graph = model.main
     x, outputs = graph.inputs[0].name, [v.name for v in graph.outputs]

@@ -55,7 +55,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 from ort_variants import jitter_channel_ranges, jitter_qdq, jitter_ranges, preprocess
-from real_models import MODELS, fetch, samples
+from real_models import MODELS, fixed_export, samples
 
 from onebuild.compile import QuantizeOptions, equalize, quantize
 from onebuild.graph_ir.interpreter import Interpreter
@@ -262,15 +262,9 @@ def _real(count: int, work: Path, wanted, variants, **extra) -> list[dict]:
     for spec in MODELS:
         if wanted and spec.name not in wanted:
             continue
-        path = fetch(spec)
         calib, evaluation = samples(spec, count)
         # the exports have dynamic dims; both quantizers get the same file with them fixed
-        proto = onnx.load(path)
-        for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, spec.input_shape):
-            dim.Clear()
-            dim.dim_value = size
-        fixed = work / f"{spec.name}.onnx"
-        onnx.save(proto, fixed)
+        fixed = fixed_export(spec, work)
         entry = compare(spec.name, fixed, None, calib, evaluation, work, True, variants, **extra)
         results.append({"description": spec.description, **entry})
     return results

