@@ -116,3 +116,20 @@ def test_a_torch_exported_hard_swish_network_runs_on_the_npu(tmp_path, rng):
     macs = report["macs"]
     assert macs.get("trix", 0) / sum(macs.values()) >= 0.95
     assert [p["backend"] for p in report["parts"]] == ["trix"] and not report["fallbacks"]
+
+
+def test_an_opcode_map_names_the_function_a_lookup_table_holds(tmp_path, rng):
+    """After quantization a hard-swish is a QLookup; a .part-style `opcode = {HardSwish = "cpu"}`
+    still finds it (the table's `function` attribute), as ONE's partitioner finds HARD_SWISH."""
+    model = onnx.load(TORCH_MODELS / "hardswish_se.onnx")
+    recipe = write_project(tmp_path, model, rng, 'opcode = { HardSwish = "cpu" }')
+    images = read_npz(DIGITS / "data" / "calib.npz")["input"]
+    write_npz(tmp_path / "calib.npz", {"x": images[:16]})
+    write_npz(tmp_path / "eval.npz", {"x": images[16:20]})
+    build_statuses(recipe)
+    quantized = load_ir(tmp_path / "build/r/quantize.obir").main
+    functions = [n.attrs.get("function") for n in quantized.nodes if n.op == "QLookup"]
+    assert functions.count("HardSwish") == 2
+    report = assert_package_matches_reference(tmp_path)
+    pinned = [f for f in report["fallbacks"] if "opcode/opname maps" in f["reasons"][0]]
+    assert [f["op"] for f in pinned] == ["QLookup", "QLookup"], report["fallbacks"]

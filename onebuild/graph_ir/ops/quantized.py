@@ -105,7 +105,8 @@ def _table_type(entries: int | None, dtypes: tuple[str, ...] = ("int8", "uint8",
 @register("QLookup", _table_type(None), batch=PER_SAMPLE)
 def q_lookup(attrs, q, table):
     """Any unary elementwise function as a table over every input code: y = table[q - min];
-    a table of shape [C, codes] holds one row per channel (axis 1): y = table[c, q - min]."""
+    a table of shape [C, codes] holds one row per channel (axis 1): y = table[c, q - min].
+    Attribute `function` (optional) names the float op the table holds, for partition maps."""
     index = q.astype(np.int64) - np.iinfo(q.dtype).min
     if table.ndim == 1:
         return table[index]
@@ -122,7 +123,8 @@ def q_lookup_interp(attrs, q, table):
     """An int16 function of one value per channel (axis 1), as TFLite's int16 LUT: table
     [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512); with
     u = q + 32768, k = u >> 7, t = u & 127 and a = table[c, k], b = table[c, k + 1]:
-    y = a + ((b - a)·t + 64) >> 7 (the fraction rounded half up), always between a and b."""
+    y = a + ((b - a)·t + 64) >> 7 (the fraction rounded half up), always between a and b.
+    Attribute `function` as QLookup's."""
     u = q.astype(np.int32) - np.iinfo(np.int16).min  # int32 is exact: |b - a|·t < 2^23
     rows, width = table.shape
     starts = (np.arange(rows, dtype=np.int32) * width).reshape((1, -1) + (1,) * (q.ndim - 2))

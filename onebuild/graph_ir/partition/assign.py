@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from ..ir import Graph, Node, Value
 
-# quantized ops answer to the name of the float op they replace (a .part file names Conv)
+# quantized ops answer to the name of the float op they replace (a .part file names Conv);
+# a lookup table to the function it holds (its `function` attribute: HardSwish, Sigmoid, ...)
 FLOAT_NAME = {
     "QConv": "Conv", "QGemm": "Gemm", "QAdd": "Add", "QMul": "Mul",
     "QAveragePool": "AveragePool", "QConcat": "Concat",
@@ -23,7 +24,8 @@ def override(
     """(backend, explicit) that the manual maps give `node`: both maps apply and `comply` says
     which wins; a `_` key stands for every node the maps do not name (not explicit)."""
     ops = {k.lower(): b for k, b in opcode.items() if k != "_"}
-    by_code = ops.get(node.op.lower()) or ops.get(FLOAT_NAME.get(node.op, "").lower())
+    float_name = node.attrs.get("function") or FLOAT_NAME.get(node.op, "")
+    by_code = ops.get(node.op.lower()) or ops.get(float_name.lower())
     by_name = opname.get(node.name) if node.name != "_" else None
     first, second = (by_code, by_name) if comply == "opcode" else (by_name, by_code)
     if first or second:

@@ -312,7 +312,7 @@ class _Folder:
             return None
         codes = lookup_table(node, x.quant, x.dtype, y, dtype)
         table = self.graph.add_constant(codes, f"{node.name}_table")
-        return self._node("QLookup", [x, table], {}, node, q_node)
+        return self._node("QLookup", [x, table], {"function": node.op}, node, q_node)
 
     def _move(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:
         """Data movement on the codes, then a Requantize if the output parameters differ."""

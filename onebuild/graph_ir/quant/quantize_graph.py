@@ -335,7 +335,7 @@ class _Quantizer:
         else:
             codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
         table = self.graph.add_constant(codes, f"{node.name}_table")
-        self._produce(node, op, [x, table], {}, dtype, out_params, out)
+        self._produce(node, op, [x, table], {"function": node.op}, dtype, out_params, out)
         self.absorbed.update(id(n) for n in affine)
 
     def _passthrough_ok(self, node: Node) -> bool:

@@ -139,7 +139,7 @@ def _lookup(r, x, function, params, dtype):
     (y,) = OPS[op].kernel(attrs, real)
     y = np.nan_to_num(np.asarray(y, np.float64), posinf=np.finfo(np.float32).max)
     table = r.graph.add_constant(quantize(y, params, dtype.name), f"{op.lower()}_table")
-    value = r.graph.make_node("QLookup", [x, table], {}, f"{op.lower()}").output
+    value = r.graph.make_node("QLookup", [x, table], {"function": op}, f"{op.lower()}").output
     value.quant = params
     r.functions[id(value)] = (x, function)
     return value
