@@ -184,11 +184,13 @@ def cmd_dag(args) -> int:
         return 0
     for t in tasks:
         if isinstance(t, FanOut):
-            print(
-                f"{t.recipe.name} [{t.step}] <- {t.after.split('::')[-1]} -> one task per NPU part"
-            )
+            if t.outputs:  # the pack: its package is known, its parts not yet
+                made, sources = ", ".join(map(str, t.outputs)), "partition, codegen"
+            else:
+                made, sources = "one task per NPU part, known once partition has run", "partition"
+            print(f"{t.recipe.name} [{t.step}] <- {sources} -> {made}")
             continue
-        sources = [producer(s).step if producer(s) else str(s) for s in t.inputs]
+        sources = list(dict.fromkeys(producer(s).step if producer(s) else str(s) for s in t.inputs))
         outputs = ", ".join(map(str, t.outputs))
         print(f"{t.recipe.name} [{_title(t)}] <- {', '.join(sources)} -> {outputs}")
     return 0

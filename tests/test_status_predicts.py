@@ -107,3 +107,25 @@ def test_dag_draws_the_partition_to_its_codegen_tasks(tmp_path):
     for part in parts:
         assert f'"{recipe}::partition" -> "{recipe}::codegen:{part}";' in result.stdout
         assert f'"{recipe}::codegen:{part}" -> "{recipe}::pack";' in result.stdout
+
+
+def test_dag_before_and_after_the_partition_has_run(tmp_path):
+    """Before the partition exists, the pack still names its package and the codegen says what
+    it waits for; after, each task's sources are listed once."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    recipe = str(tmp_path / "examples" / "tiny_mobilenet_npu.toml")
+
+    def dag() -> list[str]:
+        command = [sys.executable, "-m", "onebuild.cli", "dag", recipe]
+        result = subprocess.run(command, capture_output=True, text=True, check=True)
+        return result.stdout.splitlines()
+
+    package = tmp_path / "out" / "tiny_mobilenet_npu.nnpkg"
+    before = dag()
+    assert f"tiny_mobilenet_npu.toml [pack] <- partition, codegen -> {package}" in before
+    assert any(line.endswith("known once partition has run") for line in before)
+    cli("build", recipe)
+    after = dag()
+    assert f"tiny_mobilenet_npu.toml [pack] <- partition, codegen -> {package}" in after
+    assert not any("known once" in line for line in after)

@@ -85,6 +85,7 @@ class FanOut:
     step: str
     after: str
     expand: Callable[..., list[StepTask] | None]
+    outputs: list[Path] = field(default_factory=list)  # those known before `after` has run
 
     @property
     def name(self) -> str:
@@ -204,7 +205,8 @@ def _fan_out(plan: Plan, cache: Path, partition: str, connection: Path) -> list[
 
     fan_outs = [FanOut(plan.recipe, "codegen", partition, codegen_tasks)]
     if "pack" in plan.steps:
-        fan_outs.append(FanOut(plan.recipe, "pack", fan_outs[0].name, pack_tasks))
+        package = _pack_outputs(plan.steps["pack"])[0]
+        fan_outs.append(FanOut(plan.recipe, "pack", fan_outs[0].name, pack_tasks, package))
     return fan_outs
 
 
