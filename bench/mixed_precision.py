@@ -30,7 +30,7 @@ import numpy as np
 from quantize_vs_ort import ort_quantize
 from real_models import MODELS, fixed_export, samples
 
-from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, equalize, optimize, quantize
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.macs import graph_macs, macs
 from onebuild.graph_ir.quant.calibrate import calibrate
@@ -52,10 +52,17 @@ def _mixed(path: Path, batch, target: float, options: dict):
     seconds))."""
     start, cpu = time.perf_counter(), time.process_time()
     model = optimize(load_onnx(path))
-    stats = calibrate(model.main, [("calibration", batch)])
+    stats = _calibrated(path, batch, options)
     mixed = MixedPrecisionOptions(target_sqnr_db=target)
     model = quantize(model, QuantizeOptions(mixed_precision=mixed, **options), stats, [batch])
     return model, (time.perf_counter() - start, time.process_time() - cpu)
+
+
+def _calibrated(path: Path, batch, options: dict):
+    """Calibration statistics as the build's calibrate step gathers them: on the graph
+    equalized when `options` ask for it."""
+    graph = equalize(optimize(load_onnx(path)).main, QuantizeOptions(**options))
+    return calibrate(graph, [("calibration", batch)])
 
 
 def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> tuple[float, float]:
@@ -118,7 +125,7 @@ def measure(spec, count: int, target: float, layers: bool, work: Path, options: 
     float_graph = optimize(load_onnx(path)).main
     x = float_graph.inputs[0].name
     calib_batch, held_batch = {x: calib}, {x: held_out}
-    stats = calibrate(float_graph, [("calibration", calib_batch)])
+    stats = _calibrated(path, calib_batch, options)
     entry = {
         "model": spec.name,
         "calibration_samples": len(calib),
