@@ -340,13 +340,29 @@ def pool(w, node):
         ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit)
         w.op("MUL", [pre, w.constant(ratio, f"{node.name}_counts")], [w.define(out, NHWC)])
         return
-    if node.op == "QAveragePool" and (x.quant != out.quant):
+    if node.op == "QAveragePool" and x.quant != out.quant and _whole_window(node):
+        # MEAN rescales to new parameters in one rounding (read back as this QAveragePool)
+        axes = w.constant(np.asarray([1, 2], np.int32), f"{node.name}_axes")
+        w.op("MEAN", [w.get(x, NHWC), axes], [w.define(out, NHWC)], keep_dims=True)
+        return
+    if node.op == "QAveragePool" and x.quant != out.quant:
         # TFLite averages in the input's parameters; requantize to the output's after
         pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC), quant=x.quant)
         w.op(code, [xi], [pre], **options)
         w.requantize(pre, w.define(out, NHWC))
         return
     _finish(w, node_view, code, [xi], NHWC, **options)
+
+
+def _whole_window(node) -> bool:
+    """A pool whose one window covers the whole input (global pooling), without a clamp."""
+    x, attrs = node.inputs[0], node.attrs
+    info = np.iinfo(x.dtype)
+    return (
+        list(attrs["kernel_shape"]) == list(x.shape[2:])
+        and not any(attrs["pads"])
+        and (attrs["qmin"], attrs["qmax"]) == (info.min, info.max)
+    )
 
 
 def _count_ratio(size, out, kernel, strides, pads) -> np.ndarray:

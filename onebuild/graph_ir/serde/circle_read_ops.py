@@ -12,7 +12,7 @@ import numpy as np
 from ..dtypes import name_of
 from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
-from ..quant.kernel_attrs import binary_attrs, output_attrs, softmax_attrs
+from ..quant.kernel_attrs import average_pool_attrs, binary_attrs, output_attrs, softmax_attrs
 from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
 from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS, channels_last_columns
@@ -282,17 +282,22 @@ def transpose(r, inputs, outputs, options):
 
 
 def reduce(r, inputs, outputs, options, code):
-    _float_only(r, inputs[0], code)
     axes = r.const(inputs[1])
     if axes is None:
         raise Malformed("the axes must be constant")
     keep = bool(_options(code, options)["keep_dims"])
-    rank = len(r.info(inputs[0]).shape)
+    t = r.info(inputs[0])
+    rank = len(t.shape)
     perm = r.perm_of(inputs[0]) if keep else None
     axes = sorted({int(a) % rank for a in np.ravel(axes)})
+    spatial = keep and rank == 4 and perm == NHWC and axes == [1, 2]
+    if spatial and code == "MEAN" and t.quant is not None and t.dtype != np.float32:
+        _quantized_mean(r, inputs[0], outputs[0])
+        return
+    _float_only(r, inputs[0], code)
     ir_axes = sorted(axes if perm is None else [perm[a] for a in axes])
     op = "ReduceMean" if code == "MEAN" else "ReduceMax"
-    if keep and rank == 4 and perm == NHWC and axes == [1, 2]:
+    if spatial:
         # the spatial mean of an NHWC tensor: the IR's global pool (float64 sums, as the
         # writer's source op)
         op = "GlobalAveragePool" if code == "MEAN" else "GlobalMaxPool"
@@ -306,6 +311,19 @@ def reduce(r, inputs, outputs, options, code):
         outputs[0],
         perm,
     )
+
+
+def _quantized_mean(r, source: int, target: int) -> None:
+    """MEAN of uint8/int8 codes over H and W of NHWC: the QAveragePool over the whole window
+    that the writer spells this way when the output parameters differ (TFLite's MEAN rescales
+    in one rounding; AVERAGE_POOL_2D keeps the input's parameters)."""
+    t, out = r.info(source), r.info(target)
+    if out.quant is None or out.dtype != t.dtype or len(t.quant.scale) != 1:
+        raise Malformed("a quantized MEAN gives codes of its input's type, one scale each")
+    attrs = average_pool_attrs(
+        "GlobalAveragePool", {}, t.shape[1:3], t.quant, out.quant, name_of(t.dtype)
+    )
+    _emit(r, "QAveragePool", [r.value(source, NHWC)], attrs, target, NHWC)
 
 
 def pad(r, inputs, outputs, options, code):
