@@ -290,8 +290,9 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 def _describe(error: ValidationError) -> str:
-    """The first validation error as one line: key path, problem, value, allowed values."""
-    issues = error.errors()
+    """The first validation error as one line: key path, problem, value, allowed values; an
+    unknown key first (a misspelt key also makes the key it meant missing)."""
+    issues = sorted(error.errors(), key=lambda issue: issue["type"] != "extra_forbidden")
     first = issues[0]
     loc = tuple(first["loc"])
     dotted = ".".join(str(k) for k in loc) or "(top level)"

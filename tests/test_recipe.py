@@ -77,6 +77,10 @@ def test_extends_merges_and_overrides_win(workspace):
             ["quantize.dtyp", "unknown key", "did you mean 'dtype'"],
         ),
         ('[import]\nsource = "model.onnx"\n[optimise]\n', ["optimise", "did you mean 'optimize'"]),
+        (  # the misspelt key is named, not the required key it leaves missing
+            '[import]\nsource = "model.onnx"\n[quantize.mixed_precision]\ntarget_sqnr = 30\n',
+            ["mixed_precision.target_sqnr: unknown key", "did you mean 'target_sqnr_db'"],
+        ),
         (
             '[import]\nsource = "model.onnx"\n[quantize]\ndtype = "int4"\n',
             ["quantize.dtype", "'uint8', 'int8' or 'int16'", "'int4'"],
