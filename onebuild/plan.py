@@ -126,8 +126,36 @@ def _read_with_presets(path: Path, chain: list[Path]) -> dict:
         return data
     if not isinstance(parent, str):
         raise UserError(f"{path}: extends: expected a path string, got {parent!r}")
-    base = _read_with_presets(absolute(path.parent / parent), [*chain, resolved])
-    return _merge(base, data)
+    base_path = preset(parent, path) if _is_name(parent) else absolute(path.parent / parent)
+    if not base_path.is_file():
+        raise UserError(f"{path}: extends: no such recipe file {base_path}")
+    return _merge(_read_with_presets(base_path, [*chain, resolved]), data)
+
+
+def _is_name(text: str) -> bool:
+    return "/" not in text and "\\" not in text and not text.endswith(".toml")
+
+
+def preset_folders() -> list[Path]:
+    """Where the presets `extends = "<name>"` finds live: installed with onebuild
+    (<prefix>/share/onebuild/recipes), or `recipes/` of the source checkout it runs from."""
+    folders = [Path(sys.prefix) / "share" / "onebuild" / "recipes"]
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file():
+        folders.append(checkout / "recipes")
+    return [folder for folder in folders if folder.is_dir()]
+
+
+def preset(name: str, recipe: Path) -> Path:
+    """The preset recipe `name` ships as (npu-uint8, cpu-float, ...)."""
+    for folder in preset_folders():
+        if (folder / f"{name}.toml").is_file():
+            return folder / f"{name}.toml"
+    known = sorted({p.stem for folder in preset_folders() for p in folder.glob("*.toml")})
+    raise UserError(
+        f"{recipe}: extends: no preset named '{name}' (presets: {', '.join(known) or 'none'}; "
+        'or give a path to a recipe file, e.g. "../base.toml")'
+    )
 
 
 def _absolutize(data: dict, folder: Path) -> None:

@@ -96,6 +96,14 @@ def test_extends_merges_and_overrides_win(workspace):
         ),
         ("[optimize]\n", ["needs an [import] table"]),
         ('extends = "r.toml"\n[import]\nsource = "model.onnx"\n', ["cycle"]),
+        (
+            'extends = "npu-uint9"\n[import]\nsource = "model.onnx"\n',
+            ["extends: no preset named 'npu-uint9'", "npu-uint8", "path to a recipe file"],
+        ),
+        (
+            'extends = "../base.toml"\n[import]\nsource = "model.onnx"\n',
+            ["extends: no such recipe file", "base.toml"],
+        ),
     ],
 )
 def test_bad_recipes_give_one_line_errors(workspace, text, fragments):
@@ -181,3 +189,11 @@ def test_validated_plans_are_stored_and_reused_until_the_recipe_changes(workspac
     (workspace / "model.onnx").unlink()
     with pytest.raises(UserError, match="import.source: .* does not exist"):
         load_plan(path)
+
+
+def test_a_preset_by_name(workspace):
+    """`extends = "npu-uint8"` merges the shipped preset (recipes/npu-uint8.toml) underneath."""
+    text = '[import]\nsource = "model.onnx"\n[quantize]\ncalibration = "model.onnx"\n'
+    plan = load_recipe(write(workspace, 'extends = "npu-uint8"\n' + text))
+    assert plan.steps["codegen"]["hw"] == "trix-m"
+    assert plan.steps["quantize"]["activation_granularity"] == "channel"
