@@ -162,10 +162,10 @@ def test_qdq_export_is_exact_for_the_table_and_within_one_lsb(spread):
         write_circle(Model([quantized]))
 
 
-def test_int16_for_the_npu_stays_per_tensor_and_on_the_npu(tmp_path):
+def test_int16_for_the_npu_stays_per_tensor_and_on_the_npu(tmp_path, caplog):
     """The TRIX NPU lowers 8-bit per-channel values only (`channel_dtypes`), so an int16 build
-    for it keeps the edge per tensor: one NPU part, bit-exact (per channel, the edge ran on
-    the CPU between two NPU parts)."""
+    for it keeps the edge per tensor, and says so: one NPU part, bit-exact (per channel, the
+    edge ran on the CPU between two NPU parts)."""
     onnx.save(spread_model(affine=True), tmp_path / "m.onnx")
     calib, evaluation = _digits()
     write_npz(tmp_path / "calib.npz", {"x": calib})
@@ -177,6 +177,8 @@ def test_int16_for_the_npu_stays_per_tensor_and_on_the_npu(tmp_path):
         '[codegen]\nhw = "trix-m"\n[pack]\noutput = "out/m.nnpkg"\n'
     )
     build_statuses(recipe)
+    warned = [r.getMessage() for r in caplog.records if "stay per tensor" in r.getMessage()]
+    assert warned and "per-channel activations in uint8 only" in warned[0]
     report = assert_package_matches_reference(tmp_path)
     assert [p["backend"] for p in report["parts"]] == ["trix"]
     quantized = load_ir(tmp_path / "build/r/quantize.obir").main

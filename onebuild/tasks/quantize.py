@@ -52,6 +52,19 @@ def measured_data(config: dict[str, Any]) -> list[Path]:
     return [Path(config["measure_on"])]
 
 
+def _warn_tensor_edges(config: dict[str, Any]) -> None:
+    """Per-channel activations asked for in a dtype the [codegen] target lowers per tensor only."""
+    lowered = config.get("channel_dtypes")
+    asked = config["activation_granularity"] == "channel" and config["mode"] == "full"
+    if asked and lowered is not None and config["dtype"] not in lowered:
+        log.warning(
+            'quantize: activation_granularity = "channel": the [codegen] target lowers '
+            "per-channel activations in %s only, so these %s edges stay per tensor",
+            " and ".join(lowered) or "no dtype",
+            config["dtype"],
+        )
+
+
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..compile import QuantizeOptions, options_from, quantize
     from ..datasets import first_samples
@@ -59,6 +72,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..graph_ir.serde.calibration_file import load_calibration
 
     options = options_from(QuantizeOptions, config)
+    _warn_tensor_edges(config)
     model = load_ir(inputs[0])
     float_graph = model.main
     samples = []
