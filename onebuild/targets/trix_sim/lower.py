@@ -417,6 +417,8 @@ def unsupported(node: Node, hw: Hardware) -> list[str]:
 
 def _failed(node: Node, hw: Hardware, skip: Constraint | None = None) -> list[str]:
     lowering = LOWERINGS.get(node.op)
+    if lowering is None and any(v.dtype.kind == "f" for v in node.outputs):
+        return [f"{node.op} computes in float (not quantized); the NPU runs quantized ops only"]
     if lowering is None:
         return [f"{node.op} is not an NPU operation"]
     failed = []
