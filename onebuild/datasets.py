@@ -3,7 +3,9 @@ HDF5 input data (`hdf5_data`), or random data (only when asked for: it calibrate
 
 Batches are yielded one file at a time as `(where, {input name: [N, *shape]})`, so a folder of
 many files is never held in memory at once. A folder's `.npz` files hold arrays keyed by input
-name, `[N, *shape]` or a single sample `[*shape]`; `.npy` files serve single-input models.
+name, `[N, *shape]` or a single sample `[*shape]` (for an input of batch 1, `[N, *shape[1:]]`
+too: samples stacked on the batch axis, as onnxruntime's calibration readers hold them); `.npy`
+files serve single-input models.
 Files are read with `onebuild.npz`'s checks (sizes before data, no pickles); samples must hold
 at least one sample and only finite numbers (an error names the file, the input and the sample).
 """
@@ -21,13 +23,22 @@ from .npz import MAX_HEADER, NPY_MAGIC, byte_limit, check_finite, read_npz
 Batch = dict[str, np.ndarray]
 
 
+def _sample_axis(array: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
+    """`array` as [N, *shape]: a single sample gets the axis; a stack of N samples of an input
+    of batch 1 on its batch axis ([N, *shape[1:]]) gets it after N."""
+    if shape is None or array.ndim != len(shape):
+        return array
+    if array.shape == shape:
+        return array[None]
+    if shape[:1] == (1,) and array.shape[1:] == shape[1:]:
+        return array[:, None]
+    return array
+
+
 def _with_sample_axis(
     where: str, arrays: Batch, shapes: dict[str, tuple[int, ...]]
 ) -> tuple[str, Batch]:
-    batch = {
-        name: a[None] if name in shapes and a.shape == shapes[name] else a
-        for name, a in arrays.items()
-    }
+    batch = {name: _sample_axis(a, shapes.get(name)) for name, a in arrays.items()}
     for name in shapes:
         if name in batch and (batch[name].ndim == 0 or not len(batch[name])):
             raise UserError(f"{where}: input '{name}' has no samples")

@@ -129,3 +129,17 @@ def test_calibration_files_with_non_finite_ranges_are_rejected(tmp_path):
     write_npz(tmp_path / "d.npz", arrays)
     with pytest.raises(FormatError, match="'ranges' is not float"):
         load_calibration(tmp_path / "d.npz")
+
+
+def test_samples_stacked_on_the_batch_axis_of_a_batch_1_input(tmp_path):
+    """[N, 1, 8, 8] for an input [1, 1, 8, 8] (onnxruntime's layout) is N samples, as
+    [N, 1, 1, 8, 8] is; one sample [1, 1, 8, 8] stays one."""
+    x = np.arange(4 * 64, dtype=np.float32).reshape(4, 1, 8, 8)
+    write_npz(tmp_path / "stacked.npz", {"input": x})
+    write_npz(tmp_path / "one.npz", {"input": x[:1]})
+    ((_, stacked),) = iter_batches(tmp_path / "stacked.npz", [("input", (1, 1, 8, 8))])
+    np.testing.assert_array_equal(stacked["input"], x[:, None])
+    ((_, one),) = iter_batches(tmp_path / "one.npz", [("input", (1, 1, 8, 8))])
+    assert one["input"].shape == (1, 1, 1, 8, 8)
+    ((_, other),) = iter_batches(tmp_path / "stacked.npz", [("input", (2, 1, 8, 8))])
+    assert other["input"].shape == (4, 1, 8, 8)  # batch 2: left for the shape check to refuse
