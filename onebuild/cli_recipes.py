@@ -113,12 +113,12 @@ def cmd_build(args) -> int:
             print(f"package: {package}")
         for report in reports:
             print(f"report: {report}")
-    for result in failed:
-        if not result.blocked:
-            print(
-                f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr
-            )
-    return 1 if failed else 0
+    causes = [result for result in failed if not result.blocked]
+    for result in causes:
+        print(f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr)
+    if not failed:
+        return 0
+    return 2 if causes and all(result.user_error for result in causes) else 1  # 2: bad input
 
 
 def _report(plan, results=None) -> Path:

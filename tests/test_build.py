@@ -162,7 +162,7 @@ def test_cli_build_json_and_failure_exit_code(project):
     assert report["packages"] == [str(project / "out/m.nnpkg")]
     (project / "model.onnx").write_bytes(b"not a model")
     result = subprocess.run(cli, capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input, as in every other command
     assert json.loads(result.stdout)["steps"][0]["status"] == "failed"
     assert "not a valid ONNX model" in result.stderr and "Traceback" not in result.stderr
 

@@ -47,7 +47,7 @@ def cli(*args: str) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "onebuild.cli", *args, "--json"], capture_output=True, text=True
     )
-    assert result.returncode in (0, 1) and result.stdout, (args, result.stderr)
+    assert result.returncode in (0, 2) and result.stdout, (args, result.stderr)
     return json.loads(result.stdout)
 
 

@@ -101,6 +101,7 @@ class StepResult:
     outputs: list[str] = field(default_factory=list)
     error: str | None = None
     blocked: bool = False  # failed because a step it depends on failed
+    user_error: bool = False  # failed on bad input (a file, a model, an option), not a bug
     part: str = ""  # the partition a fan-out task works on
 
 
@@ -299,9 +300,11 @@ class _Runner:
                     result.status = "run"
             except OneBuildError as error:
                 result.status, result.error = "failed", str(error)
+                result.user_error = isinstance(error, UserError)
                 return TaskFailed(str(error))
             except OSError as error:
                 result.status, result.error = "failed", os_error_line(error, task.outputs[0])
+                result.user_error = bool(error.filename)
                 return TaskFailed(result.error)
             except Exception as error:  # a bug: keep the type in the one-line report
                 result.status, result.error = "failed", f"{type(error).__name__}: {error}"
