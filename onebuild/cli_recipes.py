@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from .errors import UserError
-from .plan import PLAN_FILE, load_plan
+from .plan import PLAN_FILE, load_plan, real_path
 
 
 def cmd_convert_cfg(args) -> int:
@@ -41,7 +41,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_list(args) -> int:
-    plans = [load_plan(path, args.set or []) for path in args.recipes]
+    plans = _plans(args)
     if args.json:
         listing = [
             {"recipe": str(p.recipe), "build_dir": str(p.build_dir), "steps": p.steps}
@@ -139,7 +139,11 @@ def cmd_report(args) -> int:
 
 
 def _plans(args):
-    return [load_plan(path, args.set or []) for path in args.recipes]
+    """The recipes' plans, each recipe file once however often it is named."""
+    unique: dict[Path, str] = {}
+    for path in args.recipes:
+        unique.setdefault(real_path(path), path)
+    return [load_plan(path, args.set or []) for path in unique.values()]
 
 
 def cmd_status(args) -> int:

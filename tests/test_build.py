@@ -232,3 +232,14 @@ def test_a_build_of_several_recipes_keeps_built_steps_up_to_date(tmp_path):
         build([plans[-1]], progress=lambda message: None)
     results = build(plans, progress=lambda message: None)
     assert {r.status for r in results} == {"up-to-date"}, [(r.recipe, r.status) for r in results]
+
+
+def test_a_recipe_named_twice_builds_once(project):
+    """`onebuild build r.toml ./r.toml`: one recipe, once (it failed as two recipes writing the
+    same outputs)."""
+    recipe = project / "r.toml"
+    same = project / "." / "r.toml"
+    cli = [sys.executable, "-m", "onebuild.cli", "build", str(recipe), str(same), "--json"]
+    result = subprocess.run(cli, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert [s["step"] for s in json.loads(result.stdout)["steps"]] == ["import", "optimize", "pack"]
