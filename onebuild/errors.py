@@ -58,6 +58,10 @@ class FormatError(UserError):
     """A file onebuild reads (IR file, npz, .tvn, nnpackage) is corrupt or not of its format."""
 
 
+class GateFailed(OneBuildError):
+    """A build check failed on good input (the accuracy gate): exit code 1, like a failed test."""
+
+
 class IRError(OneBuildError):
     """The graph violates an IR invariant (a bug in a pass or importer, not user input)."""
 

@@ -119,6 +119,23 @@ def test_shared_cache_restores_in_a_fresh_checkout(tmp_path):
     assert set(statuses[1].values()) == {"restored"}
 
 
+def test_a_cache_set_after_the_build_is_filled_by_the_next_one(tmp_path):
+    """A clone built before `build.cache` was set publishes its up-to-date steps on the next
+    build (which runs nothing), so a fresh clone restores them all."""
+    cache = tmp_path / "shared-cache"
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        shutil.copy(MODEL, folder / "model.onnx")
+        (folder / "r.toml").write_text(RECIPE)
+    assert set(run(first).values()) == {"run"}
+    shared = f"build.cache={json.dumps(str(cache))}"
+    assert set(run(first, shared).values()) == {"up-to-date"}
+    assert set(run(second, shared).values()) == {"restored"}
+    packages = [f / "out/m.nnpkg/m.circle" for f in (first, second)]
+    assert packages[0].read_bytes() == packages[1].read_bytes()
+
+
 def test_partition_without_codegen_is_rejected_before_running(project):
     (project / "r.toml").write_text(RECIPE + "[partition]\n")
     with pytest.raises(UserError, match=r"\[partition\] needs a \[codegen\] table"):

@@ -38,6 +38,7 @@ from .build_folder import check_database, locked, os_error_line, raise_doit_erro
 from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
+    finished_key,
     made_by,
     outputs_intact,
     refuse_foreign,
@@ -316,6 +317,16 @@ class _Runner:
 
         return execute
 
+    def publish(self, task: StepTask) -> None:
+        """Store an up-to-date step's outputs in a cache that lacks them (a cache set after the
+        step ran, or cleaned since): other clones restore them instead of rerunning."""
+        key = finished_key(task.outputs, task.recipe)
+        if key is None:
+            return
+        cache = open_cache(task.cache, task.remote)
+        if getattr(cache, "local", cache).entry(key) is None:
+            cache.store(key, task.outputs)
+
     def _write_log(
         self, task: StepTask, result: StepResult, key: str, input_digests: list[str]
     ) -> None:
@@ -371,12 +382,7 @@ def _done_with(task: StepTask, key: str) -> bool:
     """Whether the step's log says it finished with cache key `key` and its outputs are as it
     left them: nothing to do, even where doit's database has no record of the task (a build of
     several recipes keeps its state in the first one's folder)."""
-    try:
-        log = json.loads(Path(f"{task.outputs[0]}.log").read_bytes())
-    except (OSError, ValueError):
-        return False
-    finished = isinstance(log, dict) and log.get("status") in ("run", "restored")
-    return finished and log.get("cache_key") == key and outputs_intact(task.outputs, task.recipe)
+    return finished_key(task.outputs, task.recipe) == key
 
 
 def _folder_files(folder: Path) -> list[Path]:
@@ -427,6 +433,7 @@ def _reporter_class(runner: _Runner):
             result = runner.results.get(task.name)
             if result is not None:
                 result.status = "up-to-date"
+                runner.publish(runner.tasks[task.name])
 
         def skip_ignore(self, task):
             pass

@@ -25,6 +25,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from .. import errors
 from ..errors import OneBuildError, UserError
 from ..progress import Progress, forward_to, summary
 from ..tasks import STEPS
@@ -108,7 +109,7 @@ class DaskExecutor:
             if blob is not None:
                 put_in_place(output, lambda target, blob=blob: unpack_tree(blob, target))
         if error is not None:
-            raise UserError(error)
+            raise _rebuilt(error)
 
     def _run_sharded(self, step, module, config, shipped, outputs, count: int) -> None:
         """A step that splits (calibration): its parts on the workers, merged here."""
@@ -127,9 +128,9 @@ class DaskExecutor:
             client.cancel(futures)
             for future, part in zip(futures, parts or [(None, None, [])] * count):
                 self.progress.finished(future.key, part[2])
-        errors = [error for _, error, _ in parts if error is not None]
-        if errors:
-            raise UserError(errors[0])
+        failures = [error for _, error, _ in parts if error is not None]
+        if failures:
+            raise _rebuilt(failures[0])
         module.merge(config, [part for part, _, _ in parts], outputs)
 
     def close(self) -> None:
@@ -215,7 +216,7 @@ def _on_worker(prefix: str, inputs: dict[str, bytes]):
 
 def run_step(
     step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]
-) -> tuple[list[bytes | None], str | None, list[dict]]:
+) -> tuple[list[bytes | None], tuple[str, str] | None, list[dict]]:
     """On a worker: the step in a private root that mirrors the client's paths; returns the
     outputs it wrote, its error message (naming the client's paths) if it failed, and its
     progress summaries."""
@@ -227,13 +228,13 @@ def run_step(
         try:
             STEPS[step].run(_relocated(config, root), [_inside(root, p) for p in inputs], local)
         except OneBuildError as failure:
-            error = str(failure).replace(str(root), "")
+            error = _shipped(failure, root)
         return [pack_tree(p) if p.exists() else None for p in local], error, summaries
 
 
 def run_shard(
     step: str, config: dict, inputs: dict[str, bytes], index: int, count: int
-) -> tuple[Any, str | None, list[dict]]:
+) -> tuple[Any, tuple[str, str] | None, list[dict]]:
     """On a worker: part `index` of `count` of a step that splits; (part, error message,
     progress summaries)."""
     module = import_module(STEPS[step].module)
@@ -242,7 +243,24 @@ def run_shard(
         try:
             return module.run_shard(_relocated(config, root), local, index, count), None, summaries
         except OneBuildError as failure:
-            return None, str(failure).replace(str(root), ""), summaries
+            return None, _shipped(failure, root), summaries
+
+
+def _shipped(failure: OneBuildError, root: Path) -> tuple[str, str]:
+    """A worker's error for the client: its class name and its message with client paths."""
+    return type(failure).__name__, str(failure).replace(str(root), "")
+
+
+def _rebuilt(error: tuple[str, str]) -> OneBuildError:
+    """The worker's error as the client raises it: of the same class (so the same exit code),
+    with the worker's message."""
+    name, message = error
+    kind = getattr(errors, name, None)
+    if not (isinstance(kind, type) and issubclass(kind, OneBuildError)):
+        kind = UserError
+    rebuilt = kind.__new__(kind)
+    OneBuildError.__init__(rebuilt, message)
+    return rebuilt
 
 
 def _inside(root: Path, path: str | os.PathLike) -> Path:

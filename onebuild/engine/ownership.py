@@ -62,6 +62,19 @@ def made_by(outputs: list[Path]) -> str | None:
     return recipe if isinstance(recipe, str) else None
 
 
+def finished_key(outputs: list[Path], recipe: Path) -> str | None:
+    """The cache key `recipe`'s step logged finishing with, if its outputs are as it left them."""
+    try:
+        log = json.loads(log_path(outputs).read_bytes())
+    except (OSError, ValueError):
+        return None
+    finished = isinstance(log, dict) and log.get("status") in ("run", "restored")
+    if not finished or not outputs_intact(outputs, recipe):
+        return None
+    key = log.get("cache_key")
+    return key if isinstance(key, str) else None
+
+
 def outputs_intact(outputs: list[Path], recipe: Path) -> bool:
     """Whether every output is as `recipe`'s step logged it (by fingerprint, else by content):
     an output deleted or edited since, or made since by another recipe's step writing to the

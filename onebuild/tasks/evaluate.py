@@ -15,7 +15,7 @@ log = logging.getLogger("onebuild.progress")  # quiet with --json, like progress
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..datasets import iter_batches
-    from ..errors import UserError
+    from ..errors import GateFailed, UserError
     from ..fileio import atomic_write_bytes
     from ..gates import described, failures, gate_checks, json_safe
     from ..graph_ir.quant.evaluate import compare_graphs
@@ -66,7 +66,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
             f"{layer['node']} ({layer['sqnr_db']:.1f} dB)"
             for layer in comparison.layers[:WORST_LAYERS]
         )
-        raise UserError(
+        raise GateFailed(
             f"accuracy gate failed: {failures(checks)}; worst layers: {worst}; see {outputs[0]}"
         )
     if checks:
