@@ -27,6 +27,8 @@ def worst_values(
     if accuracy:
         for layer in accuracy.get("layers", []):
             value = output_of.get(layer["node"])
+            if layer["sqnr_db"] is None:  # no noise at all: a float32 or exact layer
+                continue
             if value in ranges and value not in (v for _, v in chosen):
                 chosen.append((f"{layer['node']}: {layer['sqnr_db']:.1f} dB", value))
     else:

@@ -1,6 +1,7 @@
 """The report page: one self-contained HTML file (inline SVG and CSS, no script, no network)
 written atomically to `<build dir>/report.html`."""
 
+import json
 from html import escape
 from pathlib import Path
 
@@ -126,19 +127,23 @@ def _quantization(data: BuildData) -> str:
         f"{escape(quantize['granularity'])} granularity, calibration method "
         f"<code>{escape(quantize['method'])}</code>.</p>"
     )
+    model = None if data.quantized is None else load_ir(data.quantized)
+    dtypes = {} if model is None else _output_types(model)
     if quantize.get("layers"):
-        text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, data.quantized)
+        text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, dtypes)
+    if model is not None:
+        text += _automatic_precision(model.metadata, dtypes)
     if data.accuracy:
         gate = data.accuracy.get("gate", {})
         checks = [
-            [escape(c["check"]), f"{c['value']:.4g}", escape(str(c.get("min", c.get("max")))),
+            [escape(c["check"]), _value(c["value"]), escape(str(c.get("min", c.get("max")))),
              "passed" if c["passed"] else '<span class="failed">failed</span>']
             for c in gate.get("checks", [])
         ]  # fmt: skip
         if checks:
             text += "<h3>Accuracy gate</h3>" + _table(["check", "value", "limit", ""], checks)
         threshold = (quantize.get("accuracy") or {}).get("min_sqnr_db")
-        svg = sqnr_chart(data.accuracy["layers"], threshold)
+        svg = sqnr_chart(data.accuracy["layers"], threshold, dtypes)
         text += _figure("sqnr", svg, f"{data.accuracy.get('samples')} evaluation samples")
     else:
         text += (
@@ -157,19 +162,46 @@ def _quantization(data: BuildData) -> str:
     return text
 
 
-def _mixed_precision(quantize: dict, quantized: Path | None) -> str:
+def _output_types(model) -> dict[str, str]:
+    """Node name -> the type of its first output in the quantized model."""
+    return {n.name: str(n.outputs[0].dtype) for n in model.main.nodes if n.outputs}
+
+
+def _value(value: float | None) -> str:
+    """A gate check's value; null is an SQNR with no noise at all (JSON has no infinity)."""
+    return "no noise" if value is None else f"{value:.4g}"
+
+
+def _mixed_precision(quantize: dict, dtypes: dict[str, str]) -> str:
     """The recipe's per-layer settings and the output type each named layer got."""
-    got = {}
-    if quantized is not None:
-        got = {n.name: str(n.outputs[0].dtype) for n in load_ir(quantized).main.nodes if n.outputs}
     rows = [
         [escape(", ".join(layer["names"])), escape(layer.get("dtype") or quantize["dtype"]),
          escape(layer.get("granularity") or quantize["granularity"]),
-         escape(", ".join(f"{name}: {got.get(name, 'not found')}" for name in layer["names"]))]
+         escape(", ".join(f"{name}: {dtypes.get(name, 'not found')}" for name in layer["names"]))]
         for layer in quantize["layers"]
     ]  # fmt: skip
     header = ["layers", "dtype", "granularity", "output type in the quantized model"]
     return _table(header, rows)
+
+
+def _automatic_precision(metadata: dict, dtypes: dict[str, str]) -> str:
+    """What [quantize.mixed_precision] chose (the quantized model's record of its search): the
+    target, what it reached, and each promoted layer with its type in the quantized model."""
+    if "mixed_precision" not in metadata:
+        return ""
+    choice = json.loads(metadata["mixed_precision"])
+    reached = choice.get("sqnr_db")
+    fraction = choice.get("high_precision_mac_fraction") or 0.0
+    promoted = choice.get("promoted", [])
+    text = (
+        f"<h3>Automatic mixed precision</h3><p>target {choice.get('target_sqnr_db')} dB at the "
+        f"outputs: {'reached' if choice.get('target_met') else 'not reached'} "
+        f"({'no noise' if reached is None else f'{reached:.1f} dB'} on the calibration data); "
+        f"{len(promoted)} layer(s) promoted to {escape(str(choice.get('dtype')))}, "
+        f"{100 * fraction:.1f} % of the MACs.</p>"
+    )
+    rows = [[escape(name), escape(dtypes.get(name, "not found"))] for name in promoted]
+    return text + _table(["promoted layer", "output type in the quantized model"], rows)
 
 
 def _npu(data: BuildData) -> str:
