@@ -307,3 +307,52 @@ def test_package_models_left_in_ir_say_why(tmp_path):
     save_ir(model, tmp_path / "model.obir")
     (reason,) = _not_circle(tmp_path).values()
     assert "If (node" in reason
+
+
+UP_TO_DATE = '<td><span class="up-to-date">up-to-date</span></td>'
+
+
+def test_report_for_settings_not_built_leaves_other_builds_out(built):
+    """`report --set` for options never built shows no figures of the build on disk (it showed
+    the uint8 build's under an int16 heading); after building them it shows theirs. A build
+    whose gate fails shows the failed gate's report, not the package of an earlier build."""
+    int16 = ["examples/digits_npu.toml", "--set", "quantize.dtype=int16"]
+    page = built / "build/digits_npu/report.html"
+    accuracy = built / "build/digits_npu/quantize.accuracy.json"
+    uint8_worst = json.loads(accuracy.read_text())["layers"][0]["sqnr_db"]
+    done = onebuild("report", *int16, cwd=built)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "<p>full int16, channel granularity" in text
+    command = f"onebuild build {built / 'examples/digits_npu.toml'} --set quantize.dtype=int16"
+    assert (
+        "Not built with these settings: [quantize], [evaluate], [codegen], [pack]. What another "
+        f"build left in their place is not shown; run <code>{command}</code> first." in text
+    )
+    assert "<th>with these settings</th>" in text  # the column says what it means, filled
+    assert text.count(UP_TO_DATE) == 3  # import, optimize, calibrate
+    assert "a build would run it (option(s) changed: dtype)" in text  # quantize
+    for figure in ("sqnr", "timeline0", "roofline"):  # the uint8 build's, left out
+        assert f'<figure id="{figure}">' not in text
+    assert "<h3>Accuracy gate</h3>" not in text and "<h2>Package</h2>" in text
+    assert "[codegen]: not built with these settings, left out" in text
+    assert onebuild("build", *int16, cwd=built).returncode == 0
+    assert onebuild("report", *int16, cwd=built).returncode == 0
+    text = page.read_text()
+    assert "Not built with these settings" not in text and text.count(UP_TO_DATE) == 7
+    int16_worst = json.loads(accuracy.read_text())["layers"][0]["sqnr_db"]
+    assert int16_worst > uint8_worst + 20 and f">{int16_worst:.1f}<" in text  # int16's figures
+    for figure in ("sqnr", "timeline0", "roofline"):
+        assert f'<figure id="{figure}">' in text
+    gate = ["--set", "quantize.accuracy.min_sqnr_db=90", "--set", "build.report=true"]
+    failed = onebuild("build", *int16, *gate, cwd=built)
+    assert failed.returncode == 1 and "accuracy gate failed" in failed.stderr
+    text = page.read_text()
+    assert "Not built with these settings: [codegen], [pack]. " in text  # the gate stopped
+    assert '<figure id="timeline0">' not in text  # the int16 build's binary, not this one's
+    assert "this build did not make them (see its errors)" in text
+    assert '<span class="failed">failed</span> (outputs of the failed run)' in text
+    assert '<figure id="sqnr">' in text and "<td>90.0</td>" in text  # the failed gate's report
+    assert "<td>metadata/MANIFEST</td>" not in text
+    assert "[pack]: not built with these settings" in text
+    assert onebuild("build", "examples/digits_npu.toml", cwd=built).returncode == 0  # as it was
