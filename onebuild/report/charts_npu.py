@@ -15,8 +15,9 @@ PALETTE = ("#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9
 def timeline_chart(binary: Binary, index: int) -> str:
     """Top: the layers one after another, each as long as its share of the cycles. Bottom:
     per layer, compute and DMA busy cycles (they overlap when tiles are double-buffered).
-    The legends are the figure's, below the axes, in as many rows as their entries need:
-    a legend beside or above an axes takes its width from the axes under constrained layout."""
+    The legend is the figure's, below the axes, in as many rows as its entries need, read row
+    by row (a legend beside or above an axes takes its width from it under constrained
+    layout)."""
     from matplotlib.patches import Patch  # matplotlib only once the report is drawn
 
     layers = list(binary.info["layers_table"].items())
@@ -53,7 +54,9 @@ def timeline_chart(binary: Binary, index: int) -> str:
         bottom.set_xlabel("engine busy cycles per layer")
         handles = [Patch(color=colours[kind]) for kind in kinds] + [Patch(color=c) for c in BUSY]
         labels = [*kinds, "compute busy", "DMA busy"]
-        fig.legend(handles, labels, loc="outside lower center", ncols=columns, frameon=False)
+        order = [i for column in range(columns) for i in range(column, len(labels), columns)]
+        fig.legend([handles[i] for i in order], [labels[i] for i in order], ncols=columns,
+                   loc="outside lower center", frameon=False)  # fmt: skip
         return svg_text(fig, f"timeline{index}")
 
 
