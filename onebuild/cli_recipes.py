@@ -121,10 +121,10 @@ def cmd_build(args) -> int:
     return 2 if causes and all(result.user_error for result in causes) else 1  # 2: bad input
 
 
-def _report(plan, results=None) -> Path:
+def _report(plan, results=None, overrides=()) -> Path:
     from .report import write_report  # matplotlib
 
-    return write_report(plan, results)
+    return write_report(plan, results, overrides)
 
 
 def cmd_report(args) -> int:
@@ -134,7 +134,7 @@ def cmd_report(args) -> int:
         if not plan.build_dir.is_dir():
             raise UserError(f"{plan.recipe}: not built yet; run 'onebuild build {plan.recipe}'")
         with locked(plan.build_dir, plan.recipe):  # not while a build changes what it reads
-            print(_report(plan))
+            print(_report(plan, overrides=args.set or []))
     return 0
 
 

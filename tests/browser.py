@@ -117,6 +117,11 @@ class Chromium:
                 result.requests.append(params["request"]["url"])
         return result
 
+    def evaluate(self, expression: str):
+        """The JSON-serializable value of a JavaScript expression on the open page."""
+        value = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return value["result"].get("value")
+
     def __enter__(self) -> "Chromium":
         return self
 

@@ -71,6 +71,7 @@ def test_reports_render_in_headless_chromium(built):
             assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 50_000
             width, height = int.from_bytes(shot[16:20]), int.from_bytes(shot[20:24])
             assert width == 1280 and height >= load.height - 1
+            check_layout(name, json.loads(browser.evaluate(FIGURE_BOXES)))
         broken = built / "broken.html"  # the checks above can fail: a page that breaks them
         broken.write_text(
             '<figure id="f"><svg width="0" height="0"></svg></figure><img src="missing.png">'
@@ -80,6 +81,44 @@ def test_reports_render_in_headless_chromium(built):
         assert len(load.errors) == 3, load.errors  # console error, exception, failed fetch
         assert load.requests[1:] == [(built / "missing.png").as_uri()]
         assert load.sizes == [("f", 0, 0)]
+        squeezed = built / "squeezed.html"  # an axes 10 % wide, a legend entry cut at the edge
+        squeezed.write_text(
+            '<figure id="timeline0"><svg width="400" height="100"><g id="axes_1"><g id="patch_2">'
+            '<rect width="40" height="50"/></g></g><text x="370" y="80">DMA busy</text></svg>'
+            "</figure>"
+        )
+        browser.open(squeezed, built / "squeezed.png", "figure > svg")
+        figures = json.loads(browser.evaluate(FIGURE_BOXES))
+        with pytest.raises(AssertionError, match="patch|40"):
+            check_layout("squeezed", figures)
+        figures[0][3] = []  # without the axes: the text still sticks out
+        with pytest.raises(AssertionError, match="squeezed"):
+            check_layout("squeezed", figures)
+
+
+# per figure: its id, the width and height of its picture, the plotting area of each axes and
+# the box of each text, as (x, y, width, height) relative to the picture, as chromium draws them
+FIGURE_BOXES = """JSON.stringify(Array.from(document.querySelectorAll('figure > svg')).map(svg => {
+  const s = svg.getBoundingClientRect();
+  const box = e => { const r = e.getBoundingClientRect();
+    return [r.left - s.left, r.top - s.top, r.width, r.height]; };
+  const all = q => Array.from(svg.querySelectorAll(q)).map(box);
+  return [svg.parentElement.id, s.width, s.height,
+          all('g[id^="axes_"] > g[id^="patch_"]:first-child'), all('text')];
+}))"""
+
+
+def check_layout(page: str, figures: list) -> None:
+    """No chart squeezed or cut: a timeline's or roofline's axes at least half the picture's
+    width (a histogram's, one of three side by side, a fifth), every text (legend entries,
+    labels) inside the picture."""
+    assert figures, page
+    for name, width, height, axes, texts in figures:
+        least = 0.5 if name.startswith(("timeline", "roofline", "sqnr")) else 0.2
+        assert all(w >= least * width for _, _, w, _ in axes), (page, name, width, axes)
+        for x, y, w, h in texts:
+            inside = x >= -1 and y >= -1 and x + w <= width + 1 and y + h <= height + 1
+            assert inside, (page, name, (width, height), (x, y, w, h))
 
 
 def test_report_content_follows_the_build_records(built):
@@ -195,6 +234,69 @@ def test_mixed_precision_choices_are_shown_as_the_quantized_model_has_them(built
     assert '<figure id="roofline">' not in text  # no NPU in this recipe
 
 
+def test_layers_left_in_float_by_mixed_precision_are_shown_as_float(built):
+    """Layers left in float32 (by the recipe, or promoted by automatic mixed precision) have no
+    quantization noise, an SQNR of null in the accuracy report: the report says so (it failed
+    the build with a TypeError)."""
+    explicit = ['quantize.layers=[{names=["conv1"], dtype="float32"}]']
+    automatic = ["quantize.mixed_precision.target_sqnr_db=60",
+                 "quantize.mixed_precision.dtype=float32"]  # fmt: skip
+    for options in (explicit, automatic):
+        args = [a for option in ["build.report=true", *options] for a in ("--set", option)]
+        done = onebuild("build", "examples/digits.toml", *args, cwd=built)
+        assert done.returncode == 0, done.stderr
+        text = (built / "build/digits/report.html").read_text()
+        accuracy = json.loads((built / "build/digits/quantize.accuracy.json").read_text())
+        exact = [layer for layer in accuracy["layers"] if layer["sqnr_db"] is None]
+        assert exact, accuracy["layers"]  # the case that failed: null SQNRs
+        for layer in exact:  # float layers named as such, with a note for the missing bar
+            assert f">{layer['node']} ({layer['op']}, float32)<" in text
+        assert text.count(">float32: not quantized, no noise<") == len(exact)
+        for layer in accuracy["layers"]:
+            if layer["sqnr_db"] is not None:
+                assert f">{layer['sqnr_db']:.1f}<" in text  # a bar with its value
+    promoted = accuracy["mixed_precision"]["promoted"]
+    assert "<h3>Automatic mixed precision</h3>" in text and len(promoted) == 6
+    assert "6 layer(s) promoted to float32, 100.0 % of the MACs" in text
+    for node in promoted:
+        assert f"<tr><td>{node}</td><td>float32</td></tr>" in text
+    assert "<td>no noise</td>" in text  # the gate's output SQNR, infinite
+
+
+def test_roofline_points_stay_under_the_roofs(built, tmp_path):
+    """Every layer's point is under min(peak, intensity x bandwidth) of its hardware, on the
+    NPU examples and on SqueezeNet, whose cascades overlap layers (n3: a 1,090-cycle span for
+    6,050 compute cycles; MACs over the span alone were 2.8x the peak)."""
+    from onebuild.graph_ir.serde.model_zoo import light_model
+    from onebuild.plan import load_plan
+    from onebuild.report.charts_npu import roofline_points
+    from onebuild.report.collect import collect
+
+    onnx.save(light_model("squeezenet"), tmp_path / "squeezenet.onnx")
+    images = np.random.default_rng(0).random((4, 1, 3, 224, 224), dtype=np.float32)
+    np.savez(tmp_path / "images.npz", data_0=images)
+    (tmp_path / "sq.toml").write_text(
+        f'extends = "{ROOT / "recipes/npu-uint8.toml"}"\n[import]\nsource = "squeezenet.onnx"\n'
+        '[quantize]\ncalibration = "images.npz"\n[pack]\noutput = "sq.nnpkg"\n'
+    )
+    done = onebuild("build", "sq.toml", "--set", "build.report=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    recipes = [built / f"examples/{name}.toml" for name in EXAMPLES] + [tmp_path / "sq.toml"]
+    binaries = [b for recipe in recipes for b in collect(load_plan(recipe)).binaries]
+    assert len(binaries) == 3
+    overlapped = 0
+    for binary in binaries:
+        points = roofline_points(binary)
+        assert points and binary.peak_macs and binary.bytes_per_cycle
+        for intensity, attained in points:
+            roof = min(binary.peak_macs, intensity * binary.bytes_per_cycle)
+            assert attained <= roof * (1 + 1e-9), (binary.name, intensity, attained, roof)
+        layers = binary.info["layers_table"].values()
+        overlapped += sum(layer["cycles"] < layer["compute_cycles"] for layer in layers)
+    assert overlapped  # the case that went above the peak is there
+    assert max(y for _, y in roofline_points(binaries[-1])) >= 0.5 * binaries[-1].peak_macs
+
+
 def test_package_models_left_in_ir_say_why(tmp_path):
     """A package member that pack kept as onebuild's IR (control flow has no circle form) is
     listed in the report with the reason, also when pack was restored and printed nothing."""
@@ -205,3 +307,52 @@ def test_package_models_left_in_ir_say_why(tmp_path):
     save_ir(model, tmp_path / "model.obir")
     (reason,) = _not_circle(tmp_path).values()
     assert "If (node" in reason
+
+
+UP_TO_DATE = '<td><span class="up-to-date">up-to-date</span></td>'
+
+
+def test_report_for_settings_not_built_leaves_other_builds_out(built):
+    """`report --set` for options never built shows no figures of the build on disk (it showed
+    the uint8 build's under an int16 heading); after building them it shows theirs. A build
+    whose gate fails shows the failed gate's report, not the package of an earlier build."""
+    int16 = ["examples/digits_npu.toml", "--set", "quantize.dtype=int16"]
+    page = built / "build/digits_npu/report.html"
+    accuracy = built / "build/digits_npu/quantize.accuracy.json"
+    uint8_worst = json.loads(accuracy.read_text())["layers"][0]["sqnr_db"]
+    done = onebuild("report", *int16, cwd=built)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "<p>full int16, channel granularity" in text
+    command = f"onebuild build {built / 'examples/digits_npu.toml'} --set quantize.dtype=int16"
+    assert (
+        "Not built with these settings: [quantize], [evaluate], [codegen], [pack]. What another "
+        f"build left in their place is not shown; run <code>{command}</code> first." in text
+    )
+    assert "<th>with these settings</th>" in text  # the column says what it means, filled
+    assert text.count(UP_TO_DATE) == 3  # import, optimize, calibrate
+    assert "a build would run it (option(s) changed: dtype)" in text  # quantize
+    for figure in ("sqnr", "timeline0", "roofline"):  # the uint8 build's, left out
+        assert f'<figure id="{figure}">' not in text
+    assert "<h3>Accuracy gate</h3>" not in text and "<h2>Package</h2>" in text
+    assert "[codegen]: not built with these settings, left out" in text
+    assert onebuild("build", *int16, cwd=built).returncode == 0
+    assert onebuild("report", *int16, cwd=built).returncode == 0
+    text = page.read_text()
+    assert "Not built with these settings" not in text and text.count(UP_TO_DATE) == 7
+    int16_worst = json.loads(accuracy.read_text())["layers"][0]["sqnr_db"]
+    assert int16_worst > uint8_worst + 20 and f">{int16_worst:.1f}<" in text  # int16's figures
+    for figure in ("sqnr", "timeline0", "roofline"):
+        assert f'<figure id="{figure}">' in text
+    gate = ["--set", "quantize.accuracy.min_sqnr_db=90", "--set", "build.report=true"]
+    failed = onebuild("build", *int16, *gate, cwd=built)
+    assert failed.returncode == 1 and "accuracy gate failed" in failed.stderr
+    text = page.read_text()
+    assert "Not built with these settings: [codegen], [pack]. " in text  # the gate stopped
+    assert '<figure id="timeline0">' not in text  # the int16 build's binary, not this one's
+    assert "this build did not make them (see its errors)" in text
+    assert '<span class="failed">failed</span> (outputs of the failed run)' in text
+    assert '<figure id="sqnr">' in text and "<td>90.0</td>" in text  # the failed gate's report
+    assert "<td>metadata/MANIFEST</td>" not in text
+    assert "[pack]: not built with these settings" in text
+    assert onebuild("build", "examples/digits_npu.toml", cwd=built).returncode == 0  # as it was

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..datasets import iter_batches
 from ..graph_ir.quant.histograms import value_histograms
+from ..graph_ir.quant.params import activation_params
 from ..graph_ir.serde import load_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 
@@ -17,21 +18,25 @@ Histogram = tuple[str, np.ndarray, np.ndarray, tuple[float, float]]
 
 
 def worst_values(
-    model: Path, ranges: dict[str, tuple[float, float]], accuracy: dict | None
+    model: Path, ranges: dict[str, tuple[float, float]], accuracy: dict | None, dtype: str
 ) -> list[tuple[str, str]]:
     """Up to MAX_VALUES (label, value name): the outputs of the worst-SQNR layers when the
-    build evaluated accuracy, else the values with the widest ranges (the coarsest steps)."""
+    build evaluated accuracy, else the values with the widest ranges (the coarsest steps in
+    `dtype`)."""
     graph = load_ir(model).main
     output_of = {n.name: n.outputs[0].name for n in graph.nodes if n.outputs}
     chosen: list[tuple[str, str]] = []
     if accuracy:
         for layer in accuracy.get("layers", []):
             value = output_of.get(layer["node"])
+            if layer["sqnr_db"] is None:  # no noise at all: a float32 or exact layer
+                continue
             if value in ranges and value not in (v for _, v in chosen):
                 chosen.append((f"{layer['node']}: {layer['sqnr_db']:.1f} dB", value))
     else:
         widest = sorted(ranges, key=lambda v: (-(ranges[v][1] - ranges[v][0]), v))
-        chosen = [(f"{v}: step {(ranges[v][1] - ranges[v][0]) / 255:.3g}", v) for v in widest]
+        steps = {v: activation_params(*ranges[v], dtype).scale[0] for v in widest[:MAX_VALUES]}
+        chosen = [(f"{v}: step {steps[v]:.3g}", v) for v in widest[:MAX_VALUES]]
     return chosen[:MAX_VALUES]
 
 
@@ -42,7 +47,7 @@ def calibration_histograms(
     first 256 samples) in bins around the range each was quantized with."""
     stats = load_calibration(stats_file)
     ranges = stats.ranges_for(dtype)
-    chosen = worst_values(model, ranges, accuracy)
+    chosen = worst_values(model, ranges, accuracy, dtype)
     if not chosen or data is None:
         return stats.method, []
     edges = {}

@@ -8,21 +8,29 @@ from .figure import clip, figure, svg_text
 MAX_BARS = 30
 
 
-def sqnr_chart(layers: list[dict], threshold: float | None = None) -> str:
+def sqnr_chart(
+    layers: list[dict], threshold: float | None = None, dtypes: dict[str, str] | None = None
+) -> str:
     """Horizontal bars of each layer's SQNR in dB, the worst at the top (the evaluate step's
-    `layers`, already worst first); the gate's SQNR minimum as a line when it has one."""
+    `layers`, already worst first); the gate's SQNR minimum as a line when it has one. A layer
+    with no noise at all (SQNR null: left in float32 by mixed precision, or exact) has no bar
+    but a note; `dtypes` (node -> output type in the quantized model) names float layers."""
+    dtypes = dtypes or {}
     shown = layers[:MAX_BARS]
     values = [layer["sqnr_db"] for layer in shown]
-    labels = [f"{layer['node']} ({layer['op']})" for layer in shown]
+    labels = [_label(layer, dtypes.get(layer["node"])) for layer in shown]
     with figure("sqnr", 7.5, 0.9 + 0.24 * len(shown)) as fig:
         ax = fig.add_subplot()
         positions = np.arange(len(shown))[::-1]
-        finite = [v if np.isfinite(v) else 0.0 for v in values]
-        colours = ["#e15759" if v < 20 else "#f28e2b" if v < 30 else "#59a14f" for v in finite]
-        ax.barh(positions, finite, color=colours)
-        for y, v in zip(positions, values):
-            ax.annotate(f"{v:.1f}", (max(v, 0) if np.isfinite(v) else 0, y), xytext=(3, 0),
-                        textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+        bars = [v if v is not None and np.isfinite(v) else 0.0 for v in values]
+        colours = ["#e15759" if v < 20 else "#f28e2b" if v < 30 else "#59a14f" for v in bars]
+        ax.barh(positions, bars, color=colours)
+        for y, v, layer in zip(positions, values, shown):
+            exact = v is None or not np.isfinite(v)
+            text = _exact_note(dtypes.get(layer["node"])) if exact else f"{v:.1f}"
+            ax.annotate(text, (0 if exact else max(v, 0), y), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=8,
+                        color="#555" if exact else "black")  # fmt: skip
         if threshold is not None:
             ax.axvline(threshold, color="#333", linestyle="--", label=f"gate: {threshold} dB")
             ax.legend(loc="lower right")
@@ -31,6 +39,20 @@ def sqnr_chart(layers: list[dict], threshold: float | None = None) -> str:
         more = f" (worst {len(shown)} of {len(layers)})" if len(layers) > len(shown) else ""
         ax.set_title(f"Per-layer SQNR, worst first{more}")
         return svg_text(fig, "sqnr")
+
+
+def is_float(dtype: str | None) -> bool:
+    return dtype is not None and dtype.startswith("float")
+
+
+def _label(layer: dict, dtype: str | None) -> str:
+    kind = f"{layer['op']}, {dtype}" if is_float(dtype) else layer["op"]
+    return f"{layer['node']} ({kind})"
+
+
+def _exact_note(dtype: str | None) -> str:
+    """What a null SQNR means for a layer of this output type."""
+    return f"{dtype}: not quantized, no noise" if is_float(dtype) else "exact: no noise"
 
 
 def histogram_chart(items: list[tuple[str, np.ndarray, np.ndarray, tuple[float, float]]]) -> str:

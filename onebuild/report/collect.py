@@ -1,7 +1,8 @@
 """What a build left behind, gathered for the report: step records (the `<artifact>.log` files
 the engine writes), the partition and accuracy reports, calibration statistics, what each
 compiled binary's target says about it, and the package's files. Reads only; a missing
-artifact (a step not enabled or not built yet) leaves its part out."""
+artifact (a step not enabled or not built yet) leaves its part out, and so does one that is
+not made with the report's settings (`freshness`)."""
 
 import json
 from dataclasses import dataclass, field
@@ -11,20 +12,21 @@ from ..engine.dag import StepResult, StepTask, known_tasks
 from ..errors import UserError
 from ..plan import Plan
 from ..targets import binary_target
+from .freshness import Freshness, freshness
 
 
 @dataclass
 class StepRecord:
-    """One task: what its log says (the last time it ran or was restored) and, when the
-    report is written by a build, what that build did."""
+    """One task: what its log says (the last time it ran or was restored) and whether its
+    outputs belong to the settings of the report (`freshness`)."""
 
     step: str
     part: str
-    status: str  # from the log: run, restored; "not built" without one
+    status: str  # from the log: run, restored, did not finish; "not built" without one
     seconds: float | None
     cache_key: str
     outputs: list[tuple[str, int]]  # (path relative to the build folder or recipe, bytes)
-    this_build: str = ""
+    fresh: Freshness
 
 
 @dataclass
@@ -52,6 +54,11 @@ class BuildData:
     package: list[tuple[str, int]] = field(default_factory=list)
     package_path: Path | None = None
     not_circle: dict[str, str] = field(default_factory=dict)  # package IR file -> why not circle
+    by_build: bool = False  # written by a build (else by `onebuild report`)
+
+    def stale(self, *steps: str) -> list[StepRecord]:
+        """The tasks of these steps whose outputs are not made with the report's settings."""
+        return [s for s in self.steps if s.step in steps and not s.fresh.current]
 
 
 def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
@@ -63,8 +70,10 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
             f"{plan.recipe}: nothing built yet in {plan.build_dir}; run 'onebuild build "
             f"{plan.recipe.name}' first"
         )
-    now = {(r.step, r.part): r.status for r in results or [] if r.recipe == str(plan.recipe)}
-    data = BuildData(plan, [_record(plan, t, now.get((t.step, t.label), "")) for t in tasks])
+    fresh = freshness(plan, tasks, results)
+    records = [_record(plan, t, fresh[t.name]) for t in tasks]
+    data = BuildData(plan, records, by_build=results is not None)
+    tasks = [t for t in tasks if fresh[t.name].current]  # other builds' outputs are left out
     by_step = {t.step: t for t in tasks if not t.label}
     for task in tasks:
         if task.step == "calibrate" and task.outputs[0].is_file():
@@ -81,11 +90,11 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
             data.package_path = task.outputs[0]
             data.package = _files(task.outputs[0], task.outputs[0])
             data.not_circle = _not_circle(task.outputs[0])
-    if "partition" not in by_step:
-        model = by_step.get("quantize") or by_step.get("optimize") or by_step.get("import")
-        backend = "npu" if "codegen" in by_step else "cpu"
-        if model and model.outputs[0].is_file():
-            data.graphs = [("whole model", backend, model.outputs[0])]
+    model = next((s for s in ("quantize", "optimize", "import") if s in plan.steps), None)
+    if "partition" not in plan.steps and model in by_step:
+        backend = "npu" if "codegen" in plan.steps else "cpu"
+        if by_step[model].outputs[0].is_file():
+            data.graphs = [("whole model", backend, by_step[model].outputs[0])]
     return data
 
 
@@ -114,17 +123,17 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-def _record(plan: Plan, task: StepTask, this_build: str) -> StepRecord:
+def _record(plan: Plan, task: StepTask, fresh: Freshness) -> StepRecord:
     log = _log(task) or {}
     outputs = [(_relative(p, plan), _size(p)) for p in task.outputs]
     return StepRecord(
         task.step,
         task.label,
-        log.get("status", "not built"),
+        {"running": "did not finish"}.get(log.get("status"), log.get("status", "not built")),
         log.get("seconds"),
         str(log.get("cache_key", ""))[:12],
         outputs,
-        this_build,
+        fresh,
     )
 
 

@@ -1,6 +1,8 @@
 """The report page: one self-contained HTML file (inline SVG and CSS, no script, no network)
 written atomically to `<build dir>/report.html`."""
 
+import json
+import shlex
 from html import escape
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from .charts_npu import roofline_chart, timeline_chart
 from .charts_quant import histogram_chart, sqnr_chart
 from .collect import BuildData, collect
 from .figure import pyplot
+from .freshness import Freshness
 from .graph_svg import graph_svg, part_colours
 
 REPORT_FILE = "report.html"
@@ -27,13 +30,15 @@ figure { margin: 0.5em 0; overflow-x: auto; }
 .run { color: #1a6; } .restored { color: #26a; } .failed { color: #c22; font-weight: bold; }
 .swatch { display: inline-block; width: 1em; height: 1em; vertical-align: middle;
           border: 1px solid #333; margin: 0 0.3em 0 1em; }
-.note { color: #666; }
+.note { color: #666; } .stale { color: #b45f06; font-weight: bold; }
 """
 
 
-def write_report(plan: Plan, results: list[StepResult] | None = None) -> Path:
+def write_report(
+    plan: Plan, results: list[StepResult] | None = None, overrides: list[str] = ()
+) -> Path:
     """Write the report of `plan`'s build (with the statuses of the build that just ran, if
-    given) and return its path."""
+    given; else for the settings `plan` was loaded with, its `overrides`) and return its path."""
     pyplot()  # a missing matplotlib is one line, before any work
     data = collect(plan, results)
     sections = [_pipeline(data), _graph(data), _quantization(data), _npu(data), _package(data)]
@@ -43,12 +48,43 @@ def write_report(plan: Plan, results: list[StepResult] | None = None) -> Path:
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
         f"<h1>{escape(title)}</h1>\n<p>recipe {escape(str(plan.recipe))}, build folder "
         f"{escape(str(plan.build_dir))}</p>\n"
+        + _not_built(data, overrides)
         + "\n".join(s for s in sections if s)
         + "\n</body></html>\n"
     )
     path = plan.build_dir / REPORT_FILE
     atomic_write_bytes(path, page.encode())
     return path
+
+
+def _not_built(data: BuildData, overrides: list[str]) -> str:
+    """A warning when some steps' outputs on disk are not made with these settings."""
+    stale = list(dict.fromkeys(f"[{s.step}]" for s in data.steps if not s.fresh.current))
+    if not stale:
+        return ""
+    if data.by_build:
+        fix = "this build did not make them (see its errors)"
+    else:
+        command = " ".join(
+            ["onebuild build", shlex.quote(str(data.plan.recipe))]
+            + [f"--set {shlex.quote(o)}" for o in overrides]
+        )
+        fix = f"run <code>{escape(command)}</code> first"
+    return (
+        f'<p class="stale">Not built with these settings: {", ".join(stale)}. What another '
+        f"build left in their place is not shown; {fix}.</p>\n"
+    )
+
+
+def _left_out(data: BuildData, *steps: str) -> str:
+    """A section's note naming its steps that are not built with these settings."""
+    stale = list(dict.fromkeys(f"[{s.step}]" for s in data.stale(*steps)))
+    if not stale:
+        return ""
+    return (
+        f'<p class="stale">{", ".join(stale)}: not built with these settings, left out '
+        "(see the pipeline table).</p>"
+    )
 
 
 def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
@@ -72,24 +108,53 @@ def _figure(name: str, svg: str, caption: str) -> str:
 def _pipeline(data: BuildData) -> str:
     rows = []
     for s in data.steps:
-        status = f'<span class="{s.status}">{escape(s.status)}</span>'
-        now = f'<span class="{s.this_build}">{escape(s.this_build)}</span>' if s.this_build else ""
+        status = f'<span class="{s.status.replace(" ", "-")}">{escape(s.status)}</span>'
         seconds = "" if s.seconds is None else f"{s.seconds:.3f}"
         outputs = "<br>".join(f"{escape(p)} ({_size(n)})" for p, n in s.outputs)
-        rows.append([escape(s.step), escape(s.part), now, status, seconds, s.cache_key, outputs])
+        row = [escape(s.step), escape(s.part), _verdict(s.fresh, data.by_build), status, seconds]
+        rows.append([*row, s.cache_key, outputs])
     hits = sum(s.status == "restored" for s in data.steps)
-    header = ["step", "part", "this build", "last made by", "seconds", "cache key", "outputs"]
+    first = "this build" if data.by_build else "with these settings"
+    header = ["step", "part", first, "last made by", "seconds", "cache key", "outputs"]
+    meaning = (
+        "<i>this build</i> is what the build that wrote this page did with each task"
+        if data.by_build
+        else "<i>with these settings</i> is what <code>onebuild status</code> finds for the "
+        "recipe and its options: <code>up-to-date</code> tasks are shown below, others are "
+        "not built with these settings and their outputs on disk are left out"
+    )
     return (
         "<h2>Pipeline</h2>"
-        f"<p>{len(data.steps)} tasks; {hits} last restored from the step cache. "
+        f"<p>{len(data.steps)} tasks; {hits} last restored from the step cache. {meaning}; "
         "<i>last made by</i> is what each task's log records: <code>run</code> computed it, "
         "<code>restored</code> copied it from the step cache.</p>" + _table(header, rows, {4})
     )
 
 
+WOULD = {
+    "run": "a build would run it",
+    "restored": "a build would restore it from the step cache",
+    "pending": "a build decides once the steps before it have run",
+}
+
+
+def _verdict(fresh: Freshness, by_build: bool) -> str:
+    """A task's cell in the first pipeline column."""
+    css = fresh.verdict.replace(" ", "-")
+    word = f'<span class="{escape(css)}">{escape(fresh.verdict)}</span>'
+    if fresh.current:
+        return word + (" (outputs of the failed run)" if fresh.verdict == "failed" else "")
+    if by_build:
+        return f"{word}: {escape(fresh.why)}" if fresh.why else word
+    would = WOULD.get(fresh.verdict, fresh.verdict)
+    return f'<span class="stale">not built</span>: {escape(would)} ({escape(fresh.why)})'
+
+
 def _graph(data: BuildData) -> str:
+    steps = [s for s in ("partition", "quantize", "optimize", "import") if s in data.plan.steps]
+    left_out = _left_out(data, steps[0]) if steps else ""
     if not data.graphs:
-        return ""
+        return f"<h2>Model graph</h2>{left_out}" if left_out else ""
     fallbacks = (data.partition or {}).get("fallbacks", [])
     reasons = {f["node"]: f["reasons"] for f in fallbacks}
     colours = part_colours([backend for _, backend, _ in data.graphs])
@@ -106,7 +171,7 @@ def _graph(data: BuildData) -> str:
             "and greens, CPU parts in oranges and reds; dashed nodes fell back to the CPU, with "
             "the reason on the right (hover a node for its full name).</p>"
         )
-    text += f"<p>{legend}</p>" + _figure(
+    text += f"{left_out}<p>{legend}</p>" + _figure(
         "graph", svg, "nodes in execution layers, inputs at the top"
     )
     if fallbacks:
@@ -125,22 +190,26 @@ def _quantization(data: BuildData) -> str:
         f"<h2>Quantization</h2><p>{escape(quantize['mode'])} {escape(quantize['dtype'])}, "
         f"{escape(quantize['granularity'])} granularity, calibration method "
         f"<code>{escape(quantize['method'])}</code>.</p>"
-    )
+    ) + _left_out(data, "calibrate", "quantize", "evaluate")
+    model = None if data.quantized is None else load_ir(data.quantized)
+    dtypes = {} if model is None else _output_types(model)
     if quantize.get("layers"):
-        text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, data.quantized)
+        text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, dtypes)
+    if model is not None:
+        text += _automatic_precision(model.metadata, dtypes)
     if data.accuracy:
         gate = data.accuracy.get("gate", {})
         checks = [
-            [escape(c["check"]), f"{c['value']:.4g}", escape(str(c.get("min", c.get("max")))),
+            [escape(c["check"]), _value(c["value"]), escape(str(c.get("min", c.get("max")))),
              "passed" if c["passed"] else '<span class="failed">failed</span>']
             for c in gate.get("checks", [])
         ]  # fmt: skip
         if checks:
             text += "<h3>Accuracy gate</h3>" + _table(["check", "value", "limit", ""], checks)
         threshold = (quantize.get("accuracy") or {}).get("min_sqnr_db")
-        svg = sqnr_chart(data.accuracy["layers"], threshold)
+        svg = sqnr_chart(data.accuracy["layers"], threshold, dtypes)
         text += _figure("sqnr", svg, f"{data.accuracy.get('samples')} evaluation samples")
-    else:
+    elif not quantize.get("accuracy"):
         text += (
             '<p class="note">No per-layer SQNR: this recipe has no [quantize.accuracy] table '
             "(add one with evaluation data to see which layers lose the most).</p>"
@@ -157,26 +226,53 @@ def _quantization(data: BuildData) -> str:
     return text
 
 
-def _mixed_precision(quantize: dict, quantized: Path | None) -> str:
+def _output_types(model) -> dict[str, str]:
+    """Node name -> the type of its first output in the quantized model."""
+    return {n.name: str(n.outputs[0].dtype) for n in model.main.nodes if n.outputs}
+
+
+def _value(value: float | None) -> str:
+    """A gate check's value; null is an SQNR with no noise at all (JSON has no infinity)."""
+    return "no noise" if value is None else f"{value:.4g}"
+
+
+def _mixed_precision(quantize: dict, dtypes: dict[str, str]) -> str:
     """The recipe's per-layer settings and the output type each named layer got."""
-    got = {}
-    if quantized is not None:
-        got = {n.name: str(n.outputs[0].dtype) for n in load_ir(quantized).main.nodes if n.outputs}
     rows = [
         [escape(", ".join(layer["names"])), escape(layer.get("dtype") or quantize["dtype"]),
          escape(layer.get("granularity") or quantize["granularity"]),
-         escape(", ".join(f"{name}: {got.get(name, 'not found')}" for name in layer["names"]))]
+         escape(", ".join(f"{name}: {dtypes.get(name, 'not found')}" for name in layer["names"]))]
         for layer in quantize["layers"]
     ]  # fmt: skip
     header = ["layers", "dtype", "granularity", "output type in the quantized model"]
     return _table(header, rows)
 
 
+def _automatic_precision(metadata: dict, dtypes: dict[str, str]) -> str:
+    """What [quantize.mixed_precision] chose (the quantized model's record of its search): the
+    target, what it reached, and each promoted layer with its type in the quantized model."""
+    if "mixed_precision" not in metadata:
+        return ""
+    choice = json.loads(metadata["mixed_precision"])
+    reached = choice.get("sqnr_db")
+    fraction = choice.get("high_precision_mac_fraction") or 0.0
+    promoted = choice.get("promoted", [])
+    text = (
+        f"<h3>Automatic mixed precision</h3><p>target {choice.get('target_sqnr_db')} dB at the "
+        f"outputs: {'reached' if choice.get('target_met') else 'not reached'} "
+        f"({'no noise' if reached is None else f'{reached:.1f} dB'} on the calibration data); "
+        f"{len(promoted)} layer(s) promoted to {escape(str(choice.get('dtype')))}, "
+        f"{100 * fraction:.1f} % of the MACs.</p>"
+    )
+    rows = [[escape(name), escape(dtypes.get(name, "not found"))] for name in promoted]
+    return text + _table(["promoted layer", "output type in the quantized model"], rows)
+
+
 def _npu(data: BuildData) -> str:
     binaries = [b for b in data.binaries if "layers_table" in b.info]
+    text = "<h2>NPU</h2>" + _left_out(data, "codegen")
     if not binaries:
-        return ""
-    text = "<h2>NPU</h2>"
+        return text if data.stale("codegen") else ""
     rows = [
         [escape(b.name), b.info.get("layers"), b.info.get("cycles"), b.info.get("milliseconds"),
          b.info.get("macs"), b.info.get("mac_utilization"), b.info.get("dram_bytes"),
@@ -188,18 +284,22 @@ def _npu(data: BuildData) -> str:
     for index, binary in enumerate(binaries):
         caption = "layer spans follow each other; compute and DMA busy times overlap"
         text += _figure(f"timeline{index}", timeline_chart(binary, index), caption)
-    text += _figure("roofline", roofline_chart(binaries), "one point per layer with MACs")
+    caption = (
+        "one point per layer with MACs: its MACs over the longest of its span on the timeline "
+        "and its compute and DMA busy cycles (in a cascade, layers overlap)"
+    )
+    text += _figure("roofline", roofline_chart(binaries), caption)
     return text
 
 
 def _package(data: BuildData) -> str:
     if not data.package:
-        return ""
+        return f"<h2>Package</h2>{_left_out(data, 'pack')}" if data.stale("pack") else ""
     rows = [[escape(name), _size(size)] for name, size in data.package]
     total = sum(size for _, size in data.package)
     text = (
-        f"<h2>Package</h2><p>{escape(str(data.package_path))}: {len(data.package)} files, "
-        f"{_size(total)}.</p>" + _table(["file", "size"], rows, {1})
+        f"<h2>Package</h2>{_left_out(data, 'pack')}<p>{escape(str(data.package_path))}: "
+        f"{len(data.package)} files, {_size(total)}.</p>" + _table(["file", "size"], rows, {1})
     )
     if data.not_circle:
         rows = [[escape(name), escape(why)] for name, why in data.not_circle.items()]
