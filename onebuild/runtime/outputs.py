@@ -50,7 +50,7 @@ def writable(
         return path
     for source in inputs:
         if Path(source).exists() and path.samefile(source):
-            raise UserError(f"{path}: {option} names a file onebuild reads here; {fix}")
+            raise UserError(f"{path}: {option} names its own input, a file it reads; {fix}")
     if not any(made_by_onebuild(path, kind) for kind in kinds):
         what = " or ".join(NAMES[kind] for kind in kinds)
         raise UserError(
