@@ -157,3 +157,27 @@ def test_session_quirks_are_one_line_errors_naming_the_setting(tmp_path, images)
     assert session.settings.gate == (("min_sqnr_db", 20.0),)
     session.set_accuracy_gate(min_sqnr_db=25)
     assert session.settings.gate == (("min_sqnr_db", 25.0),)
+
+
+def test_a_folder_of_the_users_is_not_a_workspace(tmp_path, images):
+    """The session sweeps hidden temporaries and clears a workspace whose model changed: in a
+    folder of the user's that would delete their files, so such a folder is refused whole."""
+    home = tmp_path / "home"
+    (home / "partition").mkdir(parents=True)
+    mine = {".bashrc": "alias ll='ls -l'\n", "minmax.npz": "mine", "partition/plan.txt": "mine"}
+    for name, text in mine.items():
+        (home / name).write_text(text)
+    model = DIGITS / "digits.onnx"
+    with pytest.raises(UserError, match=r"home: cannot be the session workspace: it holds '.bas"):
+        Session(model, workspace=home, input_shapes=SHAPES)
+    assert {name: (home / name).read_text() for name in mine} == mine
+    with pytest.raises(UserError, match="folder .*missing does not exist; onebuild creates no"):
+        Session(model, workspace=tmp_path / "missing" / "ws", input_shapes=SHAPES)
+    assert not (tmp_path / "missing").exists()
+    # its own workspace, with the temporaries of a killed write, it opens and sweeps
+    session = recorded(tmp_path / "ws", images)
+    (tmp_path / "ws" / ".minmax.npz.x1y2.tmp").write_bytes(b"torn")
+    (tmp_path / "ws" / "records" / f".{RECORDS:06d}.npz.x1y2.tmp").write_bytes(b"torn")
+    again = Session(model, workspace=tmp_path / "ws", input_shapes=SHAPES)
+    assert again.minmax_records == session.minmax_records == RECORDS
+    assert sorted(p.name for p in (tmp_path / "ws").rglob(".*")) == []
