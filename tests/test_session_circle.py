@@ -134,3 +134,20 @@ def test_a_converter_written_tflite_runs_in_the_session_as_litert_does(tmp_path)
         want = reference.get_tensor(detail["index"])
         error = np.abs(got[detail["name"]] - want).max() / np.abs(want).max()
         assert error < 1e-5, (detail["name"], error)
+
+
+def test_a_pre_quantized_onnx_model_compiles_beside_itself(tmp_path, digits):
+    """A QDQ export (tests/data/make_qdq_models.py) opens QUANTIZED with its own parameters;
+    codegen compiles the model as the session prepared it (it said "the session is
+    QUANTIZED" and compiled nothing), and the NPU is bit-exact with it."""
+    _, test, _ = digits
+    model = tmp_path / "cnn_qdq.onnx"
+    model.write_bytes((DATA / "qdq" / "cnn_qdq.onnx").read_bytes())
+    session = Session(model, input_shapes={"input": [1, 1, 8, 8]})
+    assert session.state == "QUANTIZED" and session.workspace is None
+    images = test[:20].reshape(20, 1, 1, 8, 8)
+    quantized = [session.run({"input": x})["logits"] for x in images]
+    assert session.codegen("trix_sim") == tmp_path / "cnn_qdq.tvn"
+    assert session.state == "COMPILED"
+    for x, want in zip(images, quantized):
+        np.testing.assert_array_equal(session.run({"input": x})["logits"], want)

@@ -3,6 +3,7 @@ workspace, with the build's own file conventions, so its files equal what `onebu
 makes from the same data. No recipe, pydantic or doit on this path."""
 
 import logging
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ..compile import (
 )
 from ..errors import ModelError, UserError
 from ..fileio import atomic_write_bytes
+from ..graph_ir.ir import Model
 from ..graph_ir.serde import load_ir, load_model, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 from ..graph_ir.serde.circle_exact import exact_circle
@@ -106,6 +108,18 @@ def codegen_file(
         if ws is None or cpath is not None:
             raise
         return partitioned_codegen(ws, source, options, error)
+    return output
+
+
+def codegen_model(model: Model, settings: OdcSettings, cpath: Path | None, beside: Path) -> Path:
+    """Compile a quantized model the session holds in memory (a pre-quantized ONNX model, as
+    imported and optimized) to one binary at `cpath`, else beside the file it came from."""
+    options = CodegenOptions(settings.target, settings.hw, settings.pref)
+    output = cpath or beside.with_suffix(f".{binary_suffix(options.target)}")
+    with tempfile.TemporaryDirectory() as scratch:  # compile_file reads what it compiles
+        source = Path(scratch) / "model.obir"
+        save_ir(model, source)
+        compile_file(source, _checked(None, output, "binary", "the codegen model path"), options)
     return output
 
 

@@ -31,7 +31,7 @@ from ..graph_ir.serde import load_model, save_ir
 from ..npz import check_finite
 from ..progress import Progress
 from .choice import choose_state
-from .device_compile import check_preset, check_target, codegen_file, quantize_file
+from .device_compile import check_preset, check_target, codegen_file, codegen_model, quantize_file
 from .gate import gate_reason, gate_report
 from .models import BinaryModel, GraphModel, compiled_model, load_binary
 from .odc import QUANT_TYPES, OdcSettings
@@ -314,20 +314,20 @@ class Session:
 
     def _codegen_file(self) -> Path:
         source = self._quantized_path()
-        if self._state != "QUANTIZED" or source is None:
+        if self._state != "QUANTIZED" or (source is None and self._float is not None):
             raise UserError(f"codegen() compiles a quantized model; the session is {self._state}")
         if QUANT_TYPES[self.settings.quant_type]["mode"] == "weight_only" and self._float:
             raise UserError(
                 f"a {self.settings.quant_type} model keeps float activations; NPU code needs "
                 "full quantization (U8_ASYM or I16_SYM)"
             )
+        if source is None:  # a pre-quantized ONNX model, as prepared; the binary beside it
+            return codegen_model(self._opened.model, self.settings, self._cpath, self.path)
         return codegen_file(self.workspace, self.settings, source, self._cpath)
 
     def _need_float(self, what: str) -> None:
         if self._float is None:
-            raise UserError(
-                f"{what} needs a float model; {self.path} is already {self._state.lower()}"
-            )
+            raise UserError(f"{what} needs a float model; {self.path} is {self._state.lower()}")
 
     # ---- auto-compilation ---------------------------------------------------------------------
 
