@@ -4,6 +4,7 @@ errors that did not say which setting was wrong. onebuild replaces only files it
 creates no folders (`onebuild/runtime/outputs.py`); a bad target or preset changes nothing."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,20 @@ def test_a_folder_of_the_users_is_not_a_workspace(tmp_path, images):
     again = Session(model, workspace=tmp_path / "ws", input_shapes=SHAPES)
     assert again.minmax_records == session.minmax_records == RECORDS
     assert sorted(p.name for p in (tmp_path / "ws").rglob(".*")) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [({"ODC_TARGET": "npu"}, "ODC_TARGET 'npu' is not an installed target (installed: "),
+     ({"ODC_HW": "trix-x"}, "ODC_HW 'trix-x' is not a preset of target trix_sim (its presets:")],
+)  # fmt: skip
+def test_a_package_config_naming_no_installed_target_is_refused_on_open(tmp_path, config, message):
+    from onebuild.packing import write_package
+
+    model = tmp_path / "digits.obir"
+    assert main(["import", str(DIGITS / "digits.onnx"), "--input-shape", "input=1,1,8,8",
+                 "-o", str(model)]) == 0  # fmt: skip
+    write_package(tmp_path / "p.nnpkg", [model], config={"ODC_AUTO_COMPILE": 1, **config})
+    with pytest.raises(UserError, match=re.escape(f"p.nnpkg: config.cfg: {message}")):
+        Session(tmp_path / "p.nnpkg", workspace=tmp_path / "ws")
+    assert not (tmp_path / "ws").exists()
