@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_command(name: str, help_text: str):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("model", help="an .onnx model or an onebuild IR file")
+        p.add_argument(
+            "model", help="ONNX, circle, tflite or IR model (run, inspect: binary, nnpackage too)"
+        )
         shape_option(p)
         return p
 

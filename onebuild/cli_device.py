@@ -14,10 +14,16 @@ def run_on_device(args) -> int:
     import numpy as np
 
     from .npz import read_npz, write_npz
+    from .runtime.device_compile import check_target
+    from .runtime.outputs import quantized_kind, writable
     from .runtime.session import Session
 
     if args.raw:
         raise UserError("--raw does not apply to on-device compilation: its I/O is float")
+    check_target(args.codegen or "trix_sim", args.hw)  # before anything is recorded or written
+    for option, path, kind in (("--qpath", args.qpath, None), ("--cpath", args.cpath, "binary")):
+        if path:  # said before the model loads, in the command line's terms
+            writable(path, [kind or quantized_kind(path)], option, [args.model, args.inputs])
     shapes = dict(args.input_shape or [])
     session = Session(args.model, workspace=args.workspace, input_shapes=shapes or None)
     feeds = read_npz(args.inputs)

@@ -20,8 +20,11 @@ def _load(args):
 
 
 def _check_output(output: str, suffixes: tuple[str, ...], *sources: str) -> None:
-    """Refuse an -o that names one of the command's own inputs or a file of another kind (a
-    suffix the written format does not have): a slip must not overwrite a model or its data."""
+    """Refuse an -o that names a folder, a suffix the written format does not have, one of the
+    command's own inputs, a file onebuild did not write or a folder that does not exist: a slip
+    must not overwrite a model or its data (`runtime.outputs`)."""
+    from .runtime.outputs import writable
+
     path = Path(output)
     if path.is_dir():
         raise UserError(f"{output}: is a folder; -o takes a file path ending in {suffixes[0]}")
@@ -30,9 +33,7 @@ def _check_output(output: str, suffixes: tuple[str, ...], *sources: str) -> None
             f"{output}: -o writes {' or '.join(suffixes)} files; give a path ending in "
             f"{suffixes[0]}"
         )
-    for source in sources:
-        if path.exists() and Path(source).exists() and path.samefile(source):
-            raise UserError(f"{output}: -o names the command's own input; choose another path")
+    writable(path, [path.suffix.lower()[1:]], "-o", sources)
 
 
 def _binary(args):

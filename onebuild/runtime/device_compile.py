@@ -3,6 +3,8 @@ workspace, with the build's own file conventions, so its files equal what `onebu
 makes from the same data. No recipe, pydantic or doit on this path."""
 
 import logging
+import tempfile
+from functools import cache
 from pathlib import Path
 
 from ..compile import (
@@ -15,16 +17,51 @@ from ..compile import (
 )
 from ..errors import ModelError, UserError
 from ..fileio import atomic_write_bytes
+from ..graph_ir.ir import Model
 from ..graph_ir.serde import load_ir, load_model, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 from ..graph_ir.serde.circle_exact import exact_circle
 from ..packing import write_package
 from ..progress import Progress
-from ..targets import binary_suffix, channel_dtypes
+from ..targets import available, binary_suffix, channel_dtypes, load_target
 from .odc import QUANT_TYPES, OdcSettings
+from .outputs import writable
 from .workspace import Workspace
 
 log = logging.getLogger("onebuild")
+
+
+def check_target(target: str, hw: str, config: str | None = None) -> None:
+    """Refuse a target that is not installed, or a hardware preset it lacks, with one line
+    listing what is installed (said at once, before the session changes anything); `config`
+    names the package config the values came from."""
+    keys = ("ODC_TARGET", "ODC_HW") if config else ("target", "hardware preset")
+    where = f"{config}: " if config else ""
+    if target not in available():
+        raise UserError(
+            f"{where}{keys[0]} '{target}' is not an installed target (installed: "
+            f"{', '.join(available()) or 'none'})"
+        )
+    presets = _presets(target)
+    if presets and hw not in presets:
+        raise UserError(
+            f"{where}{keys[1]} '{hw}' is not a preset of target {target} (its presets: "
+            f"{', '.join(presets)})"
+        )
+
+
+def check_preset(hw: str) -> None:
+    """Refuse a hardware preset that no installed target has, listing the presets."""
+    presets = {name: _presets(name) for name in available()}
+    if not any(hw in names or not names for names in presets.values()):
+        listing = "; ".join(f"{name}: {', '.join(names)}" for name, names in presets.items())
+        raise UserError(f"hardware preset '{hw}' is not one of any installed target ({listing})")
+
+
+@cache
+def _presets(target: str) -> tuple[str, ...]:
+    """The hardware presets target `target` describes (none: it takes any)."""
+    return tuple(load_target(target).describe().get("presets", {}))
 
 
 def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Path) -> Path:
@@ -48,11 +85,11 @@ def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Pa
     if output.suffix == ".circle":
         data, reason = exact_circle(model)
         if data is not None:
-            atomic_write_bytes(output, data)
+            atomic_write_bytes(_checked(ws, output, "circle", "the quantized model path"), data)
             return output
         output = output.with_suffix(".obir")
         log.warning("the quantized model is written as %s, not circle: %s", output.name, reason)
-    save_ir(model, output)
+    save_ir(model, _checked(ws, output, "obir", "the quantized model path"))
     return output
 
 
@@ -66,11 +103,23 @@ def codegen_file(
     suffix = f".{binary_suffix(options.target)}"
     output = cpath or (ws.compiled if ws else source.with_suffix(suffix))  # found by content
     try:
-        compile_file(source, output, options)
+        compile_file(source, _checked(ws, output, "binary", "the codegen model path"), options)
     except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
         if ws is None or cpath is not None:
             raise
         return partitioned_codegen(ws, source, options, error)
+    return output
+
+
+def codegen_model(model: Model, settings: OdcSettings, cpath: Path | None, beside: Path) -> Path:
+    """Compile a quantized model the session holds in memory (a pre-quantized ONNX model, as
+    imported and optimized) to one binary at `cpath`, else beside the file it came from."""
+    options = CodegenOptions(settings.target, settings.hw, settings.pref)
+    output = cpath or beside.with_suffix(f".{binary_suffix(options.target)}")
+    with tempfile.TemporaryDirectory() as scratch:  # compile_file reads what it compiles
+        source = Path(scratch) / "model.obir"
+        save_ir(model, source)
+        compile_file(source, _checked(None, output, "binary", "the codegen model path"), options)
     return output
 
 
@@ -98,3 +147,10 @@ def partitioned_codegen(
     for note in write_package(ws.package, models, connection):
         log.warning("on-device codegen: %s", note)
     return ws.package
+
+
+def _checked(ws: Workspace | None, path: Path, kind: str, option: str) -> Path:
+    """`path`; outside the workspace only where onebuild may write (`outputs.writable`)."""
+    if ws is None or ws.folder.resolve() not in path.resolve().parents:
+        writable(path, [kind], option)
+    return path

@@ -19,6 +19,7 @@ Leaf module (no numpy): the recipe validates `[pack] config` keys with it.
 """
 
 import difflib
+import math
 from dataclasses import dataclass, fields, replace
 
 from ..errors import FormatError
@@ -78,7 +79,10 @@ class OdcSettings:
         return key
 
     def with_gate(self, thresholds: dict[str, float | None]) -> "OdcSettings":
-        gate = tuple(sorted((k, float(v)) for k, v in thresholds.items() if v is not None))
+        for key in thresholds:
+            if key not in THRESHOLDS:
+                raise ValueError(f"unknown gate threshold '{key}' ({', '.join(THRESHOLDS)})")
+        gate = tuple(sorted((k, _threshold(k, v)) for k, v in thresholds.items() if v is not None))
         return replace(self, gate=gate)
 
 
@@ -121,6 +125,17 @@ def settings_from_config(config: dict[str, str], where: str) -> OdcSettings:
         return settings.with_gate(gate) if gate else settings
     except ValueError as error:
         raise FormatError(f"{where}: {error}") from None
+
+
+def _threshold(key: str, value) -> float:
+    """A gate threshold as a finite number, or a ValueError naming the setting."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = None
+    if isinstance(value, bool) or number is None or number != number or abs(number) == math.inf:
+        raise ValueError(f"{key}={value!r} is not a threshold: give a finite number, e.g. {key}=25")
+    return number
 
 
 def _parse(text: str, kind: str):

@@ -1,6 +1,6 @@
-"""What a Session can open: an ONNX or IR model (float, or already quantized), a target's
-binary, or an nnpackage (one IR or circle model, which the device can still quantize or
-compile, or parts it can only run)."""
+"""What a Session can open: an ONNX, circle, tflite or IR model (float, or already
+quantized), a target's binary, or an nnpackage (one IR or circle model, which the device can
+still quantize or compile, or parts it can only run)."""
 
 import os
 from dataclasses import dataclass
@@ -8,13 +8,17 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..graph_ir.ir import Model
-from ..graph_ir.serde import load_ir, load_onnx
+from ..graph_ir.quant.from_qdq import graph_is_quantized
+from ..graph_ir.serde import load_ir, load_onnx, read_circle
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
 from ..targets import binary_target
+from .device_compile import check_target
 from .models import BinaryModel, PackageModel, load_binary
 from .odc import OdcSettings, settings_from_config
 from .package import IR_TYPES, Package, load_cpu_model, load_package
 from .package_files import is_package
+
+FLATBUFFER_IDS = (b"CIR0", b"TFL3")  # circle, tflite file identifiers
 
 
 @dataclass
@@ -38,6 +42,7 @@ def open_model(path: str | os.PathLike, input_shapes: dict | None) -> Opened:
     if is_package(path):
         package = load_package(path)
         settings = settings_from_config(package.config, f"{path}: config.cfg")
+        check_target(settings.target, settings.hw, f"{path}: config.cfg")
         if len(package.models) == 1 and package.models[0].kind in IR_TYPES:
             kind, model_file = package.models[0].kind, Path(package.root) / package.models[0].path
             model = load_cpu_model(model_file, kind)
@@ -59,4 +64,11 @@ def open_model(path: str | os.PathLike, input_shapes: dict | None) -> Opened:
         return Opened(load_ir(path), path)
     from ..compile import optimize
 
+    if path.suffix.lower() in (".circle", ".tflite") or head[4:8] in FLATBUFFER_IDS:
+        if input_shapes:
+            raise UserError(f"{path}: input shapes of a circle/tflite model are fixed; omit them")
+        model = read_circle(path)  # float: prepared as the build's import and optimize steps
+        if not graph_is_quantized(model.main):  # quantized: kept as it is, parameters and all
+            optimize(model)
+        return Opened(model, path, circle=head[4:8] == FLATBUFFER_IDS[0])
     return Opened(optimize(load_onnx(path, input_shapes)))

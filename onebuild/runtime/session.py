@@ -31,11 +31,12 @@ from ..graph_ir.serde import load_model, save_ir
 from ..npz import check_finite
 from ..progress import Progress
 from .choice import choose_state
-from .device_compile import codegen_file, quantize_file
+from .device_compile import check_preset, check_target, codegen_file, codegen_model, quantize_file
 from .gate import gate_reason, gate_report
 from .models import BinaryModel, GraphModel, compiled_model, load_binary
 from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
+from .outputs import quantized_kind, writable
 from .session_io import checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
 
@@ -147,8 +148,8 @@ class Session:
         """Float runs recorded so far."""
         return self._recorder.samples if self._float is not None else 0
 
-    def prepare(self) -> None:
-        """nnfw parity: the model is ready to run once loaded."""
+    def prepare(self) -> None:  # nnfw parity: the model is ready to run once loaded
+        pass
 
     def set_input(self, key: int | str, array: np.ndarray) -> None:
         self._given_inputs[tensor_name(key, self.inputs)] = np.asarray(array)
@@ -243,10 +244,13 @@ class Session:
         self.settings = self._changed(activation_granularity=granularity)
 
     def set_quantized_model_path(self, path: str | os.PathLike) -> None:
-        self._qpath = Path(path)
+        """Where `quantize()` writes: a new file in an existing folder, or one onebuild wrote."""
+        kinds = [quantized_kind(path)]
+        self._qpath = writable(path, kinds, "set_quantized_model_path", [self.path])
 
     def set_codegen_model_path(self, path: str | os.PathLike) -> None:
-        self._cpath = Path(path)
+        """Where `codegen()` writes: a new file in an existing folder, or onebuild's binary."""
+        self._cpath = writable(path, ["binary"], "set_codegen_model_path", [self.path])
 
     def set_odc_param_minmax_records_count(self, count: int) -> None:
         self.settings = self._changed(minmax_records=int(count))
@@ -256,7 +260,7 @@ class Session:
         try:
             self.settings = self.settings.with_gate(thresholds)
         except ValueError as error:
-            raise UserError(str(error)) from None
+            raise UserError(f"set_accuracy_gate: {error}") from None
 
     def set_backend(self, backend: str, requirement: str = "performance") -> None:
         """`npu` (compile and switch) or `auto`: the fastest (`performance`) or smallest
@@ -264,6 +268,8 @@ class Session:
         self.settings = self._changed(backend=backend, requirement=requirement)
 
     def set_hardware(self, hw: str) -> None:
+        """A hardware preset of an installed target (`onebuild targets` lists them)."""
+        check_preset(hw)
         self.settings = self._changed(hw=hw)
 
     def _changed(self, **changes) -> OdcSettings:
@@ -288,6 +294,7 @@ class Session:
 
     def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
         """Compile the quantized model for `target`; the session switches to the binary."""
+        check_target(target, self.settings.hw)
         self.settings = self._changed(target=target, pref=pref)
         try:
             output = self._codegen_file()
@@ -307,20 +314,20 @@ class Session:
 
     def _codegen_file(self) -> Path:
         source = self._quantized_path()
-        if self._state != "QUANTIZED" or source is None:
+        if self._state != "QUANTIZED" or (source is None and self._float is not None):
             raise UserError(f"codegen() compiles a quantized model; the session is {self._state}")
         if QUANT_TYPES[self.settings.quant_type]["mode"] == "weight_only" and self._float:
             raise UserError(
                 f"a {self.settings.quant_type} model keeps float activations; NPU code needs "
                 "full quantization (U8_ASYM or I16_SYM)"
             )
+        if source is None:  # a pre-quantized ONNX model, as prepared; the binary beside it
+            return codegen_model(self._opened.model, self.settings, self._cpath, self.path)
         return codegen_file(self.workspace, self.settings, source, self._cpath)
 
     def _need_float(self, what: str) -> None:
         if self._float is None:
-            raise UserError(
-                f"{what} needs a float model; {self.path} is already {self._state.lower()}"
-            )
+            raise UserError(f"{what} needs a float model; {self.path} is {self._state.lower()}")
 
     # ---- auto-compilation ---------------------------------------------------------------------
 
@@ -333,6 +340,7 @@ class Session:
         """Run; float runs are recorded until `minmax_records`, then the model is quantized,
         compiled and switched to, each step behind the accuracy gate."""
         self._need_float("auto-compilation")
+        check_target(target, self.settings.hw)  # a typo must not undo what was compiled
         self.settings = self._changed(target=target, pref=pref)
         if self._decided_with is not None and self._decided_with != self.settings.key:
             log.warning(

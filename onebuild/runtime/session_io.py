@@ -25,6 +25,12 @@ def tensor_name(key: int | str, io: Shapes) -> str:
 def checked_feeds(inputs: Shapes, given: dict, float_graph: Graph | None) -> dict[str, np.ndarray]:
     """Every input, of its shape, as float32 (values checked against the float model)."""
     feeds = dict(given)
+    extra = [str(name) for name in feeds if name not in inputs]
+    if extra:
+        raise UserError(
+            f"no model input named {', '.join(repr(n) for n in extra)} (the model's inputs: "
+            f"{', '.join(inputs)})"
+        )
     for name, shape in inputs.items():
         if name not in feeds:
             raise UserError(f"missing input '{name}' {list(shape)}; set_input or pass it")

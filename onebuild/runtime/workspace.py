@@ -11,8 +11,10 @@
     partition/          pack steps' package of .tvn and CPU parts, and the parts themselves
 
 Every file is replaced atomically, so a killed process leaves old or new files, never torn
-ones; stray temporaries (hidden files and folders) and records beyond the recorded count are
-swept when a session opens.
+ones; stray temporaries (hidden files and folders named after these entries) and records
+beyond the recorded count are swept when a session opens. A folder holding anything else is
+not a workspace: the session refuses it rather than sweep or clear it, and it creates the
+workspace folder only inside a folder that exists.
 The state names artifacts with their SHA-256, so a file changed behind the session's back is
 rebuilt instead of trusted.
 """
@@ -21,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -33,6 +36,9 @@ from ..graph_ir.serde.calibration_file import load_calibration, save_calibration
 from ..npz import read_npz, write_npz
 
 FORMAT = 1
+ENTRIES = ("state.json", "model.obir", "minmax.npz", "records", "quantized.obir",
+           "quantized.circle", "model.tvn", "partition", "compiled.nnpkg")  # fmt: skip
+RECORD_TEMPORARY = re.compile(r"\.\d{6}\.npz\.")
 log = logging.getLogger("onebuild")
 
 
@@ -56,7 +62,8 @@ class Workspace:
         self.folder = Path(folder)
         self.records_folder = self.folder / "records"
         try:
-            self.records_folder.mkdir(parents=True, exist_ok=True)
+            _claim(self.folder)
+            self.records_folder.mkdir(exist_ok=True)
         except OSError as error:
             what = "it is a file" if self.folder.is_file() else error.strerror
             raise UserError(f"{self.folder}: cannot be the session workspace ({what})") from None
@@ -67,12 +74,13 @@ class Workspace:
         self.compiled = self.folder / "model.tvn"
         self.partition = self.folder / "partition"  # parts, when not all of it runs on the NPU
         self.package = self.folder / "compiled.nnpkg"  # their package
-        for folder in (self.folder, self.records_folder):
-            for stray in folder.glob(".*"):  # temporaries of writes a kill interrupted
-                if stray.is_dir():
-                    shutil.rmtree(stray, ignore_errors=True)
-                else:
-                    stray.unlink(missing_ok=True)
+        strays = [p for p in self.folder.iterdir() if _temporary(p.name, ENTRIES)]
+        strays += [p for p in self.records_folder.iterdir() if RECORD_TEMPORARY.match(p.name)]
+        for stray in strays:  # temporaries of writes a kill interrupted
+            if stray.is_dir():
+                shutil.rmtree(stray, ignore_errors=True)
+            else:
+                stray.unlink(missing_ok=True)
 
     def read_state(self) -> dict | None:
         """The saved state, or None when there is none (or it is not ours)."""
@@ -137,6 +145,33 @@ class Workspace:
             path.unlink(missing_ok=True)
         for folder in (self.partition, self.package):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _claim(folder: Path) -> None:
+    """Create the workspace folder (in a folder that exists: onebuild creates no others), or
+    check that the existing one holds nothing but a workspace's files: a folder of the user's
+    is never swept or cleared."""
+    if not folder.is_dir():
+        if not folder.parent.is_dir():
+            raise UserError(
+                f"{folder}: cannot be the session workspace (folder {folder.parent} does not "
+                "exist; onebuild creates no folders: create it or choose another workspace)"
+            )
+        folder.mkdir()
+        return
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in ENTRIES)
+    foreign = [name for name in foreign if not _temporary(name, ENTRIES)]
+    if foreign:
+        shown = ", ".join(repr(name) for name in foreign[:3]) + (", ..." if foreign[3:] else "")
+        raise UserError(
+            f"{folder}: cannot be the session workspace: it holds {shown}, which a workspace "
+            "does not; give a new or empty folder (or the session's own workspace)"
+        )
+
+
+def _temporary(name: str, entries: tuple[str, ...]) -> bool:
+    """Whether `name` is a temporary of an atomic write of one of `entries` (`fileio`)."""
+    return any(name.startswith(f".{entry}.") for entry in entries)
 
 
 _ARTIFACT = {"path": str, "sha256": str}
