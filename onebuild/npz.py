@@ -218,9 +218,14 @@ def check_finite(
         )
 
 
+NPZ_MARK = b"written by onebuild"  # the archive comment: what `run -o` may replace
+
+
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Deterministic npz bytes: stored members in name order, fixed dates, onebuild's mark."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.comment = NPZ_MARK
         for name in sorted(arrays):
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16

@@ -5,8 +5,7 @@ with one line naming the path, what is in the way and how to fix it; nothing is 
 
 Signatures: an IR file begins with its magic; a binary is one an installed target recognizes;
 a circle/tflite flatbuffer names "onebuild" as its description, an ONNX model as its
-producer; an npz is onebuild's deterministic archive (stored `.npy` members, each dated
-1980-01-01 00:00, mode 0644, no extra fields).
+producer; an npz carries onebuild's archive comment (`npz.NPZ_MARK`).
 """
 
 import mmap
@@ -17,9 +16,9 @@ from pathlib import Path
 
 from ..errors import FormatError, UserError
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
+from ..npz import NPZ_MARK
 
 PRODUCER = "onebuild"
-NPZ_DATE, NPZ_MODE, LOCAL_HEADER = (1980, 1, 1, 0, 0, 0), 0o644, 30
 FLATBUFFER_IDS = {"circle": b"CIR0", "tflite": b"TFL3"}
 ONNX_PRODUCER_FIELD = 2
 NAMES = {"obir": "an IR file", "binary": "a compiled binary", "circle": "a circle model",
@@ -130,21 +129,6 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
 
 
 def _onebuild_npz(path: Path) -> bool:
-    """`npz.write_npz`'s layout; numpy's savez differs in its members' mode (0600) and local
-    headers (a zip64 extra field)."""
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
-        for info in archive.infolist():
-            handle.seek(info.header_offset)
-            header = handle.read(LOCAL_HEADER)
-            ours = (
-                info.filename.endswith(".npy")
-                and info.date_time == NPZ_DATE
-                and info.compress_type == zipfile.ZIP_STORED
-                and info.external_attr == NPZ_MODE << 16
-                and len(header) == LOCAL_HEADER
-                and header[:4] == b"PK\x03\x04"
-                and int.from_bytes(header[28:30], "little") == 0  # no extra field
-            )
-            if not ours:
-                return False
-    return True
+    """An npz that `npz.write_npz` wrote: its archive comment is onebuild's mark."""
+    with zipfile.ZipFile(path) as archive:
+        return archive.comment == NPZ_MARK
