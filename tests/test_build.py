@@ -136,6 +136,20 @@ def test_a_cache_set_after_the_build_is_filled_by_the_next_one(tmp_path):
     assert packages[0].read_bytes() == packages[1].read_bytes()
 
 
+def test_a_cache_that_cannot_be_written_does_not_fail_a_no_op_build(tmp_path, caplog):
+    """An up-to-date build whose cache cannot take entries (here: file names in the way of its
+    shard folders) warns and succeeds, as before caches were filled by up-to-date steps."""
+    shutil.copy(MODEL, tmp_path / "model.onnx")
+    (tmp_path / "r.toml").write_text(RECIPE)
+    assert set(run(tmp_path).values()) == {"run"}
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    for shard in range(256):
+        (blocked / f"{shard:02x}").write_text("")
+    assert set(run(tmp_path, f"build.cache={json.dumps(str(blocked))}").values()) == {"up-to-date"}
+    assert any("not stored" in record.getMessage() for record in caplog.records)
+
+
 def test_partition_without_codegen_is_rejected_before_running(project):
     (project / "r.toml").write_text(RECIPE + "[partition]\n")
     with pytest.raises(UserError, match=r"\[partition\] needs a \[codegen\] table"):

@@ -89,6 +89,24 @@ def test_fresh_checkout_restores_everything_and_packages_match(server, remote, t
     assert set(build(server, second).values()) == {"up-to-date"}
 
 
+def test_a_remote_cache_set_after_the_build_is_filled_by_the_next_one(server, remote, tmp_path):
+    """A clone built without a cache publishes its up-to-date steps once the recipe names a
+    remote cache (its local entries exist already: the remote is asked, once per entry)."""
+    folder, url = remote
+    first = checkout(tmp_path, "a", url)
+    (first / "r.toml").write_text(RECIPE.format(url=url).replace(f'cache = "{url}"', ""))
+    assert set(build(server, first).values()) == {"run"}
+    (first / "r.toml").write_text(RECIPE.format(url=url))
+    assert set(build(server, first).values()) == {"up-to-date"}
+    assert len(entries(folder)) == 3
+    marks = sorted((first / "build/r/cache/.published").rglob("*"))
+    assert set(build(server, first).values()) == {"up-to-date"}  # marked: nothing asked again
+    assert sorted((first / "build/r/cache/.published").rglob("*")) == marks
+    second = checkout(tmp_path, "b", url)
+    assert set(build(server, second).values()) == {"restored"}
+    assert package_digest(second) == package_digest(first)
+
+
 def test_status_names_remote_entries_without_downloading_them(server, remote, tmp_path):
     """`status` on a fresh checkout says import would be restored from the remote cache, and
     that what follows is judged once it has been; the local cache stays empty."""

@@ -278,6 +278,7 @@ class _Runner:
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
                 if _done_with(task, key):  # doit's database lacked it (another recipe's folder)
                     result.status = "up-to-date"
+                    self.publish(task)
                     return True
                 refuse_foreign(task.outputs, f"{task.recipe}: [{where}]", "replace")
                 other = made_by(task.outputs)
@@ -323,9 +324,10 @@ class _Runner:
         key = finished_key(task.outputs, task.recipe)
         if key is None:
             return
-        cache = open_cache(task.cache, task.remote)
-        if getattr(cache, "local", cache).entry(key) is None:
-            cache.store(key, task.outputs)
+        try:
+            open_cache(task.cache, task.remote).ensure(key, task.outputs)
+        except OSError as error:  # the cache only saves time: a read-only or full one warns
+            log.warning("step cache %s: [%s] not stored (%s)", task.cache, task.step, error)
 
     def _write_log(
         self, task: StepTask, result: StepResult, key: str, input_digests: list[str]

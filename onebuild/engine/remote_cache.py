@@ -97,6 +97,29 @@ class RemoteStepCache:
         if self.local.entry(key) is not None:
             self._guarded(self.publish, key)
 
+    def ensure(self, key: str, outputs: list[Path]) -> None:
+        """Hold an up-to-date step's outputs locally and remotely; the remote is asked once per
+        entry (a local mark records what was published there)."""
+        self.local.ensure(key, outputs)
+        if self.local.entry(key) is not None and not self._mark(key).exists():
+            self._guarded(self._publish_missing, key)
+
+    def _publish_missing(self, key: str) -> None:
+        if self.fs.exists(self._path(key)):
+            self._set_mark(key)
+        else:
+            self.publish(key)
+
+    def _mark(self, key: str) -> Path:
+        """A local file saying the entry is in the remote cache (per URL, outside the entry)."""
+        url = hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        return self.local.folder / ".published" / url / key
+
+    def _set_mark(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            self._mark(key).parent.mkdir(parents=True, exist_ok=True)
+            self._mark(key).touch()
+
     def _pull(self, key: str) -> bool:
         return bool(self._guarded(self.pull, key))
 
@@ -128,6 +151,7 @@ class RemoteStepCache:
         except OSError:  # another writer's rename won (the same bytes): drop ours
             with contextlib.suppress(OSError):
                 self.fs.rm(staging)
+        self._set_mark(key)
 
     def pull(self, key: str) -> bool:
         """Download, verify and unpack a remote entry into the local cache; False if there is

@@ -124,6 +124,12 @@ class StepCache:
             os.replace(entry, aside)
         shutil.rmtree(aside, ignore_errors=True)
 
+    def ensure(self, key: str, outputs: list[Path]) -> None:
+        """Hold `outputs` (an up-to-date step's, made with `key`) if the cache lacks them: a
+        cache set or cleaned after the step ran."""
+        if self.entry(key) is None:
+            self.store(key, outputs)
+
     def store(self, key: str, outputs: list[Path]) -> None:
         entry = self._entry(key)
         if (entry / "entry.json").is_file():
