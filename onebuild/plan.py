@@ -128,7 +128,9 @@ def _read_with_presets(path: Path, chain: list[Path]) -> dict:
         raise UserError(f"{path}: extends: expected a path string, got {parent!r}")
     base_path = preset(parent, path) if _is_name(parent) else absolute(path.parent / parent)
     if not base_path.is_file():
-        raise UserError(f"{path}: extends: no such recipe file {base_path}")
+        named = Path(parent).stem in _preset_names()
+        hint = f' (the preset is extends = "{Path(parent).stem}")' if named else ""
+        raise UserError(f"{path}: extends: no such recipe file {base_path}{hint}")
     return _merge(_read_with_presets(base_path, [*chain, resolved]), data)
 
 
@@ -137,13 +139,27 @@ def _is_name(text: str) -> bool:
 
 
 def preset_folders() -> list[Path]:
-    """Where the presets `extends = "<name>"` finds live: installed with onebuild
-    (<prefix>/share/onebuild/recipes), or `recipes/` of the source checkout it runs from."""
-    folders = [Path(sys.prefix) / "share" / "onebuild" / "recipes"]
+    """Where the presets `extends = "<name>"` finds live: `recipes/` of the source checkout
+    onebuild runs from, then the copy installed with it (data files, wherever the install
+    scheme put them: the distribution's file list says)."""
+    from importlib.metadata import PackageNotFoundError, files
+
+    folders = []
     checkout = Path(__file__).resolve().parent.parent
     if (checkout / "pyproject.toml").is_file():
         folders.append(checkout / "recipes")
-    return [folder for folder in folders if folder.is_dir()]
+    try:
+        installed = files("onebuild") or []
+    except PackageNotFoundError:
+        installed = []
+    for item in installed:
+        if item.parent.name == "recipes" and item.suffix == ".toml":
+            folders.append(Path(item.locate()).resolve().parent)
+    return [folder for folder in dict.fromkeys(folders) if folder.is_dir()]
+
+
+def _preset_names() -> list[str]:
+    return sorted({p.stem for folder in preset_folders() for p in folder.glob("*.toml")})
 
 
 def preset(name: str, recipe: Path) -> Path:
@@ -151,9 +167,9 @@ def preset(name: str, recipe: Path) -> Path:
     for folder in preset_folders():
         if (folder / f"{name}.toml").is_file():
             return folder / f"{name}.toml"
-    known = sorted({p.stem for folder in preset_folders() for p in folder.glob("*.toml")})
     raise UserError(
-        f"{recipe}: extends: no preset named '{name}' (presets: {', '.join(known) or 'none'}; "
+        f"{recipe}: extends: no preset named '{name}' "
+        f"(presets: {', '.join(_preset_names()) or 'none'}; "
         'or give a path to a recipe file, e.g. "../base.toml")'
     )
 
