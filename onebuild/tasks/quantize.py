@@ -53,15 +53,20 @@ def measured_data(config: dict[str, Any]) -> list[Path]:
 
 
 def _warn_tensor_edges(config: dict[str, Any]) -> None:
-    """Per-channel activations asked for in a dtype the [codegen] target lowers per tensor only."""
+    """Per-channel activations asked for in dtypes (the recipe's, or of [[quantize.layers]])
+    that the [codegen] target lowers per tensor only."""
     lowered = config.get("channel_dtypes")
     asked = config["activation_granularity"] == "channel" and config["mode"] == "full"
-    if asked and lowered is not None and config["dtype"] not in lowered:
+    if not asked or lowered is None:
+        return
+    dtypes = [config["dtype"], *(layer["dtype"] for layer in config["layers"] if layer["dtype"])]
+    kept = sorted({d for d in dtypes if d not in lowered and d != "float32"})
+    if kept:
         log.warning(
             'quantize: activation_granularity = "channel": the [codegen] target lowers '
-            "per-channel activations in %s only, so these %s edges stay per tensor",
+            "per-channel activations in %s only, so %s edges stay per tensor",
             " and ".join(lowered) or "no dtype",
-            config["dtype"],
+            " and ".join(kept),
         )
 
 

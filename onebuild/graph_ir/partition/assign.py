@@ -16,6 +16,7 @@ FLOAT_NAME = {
     "QConv": "Conv", "QGemm": "Gemm", "QAdd": "Add", "QMul": "Mul",
     "QAveragePool": "AveragePool", "QConcat": "Concat",
 }  # fmt: skip
+LOOKUPS = ("QLookup", "QLookupInterp")
 
 
 def override(
@@ -24,7 +25,8 @@ def override(
     """(backend, explicit) that the manual maps give `node`: both maps apply and `comply` says
     which wins; a `_` key stands for every node the maps do not name (not explicit)."""
     ops = {k.lower(): b for k, b in opcode.items() if k != "_"}
-    float_name = node.attrs.get("function") or FLOAT_NAME.get(node.op, "")
+    function = node.attrs.get("function") if node.op in LOOKUPS else None
+    float_name = function if isinstance(function, str) else FLOAT_NAME.get(node.op, "")
     by_code = ops.get(node.op.lower()) or ops.get(float_name.lower())
     by_name = opname.get(node.name) if node.name != "_" else None
     first, second = (by_code, by_name) if comply == "opcode" else (by_name, by_code)

@@ -355,12 +355,17 @@ def pool(w, node):
 
 
 def _whole_window(node) -> bool:
-    """A pool whose one window covers the whole input (global pooling), without a clamp."""
+    """A global pool: one window over the whole input, attributes as the quantizer gives
+    GlobalAveragePool (so MEAN reads back as the same node), without a clamp."""
     x, attrs = node.inputs[0], node.attrs
     info = np.iinfo(x.dtype)
     return (
         list(attrs["kernel_shape"]) == list(x.shape[2:])
+        and set(attrs["strides"]) == {1}
+        and set(attrs.get("dilations", [1])) == {1}
         and not any(attrs["pads"])
+        and not attrs.get("ceil_mode")
+        and not attrs.get("count_include_pad")
         and (attrs["qmin"], attrs["qmax"]) == (info.min, info.max)
     )
 

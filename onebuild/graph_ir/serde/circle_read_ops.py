@@ -314,7 +314,7 @@ def reduce(r, inputs, outputs, options, code):
 
 
 def _quantized_mean(r, source: int, target: int) -> None:
-    """MEAN of uint8/int8 codes over H and W of NHWC: the QAveragePool over the whole window
+    """MEAN of integer codes over H and W of NHWC: the QAveragePool over the whole window
     that the writer spells this way when the output parameters differ (TFLite's MEAN rescales
     in one rounding; AVERAGE_POOL_2D keeps the input's parameters)."""
     t, out = r.info(source), r.info(target)
