@@ -7,7 +7,8 @@ correction), `onebuild` its defaults (bias correction), `_mse` the search-based 
 (`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`),
 `_pcact` with per-channel activations on the edges into depthwise convolutions
 (`activation_granularity = "channel"`), `_ada` and `best` with learned rounding
-(`weight_rounding = "adaround"`); all run O1 (pattern fusion included); `best` names
+(`weight_rounding = "adaround"`), `_ebc` with empirical bias correction
+(`bias_correction = "empirical"`); all run O1 (pattern fusion included); `best` names
 the best variant. Accuracy is the SQNR (dB) of
 each quantized model's logits against the float model on the same evaluation samples (onebuild's
 integer reference interpreter; onnxruntime running its own QDQ model); `onebuild_plain_on_ort`
@@ -158,6 +159,19 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
     "onebuild_cle_ada_pcact": {
         "equalization": True,
         "weight_rounding": "adaround",
+        "activation_granularity": "channel",
+    },
+    # empirical bias correction (on the calibration samples)
+    "onebuild_ebc_pcact": {"bias_correction": "empirical", "activation_granularity": "channel"},
+    "onebuild_cle_ebc_pcact": {
+        "equalization": True,
+        "bias_correction": "empirical",
+        "activation_granularity": "channel",
+    },
+    "onebuild_cle_ada_ebc_pcact": {
+        "equalization": True,
+        "weight_rounding": "adaround",
+        "bias_correction": "empirical",
         "activation_granularity": "channel",
     },
 }
