@@ -162,6 +162,7 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
         "activation_granularity": "channel",
     },
     # empirical bias correction (on the calibration samples)
+    "onebuild_mse_ebc": {"method": "mse", "bias_correction": "empirical"},
     "onebuild_ebc_pcact": {"bias_correction": "empirical", "activation_granularity": "channel"},
     "onebuild_cle_ebc_pcact": {
         "equalization": True,
