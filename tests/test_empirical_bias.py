@@ -6,6 +6,7 @@ shift out on held-out images, where plain bias correction (weights only) cannot.
 import numpy as np
 import pytest
 from test_equalize import _digits, _load, spread_model
+from test_trix_sim import assert_bit_exact
 
 from onebuild.compile import QuantizeOptions, quantize
 from onebuild.graph_ir.interpreter import Interpreter
@@ -13,6 +14,8 @@ from onebuild.graph_ir.ir import Model
 from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.empirical_bias import correct_biases
+from onebuild.graph_ir.quant.model_io import with_quantized_io
+from onebuild.targets.trix_sim.hardware import load_hardware
 
 
 def _quantized(path, calib, bias_correction, **options):
@@ -68,3 +71,9 @@ def test_a_model_taking_codes_is_left_as_it_is(spread):
     assert correct_biases(graph, quantized, [{"x": calib}]) == 0
     after = [v.numpy() for n in quantized.nodes for v in n.inputs if v and v.is_const]
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_the_corrected_model_runs_bit_exactly_on_the_npu(spread, rng):
+    calib, _ = _digits()
+    _, empirical = _quantized(spread, calib, "empirical")
+    assert_bit_exact(with_quantized_io(empirical), load_hardware("trix-m"), "performance", rng)
