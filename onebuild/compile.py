@@ -237,6 +237,8 @@ def quantize(
         from .graph_ir.quant.mixed_precision import MixedPrecisionTarget, search
 
         mixed = options.mixed_precision
+        if options.bias_correction == "empirical":
+            log.info("quantize: empirical bias correction is not applied with mixed precision")
         target = MixedPrecisionTarget(
             mixed.target_sqnr_db, mixed.dtype, mixed.max_high_precision_mac_fraction
         )
