@@ -7,7 +7,8 @@ correction), `onebuild` its defaults (bias correction), `_mse` the search-based 
 (`method = "mse"`) instead of MinMax, `_cle` with cross-layer equalization (`equalization`),
 `_pcact` with per-channel activations on the edges into depthwise convolutions
 (`activation_granularity = "channel"`), `_ada` and `best` with learned rounding
-(`weight_rounding = "adaround"`); all run O1 (pattern fusion included); `best` names
+(`weight_rounding = "adaround"`), `_ebc` with empirical bias correction
+(`bias_correction = "empirical"`); all run O1 (pattern fusion included); `best` names
 the best variant. Accuracy is the SQNR (dB) of
 each quantized model's logits against the float model on the same evaluation samples (onebuild's
 integer reference interpreter; onnxruntime running its own QDQ model); `onebuild_plain_on_ort`
@@ -23,17 +24,20 @@ digits CNN with its real calibration/evaluation data, and light ResNet50, Squeez
 and Inception-v2 graphs with seeded random weights fed seeded uniform [0, 1) images. A model with
 several outputs is measured on all of them together (`sqnr_db`) and on each alone
 (`sqnr_db_per_output`): the total is dominated by the outputs with the largest values.
+Likewise each evaluation sample alone (`sqnr_db_per_sample`) and their mean in dB
+(`sqnr_db_sample_mean`), which no single sample of a large signal decides.
 
 With `--jitter K`, every variant run (choose them with `--variants`) and onnxruntime are
 also run K more times with every activation scale multiplied by its own factor 1 + 0.003 z (z
 standard normal, seeded per run): onebuild's calibrated ranges, onnxruntime's QDQ scales. Such a
 change is neutral on average, so the spread of the SQNRs (`sqnr_db_jitter`: mean, standard
-deviation and each run, the unperturbed run first) is the measurement's own noise: a difference
+deviation and each run, the unperturbed run first; `sqnr_db_sample_mean_jitter` the same for
+the per-sample mean) is the measurement's own noise: a difference
 between the tools smaller than it says nothing. With `--ort-pre`, `onnxruntime_pre` is
 onnxruntime's quantize_static of the model after its own `quant_pre_process` (which folds
 BatchNormalization into the Conv before it; without it onnxruntime leaves both in float).
 
-    python bench/quantize_vs_ort.py [--samples 16] [--models layout_cdla,ocr_cls,...]
+    python bench/quantize_vs_ort.py [--samples 32] [--models layout_cdla,ocr_cls,...]
         [--variants onebuild_plain,onebuild_mse,...] [--jitter 4] [--ort-pre]
 """
 
@@ -105,6 +109,11 @@ def _sqnr(reference: list[list[np.ndarray]], test: list[list[np.ndarray]], only=
     return round(sqnr_db(float(ref @ ref), float(diff @ diff)), 2)
 
 
+def _per_sample(reference: list[list[np.ndarray]], test: list[list[np.ndarray]]) -> list[float]:
+    """SQNR of each evaluation sample alone (all its outputs together)."""
+    return [_sqnr([r], [t]) for r, t in zip(reference, test)]
+
+
 def _per_output(names: list[str], reference, test) -> dict[str, float]:
     return {name: _sqnr(reference, test, i) for i, name in enumerate(names)}
 
@@ -152,6 +161,20 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
         "weight_rounding": "adaround",
         "activation_granularity": "channel",
     },
+    # empirical bias correction (on the calibration samples)
+    "onebuild_mse_ebc": {"method": "mse", "bias_correction": "empirical"},
+    "onebuild_ebc_pcact": {"bias_correction": "empirical", "activation_granularity": "channel"},
+    "onebuild_cle_ebc_pcact": {
+        "equalization": True,
+        "bias_correction": "empirical",
+        "activation_granularity": "channel",
+    },
+    "onebuild_cle_ada_ebc_pcact": {
+        "equalization": True,
+        "weight_rounding": "adaround",
+        "bias_correction": "empirical",
+        "activation_granularity": "channel",
+    },
 }
 
 
@@ -192,6 +215,7 @@ def compare(
     `jitter`: runs with perturbed activation scales of every variant run and onnxruntime; `ort_pre`:
     onnxruntime on its own pre-processed model too."""
     sqnr, per_output, seconds, reference = {}, {}, {}, None
+    per_sample = {}
     for key, options in VARIANTS.items():
         if variants and key not in variants:
             continue
@@ -202,6 +226,7 @@ def compare(
             reference = _run(graph, x, names, evaluation)
         ours = _run(quantized, x, names, evaluation)
         sqnr[key], per_output[key] = _sqnr(reference, ours), _per_output(names, reference, ours)
+        per_sample[key] = _per_sample(reference, ours)
         seconds[key] = round(spent, 3)
         if key == "onebuild_plain":  # the same parameters on onnxruntime's kernels
             session = _session(export_onnx(Model([quantized])).SerializeToString())
@@ -216,6 +241,7 @@ def compare(
     theirs = _session_run(session, x, names, evaluation)
     sqnr["onnxruntime"] = _sqnr(reference, theirs)
     per_output["onnxruntime"] = _per_output(names, reference, theirs)
+    per_sample["onnxruntime"] = _per_sample(reference, theirs)
     seconds["onnxruntime"] = round(ort_seconds, 3)
     if ort_pre:  # BatchNormalization folded first, as onnxruntime recommends
         preprocess(path, work / f"{name}.pre.onnx")
@@ -230,31 +256,42 @@ def compare(
         "sqnr_db": sqnr,
         "best": max((k for k in VARIANTS if k in sqnr), key=lambda k: sqnr[k]),
         "seconds": seconds,
+        # each sample alone: the total is dominated by the samples of the largest signal
+        "sqnr_db_per_sample": per_sample,
+        "sqnr_db_sample_mean": {k: round(float(np.mean(v)), 2) for k, v in per_sample.items()},
     }
     if len(names) > 1:  # the total is dominated by the outputs of the largest values
         result["sqnr_db_per_output"] = per_output
     if jitter:
         runs = {k: [v] for k, v in sqnr.items() if k in VARIANTS or k == "onnxruntime"}
+        sample_runs = {k: [result["sqnr_db_sample_mean"][k]] for k in runs}
         qdq = onnx.load(work / f"{name}.qdq.onnx")
         for seed in range(1, jitter + 1):
             for key in runs:
                 if key == "onnxruntime":
                     session = _session(jitter_qdq(qdq, seed).SerializeToString())
-                    runs[key].append(_sqnr(reference, _session_run(session, x, names, evaluation)))
+                    outputs = _session_run(session, x, names, evaluation)
                 else:
                     _, quantized, _ = _onebuild(
                         path, shapes, calib, work, jitter=seed, **VARIANTS[key]
                     )
-                    runs[key].append(_sqnr(reference, _run(quantized, x, names, evaluation)))
-        result["sqnr_db_jitter"] = {
-            k: {"mean": round(float(np.mean(v)), 2), "std": round(float(np.std(v)), 2), "runs": v}
-            for k, v in runs.items()
-        }
+                    outputs = _run(quantized, x, names, evaluation)
+                runs[key].append(_sqnr(reference, outputs))
+                sample_runs[key].append(round(float(np.mean(_per_sample(reference, outputs))), 2))
+        result["sqnr_db_jitter"] = _spread(runs)
+        result["sqnr_db_sample_mean_jitter"] = _spread(sample_runs)
     ratios = (("onebuild", "time_ratio"), ("onebuild_cle", "time_ratio_cle"))
     for key, label in (*ratios, ("onebuild_pcact", "time_ratio_pcact")):
         if key in seconds:
             result[label] = round(seconds[key] / ort_seconds, 3)
     return result
+
+
+def _spread(runs: dict[str, list[float]]) -> dict[str, dict]:
+    return {
+        k: {"mean": round(float(np.mean(v)), 2), "std": round(float(np.std(v)), 2), "runs": v}
+        for k, v in runs.items()
+    }
 
 
 def _real(count: int, work: Path, wanted, variants, **extra) -> list[dict]:
@@ -272,7 +309,7 @@ def _real(count: int, work: Path, wanted, variants, **extra) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=16, help="samples per set (at most)")
+    parser.add_argument("--samples", type=int, default=32, help="samples per set (at most)")
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
     parser.add_argument("--variants", default="", help="onebuild variants (default: all)")
     parser.add_argument("--jitter", type=int, default=0, help="perturbed runs (noise estimate)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ocr_det_data import detector_tiles
 from skimage import color, data, transform
 
 CACHE = Path.home() / ".cache" / "onebuild-bench"
@@ -152,25 +153,6 @@ def _page_rows(start: int, count: int, step: int = 20, height: int = 26):
     return [(start + i * step, start + i * step + height) for i in range(count)]
 
 
-def _crops(image: np.ndarray, scale: float, corners, height: int, width: int) -> list:
-    big = _resize(image, round(image.shape[0] * scale), round(image.shape[1] * scale))
-    return [
-        _chw_bgr(big[y : y + height, x : x + width], [0.5] * 3, [0.5] * 3)[None] for y, x in corners
-    ]
-
-
-def _detector_samples(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Text-detector tiles: parts of the page scan and of photographs with text (and without)."""
-    page = _rgb(data.page())
-    calib = _crops(page, 2.0, [(0, 0), (0, 224), (0, 448), (62, 100)], height, width)
-    calib += _crops(_rgb(data.coffee()), 0.8, [(0, 0)], height, width)
-    calib += _crops(_rgb(data.astronaut()), 0.7, [(0, 0)], height, width)
-    evaluation = _crops(page, 2.0, [(62, 0), (62, 440)], height, width)
-    evaluation += _crops(_rgb(data.coffee()), 1.0, [(80, 280)], height, width)
-    evaluation += _crops(_rgb(data.clock()), 1.1, [(0, 0)], height, width)
-    return np.stack(calib), np.stack(evaluation)
-
-
 def samples(model: RealModel, count: int) -> tuple[np.ndarray, np.ndarray]:
     """(calibration, evaluation) arrays of shape [N, *input_shape], at most `count` each."""
     _, _, height, width = model.input_shape
@@ -179,7 +161,7 @@ def samples(model: RealModel, count: int) -> tuple[np.ndarray, np.ndarray]:
         calib = _whole_images(PHOTOS_CALIB, height, width, mean, std)
         evaluation = _whole_images(PHOTOS_EVAL, height, width, mean, std)
     elif model.name == "ocr_det":
-        calib, evaluation = _detector_samples(height, width)
+        calib, evaluation = detector_tiles()  # 320x320 tiles of pages and renderings
     else:  # line recognizers: text lines of the bundled page scan and of the text image
         page, text = _rgb(data.page()), _rgb(data.text())
         turned = model.name == "ocr_cls"  # the direction classifier's task: both orientations

@@ -67,7 +67,7 @@ class QuantizeOptions:
     granularity: str = "channel"
     input_type: str = "float32"
     output_type: str = "float32"
-    bias_correction: bool = True
+    bias_correction: bool | str = True  # True | False | "empirical" (on the samples too)
     equalization: bool = False  # full mode: cross-layer equalization before calibration
     activation_granularity: str = "tensor"  # "tensor" | "channel" (edges into depthwise convs)
     # dtypes per-channel edges may take: the codegen target's (`Target.channel_dtypes`)
@@ -228,11 +228,17 @@ def quantize(
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)
+        if options.bias_correction == "empirical" and samples:
+            from .graph_ir.quant.empirical_bias import correct_biases
+
+            correct_biases(float_graph, model.graphs[0], samples)
     else:
         from .gates import json_safe
         from .graph_ir.quant.mixed_precision import MixedPrecisionTarget, search
 
         mixed = options.mixed_precision
+        if options.bias_correction == "empirical":
+            log.info("quantize: empirical bias correction is not applied with mixed precision")
         target = MixedPrecisionTarget(
             mixed.target_sqnr_db, mixed.dtype, mixed.max_high_precision_mac_fraction
         )

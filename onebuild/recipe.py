@@ -126,10 +126,11 @@ class QuantizeStep(_Section):
     moving_avg_const: float = Field(default=_C.moving_avg_const, gt=0, le=1)
     input_type: Literal["float32", "uint8", "int8", "int16"] = _Q.input_type
     output_type: Literal["float32", "uint8", "int8", "int16"] = _Q.output_type
-    bias_correction: bool = Field(
+    bias_correction: bool | Literal["empirical"] = Field(
         default=_Q.bias_correction,
         description="full mode: correct each layer's bias for the mean error of its rounded "
-        "weights on the calibration data",
+        "weights on the calibration data; empirical: also for the mean error of its quantized "
+        "inputs, measured in the quantized model on real samples",
     )
     equalization: bool = Field(
         default=_Q.equalization,
@@ -333,6 +334,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     for key, wants in (
         ("mixed_precision", quantize and quantize["mixed_precision"]),
         ("weight_rounding", quantize and quantize["weight_rounding"] == "adaround"),
+        ("bias_correction", quantize and quantize["bias_correction"] == "empirical"),
     ):
         if wants and not (quantize["accuracy"] or quantize["calibration"]):
             raise UserError(

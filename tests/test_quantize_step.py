@@ -191,3 +191,14 @@ def test_zero_range_tensor_gets_a_valid_scale(project):
     scales = [s for v in graph.constants.values() if v.quant for s in v.quant.scale]
     scales += [s for n in graph.nodes for v in n.outputs if v.quant for s in v.quant.scale]
     assert scales and all(np.isfinite(s) and s > 0 for s in scales)
+
+
+def test_empirical_bias_correction_is_a_quantize_setting(project):
+    run(project)
+    plain = report(project)["outputs"]["logits"]["sqnr_db"]
+    statuses = run(project, "quantize.bias_correction='empirical'")
+    assert statuses["calibrate"] == "up-to-date" and statuses["quantize"] == "run"
+    empirical = report(project)["outputs"]["logits"]["sqnr_db"]
+    assert empirical > plain + 0.1  # measured: 39.27 vs 39.01 dB (fitted on the gate's data)
+    with pytest.raises(UserError, match="bias_correction"):
+        run(project, "quantize.bias_correction='empiric'")

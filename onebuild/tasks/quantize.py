@@ -45,7 +45,10 @@ def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
 def measured_data(config: dict[str, Any]) -> list[Path]:
     """The samples the step reads (an input of its task), if it measures."""
     measures = (
-        config["mixed_precision"] or config["check_sqnr"] or config["weight_rounding"] != "nearest"
+        config["mixed_precision"]
+        or config["check_sqnr"]
+        or config["weight_rounding"] != "nearest"
+        or config["bias_correction"] == "empirical"
     )
     if config["mode"] != "full" or not measures or not config["measure_on"]:
         return []
@@ -83,7 +86,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     samples = []
     if measured_data(config):
         count = options.mixed_precision.samples if options.mixed_precision else CHECK_SAMPLES
-        if options.weight_rounding != "nearest":
+        if options.weight_rounding != "nearest" or options.bias_correction == "empirical":
             count = max(count, ROUNDING_SAMPLES)
         specs = [(v.name, v.shape) for v in float_graph.inputs]
         samples = first_samples(config["measure_on"], specs, count)
