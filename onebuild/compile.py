@@ -192,11 +192,13 @@ def quantize(
     options: QuantizeOptions = QuantizeOptions(),
     stats=None,
     samples: Sequence[Mapping[str, Any]] = (),
+    fit: Sequence[Mapping[str, Any]] | None = None,
 ) -> Model:
     """The quantized model (full: with calibration `stats`; weight-only: without). With
     `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
     evaluation inputs); the choice is recorded in the model's metadata "mixed_precision".
-    `weight_rounding = "adaround"` learns each layer's rounding on `samples` too."""
+    `weight_rounding = "adaround"` and `bias_correction = "empirical"` learn on `fit` (batches;
+    `samples` if None): give them other samples than an accuracy gate measures on."""
     from .graph_ir.quant.from_qdq import graph_is_quantized
     from .graph_ir.quant.quantize_graph import nearest, quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
@@ -221,17 +223,18 @@ def quantize(
     if options.weight_rounding == "adaround":
         from .graph_ir.quant.adaround import LearnedRounding, input_moments
 
-        rounder = LearnedRounding(input_moments(float_graph, samples))
+        rounder = LearnedRounding(input_moments(float_graph, samples if fit is None else fit))
 
     def build(config: QuantConfig) -> Graph:
         return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)
-        if options.bias_correction == "empirical" and samples:
+        fit = samples if fit is None else fit
+        if options.bias_correction == "empirical" and fit:
             from .graph_ir.quant.empirical_bias import correct_biases
 
-            correct_biases(float_graph, model.graphs[0], samples)
+            correct_biases(float_graph, model.graphs[0], fit)
     else:
         from .gates import json_safe
         from .graph_ir.quant.mixed_precision import MixedPrecisionTarget, search

@@ -39,20 +39,27 @@ def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
     accuracy = quantize.get("accuracy")
     config["check_sqnr"] = accuracy is None
     config["measure_on"] = accuracy["data"] if accuracy else quantize["calibration"]
+    # learned rounding and empirical bias correction fit on the calibration data, so an
+    # accuracy gate measures them on samples they did not see
+    config["fit_on"] = quantize["calibration"] or config["measure_on"]
     return config
 
 
+def _measures(config: dict[str, Any]) -> bool:
+    return bool(config["mixed_precision"] or config["check_sqnr"])
+
+
+def _fits(config: dict[str, Any]) -> bool:
+    return config["weight_rounding"] != "nearest" or config["bias_correction"] == "empirical"
+
+
 def measured_data(config: dict[str, Any]) -> list[Path]:
-    """The samples the step reads (an input of its task), if it measures."""
-    measures = (
-        config["mixed_precision"]
-        or config["check_sqnr"]
-        or config["weight_rounding"] != "nearest"
-        or config["bias_correction"] == "empirical"
-    )
-    if config["mode"] != "full" or not measures or not config["measure_on"]:
+    """The sample files the step reads (inputs of its task): to measure, and to fit on."""
+    if config["mode"] != "full":
         return []
-    return [Path(config["measure_on"])]
+    paths = [config["measure_on"]] if _measures(config) else []
+    paths += [config["fit_on"]] if _fits(config) else []
+    return [Path(p) for p in dict.fromkeys(paths) if p]
 
 
 def _warn_tensor_edges(config: dict[str, Any]) -> None:
@@ -83,15 +90,15 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     _warn_tensor_edges(config)
     model = load_ir(inputs[0])
     float_graph = model.main
-    samples = []
-    if measured_data(config):
+    samples, fit = [], []
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    if measured_data(config) and _measures(config) and config["measure_on"]:
         count = options.mixed_precision.samples if options.mixed_precision else CHECK_SAMPLES
-        if options.weight_rounding != "nearest" or options.bias_correction == "empirical":
-            count = max(count, ROUNDING_SAMPLES)
-        specs = [(v.name, v.shape) for v in float_graph.inputs]
         samples = first_samples(config["measure_on"], specs, count)
+    if measured_data(config) and _fits(config) and config["fit_on"]:
+        fit = first_samples(config["fit_on"], specs, ROUNDING_SAMPLES)
     stats = load_calibration(inputs[1]) if options.mode == "full" else None
-    model = quantize(model, options, stats, samples)
+    model = quantize(model, options, stats, samples, fit)
     ops = Counter(node.op for node in model.main.nodes)
     log.info("quantize: %s", ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())))
     if "mixed_precision" in model.metadata:
