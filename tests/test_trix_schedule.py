@@ -199,6 +199,8 @@ def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monke
     simulator = Simulator(module, hw)
     got, cascaded = simulator.run(feeds)
     assert 0 in simulator._lean  # the stem is computed whole: every stripe is proven its slice
+    copies = {index for _, index, target, _, args in simulator._plan if args and target is not None}
+    assert 0 in copies  # of the whole stem's pooled output, on later runs
     again, _ = simulator.run(feeds)
     monkeypatch.setattr(cascade, "fuse_pools", lambda *args: None)
     apart = generate(program, hw)

@@ -80,7 +80,7 @@ class Simulator(WholeLayers):
         self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
         self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
         self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
-        self._copies: dict[int, tuple] = {}  # position -> wholes.WholeLayers._proven_copies
+        self._plan: list[tuple] = []  # the steps of later runs (_plan_steps)
         self._pools = {  # convolution -> the max pool in its output stage
             i: module.layers[layer.attrs["epilogue"]]
             for i, layer in enumerate(module.layers)
@@ -172,7 +172,7 @@ class Simulator(WholeLayers):
         # convolution (overlapping tiles) unless all of them do
         useful = {key[0] for key in self._proven}
         self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
-        self._copies = self._proven_copies()
+        self._plan = self._plan_steps(self._proven_copies())
         self._labels, self._snapshots = None, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
@@ -181,24 +181,37 @@ class Simulator(WholeLayers):
         return report
 
     def _run_again(self) -> None:
-        """Execute every instruction of a program that ran before: its DMA views were checked
-        and its timeline is known (neither depends on the data); EXECs check their SRAM
-        operands as always, but for those proven to copy a slice of a whole layer's result
-        (`_proven_copies`), which copy it."""
-        layers, dma, copies, whole = self.module.layers, self._dma, self._copies, self._whole
+        """Execute every instruction of a program that ran before, by its plan (`_plan`): its
+        DMA views were checked and its timeline is known (neither depends on the data); EXECs
+        check their SRAM operands as always, but for those proven to copy a slice of a whole
+        layer's result (`_proven_copies`), which copy it."""
+        layers, whole = self.module.layers, self._whole
+        position = index = 0
+        try:
+            for position, index, target, source, args in self._plan:  # noqa: B007 (the error names it)
+                if args is None:  # a DMA: checked views
+                    target[...] = source
+                elif target is not None and whole.get(index):  # a proven copy
+                    target[...] = whole[index][1][source]
+                else:
+                    self._exec(index, layers[index], *args)
+        except _INCONSISTENT as error:
+            raise self._inconsistent(position, index, error) from None
+
+    def _plan_steps(self, copies: dict[int, tuple]) -> list[tuple]:
+        """The steps of later runs, one per instruction that does anything: (position, layer,
+        target, source, EXEC arguments): a DMA's checked views (arguments None), an EXEC's
+        place and box where it is a proven copy (`copies`; else None, None), and its
+        arguments."""
+        plan = []
         for position, (op, index, *args) in enumerate(self._code):
-            try:
-                if op == EXEC:
-                    copy = copies.get(position)
-                    if copy is not None and whole.get(index):
-                        copy[1][...] = whole[index][1][copy[0]]
-                    else:
-                        self._exec(index, layers[index], *args)
-                elif dma[position] is not None:
-                    destination, source = dma[position]
-                    destination[...] = source
-            except _INCONSISTENT as error:
-                raise self._inconsistent(position, index, error) from None
+            if op == EXEC:
+                place_box = copies.get(position)
+                target, source = (None, None) if place_box is None else place_box[::-1]
+                plan.append((position, index, target, source, tuple(args)))
+            elif self._dma[position] is not None:
+                plan.append((position, index, *self._dma[position], None))
+        return plan
 
     def _inconsistent(self, position: int, index: int, error: Exception) -> FormatError:
         return FormatError(
@@ -368,8 +381,9 @@ class Simulator(WholeLayers):
 
     def _pooled_conv(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, w_at, out_at):
         """A convolution tile with a max pool in its output stage: output rows [r0, r0 + rows)
-        of the pool, from the convolution rows they read (never stored: computed, or taken
-        from the whole convolution where its operands are those it was computed from)."""
+        of the pool, from the convolution rows they read (never stored: computed), or taken
+        from the whole layer's pooled output where its operands are those it was computed
+        from."""
         after, tensors = self._pools[index], self.module.tensors
         x_t, mid_t, out_t = (tensors[n] for n in (layer.inputs[0], layer.output, after.output))
         (c, h, w), (_, mh, mw) = x_t.shape, mid_t.shape
@@ -382,18 +396,20 @@ class Simulator(WholeLayers):
         whole = self._whole_conv(index, layer, held, in_at, t0, t1)
         if whole is not None and self._labels is not None:
             self._prove(key, held, t0, t1, weights)
+        taken = None
         if whole is not None and (
             key in self._proven
             or (same_values(held, whole[0][:, t0:t1]) and same_values(wq, weights[ch0 : ch0 + chs]))
         ):
-            y = whole[1][ch0 : ch0 + chs, m0:m1]
+            box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
+            z, taken = whole[1][box], (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
         else:
             i0, i1 = input_rows(layer, m0, m1, h)
             x = held[:, i0 - t0 : i1 - t0]
             y = self._convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
             y = y.astype(mid_t.dtype, copy=False)
-        p0, p1 = input_rows(after, r0, r0 + rows, mh)
-        z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
+            p0, p1 = input_rows(after, r0, r0 + rows, mh)
+            z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
         self._write_sram(out_at, z)
         timing = (index, r0, rows, chs)
         if timing not in self._cycles:
@@ -401,8 +417,12 @@ class Simulator(WholeLayers):
             cycles = conv_pool_cycles(self.hw, layer, after, rows, chs, m1 - m0, shapes)
             self._cycles[timing] = cycles
         reads = [(in_at, in_at + held.nbytes), (w_at, w_at + wq.nbytes)]
-        macs = y.size * math.prod(weights.shape[1:])
-        return reads, [(out_at, out_at + z.nbytes)], self._cycles[timing], macs
+        macs = chs * (m1 - m0) * mw * math.prod(weights.shape[1:])
+        result = reads, [(out_at, out_at + z.nbytes)], self._cycles[timing], macs
+        if taken is not None:  # the tile's views, checked, for the next time it runs
+            place = self.sram[out_at : out_at + z.nbytes].view(z.dtype).reshape(z.shape)
+            self._slices[key] = (*taken, place, result)
+        return result
 
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the

@@ -9,6 +9,7 @@ import numpy as np
 from .codegen import EXEC
 from .exact import all_codes, row_l1, row_norm, same_values
 from .lower import Layer, input_rows
+from .windows import pool
 
 WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
 
@@ -32,9 +33,9 @@ class WholeLayers:
     def _proven_copies(self) -> dict[int, tuple]:
         """Position -> (box, place) of each EXEC, after a first run, that is proven to take
         slice `box` of its whole layer's result (`_prove`) and writes it to SRAM view `place`
-        as it is (no epilogue, or a concat part already applied to the whole): a copy on later
-        runs, once the layer's first tile computed the whole result (its checks are those of
-        the first run: addresses and provenance do not depend on the data)."""
+        as it is (no epilogue, or one applied to the whole: a concat part, a max pool): a copy
+        on later runs, once the layer's first tile computed the whole result (its checks are
+        those of the first run: addresses and provenance do not depend on the data)."""
         copies, layers = {}, self.module.layers
         for position, (op, index, r0, rows, ch0, chs, in_at, _, w_at, out_at) in enumerate(
             self._code
@@ -42,7 +43,7 @@ class WholeLayers:
             key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
             if op != EXEC or key not in self._proven or key not in self._slices:
                 continue
-            if "epilogue" not in layers[index].attrs or self._parts.get(index, (False,))[0]:
+            if "epilogue" not in layers[index].attrs or self._whole[index][2]:
                 *_, box, place, _ = self._slices[key]
                 copies[position] = (box, place)
         return copies
@@ -63,11 +64,11 @@ class WholeLayers:
             self._unproven.add(key)
 
     def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
-        """(input codes, output codes, whether those went through its concat epilogue) of the
-        whole convolution, computed at its first tile if its tiles cover its output exactly;
-        None otherwise. The input codes are a copy unless every tile's operands are proven to
-        be them (`_prove`). A concat epilogue (which reads nothing else) is applied to the
-        whole output once."""
+        """(input codes, output codes, whether those went through its epilogue) of the whole
+        convolution, computed at its first tile if its tiles cover its output exactly; None
+        otherwise. The input codes are a copy unless every tile's operands are proven to be
+        them (`_prove`). A concat epilogue or a max pool (which read nothing else) is applied
+        to the whole output once: a pooled convolution's output codes are its pool's."""
         if index not in self._whole:
             return None
         if self._whole[index] is None:
@@ -98,8 +99,18 @@ class WholeLayers:
                 self._parts[index] = self._part_table(layer)
             concat, table = self._parts[index]
             y = self._convolve(layer, x[:, i0:i1], weights, *whole, norms=norms, table=table)
-            self._whole[index] = (x, y.astype(out_t.dtype, copy=False), concat)
+            y = y.astype(out_t.dtype, copy=False)
+            if index in self._pools:  # the max pool of its output stage, over all of it
+                y, concat = self._whole_pool(self._pools[index], y), True
+            self._whole[index] = (x, y, concat)
         return self._whole[index]
+
+    def _whole_pool(self, after: Layer, y: np.ndarray) -> np.ndarray:
+        """The whole output of max pool `after` from its whole input `y`."""
+        _, mh, mw = y.shape
+        _, oh, ow = self.module.tensors[after.output].shape
+        p0, p1 = input_rows(after, 0, oh, mh)
+        return pool(after, y[:, p0:p1], 0, oh, p0, mh, mw, ow, maximum=True)
 
     def _part_table(self, layer: Layer) -> tuple[bool, np.ndarray | None]:
         """Whether a convolution's epilogue is a concat part (which reads nothing else: it
