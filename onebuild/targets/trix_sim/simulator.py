@@ -79,6 +79,8 @@ class Simulator(WholeLayers):
         self._proven: set[tuple] = set()  # EXECs whose operands are what the whole layer read
         self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
         self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
+        self._results: dict[int, np.ndarray] = {}  # layer -> labels of its whole result (1st run)
+        self._sources: dict[int, int] = {}  # layer -> the layer whose whole result it reads
         self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
         self._plan: list[tuple] = []  # the steps of later runs (_plan_steps)
         self._pools = {  # convolution -> the max pool in its output stage
@@ -156,7 +158,7 @@ class Simulator(WholeLayers):
         module = self.module
         report, timeline = Report(), Timeline(len(self.sram))
         self._labels = Provenance(len(module.blob), len(self.dram), len(self.sram))
-        self._proven, self._unproven, self._snapshots = set(), set(), {}
+        self._proven, self._unproven, self._snapshots, self._results = set(), set(), {}, {}
         finish: dict[str, int] = {}
         for position, (op, index, *args) in enumerate(self._code):
             try:
@@ -173,7 +175,7 @@ class Simulator(WholeLayers):
         useful = {key[0] for key in self._proven}
         self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
         self._plan = self._plan_steps(self._proven_copies())
-        self._labels, self._snapshots = None, {}
+        self._labels, self._snapshots, self._results = None, {}, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
             stats["cycles"] = max(0, finish[name] - done)
@@ -251,8 +253,10 @@ class Simulator(WholeLayers):
             report.dram_bytes += block * count
         elif op == EXEC:
             reads, writes, cycles, macs = self._exec(index, layer, *args)
+            r0, rows, ch0, chs, in_at, _, w_at, out_at = args
+            copied = self._result_labels(index, (index, r0, rows, ch0, chs, in_at, w_at, out_at))
             for lo, hi in writes:
-                self._labels.wrote(lo, hi)
+                self._labels.wrote(lo, hi, copied)
             end = timeline.schedule("compute", cycles, reads, writes)
             stats["compute_cycles"] += cycles
             stats["macs"] += macs

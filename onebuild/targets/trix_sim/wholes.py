@@ -36,14 +36,12 @@ class WholeLayers:
         as it is (no epilogue, or one applied to the whole: a concat part, a max pool): a copy
         on later runs, once the layer's first tile computed the whole result (its checks are
         those of the first run: addresses and provenance do not depend on the data)."""
-        copies, layers = {}, self.module.layers
+        copies = {}
         for position, (op, index, r0, rows, ch0, chs, in_at, _, w_at, out_at) in enumerate(
             self._code
         ):
             key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
-            if op != EXEC or key not in self._proven or key not in self._slices:
-                continue
-            if "epilogue" not in layers[index].attrs or self._whole[index][2]:
+            if op == EXEC and self._copied_box(key) is not None:
                 *_, box, place, _ = self._slices[key]
                 copies[position] = (box, place)
         return copies
@@ -75,15 +73,17 @@ class WholeLayers:
             x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
             c, h, w = x_t.shape
             whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
-            at = in_at if whole_height else self.module.dram[layer.inputs[0]]
-            memory = self.sram if whole_height else self.dram
-            nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
-            x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
-            if self._labels is not None:
-                labels = self._labels.of_sram if whole_height else self._labels.of_dram
-                self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
-            if index not in self._lean:
-                x = x.copy()
+            x = None if whole_height else self._source(index, held, in_at, t0, t1)
+            if x is None:
+                at = in_at if whole_height else self.module.dram[layer.inputs[0]]
+                memory = self.sram if whole_height else self.dram
+                nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
+                x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
+                if self._labels is not None:
+                    labels = self._labels.of_sram if whole_height else self._labels.of_dram
+                    self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
+                if index not in self._lean:
+                    x = x.copy()
             m, oh, ow = out_t.shape
             i0, i1 = input_rows(layer, 0, oh, h)
             weights = self._weights32.get(index)
@@ -104,6 +104,49 @@ class WholeLayers:
                 y, concat = self._whole_pool(self._pools[index], y), True
             self._whole[index] = (x, y, concat)
         return self._whole[index]
+
+    def _source(self, index: int, held: np.ndarray, in_at: int, t0: int, t1: int):
+        """The whole result of another layer whose rows [t0, t1) a convolution's first tile
+        holds as copies of it (`_result_labels`: a cascade's intermediate, never in DRAM),
+        found on the first run; None where there is none (or it was not computed whole)."""
+        if self._labels is not None:
+            c, _, w = held.shape
+            for producer, labels in self._results.items():
+                y = self._whole[producer][1]
+                if (
+                    y.shape[0] == c
+                    and y.shape[2] == w
+                    and y.dtype == held.dtype
+                    and self._labels.holds(in_at, labels[:, t0:t1])
+                ):
+                    self._sources[index], self._snapshots[index] = producer, labels
+                    break
+        producer = self._sources.get(index)
+        whole = None if producer is None else self._whole.get(producer)
+        return whole[1] if whole else None
+
+    def _result_labels(self, index: int, key: tuple):
+        """On the first run, the labels of the part of layer `index`'s whole result that EXEC
+        `key` writes as it is (`_copied_box`; the result's labels made on first use), or
+        None."""
+        box = self._copied_box(key)
+        if box is None:
+            return None
+        if index not in self._results:
+            y = self._whole[index][1]
+            self._results[index] = self._labels.reserve((*y.shape[:2], y.shape[2] * y.itemsize))
+        return self._results[index][box]
+
+    def _copied_box(self, key: tuple):
+        """The box of its whole layer's result that EXEC `key` writes as it is, if it is
+        proven to (`_prove`) and the result needs nothing more (no epilogue, or one applied
+        to the whole: a concat part, a max pool); else None."""
+        index = key[0]
+        if key not in self._proven or key not in self._slices:
+            return None
+        if "epilogue" in self.module.layers[index].attrs and not self._whole[index][2]:
+            return None
+        return self._slices[key][5]
 
     def _whole_pool(self, after: Layer, y: np.ndarray) -> np.ndarray:
         """The whole output of max pool `after` from its whole input `y`."""
