@@ -412,10 +412,10 @@ def test_same_values_equals_array_equal(rng):
 
 
 def test_whole_layer_execution_equals_tile_by_tile(rng):
-    """Layers run whole give the same outputs and report as tile by tile, also for a stream
-    whose tile reads other data than the whole layer was computed from (that tile is not
-    proven to read the same bytes, compares them and computes alone); a later run of a
-    simulator (on other data before) equals a new simulator's run."""
+    """Layers run whole (convolutions, pools) give the same outputs and report as tile by
+    tile, also for a stream whose tile reads other data than the whole layer was computed
+    from (that tile is not proven to read the same bytes, compares them and computes alone);
+    a later run of a simulator (on other data before) equals a new simulator's run."""
     model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
     run_preset(model)
     x = model.main.inputs[0]
@@ -444,6 +444,8 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
             assert (conv in proven) == whole and (conv in simulator._lean) == (
                 whole and code is module.code
             )
+            pools = {i for i in tiled if module.layers[i].kind.endswith("pool")}  # own EXECs
+            assert len(pools) == 3 and (pools <= simulator._lean) == whole  # 2 max, 1 average
     for first, *others in (results[:3], results[3:]):
         for other in others:
             assert first[1:] == other[1:]

@@ -296,21 +296,22 @@ class Simulator(WholeLayers):
             shape = (chs, *weights.shape[1:])
             wq = self._sram_view(w_at, weights.dtype, shape)
             reads.append((w_at, w_at + wq.nbytes))
-            whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+            in_box = np.s_[:, t0:t1]
+            whole = self._whole_conv(index, layer, held, in_at, in_box)
             if whole is not None and self._labels is not None:
-                self._prove(key, held, t0, t1, weights)
+                self._prove(key, in_box, weights)
             after = "epilogue" in layer.attrs
             if whole is not None and (
                 key in self._proven
                 or (
-                    same_values(held, whole[0][:, t0:t1])
+                    same_values(held, whole[0][in_box])
                     and same_values(wq, weights[ch0 : ch0 + chs])
                 )
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
                 y, after = whole[1][box], after and not whole[2]
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
-                    taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
+                    taken = (held, in_box, wq, weights[ch0 : ch0 + chs], box)
             else:
                 tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
                 y = self._convolve(layer, x, wq, *tile)
@@ -344,10 +345,17 @@ class Simulator(WholeLayers):
                 y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
             else:
                 y = self._codes.pairwise(layer, *((b, x) if vector == 0 else (x, b)))
-        elif layer.kind == "maxpool":
-            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
-        elif layer.kind == "avgpool":
-            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
+        elif layer.kind in ("maxpool", "avgpool"):
+            in_box = np.s_[ch0 : ch0 + chs, t0:t1]  # the tile holds its channels only
+            whole = self._whole_pooling(index, layer, held, in_at, in_box)
+            if whole is not None and self._labels is not None:
+                self._prove(key, in_box, None)
+            if whole is not None and (key in self._proven or same_values(held, whole[0][in_box])):
+                box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
+                y, taken = whole[1][box], (held, in_box, _NOTHING, _NOTHING, box)
+            else:
+                maximum = layer.kind == "maxpool"
+                y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=maximum)
         elif layer.kind == "lookup":
             table = layer.arrays["table"]
             rank = x.astype(np.int64) - np.iinfo(x.dtype).min  # each code's row in the table
@@ -397,16 +405,17 @@ class Simulator(WholeLayers):
         weights = layer.arrays["weights"]
         wq = self._sram_view(w_at, weights.dtype, (chs, *weights.shape[1:]))
         key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
-        whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+        in_box = np.s_[:, t0:t1]
+        whole = self._whole_conv(index, layer, held, in_at, in_box)
         if whole is not None and self._labels is not None:
-            self._prove(key, held, t0, t1, weights)
+            self._prove(key, in_box, weights)
         taken = None
         if whole is not None and (
             key in self._proven
-            or (same_values(held, whole[0][:, t0:t1]) and same_values(wq, weights[ch0 : ch0 + chs]))
+            or (same_values(held, whole[0][in_box]) and same_values(wq, weights[ch0 : ch0 + chs]))
         ):
             box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
-            z, taken = whole[1][box], (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
+            z, taken = whole[1][box], (held, in_box, wq, weights[ch0 : ch0 + chs], box)
         else:
             i0, i1 = input_rows(layer, m0, m1, h)
             x = held[:, i0 - t0 : i1 - t0]
@@ -451,6 +460,7 @@ class Simulator(WholeLayers):
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
+_NOTHING = np.zeros(0, np.uint8)  # the weights of a layer that has none (a pool's tile)
 
 
 def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:

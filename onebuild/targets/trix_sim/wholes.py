@@ -16,13 +16,13 @@ WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between
 
 class WholeLayers:
     def _whole_slice(
-        self, index: int, layer, key, in2_at, held, t0, t1, wq, w_ref, box, place, result
+        self, index: int, layer, key, in2_at, held, in_box, wq, w_ref, box, place, result
     ):
         """A convolution tile that took its slice of the whole layer before, by its kept views:
         the same operand checks, the same slice (through its epilogue, if fused) written to the
         same place."""
         x, y, mapped = self._whole[index]
-        if key in self._proven or (same_values(held, x[:, t0:t1]) and same_values(wq, w_ref)):
+        if key in self._proven or (same_values(held, x[in_box]) and same_values(wq, w_ref)):
             tile = y[box]
             if "epilogue" in layer.attrs and not mapped:
                 tile = self._epilogue(layer, tile, in2_at, [])
@@ -46,46 +46,35 @@ class WholeLayers:
                 copies[position] = (box, place)
         return copies
 
-    def _prove(self, key: tuple, held: np.ndarray, t0: int, t1: int, weights) -> None:
+    def _prove(self, key: tuple, in_box: tuple, weights) -> None:
         """Record EXEC `key` as proven if the labels of its SRAM operands are those of the
         input rows its layer's whole result was computed from and of its weights in the
         blob."""
         index, _, _, ch0, chs, in_at, w_at, _ = key
-        per_channel = weights[0].nbytes
-        blob_at = self.module.arrays[(index, "weights")] + ch0 * per_channel
         snapshot = self._snapshots[index]
-        if self._labels.holds(in_at, snapshot[:, t0:t1]) and self._labels.holds_blob(
-            w_at, chs * per_channel, blob_at
-        ):
+        if weights is None:  # a pool
+            blob = True
+        else:
+            per_channel = weights[0].nbytes
+            blob_at = self.module.arrays[(index, "weights")] + ch0 * per_channel
+            blob = self._labels.holds_blob(w_at, chs * per_channel, blob_at)
+        if blob and self._labels.holds(in_at, snapshot[in_box]):
             self._proven.add(key)
         else:
             self._unproven.add(key)
 
-    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, t0: int, t1: int):
+    def _whole_conv(self, index: int, layer: Layer, held: np.ndarray, in_at, in_box: tuple):
         """(input codes, output codes, whether those went through its epilogue) of the whole
         convolution, computed at its first tile if its tiles cover its output exactly; None
-        otherwise. The input codes are a copy unless every tile's operands are proven to be
-        them (`_prove`). A concat epilogue or a max pool (which read nothing else) is applied
-        to the whole output once: a pooled convolution's output codes are its pool's."""
+        otherwise (`_whole_input`). A concat epilogue or a max pool (which read nothing else)
+        is applied to the whole output once: a pooled convolution's output codes are its
+        pool's."""
         if index not in self._whole:
             return None
         if self._whole[index] is None:
-            x_t, out_t = (self.module.tensors[n] for n in (layer.inputs[0], layer.output))
-            c, h, w = x_t.shape
-            whole_height = (t0, t1) == (0, h)  # the tensor as this layer reads it, in SRAM
-            x = None if whole_height else self._source(index, held, in_at, t0, t1)
-            if x is None:
-                at = in_at if whole_height else self.module.dram[layer.inputs[0]]
-                memory = self.sram if whole_height else self.dram
-                nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
-                x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
-                if self._labels is not None:
-                    labels = self._labels.of_sram if whole_height else self._labels.of_dram
-                    self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
-                if index not in self._lean:
-                    x = x.copy()
+            x, i0, i1 = self._whole_input(index, layer, held, in_at, in_box)
+            out_t = self.module.tensors[layer.output]
             m, oh, ow = out_t.shape
-            i0, i1 = input_rows(layer, 0, oh, h)
             weights = self._weights32.get(index)
             if weights is None:  # constants of the program: kept up to a memory budget
                 weights = layer.arrays["weights"].astype(np.float32)
@@ -94,7 +83,7 @@ class WholeLayers:
                     matrix = weights.reshape(m, -1)
                     self._norms[index] = (row_norm(matrix), row_l1(matrix))
             norms = self._norms.get(index)
-            whole = (0, oh, 0, m, i0, w, ow, out_t.dtype)
+            whole = (0, oh, 0, m, i0, x.shape[2], ow, out_t.dtype)
             if index not in self._parts:
                 self._parts[index] = self._part_table(layer)
             concat, table = self._parts[index]
@@ -105,19 +94,52 @@ class WholeLayers:
             self._whole[index] = (x, y, concat)
         return self._whole[index]
 
-    def _source(self, index: int, held: np.ndarray, in_at: int, t0: int, t1: int):
-        """The whole result of another layer whose rows [t0, t1) a convolution's first tile
-        holds as copies of it (`_result_labels`: a cascade's intermediate, never in DRAM),
+    def _whole_pooling(self, index: int, layer: Layer, held: np.ndarray, in_at, in_box: tuple):
+        """(input codes, output codes, True) of a whole max or average pool whose tiles cover
+        its output exactly, computed at its first tile (`_whole_input`); None otherwise."""
+        if index not in self._whole:
+            return None
+        if self._whole[index] is None:
+            x, _, _ = self._whole_input(index, layer, held, in_at, in_box)
+            y = self._whole_pool(layer, x).astype(self.module.tensors[layer.output].dtype)
+            self._whole[index] = (x, y, True)
+        return self._whole[index]
+
+    def _whole_input(self, index: int, layer: Layer, held: np.ndarray, in_at, in_box: tuple):
+        """The whole input of a windowed layer at its first tile (`held` at SRAM `in_at`: box
+        `in_box` of that input, all channels or the tile's), and the rows [i0, i1) its output
+        reads: the whole result of the layer whose
+        copies the tile holds (`_source`), else the tensor in SRAM (a whole-height tile) or
+        in DRAM; a copy unless every tile's operands are proven to be it (`_prove`)."""
+        x_t = self.module.tensors[layer.inputs[0]]
+        c, h, w = x_t.shape
+        i0, i1 = input_rows(layer, 0, self.module.tensors[layer.output].shape[1], h)
+        whole_height = in_box == np.s_[:, 0:h]  # the tensor as this layer reads it, in SRAM
+        x = None if whole_height else self._source(index, held, in_at, in_box)
+        if x is None:
+            at = in_at if whole_height else self.module.dram[layer.inputs[0]]
+            memory = self.sram if whole_height else self.dram
+            nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
+            x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
+            if self._labels is not None:
+                labels = self._labels.of_sram if whole_height else self._labels.of_dram
+                self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
+            if index not in self._lean:
+                x = x.copy()
+        return x, i0, i1
+
+    def _source(self, index: int, held: np.ndarray, in_at: int, in_box: tuple):
+        """The whole result of another layer whose box `in_box` a layer's first tile holds
+        as copies of it (`_result_labels`: a cascade's intermediate, never in DRAM),
         found on the first run; None where there is none (or it was not computed whole)."""
         if self._labels is not None:
-            c, _, w = held.shape
+            shape = self.module.tensors[self.module.layers[index].inputs[0]].shape
             for producer, labels in self._results.items():
                 y = self._whole[producer][1]
                 if (
-                    y.shape[0] == c
-                    and y.shape[2] == w
+                    y.shape == shape
                     and y.dtype == held.dtype
-                    and self._labels.holds(in_at, labels[:, t0:t1])
+                    and self._labels.holds(in_at, labels[in_box])
                 ):
                     self._sources[index], self._snapshots[index] = producer, labels
                     break
@@ -146,14 +168,15 @@ class WholeLayers:
             return None
         if "epilogue" in self.module.layers[index].attrs and not self._whole[index][2]:
             return None
-        return self._slices[key][5]
+        return self._slices[key][4]
 
     def _whole_pool(self, after: Layer, y: np.ndarray) -> np.ndarray:
-        """The whole output of max pool `after` from its whole input `y`."""
+        """The whole output of pool `after` (max or average) from its whole input `y`."""
         _, mh, mw = y.shape
         _, oh, ow = self.module.tensors[after.output].shape
         p0, p1 = input_rows(after, 0, oh, mh)
-        return pool(after, y[:, p0:p1], 0, oh, p0, mh, mw, ow, maximum=True)
+        maximum = after.kind == "maxpool"
+        return pool(after, y[:, p0:p1], 0, oh, p0, mh, mw, ow, maximum=maximum)
 
     def _part_table(self, layer: Layer) -> tuple[bool, np.ndarray | None]:
         """Whether a convolution's epilogue is a concat part (which reads nothing else: it
