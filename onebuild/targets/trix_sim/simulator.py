@@ -71,6 +71,7 @@ class Simulator(WholeLayers):
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._parts: dict[int, tuple] = {}  # layer -> wholes.WholeLayers._part_table
         self._norms: dict[int, tuple] = {}  # layer -> exact.row_norm, row_l1 of those weights
+        self._plans: dict[int, object] = {}  # layer -> whole_conv.whole_convolution, or None
         self._scalings: dict[tuple, tuple] = {}  # requantization constants (convolve.py)
         self._convolve = partial(convolve, scalings=self._scalings)
         self._codes = CodeTables(module)  # code tables of elementwise layers and concat parts

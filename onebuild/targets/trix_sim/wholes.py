@@ -9,6 +9,7 @@ import numpy as np
 from .codegen import EXEC
 from .exact import all_codes, row_l1, row_norm, same_values
 from .lower import Layer, input_rows
+from .whole_conv import whole_convolution
 from .windows import pool
 
 WEIGHTS32_BUDGET = 1 << 29  # bytes of float32 weights a simulator keeps between runs
@@ -87,7 +88,15 @@ class WholeLayers:
             if index not in self._parts:
                 self._parts[index] = self._part_table(layer)
             concat, table = self._parts[index]
-            y = self._convolve(layer, x[:, i0:i1], weights, *whole, norms=norms, table=table)
+            if index not in self._plans:  # its constants prepared once, where it may
+                l1 = None if norms is None else norms[1]
+                shape, codes = out_t.shape, x.dtype
+                plan = whole_convolution(layer, weights, l1, codes, shape, out_t.dtype, table)
+                self._plans[index] = plan
+            if self._plans[index] is not None:
+                y = self._plans[index](x[:, i0:i1])
+            else:
+                y = self._convolve(layer, x[:, i0:i1], weights, *whole, norms=norms, table=table)
             y = y.astype(out_t.dtype, copy=False)
             if index in self._pools:  # the max pool of its output stage, over all of it
                 y, concat = self._whole_pool(self._pools[index], y), True
