@@ -82,6 +82,7 @@ class Simulator(WholeLayers):
         self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
         self._results: dict[int, np.ndarray] = {}  # layer -> labels of its whole result (1st run)
         self._sources: dict[int, int] = {}  # layer -> the layer whose whole result it reads
+        self._places: dict[int, tuple] = {}  # else layer -> (address, in SRAM) of its input
         self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
         self._plan: list[tuple] = []  # the steps of later runs (_plan_steps)
         self._pools = {  # convolution -> the max pool in its output stage
@@ -194,8 +195,12 @@ class Simulator(WholeLayers):
             for position, index, target, source, args in self._plan:  # noqa: B007 (the error names it)
                 if args is None:  # a DMA: checked views
                     target[...] = source
-                elif target is not None and whole.get(index):  # a proven copy
-                    target[...] = whole[index][1][source]
+                    continue
+                result = None
+                if target is not None and index in whole:  # a proven copy
+                    result = whole[index] or self._whole_again(index)
+                if result:
+                    target[...] = result[1][source]
                 else:
                     self._exec(index, layers[index], *args)
         except _INCONSISTENT as error:

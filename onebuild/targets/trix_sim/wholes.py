@@ -74,6 +74,8 @@ class WholeLayers:
             return None
         if self._whole[index] is None:
             x, i0, i1 = self._whole_input(index, layer, held, in_at, in_box)
+            if x is None:  # its source was not computed whole
+                return None
             out_t = self.module.tensors[layer.output]
             m, oh, ow = out_t.shape
             weights = self._weights32.get(index)
@@ -103,6 +105,14 @@ class WholeLayers:
             self._whole[index] = (x, y, concat)
         return self._whole[index]
 
+    def _whole_again(self, index: int):
+        """On a later run, the whole result of a layer computed whole before, computed where
+        its first tile would (a proven copy: where its input is, is known), or None."""
+        layer = self.module.layers[index]
+        if layer.kind == "conv":
+            return self._whole_conv(index, layer, None, None, None)
+        return self._whole_pooling(index, layer, None, None, None)
+
     def _whole_pooling(self, index: int, layer: Layer, held: np.ndarray, in_at, in_box: tuple):
         """(input codes, output codes, True) of a whole max or average pool whose tiles cover
         its output exactly, computed at its first tile (`_whole_input`); None otherwise."""
@@ -110,51 +120,55 @@ class WholeLayers:
             return None
         if self._whole[index] is None:
             x, _, _ = self._whole_input(index, layer, held, in_at, in_box)
+            if x is None:  # its source was not computed whole
+                return None
             y = self._whole_pool(layer, x).astype(self.module.tensors[layer.output].dtype)
             self._whole[index] = (x, y, True)
         return self._whole[index]
 
-    def _whole_input(self, index: int, layer: Layer, held: np.ndarray, in_at, in_box: tuple):
+    def _whole_input(self, index: int, layer: Layer, held, in_at, in_box: tuple | None):
         """The whole input of a windowed layer at its first tile (`held` at SRAM `in_at`: box
-        `in_box` of that input, all channels or the tile's), and the rows [i0, i1) its output
-        reads: the whole result of the layer whose
-        copies the tile holds (`_source`), else the tensor in SRAM (a whole-height tile) or
-        in DRAM; a copy unless every tile's operands are proven to be it (`_prove`)."""
+        `in_box` of that input, all channels or the tile's; on later runs None, as where it
+        was is known), and the rows [i0, i1) its output reads: the whole result of the layer
+        whose copies the tile holds (`_source`), else the tensor in SRAM (a whole-height
+        tile) or in DRAM; a copy unless every tile's operands are proven to be it (`_prove`)."""
         x_t = self.module.tensors[layer.inputs[0]]
         c, h, w = x_t.shape
         i0, i1 = input_rows(layer, 0, self.module.tensors[layer.output].shape[1], h)
-        whole_height = in_box == np.s_[:, 0:h]  # the tensor as this layer reads it, in SRAM
-        x = None if whole_height else self._source(index, held, in_at, in_box)
-        if x is None:
-            at = in_at if whole_height else self.module.dram[layer.inputs[0]]
-            memory = self.sram if whole_height else self.dram
-            nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
-            x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
-            if self._labels is not None:
-                labels = self._labels.of_sram if whole_height else self._labels.of_dram
-                self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
-            if index not in self._lean:
-                x = x.copy()
-        return x, i0, i1
-
-    def _source(self, index: int, held: np.ndarray, in_at: int, in_box: tuple):
-        """The whole result of another layer whose box `in_box` a layer's first tile holds
-        as copies of it (`_result_labels`: a cascade's intermediate, never in DRAM),
-        found on the first run; None where there is none (or it was not computed whole)."""
+        if index in self._sources:
+            producer = self._whole.get(self._sources[index])
+            return producer[1] if producer else None, i0, i1
+        if index not in self._places:  # the first run
+            whole_height = in_box == np.s_[:, 0:h]  # the tensor as this layer reads it, in SRAM
+            if not whole_height and self._source(index, held, in_at, in_box):
+                return self._whole_input(index, layer, held, in_at, in_box)
+            self._places[index] = (
+                (in_at, True) if whole_height else (self.module.dram[x_t.name], False)
+            )
+        at, in_sram = self._places[index]
+        memory = self.sram if in_sram else self.dram
+        nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
+        x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
         if self._labels is not None:
-            shape = self.module.tensors[self.module.layers[index].inputs[0]].shape
-            for producer, labels in self._results.items():
-                y = self._whole[producer][1]
-                if (
-                    y.shape == shape
-                    and y.dtype == held.dtype
-                    and self._labels.holds(in_at, labels[in_box])
-                ):
-                    self._sources[index], self._snapshots[index] = producer, labels
-                    break
-        producer = self._sources.get(index)
-        whole = None if producer is None else self._whole.get(producer)
-        return whole[1] if whole else None
+            labels = self._labels.of_sram if in_sram else self._labels.of_dram
+            self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
+        return (x if index in self._lean else x.copy()), i0, i1
+
+    def _source(self, index: int, held: np.ndarray, in_at: int, in_box: tuple) -> bool:
+        """On the first run, whether a layer's first tile holds box `in_box` of another
+        layer's whole result as copies of it (`_result_labels`: a cascade's intermediate,
+        never in DRAM); then that layer is its source (`_sources`)."""
+        shape = self.module.tensors[self.module.layers[index].inputs[0]].shape
+        for producer, labels in self._results.items():
+            y = self._whole[producer][1]
+            if (
+                y.shape == shape
+                and y.dtype == held.dtype
+                and self._labels.holds(in_at, labels[in_box])
+            ):
+                self._sources[index], self._snapshots[index] = producer, labels
+                return True
+        return False
 
     def _result_labels(self, index: int, key: tuple):
         """On the first run, the labels of the part of layer `index`'s whole result that EXEC
