@@ -454,5 +454,30 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
     assert any(not np.array_equal(results[0][0][n], results[3][0][n]) for n in results[0][0])
 
 
+def test_pools_of_tensors_kept_in_sram_run_whole(rng):
+    """On trix-m squeezenet's pools read channel tiles of tensors kept in SRAM: they are
+    computed whole from there, every tile proven to read it, with the outputs and report of
+    tile-by-tile execution, also on a later run."""
+    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
+    run_preset(model)
+    x = model.main.inputs[0]
+    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
+    hw = load_hardware("trix-m")
+    module = generate(lower(quantized, hw), hw, "performance")
+    feeds, before = ({x.name: rng.integers(0, 256, x.shape).astype(np.uint8)} for _ in range(2))
+    whole, tiled = Simulator(module, hw), Simulator(module, hw)
+    tiled._tiled = []
+    whole.run(before)
+    got, report = whole.run(feeds)
+    want, expected = tiled.run(feeds)
+    pools = {i for i in exactly_tiled(module) if module.layers[i].kind.endswith("pool")}
+    assert len(pools) == 3 and pools <= whole._lean
+    maxpools = [i for i in pools if module.layers[i].kind == "maxpool"]
+    assert len(maxpools) == 2 and all(whole._places[i][1] for i in maxpools)  # in SRAM
+    assert (report.cycles, report.layers) == (expected.cycles, expected.layers)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
 def _loads(module, index: int) -> np.ndarray:
     return np.flatnonzero((module.code[:, 0] == LOAD) & (module.code[:, 1] == index))

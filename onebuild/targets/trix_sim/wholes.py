@@ -138,21 +138,34 @@ class WholeLayers:
         if index in self._sources:
             producer = self._whole.get(self._sources[index])
             return producer[1] if producer else None, i0, i1
+        nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
         if index not in self._places:  # the first run
             whole_height = in_box == np.s_[:, 0:h]  # the tensor as this layer reads it, in SRAM
             if not whole_height and self._source(index, held, in_at, in_box):
                 return self._whole_input(index, layer, held, in_at, in_box)
-            self._places[index] = (
-                (in_at, True) if whole_height else (self.module.dram[x_t.name], False)
-            )
+            self._places[index] = self._place(x_t.name, nbytes, in_at, in_box, whole_height)
         at, in_sram = self._places[index]
         memory = self.sram if in_sram else self.dram
-        nbytes = c * h * w * np.dtype(x_t.dtype).itemsize
         x = memory[at : at + nbytes].view(x_t.dtype).reshape(c, h, w)
         if self._labels is not None:
             labels = self._labels.of_sram if in_sram else self._labels.of_dram
             self._snapshots[index] = labels(at, nbytes).reshape(c, h, -1)
         return (x if index in self._lean else x.copy()), i0, i1
+
+    def _place(self, name: str, nbytes: int, in_at: int, in_box: tuple, whole_height: bool):
+        """(address, in SRAM) of a layer's whole input tensor `name`, from its first tile: the
+        SRAM tile where it holds all of it, else the tensor in DRAM, unless the tile holds
+        whole rows of some of its channels that did not come from there (the tensor stays in
+        SRAM: it starts that many channels before the tile)."""
+        dram_at = self.module.dram[name]
+        if whole_height:
+            return in_at, True
+        c, h, _ = self.module.tensors[name].shape
+        at = in_at - (in_box[0].start or 0) * (nbytes // c)
+        if in_box[1] != slice(0, h) or at < 0 or at + nbytes > len(self.sram):
+            return dram_at, False
+        loaded = self._labels.of_dram(dram_at, nbytes).reshape(c, h, -1)[in_box]
+        return (dram_at, False) if self._labels.holds(in_at, loaded) else (at, True)
 
     def _source(self, index: int, held: np.ndarray, in_at: int, in_box: tuple) -> bool:
         """On the first run, whether a layer's first tile holds box `in_box` of another
