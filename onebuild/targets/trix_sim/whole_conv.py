@@ -7,8 +7,16 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import kernels
 from .convolve import centered_codes
-from .exact import FLOAT32_EXACT, float_scaling, product_bound, requantize_float
+from .exact import (
+    FLOAT32_EXACT,
+    float_scaling,
+    per_row,
+    product_bound,
+    requantize_float,
+    requantize_rows,
+)
 from .lower import Layer
 from .windows import padded_rows, window_view
 
@@ -44,6 +52,8 @@ def whole_convolution(
     scaling = float_scaling(bias, multiplier, shift, *params)
     if scaling is False:
         return None
+    narrow = scaling[2] is not None  # the accumulators are float32
+    rows = per_row(np.empty((m, 1, 1), np.float32), scaling, narrow)
     kernel = weights.reshape(m, -1)
     pointwise = a["kernel"] == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"])
 
@@ -58,6 +68,9 @@ def whole_convolution(
             cols = np.empty((kernel.shape[1], oh * ow), np.float32)
             np.subtract(patch, np.float32(zp), out=cols.reshape(patch.shape), dtype=np.float32)
         acc = (kernel @ cols).reshape(m, oh, ow)
+        fused = kernels.compiled()
+        if fused is not None and rows is not None:
+            return requantize_rows(fused, acc, rows, narrow, *params, dtype, table)
         return requantize_float(acc, bias, multiplier, shift, *params, dtype, scaling, table)
 
     return run
