@@ -20,7 +20,11 @@ does where each byte came from: the first run follows it (provenance.py), and a 
 read the bytes the whole-layer result was computed from takes its slice without comparing
 them (nor is that layer's input copied), a plain copy through the views its first run checked:
 wholes.py. A convolution with a max pool in its output stage, whose tiles overlap, is computed
-whole where all its tiles are proven so. Convolutions: convolve.py; code tables of elementwise
+whole (pooled once) where all its tiles are proven so; pools are computed whole as
+convolutions are. A tile proven to copy a slice of a whole result writes that slice's labels,
+so a layer whose input is such copies (a cascade's intermediate, never in DRAM) is computed
+whole from that result. Later runs follow a plan of the instructions that do something
+(`_plan_steps`). Convolutions: convolve.py, whole_conv.py; code tables of elementwise
 layers, concat parts and requant layers: tables.py; compiled kernels (numba, optional, loaded
 when a simulator runs again): kernels.py.
 """
