@@ -90,12 +90,12 @@ class WholeLayers:
             if index not in self._parts:
                 self._parts[index] = self._part_table(layer)
             concat, table = self._parts[index]
-            if index not in self._plans:  # its constants prepared once, where it may
+            if index not in self._plans and self._labels is None:  # prepared on a later run
                 l1 = None if norms is None else norms[1]
                 shape, codes = out_t.shape, x.dtype
                 plan = whole_convolution(layer, weights, l1, codes, shape, out_t.dtype, table)
                 self._plans[index] = plan
-            if self._plans[index] is not None:
+            if self._plans.get(index) is not None:
                 y = self._plans[index](x[:, i0:i1])
             else:
                 y = self._convolve(layer, x[:, i0:i1], weights, *whole, norms=norms, table=table)
