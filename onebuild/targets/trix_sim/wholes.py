@@ -122,7 +122,8 @@ class WholeLayers:
             x, _, _ = self._whole_input(index, layer, held, in_at, in_box)
             if x is None:  # its source was not computed whole
                 return None
-            y = self._whole_pool(layer, x).astype(self.module.tensors[layer.output].dtype)
+            y = self._whole_pool(layer, x)
+            y = y.astype(self.module.tensors[layer.output].dtype, copy=False)
             self._whole[index] = (x, y, True)
         return self._whole[index]
 
@@ -161,10 +162,12 @@ class WholeLayers:
         if whole_height:
             return in_at, True
         c, h, _ = self.module.tensors[name].shape
-        at = in_at - (in_box[0].start or 0) * (nbytes // c)
+        c0, per_channel = in_box[0].start or 0, nbytes // c
+        at = in_at - c0 * per_channel
         if in_box[1] != slice(0, h) or at < 0 or at + nbytes > len(self.sram):
             return dram_at, False
-        loaded = self._labels.of_dram(dram_at, nbytes).reshape(c, h, -1)[in_box]
+        channels = len(range(c)[in_box[0]])
+        loaded = self._labels.of_dram(dram_at + c0 * per_channel, channels * per_channel)
         return (dram_at, False) if self._labels.holds(in_at, loaded) else (at, True)
 
     def _source(self, index: int, held: np.ndarray, in_at: int, in_box: tuple) -> bool:
