@@ -78,6 +78,7 @@ def test_squeezenet_is_identical_on_both_paths(rng, monkeypatch):
     calls = _both_paths(monkeypatch, quantized, ["trix-s", "trix-m"], rng)
     assert calls["requantize"] >= 26  # every convolution's outputs at least once
     assert calls["row_sums"] >= 1  # its global average pool
+    assert calls["center"] >= 17  # every 1x1 convolution's operand at least once
 
 
 @pytest.mark.parametrize("shape", [CONVS[0], CONVS[2], CONVS[3]])  # plain, depthwise, grouped

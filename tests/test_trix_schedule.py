@@ -177,7 +177,8 @@ def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monke
     stripes: the first two outputs are never stored, the pool runs in the stem's output stage
     (the stem's EXECs name the pool's row stripes, the pool has none), and the program is
     faster than layer by layer and than with the pool apart, and bit-exact (the stem computed
-    whole on later runs, its stripes proven to read its input), also on SRAMs that
+    whole on later runs, its stripes proven to read its input, the last layer computed whole
+    from the stem's pooled output, its stripes proven to read copies of it), also on SRAMs that
     force thin stripes and with the `memory` preference (whose arena must keep the stem's
     input alive while the last layer's stripes are stored). 64 KiB of SRAM: the stem's output
     (54 KiB) cannot stay resident."""
@@ -199,6 +200,11 @@ def test_a_dma_bound_convolution_cascades_with_its_pool(stem, preset, rng, monke
     simulator = Simulator(module, hw)
     got, cascaded = simulator.run(feeds)
     assert 0 in simulator._lean  # the stem is computed whole: every stripe is proven its slice
+    copies = {index for _, index, target, _, args in simulator._plan if args and target is not None}
+    assert 0 in copies  # of the whole stem's pooled output, on later runs
+    # the last layer's stripes read copies of that output (never in DRAM): it is computed
+    # whole from it, every stripe proven
+    assert simulator._sources == {2: 0} and 2 in simulator._lean
     again, _ = simulator.run(feeds)
     monkeypatch.setattr(cascade, "fuse_pools", lambda *args: None)
     apart = generate(program, hw)

@@ -412,10 +412,10 @@ def test_same_values_equals_array_equal(rng):
 
 
 def test_whole_layer_execution_equals_tile_by_tile(rng):
-    """Layers run whole give the same outputs and report as tile by tile, also for a stream
-    whose tile reads other data than the whole layer was computed from (that tile is not
-    proven to read the same bytes, compares them and computes alone); a later run of a
-    simulator (on other data before) equals a new simulator's run."""
+    """Layers run whole (convolutions, pools) give the same outputs and report as tile by
+    tile, also for a stream whose tile reads other data than the whole layer was computed
+    from (that tile is not proven to read the same bytes, compares them and computes alone);
+    a later run of a simulator (on other data before) equals a new simulator's run."""
     model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
     run_preset(model)
     x = model.main.inputs[0]
@@ -444,12 +444,39 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
             assert (conv in proven) == whole and (conv in simulator._lean) == (
                 whole and code is module.code
             )
+            pools = {i for i in tiled if module.layers[i].kind.endswith("pool")}  # own EXECs
+            assert len(pools) == 3 and (pools <= simulator._lean) == whole  # 2 max, 1 average
     for first, *others in (results[:3], results[3:]):
         for other in others:
             assert first[1:] == other[1:]
             for name in first[0]:
                 np.testing.assert_array_equal(first[0][name], other[0][name])
     assert any(not np.array_equal(results[0][0][n], results[3][0][n]) for n in results[0][0])
+
+
+def test_pools_of_tensors_kept_in_sram_run_whole(rng):
+    """On trix-m squeezenet's pools read channel tiles of tensors kept in SRAM: they are
+    computed whole from there, every tile proven to read it, with the outputs and report of
+    tile-by-tile execution, also on a later run."""
+    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
+    run_preset(model)
+    x = model.main.inputs[0]
+    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
+    hw = load_hardware("trix-m")
+    module = generate(lower(quantized, hw), hw, "performance")
+    feeds, before = ({x.name: rng.integers(0, 256, x.shape).astype(np.uint8)} for _ in range(2))
+    whole, tiled = Simulator(module, hw), Simulator(module, hw)
+    tiled._tiled = []
+    whole.run(before)
+    got, report = whole.run(feeds)
+    want, expected = tiled.run(feeds)
+    pools = {i for i in exactly_tiled(module) if module.layers[i].kind.endswith("pool")}
+    assert len(pools) == 3 and pools <= whole._lean
+    maxpools = [i for i in pools if module.layers[i].kind == "maxpool"]
+    assert len(maxpools) == 2 and all(whole._places[i][1] for i in maxpools)  # in SRAM
+    assert (report.cycles, report.layers) == (expected.cycles, expected.layers)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
 
 
 def _loads(module, index: int) -> np.ndarray:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ...graph_ir.quant.params import requantize
+from . import kernels
 from .exact import (
     exact_dot,
     exact_int,
@@ -60,7 +61,7 @@ def convolve(
         acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
     else:
         if pointwise:  # the input tile is already the im2col matrix
-            windows = np.subtract(x, np.float32(zp), dtype=np.float32)[..., None, None]
+            windows = centered_codes(x, zp).reshape(x.shape)[..., None, None]
         else:  # codes, padded with the zero point: centered as the im2col matrix is made
             windows = window_view(
                 layer, padded_rows(layer, x, r0, rows, i0, w, zp, x.dtype), rows, ow
@@ -86,6 +87,17 @@ def convolve(
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)
     bound *= math.prod(wq.shape[1:])
     return requant_channels(layer, acc, ch0, chs, bound, dtype, scalings, table)
+
+
+def centered_codes(x: np.ndarray, zp: int) -> np.ndarray:
+    """[C, H W] float32 codes less the zero point of C x H x W codes `x` (exact: |x - zp| <
+    2^17); in one compiled pass where the kernels are loaded (numpy's cast is buffered)."""
+    fused = kernels.compiled()
+    if fused is None:
+        return np.subtract(x, np.float32(zp), dtype=np.float32).reshape(len(x), -1)
+    out = np.empty((len(x), x.shape[1] * x.shape[2]), np.float32)
+    fused.center(x, np.float32(zp), out)
+    return out
 
 
 def requant_channels(

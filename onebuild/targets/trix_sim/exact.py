@@ -184,17 +184,9 @@ def requantize_float(
     scale, offset, bias32 = scaling
     narrow = acc.dtype == np.float32 and bias32 is not None
     fused = kernels.compiled()
-    rows = _per_row(acc, scale, offset, bias32 if narrow else scale)
+    rows = per_row(acc, scaling, narrow)
     if fused is not None and rows is not None and acc.flags.c_contiguous:
-        out = np.empty(acc.shape, dtype)
-        scale, offset, bias32 = rows
-        flat = (len(acc), -1)
-        bias32 = bias32 if narrow else bias32[:0].astype(np.float32)  # empty: t = acc s + o
-        codes = out[:0].reshape(-1) if table is None else table  # empty: no lookup
-        fused.requantize(
-            acc.reshape(flat), bias32, scale, offset, zp, qmin, qmax, codes, out.reshape(flat)
-        )
-        return out
+        return requantize_rows(fused, acc, rows, narrow, zp, qmin, qmax, dtype, table)
     if narrow:
         t = np.multiply(np.add(acc, bias32, out=acc), scale, dtype=np.float64)
     else:
@@ -205,6 +197,27 @@ def requantize_float(
         t += zp
     y = np.clip(t, qmin, qmax, out=np.empty(t.shape, dtype), casting="unsafe")
     return y if table is None else lookup(table, y)
+
+
+def per_row(acc: np.ndarray, scaling: tuple, narrow: bool) -> list[np.ndarray] | None:
+    """`float_scaling`'s arrays as one value per row of `acc` (the bias in float32 where
+    `narrow`), as `requantize_rows` takes them; None where they vary along another axis."""
+    scale, offset, bias32 = scaling
+    return _per_row(acc, scale, offset, bias32 if narrow else scale)
+
+
+def requantize_rows(fused, acc, rows, narrow: bool, zp: int, qmin: int, qmax: int, dtype, table):
+    """`requantize_float` by the compiled kernel (`fused`), for a C-contiguous `acc` and its
+    scaling `per_row`."""
+    out = np.empty(acc.shape, dtype)
+    scale, offset, bias32 = rows
+    flat = (len(acc), -1)
+    bias32 = bias32 if narrow else bias32[:0].astype(np.float32)  # empty: t = acc s + o
+    codes = out[:0].reshape(-1) if table is None else table  # empty: no lookup
+    fused.requantize(
+        acc.reshape(flat), bias32, scale, offset, zp, qmin, qmax, codes, out.reshape(flat)
+    )
+    return out
 
 
 def _per_row(acc: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray] | None:

@@ -1,8 +1,9 @@
 """Compiled kernels of the TRIX simulator, optional (extra `fast`: numba): one pass over the
 data where numpy makes several (requantization) or casts in buffered chunks (int64 sums of
-codes). Each does the same operations in the same precisions as the numpy code it replaces
-(no fast-math, so no fused multiply-adds nor reordering; integer sums are exact in any order),
-so outputs are bit-identical. `ONEBUILD_NUMBA=0` keeps the numpy path.
+codes, codes less a zero point as float32). Each does the same operations in the same
+precisions as the numpy code it replaces (no fast-math, so no fused multiply-adds nor
+reordering; integer sums are exact in any order), so outputs are bit-identical.
+`ONEBUILD_NUMBA=0` keeps the numpy path.
 
 Loaded once per process, when a simulator runs a second time (`Simulator.run`): numba's
 import and the loading of the machine code it caches on disk (`cache=True`) cost about 0.45 s,
@@ -28,7 +29,11 @@ def load() -> None:
             _loaded.append(None)
         else:
             jit = numba.njit(cache=True, nogil=True)
-            kernels = {"requantize": jit(_requantize), "row_sums": jit(_row_sums)}
+            kernels = {
+                "requantize": jit(_requantize),
+                "row_sums": jit(_row_sums),
+                "center": jit(_center),
+            }
             _loaded.append(SimpleNamespace(**kernels))
 
 
@@ -63,3 +68,13 @@ def _row_sums(codes, out):
         for j in range(codes.shape[1]):
             total += codes[i, j]
         out[i] = total
+
+
+def _center(x, zp, out):
+    """out[c, i w + j] = float32(x[c, i, j]) - zp (zp a float32): a 1x1 convolution's GEMM
+    operand (`convolve.centered_codes`)."""
+    c, h, w = x.shape
+    for i in range(c):
+        for j in range(h):
+            for k in range(w):
+                out[i, j * w + k] = np.float32(x[i, j, k]) - zp

@@ -7,7 +7,9 @@ DMA transfers copy labels as they copy bytes. Two regions with equal labels hold
 whatever the data: labels follow only from the instruction stream, which is the same on every
 run. So an EXEC whose operands carry the labels of what the simulator's whole-layer result was
 computed from (`Simulator._whole_conv`) takes its slice of that result on later runs without
-comparing them.
+comparing them. An EXEC proven to copy a slice of a whole layer's result writes that slice's
+labels (`reserve`), so a layer whose input is such copies (a cascade's intermediate, never in
+DRAM) is computed whole from that result, its tiles proven to read it.
 """
 
 import numpy as np
@@ -48,10 +50,21 @@ class Provenance:
         place = _region(self.arena, dram - self.blob, block, count, dram_stride)
         place[...] = _region(self.sram, sram, block, count, sram_stride).reshape(place.shape)
 
-    def wrote(self, lo: int, hi: int) -> None:
-        """An EXEC wrote SRAM bytes [lo, hi)."""
-        self.sram[lo:hi] = np.arange(self.fresh, self.fresh + hi - lo)
-        self.fresh += hi - lo
+    def wrote(self, lo: int, hi: int, labels: np.ndarray | None = None) -> None:
+        """An EXEC wrote SRAM bytes [lo, hi): fresh bytes, or those `labels` name (bytes of a
+        whole layer's result, `reserve`, that the EXEC copies)."""
+        if labels is None:
+            self.sram[lo:hi] = np.arange(self.fresh, self.fresh + hi - lo)
+            self.fresh += hi - lo
+        else:
+            self.sram[lo:hi] = labels.reshape(-1)
+
+    def reserve(self, shape: tuple) -> np.ndarray:
+        """Fresh labels for the bytes of a result the simulator keeps (a whole layer's
+        output), in C order: EXECs that copy parts of it write those parts' labels."""
+        labels = np.arange(self.fresh, self.fresh + int(np.prod(shape)), dtype=np.int64)
+        self.fresh += labels.size
+        return labels.reshape(shape)
 
     def of_sram(self, at: int, nbytes: int) -> np.ndarray:
         return self.sram[at : at + nbytes].copy()

@@ -20,7 +20,11 @@ does where each byte came from: the first run follows it (provenance.py), and a 
 read the bytes the whole-layer result was computed from takes its slice without comparing
 them (nor is that layer's input copied), a plain copy through the views its first run checked:
 wholes.py. A convolution with a max pool in its output stage, whose tiles overlap, is computed
-whole where all its tiles are proven so. Convolutions: convolve.py; code tables of elementwise
+whole (pooled once) where all its tiles are proven so; pools are computed whole as
+convolutions are. A tile proven to copy a slice of a whole result writes that slice's labels,
+so a layer whose input is such copies (a cascade's intermediate, never in DRAM) is computed
+whole from that result. Later runs follow a plan of the instructions that do something
+(`_plan_steps`). Convolutions: convolve.py, whole_conv.py; code tables of elementwise
 layers, concat parts and requant layers: tables.py; compiled kernels (numba, optional, loaded
 when a simulator runs again): kernels.py.
 """
@@ -71,6 +75,7 @@ class Simulator(WholeLayers):
         self._weights32: dict[int, np.ndarray] = {}  # layer -> its weights as float32
         self._parts: dict[int, tuple] = {}  # layer -> wholes.WholeLayers._part_table
         self._norms: dict[int, tuple] = {}  # layer -> exact.row_norm, row_l1 of those weights
+        self._plans: dict[int, object] = {}  # layer -> whole_conv.whole_convolution, or None
         self._scalings: dict[tuple, tuple] = {}  # requantization constants (convolve.py)
         self._convolve = partial(convolve, scalings=self._scalings)
         self._codes = CodeTables(module)  # code tables of elementwise layers and concat parts
@@ -79,8 +84,11 @@ class Simulator(WholeLayers):
         self._proven: set[tuple] = set()  # EXECs whose operands are what the whole layer read
         self._unproven: set[tuple] = set()  # EXECs of whole layers whose operands may not be
         self._snapshots: dict[int, np.ndarray] = {}  # layer -> labels of what it read whole
+        self._results: dict[int, np.ndarray] = {}  # layer -> labels of its whole result (1st run)
+        self._sources: dict[int, int] = {}  # layer -> the layer whose whole result it reads
+        self._places: dict[int, tuple] = {}  # else layer -> (address, in SRAM) of its input
         self._lean: set[int] = set()  # layers every EXEC of which is proven: no input copy
-        self._copies: dict[int, tuple] = {}  # position -> wholes.WholeLayers._proven_copies
+        self._plan: list[tuple] = []  # the steps of later runs (_plan_steps)
         self._pools = {  # convolution -> the max pool in its output stage
             i: module.layers[layer.attrs["epilogue"]]
             for i, layer in enumerate(module.layers)
@@ -156,7 +164,7 @@ class Simulator(WholeLayers):
         module = self.module
         report, timeline = Report(), Timeline(len(self.sram))
         self._labels = Provenance(len(module.blob), len(self.dram), len(self.sram))
-        self._proven, self._unproven, self._snapshots = set(), set(), {}
+        self._proven, self._unproven, self._snapshots, self._results = set(), set(), {}, {}
         finish: dict[str, int] = {}
         for position, (op, index, *args) in enumerate(self._code):
             try:
@@ -172,8 +180,8 @@ class Simulator(WholeLayers):
         # convolution (overlapping tiles) unless all of them do
         useful = {key[0] for key in self._proven}
         self._tiled = [i for i in self._tiled if i in (self._lean if i in self._pools else useful)]
-        self._copies = self._proven_copies()
-        self._labels, self._snapshots = None, {}
+        self._plan = self._plan_steps(self._proven_copies())
+        self._labels, self._snapshots, self._results = None, {}, {}
         done = 0
         for name, stats in report.layers.items():  # in program order
             stats["cycles"] = max(0, finish[name] - done)
@@ -181,24 +189,41 @@ class Simulator(WholeLayers):
         return report
 
     def _run_again(self) -> None:
-        """Execute every instruction of a program that ran before: its DMA views were checked
-        and its timeline is known (neither depends on the data); EXECs check their SRAM
-        operands as always, but for those proven to copy a slice of a whole layer's result
-        (`_proven_copies`), which copy it."""
-        layers, dma, copies, whole = self.module.layers, self._dma, self._copies, self._whole
+        """Execute every instruction of a program that ran before, by its plan (`_plan`): its
+        DMA views were checked and its timeline is known (neither depends on the data); EXECs
+        check their SRAM operands as always, but for those proven to copy a slice of a whole
+        layer's result (`_proven_copies`), which copy it."""
+        layers, whole = self.module.layers, self._whole
+        position = index = 0
+        try:
+            for position, index, target, source, args in self._plan:  # noqa: B007 (the error names it)
+                if args is None:  # a DMA: checked views
+                    target[...] = source
+                    continue
+                result = None
+                if target is not None and index in whole:  # a proven copy
+                    result = whole[index] or self._whole_again(index)
+                if result:
+                    target[...] = result[1][source]
+                else:
+                    self._exec(index, layers[index], *args)
+        except _INCONSISTENT as error:
+            raise self._inconsistent(position, index, error) from None
+
+    def _plan_steps(self, copies: dict[int, tuple]) -> list[tuple]:
+        """The steps of later runs, one per instruction that does anything: (position, layer,
+        target, source, EXEC arguments): a DMA's checked views (arguments None), an EXEC's
+        place and box where it is a proven copy (`copies`; else None, None), and its
+        arguments."""
+        plan = []
         for position, (op, index, *args) in enumerate(self._code):
-            try:
-                if op == EXEC:
-                    copy = copies.get(position)
-                    if copy is not None and whole.get(index):
-                        copy[1][...] = whole[index][1][copy[0]]
-                    else:
-                        self._exec(index, layers[index], *args)
-                elif dma[position] is not None:
-                    destination, source = dma[position]
-                    destination[...] = source
-            except _INCONSISTENT as error:
-                raise self._inconsistent(position, index, error) from None
+            if op == EXEC:
+                place_box = copies.get(position)
+                target, source = (None, None) if place_box is None else place_box[::-1]
+                plan.append((position, index, target, source, tuple(args)))
+            elif self._dma[position] is not None:
+                plan.append((position, index, *self._dma[position], None))
+        return plan
 
     def _inconsistent(self, position: int, index: int, error: Exception) -> FormatError:
         return FormatError(
@@ -238,8 +263,10 @@ class Simulator(WholeLayers):
             report.dram_bytes += block * count
         elif op == EXEC:
             reads, writes, cycles, macs = self._exec(index, layer, *args)
+            r0, rows, ch0, chs, in_at, _, w_at, out_at = args
+            copied = self._result_labels(index, (index, r0, rows, ch0, chs, in_at, w_at, out_at))
             for lo, hi in writes:
-                self._labels.wrote(lo, hi)
+                self._labels.wrote(lo, hi, copied)
             end = timeline.schedule("compute", cycles, reads, writes)
             stats["compute_cycles"] += cycles
             stats["macs"] += macs
@@ -279,21 +306,22 @@ class Simulator(WholeLayers):
             shape = (chs, *weights.shape[1:])
             wq = self._sram_view(w_at, weights.dtype, shape)
             reads.append((w_at, w_at + wq.nbytes))
-            whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+            in_box = np.s_[:, t0:t1]
+            whole = self._whole_conv(index, layer, held, in_at, in_box)
             if whole is not None and self._labels is not None:
-                self._prove(key, held, t0, t1, weights)
+                self._prove(key, in_box, weights)
             after = "epilogue" in layer.attrs
             if whole is not None and (
                 key in self._proven
                 or (
-                    same_values(held, whole[0][:, t0:t1])
+                    same_values(held, whole[0][in_box])
                     and same_values(wq, weights[ch0 : ch0 + chs])
                 )
             ):
                 box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
                 y, after = whole[1][box], after and not whole[2]
                 if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
-                    taken = (held, t0, t1, wq, weights[ch0 : ch0 + chs], box)
+                    taken = (held, in_box, wq, weights[ch0 : ch0 + chs], box)
             else:
                 tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
                 y = self._convolve(layer, x, wq, *tile)
@@ -327,10 +355,17 @@ class Simulator(WholeLayers):
                 y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
             else:
                 y = self._codes.pairwise(layer, *((b, x) if vector == 0 else (x, b)))
-        elif layer.kind == "maxpool":
-            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=True)
-        elif layer.kind == "avgpool":
-            y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=False)
+        elif layer.kind in ("maxpool", "avgpool"):
+            in_box = np.s_[ch0 : ch0 + chs, t0:t1]  # the tile holds its channels only
+            whole = self._whole_pooling(index, layer, held, in_at, in_box)
+            if whole is not None and self._labels is not None:
+                self._prove(key, in_box, None)
+            if whole is not None and (key in self._proven or same_values(held, whole[0][in_box])):
+                box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
+                y, taken = whole[1][box], (held, in_box, _NOTHING, _NOTHING, box)
+            else:
+                maximum = layer.kind == "maxpool"
+                y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=maximum)
         elif layer.kind == "lookup":
             table = layer.arrays["table"]
             rank = x.astype(np.int64) - np.iinfo(x.dtype).min  # each code's row in the table
@@ -368,8 +403,9 @@ class Simulator(WholeLayers):
 
     def _pooled_conv(self, index: int, layer: Layer, r0, rows, ch0, chs, in_at, w_at, out_at):
         """A convolution tile with a max pool in its output stage: output rows [r0, r0 + rows)
-        of the pool, from the convolution rows they read (never stored: computed, or taken
-        from the whole convolution where its operands are those it was computed from)."""
+        of the pool, from the convolution rows they read (never stored: computed), or taken
+        from the whole layer's pooled output where its operands are those it was computed
+        from."""
         after, tensors = self._pools[index], self.module.tensors
         x_t, mid_t, out_t = (tensors[n] for n in (layer.inputs[0], layer.output, after.output))
         (c, h, w), (_, mh, mw) = x_t.shape, mid_t.shape
@@ -379,21 +415,24 @@ class Simulator(WholeLayers):
         weights = layer.arrays["weights"]
         wq = self._sram_view(w_at, weights.dtype, (chs, *weights.shape[1:]))
         key = (index, r0, rows, ch0, chs, in_at, w_at, out_at)
-        whole = self._whole_conv(index, layer, held, in_at, t0, t1)
+        in_box = np.s_[:, t0:t1]
+        whole = self._whole_conv(index, layer, held, in_at, in_box)
         if whole is not None and self._labels is not None:
-            self._prove(key, held, t0, t1, weights)
+            self._prove(key, in_box, weights)
+        taken = None
         if whole is not None and (
             key in self._proven
-            or (same_values(held, whole[0][:, t0:t1]) and same_values(wq, weights[ch0 : ch0 + chs]))
+            or (same_values(held, whole[0][in_box]) and same_values(wq, weights[ch0 : ch0 + chs]))
         ):
-            y = whole[1][ch0 : ch0 + chs, m0:m1]
+            box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
+            z, taken = whole[1][box], (held, in_box, wq, weights[ch0 : ch0 + chs], box)
         else:
             i0, i1 = input_rows(layer, m0, m1, h)
             x = held[:, i0 - t0 : i1 - t0]
             y = self._convolve(layer, x, wq, m0, m1 - m0, ch0, chs, i0, w, mw, mid_t.dtype)
             y = y.astype(mid_t.dtype, copy=False)
-        p0, p1 = input_rows(after, r0, r0 + rows, mh)
-        z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
+            p0, p1 = input_rows(after, r0, r0 + rows, mh)
+            z = pool(after, y[:, p0 - m0 : p1 - m0], r0, rows, p0, mh, mw, out_t.shape[2], True)
         self._write_sram(out_at, z)
         timing = (index, r0, rows, chs)
         if timing not in self._cycles:
@@ -401,8 +440,12 @@ class Simulator(WholeLayers):
             cycles = conv_pool_cycles(self.hw, layer, after, rows, chs, m1 - m0, shapes)
             self._cycles[timing] = cycles
         reads = [(in_at, in_at + held.nbytes), (w_at, w_at + wq.nbytes)]
-        macs = y.size * math.prod(weights.shape[1:])
-        return reads, [(out_at, out_at + z.nbytes)], self._cycles[timing], macs
+        macs = chs * (m1 - m0) * mw * math.prod(weights.shape[1:])
+        result = reads, [(out_at, out_at + z.nbytes)], self._cycles[timing], macs
+        if taken is not None:  # the tile's views, checked, for the next time it runs
+            place = self.sram[out_at : out_at + z.nbytes].view(z.dtype).reshape(z.shape)
+            self._slices[key] = (*taken, place, result)
+        return result
 
     def _epilogue(self, layer: Layer, y: np.ndarray, in2_at: int, reads: list) -> np.ndarray:
         """A convolution tile's codes through its fused consumer (fusion.py): an Add with the
@@ -427,6 +470,7 @@ class Simulator(WholeLayers):
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
+_NOTHING = np.zeros(0, np.uint8)  # the weights of a layer that has none (a pool's tile)
 
 
 def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:

@@ -92,9 +92,9 @@ class Timeline:
 
 
 def exactly_tiled(module: Module) -> list[int]:
-    """The convolutions and elementwise layers of two same-shape tensors whose EXEC tiles
-    cover every output element exactly once (not a convolution with a pool epilogue: its
-    tiles are the pool's)."""
+    """The convolutions, pools and elementwise layers of two same-shape tensors whose EXEC
+    tiles cover every output element exactly once (not a convolution with a pool epilogue:
+    its tiles are the pool's)."""
     code = module.code
     execs = code[code[:, 0] == EXEC].astype(np.int64)
     tiled = []
@@ -105,7 +105,8 @@ def exactly_tiled(module: Module) -> list[int]:
         if after is not None and after.kind == "maxpool":
             continue
         if not len(tiles) or not (
-            layer.kind == "conv" or (pair and layer.attrs.get("vector_index") is None)
+            layer.kind in ("conv", "maxpool", "avgpool")
+            or (pair and layer.attrs.get("vector_index") is None)
         ):
             continue
         m, oh, _ = module.tensors[layer.output].shape
