@@ -1,20 +1,26 @@
 """Helpers of `quantize_vs_ort.py` that need only numpy and onnx: neutral jitter of activation
 scales (the measurement's noise) and onnxruntime's recommended pre-processing."""
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 JITTER = 0.003  # relative standard deviation of each activation scale in a jitter run
+OUTPUT_SUFFIX = "_QuantizeLinear_Input"  # quantize_static's name for a graph output's tensor
 
 
 def factors(names, seed: int) -> dict[str, float]:
-    """One factor 1 + JITTER z per distinct name (in sorted order), z standard normal drawn
-    from `seed`."""
-    names = sorted(set(names))
-    z = np.random.default_rng(seed).standard_normal(len(names))
-    return dict(zip(names, (1.0 + JITTER * z).tolist()))
+    """One factor 1 + JITTER z per distinct name, z standard normal drawn from `seed` and the
+    name alone: a tensor both quantizers hold under one name gets the same factor in both (the
+    tools' runs are paired there), whatever other names each holds."""
+    return {name: 1.0 + JITTER * _normal(name, seed) for name in sorted(set(names))}
+
+
+def _normal(name: str, seed: int) -> float:
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    return float(np.random.default_rng([seed, key]).standard_normal())
 
 
 def jitter_ranges(ranges: dict[str, tuple[float, float]], seed: int) -> dict:
@@ -38,17 +44,19 @@ def jitter_channel_ranges(ranges: dict[str, tuple[np.ndarray, np.ndarray]], seed
 
 def jitter_qdq(proto: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     """A copy of a QDQ model with every activation scale (the initializer its QuantizeLinear
-    shares with its DequantizeLinear) multiplied by its factor; weights are left alone."""
+    shares with its DequantizeLinear) multiplied by the factor of the first tensor it quantizes
+    (named as in the float model; a scale also serves the outputs of MaxPool, Reshape, ...);
+    weights are left alone."""
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     inits = {i.name: i for i in copy.graph.initializer}
-    names = [
-        n.input[1]
-        for n in copy.graph.node
-        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits
-    ]
-    for name, factor in factors(names, seed).items():
-        scale = onnx.numpy_helper.to_array(inits[name]).astype(np.float64) * factor
+    tensors = {}
+    for n in copy.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
+            tensors.setdefault(n.input[1], n.input[0].removesuffix(OUTPUT_SUFFIX))
+    factor = factors(tensors.values(), seed)
+    for name, tensor in tensors.items():
+        scale = onnx.numpy_helper.to_array(inits[name]).astype(np.float64) * factor[tensor]
         inits[name].CopyFrom(onnx.numpy_helper.from_array(scale.astype(np.float32), name))
     return copy
 

@@ -7,9 +7,10 @@ are the outputs of the DequantizeLinear nodes of its QDQ model (exposed as outpu
 onebuild's are the integer reference interpreter's codes, dequantized. Settings as the like for
 like entry of `quantize_vs_ort.py` (uint8, per-channel int8 weights, MinMax, no bias
 correction). Prints JSON rows in graph order, then the worst rows of each. `--sample I` measures
-the I-th evaluation sample alone (a total over several can be dominated by one).
+the I-th evaluation sample alone (a total over several can be dominated by one); `--per-sample`
+adds each evaluation sample's SQNR to every row (`ort_db_each`, `ob_db_each`).
 
-    python bench/quant_layers.py layout_cdla [--samples 4] [--sample I]
+    python bench/quant_layers.py layout_cdla [--samples 4] [--sample I] [--per-sample]
         [--options '{"method": "mse"}']
 """
 
@@ -33,14 +34,19 @@ DQ_SUFFIX = "_DequantizeLinear_Output"
 
 
 class Noise:
+    """Signal and noise energy summed over samples, and each sample's SQNR."""
+
     def __init__(self):
         self.signal = self.noise = 0.0
+        self.each: list[float | None] = []
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
         ref = np.asarray(ref, np.float64).ravel()
         diff = ref - np.asarray(test, np.float64).ravel()
-        self.signal += float(ref @ ref)
-        self.noise += float(diff @ diff)
+        signal, noise = float(ref @ ref), float(diff @ diff)
+        self.signal += signal
+        self.noise += noise
+        self.each.append(round(sqnr_db(signal, noise), 2) if signal else None)
 
     @property
     def db(self) -> float:
@@ -105,6 +111,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, help="only this evaluation sample (its index)")
     parser.add_argument("--options", default='{"bias_correction": false}', help="onebuild's")
     parser.add_argument("--worst", type=int, default=15)
+    parser.add_argument("--per-sample", action="store_true", help="each sample's SQNR too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
@@ -162,10 +169,14 @@ def main() -> None:
         if n in ort_params:
             row["ort_scale"], row["ort_zp"] = ort_params[n]
             row["ort_db"] = noise[n]["onnxruntime"].db
+            if args.per_sample:
+                row["ort_db_each"] = noise[n]["onnxruntime"].each
         if n in ours and ours[n].quant is not None and len(ours[n].quant.scale) == 1:
             row["ob_scale"], row["ob_zp"] = ours[n].quant.scale[0], ours[n].quant.zero_point[0]
             if noise[n]["onebuild"].signal:
                 row["ob_db"] = noise[n]["onebuild"].db
+                if args.per_sample:
+                    row["ob_db_each"] = noise[n]["onebuild"].each
             if n in renamed:
                 row["same_value"] = False
         rows.append(row)

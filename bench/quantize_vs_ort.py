@@ -32,10 +32,13 @@ also run K more times with every activation scale multiplied by its own factor 1
 standard normal, seeded per run): onebuild's calibrated ranges, onnxruntime's QDQ scales. Such a
 change is neutral on average, so the spread of the SQNRs (`sqnr_db_jitter`: mean, standard
 deviation and each run, the unperturbed run first; `sqnr_db_sample_mean_jitter` the same for
-the per-sample mean) is the measurement's own noise: a difference
-between the tools smaller than it says nothing. With `--ort-pre`, `onnxruntime_pre` is
-onnxruntime's quantize_static of the model after its own `quant_pre_process` (which folds
-BatchNormalization into the Conv before it; without it onnxruntime leaves both in float).
+the per-sample mean) is the measurement's own noise: a difference between the tools smaller than
+it says nothing. A tensor both tools quantize under one name gets the same factor in both runs
+of a seed, so the runs are paired there; `sqnr_db_jitter_minus_ort` gives each variant's
+run-by-run difference from onnxruntime (mean, standard deviation). With `--ort-pre`,
+`onnxruntime_pre` is onnxruntime's quantize_static of the model after its own
+`quant_pre_process` (which folds BatchNormalization into the Conv before it; without it
+onnxruntime leaves both in float).
 
     python bench/quantize_vs_ort.py [--samples 32] [--models layout_cdla,ocr_cls,...]
         [--variants onebuild_plain,onebuild_mse,...] [--jitter 4] [--ort-pre]
@@ -280,6 +283,11 @@ def compare(
                 sample_runs[key].append(round(float(np.mean(_per_sample(reference, outputs))), 2))
         result["sqnr_db_jitter"] = _spread(runs)
         result["sqnr_db_sample_mean_jitter"] = _spread(sample_runs)
+        gaps = {k: np.subtract(v, runs["onnxruntime"]) for k, v in runs.items() if k in VARIANTS}
+        result["sqnr_db_jitter_minus_ort"] = {
+            k: {"mean": round(float(np.mean(d)), 2), "std": round(float(np.std(d)), 2)}
+            for k, d in gaps.items()
+        }
     ratios = (("onebuild", "time_ratio"), ("onebuild_cle", "time_ratio_cle"))
     for key, label in (*ratios, ("onebuild_pcact", "time_ratio_pcact")):
         if key in seconds:

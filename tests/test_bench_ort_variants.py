@@ -87,3 +87,23 @@ def test_jitter_is_deterministic_per_seed_and_differs_between_seeds():
         factor = one[name][1] / hi
         assert abs(factor - 1) < 6 * variants.JITTER
         assert np.isclose(one[name][0], lo * factor)
+
+
+def test_a_tensor_named_alike_gets_one_factor_in_both_tools(tmp_path):
+    """Paired runs: onebuild's range of a tensor and onnxruntime's scale of the same tensor move
+    by the same factor, whatever other names either tool holds."""
+    proto = _qdq(tmp_path)
+    before, after = _initializers(proto), _initializers(variants.jitter_qdq(proto, seed=2))
+    scales = {}  # tensor -> the scale first used for it ("r1" and "p1" share one)
+    for n in proto.graph.node:
+        quantizes = n.op_type == "QuantizeLinear" and n.input[0] not in before
+        if quantizes and n.input[1] not in scales.values():
+            scales[n.input[0].removesuffix(variants.OUTPUT_SUFFIX)] = n.input[1]
+    assert {"input", "r1", "r2", "logits"} <= set(scales)
+    ranges = {name: (-1.0, 1.0) for name in scales}
+    ours = variants.jitter_ranges({**ranges, "only_in_onebuild": (0.0, 1.0)}, seed=2)
+    for tensor, scale in scales.items():
+        theirs = float(after[scale].ravel()[0]) / float(before[scale].ravel()[0])
+        assert abs(theirs - ours[tensor][1]) < 1e-6  # float32 scales
+    alone = variants.factors(["p1"], seed=2)["p1"]
+    assert alone == variants.factors(["p1", "a", "z"], seed=2)["p1"] != 1.0
