@@ -47,6 +47,12 @@ def _worst_db(float_graph, quantized, batch) -> float:
     return round(min(o["sqnr_db"] for o in comparison.outputs.values()), 2)
 
 
+def _probe_db(step: dict) -> float | str:
+    if "sqnr_db" in step:
+        return round(step["sqnr_db"], 2)
+    return f"< {step['sqnr_db_at_most']:.2f} ({step['samples']} samples)"
+
+
 def _mixed(path: Path, batch, target: float, options: dict):
     """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
     seconds))."""
@@ -142,8 +148,8 @@ def measure(spec, count: int, target: float, layers: bool, work: Path, options: 
         "promoted_layers": len(record["promoted"]),
         "sqnr_db_calibration": round(record["sqnr_db"], 2),
         "sqnr_db_held_out": _worst_db(float_graph, model.main, held_batch),
-        "probes": [
-            [s["promoted"], round(s["high_precision_mac_fraction"], 3), round(s["sqnr_db"], 2)]
+        "probes": [  # a probe stopped once it could not reach the target: "< its bound"
+            [s["promoted"], round(s["high_precision_mac_fraction"], 3), _probe_db(s)]
             for s in record["steps"]
         ],
         "seconds": round(seconds[0], 1),
