@@ -22,7 +22,7 @@ from .evaluate import Batch
 from .model_io import is_quantized
 from .params import dequantize, quantize
 
-CHUNK = 1
+CHUNK = 8
 CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one sample at least)
 
 
