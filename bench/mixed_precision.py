@@ -13,7 +13,10 @@ calibrated range, and the largest overshoot as a share of that range). SQNR is t
 output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
-        [--options '{"activation_granularity": "channel"}']
+        [--options '{"activation_granularity": "channel"}'] [--runs 3]
+
+With `--runs N` both tools are timed N times, alternating, and the ratios of each pair are
+reported as median and range (on a loaded machine a single ratio moves by 30 % or more).
 
 On a machine shared with other jobs, run it with OPENBLAS_NUM_THREADS=1: multi-threaded BLAS
 spins there (up to 10x slower on small products) and its summation order moves the float
@@ -45,6 +48,12 @@ TOP = 12
 def _worst_db(float_graph, quantized, batch) -> float:
     comparison = compare_graphs(float_graph, quantized, [("samples", batch)])
     return round(min(o["sqnr_db"] for o in comparison.outputs.values()), 2)
+
+
+def _probe_db(step: dict) -> float | str:
+    if "sqnr_db" in step:
+        return round(step["sqnr_db"], 2)
+    return f"< {step['sqnr_db_at_most']:.2f} ({step['samples']} samples)"
 
 
 def _mixed(path: Path, batch, target: float, options: dict):
@@ -119,7 +128,28 @@ def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
     }
 
 
-def measure(spec, count: int, target: float, layers: bool, work: Path, options: dict) -> dict:
+def _timed_runs(path: Path, x: str, calib: np.ndarray, target: float, options, work, runs: int):
+    """The mixed-precision model and `runs` timings of onebuild and onnxruntime, alternating
+    (each pair under the same load): {"onebuild": [(wall, CPU), ...], "onnxruntime": [...]}."""
+    times: dict[str, list] = {"onebuild": [], "onnxruntime": []}
+    for _ in range(runs):
+        model, seconds = _mixed(path, {x: calib}, target, options)
+        times["onebuild"].append(seconds)
+        times["onnxruntime"].append(_ort_seconds(path, x, calib, work))
+    return model, times
+
+
+def _ratios(times: dict, index: int) -> dict:
+    """Median and range over the runs of onebuild's time / onnxruntime's in the same pair."""
+    pairs = zip(times["onebuild"], times["onnxruntime"])
+    ratios = sorted(ours[index] / theirs[index] for ours, theirs in pairs)
+    spread = [round(ratios[0], 2), round(ratios[-1], 2)]
+    return {"median": round(float(np.median(ratios)), 2), "range": spread}
+
+
+def measure(
+    spec, count: int, target: float, layers: bool, work: Path, options: dict, runs: int = 1
+) -> dict:
     path = fixed_export(spec, work)
     calib, held_out = samples(spec, count)
     float_graph = optimize(load_onnx(path)).main
@@ -140,17 +170,17 @@ def measure(spec, count: int, target: float, layers: bool, work: Path, options: 
             "calibration": _worst_db(float_graph, quantized, calib_batch),
             "held_out": _worst_db(float_graph, quantized, held_batch),
         }
-    model, seconds = _mixed(path, calib_batch, target, options)
+    model, times = _timed_runs(path, x, calib, target, options, work, runs)
     record = json.loads(model.metadata["mixed_precision"])
-    ort_seconds = _ort_seconds(path, x, calib, work)
+    seconds, ort_seconds = times["onebuild"][-1], times["onnxruntime"][-1]
     entry["mixed_precision"] = {
         "target_sqnr_db": target,
         "high_precision_mac_fraction": round(record["high_precision_mac_fraction"], 4),
         "promoted_layers": len(record["promoted"]),
         "sqnr_db_calibration": round(record["sqnr_db"], 2),
         "sqnr_db_held_out": _worst_db(float_graph, model.main, held_batch),
-        "probes": [
-            [s["promoted"], round(s["high_precision_mac_fraction"], 3), round(s["sqnr_db"], 2)]
+        "probes": [  # a probe stopped once it could not reach the target: "< its bound"
+            [s["promoted"], round(s["high_precision_mac_fraction"], 3), _probe_db(s)]
             for s in record["steps"]
         ],
         "seconds": round(seconds[0], 1),
@@ -159,6 +189,11 @@ def measure(spec, count: int, target: float, layers: bool, work: Path, options: 
         "cpu_seconds": round(seconds[1], 1),  # all threads (onnxruntime uses several)
         "onnxruntime_cpu_seconds": round(ort_seconds[1], 1),
         "cpu_time_ratio": round(seconds[1] / ort_seconds[1], 1),
+        "runs": runs,  # the figures above are the last run's; the ratios over all runs:
+        "time_ratios": _ratios(times, 0),
+        "cpu_time_ratios": _ratios(times, 1),
+        "seconds_all": [[round(t, 1) for t in pair] for pair in times["onebuild"]],
+        "onnxruntime_seconds_all": [[round(t, 1) for t in pair] for pair in times["onnxruntime"]],
     }
     if layers:
         entry["layers"] = _layers(float_graph, plain["uint8"], calib_batch, held_batch, stats)
@@ -171,6 +206,7 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
     parser.add_argument("--target", type=float, default=30.0, help="target_sqnr_db")
     parser.add_argument("--layers", action="store_true", help="per-layer and clipping tables")
+    parser.add_argument("--runs", type=int, default=1, help="timed runs of both tools, alternating")
     parser.add_argument("--options", default="{}", help='QuantizeOptions as JSON, e.g. '
                         '\'{"activation_granularity": "channel"}\'')  # fmt: skip
     args = parser.parse_args()
@@ -180,7 +216,10 @@ def main() -> None:
         for spec in MODELS:
             if not wanted or spec.name in wanted:
                 options = json.loads(args.options)
-                entry = measure(spec, args.samples, args.target, args.layers, Path(folder), options)
+                folder_path = Path(folder)
+                entry = measure(
+                    spec, args.samples, args.target, args.layers, folder_path, options, args.runs
+                )
                 results.append(entry)
                 print(json.dumps(entry), flush=True)
     print(json.dumps(results, indent=2))

@@ -225,8 +225,10 @@ def quantize(
 
         rounder = LearnedRounding(input_moments(float_graph, samples if fit is None else fit))
 
+    memo: dict = {}  # tables and live ranges, computed once across mixed precision's probes
+
     def build(config: QuantConfig) -> Graph:
-        return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges)
+        return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges, memo)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)

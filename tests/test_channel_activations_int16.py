@@ -288,3 +288,27 @@ def test_a_table_that_does_not_fit_its_input_is_refused(op, dtype, table):
     x = graph.add_input("x", dtype, (1, 3, 2, 2))
     with pytest.raises(ValueError, match="does not fit input"):
         graph.make_node(op, [x, graph.add_constant(np.zeros(table, dtype))], {})
+
+
+def test_quantizations_sharing_a_memo_equal_fresh_ones(spread):
+    """Mixed precision's probes share tables and live ranges through `memo`: each graph is
+    node for node (content keys: ops, attributes, constants, types) the one a fresh
+    quantization gives, whatever the order of the dtypes in between."""
+    from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
+    from onebuild.graph_ir.quant.probes import node_keys
+    from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+
+    _, graph, stats, _, _ = spread
+    names = tuple(n.name for n in graph.nodes)
+    configs = [
+        QuantConfig("uint8", activation_granularity="channel", layers=layers)
+        for layers in ((), (LayerOverride(names, "int16"),), (LayerOverride(names[:3], "int16"),))
+    ]
+    memo: dict = {}
+    for config in configs + configs[::-1]:
+        args = (graph, stats.ranges_for("uint8"), config, stats.channel_means())
+        shared = quantize_graph(*args, channel_ranges=stats.channel_ranges, memo=memo)
+        fresh = quantize_graph(*args, channel_ranges=stats.channel_ranges)
+        assert node_keys(shared) == node_keys(fresh)
+    assert any(key[0] == "table" and key[2] == "QLookupInterp" for key in memo)
+    assert any(key[0] == "changes" for key in memo)

@@ -76,3 +76,30 @@ def test_max_pool_matches_direct_definition(rng, spatial, kernel, strides, dilat
         )
         expected = xp[(slice(None), slice(None), *window)].max(axis=tuple(range(2, 2 + nd)))
         np.testing.assert_array_equal(y[(slice(None), slice(None), *position)], expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("spatial, kernel, strides, dilations, pads", CASES)
+def test_depthwise_blocks_sum_taps_in_kernel_order(
+    rng, monkeypatch, dtype, spatial, kernel, strides, dilations, pads
+):
+    """The blocked depthwise kernel (several channel blocks here) is bit for bit the sum of
+    the taps in kernel order from zero, and the direct definition within float tolerance."""
+    from onebuild.graph_ir.ops import conv
+
+    x = rng.standard_normal((2, 7, *spatial)).astype(dtype)
+    w = rng.standard_normal((7, 1, *kernel)).astype(dtype)
+    attrs = {"group": 7, "strides": list(strides), "dilations": list(dilations), "pads": list(pads)}
+    xp = conv.pad_spatial(x, list(pads))
+    view = conv.window_view(xp, kernel, strides, dilations)
+    expected = np.zeros(view.shape[: 2 + len(kernel)], dtype)
+    for index, offset in enumerate(np.ndindex(*kernel)):
+        tap = w.reshape(7, -1)[:, index].reshape((1, -1) + (1,) * len(kernel))
+        expected += view[(Ellipsis, *offset)] * tap
+    monkeypatch.setattr(conv, "DEPTHWISE_BLOCK_BYTES", 3 * expected[0, 0].nbytes)
+    (y,) = OPS["Conv"].kernel(attrs, x, w)
+    assert y.dtype == dtype and y.tobytes() == expected.tobytes()
+    full = np.zeros((7, 7, *kernel), dtype)  # the same conv with group 1
+    full[np.arange(7), np.arange(7)] = w[:, 0]
+    direct = reference_conv(x, full, strides, dilations, pads)
+    np.testing.assert_allclose(y, direct, rtol=1e-5, atol=1e-5)

@@ -164,3 +164,36 @@ def test_every_table_op_is_its_function_on_the_dequantized_codes(rng, op, dtype)
     in_params = node.inputs[0].quant  # the parameters the quantizer gave its input
     (f,) = OPS[op].kernel({}, dequantize(quantize(x, in_params, dtype), in_params))
     np.testing.assert_array_equal(got, dequantize(quantize(f, params, dtype), params))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_per_code_tables_equal_the_arithmetic(rng, monkeypatch, dtype):
+    """QAdd's addends, Requantize and QConcat's inputs run through a table over every input
+    code once the input is larger than the table: the same integers as the arithmetic on
+    each element (every code present, both ends included, per-tensor parameters)."""
+    from onebuild.graph_ir.ops import quantized
+
+    info = np.iinfo(dtype)
+    size = 3 << 8 * np.dtype(dtype).itemsize
+    a = rng.integers(info.min, info.max + 1, size).astype(dtype)
+    b = rng.integers(info.min, info.max + 1, size).astype(dtype)
+    a[:2], b[:2] = (info.min, info.max), (info.max, info.min)
+    zero = int(info.min) // 3 + 11
+    output = {"y_zero_point": zero, "qmin": int(info.min), "qmax": int(info.max), "dtype": dtype}
+    add = {"a_zero_point": zero, "b_zero_point": -zero // 2, "a_rescale": [1518500250, 31]}
+    add |= {"b_rescale": [1073741824, 32], "multiplier": 1789569707, "shift": 40, **output}
+    convert = {"x_zero_point": zero, "multiplier": 1288490189, "shift": 33, **output}
+    cases = [("QAdd", add, (a, b)), ("QAdd", {**add, "subtract": 1}, (a, b))]
+    concat = {"axis": 0, "x_zero_points": [zero, -zero // 2], "multiplier": [1288490189] * 2}
+    concat |= {"shift": [33, 31], **output}
+    cases += [("Requantize", convert, (a,)), ("QConcat", concat, (a, b))]
+    tabled = [OPS[op].kernel(attrs, *args)[0] for op, attrs, args in cases]
+    used = []
+    per_code = quantized._per_code
+    monkeypatch.setattr(
+        quantized, "_per_code", lambda *args: used.append(per_code(*args) is not None)
+    )
+    for (op, attrs, args), got in zip(cases, tabled):
+        (want,) = OPS[op].kernel(attrs, *args)
+        assert got.dtype == want.dtype and np.array_equal(got, want), op
+    assert used and all(used)  # the tables were taken, and the second runs did not use them

@@ -137,14 +137,30 @@ def im2col(
     return cols.reshape(n, c * int(np.prod(kernel)), -1), out
 
 
+DEPTHWISE_BLOCK_BYTES = 1 << 19  # a block of output channels stays in cache across the taps
+
+
 def _depthwise(xp, w, kernel, strides, dilations):
+    """Sum over kernel taps of the shifted input times the channel's tap, tap by tap in kernel
+    order from zero (so the float result does not depend on the blocking), one sample and one
+    block of channels at a time with one scratch buffer: the block's partial sums stay in cache
+    instead of streaming the whole output through memory once per tap."""
     nd = len(kernel)
     view = window_view(xp, kernel, strides, dilations)
     y = np.zeros(view.shape[: 2 + nd], dtype=np.result_type(xp, w))
-    flat_w = w.reshape(w.shape[0], -1)
-    for index, offset in enumerate(np.ndindex(*kernel)):
-        tap = flat_w[:, index].reshape((1, -1) + (1,) * nd)
-        y += view[(Ellipsis, *offset)] * tap
+    taps = w.reshape(w.shape[0], -1).astype(y.dtype, copy=False)
+    samples, channels = y.shape[:2]
+    step = max(1, DEPTHWISE_BLOCK_BYTES // max(y[0, 0].nbytes, 1))
+    scratch = np.empty((min(step, channels), *y.shape[2:]), y.dtype)
+    offsets = list(np.ndindex(*kernel))
+    for n in range(samples):
+        for start in range(0, channels, step):
+            block = slice(start, min(start + step, channels))
+            out, product = y[n, block], scratch[: block.stop - block.start]
+            for index, offset in enumerate(offsets):
+                tap = taps[block, index].reshape((-1,) + (1,) * nd)
+                np.multiply(view[(n, block, Ellipsis, *offset)], tap, out=product)
+                out += product
     return y
 
 

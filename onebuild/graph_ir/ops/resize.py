@@ -98,6 +98,15 @@ def interpolation_matrix(attrs: Attrs, axis: int, in_len: int) -> tuple[np.ndarr
     return matrix, outside
 
 
+def _one_source(matrix: np.ndarray) -> np.ndarray | None:
+    """Per output row, the one input it copies (weight 1, all others 0); None otherwise."""
+    source = matrix.argmax(axis=1)
+    rows = np.arange(len(matrix))
+    if (matrix[rows, source] == 1).all() and np.count_nonzero(matrix) == len(matrix):
+        return source
+    return None
+
+
 def _resize_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(types[0].dtype, tuple(attrs["sizes"]))]
 
@@ -118,7 +127,11 @@ def resize(attrs, x):
         if attrs["sizes"][axis] == in_len and attrs["scales"][axis] == 1.0 and not attrs.get("roi"):
             continue
         matrix, out_mask = interpolation_matrix(attrs, axis, in_len)
-        y = np.moveaxis(np.tensordot(matrix, y, axes=([1], [axis])), 0, axis)
+        source = _one_source(matrix)
+        if source is not None:  # each output copies one input (nearest): a gather, exact
+            y = np.take(y, source, axis=axis)
+        else:
+            y = np.moveaxis(np.tensordot(matrix, y, axes=([1], [axis])), 0, axis)
         if out_mask is not None:
             shape = [1] * x.ndim
             shape[axis] = -1

@@ -27,6 +27,7 @@ class Comparison:
     outputs: dict[str, dict] = field(default_factory=dict)
     layers: list[dict] = field(default_factory=list)  # worst SQNR first
     accuracy: dict | None = None  # top-1 accuracy of both graphs against labels
+    complete: bool = True  # False: stopped early, each sqnr_db an upper bound (`probes`)
 
 
 def _comparable_nodes(reference: Graph, candidate: Graph) -> dict[str, str]:

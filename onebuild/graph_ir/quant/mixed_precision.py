@@ -175,23 +175,26 @@ def search(
     node_macs = {node.name: macs(node) for node in float_graph.nodes}
     total_macs = max(graph_macs(float_graph), 1)
     steps: list[dict] = []
+    budget = target.max_high_precision_mac_fraction
 
     def fraction(promoted: Sequence[str]) -> float:
         return sum(node_macs[name] for name in promoted) / total_macs
 
-    def probe(promoted: Sequence[str]) -> tuple[Graph, Comparison]:
+    def probe(promoted: Sequence[str], exact: bool = False) -> tuple[Graph, Comparison]:
+        """Quantize with `promoted` in the higher type and measure; unless `exact` or a MAC
+        budget may choose a set that misses the target, stop once it cannot be met."""
         layers = config.layers
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
         graph = build(replace(config, layers=layers))
-        comparison = measure.compare(graph)
-        steps.append(
-            {
-                "promoted": len(promoted),
-                "high_precision_mac_fraction": fraction(promoted),
-                "sqnr_db": _worst_output_db(comparison),
-            }
-        )
+        give_up = None if exact or budget is not None else target.target_sqnr_db
+        comparison = measure.compare(graph, give_up_below=give_up)
+        step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
+        if comparison.complete:
+            step["sqnr_db"] = _worst_output_db(comparison)
+        else:  # stopped: the target is out of reach; the SQNR is at most this
+            step.update(sqnr_db_at_most=_worst_output_db(comparison), samples=comparison.samples)
+        steps.append(step)
         return graph, comparison
 
     def met(comparison: Comparison) -> bool:
@@ -209,8 +212,7 @@ def search(
         return [name for layer, unit in units.items() if layer not in kept for name in unit]
 
     everything = promoted(set())
-    graph, comparison = probe(everything)
-    budget = target.max_high_precision_mac_fraction
+    graph, comparison = probe(everything, exact=True)  # the floor: reported when it misses
     if not met(comparison):  # the floor misses the target: nothing can meet it
         if budget is not None and fraction(everything) > budget:
             graph, everything, comparison = base_graph, [], base

@@ -8,6 +8,11 @@ that computes it). A node whose key was computed before (by an earlier candidate
 samples) returns the stored arrays instead of running, so a candidate costs only the nodes
 downstream of what changed. The stored arrays are the ones a full run computes, so every SQNR
 is bit-identical to `evaluate.compare_graphs` on the same samples.
+
+A candidate that only has to reach a target (`give_up_below`) runs a few samples at a time
+and stops as soon as one output's noise so far, against that output's signal over all the
+samples (known from the float outputs), puts its SQNR below the target: noise only grows, so
+the full run could not reach it either.
 """
 
 import hashlib
@@ -19,12 +24,13 @@ import numpy as np
 
 from ..interpreter import Interpreter
 from ..ir import Graph, Node
-from ..metrics import OutputMetrics
+from ..metrics import OutputMetrics, sqnr_db
 from ..ops import OPS
 from .evaluate import CHUNK, Batch, Comparison
 from .model_io import dequantize_outputs, quantize_inputs
 
 CACHE_BYTES = 256 << 20  # stored node results (least recently used dropped first)
+PIECES = 6  # candidates run each part in about this many pieces (a give-up point each)
 
 
 def _feed(digest, item) -> None:
@@ -90,6 +96,7 @@ class Probes:
             for start in range(0, len(next(iter(batch.values()))), CHUNK)
         ]
         self.wanted: dict[tuple[int, int], dict] = {}  # (part, chunk) -> float outputs
+        self.signals: dict[int, dict[str, float]] = {}  # chunk -> signal power per output
         self.stored: OrderedDict[tuple, tuple] = OrderedDict()
         self.bytes = 0
         self.computed = self.reused = 0  # node runs, for the record
@@ -126,9 +133,25 @@ class Probes:
 
         return run
 
-    def compare(self, candidate: Graph) -> Comparison:
+    def _signal(self, chunk: int) -> dict[str, float]:
+        """Each output's signal power over all the samples, summed as `OutputMetrics` does."""
+        if chunk in self.signals:
+            return self.signals[chunk]
+        metrics = {v.name: OutputMetrics() for v in self.float_graph.outputs}
+        for index in range(len(self.parts)):
+            want = self._want(index, chunk)
+            for name, m in metrics.items():
+                for sample in want[name]:
+                    reference = np.asarray(sample, np.float64).reshape(-1)
+                    m.signal += float(reference @ reference)
+        self.signals[chunk] = {name: m.signal for name, m in metrics.items()}
+        return self.signals[chunk]
+
+    def compare(self, candidate: Graph, give_up_below: float | None = None) -> Comparison:
         """The output metrics of `candidate` against the float graph, as `compare_graphs`
-        computes them (its per-layer table left empty)."""
+        computes them (its per-layer table left empty). With `give_up_below` (dB), the run
+        stops once some output cannot reach it; the result is then marked incomplete and each
+        sqnr_db is an upper bound (the output's whole signal over its noise so far)."""
         keys = node_keys(candidate)
         state: dict = {}
         kernels = {n.name: self._kernel(n, keys[n.name], state) for n in candidate.nodes}
@@ -136,19 +159,28 @@ class Probes:
         chunk = CHUNK if self.reference.batchable and test_run.batchable else 1
         outputs = {v.name: OutputMetrics() for v in self.float_graph.outputs}
         first = self.float_graph.outputs[0].name
+        signal = self._signal(chunk) if give_up_below is not None else {}
         result = Comparison()
         for index, part in enumerate(self.parts):
             count = len(next(iter(part.values())))
-            for start in range(0, count, chunk):
-                piece = {name: array[start : start + chunk] for name, array in part.items()}
+            step = max(1, -(-min(chunk, count) // PIECES))
+            for start in range(0, count, step):
+                piece = {name: array[start : start + step] for name, array in part.items()}
                 want = self._want(index, chunk)
-                state.update(part=index, chunk=chunk, sample=start)
+                state.update(part=index, chunk=step, sample=start)
                 got = dequantize_outputs(
-                    candidate, test_run.run_batch(quantize_inputs(candidate, piece), chunk)
+                    candidate, test_run.run_batch(quantize_inputs(candidate, piece), step)
                 )
                 for offset in range(len(got[first])):
                     for name, metrics in outputs.items():
                         metrics.update(want[name][start + offset], got[name][offset])
                     result.samples += 1
+                if give_up_below is None:
+                    continue
+                bounds = {name: sqnr_db(signal[name], m.sq_sum) for name, m in outputs.items()}
+                if min(bounds.values()) < give_up_below:
+                    result.outputs = {n: {"sqnr_db": db} for n, db in bounds.items()}
+                    result.complete = False
+                    return result
         result.outputs = {name: m.summary() for name, m in outputs.items()}
         return result

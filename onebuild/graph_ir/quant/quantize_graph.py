@@ -81,6 +81,7 @@ class _Quantizer:
         means,
         round_weights: "WeightRounder",
         channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        memo: dict,
     ):
         for dtype in config.quantized_dtypes:
             if dtype not in ACTIVATION_TYPES:
@@ -88,6 +89,7 @@ class _Quantizer:
         self.source, self.ranges, self.config = source, ranges, config
         self.means = means if config.bias_correction else {}
         self.round_weights = round_weights
+        self.memo = memo  # tables and their live ranges, shared by quantizations of `source`
         self.settings = layer_settings(source, config)
         self.graph = Graph(source.name)
         self.float_of: dict[int, Value] = {}  # source value -> float value in the new graph
@@ -119,9 +121,8 @@ class _Quantizer:
         if self.per_channel.get(id(value)) == dtype:
             params = self.param_cache[(id(value), dtype)] = self._channel_params(value)
             return params
-        lo, hi = live_range(
-            value, lo * headroom, hi * headroom, dtype, self._dtype_of, self.params, self._is_output
-        )
+        live = (self._dtype_of, self.params, self._is_output, self.memo)
+        lo, hi = live_range(value, lo * headroom, hi * headroom, dtype, *live)
         params = self.param_cache[(id(value), dtype)] = activation_params(lo, hi, dtype)
         return params
 
@@ -135,7 +136,8 @@ class _Quantizer:
 
             def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
                 out = lambda v, kind: channel_of(self.params(v, kind), c)  # noqa: E731
-                return live_range(value, lo, hi, dtype, self._dtype_of, out, self._is_output)
+                live = (self._dtype_of, out, self._is_output, self.memo)
+                return live_range(value, lo, hi, dtype, *live)
 
         return edge_params(self.channel_ranges[value.name], dtype, narrow)
 
@@ -329,11 +331,16 @@ class _Quantizer:
         affine = self.affine.get(id(node), ())
         out = (affine[-1] if affine else node).output
         out_params = self.params(out, dtype)
-        op = "QLookup"
-        if dtype == "int16" and out_params.axis is not None:  # 513 knots per channel
-            op, codes = "QLookupInterp", interpolated_table(node, x.quant, out_params, affine)
-        else:
-            codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
+        op = "QLookupInterp" if dtype == "int16" and out_params.axis is not None else "QLookup"
+        key = ("table", id(node), op, x.quant, out_params, dtype, tuple(map(id, affine)))
+        if key not in self.memo:
+            if op == "QLookupInterp":  # 513 knots per channel
+                codes = interpolated_table(node, x.quant, out_params, affine)
+            else:
+                codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
+            codes.flags.writeable = False  # shared by every graph quantized with this memo
+            self.memo[key] = codes
+        codes = self.memo[key]
         table = self.graph.add_constant(codes, f"{node.name}_table")
         self._produce(node, op, [x, table], {"function": node.op}, dtype, out_params, out)
         self.absorbed.update(id(n) for n in affine)
@@ -465,11 +472,14 @@ def quantize_graph(
     channel_means: Mapping[str, np.ndarray] | None = None,
     round_weights: WeightRounder = nearest,
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    memo: dict | None = None,
 ) -> Graph:
     """The integer-reference form of `graph` given calibration ranges per value name and, for
     bias correction, the mean of each channel of the layers' inputs (`CalibrationStats`);
     `round_weights` turns a layer's float weights into codes (`adaround.LearnedRounding`);
-    `channel_ranges` (per-channel min/max) serve `activation_granularity = "channel"`."""
+    `channel_ranges` (per-channel min/max) serve `activation_granularity = "channel"`. A `memo`
+    (a dict) shared by quantizations of the same `graph` with the same ranges computes each
+    lookup table and live range once (mixed precision's probes)."""
     quantizer = _Quantizer(
         graph,
         ranges,
@@ -477,5 +487,6 @@ def quantize_graph(
         channel_means or {},
         round_weights,
         channel_ranges or {},
+        {} if memo is None else memo,
     )
     return quantizer.run()

@@ -37,14 +37,17 @@ def live_range(
     dtype_of: Setting,
     output_params: OutputParams,
     is_output: Callable[[Value], bool],
+    memo: dict | None = None,
 ) -> tuple[float, float]:
     """[lo, hi] narrowed to the inputs where the tables reading `value` (each in `dtype`, with
     its output's parameters `output_params(out, dtype)`) still change their output code; [lo, hi]
-    itself when any reader is not such a table."""
+    itself when any reader is not such a table. `memo` keeps each table's changes for reuse
+    by later quantizations of the same graph (keyed by the table node, range, type and output
+    parameters: all they depend on)."""
     if not hi > lo:
         return lo, hi
     grid = np.linspace(lo, hi, GRID + 1)
-    spans = _spans(value, grid, dtype, dtype_of, output_params, is_output)
+    spans = _spans(value, grid, dtype, dtype_of, output_params, is_output, memo)
     if spans is None:
         return lo, hi
     return _within(grid, spans)
@@ -60,27 +63,31 @@ def _within(grid: np.ndarray, spans: list) -> tuple[float, float]:
     return max(lo, float(first - margin)), min(hi, float(last + margin))
 
 
-def _spans(value, grid, dtype, dtype_of, output_params, is_output) -> list | None:
+def _spans(value, grid, dtype, dtype_of, output_params, is_output, memo=None) -> list | None:
     """(first, last) grid indices where each table reading `value` changes code; None when a
     reader is not a table in `dtype` (or the value leaves the graph)."""
     if is_output(value) or not value.users:
         return None
+    memo = {} if memo is None else memo
     spans = []
     for node in value.users:
         if dtype_of(node) != dtype or node.inputs[0] is not value:
             return None
         if node.op in MOVES and _moves_codes(node):
             for out in node.outputs:
-                inner = _spans(out, grid, dtype, dtype_of, output_params, is_output)
+                inner = _spans(out, grid, dtype, dtype_of, output_params, is_output, memo)
                 if inner is None:
                     return None
                 spans += inner
         elif _constant_table(node):
-            real = grid.astype(np.float32)
-            codes = function_codes(node, real, output_params(node.output, dtype), dtype)
-            changes = np.flatnonzero(codes[1:] != codes[:-1])
-            if changes.size:
-                spans.append((int(changes[0]), int(changes[-1]) + 1))
+            params = output_params(node.output, dtype)
+            key = ("changes", id(node), float(grid[0]), float(grid[-1]), dtype, params)
+            if key not in memo:
+                codes = function_codes(node, grid.astype(np.float32), params, dtype)
+                changes = np.flatnonzero(codes[1:] != codes[:-1])
+                memo[key] = (int(changes[0]), int(changes[-1]) + 1) if changes.size else None
+            if memo[key] is not None:
+                spans.append(memo[key])
         else:
             return None
     return spans
