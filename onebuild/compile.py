@@ -219,11 +219,12 @@ def quantize(
     windows = split_pixel_shuffles(float_graph)  # in integers and on the NPU, not float islands
     ranges.update({conv: ranges[out] for conv, out in windows.items() if out in ranges})
 
+    fit = samples if fit is None else fit
     rounder = nearest
     if options.weight_rounding == "adaround":
         from .graph_ir.quant.adaround import LearnedRounding, input_moments
 
-        rounder = LearnedRounding(input_moments(float_graph, samples if fit is None else fit))
+        rounder = LearnedRounding(input_moments(float_graph, fit))
 
     memo: dict = {}  # tables and live ranges, computed once across mixed precision's probes
 
@@ -232,7 +233,6 @@ def quantize(
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)
-        fit = samples if fit is None else fit
         if options.bias_correction == "empirical" and fit:
             from .graph_ir.quant.empirical_bias import correct_biases
 
