@@ -80,6 +80,36 @@ def test_the_session_does_not_replace_its_own_model(tmp_path, images):
         session.set_quantized_model_path(source)
 
 
+def test_a_circle_that_falls_back_to_ir_never_replaces_the_sessions_model(tmp_path):
+    """Per-channel layers cannot be circle, so a quantized model path `m.circle` becomes an IR
+    file beside it, `m.circle.obir`: not `m.obir`, which is the model the session opened."""
+    from test_channel_activations import _digits, spread_model
+
+    onnx.save(spread_model(), tmp_path / "m.onnx")
+    source = tmp_path / "m.obir"
+    assert main(["import", str(tmp_path / "m.onnx"), "-o", str(source)]) == 0
+    before = source.read_bytes()
+    session = Session(source, workspace=tmp_path / "ws")
+    session.set_activation_granularity("channel")
+    session.set_quantized_model_path(tmp_path / "m.circle")
+    session.set_execute_config("DUMP_MINMAX")
+    for x in _digits()[0][:16]:
+        session.run({"x": x})
+    session.reset_execute_config()
+    assert session.quantize() == tmp_path / "m.circle.obir"
+    assert source.read_bytes() == before and session.state == "QUANTIZED"
+
+
+def test_a_path_inside_the_workspace_does_not_make_it_foreign(tmp_path, images):
+    """A quantized model written into the workspace folder at a path the app chose leaves the
+    workspace its own: it reopens (it was refused as holding a foreign file)."""
+    session = recorded(tmp_path / "ws", images)
+    session.set_quantized_model_path(tmp_path / "ws" / "digits_q.circle")
+    session.quantize()
+    again = Session(DIGITS / "digits.onnx", workspace=tmp_path / "ws", input_shapes=SHAPES)
+    assert again.minmax_records == RECORDS
+
+
 def onnx_by_someone_else(path: Path) -> None:
     model = onnx.load(DIGITS / "digits.onnx")
     model.producer_name = "pytorch"
@@ -174,6 +204,13 @@ def test_a_folder_of_the_users_is_not_a_workspace(tmp_path, images):
     with pytest.raises(UserError, match=r"home: cannot be the session workspace: it holds '.bas"):
         Session(model, workspace=home, input_shapes=SHAPES)
     assert {name: (home / name).read_text() for name in mine} == mine
+    (home / ".bashrc").unlink()  # only names a workspace uses: still the user's folder
+    (home / "records").mkdir()
+    (home / "records" / "calib_batch.npz").write_text("mine")
+    with pytest.raises(UserError, match="is not one .no .onebuild-workspace mark"):
+        Session(model, workspace=home, input_shapes=SHAPES)
+    assert (home / "minmax.npz").read_text() == "mine"
+    assert (home / "records" / "calib_batch.npz").read_text() == "mine"
     with pytest.raises(UserError, match="folder .*missing does not exist; onebuild creates no"):
         Session(model, workspace=tmp_path / "missing" / "ws", input_shapes=SHAPES)
     assert not (tmp_path / "missing").exists()
@@ -183,7 +220,7 @@ def test_a_folder_of_the_users_is_not_a_workspace(tmp_path, images):
     (tmp_path / "ws" / "records" / f".{RECORDS:06d}.npz.x1y2.tmp").write_bytes(b"torn")
     again = Session(model, workspace=tmp_path / "ws", input_shapes=SHAPES)
     assert again.minmax_records == session.minmax_records == RECORDS
-    assert sorted(p.name for p in (tmp_path / "ws").rglob(".*")) == []
+    assert sorted(p.name for p in (tmp_path / "ws").rglob(".*")) == [".onebuild-workspace"]
 
 
 @pytest.mark.parametrize(

@@ -64,11 +64,14 @@ def _presets(target: str) -> tuple[str, ...]:
     return tuple(load_target(target).describe().get("presets", {}))
 
 
-def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Path) -> Path:
+def quantize_file(
+    ws: Workspace, settings: OdcSettings, samples: int, output: Path, source: Path
+) -> Path:
     """Quantize the workspace's prepared model (for full quantization with its recorded
     ranges, `samples` runs of them); the other options are the compile API's defaults. An
     `output` ending in .circle gets a circle when the circle is exact, else an IR file beside
-    it (returned)."""
+    it, `<output>.obir` (the workspace's quantized.obir for its own quantized.circle; returned);
+    never over `source`, the model the session opened."""
     options = QuantizeOptions(
         **QUANT_TYPES[settings.quant_type],
         activation_granularity=settings.activation_granularity,
@@ -85,11 +88,13 @@ def quantize_file(ws: Workspace, settings: OdcSettings, samples: int, output: Pa
     if output.suffix == ".circle":
         data, reason = exact_circle(model)
         if data is not None:
-            atomic_write_bytes(_checked(ws, output, "circle", "the quantized model path"), data)
+            path = _checked(ws, output, "circle", "the quantized model path", source)
+            atomic_write_bytes(path, data)
             return output
-        output = output.with_suffix(".obir")
+        own = ws.quantized.with_suffix(".circle")  # the workspace's default: quantized.obir
+        output = ws.quantized if output == own else output.with_name(f"{output.name}.obir")
         log.warning("the quantized model is written as %s, not circle: %s", output.name, reason)
-    save_ir(model, _checked(ws, output, "obir", "the quantized model path"))
+    save_ir(model, _checked(ws, output, "obir", "the quantized model path", source))
     return output
 
 
@@ -149,8 +154,11 @@ def partitioned_codegen(
     return ws.package
 
 
-def _checked(ws: Workspace | None, path: Path, kind: str, option: str) -> Path:
-    """`path`; outside the workspace only where onebuild may write (`outputs.writable`)."""
+def _checked(
+    ws: Workspace | None, path: Path, kind: str, option: str, source: Path | None = None
+) -> Path:
+    """`path`; outside the workspace only where onebuild may write (`outputs.writable`), and
+    never the session's own model `source`."""
     if ws is None or ws.folder.resolve() not in path.resolve().parents:
-        writable(path, [kind], option)
+        writable(path, [kind], option, [source] if source else [])
     return path

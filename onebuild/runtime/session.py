@@ -290,7 +290,8 @@ class Session:
         self._end_recording()
         default = self.workspace.quantized
         output = self._qpath or (default.with_suffix(".circle") if self._circle else default)
-        return quantize_file(self.workspace, self.settings, self._recorder.samples, output)
+        samples = self._recorder.samples
+        return quantize_file(self.workspace, self.settings, samples, output, self.path)
 
     def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
         """Compile the quantized model for `target`; the session switches to the binary."""

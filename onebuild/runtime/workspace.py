@@ -13,8 +13,9 @@
 Every file is replaced atomically, so a killed process leaves old or new files, never torn
 ones; stray temporaries (hidden files and folders named after these entries) and records
 beyond the recorded count are swept when a session opens. A folder holding anything else is
-not a workspace: the session refuses it rather than sweep or clear it, and it creates the
-workspace folder only inside a folder that exists.
+not a workspace: the session refuses it rather than sweep or clear it (a workspace carries a
+`.onebuild-workspace` mark from its creation), and it creates the workspace folder only inside
+a folder that exists.
 The state names artifacts with their SHA-256, so a file changed behind the session's back is
 rebuilt instead of trusted.
 """
@@ -36,6 +37,7 @@ from ..graph_ir.serde.calibration_file import load_calibration, save_calibration
 from ..npz import read_npz, write_npz
 
 FORMAT = 1
+MARK = ".onebuild-workspace"  # written first: what `_claim` accepts as a workspace
 ENTRIES = ("state.json", "model.obir", "minmax.npz", "records", "quantized.obir",
            "quantized.circle", "model.tvn", "partition", "compiled.nnpkg")  # fmt: skip
 RECORD_TEMPORARY = re.compile(r"\.\d{6}\.npz\.")
@@ -148,9 +150,10 @@ class Workspace:
 
 
 def _claim(folder: Path) -> None:
-    """Create the workspace folder (in a folder that exists: onebuild creates no others), or
-    check that the existing one holds nothing but a workspace's files: a folder of the user's
-    is never swept or cleared."""
+    """Create the workspace folder (in a folder that exists: onebuild creates no others) and
+    mark it, or check that the existing one is a workspace: marked (`MARK`), empty, or (made
+    before marks) holding a session state and nothing but a workspace's files. A folder of the
+    user's is never swept or cleared, whatever names its files have."""
     if not folder.is_dir():
         if not folder.parent.is_dir():
             raise UserError(
@@ -158,15 +161,27 @@ def _claim(folder: Path) -> None:
                 "exist; onebuild creates no folders: create it or choose another workspace)"
             )
         folder.mkdir()
+    elif (folder / MARK).is_file():
         return
-    foreign = sorted(p.name for p in folder.iterdir() if p.name not in ENTRIES)
-    foreign = [name for name in foreign if not _temporary(name, ENTRIES)]
-    if foreign:
-        shown = ", ".join(repr(name) for name in foreign[:3]) + (", ..." if foreign[3:] else "")
+    elif any(folder.iterdir()) and not _unmarked_workspace(folder):
+        names = sorted(p.name for p in folder.iterdir())
+        shown = ", ".join(repr(name) for name in names[:3]) + (", ..." if names[3:] else "")
         raise UserError(
-            f"{folder}: cannot be the session workspace: it holds {shown}, which a workspace "
-            "does not; give a new or empty folder (or the session's own workspace)"
+            f"{folder}: cannot be the session workspace: it holds {shown} and is not one "
+            f"(no {MARK} mark); give a new or empty folder (or the session's own workspace)"
         )
+    atomic_write_bytes(folder / MARK, b"an onebuild session workspace\n")
+
+
+def _unmarked_workspace(folder: Path) -> bool:
+    """A workspace of a version before marks: a readable session state, and nothing else."""
+    try:
+        state = json.loads((folder / "state.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    names = [p.name for p in folder.iterdir()]
+    known = all(name in ENTRIES or _temporary(name, ENTRIES) for name in names)
+    return known and isinstance(state, dict) and state.get("format") == FORMAT
 
 
 def _temporary(name: str, entries: tuple[str, ...]) -> bool:

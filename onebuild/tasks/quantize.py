@@ -97,6 +97,12 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         samples = first_samples(config["measure_on"], specs, count)
     if measured_data(config) and _fits(config) and config["fit_on"]:
         fit = first_samples(config["fit_on"], specs, ROUNDING_SAMPLES)
+        if config["fit_on"] == config["measure_on"] and not config["check_sqnr"]:
+            log.warning(
+                "quantize: learned rounding and empirical bias correction fit on the "
+                "[quantize.accuracy] data (no calibration data), so the gate measures them on "
+                "samples they saw: set quantize.calibration for an unbiased gate"
+            )
     stats = load_calibration(inputs[1]) if options.mode == "full" else None
     model = quantize(model, options, stats, samples, fit)
     ops = Counter(node.op for node in model.main.nodes)

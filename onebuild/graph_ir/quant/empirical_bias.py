@@ -25,7 +25,7 @@ from ..interpreter import Interpreter
 from ..ir import Graph, Node
 from ..ops import OPS
 from .bias_correction import corrected_bias
-from .params import dequantize
+from .params import BIAS_ROOM, dequantize
 
 log = logging.getLogger(__name__)
 LAYERS = ("QConv", "QGemm")
@@ -86,9 +86,9 @@ def correct_biases(
             # W_q (E[x] - E[x^]) in real units: corrected_bias's shift of weights 0 -> W_q
             delta = -corrected_bias(layer, 0 * codes, codes, scale, 0.0, shift, axis)
             steps = np.asarray(node.inputs[2].quant.scale, np.float64)
-            limit = np.iinfo(bias.dtype)
+            top = float(min(np.iinfo(bias.dtype).max, BIAS_ROOM))  # the quantizer's bound
             total = bias.astype(np.float64) + np.rint(delta / steps)
-            corrected[node.name] = np.clip(total, limit.min + 1, limit.max).astype(bias.dtype)
+            corrected[node.name] = np.clip(total, -top, top).astype(bias.dtype)
             return kernel(attrs, x, codes, corrected[node.name])
 
         return run
