@@ -187,3 +187,15 @@ def test_a_budget_below_the_layers_that_are_always_promoted_ends(tmp_path, monke
     model, _ = _quantized_db(path, budget)
     record = json.loads(model.metadata["mixed_precision"])
     assert record["high_precision_mac_fraction"] <= 0.01 and record["target_met"] is False
+
+
+def test_a_near_miss_steps_the_noise_bound_gently():
+    """After a probe 0.02 dB short the bound shrinks by MIN_STEP (OCR detector: the next set
+    met 30 dB at 45.4 % of MACs, where a fixed 1.5x step promoted 63.7 %); far short, by
+    SCALE_STEP; never below the budget's bound."""
+    from onebuild.graph_ir.quant.mixed_precision import MIN_STEP, SCALE_STEP, scale_down
+
+    assert scale_down(1.0, 29.98, 30.0, 0.0) == pytest.approx(1 / MIN_STEP)
+    assert scale_down(1.0, 29.0, 30.0, 0.0) == pytest.approx(10**-0.1)  # the measured excess
+    assert scale_down(1.0, 20.0, 30.0, 0.0) == pytest.approx(1 / SCALE_STEP)
+    assert scale_down(1.0, 20.0, 30.0, 0.9) == 0.9

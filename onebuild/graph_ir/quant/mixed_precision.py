@@ -53,6 +53,7 @@ from .sensitivity import isolated_output_noise
 KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output keeps the input's params
 SENSITIVITY_SAMPLES = 4
 SCALE_STEP = 1.5
+MIN_STEP = 1.05  # the smallest step down after a probe that missed the target
 BRACKET = 1.25  # bisection stops when the bound that failed is within this of one that held
 MAX_PROBES = 8  # after the base-type and all-promoted probes
 # Units below this share of the MACs are promoted whatever they cost on the measured samples:
@@ -263,7 +264,8 @@ def search(
 
     held, failed, scale = None, None, max(1.0, low)
     for _ in range(MAX_PROBES):
-        if met(tried(chosen_at(scale))[2]):
+        comparison = tried(chosen_at(scale))[2]
+        if met(comparison):
             held = scale if held is None else max(held, scale)
         else:
             failed = scale if failed is None else min(failed, scale)
@@ -276,7 +278,7 @@ def search(
         elif scale <= low:
             break
         else:
-            scale = max(scale / SCALE_STEP, low)
+            scale = scale_down(scale, _worst_output_db(comparison), target.target_sqnr_db, low)
     within = [p for p in probes.values() if budget is None or fraction(p[1]) <= budget]
     holding = [p for p in within if met(p[2])]
     if holding:
@@ -294,6 +296,14 @@ def search(
     worst = sorted(alone, key=lambda layer: (alone[layer], order[layer]))[:REPORTED_LAYERS]
     result.record["sensitivity"] = [{"node": n, "sqnr_db_alone": alone[n]} for n in worst]
     return result
+
+
+def scale_down(scale: float, reached_db: float, target_db: float, low: float) -> float:
+    """The next noise bound after a probe at `scale` reached `reached_db` short of `target_db`:
+    shrunk by the measured excess of noise, between MIN_STEP (a near miss promotes a few more
+    layers, not a third more of the noise budget) and SCALE_STEP, and not below `low`."""
+    excess = 10 ** ((target_db - reached_db) / 10)
+    return max(scale / min(max(excess, MIN_STEP), SCALE_STEP), low)
 
 
 def _demote(best, layers, units, tried, met):
