@@ -170,7 +170,7 @@ def _claim(folder: Path) -> None:
             f"{folder}: cannot be the session workspace: it holds {shown} and is not one "
             f"(no {MARK} mark); give a new or empty folder (or the session's own workspace)"
         )
-    atomic_write_bytes(folder / MARK, b"an onebuild session workspace\n")
+    (folder / MARK).touch()  # empty: it is there or not, whenever the process dies
 
 
 def _unmarked_workspace(folder: Path) -> bool:
