@@ -39,6 +39,7 @@ from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
     finished_key,
+    logged_key,
     made_by,
     outputs_intact,
     refuse_foreign,
@@ -278,7 +279,7 @@ class _Runner:
                 key = step_key(task.step, code, task.config, digests, task.recipe.parent)
                 if _done_with(task, key):  # doit's database lacked it (another recipe's folder)
                     result.status = "up-to-date"
-                    self.publish(task)
+                    self.publish(task, key)
                     return True
                 refuse_foreign(task.outputs, f"{task.recipe}: [{where}]", "replace")
                 other = made_by(task.outputs)
@@ -318,10 +319,9 @@ class _Runner:
 
         return execute
 
-    def publish(self, task: StepTask) -> None:
-        """Store an up-to-date step's outputs in a cache that lacks them (a cache set after the
-        step ran, or cleaned since): other clones restore them instead of rerunning."""
-        key = finished_key(task.outputs, task.recipe)
+    def publish(self, task: StepTask, key: str | None) -> None:
+        """Store an up-to-date step's outputs, made with cache key `key`, in a cache that lacks
+        them (a cache set after the step ran, or cleaned since): other clones restore them."""
         if key is None:
             return
         try:
@@ -435,7 +435,8 @@ def _reporter_class(runner: _Runner):
             result = runner.results.get(task.name)
             if result is not None:
                 result.status = "up-to-date"
-                runner.publish(runner.tasks[task.name])
+                outputs = runner.tasks[task.name].outputs  # intact: doit's uptodate checked
+                runner.publish(runner.tasks[task.name], logged_key(outputs))
 
         def skip_ignore(self, task):
             pass

@@ -62,17 +62,21 @@ def made_by(outputs: list[Path]) -> str | None:
     return recipe if isinstance(recipe, str) else None
 
 
-def finished_key(outputs: list[Path], recipe: Path) -> str | None:
-    """The cache key `recipe`'s step logged finishing with, if its outputs are as it left them."""
+def logged_key(outputs: list[Path]) -> str | None:
+    """The cache key the step's log says it finished with (None: no finished log)."""
     try:
         log = json.loads(log_path(outputs).read_bytes())
     except (OSError, ValueError):
         return None
     finished = isinstance(log, dict) and log.get("status") in ("run", "restored")
-    if not finished or not outputs_intact(outputs, recipe):
-        return None
-    key = log.get("cache_key")
+    key = log.get("cache_key") if finished else None
     return key if isinstance(key, str) else None
+
+
+def finished_key(outputs: list[Path], recipe: Path) -> str | None:
+    """The cache key `recipe`'s step logged finishing with, if its outputs are as it left them."""
+    key = logged_key(outputs)
+    return key if key is not None and outputs_intact(outputs, recipe) else None
 
 
 def outputs_intact(outputs: list[Path], recipe: Path) -> bool:
