@@ -32,12 +32,16 @@ LAYERS = ("QConv", "QGemm")
 SAMPLES = 16  # taken at once: one batched pass (memory grows with them)
 
 
-def _input_means(node: Node, x: np.ndarray, layer: Node) -> np.ndarray:
-    """Per input channel means of the dequantized codes `x` of the batch (axis 1 of a Conv's
-    input, the last of a Gemm's)."""
-    real = dequantize(x, node.inputs[0].quant).astype(np.float64)
+def _channel_means(real: np.ndarray, layer: Node) -> np.ndarray:
+    """Per input channel means of `layer`'s input batch `real` (axis 1 of a Conv's input, the
+    last of a Gemm's or MatMul's)."""
     channel = 1 if layer.op == "Conv" else real.ndim - 1
     return real.mean(axis=tuple(i for i in range(real.ndim) if i != channel))
+
+
+def _input_means(node: Node, x: np.ndarray, layer: Node) -> np.ndarray:
+    """`_channel_means` of the dequantized codes `x` that quantized `node` reads."""
+    return _channel_means(dequantize(x, node.inputs[0].quant).astype(np.float64), layer)
 
 
 def _float_means(float_graph: Graph, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -51,9 +55,7 @@ def _float_means(float_graph: Graph, batch: Mapping[str, np.ndarray]) -> dict[st
 
     def observe(value, array) -> None:
         for layer in layers.get(value.name, ()):
-            real = np.asarray(array, np.float64)
-            channel = 1 if layer.op == "Conv" else real.ndim - 1
-            means[layer.name] = real.mean(axis=tuple(i for i in range(real.ndim) if i != channel))
+            means[layer.name] = _channel_means(np.asarray(array, np.float64), layer)
 
     count = len(next(iter(batch.values())))
     Interpreter(float_graph, observer=observe).run_batch(dict(batch), chunk=count)
