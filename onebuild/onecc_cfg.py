@@ -42,6 +42,10 @@ QUANTIZE_KEYS = {
     "input_data_format", "mode", "min_percentile", "max_percentile", "moving_avg_batch",
     "moving_avg_const",
 }  # fmt: skip
+EVALUATION_KEYS = {  # one-quantize's comparison of the quantized model with the float one
+    "evaluate_result", "test_data", "print_mae", "print_mape", "print_mpeir", "print_mse",
+    "print_top1_match", "print_top5_match",
+}  # fmt: skip
 CODEGEN_TARGETS = {"trix": "trix_sim", "trix_sim": "trix_sim"}
 MODE_OPTIONS = {  # one-quantize's calibration modes and their options, with ONE's defaults
     "percentile": {"min_percentile": 1.0, "max_percentile": 99.0},
@@ -173,14 +177,17 @@ class _Converter:
             for k, v in values.items()
             if k not in IGNORED and _flag(self.path, "one-optimize", k, v)
         )
+        off = sorted(k for k in values if k not in IGNORED and k not in flags)
         self.data["optimize"] = {"preset": "O1"}
         self.comments.setdefault("optimize", []).append(
             "onebuild's O1 (docs: README, 'O1 passes') stands for one-optimize's passes"
             + (f": {', '.join(flags)}" if flags else "")
         )
+        if off:
+            self.comments["optimize"].append(f"turned off in the cfg: {', '.join(off)}")
 
     def quantize_step(self) -> None:
-        values = self.options("one-quantize", QUANTIZE_KEYS)
+        values = self.options("one-quantize", QUANTIZE_KEYS | EVALUATION_KEYS)
         dtype = values.get("quantized_dtype", "uint8").strip()
         if dtype not in ("uint8", "int16"):
             raise self.fail("one-quantize", "quantized_dtype", f"'{dtype}': use uint8 or int16")
@@ -190,8 +197,8 @@ class _Converter:
         step = {
             "dtype": dtype,
             "granularity": values.get("granularity", "layer").strip(),
-            "input_type": values.get("input_type", dtype).strip(),
-            "output_type": values.get("output_type", dtype).strip(),
+            "input_type": self.io_type(values, "input_type", dtype),
+            "output_type": self.io_type(values, "output_type", dtype),
         }
         for key in ("granularity", "input_type", "output_type"):
             allowed = (
@@ -215,7 +222,51 @@ class _Converter:
         if unused:
             raise self.fail("one-quantize", unused[0], f"has no effect with mode = {mode}")
         self.calibration(values, step)
+        self.evaluation(values, step)
         self.data["quantize"] = step
+
+    def io_type(self, values: dict[str, str], key: str, dtype: str) -> str:
+        """input_type / output_type: one type, or onecc's comma-separated list of one type per
+        model input (output), which onebuild accepts when every entry is the same."""
+        types = {t.strip() for t in values.get(key, dtype).split(",")}
+        if len(types) != 1:
+            listed = ", ".join(sorted(types))
+            raise self.fail(
+                "one-quantize",
+                key,
+                f"types differ per tensor ({listed}): onebuild sets one type "
+                "for all; quantize the model I/O in one type or keep it float32",
+            )
+        return types.pop()
+
+    def evaluation(self, values: dict[str, str], step: dict) -> None:
+        """evaluate_result with test_data: the accuracy step, which reports every metric
+        (quantize.accuracy.json) whichever print_* onecc was asked for."""
+        switches = {k: _flag(self.path, "one-quantize", k, v) for k, v in values.items()
+                    if k in EVALUATION_KEYS - {"test_data"}}  # fmt: skip
+        printed = sorted(
+            k.removeprefix("print_") for k, on in switches.items() if on and k != "evaluate_result"
+        )
+        data = values.get("test_data", "").strip()
+        if not switches.get("evaluate_result"):
+            if data or printed:
+                self.notes.append(
+                    "one-quantize's test_data / print_* have no effect without evaluate_result; "
+                    "not translated"
+                )
+            return
+        if not data:
+            self.notes.append(
+                "one-quantize evaluates on random data without test_data; onebuild needs real "
+                "samples: add [quantize.accuracy] data to compare the quantized model"
+            )
+            return
+        step["accuracy"] = {"data": self.relative("one-quantize", "test_data", data)}
+        self.comments["quantize"] = [
+            "onecc's evaluate_result: the accuracy step writes every metric (SQNR, MAE, MSE,",
+            f"MAPE, MPEIR, top-1/top-5 match) to quantize.accuracy.json; onecc printed: "
+            f"{', '.join(printed) or 'none'}",
+        ]
 
     def calibration(self, values: dict[str, str], step: dict) -> None:
         data = values.get("input_data", "").strip()

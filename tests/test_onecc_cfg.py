@@ -2,6 +2,7 @@
 calibration data: a cfg in ONE's template layout builds the same package as the recipe a user
 would write, and every key is translated or refused with one line naming it."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -195,3 +196,47 @@ def test_bad_hdf5_data_is_one_line(project, damage, names):
     result = onebuild("build", "model.toml", cwd=project)
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert result.returncode in (1, 2) and len(errors) == 1 and names in errors[0], result.stderr
+
+
+def test_evaluate_result_becomes_the_accuracy_step(project):
+    """one-quantize's evaluate_result with test_data compares the quantized model on those
+    samples: the accuracy report holds the metrics onecc would have printed."""
+    shutil.copy(project / "calib.h5", project / "test.h5")
+    extra = "evaluate_result=True\ntest_data=test.h5\nprint_mae=True\nprint_top1_match=True\n"
+    (project / "model.cfg").write_text(CFG.format(quantize_extra=extra))
+    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    text = (project / "model.toml").read_text()
+    assert '[quantize.accuracy]\ndata = "test.h5"' in text and "mae, top1_match" in text
+    built = onebuild("build", "model.toml", cwd=project)
+    assert built.returncode == 0, built.stderr
+    report = json.loads((project / "build" / "model" / "quantize.accuracy.json").read_text())
+    assert {"mae", "top1_match"} <= set(report["outputs"]["logits"]), report["outputs"]
+
+
+@pytest.mark.parametrize(
+    "extra, note",
+    [
+        ("evaluate_result=True\n", "evaluates on random data"),
+        ("test_data=calib.h5\nprint_mae=True\n", "no effect without evaluate_result"),
+    ],
+)
+def test_evaluation_keys_that_cannot_act_are_noted(project, extra, note):
+    (project / "model.cfg").write_text(CFG.format(quantize_extra=extra))
+    result = onebuild("convert-cfg", "model.cfg", cwd=project)
+    assert result.returncode == 0 and note in result.stderr, result.stderr
+    assert "[quantize.accuracy]" not in (project / "model.toml").read_text()
+
+
+def test_io_types_per_tensor_and_flags_turned_off(project):
+    """onecc's comma-separated input_type (one per model input) is one type when the entries
+    agree and refused by name when they differ; one-optimize flags set False are listed."""
+    cfg = CFG.replace("fuse_batchnorm_with_conv=True", "fuse_batchnorm_with_conv=False")
+    (project / "model.cfg").write_text(cfg.format(quantize_extra="input_type=uint8, uint8\n"))
+    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    text = (project / "model.toml").read_text()
+    assert 'input_type = "uint8"' in text
+    assert "turned off in the cfg: fuse_batchnorm_with_conv" in text
+    (project / "model.toml").unlink()
+    (project / "model.cfg").write_text(cfg.format(quantize_extra="input_type=uint8,float32\n"))
+    result = onebuild("convert-cfg", "model.cfg", cwd=project)
+    assert result.returncode == 2 and "[one-quantize] input_type" in result.stderr
