@@ -57,9 +57,9 @@ class _Parser(argparse.ArgumentParser):
     """Command-line mistakes as one line, like every other user error (exit code 2)."""
 
     def error(self, message: str):
-        print(
-            f"onebuild: error: {self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr
-        )
+        command = self.prog.removeprefix("onebuild").strip()  # the subcommand, if any
+        where = f"{command}: " if command else ""
+        print(f"onebuild: error: {where}{message} (see '{self.prog} --help')", file=sys.stderr)
         raise SystemExit(2)
 
 

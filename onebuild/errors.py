@@ -54,6 +54,11 @@ class DynamicValueError(ModelError):
         super().__init__(message)
 
 
+class InputValueError(UserError):
+    """A run's input data gives an operator a value outside what it accepts (an index out of
+    range, a sequence length beyond the sequence): the data is wrong, not onebuild."""
+
+
 class FormatError(UserError):
     """A file onebuild reads (IR file, npz, .tvn, nnpackage) is corrupt or not of its format."""
 

@@ -147,6 +147,26 @@ def test_bad_inputs_give_one_line_errors(model_file, tmp_path, rng):
     assert not out.exists()
 
 
+def test_an_index_out_of_range_in_the_data_is_a_user_error(tmp_path):
+    """A token id beyond an embedding table is the data's fault: one line naming the node,
+    exit 2 (it was an internal error, exit 1)."""
+    table = onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Gather", ["table", "ids"], ["y"], name="embed")],
+        "embedding",
+        [onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [1, 2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 3])],
+        [table],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    write_npz(tmp_path / "in.npz", {"ids": np.array([[[1, 9]]], np.int64)})
+    result = onebuild(
+        "run", tmp_path / "m.onnx", "-i", tmp_path / "in.npz", "-o", tmp_path / "o.npz"
+    )
+    _assert_user_error(result, "node 'embed' (Gather)", "index out of range [-4, 3]")
+
+
 def test_bad_option_exits_2(model_file):
     result = onebuild("inspect", model_file, "--input-shape", "x:1,2")
     assert result.returncode == 2 and "NAME=D0,D1" in result.stderr

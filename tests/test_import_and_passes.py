@@ -69,14 +69,15 @@ def test_unsupported_ops_are_all_listed():
         helper.make_node("Relu", ["x"], ["a"], name="ok"),
         helper.make_node("Unique", ["a"], ["b"], name="e1"),
         helper.make_node("Unique", ["b"], ["c"], name="e2"),
-        helper.make_node("StringNormalizer", ["c"], ["y"], name="sn"),
+        helper.make_node("StringNormalizer", ["c"], ["d"], name="sn"),
+        helper.make_node("Unique", ["d"], ["y"]),  # unnamed: called by its output, as in import
     ]
     proto = make_model(nodes, [("x", [2, 2])], ["y"])
     with pytest.raises(UnsupportedOpsError) as error:
         import_onnx(proto, "m.onnx")
     message = str(error.value)
     assert "StringNormalizer, Unique" in message
-    assert all(f"node '{n}'" in message for n in ("e1", "e2", "sn"))
+    assert all(f"node '{n}'" in message for n in ("e1", "e2", "sn", "y"))
     assert "\n" not in message
 
 

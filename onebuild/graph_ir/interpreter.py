@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..errors import ExecutionError, UserError
+from ..errors import ExecutionError, InputValueError, UserError
 from .batching import batch_plan
 from .ir import Graph, Node, Value
 from .ops import OPS
@@ -127,6 +127,9 @@ class Interpreter:
             attrs = plan[index](batch) if plan and plan[index] else node.attrs
             try:
                 results = kernel(attrs, *args)
+            except InputValueError as error:  # the run's data, not the model or onebuild
+                where = f"while executing node '{node.name}' ({node.op})"
+                raise InputValueError(f"{where}: {error}") from None
             except Exception as error:
                 raise ExecutionError(
                     f"while executing node '{node.name}' ({node.op}): {error}"

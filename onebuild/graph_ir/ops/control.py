@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ...errors import InputValueError
 from .registry import Attrs, TensorType, register
 
 BRANCHES = ("then_branch", "else_branch")
@@ -88,7 +89,7 @@ def loop(
     iteration = 0
     while going and iteration < limit:
         if iteration == MAX_ITERATIONS:
-            raise ValueError(f"the loop is still going after {MAX_ITERATIONS} iterations")
+            raise InputValueError(f"the loop is still going after {MAX_ITERATIONS} iterations")
         feeds = [np.array(iteration, np.int64), np.array(going), *carried, *outer]
         results = interpreter.run(dict(zip(names, feeds)))
         going = bool(results[body.outputs[0].name].reshape(-1)[0])

@@ -8,16 +8,18 @@ scatter without reduction take the last update, as onnxruntime does.
 
 import numpy as np
 
+from ...errors import InputValueError
 from .registry import PER_SAMPLE, Attrs, BatchRule, TensorType, not_along_axis_0, register
 
 _REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
 def _in_range(indices: np.ndarray, size: int, what: str) -> np.ndarray:
-    """Indices with negative ones counted from the end; out of range is a ValueError."""
+    """Indices with negative ones counted from the end; out of range is an
+    InputValueError (the indices come from the data)."""
     indices = indices.astype(np.int64)
     if indices.size and (indices.min() < -size or indices.max() >= size):
-        raise ValueError(f"{what} index out of range [-{size}, {size - 1}]")
+        raise InputValueError(f"{what} index out of range [-{size}, {size - 1}]")
     return np.where(indices < 0, indices + size, indices)
 
 

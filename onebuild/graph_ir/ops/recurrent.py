@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...errors import InputValueError
 from .registry import Attrs, Kernel, TensorType, register
 
 
@@ -69,7 +70,7 @@ def time_major(attrs: Attrs, x: np.ndarray, states, lengths):
     seq, batch = x.shape[:2]
     lengths = np.full(batch, seq) if lengths is None else lengths.astype(np.int64)
     if np.any((lengths < 0) | (lengths > seq)):
-        raise ValueError(f"sequence_lens {lengths.tolist()} outside [0, {seq}]")
+        raise InputValueError(f"sequence_lens {lengths.tolist()} outside [0, {seq}]")
     return x, states, lengths
 
 

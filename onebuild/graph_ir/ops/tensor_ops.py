@@ -5,6 +5,7 @@ shapes)."""
 import ml_dtypes
 import numpy as np
 
+from ...errors import InputValueError
 from .. import dtypes
 from .registry import (
     ANY,
@@ -159,7 +160,7 @@ def gather(attrs, x, indices):
     axis = attrs["axis"]
     size = x.shape[axis]
     if indices.size and (indices.min() < -size or indices.max() >= size):
-        raise ValueError(f"Gather index out of range [-{size}, {size - 1}]")
+        raise InputValueError(f"Gather index out of range [-{size}, {size - 1}]")
     return np.take(x, indices.astype(np.int64), axis=axis)
 
 

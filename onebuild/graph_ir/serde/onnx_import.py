@@ -379,7 +379,7 @@ def _unsupported_ops(nodes, where: str) -> list[tuple[str, str, str]]:
     "If 'cond'.then_branch", empty in the main graph."""
     found = []
     for i, node in enumerate(nodes):
-        name = node.name or f"#{i}"
+        name = node.name or next((o for o in node.output if o), f"#{i}")  # as NodeContext
         subgraphs = [
             (a.name, graph)
             for a in node.attribute

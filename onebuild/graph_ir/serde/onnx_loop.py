@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 MAX_ITERATIONS = 1024  # unrolled copies of one Loop's body
 
-UNROLLED = "Loop is unrolled at import"  # why a Loop's data-dependent operands must be pinned
+# why a Loop's data-dependent operands must be pinned (a Loop without scan outputs runs as
+# control flow; scan outputs are stacked per iteration, so their length must be known)
+UNROLLED = "a Loop with scan outputs is unrolled at import (their length is its trip count)"
 
 
 def unroll_loop(importer: _GraphImporter, node: onnx.NodeProto) -> None:
