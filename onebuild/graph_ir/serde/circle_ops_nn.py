@@ -5,6 +5,7 @@ import numpy as np
 
 from ..ops.conv import pixel_shuffle_block, pixel_shuffle_weights
 from ..tensor import QuantParams
+from .circle_names import depthwise as is_depthwise
 from .circle_ops import (
     NHWC,
     _finish,
@@ -108,9 +109,9 @@ def conv(w, node):
     x, weight = node.inputs[:2]
     _require(weight.is_const and len(x.shape) == 4)
     attrs = node.attrs
-    out_channels, per_group = weight.shape[:2]
+    out_channels = weight.shape[0]
     group, channels = attrs["group"], x.shape[1]
-    depthwise = group > 1 and per_group == 1 and group == channels
+    depthwise = is_depthwise(node)
     strides, dilations = attrs["strides"], attrs["dilations"]
     fill = None
     xi, padding, _, _ = _window(w, node, x, weight.shape[2:], strides, dilations, fill)
