@@ -284,14 +284,29 @@ def softmax(w, node):
 
 # -- pooling ---------------------------------------------------------------------------------------
 def reduce(w, node):
-    x = node.inputs[0]
+    """MEAN / REDUCE_MAX with keep_dims, in the input's layout; without kept dims, then a
+    RESHAPE dropping the reduced axes (onert 0.1.0 refuses keep_dims = false at prepare:
+    "ShapeValidator failed"; the reader folds the RESHAPE back)."""
+    x, out = node.inputs[0], node.output
     axes = node.attrs["axes"]
     keep = bool(node.attrs.get("keepdims", 1))
-    perm = w.home_of(x) if keep else None
+    perm = w.home_of(x)
+    if not keep and perm is not None:  # the kept axes must stay in the IR's order
+        kept = [a for a in perm if a not in axes]
+        perm = perm if kept == sorted(kept) else None
     stored = sorted(axes if perm is None else [perm.index(a) for a in axes])
     code = "MEAN" if node.op == "ReduceMean" else "REDUCE_MAX"
     operands = [w.get(x, perm), w.constant(np.asarray(stored, np.int32), f"{node.name}_axes")]
-    w.op(code, operands, [w.define(node.output, perm)], keep_dims=keep)
+    if keep:
+        w.op(code, operands, [w.define(out, perm)], keep_dims=True)
+        return
+    kept_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    reduced = w.new_tensor(
+        f"{out.name}_kept", out.dtype, _stored(kept_shape, perm), quant=out.quant
+    )
+    w.op(code, operands, [reduced], keep_dims=True)
+    shape = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+    w.op("RESHAPE", [reduced, shape], [w.define(out, None)])
 
 
 # -- data movement ---------------------------------------------------------------------------------

@@ -290,12 +290,26 @@ def _columns_in_stored_order(w, a, weight: np.ndarray) -> np.ndarray:
 
 
 def matmul(w, node):
+    """FULLY_CONNECTED without bias by constant 2-D weights; an input of rank > 2 is reshaped
+    to rows and back (onert 0.1.0 drops `keep_num_dims`: its output comes out 2-D, and the next
+    operator fails shape inference), which the reader folds back into one MatMul."""
     a, b = node.inputs
     if b.is_const and len(b.shape) == 2:
         data = _columns_in_stored_order(w, a, b.numpy().T)
         weight = w.constant(np.ascontiguousarray(data), b.name)
-        keep = len(a.shape) > 2
-        _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None, keep_num_dims=keep)
+        if len(a.shape) <= 2:
+            _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None)
+            return
+        out, depth = node.output, a.shape[-1]
+        rows = (int(np.prod(a.shape[:-1])), depth)
+        flat = w.new_tensor(f"{a.name}_rows", a.dtype, rows)
+        shape = w.constant(np.asarray(rows, np.int32), f"{node.name}_rows_shape")
+        w.op("RESHAPE", [w.get(a, None), shape], [flat])
+        product = w.new_tensor(f"{out.name}_rows", out.dtype, (rows[0], out.shape[-1]))
+        activation = fused_activation(node)
+        w.op("FULLY_CONNECTED", [flat, weight, -1], [product], activation=activation)
+        shape = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+        w.op("RESHAPE", [product, shape], [w.define(out, None)])
         return
     _require(len(a.shape) >= 2 and len(b.shape) >= 2)
     _finish(w, node, "BATCH_MATMUL", [w.get(a, None), w.get(b, None)], None)

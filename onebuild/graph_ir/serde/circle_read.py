@@ -235,6 +235,7 @@ READERS: dict[str, Callable] = {
     "CONV_2D": nn.conv,
     "DEPTHWISE_CONV_2D": _with(nn.conv, depthwise=True),
     "FULLY_CONNECTED": nn.fully_connected,
+    "BATCH_MATMUL": nn.batch_matmul,
     "TRANSPOSE_CONV": nn.conv_transpose,
     "GELU": ops.gelu,
     "MAX_POOL_2D": _with(nn.pool, code="MAX_POOL_2D"),

@@ -9,7 +9,11 @@ graphs and numbers:
 - x * relu6(x + 3) * 1/6 -> HardSwish (circle's form of it), x * sigmoid(x) -> Swish (the
   spellings `passes.patterns` knows);
 - a 1x1 Conv to b * b * O channels, then DepthToSpace(b) -> ConvTranspose with kernel = stride =
-  b (circle's form of it).
+  b (circle's form of it);
+- an input of rank > 2 reshaped to rows, MatMul by constant weights, reshaped back -> the MatMul
+  of the input (the writer's form for onert, which drops FULLY_CONNECTED's keep_num_dims);
+- a float mean or maximum keeping its reduced axes, reshaped to drop them -> the reduction
+  without kept dims (the writer's form for onert, which refuses keep_dims = false).
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -189,3 +193,41 @@ def pixel_shuffle(graph: Graph, windows: Value, block: int) -> Value | None:
         "group": 1,
     }
     return graph.make_node("ConvTranspose", inputs, transposed, conv.name).output
+
+
+def matmul_rows(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
+    """MatMul(z) for `value` = MatMul(Reshape(z) to rows, constant weights) reshaped to `shape`
+    = z's leading axes and the weights' columns."""
+    node = value.producer
+    if node is None or node.op != "MatMul" or not node.inputs[1].is_const:
+        return None
+    flat = node.inputs[0].producer
+    if flat is None or flat.op != "Reshape":
+        return None
+    z, weights = flat.inputs[0], node.inputs[1]
+    rows = int(np.prod(z.shape[:-1]))
+    if len(z.shape) <= 2 or tuple(flat.output.shape) != (rows, z.shape[-1]):
+        return None
+    if tuple(shape) != (*z.shape[:-1], weights.shape[1]):
+        return None
+    return graph.make_node("MatMul", [z, weights], dict(node.attrs), name).output
+
+
+REDUCTIONS = {"ReduceMean": "ReduceMean", "GlobalAveragePool": "ReduceMean"}
+REDUCTIONS.update({"ReduceMax": "ReduceMax", "GlobalMaxPool": "ReduceMax"})
+
+
+def dropped_axes(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
+    """ReduceMean / ReduceMax without kept dims for `value` = such a reduction (or global
+    pool) keeping them, reshaped to `shape` = its shape without the reduced axes."""
+    node = value.producer
+    if node is None or node.op not in REDUCTIONS or value.dtype != np.float32:
+        return None
+    rank = len(value.shape)
+    axes = node.attrs.get("axes", list(range(2, rank)))
+    if not node.attrs.get("keepdims", 1) or not axes:
+        return None
+    if tuple(shape) != tuple(d for i, d in enumerate(value.shape) if i not in axes):
+        return None
+    attrs = {"axes": list(axes), "keepdims": 0}
+    return graph.make_node(REDUCTIONS[node.op], [node.inputs[0]], attrs, name).output

@@ -246,7 +246,15 @@ def reshape(r, inputs, outputs, options):
     shape = list(r.info(outputs[0]).shape)
     order = _flatten_order(r, inputs[0], outputs[0])
     if order is None:
-        _emit(r, "Reshape", [r.value(inputs[0])], {"shape": shape}, outputs[0])
+        x = r.value(inputs[0])
+        name = r.info(outputs[0]).name + "/op"
+        folded = fuse.matmul_rows(r.graph, x, shape, name) or fuse.dropped_axes(
+            r.graph, x, shape, name
+        )
+        if folded is not None:  # the writer's MatMul of an input of rank > 2
+            r.define(outputs[0], folded)
+            return
+        _emit(r, "Reshape", [x], {"shape": shape}, outputs[0])
         return
     # the IR's own flatten; the FULLY_CONNECTED readers permute their weights by `order`
     _emit(r, "Reshape", [r.value(inputs[0], NHWC)], {"shape": shape}, outputs[0])
