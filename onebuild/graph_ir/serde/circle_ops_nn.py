@@ -426,6 +426,13 @@ def resize(w, node):
             and attrs.get("nearest_mode", "round_prefer_floor") == "floor"
         )
         code = "RESIZE_NEAREST_NEIGHBOR"
+        factors = (sizes[2] // x.shape[2], sizes[3] // x.shape[3])
+        if w.fmt == "circle" and tuple(sizes[2:]) == (
+            x.shape[2] * factors[0],
+            x.shape[3] * factors[1],
+        ):
+            _repeat(w, node, factors)
+            return
     size = w.constant(np.asarray(sizes[2:], np.int32), f"{node.name}_size")
     w.op(
         code,
@@ -434,6 +441,26 @@ def resize(w, node):
         align_corners=coords == "align_corners",
         half_pixel_centers=coords == "half_pixel",
     )
+
+
+def _repeat(w, node, factors: tuple[int, int]) -> None:
+    """Nearest upsampling by whole factors (each pixel repeated sh x sw times) as RESHAPE and
+    CONCATENATION of copies, along the width, then the height (onert 0.1.0 has no
+    RESIZE_NEAREST_NEIGHBOR kernel: "KernelGenerator: NYI"); the reader folds it back."""
+    x, out = node.inputs[0], node.output
+    n, c, h, width = x.shape
+    sh, sw = factors
+    source = w.get(x, NHWC)
+    stages = (((n * h, width, 1, c), sw), ((n, h, 1, width * sw * c), sh))
+    for index, (shape, factor) in enumerate(stages):
+        rows = w.new_tensor(f"{out.name}_rows{index}", x.dtype, shape, quant=x.quant)
+        dims = w.constant(np.asarray(shape, np.int32), f"{node.name}_rows{index}_shape")
+        w.op("RESHAPE", [source, dims], [rows])
+        copies = (*shape[:2], factor, shape[3])
+        source = w.new_tensor(f"{out.name}_copies{index}", x.dtype, copies, quant=x.quant)
+        w.op("CONCATENATION", [rows] * factor, [source], axis=2)
+    dims = w.constant(np.asarray(_stored(out.shape, NHWC), np.int32), f"{node.name}_shape")
+    w.op("RESHAPE", [source, dims], [w.define(out, NHWC)])
 
 
 def batch_norm(w, node):

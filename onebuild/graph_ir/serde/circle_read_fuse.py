@@ -13,7 +13,9 @@ graphs and numbers:
 - an input of rank > 2 reshaped to rows, MatMul by constant weights, reshaped back -> the MatMul
   of the input (the writer's form for onert, which drops FULLY_CONNECTED's keep_num_dims);
 - a float mean or maximum keeping its reduced axes, reshaped to drop them -> the reduction
-  without kept dims (the writer's form for onert, which refuses keep_dims = false).
+  without kept dims (the writer's form for onert, which refuses keep_dims = false);
+- NHWC rows reshaped, concatenated with copies of themselves along the width, then the height
+  -> nearest Resize by whole factors (circle's form: onert has no RESIZE_NEAREST_NEIGHBOR).
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -231,3 +233,44 @@ def dropped_axes(graph: Graph, value: Value, shape: list[int], name: str) -> Val
         return None
     attrs = {"axes": list(axes), "keepdims": 0}
     return graph.make_node(REDUCTIONS[node.op], [node.inputs[0]], attrs, name).output
+
+
+NHWC_ORDER = [0, 2, 3, 1]
+
+
+def repeated_pixels(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
+    """Resize(x) (nearest, asymmetric, floor; whole factors sh, sw) for `value` = NHWC(x)'s
+    rows [n h, w, 1, c] concatenated sw times along axis 2, reshaped to [n, h, 1, w sw c],
+    concatenated sh times, reshaped to `shape` = [n, h sh, w sw, c] (the writer's `_repeat`)."""
+    factors, stages = [], []
+    for _ in range(2):
+        concat = value.producer
+        if concat is None or concat.op not in ("Concat", "QConcat") or concat.attrs["axis"] != 2:
+            return None
+        rows = concat.inputs[0]
+        if any(v is not rows for v in concat.inputs) or concat.output.quant != rows.quant:
+            return None
+        if rows.producer is None or rows.producer.op != "Reshape":
+            return None
+        factors.append(len(concat.inputs))
+        stages.append(tuple(rows.shape))
+        value = rows.producer.inputs[0]
+    transpose = value.producer
+    if transpose is None or transpose.op != "Transpose" or transpose.attrs["perm"] != NHWC_ORDER:
+        return None
+    x = transpose.inputs[0]
+    sh, sw = factors
+    n, c, h, w = x.shape
+    if stages != [(n, h, 1, w * sw * c), (n * h, w, 1, c)]:
+        return None
+    if tuple(shape) != (n, h * sh, w * sw, c):
+        return None
+    sizes = [n, c, h * sh, w * sw]
+    attrs = {
+        "sizes": sizes,
+        "scales": [s / d for s, d in zip(sizes, x.shape)],
+        "coordinate_transformation_mode": "asymmetric",
+        "mode": "nearest",
+        "nearest_mode": "floor",
+    }
+    return graph.make_node("Resize", [x], attrs, name).output

@@ -248,11 +248,16 @@ def reshape(r, inputs, outputs, options):
     if order is None:
         x = r.value(inputs[0])
         name = r.info(outputs[0]).name + "/op"
-        folded = fuse.matmul_rows(r.graph, x, shape, name) or fuse.dropped_axes(
-            r.graph, x, shape, name
-        )
-        if folded is not None:  # the writer's MatMul of an input of rank > 2
+        # the writer's MatMul of an input of rank > 2, reduction without kept dims, and (in
+        # NHWC) nearest upsampling by whole factors
+        folded = fuse.matmul_rows(r.graph, x, shape, name)
+        folded = folded or fuse.dropped_axes(r.graph, x, shape, name)
+        if folded is not None:
             r.define(outputs[0], folded)
+            return
+        resized = fuse.repeated_pixels(r.graph, x, shape, name)
+        if resized is not None:
+            r.define(outputs[0], resized, NHWC)
             return
         _emit(r, "Reshape", [x], {"shape": shape}, outputs[0])
         return
