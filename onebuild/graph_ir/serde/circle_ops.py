@@ -128,6 +128,15 @@ def binary(w, node):
     _finish(w, node, code, inputs, perm)
 
 
+def prelu(w, node):
+    """Float PRelu as PRELU, the slope broadcast like a binary operand."""
+    _require(node.inputs[0].dtype == np.float32)
+    perm = _common_layout(w, node, node.inputs)
+    rank = len(node.output.shape)
+    inputs = [_operand(w, v, perm, rank) for v in node.inputs]
+    w.op("PRELU", inputs, [w.define(node.output, perm)])
+
+
 UNARY = {
     "Relu": "RELU",
     "Sigmoid": "LOGISTIC",

@@ -215,24 +215,21 @@ def matmul_rows(graph: Graph, value: Value, shape: list[int], name: str) -> Valu
     return graph.make_node("MatMul", [z, weights], dict(node.attrs), name).output
 
 
-REDUCTIONS = {"ReduceMean": "ReduceMean", "GlobalAveragePool": "ReduceMean"}
-REDUCTIONS.update({"ReduceMax": "ReduceMax", "GlobalMaxPool": "ReduceMax"})
-
-
 def dropped_axes(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
-    """ReduceMean / ReduceMax without kept dims for `value` = such a reduction (or global
-    pool) keeping them, reshaped to `shape` = its shape without the reduced axes."""
+    """ReduceMean / ReduceMax without kept dims for `value` = such a reduction keeping them,
+    reshaped to `shape` = its shape without the reduced axes. (A spatial one reads as the
+    global pool and stays so: a global pool and a flatten are the same MEAN and RESHAPE, and
+    give the same bits.)"""
     node = value.producer
-    if node is None or node.op not in REDUCTIONS or value.dtype != np.float32:
+    if node is None or node.op not in ("ReduceMean", "ReduceMax") or value.dtype != np.float32:
         return None
-    rank = len(value.shape)
-    axes = node.attrs.get("axes", list(range(2, rank)))
+    axes = node.attrs["axes"]
     if not node.attrs.get("keepdims", 1) or not axes:
         return None
     if tuple(shape) != tuple(d for i, d in enumerate(value.shape) if i not in axes):
         return None
     attrs = {"axes": list(axes), "keepdims": 0}
-    return graph.make_node(REDUCTIONS[node.op], [node.inputs[0]], attrs, name).output
+    return graph.make_node(node.op, [node.inputs[0]], attrs, name).output
 
 
 NHWC_ORDER = [0, 2, 3, 1]

@@ -105,6 +105,15 @@ def binary(r, inputs, outputs, options, code):
     _emit(r, op, [a, b], attrs, outputs[0], perm)
 
 
+def prelu(r, inputs, outputs, options):
+    """Float PRELU: x where x >= 0, else alpha * x (alpha broadcast as a binary operand)."""
+    _float_only(r, inputs[0], "PRELU")
+    rank = len(r.info(outputs[0]).shape)
+    perm = _layout(r, inputs, rank)
+    x, slope = (_operand(r, i, perm, rank) for i in inputs[:2])
+    _emit(r, "PRelu", [x, slope], {}, outputs[0], perm)
+
+
 UNARY = {
     "RELU": "Relu",
     "LOGISTIC": "Sigmoid",

@@ -296,6 +296,7 @@ WRITERS: dict[str, Callable] = {
     **{op: ops.binary for op in ("Add", "Sub", "Mul", "Div", "QAdd", "QMul")},
     **{op: ops.unary for op in ops.UNARY},
     "Clip": ops.clip,
+    "PRelu": ops.prelu,
     "Gelu": ops.unary,
     "ConvTranspose": nn.conv_transpose,
     "DepthToSpace": nn.depth_to_space,
