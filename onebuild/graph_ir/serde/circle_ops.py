@@ -129,12 +129,26 @@ def binary(w, node):
 
 
 def prelu(w, node):
-    """Float PRelu as PRELU, the slope broadcast like a binary operand."""
-    _require(node.inputs[0].dtype == np.float32)
+    """Float PRelu as PRELU, the slope broadcast like a binary operand; in circle as
+    relu(x) + slope * (x - relu(x)) (the same bits: one term is 0; onert 0.1.0 has no PReLU
+    kernel), which the reader folds back."""
+    x, out = node.inputs[0], node.output
+    _require(x.dtype == np.float32)
     perm = _common_layout(w, node, node.inputs)
-    rank = len(node.output.shape)
-    inputs = [_operand(w, v, perm, rank) for v in node.inputs]
-    w.op("PRELU", inputs, [w.define(node.output, perm)])
+    rank = len(out.shape)
+    xi, slope = (_operand(w, v, perm, rank) for v in node.inputs)
+    if w.fmt != "circle":
+        w.op("PRELU", [xi, slope], [w.define(out, perm)])
+        return
+    shape = _stored(x.shape, perm)
+    relu, negative, scaled = (
+        w.new_tensor(f"{out.name}_{part}", out.dtype, shape)
+        for part in ("relu", "negative", "scaled")
+    )
+    w.op("RELU", [xi], [relu])
+    w.op("SUB", [xi, relu], [negative], activation=ACT_NONE)
+    w.op("MUL", [negative, slope], [scaled], activation=ACT_NONE)
+    w.op("ADD", [relu, scaled], [w.define(out, perm)], activation=ACT_NONE)
 
 
 UNARY = {

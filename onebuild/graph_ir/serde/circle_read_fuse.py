@@ -15,7 +15,8 @@ graphs and numbers:
 - a float mean or maximum keeping its reduced axes, reshaped to drop them -> the reduction
   without kept dims (the writer's form for onert, which refuses keep_dims = false);
 - NHWC rows reshaped, concatenated with copies of themselves along the width, then the height
-  -> nearest Resize by whole factors (circle's form: onert has no RESIZE_NEAREST_NEIGHBOR).
+  -> nearest Resize by whole factors (circle's form: onert has no RESIZE_NEAREST_NEIGHBOR);
+- relu(x) + slope * (x - relu(x)) -> PRelu (circle's form: onert has no PReLU kernel).
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -271,3 +272,18 @@ def repeated_pixels(graph: Graph, value: Value, shape: list[int], name: str) -> 
         "nearest_mode": "floor",
     }
     return graph.make_node("Resize", [x], attrs, name).output
+
+
+def prelu(graph: Graph, a: Value, b: Value) -> Value | None:
+    """PRelu(x, slope) for a + b = relu(x) + (x - relu(x)) * slope, slope constant."""
+    relu, scaled = a.producer, b.producer
+    if relu is None or relu.op != "Relu" or relu.attrs or scaled is None or scaled.op != "Mul":
+        return None
+    x = relu.inputs[0]
+    negative, slope = scaled.inputs
+    difference = negative.producer
+    if not slope.is_const or scaled.attrs or difference is None or difference.op != "Sub":
+        return None
+    if difference.attrs or list(difference.inputs) != [x, a]:
+        return None
+    return graph.make_node("PRelu", [x, slope], {}, f"{a.name}/prelu").output

@@ -85,6 +85,8 @@ def binary(r, inputs, outputs, options, code):
     fused = None
     if code == "MUL" and not act:
         fused = fuse.exclusive_average(r.graph, a, b) or fuse.local_response_norm(r.graph, a, b)
+    if code == "ADD" and not act and out.dtype == np.float32:
+        fused = fuse.prelu(r.graph, a, b)
     if fused is not None:
         r.define(outputs[0], fused, perm)
         return
