@@ -1,16 +1,18 @@
 """Float MatMul exports read back as the same MatMul (a FULLY_CONNECTED without bias, a
-BATCH_MATMUL), so MLPs and attention pack as exact circle; onert and LiteRT run them to
-onnxruntime's outputs."""
+BATCH_MATMUL) and LayerNormalization as itself, so MLPs and transformer blocks pack as exact
+circle; onert and LiteRT run them to onnxruntime's outputs."""
 
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import helper
 from onnx_builders import make_model
 from test_circle import run_litert, run_onert
 
 from onebuild import compile as C
+from onebuild.cli import main
 from onebuild.graph_ir.serde import load_onnx, read_circle, write_circle
 from onebuild.graph_ir.serde.circle_exact import exact_circle
 from onebuild.npz import read_npz
@@ -88,3 +90,34 @@ def test_attention_packs_as_exact_circle_and_runs_in_onert(tmp_path, rng):
         [r[0] for r in run_litert(write_circle(model, "tflite"), [[s] for s in x])]
     )
     assert relative(lite, want) < 1e-5
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_torch_transformer_block_packs_as_exact_circle_and_runs_in_onert(tmp_path, opset):
+    """torch.onnx exports of a pre-norm attention block (LayerNormalization, q/k/v/o Linear
+    layers on [1, T, 32], 4 heads: 4-D MatMuls, Softmax): the circle reads back to the same
+    ops and onert runs it within 1.1e-7 relative of onnxruntime on digit pixels."""
+    path = ROOT / "tests" / "data" / "torch_exports" / f"attn_op{opset}.onnx"
+    model = C.optimize(load_onnx(path, {"x": [1, 6, 32]}))
+    data, reason = exact_circle(model)
+    assert reason is None
+    assert sorted(n.op for n in read_circle(data).main.nodes) == sorted(
+        n.op for n in model.main.nodes
+    )
+    x = digits(12).reshape(4, 1, 6, 32)  # three digits' pixels per sample
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = np.concatenate([session.run(None, {"x": s})[0] for s in x])
+    got = np.concatenate([r[0] for r in run_onert(data, tmp_path, [[s] for s in x])])
+    assert relative(got, want) < 2e-7
+
+
+def test_mlp_recipe_packs_a_circle(tmp_path, capsys):
+    """The trial's MatMul + Add model through `onebuild build`: the package holds a .circle
+    and the build prints no warning (it fell back to .obir)."""
+    (tmp_path / "r.toml").write_text(
+        f'[import]\nsource = "{MLP}"\ninput_shapes = {{ input = [1, 64] }}\n'
+        '[pack]\noutput = "m.nnpkg"\n'
+    )
+    assert main(["build", str(tmp_path / "r.toml")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "m.nnpkg").iterdir()) == ["m.circle", "metadata"]

@@ -16,7 +16,9 @@ graphs and numbers:
   without kept dims (the writer's form for onert, which refuses keep_dims = false);
 - NHWC rows reshaped, concatenated with copies of themselves along the width, then the height
   -> nearest Resize by whole factors (circle's form: onert has no RESIZE_NEAREST_NEIGHBOR);
-- relu(x) + slope * (x - relu(x)) -> PRelu (circle's form: onert has no PReLU kernel).
+- relu(x) + slope * (x - relu(x)) -> PRelu (circle's form: onert has no PReLU kernel);
+- (x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta] -> LayerNormalization (no
+  TFLite operator; the writer's spelling, as `passes.patterns` matches exporters').
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -26,7 +28,7 @@ dead-code elimination when nothing does.
 import numpy as np
 
 from ..ir import Graph, Node, Value
-from ..passes.patterns import activation_ending_at
+from ..passes.patterns import activation_ending_at, layer_norm_ending_at
 from ..tensor import QuantParams
 
 CONV_KEYS = (
@@ -287,3 +289,33 @@ def prelu(graph: Graph, a: Value, b: Value) -> Value | None:
     if difference.attrs or list(difference.inputs) != [x, a]:
         return None
     return graph.make_node("PRelu", [x, slope], {}, f"{a.name}/prelu").output
+
+
+def layer_norm(graph: Graph, node: Node) -> Value | None:
+    """LayerNormalization for the Div `node` ending its spelling (scale 1), or one taking in a
+    Mul by a constant gamma or an Add of a constant beta that follows it."""
+    if node.op == "Div":
+        found = layer_norm_ending_at(node)
+        if found is None:
+            return None
+        _, x, attrs = found
+        ones = graph.add_constant(np.ones(x.shape[attrs["axis"] :], x.dtype), f"{x.name}_ones")
+        return graph.make_node("LayerNormalization", [x, ones], attrs, node.name).output
+    a, b = node.inputs
+    norm = a.producer
+    if node.op not in ("Mul", "Add") or node.attrs or norm is None or not b.is_const:
+        return None
+    if norm.op != "LayerNormalization" or len(norm.inputs) > 2 or len(a.users) != 1:
+        return None
+    x, scale = norm.inputs
+    shape = x.shape[norm.attrs["axis"] :]
+    if len(b.shape) > len(shape) or np.broadcast_shapes(b.shape, shape) != shape:
+        return None
+    constant = graph.add_constant(np.broadcast_to(b.numpy(), shape).astype(x.dtype), b.name)
+    if node.op == "Mul":
+        if not np.all(scale.numpy() == 1):
+            return None
+        inputs = [x, constant]
+    else:
+        inputs = [x, scale, constant]
+    return graph.make_node("LayerNormalization", inputs, dict(norm.attrs), node.name).output

@@ -97,6 +97,8 @@ def binary(r, inputs, outputs, options, code):
         value = node.output
         if code == "MUL" and not act:
             value = fuse.activation(r.graph, node) or value
+        if value is node.output and not act:
+            value = fuse.layer_norm(r.graph, node) or value
         r.define(outputs[0], value, perm)
         return
     if code in ("DIV", "POW"):
