@@ -181,6 +181,18 @@ class PartitionStep(_Section):
         default_factory=dict, description="node name -> backend pins (`comply` says which map wins)"
     )
     part_file: str | None = None
+
+    @field_validator("opcode")
+    @classmethod
+    def _known_ops(cls, opcode: dict):
+        from .graph_ir.partition.op_keys import check_keys
+
+        try:
+            check_keys(opcode, "opcode")
+        except UserError as error:
+            raise ValueError(str(error).removeprefix("opcode: ")) from None
+        return opcode
+
     cpu_precision: Literal["quantized", "float"] = Field(
         default=_P.cpu_precision,
         description="CPU parts run the quantized model (bit-exact with the quantized "

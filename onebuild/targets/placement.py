@@ -14,6 +14,7 @@ from ..errors import ModelError, UserError
 from ..graph_ir.ir import Graph, Node, Value
 from ..graph_ir.macs import macs
 from ..graph_ir.partition.assign import min_cost, override
+from ..graph_ir.partition.op_keys import check_keys
 from ..graph_ir.partition.regions import Partitioning, split
 from ..graph_ir.quant.channel_activations import per_channel_value
 from . import Target
@@ -97,6 +98,7 @@ def _pinned(graph: Graph, options: Options, reasons: dict[str, list[str]]) -> di
                 f"partition: '{key}' is mapped to unknown backend '{backend}' "
                 f"(backends: {', '.join(sorted(backends))})"
             )
+    check_keys(options.opcode, "partition.opcode")
     names = {n.name for n in graph.nodes}
     unknown = sorted(set(options.opname) - names - {"_"})
     if unknown:

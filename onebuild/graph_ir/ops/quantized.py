@@ -188,7 +188,12 @@ def _float32_exact(centered: np.ndarray, w: np.ndarray) -> bool:
     return largest * int(per_output) < FLOAT32_EXACT
 
 
-@register("QConv", _typed(lambda attrs, types: conv_type(attrs, types[:2])), batch=PER_SAMPLE)
+@register(
+    "QConv",
+    _typed(lambda attrs, types: conv_type(attrs, types[:2])),
+    batch=PER_SAMPLE,
+    quantizes=("Conv",),
+)
 def q_conv(attrs, x, w, b):
     """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized
     (on float32 BLAS when that is exact: 8-bit layers, mostly; float64 otherwise)."""
@@ -205,7 +210,12 @@ def q_conv(attrs, x, w, b):
 _QGEMM_BATCH = PER_SAMPLE.where(lambda node: not node.attrs.get("transA"))
 
 
-@register("QGemm", _typed(lambda attrs, types: gemm_type(attrs, types[:2])), batch=_QGEMM_BATCH)
+@register(
+    "QGemm",
+    _typed(lambda attrs, types: gemm_type(attrs, types[:2])),
+    batch=_QGEMM_BATCH,
+    quantizes=("Gemm", "MatMul"),
+)
 def q_gemm(attrs, a, w, b):
     centered = _centered(a, attrs["x_zero_point"]).astype(np.float64)
     acc = gemm({"transB": attrs.get("transB", 0)}, centered, w.astype(np.float64))
@@ -222,7 +232,7 @@ def _rescaled(q: np.ndarray, zero_point, rescale) -> np.ndarray:
     return scale(q) if table is None else table
 
 
-@register("QAdd", _typed(broadcast), batch=BROADCASTING)
+@register("QAdd", _typed(broadcast), batch=BROADCASTING, quantizes=("Add", "Sub"))
 def q_add(attrs, a, b):
     """a ± b: each input rescaled to half the larger input scale at 2^20 resolution, summed,
     then requantized to the output (TFLite's scheme)."""
@@ -232,13 +242,13 @@ def q_add(attrs, a, b):
     return _output(attrs, requantize(total, attrs["multiplier"], attrs["shift"]))
 
 
-@register("QMul", _typed(broadcast), batch=BROADCASTING)
+@register("QMul", _typed(broadcast), batch=BROADCASTING, quantizes=("Mul",))
 def q_mul(attrs, a, b):
     product = _centered(a, attrs["a_zero_point"]) * _centered(b, attrs["b_zero_point"])
     return _output(attrs, requantize(product, attrs["multiplier"], attrs["shift"]))
 
 
-@register("QConcat", _typed(_concat_type), batch=CONCAT_BATCH)
+@register("QConcat", _typed(_concat_type), batch=CONCAT_BATCH, quantizes=("Concat",))
 def q_concat(attrs, *inputs):
     """Each input requantized to the output parameters, then concatenated (with per-tensor
     output parameters, each input through a table over its codes where `_per_code` can)."""
@@ -258,7 +268,12 @@ def q_concat(attrs, *inputs):
     return np.concatenate(parts, axis=attrs["axis"])
 
 
-@register("QAveragePool", _typed(_pool_type), batch=PER_SAMPLE)
+@register(
+    "QAveragePool",
+    _typed(_pool_type),
+    batch=PER_SAMPLE,
+    quantizes=("AveragePool", "GlobalAveragePool", "ReduceMean"),
+)
 def q_average_pool(attrs, x):
     """Window sums of (x - zp_x), each rescaled by s_x / (s_y * count) for its window's count.
 

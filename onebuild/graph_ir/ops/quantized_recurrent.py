@@ -167,16 +167,16 @@ def _run(op: str, attrs: Attrs, x, w, r, bx, bh, tables, lengths, states):
     return tuple(outputs)
 
 
-@register("QLSTM", _quantized_type("LSTM"), batch=None)
+@register("QLSTM", _quantized_type("LSTM"), batch=None, quantizes=("LSTM",))
 def q_lstm(attrs, x, w, r, bx, bh, tables, lengths=None, initial_h=None, initial_c=None):
     return _run("LSTM", attrs, x, w, r, bx, bh, tables, lengths, [initial_h, initial_c])
 
 
-@register("QGRU", _quantized_type("GRU"), batch=None)
+@register("QGRU", _quantized_type("GRU"), batch=None, quantizes=("GRU",))
 def q_gru(attrs, x, w, r, bx, bh, tables, lengths=None, initial_h=None):
     return _run("GRU", attrs, x, w, r, bx, bh, tables, lengths, [initial_h])
 
 
-@register("QRNN", _quantized_type("RNN"), batch=None)
+@register("QRNN", _quantized_type("RNN"), batch=None, quantizes=("RNN",))
 def q_rnn(attrs, x, w, r, bx, bh, tables, lengths=None, initial_h=None):
     return _run("RNN", attrs, x, w, r, bx, bh, tables, lengths, [initial_h])

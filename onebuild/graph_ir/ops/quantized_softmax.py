@@ -52,7 +52,7 @@ def _type(attrs, types) -> list[TensorType]:
     return [TensorType(np.dtype(attrs["dtype"]), types[0].shape)]
 
 
-@register("QSoftmax", _type, batch=not_along_axis_0())
+@register("QSoftmax", _type, batch=not_along_axis_0(), quantizes=("Softmax",))
 def q_softmax(attrs, q, table):
     """Softmax of codes along `axis` by `integer_softmax`, in the output dtype."""
     axis = attrs.get("axis", -1) % q.ndim

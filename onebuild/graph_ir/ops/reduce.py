@@ -40,8 +40,14 @@ def _highest(dt):
     return np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
 
 
-# ReduceMean over height and width (keepdims) quantizes as a global average pool.
-_reduction("ReduceMean", np.mean, lambda dt: np.nan, quant="average_pool")
+def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """Sums in float64, as GlobalAveragePool: a spatial mean gives the same bits either way
+    (circle spells both MEAN, and a round trip must be exact)."""
+    return np.mean(x, axis=axis, keepdims=keepdims, dtype=np.float64)
+
+
+# ReduceMean over height and width quantizes as a global average pool.
+_reduction("ReduceMean", _mean, lambda dt: np.nan, quant="average_pool")
 _reduction("ReduceMax", np.max, _lowest)
 _reduction("ReduceMin", np.min, _highest)
 _reduction("ReduceSum", np.sum, lambda dt: 0)

@@ -14,7 +14,9 @@
   the ONNX importer then converts it without a converter of its own. None: the importer has a
   converter for it (opset differences to resolve, operands to canonicalize) or it is IR-only;
 - subgraphs: the attributes that hold an IR `Graph` (control flow: If's branches), empty for
-  ordinary ops.
+  ordinary ops;
+- quantizes: for an integer op the quantizer makes, the float ops it stands for (QGemm: Gemm
+  and MatMul), so a partition map naming a float op names its quantized form too.
 
 Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
@@ -123,6 +125,7 @@ class OpDef:
     quant: str | None = None
     onnx: Mapping[str, type] | None = None
     subgraphs: tuple[str, ...] = ()
+    quantizes: tuple[str, ...] = ()
 
 
 OPS: dict[str, OpDef] = {}
@@ -136,13 +139,14 @@ def register(
     quant: str | None = None,
     onnx: Mapping[str, type] | None = None,
     subgraphs: tuple[str, ...] = (),
+    quantizes: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the kernel of op `name`; it may return one array.
 
     `batch` is the op's BatchRule, or None if it is deliberately never batch-separable; `quant`
     one of QUANT_RULES, or None to keep the op in float; `onnx` the attributes of the ONNX
     operator it is, by type (`{}`: one without attributes), or None; `subgraphs` the attributes
-    holding IR graphs.
+    holding IR graphs; `quantizes` the float ops an integer op stands for.
     """
     if quant is not None and quant not in QUANT_RULES:
         raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
@@ -159,7 +163,7 @@ def register(
         kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
-        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx, subgraphs)
+        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx, subgraphs, quantizes)
         return fn
 
     return wrap

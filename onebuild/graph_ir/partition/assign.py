@@ -9,31 +9,25 @@ from collections import deque
 from collections.abc import Callable
 
 from ..ir import Graph, Node, Value
-
-# quantized ops answer to the name of the float op they replace (a .part file names Conv);
-# a lookup table to the function it holds (its `function` attribute: HardSwish, Sigmoid, ...)
-FLOAT_NAME = {
-    "QConv": "Conv", "QGemm": "Gemm", "QAdd": "Add", "QMul": "Mul",
-    "QAveragePool": "AveragePool", "QConcat": "Concat",
-}  # fmt: skip
-LOOKUPS = ("QLookup", "QLookupInterp")
+from .op_keys import WILDCARD, float_ops, matches
 
 
 def override(
     node: Node, opcode: dict[str, str], opname: dict[str, str], comply: str
 ) -> tuple[str | None, bool]:
     """(backend, explicit) that the manual maps give `node`: both maps apply and `comply` says
-    which wins; a `_` key stands for every node the maps do not name (not explicit)."""
-    ops = {k.lower(): b for k, b in opcode.items() if k != "_"}
-    function = node.attrs.get("function") if node.op in LOOKUPS else None
-    float_name = function if isinstance(function, str) else FLOAT_NAME.get(node.op, "")
-    by_code = ops.get(node.op.lower()) or ops.get(float_name.lower())
-    by_name = opname.get(node.name) if node.name != "_" else None
+    which wins; a `_` key stands for every node the maps do not name (not explicit). Opcode
+    keys are IR op or circle operator names (`op_keys`)."""
+    ops = float_ops(node)
+    hits = [(k, b) for k, b in opcode.items() if k != WILDCARD and matches(k, node, ops)]
+    hits.sort(key=lambda hit: hit[0].lower() != node.op.lower())  # its own op name first
+    by_code = hits[0][1] if hits else None
+    by_name = opname.get(node.name) if node.name != WILDCARD else None
     first, second = (by_code, by_name) if comply == "opcode" else (by_name, by_code)
     if first or second:
         return first or second, True
     maps = (opcode, opname) if comply == "opcode" else (opname, opcode)
-    return maps[0].get("_") or maps[1].get("_"), False
+    return maps[0].get(WILDCARD) or maps[1].get(WILDCARD), False
 
 
 def min_cost(

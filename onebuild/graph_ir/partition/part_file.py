@@ -5,6 +5,7 @@ import configparser
 import os
 
 from ...errors import UserError
+from .op_keys import check_keys
 
 SECTIONS = {"partition", "OPCODE", "OPNAME"}
 
@@ -44,4 +45,5 @@ def read_part_file(path: str | os.PathLike) -> dict:
     for section, key in (("OPCODE", "opcode"), ("OPNAME", "opname")):
         if parser.has_section(section):
             settings[key] = {k: v.strip() for k, v in parser[section].items()}
+    check_keys(settings.get("opcode", {}), f"{path}: [OPCODE]")
     return settings

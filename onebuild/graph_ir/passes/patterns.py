@@ -355,6 +355,14 @@ def activation_ending_at(node: Node) -> tuple[str, Value, dict] | None:
     return _unary_product(node.graph, _Match(node))
 
 
+def layer_norm_ending_at(node: Node) -> tuple[str, Value, dict] | None:
+    """("LayerNormalization", x, attrs) when the Div `node` ends its spelling above (without
+    gamma and beta); the graph is left as it is, as by `activation_ending_at`."""
+    if node.op != "Div" or "clip" in node.attrs or len(node.outputs) != 1:
+        return None
+    return _layer_norm(node.graph, _Match(node))
+
+
 MATCHERS = {
     "Mul": _unary_product,
     "Div": _unary_product,

@@ -311,7 +311,7 @@ class _Quantizer:
 
     def _average_pool_ok(self, node: Node) -> bool:
         if node.op == "ReduceMean":
-            return spatial_mean(node)
+            return spatial_mean(node, dropped=True)
         return len(node.inputs[0].shape) > 2
 
     def _average_pool(self, node: Node, dtype: str) -> None:
@@ -319,7 +319,22 @@ class _Quantizer:
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
         attrs = average_pool_attrs(node.op, node.attrs, x.shape[2:], x.quant, out_params, dtype)
-        self._produce(node, "QAveragePool", [x], attrs, dtype, out_params)
+        out = node.output
+        if node.op != "ReduceMean" or node.attrs.get("keepdims", 1):
+            self._produce(node, "QAveragePool", [x], attrs, dtype, out_params)
+            return
+        # a spatial mean without kept dims (torch's x.mean((2, 3))): the pool, then a Reshape
+        # of its codes dropping H and W
+        names = [f"{out.name}_pooled_q"]
+        pooled = self.graph.make_node("QAveragePool", [x], attrs, node.name, output_names=names)
+        pooled.output.quant = out_params
+        shape = {"shape": list(out.shape)}
+        flat = self.graph.make_node(
+            "Reshape", [pooled.output], shape, f"{node.name}/reshape", [f"{out.name}_q"]
+        )
+        flat.output.quant = out_params
+        self.quant_of[(id(out), dtype)] = flat.output
+        self.home[id(out)] = dtype
 
     def _lookup_ok(self, node: Node) -> bool:
         return constant_operands(node) is not None
@@ -431,9 +446,10 @@ def resizes_codes(node: Node) -> bool:
     return modes and not crop
 
 
-def spatial_mean(node: Node) -> bool:
-    """A ReduceMean over height and width with kept dims: a global average pool."""
-    kept = bool(node.attrs.get("keepdims", 1))
+def spatial_mean(node: Node, dropped: bool = False) -> bool:
+    """A ReduceMean over height and width with kept dims: a global average pool (with
+    `dropped`, also one without them: the pool, then a Reshape to [N, C])."""
+    kept = bool(node.attrs.get("keepdims", 1)) or dropped
     return len(node.inputs[0].shape) == 4 and node.attrs["axes"] == [2, 3] and kept
 
 

@@ -128,6 +128,29 @@ def binary(w, node):
     _finish(w, node, code, inputs, perm)
 
 
+def prelu(w, node):
+    """Float PRelu as PRELU, the slope broadcast like a binary operand; in circle as
+    relu(x) + slope * (x - relu(x)) (the same bits: one term is 0; onert 0.1.0 has no PReLU
+    kernel), which the reader folds back."""
+    x, out = node.inputs[0], node.output
+    _require(x.dtype == np.float32)
+    perm = _common_layout(w, node, node.inputs)
+    rank = len(out.shape)
+    xi, slope = (_operand(w, v, perm, rank) for v in node.inputs)
+    if w.fmt != "circle":
+        w.op("PRELU", [xi, slope], [w.define(out, perm)])
+        return
+    shape = _stored(x.shape, perm)
+    relu, negative, scaled = (
+        w.new_tensor(f"{out.name}_{part}", out.dtype, shape)
+        for part in ("relu", "negative", "scaled")
+    )
+    w.op("RELU", [xi], [relu])
+    w.op("SUB", [xi, relu], [negative], activation=ACT_NONE)
+    w.op("MUL", [negative, slope], [scaled], activation=ACT_NONE)
+    w.op("ADD", [relu, scaled], [w.define(out, perm)], activation=ACT_NONE)
+
+
 UNARY = {
     "Relu": "RELU",
     "Sigmoid": "LOGISTIC",
@@ -284,14 +307,29 @@ def softmax(w, node):
 
 # -- pooling ---------------------------------------------------------------------------------------
 def reduce(w, node):
-    x = node.inputs[0]
+    """MEAN / REDUCE_MAX with keep_dims, in the input's layout; without kept dims, then a
+    RESHAPE dropping the reduced axes (onert 0.1.0 refuses keep_dims = false at prepare:
+    "ShapeValidator failed"; the reader folds the RESHAPE back)."""
+    x, out = node.inputs[0], node.output
     axes = node.attrs["axes"]
     keep = bool(node.attrs.get("keepdims", 1))
-    perm = w.home_of(x) if keep else None
+    perm = w.home_of(x)
+    if not keep and perm is not None:  # the kept axes must stay in the IR's order
+        kept = [a for a in perm if a not in axes]
+        perm = perm if kept == sorted(kept) else None
     stored = sorted(axes if perm is None else [perm.index(a) for a in axes])
     code = "MEAN" if node.op == "ReduceMean" else "REDUCE_MAX"
     operands = [w.get(x, perm), w.constant(np.asarray(stored, np.int32), f"{node.name}_axes")]
-    w.op(code, operands, [w.define(node.output, perm)], keep_dims=keep)
+    if keep:
+        w.op(code, operands, [w.define(out, perm)], keep_dims=True)
+        return
+    kept_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    reduced = w.new_tensor(
+        f"{out.name}_kept", out.dtype, _stored(kept_shape, perm), quant=out.quant
+    )
+    w.op(code, operands, [reduced], keep_dims=True)
+    shape = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+    w.op("RESHAPE", [reduced, shape], [w.define(out, None)])
 
 
 # -- data movement ---------------------------------------------------------------------------------

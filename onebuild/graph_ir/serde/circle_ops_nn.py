@@ -1,10 +1,12 @@
 """IR -> TFLite mappings of the spatial and matrix operators (convolution, fully connected,
-pooling, resizing, normalization), with TFLite's SAME/VALID padding or an explicit PAD."""
+pooling), with TFLite's SAME/VALID padding or an explicit PAD (resizing and normalizations are
+in `circle_ops_norm`)."""
 
 import numpy as np
 
 from ..ops.conv import pixel_shuffle_block, pixel_shuffle_weights
 from ..tensor import QuantParams
+from .circle_names import depthwise as is_depthwise
 from .circle_ops import (
     NHWC,
     _finish,
@@ -108,9 +110,9 @@ def conv(w, node):
     x, weight = node.inputs[:2]
     _require(weight.is_const and len(x.shape) == 4)
     attrs = node.attrs
-    out_channels, per_group = weight.shape[:2]
+    out_channels = weight.shape[0]
     group, channels = attrs["group"], x.shape[1]
-    depthwise = group > 1 and per_group == 1 and group == channels
+    depthwise = is_depthwise(node)
     strides, dilations = attrs["strides"], attrs["dilations"]
     fill = None
     xi, padding, _, _ = _window(w, node, x, weight.shape[2:], strides, dilations, fill)
@@ -289,12 +291,26 @@ def _columns_in_stored_order(w, a, weight: np.ndarray) -> np.ndarray:
 
 
 def matmul(w, node):
+    """FULLY_CONNECTED without bias by constant 2-D weights; an input of rank > 2 is reshaped
+    to rows and back (onert 0.1.0 drops `keep_num_dims`: its output comes out 2-D, and the next
+    operator fails shape inference), which the reader folds back into one MatMul."""
     a, b = node.inputs
     if b.is_const and len(b.shape) == 2:
         data = _columns_in_stored_order(w, a, b.numpy().T)
         weight = w.constant(np.ascontiguousarray(data), b.name)
-        keep = len(a.shape) > 2
-        _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None, keep_num_dims=keep)
+        if len(a.shape) <= 2:
+            _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None)
+            return
+        out, depth = node.output, a.shape[-1]
+        rows = (int(np.prod(a.shape[:-1])), depth)
+        flat = w.new_tensor(f"{a.name}_rows", a.dtype, rows)
+        shape = w.constant(np.asarray(rows, np.int32), f"{node.name}_rows_shape")
+        w.op("RESHAPE", [w.get(a, None), shape], [flat])
+        product = w.new_tensor(f"{out.name}_rows", out.dtype, (rows[0], out.shape[-1]))
+        activation = fused_activation(node)
+        w.op("FULLY_CONNECTED", [flat, weight, -1], [product], activation=activation)
+        shape = w.constant(np.asarray(out.shape, np.int32), f"{node.name}_shape")
+        w.op("RESHAPE", [product, shape], [w.define(out, None)])
         return
     _require(len(a.shape) >= 2 and len(b.shape) >= 2)
     _finish(w, node, "BATCH_MATMUL", [w.get(a, None), w.get(b, None)], None)
@@ -391,102 +407,3 @@ class _Shim:
             attrs,
             node.name,
         )
-
-
-def resize(w, node):
-    x, attrs = node.inputs[0], node.attrs
-    sizes = attrs["sizes"]
-    _require(len(x.shape) == 4 and list(sizes[:2]) == list(x.shape[:2]) and not attrs.get("roi"))
-    mode = attrs.get("mode", "nearest")
-    coords = attrs.get("coordinate_transformation_mode", "half_pixel")
-    if mode == "linear":
-        _require(
-            coords in ("half_pixel", "align_corners", "asymmetric") and not attrs.get("antialias")
-        )
-        code = "RESIZE_BILINEAR"
-    else:
-        _require(
-            mode == "nearest"
-            and coords == "asymmetric"
-            and attrs.get("nearest_mode", "round_prefer_floor") == "floor"
-        )
-        code = "RESIZE_NEAREST_NEIGHBOR"
-    size = w.constant(np.asarray(sizes[2:], np.int32), f"{node.name}_size")
-    w.op(
-        code,
-        [w.get(x, NHWC), size],
-        [w.define(node.output, NHWC)],
-        align_corners=coords == "align_corners",
-        half_pixel_centers=coords == "half_pixel",
-    )
-
-
-def batch_norm(w, node):
-    x, scale, bias, mean, var = node.inputs
-    _require(all(v.is_const for v in (scale, bias, mean, var)) and len(x.shape) >= 2)
-    eps = node.attrs.get("epsilon", 1e-5)
-    factor = scale.numpy() / np.sqrt(var.numpy() + eps)
-    shift = bias.numpy() - mean.numpy() * factor
-    perm = w.home_of(x)
-    rank = len(x.shape)
-    shape = [1] * rank
-    shape[1] = -1
-    operands = []
-    for data, name in ((factor, "scale"), (shift, "shift")):
-        data = data.astype(x.dtype).reshape(shape)
-        if perm is not None:
-            data = data.transpose(perm)
-        operands.append(w.constant(np.ascontiguousarray(data), f"{node.name}_{name}"))
-    scaled = w.new_tensor(f"{node.output.name}_scaled", x.dtype, _stored(x.shape, perm))
-    w.op("MUL", [w.get(x, perm), operands[0]], [scaled])
-    w.op("ADD", [scaled, operands[1]], [w.define(node.output, perm)])
-
-
-def lrn(w, node):
-    """LOCAL_RESPONSE_NORMALIZATION in tflite; in circle, which ONE's runtime runs and whose cpu
-    backend has no LRN kernel, x * (bias + CONV_2D(x * x, band of alpha / size)) ^ -beta."""
-    x, attrs = node.inputs[0], node.attrs
-    size = attrs["size"]
-    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
-    _require(len(x.shape) == 4 and x.dtype == np.float32)
-    xi = w.get(x, NHWC)
-    if w.fmt != "circle":
-        _require(size % 2 == 1)
-        w.op(
-            "LOCAL_RESPONSE_NORMALIZATION",
-            [xi],
-            [w.define(node.output, NHWC)],
-            radius=(size - 1) // 2,
-            bias=bias,
-            alpha=alpha / size,
-            beta=beta,
-        )
-        return
-    shape = _stored(x.shape, NHWC)
-    channels = x.shape[1]
-    squares = w.new_tensor(f"{x.name}_squares", x.dtype, shape)
-    w.op("MUL", [xi, xi], [squares])
-    band = np.zeros((channels, 1, 1, channels), np.float32)
-    before, after = (size - 1) // 2, size // 2
-    for c in range(channels):
-        band[c, 0, 0, max(0, c - before) : c + after + 1] = np.float32(alpha / size)
-    scale = w.new_tensor(f"{node.output.name}_scale", x.dtype, shape)
-    operands = [
-        squares,
-        w.constant(band, f"{node.name}_window"),
-        w.constant(np.full(channels, bias, np.float32), f"{node.name}_bias"),
-    ]
-    w.op(
-        "CONV_2D",
-        operands,
-        [scale],
-        padding=VALID,
-        stride_h=1,
-        stride_w=1,
-        dilation_h=1,
-        dilation_w=1,
-    )
-    power = w.new_tensor(f"{node.output.name}_power", x.dtype, shape)
-    exponent = w.constant(np.asarray([-beta], np.float32), f"{node.name}_exponent")
-    w.op("POW", [scale, exponent], [power])
-    w.op("MUL", [xi, power], [w.define(node.output, NHWC)])

@@ -31,6 +31,7 @@ from .tflite_schema import (
     METADATA_BUFFER,
     METADATA_NAME,
     MODEL_METADATA,
+    OPERATOR_NAMES,
     TENSOR_TYPES,
 )
 
@@ -235,6 +236,7 @@ READERS: dict[str, Callable] = {
     "CONV_2D": nn.conv,
     "DEPTHWISE_CONV_2D": _with(nn.conv, depthwise=True),
     "FULLY_CONNECTED": nn.fully_connected,
+    "BATCH_MATMUL": nn.batch_matmul,
     "TRANSPOSE_CONV": nn.conv_transpose,
     "GELU": ops.gelu,
     "MAX_POOL_2D": _with(nn.pool, code="MAX_POOL_2D"),
@@ -244,6 +246,7 @@ READERS: dict[str, Callable] = {
     "RELU6": _with(ops.clamp, code="RELU6"),
     "RELU_N1_TO_1": _with(ops.clamp, code="RELU_N1_TO_1"),
     "SOFTMAX": ops.softmax,
+    "PRELU": ops.prelu,
     "DEPTH_TO_SPACE": ops.depth_to_space,
     "CONCATENATION": ops.concatenation,
     "RESHAPE": ops.reshape,
@@ -329,7 +332,7 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
         if opcode >= len(codes):
             raise buf.fail(f"operator {i} names operator code {opcode} of {len(codes)}")
         code = codes[opcode]
-        name = BUILTIN_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
+        name = OPERATOR_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
         if name not in READERS:
             unsupported.append((name, f"operator {i}"))
     if unsupported:

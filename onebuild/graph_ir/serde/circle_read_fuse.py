@@ -9,7 +9,16 @@ graphs and numbers:
 - x * relu6(x + 3) * 1/6 -> HardSwish (circle's form of it), x * sigmoid(x) -> Swish (the
   spellings `passes.patterns` knows);
 - a 1x1 Conv to b * b * O channels, then DepthToSpace(b) -> ConvTranspose with kernel = stride =
-  b (circle's form of it).
+  b (circle's form of it);
+- an input of rank > 2 reshaped to rows, MatMul by constant weights, reshaped back -> the MatMul
+  of the input (the writer's form for onert, which drops FULLY_CONNECTED's keep_num_dims);
+- a float mean or maximum keeping its reduced axes, reshaped to drop them -> the reduction
+  without kept dims (the writer's form for onert, which refuses keep_dims = false);
+- NHWC rows reshaped, concatenated with copies of themselves along the width, then the height
+  -> nearest Resize by whole factors (circle's form: onert has no RESIZE_NEAREST_NEIGHBOR);
+- relu(x) + slope * (x - relu(x)) -> PRelu (circle's form: onert has no PReLU kernel);
+- (x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta] -> LayerNormalization (no
+  TFLite operator; the writer's spelling, as `passes.patterns` matches exporters').
 
 Each function returns the replacement value, or None when the pattern does not hold exactly;
 the nodes it bypasses stay (a later operator may still read their outputs) and are removed by
@@ -19,7 +28,7 @@ dead-code elimination when nothing does.
 import numpy as np
 
 from ..ir import Graph, Node, Value
-from ..passes.patterns import activation_ending_at
+from ..passes.patterns import activation_ending_at, layer_norm_ending_at
 from ..tensor import QuantParams
 
 CONV_KEYS = (
@@ -189,3 +198,124 @@ def pixel_shuffle(graph: Graph, windows: Value, block: int) -> Value | None:
         "group": 1,
     }
     return graph.make_node("ConvTranspose", inputs, transposed, conv.name).output
+
+
+def matmul_rows(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
+    """MatMul(z) for `value` = MatMul(Reshape(z) to rows, constant weights) reshaped to `shape`
+    = z's leading axes and the weights' columns."""
+    node = value.producer
+    if node is None or node.op != "MatMul" or not node.inputs[1].is_const:
+        return None
+    flat = node.inputs[0].producer
+    if flat is None or flat.op != "Reshape":
+        return None
+    z, weights = flat.inputs[0], node.inputs[1]
+    rows = int(np.prod(z.shape[:-1]))
+    if len(z.shape) <= 2 or tuple(flat.output.shape) != (rows, z.shape[-1]):
+        return None
+    if tuple(shape) != (*z.shape[:-1], weights.shape[1]):
+        return None
+    return graph.make_node("MatMul", [z, weights], dict(node.attrs), name).output
+
+
+def dropped_axes(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
+    """ReduceMean / ReduceMax without kept dims for `value` = such a reduction keeping them,
+    reshaped to `shape` = its shape without the reduced axes. (A spatial one reads as the
+    global pool and stays so: a global pool and a flatten are the same MEAN and RESHAPE, and
+    give the same bits.)"""
+    node = value.producer
+    if node is None or node.op not in ("ReduceMean", "ReduceMax") or value.dtype != np.float32:
+        return None
+    axes = node.attrs["axes"]
+    if not node.attrs.get("keepdims", 1) or not axes:
+        return None
+    if tuple(shape) != tuple(d for i, d in enumerate(value.shape) if i not in axes):
+        return None
+    attrs = {"axes": list(axes), "keepdims": 0}
+    return graph.make_node(node.op, [node.inputs[0]], attrs, name).output
+
+
+NHWC_ORDER = [0, 2, 3, 1]
+
+
+def repeated_pixels(graph: Graph, value: Value, shape: list[int], name: str) -> Value | None:
+    """Resize(x) (nearest, asymmetric, floor; whole factors sh, sw) for `value` = NHWC(x)'s
+    rows [n h, w, 1, c] concatenated sw times along axis 2, reshaped to [n, h, 1, w sw c],
+    concatenated sh times, reshaped to `shape` = [n, h sh, w sw, c] (the writer's `_repeat`)."""
+    factors, stages = [], []
+    for _ in range(2):
+        concat = value.producer
+        if concat is None or concat.op not in ("Concat", "QConcat") or concat.attrs["axis"] != 2:
+            return None
+        rows = concat.inputs[0]
+        if any(v is not rows for v in concat.inputs) or concat.output.quant != rows.quant:
+            return None
+        if rows.producer is None or rows.producer.op != "Reshape":
+            return None
+        factors.append(len(concat.inputs))
+        stages.append(tuple(rows.shape))
+        value = rows.producer.inputs[0]
+    transpose = value.producer
+    if transpose is None or transpose.op != "Transpose" or transpose.attrs["perm"] != NHWC_ORDER:
+        return None
+    x = transpose.inputs[0]
+    sh, sw = factors
+    n, c, h, w = x.shape
+    if stages != [(n, h, 1, w * sw * c), (n * h, w, 1, c)]:
+        return None
+    if tuple(shape) != (n, h * sh, w * sw, c):
+        return None
+    sizes = [n, c, h * sh, w * sw]
+    attrs = {
+        "sizes": sizes,
+        "scales": [s / d for s, d in zip(sizes, x.shape)],
+        "coordinate_transformation_mode": "asymmetric",
+        "mode": "nearest",
+        "nearest_mode": "floor",
+    }
+    return graph.make_node("Resize", [x], attrs, name).output
+
+
+def prelu(graph: Graph, a: Value, b: Value) -> Value | None:
+    """PRelu(x, slope) for a + b = relu(x) + (x - relu(x)) * slope, slope constant."""
+    relu, scaled = a.producer, b.producer
+    if relu is None or relu.op != "Relu" or relu.attrs or scaled is None or scaled.op != "Mul":
+        return None
+    x = relu.inputs[0]
+    negative, slope = scaled.inputs
+    difference = negative.producer
+    if not slope.is_const or scaled.attrs or difference is None or difference.op != "Sub":
+        return None
+    if difference.attrs or list(difference.inputs) != [x, a]:
+        return None
+    return graph.make_node("PRelu", [x, slope], {}, f"{a.name}/prelu").output
+
+
+def layer_norm(graph: Graph, node: Node) -> Value | None:
+    """LayerNormalization for the Div `node` ending its spelling (scale 1), or one taking in a
+    Mul by a constant gamma or an Add of a constant beta that follows it."""
+    if node.op == "Div":
+        found = layer_norm_ending_at(node)
+        if found is None:
+            return None
+        _, x, attrs = found
+        ones = graph.add_constant(np.ones(x.shape[attrs["axis"] :], x.dtype), f"{x.name}_ones")
+        return graph.make_node("LayerNormalization", [x, ones], attrs, node.name).output
+    a, b = node.inputs
+    norm = a.producer
+    if node.op not in ("Mul", "Add") or node.attrs or norm is None or not b.is_const:
+        return None
+    if norm.op != "LayerNormalization" or len(norm.inputs) > 2 or len(a.users) != 1:
+        return None
+    x, scale = norm.inputs
+    shape = x.shape[norm.attrs["axis"] :]
+    if len(b.shape) > len(shape) or np.broadcast_shapes(b.shape, shape) != shape:
+        return None
+    constant = graph.add_constant(np.broadcast_to(b.numpy(), shape).astype(x.dtype), b.name)
+    if node.op == "Mul":
+        if not np.all(scale.numpy() == 1):
+            return None
+        inputs = [x, constant]
+    else:
+        inputs = [x, scale, constant]
+    return graph.make_node("LayerNormalization", inputs, dict(norm.attrs), node.name).output

@@ -152,12 +152,15 @@ def fully_connected(r, inputs, outputs, options):
         stored, weights = weights, np.empty_like(weights)
         weights[:, order] = stored
     x = r.value(x_i)
+    quantized = r.info(x_i).quant is not None and r.info(x_i).dtype != np.float32
+    if b_i < 0 and not quantized:  # the writer's MatMul
+        _matmul(r, x, weights, o, outputs[0], w_i)
+        return
     if len(x.shape) != 2:
         if o["keep_num_dims"]:
-            raise Malformed("keep_num_dims on inputs of rank > 2 is not supported")
+            raise Malformed("keep_num_dims on inputs of rank > 2 takes no bias or activation")
         rows = int(np.prod(x.shape)) // weights.shape[1]
         x = r.graph.make_node("Reshape", [x], {"shape": [rows, weights.shape[1]]}).output
-    quantized = r.info(x_i).quant is not None and r.info(x_i).dtype != np.float32
     if quantized:
         w = _symmetric_weights(r, w_i, weights, 0)
         attrs = {"transB": 1, **_quantized_matmul_attrs(r, x_i, w_i, outputs[0], o["activation"])}
@@ -171,6 +174,35 @@ def fully_connected(r, inputs, outputs, options):
     attrs = {"transB": 1, **_activation_attrs(r, outputs[0], o["activation"])}
     b = None if b_i < 0 else r.value(b_i)
     _emit(r, "Gemm", [x, w, b], attrs, outputs[0])
+
+
+def _matmul(r, x, weights: np.ndarray, options: dict, out_index: int, w_index: int):
+    """A float FULLY_CONNECTED without bias as the MatMul by the transposed weights [K, N]
+    (the same product, summed in the same order as the IR's MatMul: a Gemm by the [N, K]
+    weights runs another BLAS path and may differ in the last bit)."""
+    depth = weights.shape[1]
+    if len(x.shape) != 2 and not options["keep_num_dims"]:
+        rows = int(np.prod(x.shape)) // depth
+        x = r.graph.make_node("Reshape", [x], {"shape": [rows, depth]}).output
+    w = r.graph.add_constant(np.ascontiguousarray(weights.T), r.info(w_index).name)
+    attrs = _activation_attrs(r, out_index, options["activation"])
+    _emit(r, "MatMul", [x, w], attrs, out_index)
+
+
+def batch_matmul(r, inputs, outputs, options):
+    """BATCH_MATMUL (float) as MatMul; adj_x / adj_y as a Transpose of the last two axes."""
+    o = _options("BATCH_MATMUL", options)
+    if len(inputs) != 2:
+        raise Malformed("BATCH_MATMUL takes two inputs")
+    operands = []
+    for index, adjoint in zip(inputs, (o["adj_x"], o["adj_y"])):
+        _float_only(r, index, "BATCH_MATMUL")
+        value = r.value(index)
+        if adjoint:
+            perm = [*range(len(value.shape) - 2), len(value.shape) - 1, len(value.shape) - 2]
+            value = r.graph.make_node("Transpose", [value], {"perm": perm}).output
+        operands.append(value)
+    _emit(r, "MatMul", operands, {}, outputs[0])
 
 
 def pool(r, inputs, outputs, options, code):

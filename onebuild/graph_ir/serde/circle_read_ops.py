@@ -85,6 +85,8 @@ def binary(r, inputs, outputs, options, code):
     fused = None
     if code == "MUL" and not act:
         fused = fuse.exclusive_average(r.graph, a, b) or fuse.local_response_norm(r.graph, a, b)
+    if code == "ADD" and not act and out.dtype == np.float32:
+        fused = fuse.prelu(r.graph, a, b)
     if fused is not None:
         r.define(outputs[0], fused, perm)
         return
@@ -95,6 +97,8 @@ def binary(r, inputs, outputs, options, code):
         value = node.output
         if code == "MUL" and not act:
             value = fuse.activation(r.graph, node) or value
+        if value is node.output and not act:
+            value = fuse.layer_norm(r.graph, node) or value
         r.define(outputs[0], value, perm)
         return
     if code in ("DIV", "POW"):
@@ -103,6 +107,15 @@ def binary(r, inputs, outputs, options, code):
     op, attrs = binary_attrs(code.capitalize(), qa, qb, qy, name_of(out.dtype))
     attrs.update(_activation_attrs(r, outputs[0], act))  # TFLite rounds the bounds
     _emit(r, op, [a, b], attrs, outputs[0], perm)
+
+
+def prelu(r, inputs, outputs, options):
+    """Float PRELU: x where x >= 0, else alpha * x (alpha broadcast as a binary operand)."""
+    _float_only(r, inputs[0], "PRELU")
+    rank = len(r.info(outputs[0]).shape)
+    perm = _layout(r, inputs, rank)
+    x, slope = (_operand(r, i, perm, rank) for i in inputs[:2])
+    _emit(r, "PRelu", [x, slope], {}, outputs[0], perm)
 
 
 UNARY = {
@@ -246,7 +259,20 @@ def reshape(r, inputs, outputs, options):
     shape = list(r.info(outputs[0]).shape)
     order = _flatten_order(r, inputs[0], outputs[0])
     if order is None:
-        _emit(r, "Reshape", [r.value(inputs[0])], {"shape": shape}, outputs[0])
+        x = r.value(inputs[0])
+        name = r.info(outputs[0]).name + "/op"
+        # the writer's MatMul of an input of rank > 2, reduction without kept dims, and (in
+        # NHWC) nearest upsampling by whole factors
+        folded = fuse.matmul_rows(r.graph, x, shape, name)
+        folded = folded or fuse.dropped_axes(r.graph, x, shape, name)
+        if folded is not None:
+            r.define(outputs[0], folded)
+            return
+        resized = fuse.repeated_pixels(r.graph, x, shape, name)
+        if resized is not None:
+            r.define(outputs[0], resized, NHWC)
+            return
+        _emit(r, "Reshape", [x], {"shape": shape}, outputs[0])
         return
     # the IR's own flatten; the FULLY_CONNECTED readers permute their weights by `order`
     _emit(r, "Reshape", [r.value(inputs[0], NHWC)], {"shape": shape}, outputs[0])

@@ -20,6 +20,7 @@ from ..quant.channel_activations import per_channel_value
 from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
+from . import circle_ops_norm as norm
 from .flatbuf import numbers, offsets, raw_bytes, table
 from .naming import fresh_name
 from .tflite_schema import (
@@ -296,6 +297,7 @@ WRITERS: dict[str, Callable] = {
     **{op: ops.binary for op in ("Add", "Sub", "Mul", "Div", "QAdd", "QMul")},
     **{op: ops.unary for op in ops.UNARY},
     "Clip": ops.clip,
+    "PRelu": ops.prelu,
     "Gelu": ops.unary,
     "ConvTranspose": nn.conv_transpose,
     "DepthToSpace": nn.depth_to_space,
@@ -314,9 +316,10 @@ WRITERS: dict[str, Callable] = {
     "Split": ops.split,
     "Transpose": ops.transpose,
     "Pad": ops.pad,
-    "Resize": nn.resize,
-    "BatchNormalization": nn.batch_norm,
-    "LRN": nn.lrn,
+    "Resize": norm.resize,
+    "BatchNormalization": norm.batch_norm,
+    "LRN": norm.lrn,
+    "LayerNormalization": norm.layer_norm,
     "Identity": ops.identity,
     "Dropout": ops.identity,
     "QuantizeLinear": ops.quantize_op,

@@ -1,7 +1,8 @@
 """ONNX converters of quantized models: QuantizeLinear / DequantizeLinear (opset 10-21, also in
 the `com.microsoft` domain), the QOperator ops (QLinearConv, QLinearMatMul and onnxruntime's
 `com.microsoft` QLinearAdd, QLinearMul, QLinearConcat, QLinearAveragePool,
-QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu, QGemm) and the dynamic ones
+QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QGemm) and the
+dynamic ones
 (DynamicQuantizeLinear, MatMulInteger, ConvInteger; kernels in `ops/quantized_dynamic.py`).
 
 A QOperator node becomes its QDQ equivalent: DequantizeLinear on each quantized operand, the
@@ -142,6 +143,7 @@ MS_INPUTS = {
     "QLinearGlobalAveragePool": (4, 5),
     "QLinearSigmoid": (4, 5),
     "QLinearLeakyRelu": (4, 5),
+    "QLinearSoftmax": (4, 5),
     "QuantizeLinear": (2, 3),
     "DequantizeLinear": (2, 3),
 }
@@ -237,6 +239,19 @@ def q_linear_unary(ctx):
         raise ctx.fail("channels_last = 1 is not supported (NCHW only)")
     x = dequantize(ctx, ctx.inputs[0], 1, 2)
     (y,) = _float_op(ctx, ctx.op_type[len("QLinear") :], [x])
+    return [quantize(ctx, y, 3, 4)]
+
+
+@converter(MS + "QLinearSoftmax")
+def q_linear_softmax(ctx):
+    """Inputs: x, x_scale, x_zero_point, y_scale, y_zero_point; the `opset` attribute names
+    the Softmax it computes (before 13: over the input coerced to 2-D at `axis`). It folds
+    into QSoftmax, within one step of onnxruntime's table-based kernel."""
+    _check_inputs(ctx)
+    x = dequantize(ctx, ctx.inputs[0], 1, 2)
+    softmax = _FloatNode(ctx, "Softmax", [x])
+    softmax.opset = int(ctx.attr("opset", ctx.opset))
+    (y,) = converter_for("Softmax")(softmax)
     return [quantize(ctx, y, 3, 4)]
 
 

@@ -1,0 +1,47 @@
+"""The keys of a partition `opcode` map: IR op names (any case; a quantized op answers to the
+float ops it stands for, a lookup table to the function it holds) and circle operator names
+as ONE's `.part` files write them (`CONV_2D`, `DEPTHWISE_CONV_2D`, `FULLY_CONNECTED`, ...).
+An unknown key is an error that lists the close names.
+"""
+
+import difflib
+
+from ...errors import UserError
+from ..ir import Node
+from ..ops import OPS
+from ..serde.circle_names import CIRCLE_OPS, names_circle_op
+
+LOOKUPS = ("QLookup", "QLookupInterp")
+WILDCARD = "_"  # every node no entry names
+
+
+def float_ops(node: Node) -> set[str]:
+    """The op names `node` answers to: its own, the float ops a quantized op stands for, and
+    the function a lookup table holds (its `function` attribute: HardSwish, Sigmoid, ...)."""
+    names = {node.op, *OPS[node.op].quantizes} if node.op in OPS else {node.op}
+    function = node.attrs.get("function") if node.op in LOOKUPS else None
+    if isinstance(function, str):
+        names.add(function)
+    return names
+
+
+def matches(key: str, node: Node, ops: set[str]) -> bool:
+    """Whether opcode key `key` names `node` (`ops`: its `float_ops`)."""
+    if key.upper() in CIRCLE_OPS and names_circle_op(key.upper(), node, ops):
+        return True
+    return key.lower() in {op.lower() for op in ops}
+
+
+def check_keys(keys, where: str) -> None:
+    """Refuse keys that name neither an IR op nor a circle operator, naming `where` they are
+    (`partition.opcode`, a .part file's [OPCODE]) and the close names."""
+    known = {name.lower(): name for name in [*CIRCLE_OPS, *OPS]}  # IR spelling first
+    for key in keys:
+        if key == WILDCARD or key.lower() in known:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(known), n=4, cutoff=0.6)
+        hint = f"; close: {', '.join(known[c] for c in close)}" if close else ""
+        raise UserError(
+            f"{where}: unknown op '{key}' (an IR op such as Conv or Softmax, or a circle "
+            f"operator such as CONV_2D or SOFTMAX{hint})"
+        )

@@ -1,0 +1,77 @@
+"""Circle operator names as ONE's tools spell them (`[OPCODE] CONV_2D=cpu` in a `.part` file),
+and which IR nodes each names: the float IR ops the circle reader makes of the operator, or
+that the writer writes as it (a quantized op answers through the float ops it stands for).
+"""
+
+from collections.abc import Callable
+
+from ..ir import Node
+
+
+def depthwise(node: Node) -> bool:
+    """A Conv / QConv with one filter channel per group and a group per input channel: the
+    writer's DEPTHWISE_CONV_2D (other grouped convolutions are split into CONV_2Ds)."""
+    x, weight = node.inputs[:2]
+    group = node.attrs.get("group", 1)
+    return group > 1 and len(weight.shape) > 1 and weight.shape[1] == 1 and group == x.shape[1]
+
+
+def _resize_mode(mode: str) -> Callable[[Node], bool]:
+    return lambda node: node.attrs.get("mode", "nearest") == mode
+
+
+def _constant_weights(node: Node) -> bool:
+    return node.op != "MatMul" or (node.inputs[1].is_const and len(node.inputs[1].shape) == 2)
+
+
+# circle operator -> the float IR ops it names, and a further condition on the node
+CIRCLE_OPS: dict[str, tuple[tuple[str, ...], Callable[[Node], bool] | None]] = {
+    "CONV_2D": (("Conv",), lambda node: not depthwise(node)),
+    "DEPTHWISE_CONV_2D": (("Conv",), depthwise),
+    "FULLY_CONNECTED": (("Gemm", "MatMul"), _constant_weights),
+    "BATCH_MATMUL": (("MatMul",), lambda node: not _constant_weights(node)),
+    "TRANSPOSE_CONV": (("ConvTranspose",), None),
+    "MAX_POOL_2D": (("MaxPool",), None),
+    "AVERAGE_POOL_2D": (("AveragePool",), None),
+    "MEAN": (("ReduceMean", "GlobalAveragePool"), None),
+    "REDUCE_MAX": (("ReduceMax", "GlobalMaxPool"), None),
+    "ADD": (("Add",), None),
+    "SUB": (("Sub",), None),
+    "MUL": (("Mul",), None),
+    "DIV": (("Div",), None),
+    "POW": (("Pow",), None),
+    "MAXIMUM": (("Max",), None),
+    "MINIMUM": (("Min",), None),
+    "RELU": (("Relu",), None),
+    "RELU6": (("Clip",), None),
+    "RELU_N1_TO_1": (("Clip",), None),
+    "PRELU": (("PRelu",), None),
+    "LEAKY_RELU": (("LeakyRelu",), None),
+    "LOGISTIC": (("Sigmoid",), None),
+    "TANH": (("Tanh",), None),
+    "HARD_SWISH": (("HardSwish",), None),
+    "GELU": (("Gelu",), None),
+    "EXP": (("Exp",), None),
+    "SQRT": (("Sqrt",), None),
+    "SOFTMAX": (("Softmax",), None),
+    "LOCAL_RESPONSE_NORMALIZATION": (("LRN",), None),
+    "CONCATENATION": (("Concat",), None),
+    "RESHAPE": (("Reshape",), None),
+    "TRANSPOSE": (("Transpose",), None),
+    "SPLIT": (("Split",), None),
+    "SPLIT_V": (("Split",), None),
+    "PAD": (("Pad",), None),
+    "PADV2": (("Pad",), None),
+    "MIRROR_PAD": (("Pad",), None),
+    "DEPTH_TO_SPACE": (("DepthToSpace",), None),
+    "RESIZE_BILINEAR": (("Resize",), _resize_mode("linear")),
+    "RESIZE_NEAREST_NEIGHBOR": (("Resize",), _resize_mode("nearest")),
+    "QUANTIZE": (("QuantizeLinear", "Requantize"), None),
+    "DEQUANTIZE": (("DequantizeLinear",), None),
+}
+
+
+def names_circle_op(code: str, node: Node, float_ops: set[str]) -> bool:
+    """Whether circle operator `code` names `node`, whose float ops are `float_ops`."""
+    ops, condition = CIRCLE_OPS[code]
+    return bool(float_ops.intersection(ops)) and (condition is None or condition(node))
