@@ -111,9 +111,12 @@ def _run_model(graph, feeds: dict, args) -> dict:
     import numpy as np
 
     from .graph_ir.interpreter import Interpreter
-    from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
+    from .graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
+    from .npz import refuse_codes
 
     if not args.raw:
+        for value in filter(is_quantized, graph.inputs):
+            refuse_codes(value.name, feeds.get(value.name, np.float32(0)), args.inputs)
         feeds = quantize_inputs(graph, feeds)
     try:
         with np.errstate(all="ignore"):  # NaN/Inf in float data: said once below

@@ -1,7 +1,7 @@
 """The on-device session: nnfw's flow in Python, and auto-compilation behind an accuracy gate.
 
     session = Session("model.nnpkg", workspace="odc")   # ONNX, IR file, .tvn or nnpackage
-    outputs = session.run({"input": x})                 # float32 in, float32 out, always
+    outputs = session.run({"input": x})                 # float32 in, float32 out
 
 A float model can be recorded (`set_execute_config("DUMP_MINMAX")`), quantized (`quantize()`)
 and compiled (`codegen()`) by hand, or by `run_with_auto_compilation`: float runs are recorded
@@ -37,7 +37,7 @@ from .models import BinaryModel, GraphModel, compiled_model, load_binary
 from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
 from .outputs import quantized_kind, writable
-from .session_io import checked_feeds, delivered, tensor_name
+from .session_io import app_types, checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
@@ -102,6 +102,7 @@ class Session:
 
         self.inputs = {t.name: dims(t) for t in inputs}
         self.outputs = {t.name: dims(t) for t in outputs}
+        self._types = app_types([*inputs, *outputs])
 
     def _open_workspace(self) -> None:
         """Resume what the workspace holds for this model, or start it afresh."""
@@ -178,7 +179,8 @@ class Session:
         self._end_recording()
 
     def run(self, inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """One inference on the current model: float32 arrays of the model's shapes."""
+        """One inference on the current model: arrays of the model's shapes, float32 (integer
+        inputs and outputs, indices say, in the model's own integer type)."""
         if self.settings.auto_compile and self._float is not None:
             return self.run_with_auto_compilation(inputs, self.settings.target, self.settings.pref)
         record = "DUMP_MINMAX" in self._execute and self._state == "INITIAL"
@@ -227,10 +229,11 @@ class Session:
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         given = self._given_inputs if inputs is None else inputs
-        return checked_feeds(self.inputs, given, self._float.main if self._float else None)
+        float_graph = self._float.main if self._float else None
+        return checked_feeds(self.inputs, self._types, given, float_graph)
 
     def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return delivered(self.outputs, outputs, self._given_outputs)
+        return delivered(self.outputs, self._types, outputs, self._given_outputs)
 
     # ---- on-device quantization and codegen ---------------------------------------------------
 

@@ -81,7 +81,7 @@ def merge(config: dict[str, Any], parts: list, outputs: list[Path]) -> None:
 def _batches(config: dict[str, Any], graph):
     from ..datasets import iter_batches, random_batch
 
-    specs = [(v.name, v.shape) for v in graph.inputs]
+    specs = [(v.name, v.shape, v.dtype) for v in graph.inputs]
     if config["calibration"]:
         return iter_batches(config["calibration"], specs)
     log.warning(

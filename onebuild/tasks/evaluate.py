@@ -38,7 +38,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
                 f"{config['labels']}: expected one array of labels, found {len(arrays)}"
             )
         labels = next(iter(arrays.values())).reshape(-1)
-    specs = [(v.name, v.shape) for v in reference.inputs]
+    specs = [(v.name, v.shape, v.dtype) for v in reference.inputs]
     batches = list(iter_batches(config["data"], specs))
     samples = sum(len(next(iter(b.values()))) for _, b in batches)
     if labels is not None and len(labels) != samples:
