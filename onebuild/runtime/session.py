@@ -33,7 +33,7 @@ from ..progress import Progress
 from .choice import choose_state
 from .device_compile import check_preset, check_target, codegen_file, codegen_model, quantize_file
 from .gate import gate_reason, gate_report
-from .models import BinaryModel, GraphModel, compiled_model, load_binary
+from .models import GraphModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
 from .outputs import quantized_kind, writable
@@ -67,10 +67,10 @@ class Session:
         self._float: Model | None = None  # the float model, when it can be compiled on the device
         self._recording: Progress | None = None  # recorded runs towards minmax_records
         self._load(input_shapes)
-        self.workspace = None
+        self.workspace = None  # a quantized model's workspace holds only its partitioned code
+        self._folder = Path(workspace or self.path.with_name(self.path.name + ".odc"))
         if self._float is not None:
-            folder = workspace or self.path.with_name(self.path.name + ".odc")
-            self.workspace = Workspace(folder)
+            self.workspace = Workspace(self._folder)
             self._open_workspace()
 
     # ---- loading ------------------------------------------------------------------------------
@@ -325,8 +325,9 @@ class Session:
                 f"a {self.settings.quant_type} model keeps float activations; NPU code needs "
                 "full quantization (U8_ASYM or I16_SYM)"
             )
-        if source is None:  # a pre-quantized ONNX model, as prepared; the binary beside it
-            return codegen_model(self._opened.model, self.settings, self._cpath, self.path)
+        if self._float is None:  # it came quantized: the binary beside it
+            paths = (self.path, self._folder)
+            return codegen_model(self._opened.model, source, self.settings, self._cpath, paths)
         return codegen_file(self.workspace, self.settings, source, self._cpath)
 
     def _need_float(self, what: str) -> None:
@@ -499,5 +500,5 @@ class Session:
     def _switch_fixed(self, state: str, written: dict[str, Path]) -> None:
         """A session on an already quantized model can still compile it (no workspace state)."""
         if "compiled" in written:
-            self._model = BinaryModel(load_binary(written["compiled"]))
+            self._model = compiled_model(written["compiled"])
         self._state = state
