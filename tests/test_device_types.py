@@ -203,3 +203,21 @@ def test_an_output_listed_twice_packs_and_runs_as_in_onert(tmp_path, images):
         np.testing.assert_allclose(first, logits, rtol=1e-5, atol=1e-5)
     session_out = Session(package, workspace=tmp_path / "ws").run({"input": images[0]})
     np.testing.assert_array_equal(session_out["logits"], got[0])
+
+
+def test_inputs_of_the_wrong_kind_are_one_line_errors(tmp_path, images):
+    """Session.run takes a dict by input name; compile.calibrate takes dicts (or labeled
+    pairs): a list of arrays is a UserError saying what is expected, never a ValueError."""
+    from onebuild.compile import calibrate
+    from onebuild.graph_ir.serde import load_model
+
+    session = Session(DIGITS / "digits.onnx", tmp_path / "ws", input_shapes={"input": [1, 1, 8, 8]})
+    with pytest.raises(UserError, match=r"inputs are a dict of arrays by input name \(input\)"):
+        session.run([images[0]])
+    graph = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]}).main
+    with pytest.raises(UserError, match=r"batch 0 is a ndarray; batches are dicts"):
+        calibrate(graph, [images])
+    as_dicts = calibrate(graph, [{"input": images[:12]}, {"input": images[12:]}])
+    as_pairs = calibrate(graph, [("calib.npz", {"input": images})])
+    assert as_dicts.samples == as_pairs.samples == len(images)
+    assert as_dicts.ranges == as_pairs.ranges

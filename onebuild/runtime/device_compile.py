@@ -55,7 +55,7 @@ def check_preset(hw: str) -> None:
     presets = {name: _presets(name) for name in available()}
     if not any(hw in names or not names for names in presets.values()):
         listing = "; ".join(f"{name}: {', '.join(names)}" for name, names in presets.items())
-        raise UserError(f"hardware preset '{hw}' is not one of any installed target ({listing})")
+        raise UserError(f"no installed target has hardware preset '{hw}' ({listing})")
 
 
 @cache
