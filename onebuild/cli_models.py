@@ -116,7 +116,8 @@ def _run_model(graph, feeds: dict, args) -> dict:
 
     if not args.raw:
         for value in filter(is_quantized, graph.inputs):
-            refuse_codes(value.name, feeds.get(value.name, np.float32(0)), args.inputs)
+            if value.name in feeds:
+                refuse_codes(value.name, feeds[value.name], args.inputs)
         feeds = quantize_inputs(graph, feeds)
     try:
         with np.errstate(all="ignore"):  # NaN/Inf in float data: said once below

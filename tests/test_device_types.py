@@ -87,14 +87,16 @@ def test_run_on_device_takes_integer_inputs(tmp_path, images, mode):
     assert sqnr_db(want, out["picked"]) > 25
 
 
-def test_input_type_applies_to_float_inputs_only(tmp_path, images):
-    """input_type = "uint8": the image input takes codes, the index input stays int64."""
+@pytest.mark.parametrize("data", ['calibration = "calib.npz"', "random_calibration = true"])
+def test_input_type_applies_to_float_inputs_only(tmp_path, images, data):
+    """input_type = "uint8": the image input takes codes, the index input stays int64 (random
+    calibration data holds valid indices: zeros)."""
     path = pick_model(tmp_path / "pick.onnx")
     idx = np.tile(np.array(PICK, np.int64), (len(images), 1))
     write_npz(tmp_path / "calib.npz", {"input": images, "idx": idx})
     recipe = tmp_path / "pick.toml"
     recipe.write_text(
-        f'[import]\nsource = "{path}"\n[quantize]\ncalibration = "calib.npz"\n'
+        f'[import]\nsource = "{path}"\n[quantize]\n{data}\n'
         'input_type = "uint8"\n[build]\ndir = "build"\n'
     )
     assert main(["build", str(recipe)]) == 0
@@ -136,23 +138,25 @@ def test_hdf5_data_keeps_an_integer_input_type(tmp_path, images, raw):
 
 
 def test_integer_data_for_a_quantized_input_is_refused_without_raw(tmp_path, images, capsys):
-    """A uint8-input package fed uint8 data: codes or values? Refused (exit 2, one line);
-    --raw feeds codes, float data is quantized, and both give the same logits."""
+    """A uint8-input package, binary or IR model fed uint8 data: codes or values? Refused
+    (exit 2, one line); --raw feeds codes, float data is quantized, and both give the same
+    logits (a binary's --raw logits are codes: the same classes)."""
     recipe = tmp_path / "u8.toml"
     recipe.write_text(
         f'[import]\nsource = "{DIGITS / "digits.onnx"}"\n'
         "input_shapes = { input = [1, 1, 8, 8] }\n"
         f'[quantize]\ncalibration = "{DIGITS / "data" / "calib.npz"}"\ninput_type = "uint8"\n'
-        '[pack]\noutput = "u8.nnpkg"\n[build]\ndir = "build"\n'
+        '[codegen]\n[pack]\noutput = "u8.nnpkg"\n[build]\ndir = "build"\n'
     )
     assert main(["build", str(recipe)]) == 0
     graph = load_ir(tmp_path / "build" / "quantize.obir").main
     codes = quantize(images, graph.inputs[0].quant, "uint8")
     write_npz(tmp_path / "codes.npz", {"input": codes})
     write_npz(tmp_path / "values.npz", {"input": images})
-    capsys.readouterr()
-    for model in (tmp_path / "u8.nnpkg", tmp_path / "build" / "quantize.obir"):
+    build = tmp_path / "build"
+    for model in (tmp_path / "u8.nnpkg", build / "codegen.tvn", build / "quantize.obir"):
         run = ["run", str(model), "-o", str(tmp_path / "o.npz"), "-i"]
+        capsys.readouterr()
         assert main([*run, str(tmp_path / "codes.npz")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "input 'input' is quantized" in err, err
@@ -162,7 +166,11 @@ def test_integer_data_for_a_quantized_input_is_refused_without_raw(tmp_path, ima
         raw = read_npz(tmp_path / "o.npz")["logits"]
         (tmp_path / "o.npz").unlink()
         assert main([*run, str(tmp_path / "values.npz")]) == 0
-        np.testing.assert_array_equal(read_npz(tmp_path / "o.npz")["logits"], raw)
+        values = read_npz(tmp_path / "o.npz")["logits"]
+        if raw.dtype.kind == "f":  # float model outputs: the same numbers
+            np.testing.assert_array_equal(values, raw)
+        else:  # a binary's --raw outputs are codes too: the same classes
+            np.testing.assert_array_equal(values.argmax(-1), raw.argmax(-1))
         (tmp_path / "o.npz").unlink()
     # the Session (float values in, always) says so too
     session = Session(tmp_path / "u8.nnpkg", workspace=tmp_path / "ws")
