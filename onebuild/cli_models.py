@@ -111,9 +111,13 @@ def _run_model(graph, feeds: dict, args) -> dict:
     import numpy as np
 
     from .graph_ir.interpreter import Interpreter
-    from .graph_ir.quant.model_io import dequantize_outputs, quantize_inputs
+    from .graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
+    from .npz import refuse_codes
 
     if not args.raw:
+        for value in filter(is_quantized, graph.inputs):
+            if value.name in feeds:
+                refuse_codes(value.name, feeds[value.name], args.inputs)
         feeds = quantize_inputs(graph, feeds)
     try:
         with np.errstate(all="ignore"):  # NaN/Inf in float data: said once below

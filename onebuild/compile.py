@@ -161,7 +161,26 @@ def calibrate(
     from .graph_ir.quant.calibrate import calibrate as observe
 
     method, observer = options.method, options.observer_options()
-    return observe(graph, batches, method, observer, options.min_samples, progress)
+    return observe(graph, _labeled(batches), method, observer, options.min_samples, progress)
+
+
+def _labeled(batches: Iterable) -> Iterable:
+    """`(label, batch)` pairs from batches (`{input name: [N, *shape] array}`, alone, in a
+    list, or already labeled); anything else is a one-line UserError saying what is expected."""
+    from .errors import UserError
+
+    if isinstance(batches, Mapping):
+        batches = [batches]
+    for index, item in enumerate(batches):
+        if isinstance(item, Mapping):
+            yield f"batch {index}", item
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+            yield item
+        else:
+            raise UserError(
+                f"calibrate: batch {index} is a {type(item).__name__}; batches are dicts "
+                "{input name: [N, *shape] array} (or (label, dict) pairs)"
+            )
 
 
 def calibrate_shard(
@@ -177,7 +196,7 @@ def calibrate_shard(
 
     method, observer = options.method, options.observer_options()
     select = lambda n: n % count == index  # noqa: E731
-    return record(graph, batches, method, observer, progress, select)
+    return record(graph, _labeled(batches), method, observer, progress, select)
 
 
 def merge_calibration(recorders: Sequence, options: CalibrationOptions):

@@ -79,12 +79,11 @@ def _read_npy(path: Path) -> np.ndarray:
     return np.ascontiguousarray(array.astype(dtype.newbyteorder("="), copy=False))
 
 
-def iter_batches(
-    path: str | os.PathLike, inputs: Sequence[tuple[str, tuple[int, ...]]]
-) -> Iterator[tuple[str, Batch]]:
-    """Batches of the npz file or folder at `path` for a model with `inputs` (name, shape)."""
+def iter_batches(path: str | os.PathLike, inputs: Sequence[tuple]) -> Iterator[tuple[str, Batch]]:
+    """Batches of the npz file or folder at `path` for a model with `inputs` (name, shape[,
+    dtype]: HDF5 data is read in the input's dtype, float32 when not given)."""
     path = Path(path)
-    shapes = dict(inputs)
+    shapes = {name: shape for name, shape, *_ in inputs}
     if path.is_file() and path.suffix.lower() in HDF5_SUFFIXES:
         for where, batch in iter_hdf5(path, inputs):
             yield _with_sample_axis(where, batch, shapes)
@@ -110,14 +109,17 @@ def iter_batches(
             yield _with_sample_axis(str(file), {name: _read_npy(file)}, shapes)
 
 
-def random_batch(
-    inputs: Sequence[tuple[str, tuple[int, ...]]], samples: int, seed: int = 0
-) -> tuple[str, Batch]:
-    """Uniform [0, 1) samples for every input (a fixed seed: builds stay deterministic)."""
+def random_batch(inputs: Sequence[tuple], samples: int, seed: int = 0) -> tuple[str, Batch]:
+    """Uniform [0, 1) samples for every float input (a fixed seed: builds stay deterministic);
+    zeros for an integer input (name, shape, dtype), the one index every axis has."""
     rng = np.random.default_rng(seed)
-    return "random data", {
-        name: rng.random((samples, *shape), dtype=np.float32) for name, shape in inputs
-    }
+    batch = {}
+    for name, shape, *dtype in inputs:
+        if dtype and np.dtype(dtype[0]).kind != "f":
+            batch[name] = np.zeros((samples, *shape), dtype[0])
+        else:
+            batch[name] = rng.random((samples, *shape), dtype=np.float32)
+    return "random data", batch
 
 
 def first_samples(

@@ -3,9 +3,10 @@
 Layout (rawdata2hdf5 writes it): a group `value` holding one group per sample, named `0`, `1`,
 ...; in each, one dataset per model input, named by its position `0`, `1`, .... A dataset is
 either an array of the input's shape, or (with the attribute `rawData` on `value`) the raw
-bytes of the float32 input. Read with h5py (the `onecc` extra), shapes and sizes checked before
-data, at most CHUNK_SAMPLES samples in memory at a time (the data limit applies to them);
-nothing is executed or unpickled.
+bytes of the input in its own dtype (float32, or an integer input's type: indices stay
+integers). Read with h5py (the `onecc` extra), shapes and sizes checked before data, at most
+CHUNK_SAMPLES samples in memory at a time (the data limit applies to them); nothing is executed
+or unpickled.
 """
 
 from collections.abc import Iterator, Sequence
@@ -18,7 +19,7 @@ from .npz import byte_limit
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
 CHUNK_SAMPLES = 64
-RAW_DTYPE = np.dtype(np.float32)
+FLOAT = np.dtype(np.float32)
 
 
 def _h5py():
@@ -39,28 +40,36 @@ def _sample_names(path: Path, group) -> list[str]:
     return sorted(names, key=int)
 
 
-def _input_array(path: Path, sample: str, dataset, raw: bool, shape) -> np.ndarray:
+def _input_array(path: Path, sample: str, dataset, raw: bool, shape, dtype) -> np.ndarray:
+    """The dataset as the input's array: raw bytes decoded as `dtype`, arrays converted to it
+    (an integer input takes integer data only)."""
     where = f"{path}: value/{sample}/{dataset.name.rsplit('/', 1)[-1]}"
     if dataset.dtype.kind not in "biuf" or dataset.dtype.fields is not None:
         raise FormatError(f"{where}: {dataset.dtype} is not numbers")
     if dataset.shape is None:
         raise FormatError(f"{where}: an empty dataset")
     if raw:
-        count, expected = int(dataset.size) * dataset.dtype.itemsize, int(np.prod(shape)) * 4
+        count = int(dataset.size) * dataset.dtype.itemsize
+        expected = int(np.prod(shape)) * dtype.itemsize
         if count != expected:
             raise FormatError(f"{where}: {count} bytes, the input {list(shape)} needs {expected}")
     elif tuple(dataset.shape) != tuple(shape):
         raise FormatError(f"{where}: shape {list(dataset.shape)}, the input is {list(shape)}")
     data = dataset[()]
     if raw:
-        return np.frombuffer(np.asarray(data).tobytes(), RAW_DTYPE).reshape(shape)
-    return np.asarray(data, np.float32).reshape(shape)
+        return np.frombuffer(np.asarray(data).tobytes(), dtype).reshape(shape)
+    if dtype.kind != "f" and not np.can_cast(dataset.dtype, dtype, "same_kind"):
+        raise FormatError(f"{where}: {dataset.dtype} data, the input is {dtype}")
+    return np.asarray(data, dtype).reshape(shape)
 
 
 def iter_hdf5(
-    path: str | Path, inputs: Sequence[tuple[str, tuple[int, ...]]]
+    path: str | Path, inputs: Sequence[tuple]
 ) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
-    """Batches `(where, {input name: [N, *shape]})` of at most CHUNK_SAMPLES samples each."""
+    """Batches `(where, {input name: [N, *shape]})` of at most CHUNK_SAMPLES samples each, for
+    `inputs` (name, shape[, dtype]; float32 when not given)."""
+    inputs = [(name, tuple(shape), np.dtype(rest[0] if rest else FLOAT))
+              for name, shape, *rest in inputs]  # fmt: skip
     h5py, path = _h5py(), Path(path)
     try:
         handle = h5py.File(path, "r")
@@ -72,7 +81,7 @@ def iter_hdf5(
             raise FormatError(f"{path}: no 'value' group (ONE's input data layout)")
         raw = "rawData" in group.attrs
         names = _sample_names(path, group)
-        sample_bytes = sum(int(np.prod(shape)) * 4 for _, shape in inputs)
+        sample_bytes = sum(int(np.prod(shape)) * dtype.itemsize for _, shape, dtype in inputs)
         if sample_bytes * min(len(names), CHUNK_SAMPLES) > byte_limit():
             raise UserError(
                 f"{path}: {CHUNK_SAMPLES} samples of {sample_bytes} bytes at a time exceed the "
@@ -80,7 +89,7 @@ def iter_hdf5(
             )
         for start in range(0, len(names), CHUNK_SAMPLES):
             chunk = names[start : start + CHUNK_SAMPLES]
-            batch = {name: [] for name, _ in inputs}
+            batch = {name: [] for name, *_ in inputs}
             for sample in chunk:
                 try:
                     _read_sample(h5py, path, group, sample, inputs, raw, batch)
@@ -98,8 +107,8 @@ def _read_sample(h5py, path: Path, group, sample: str, inputs, raw: bool, batch)
         raise FormatError(
             f"{path}: value/{sample} must hold {len(inputs)} dataset(s), one per model input"
         )
-    for index, (name, shape) in enumerate(inputs):
+    for index, (name, shape, dtype) in enumerate(inputs):
         dataset = datasets.get(str(index))
         if not isinstance(dataset, h5py.Dataset):
             raise FormatError(f"{path}: value/{sample} has no dataset '{index}'")
-        batch[name].append(_input_array(path, sample, dataset, raw, shape))
+        batch[name].append(_input_array(path, sample, dataset, raw, shape, dtype))

@@ -218,6 +218,20 @@ def check_finite(
         )
 
 
+RAW_FIX = "pass --raw to feed codes, or float values to quantize them"
+
+
+def refuse_codes(name: str, array: np.ndarray, where: str, fix: str = RAW_FIX) -> None:
+    """Refuse integer (or bool) data for a quantized input that takes float values: it could
+    be codes or values, and quantizing codes as values gives wrong numbers silently."""
+    kind = np.asarray(array).dtype.kind
+    if kind in "iub":
+        raise UserError(
+            f"{where}: input '{name}' is quantized and the data is {np.asarray(array).dtype}, "
+            f"which could be codes or values; {fix}"
+        )
+
+
 NPZ_MARK = b"written by onebuild"  # the archive comment: what `run -o` may replace
 
 

@@ -336,6 +336,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
         quantize
         and quantize["mode"] == "full"
         and not (quantize["calibration"] or quantize["random_calibration"])
+        and not _came_quantized(steps["import"]["source"])
     ):
         raise UserError(
             f"{path}: quantize.calibration: full quantization needs calibration data (an "
@@ -366,6 +367,14 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     plan = Plan(path, build_dir, cache, steps, build.report, url)
     check_output_paths(plan)
     return plan
+
+
+def _came_quantized(source: str) -> bool:
+    """A pre-quantized ONNX source keeps its parameters: it needs no calibration data (the
+    calibrate step checks the imported model again, `tasks.calibrate`)."""
+    from .graph_ir.serde.onnx_wire import quantized_onnx
+
+    return quantized_onnx(source)
 
 
 def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:

@@ -56,7 +56,7 @@ def calibration_histograms(
         pad = max(hi - lo, 1e-6) * 0.1
         edges[value] = np.linspace(lo - pad, hi + pad, BINS + 1)
     graph = load_ir(model).main
-    batches = iter_batches(data, [(v.name, v.shape) for v in graph.inputs])
+    batches = iter_batches(data, [(v.name, v.shape, v.dtype) for v in graph.inputs])
     counts = value_histograms(graph, batches, edges)
     items = [(label, edges[v], counts[v], ranges[v]) for label, v in chosen]
     return stats.method, items

@@ -55,7 +55,7 @@ def check_preset(hw: str) -> None:
     presets = {name: _presets(name) for name in available()}
     if not any(hw in names or not names for names in presets.values()):
         listing = "; ".join(f"{name}: {', '.join(names)}" for name, names in presets.items())
-        raise UserError(f"hardware preset '{hw}' is not one of any installed target ({listing})")
+        raise UserError(f"no installed target has hardware preset '{hw}' ({listing})")
 
 
 @cache
@@ -98,33 +98,42 @@ def quantize_file(
     return output
 
 
-def codegen_file(
-    ws: Workspace | None, settings: OdcSettings, source: Path, cpath: Path | None
-) -> Path:
-    """Compile the quantized model `source`: one binary (at `cpath`, else in the workspace,
-    else beside `source`); in a workspace, a model the NPU cannot run whole becomes a package
-    of NPU and CPU parts."""
+def codegen_file(ws: Workspace, settings: OdcSettings, source: Path, cpath: Path | None) -> Path:
+    """Compile the quantized model `source`: one binary (at `cpath`, else in the workspace); a
+    model the NPU cannot run whole becomes a package of NPU and CPU parts in the workspace."""
     options = CodegenOptions(settings.target, settings.hw, settings.pref)
-    suffix = f".{binary_suffix(options.target)}"
-    output = cpath or (ws.compiled if ws else source.with_suffix(suffix))  # found by content
+    output = cpath or ws.compiled
     try:
         compile_file(source, _checked(ws, output, "binary", "the codegen model path"), options)
     except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
-        if ws is None or cpath is not None:
+        if cpath is not None:
             raise
         return partitioned_codegen(ws, source, options, error)
     return output
 
 
-def codegen_model(model: Model, settings: OdcSettings, cpath: Path | None, beside: Path) -> Path:
-    """Compile a quantized model the session holds in memory (a pre-quantized ONNX model, as
-    imported and optimized) to one binary at `cpath`, else beside the file it came from."""
+def codegen_model(
+    model: Model, source: Path | None, settings: OdcSettings, cpath: Path | None, paths: tuple
+) -> Path:
+    """Compile a model that came quantized (`model`, read from `source`; a pre-quantized ONNX
+    model, as imported and optimized, has no file of its own). `paths`: the file the session
+    opened and its workspace folder. One binary at `cpath`, else beside the opened file; a
+    model the NPU cannot run whole becomes a package of NPU and CPU parts in the workspace, as
+    for a model the session quantized."""
     options = CodegenOptions(settings.target, settings.hw, settings.pref)
-    output = cpath or beside.with_suffix(f".{binary_suffix(options.target)}")
+    opened, folder = paths
+    output = cpath or opened.with_suffix(f".{binary_suffix(options.target)}")
     with tempfile.TemporaryDirectory() as scratch:  # compile_file reads what it compiles
-        source = Path(scratch) / "model.obir"
-        save_ir(model, source)
-        compile_file(source, _checked(None, output, "binary", "the codegen model path"), options)
+        if source is None:
+            source = Path(scratch) / "model.obir"
+            save_ir(model, source)
+        try:
+            target = _checked(None, output, "binary", "the codegen model path")
+            compile_file(source, target, options)
+        except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
+            if cpath is not None:
+                raise
+            return partitioned_codegen(Workspace(folder), source, options, error)
     return output
 
 

@@ -6,7 +6,8 @@ the connection graph (every reference in range, every model input fed exactly on
 joining tensors of the same dtype, shape and quantization, no cycles). Then CPU models (circle,
 read into the IR, or IR files) run in the reference interpreter and binaries through the target
 of their model type (.tvn: the TRIX simulator), in dependency order; the app sees float
-arrays, converted with the package I/O's quantization parameters unless `raw`.
+arrays, converted with the package I/O's quantization parameters unless `raw` (without `raw`, a
+quantized input takes float data only: integer data could be codes or values).
 """
 
 import os
@@ -30,7 +31,7 @@ from ..nnpackage import (
     parse_config,
     parse_manifest,
 )
-from ..npz import check_finite, source_of
+from ..npz import check_finite, refuse_codes, source_of
 from ..targets import binary_target, installed, target_of_type
 from ..targets.binary import run_binary
 from .package_files import check_total, extract_zip, looks_like_zip, package_file, read_bounded
@@ -215,10 +216,16 @@ def _check_connections(package: Package, shown: str) -> None:
         if ref in listed:
             raise FormatError(f"{where}: output {ref} is already pkg-outputs[{listed[ref]}]")
         listed[ref] = i
-    for side, specs in (("pkg-inputs", package.inputs), ("pkg-outputs", package.outputs)):
+    sides = (("pkg-inputs", package.inputs, manifest.pkg_inputs),
+             ("pkg-outputs", package.outputs, manifest.pkg_outputs))  # fmt: skip
+    for side, specs, refs in sides:
         first: dict[str, int] = {}
         for i, name in enumerate(s.name for s in specs):
-            if name in first:
+            # a model may list one output tensor twice (ONNX outputs [y, y]): one npz key
+            twice = (
+                side == "pkg-outputs" and name in first and refs[first[name]].model == refs[i].model
+            )
+            if name in first and not twice:
                 raise FormatError(
                     f"{shown}: {side}[{i}] is tensor '{name}', as is {side}[{first[name]}]; "
                     "package inputs and outputs are named by their tensors"
@@ -314,7 +321,8 @@ def run_package(
                 f"[N, {', '.join(map(str, spec.dims))}]"
             )
         if spec.quantized and not raw:
-            if array.dtype.kind not in "fiub":
+            if array.dtype.kind != "f":  # integer data could be codes or values: never guessed
+                refuse_codes(spec.name, array, source_of(feeds))
                 raise UserError(f"input '{spec.name}' is {array.dtype}; expected float data")
             check_finite({spec.name: array}, source_of(feeds))
             array = quantize(array.astype(np.float64), spec.quant, spec.dtype)

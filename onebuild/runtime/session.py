@@ -1,7 +1,7 @@
 """The on-device session: nnfw's flow in Python, and auto-compilation behind an accuracy gate.
 
     session = Session("model.nnpkg", workspace="odc")   # ONNX, IR file, .tvn or nnpackage
-    outputs = session.run({"input": x})                 # float32 in, float32 out, always
+    outputs = session.run({"input": x})                 # float32 in, float32 out
 
 A float model can be recorded (`set_execute_config("DUMP_MINMAX")`), quantized (`quantize()`)
 and compiled (`codegen()`) by hand, or by `run_with_auto_compilation`: float runs are recorded
@@ -33,11 +33,11 @@ from ..progress import Progress
 from .choice import choose_state
 from .device_compile import check_preset, check_target, codegen_file, codegen_model, quantize_file
 from .gate import gate_reason, gate_report
-from .models import BinaryModel, GraphModel, compiled_model, load_binary
+from .models import GraphModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
 from .outputs import quantized_kind, writable
-from .session_io import checked_feeds, delivered, tensor_name
+from .session_io import app_types, checked_feeds, delivered, tensor_name
 from .workspace import Workspace, sha256
 
 log = logging.getLogger("onebuild")
@@ -67,10 +67,10 @@ class Session:
         self._float: Model | None = None  # the float model, when it can be compiled on the device
         self._recording: Progress | None = None  # recorded runs towards minmax_records
         self._load(input_shapes)
-        self.workspace = None
+        self.workspace = None  # a quantized model's workspace holds only its partitioned code
+        self._folder = Path(workspace or self.path.with_name(self.path.name + ".odc"))
         if self._float is not None:
-            folder = workspace or self.path.with_name(self.path.name + ".odc")
-            self.workspace = Workspace(folder)
+            self.workspace = Workspace(self._folder)
             self._open_workspace()
 
     # ---- loading ------------------------------------------------------------------------------
@@ -102,6 +102,7 @@ class Session:
 
         self.inputs = {t.name: dims(t) for t in inputs}
         self.outputs = {t.name: dims(t) for t in outputs}
+        self._types = app_types([*inputs, *outputs])
 
     def _open_workspace(self) -> None:
         """Resume what the workspace holds for this model, or start it afresh."""
@@ -178,7 +179,8 @@ class Session:
         self._end_recording()
 
     def run(self, inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """One inference on the current model: float32 arrays of the model's shapes."""
+        """One inference on the current model: arrays of the model's shapes, float32 (integer
+        inputs and outputs, indices say, in the model's own integer type)."""
         if self.settings.auto_compile and self._float is not None:
             return self.run_with_auto_compilation(inputs, self.settings.target, self.settings.pref)
         record = "DUMP_MINMAX" in self._execute and self._state == "INITIAL"
@@ -227,10 +229,11 @@ class Session:
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         given = self._given_inputs if inputs is None else inputs
-        return checked_feeds(self.inputs, given, self._float.main if self._float else None)
+        float_graph = self._float.main if self._float else None
+        return checked_feeds(self.inputs, self._types, given, float_graph)
 
     def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return delivered(self.outputs, outputs, self._given_outputs)
+        return delivered(self.outputs, self._types, outputs, self._given_outputs)
 
     # ---- on-device quantization and codegen ---------------------------------------------------
 
@@ -322,8 +325,9 @@ class Session:
                 f"a {self.settings.quant_type} model keeps float activations; NPU code needs "
                 "full quantization (U8_ASYM or I16_SYM)"
             )
-        if source is None:  # a pre-quantized ONNX model, as prepared; the binary beside it
-            return codegen_model(self._opened.model, self.settings, self._cpath, self.path)
+        if self._float is None:  # it came quantized: the binary beside it
+            paths = (self.path, self._folder)
+            return codegen_model(self._opened.model, source, self.settings, self._cpath, paths)
         return codegen_file(self.workspace, self.settings, source, self._cpath)
 
     def _need_float(self, what: str) -> None:
@@ -496,5 +500,5 @@ class Session:
     def _switch_fixed(self, state: str, written: dict[str, Path]) -> None:
         """A session on an already quantized model can still compile it (no workspace state)."""
         if "compiled" in written:
-            self._model = BinaryModel(load_binary(written["compiled"]))
+            self._model = compiled_model(written["compiled"])
         self._state = state

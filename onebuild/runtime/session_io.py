@@ -1,13 +1,18 @@
-"""The Session's I/O rules: tensors by index or name, float32 feeds of the model's shapes, and
-outputs copied into the app's buffers."""
+"""The Session's I/O rules: tensors by index or name, feeds of the model's shapes and types
+(float32 for float and quantized inputs, the model's own integer type for integer inputs such as
+indices), and outputs copied into the app's buffers."""
+
+from collections.abc import Iterable
 
 import numpy as np
 
 from ..errors import UserError
 from ..graph_ir.interpreter import check_feeds
 from ..graph_ir.ir import Graph
+from ..npz import refuse_codes
 
 Shapes = dict[str, tuple[int, ...]]
+QUANTIZED = "quantized"  # an input of integer codes the session quantizes float values into
 
 
 def tensor_name(key: int | str, io: Shapes) -> str:
@@ -22,8 +27,28 @@ def tensor_name(key: int | str, io: Shapes) -> str:
     return key
 
 
-def checked_feeds(inputs: Shapes, given: dict, float_graph: Graph | None) -> dict[str, np.ndarray]:
-    """Every input, of its shape, as float32 (values checked against the float model)."""
+def app_types(tensors: Iterable) -> dict[str, str]:
+    """What the app exchanges per tensor (graph values or package/binary specs): "float32" for
+    float tensors, QUANTIZED for integer codes with quantization parameters (float32 values
+    for the app), else the tensor's own dtype (integer indices stay integers)."""
+    types = {}
+    for t in tensors:
+        dtype = np.dtype(t.dtype)
+        quantized = t.quant is not None and dtype.kind in "iu"
+        types[t.name] = QUANTIZED if quantized else "float32" if dtype.kind == "f" else dtype.name
+    return types
+
+
+def checked_feeds(
+    inputs: Shapes, types: dict[str, str], given, float_graph: Graph | None
+) -> dict[str, np.ndarray]:
+    """Every input, of its shape and app type (`app_types`): float32 for float and quantized
+    inputs, integer inputs in their own dtype (values checked against the float model)."""
+    if not isinstance(given, dict):
+        raise UserError(
+            f"inputs are a dict of arrays by input name ({', '.join(inputs)}), not "
+            f"{type(given).__name__}"
+        )
     feeds = dict(given)
     extra = [str(name) for name in feeds if name not in inputs]
     if extra:
@@ -37,17 +62,39 @@ def checked_feeds(inputs: Shapes, given: dict, float_graph: Graph | None) -> dic
         array = np.asarray(feeds[name])
         if array.shape != shape:
             raise UserError(f"input '{name}' has shape {list(array.shape)}, expected {list(shape)}")
-        if array.dtype.kind not in "fiub":
-            raise UserError(f"input '{name}' has dtype {array.dtype}; expected float32")
-        feeds[name] = array.astype(np.float32, copy=False)
+        feeds[name] = _typed(name, array, types[name])
     if float_graph is not None:
         check_feeds(float_graph, feeds, batched=False)
     return {name: feeds[name] for name in inputs}
 
 
-def delivered(outputs: Shapes, computed: dict, buffers: dict) -> dict[str, np.ndarray]:
-    """The outputs as float32, also copied into the buffers the app set."""
-    result = {name: np.asarray(computed[name], np.float32) for name in outputs}
+def _typed(name: str, array: np.ndarray, want: str) -> np.ndarray:
+    """`array` as the app type `want` of input `name`, or a one-line UserError."""
+    if want == QUANTIZED:
+        refuse_codes(name, array, "run", "feed float values: the session quantizes them")
+        want = "float32"
+    if want == "float32":
+        if array.dtype.kind not in "fiub":
+            raise UserError(f"input '{name}' has dtype {array.dtype}; expected float32")
+        return array.astype(np.float32, copy=False)
+    dtype = np.dtype(want)
+    if array.dtype.kind not in "iub" or not np.can_cast(array.dtype, dtype, "same_kind"):
+        raise UserError(f"input '{name}' has dtype {array.dtype}, expected {want}")
+    cast = array.astype(dtype, copy=False)
+    if not np.array_equal(cast, array):
+        raise UserError(f"input '{name}' holds values that {want} cannot represent")
+    return cast
+
+
+def delivered(
+    outputs: Shapes, types: dict[str, str], computed: dict, buffers: dict
+) -> dict[str, np.ndarray]:
+    """The outputs in their app types (float32, or an integer output's own dtype), also
+    copied into the buffers the app set."""
+    result = {}
+    for name in outputs:
+        want = "float32" if types[name] == QUANTIZED else types[name]
+        result[name] = np.asarray(computed[name], want)
     for name, buffer in buffers.items():
         np.copyto(buffer, result[name], casting="same_kind")
     return result

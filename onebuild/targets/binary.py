@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import UserError
 from ..graph_ir.quant.params import dequantize, quantize
 from ..graph_ir.tensor import QuantParams
-from ..npz import check_finite, source_of
+from ..npz import check_finite, refuse_codes, source_of
 from ..progress import Progress
 
 
@@ -71,8 +71,8 @@ def check_feeds(binary: Binary, feeds: dict[str, np.ndarray], raw: bool) -> int:
     """One-line errors for inputs the binary cannot take; returns the sample count.
 
     Every input must be given with shape `[N, *dims]`, N >= 1 and the same for all inputs;
-    float data must be finite (NaN and Inf have no quantized code), raw data must already be
-    the input's integer type."""
+    without `raw` data must be float (integer data could be codes or values) and finite (NaN
+    and Inf have no quantized code), raw data must already be the input's integer type."""
     where, counts = source_of(feeds), {}
     for t in binary.inputs:
         if t.name not in feeds:
@@ -86,8 +86,10 @@ def check_feeds(binary: Binary, feeds: dict[str, np.ndarray], raw: bool) -> int:
             )
         if raw and x.dtype != np.dtype(t.dtype):
             raise UserError(f"{where}: input '{t.name}' is {x.dtype}; --raw needs {t.dtype} codes")
-        if not raw and x.dtype.kind not in "biuf":
-            raise UserError(f"{where}: input '{t.name}' has dtype {x.dtype}; expected numbers")
+        if not raw:  # integer data could be codes or values: never guessed
+            refuse_codes(t.name, x, where)
+            if x.dtype.kind != "f":
+                raise UserError(f"{where}: input '{t.name}' has dtype {x.dtype}; expected floats")
         counts[t.name] = len(x)
     if len(set(counts.values())) > 1:
         raise UserError(f"{where}: inputs have different sample counts: {counts}")

@@ -36,6 +36,9 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..progress import Progress
 
     graph = equalize(load_ir(inputs[0]).main, options_from(QuantizeOptions, config))
+    if not (config["calibration"] or config["random_calibration"]):  # the model came quantized
+        save_calibration(_no_statistics(config, graph), outputs[0])
+        return
     progress = Progress("calibrate")
     stats = calibrate(
         graph, _batches(config, graph), options_from(CalibrationOptions, config), progress
@@ -45,8 +48,10 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
 
 
 def shards(config: dict[str, Any], workers: int) -> int:
-    """Into how many parts an executor may split the step (moving_average: order matters)."""
-    return 1 if config["method"] == "moving_average" else workers
+    """Into how many parts an executor may split the step (moving_average: order matters;
+    a model that came quantized has nothing to calibrate)."""
+    sampled = config["calibration"] or config["random_calibration"]
+    return 1 if config["method"] == "moving_average" or not sampled else workers
 
 
 def run_shard(config: dict[str, Any], inputs: list[Path], index: int, count: int):
@@ -78,10 +83,24 @@ def merge(config: dict[str, Any], parts: list, outputs: list[Path]) -> None:
     save_calibration(stats, outputs[0])
 
 
+def _no_statistics(config: dict[str, Any], graph):
+    """Empty statistics for a model that came quantized (it keeps its own parameters)."""
+    from ..errors import UserError
+    from ..graph_ir.quant.calibrate import CalibrationStats
+    from ..graph_ir.quant.from_qdq import graph_is_quantized
+
+    if not graph_is_quantized(graph):
+        raise UserError(
+            "quantize.calibration: full quantization needs calibration data (an npz file, a "
+            "folder of npz/npy files or ONE's .h5 data)"
+        )
+    return CalibrationStats(config["method"], 0, {})
+
+
 def _batches(config: dict[str, Any], graph):
     from ..datasets import iter_batches, random_batch
 
-    specs = [(v.name, v.shape) for v in graph.inputs]
+    specs = [(v.name, v.shape, v.dtype) for v in graph.inputs]
     if config["calibration"]:
         return iter_batches(config["calibration"], specs)
     log.warning(

@@ -19,11 +19,18 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..fileio import atomic_write_bytes
     from ..gates import described, failures, gate_checks, json_safe
     from ..graph_ir.quant.evaluate import compare_graphs
+    from ..graph_ir.quant.from_qdq import graph_is_quantized
     from ..graph_ir.serde import load_ir
     from ..npz import read_npz
     from ..progress import Progress
 
     reference = load_ir(inputs[0]).main
+    if graph_is_quantized(reference):  # the gate would compare the model with itself
+        raise UserError(
+            "quantize.accuracy: the imported model came quantized, so there is no float model "
+            "to gate it against; remove [quantize.accuracy] and compare the package with the "
+            "float model: onebuild verify PKG --reference FLOAT.onnx -i DATA.npz"
+        )
     if config.get("equalization"):
         from ..compile import QuantizeOptions, equalize
 
@@ -38,7 +45,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
                 f"{config['labels']}: expected one array of labels, found {len(arrays)}"
             )
         labels = next(iter(arrays.values())).reshape(-1)
-    specs = [(v.name, v.shape) for v in reference.inputs]
+    specs = [(v.name, v.shape, v.dtype) for v in reference.inputs]
     batches = list(iter_batches(config["data"], specs))
     samples = sum(len(next(iter(b.values()))) for _, b in batches)
     if labels is not None and len(labels) != samples:

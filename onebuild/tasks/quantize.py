@@ -91,7 +91,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     model = load_ir(inputs[0])
     float_graph = model.main
     samples, fit = [], []
-    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    specs = [(v.name, v.shape, v.dtype) for v in float_graph.inputs]
     if measured_data(config) and _measures(config) and config["measure_on"]:
         count = options.mixed_precision.samples if options.mixed_precision else CHECK_SAMPLES
         samples = first_samples(config["measure_on"], specs, count)

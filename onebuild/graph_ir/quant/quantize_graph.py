@@ -20,7 +20,8 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - a node whose requantization multiplier is out of range stays float (logged at info level);
 - everything else (and every node of a `float32` layer) runs in float between DequantizeLinear
   and QuantizeLinear. Values crossing between dtypes are converted by integer Requantize nodes.
-Model inputs and outputs are float32 unless `input_type` / `output_type` name a quantized dtype.
+Float model inputs and outputs are float32 unless `input_type` / `output_type` name a quantized
+dtype; integer inputs and outputs (indices) keep their type.
 """
 
 import logging
@@ -199,8 +200,8 @@ class _Quantizer:
 
     # -- the walk ----------------------------------------------------------------------------
     def run(self) -> Graph:
-        for value in self.source.inputs:
-            if self.config.input_type == FLOAT:
+        for value in self.source.inputs:  # input_type applies to float inputs (not indices)
+            if self.config.input_type == FLOAT or value.dtype.kind != "f":
                 self.float_of[id(value)] = self.graph.add_input(
                     value.name, value.dtype, value.shape
                 )
@@ -221,7 +222,7 @@ class _Quantizer:
         return self.graph
 
     def _output(self, value: Value) -> Value:
-        dtype = self.config.output_type
+        dtype = self.config.output_type if value.dtype.kind == "f" else FLOAT
         result = self.as_float(value) if dtype == FLOAT else self.as_quant(value, dtype)
         if result.name != value.name:
             node = self.graph.make_node("Identity", [result], name=value.name)

@@ -121,3 +121,32 @@ def map_embedded_weights(data, location: str, min_bytes: int = 1 << 16) -> bytes
     except _Malformed:
         return None
     return model if rewriter.mapped else None
+
+
+GRAPH_NODE, NODE_OP_TYPE = 1, 4
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
+                 "MatMulInteger", "QLinear")  # fmt: skip
+
+
+def quantized_onnx(path) -> bool:
+    """Whether the ONNX file at `path` states quantization in its main graph (QDQ, QOperator
+    or dynamic ops): read from the nodes' framing, the weights are not parsed. False for any
+    file that is not a well-formed model (its import says what is wrong)."""
+    import mmap
+
+    try:
+        with (
+            open(path, "rb") as handle,
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        ):
+            graphs = [(p, s) for n, _, _, p, s in _fields(m, 0, len(m)) if n == MODEL_GRAPH]
+            nodes = [(p, s) for n, _, _, p, s in _fields(m, *graphs[0]) if n == GRAPH_NODE]
+            for start, end in nodes:
+                op = [
+                    bytes(m[p:s]) for n, _, _, p, s in _fields(m, start, end) if n == NODE_OP_TYPE
+                ]
+                if op and op[0].decode(errors="replace").startswith(QUANTIZED_OPS):
+                    return True
+    except (OSError, ValueError, IndexError, _Malformed):
+        return False
+    return False
