@@ -228,26 +228,28 @@ def quantize(
 
     memo: dict = {}  # tables and live ranges, computed once across mixed precision's probes
 
+    correct = None
+    if options.bias_correction == "empirical" and fit:  # every build, the search's probes too
+        from .graph_ir.quant.empirical_bias import BiasCorrector
+
+        correct = BiasCorrector(float_graph, fit)
+
     def build(config: QuantConfig) -> Graph:
         return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges, memo)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)
-        if options.bias_correction == "empirical" and fit:
-            from .graph_ir.quant.empirical_bias import correct_biases
-
-            correct_biases(float_graph, model.graphs[0], fit)
+        if correct is not None:
+            correct(model.graphs[0])
     else:
         from .gates import json_safe
         from .graph_ir.quant.mixed_precision import MixedPrecisionTarget, search
 
         mixed = options.mixed_precision
-        if options.bias_correction == "empirical":
-            log.info("quantize: empirical bias correction is not applied with mixed precision")
         target = MixedPrecisionTarget(
             mixed.target_sqnr_db, mixed.dtype, mixed.max_high_precision_mac_fraction
         )
-        result = search(float_graph, build, settings, samples, target)
+        result = search(float_graph, build, settings, samples, target, correct)
         model.graphs[0] = result.graph
         model.metadata["mixed_precision"] = json.dumps(json_safe(result.record), sort_keys=True)
     verify(model.main)

@@ -63,6 +63,7 @@ MAX_PROBES = 8  # after the base-type and all-promoted probes
 NEGLIGIBLE_MAC_FRACTION = 0.001
 REFINE_PROBES = 4  # then the largest promoted units are tried back in the base type, one each,
 DEMOTE_MARGIN_DB = 1.0  # if the set found holds the target by at least this
+TRIM_ORDER = "largest"
 REPORTED_LAYERS = 10  # the record lists the layers that cost the most alone
 
 
@@ -169,9 +170,12 @@ def search(
     config: QuantConfig,
     batches: Sequence[Batch],
     target: MixedPrecisionTarget,
+    correct: Callable[[Graph], object] | None = None,
 ) -> MixedPrecisionResult:
     """Quantize with `build(config)` and promote layers to `target.dtype` until the worst
-    output's SQNR on `batches` reaches `target.target_sqnr_db` (see the module docstring)."""
+    output's SQNR on `batches` reaches `target.target_sqnr_db` (see the module docstring).
+    `correct` (empirical bias correction) changes every candidate in place before it is
+    measured, so the probes measure the model the build writes."""
     measure = Probes(float_graph, batches)
     node_macs = {node.name: macs(node) for node in float_graph.nodes}
     total_macs = max(graph_macs(float_graph), 1)
@@ -188,6 +192,8 @@ def search(
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
         graph = build(replace(config, layers=layers))
+        if correct is not None:
+            correct(graph)
         give_up = None if exact or budget is not None else target.target_sqnr_db
         comparison = measure.compare(graph, give_up_below=give_up)
         step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
@@ -223,8 +229,9 @@ def search(
     allowed = {o: max(aim - r, 1e-30) for o, r in floor.items()}
     measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
     alone_layers = [member for layer in measured for member in members[layer]]
+    twins = base_graph if correct is None else build(config)  # each layer's own bias
     signal, layer_noise = isolated_output_noise(
-        float_graph, base_graph, _first(batches, SENSITIVITY_SAMPLES), alone_layers
+        float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
     noise = {  # a merged edge's layers: their noises added
         layer: {o: sum(layer_noise[m][o] for m in members[layer]) for o in signal}
@@ -284,7 +291,10 @@ def search(
     if holding:
         graph, chosen, comparison = min(holding, key=lambda p: fraction(p[1]))
         if _worst_output_db(comparison) >= target.target_sqnr_db + DEMOTE_MARGIN_DB:
-            largest = sorted(measured, key=lambda layer: (-work[layer], order[layer]))
+            if TRIM_ORDER == "ranked":
+                largest = [layer for layer in ranked if layer in set(measured)]
+            else:
+                largest = sorted(measured, key=lambda layer: (-work[layer], order[layer]))
             best = (graph, chosen, comparison)
             graph, chosen, comparison = _demote(best, largest, units, tried, met)
     else:  # the budget is too small: the best output within it, said as not met
