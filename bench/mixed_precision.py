@@ -193,6 +193,10 @@ def measure(
             [s["promoted"], round(s["high_precision_mac_fraction"], 3), _probe_db(s)]
             for s in record["steps"]
         ],
+        "kept_low": [  # the base-type units with the most noise alone, and their MACs
+            [k["node"], round(k["sqnr_db_alone"], 1), round(k["mac_fraction"], 4)]
+            for k in record.get("kept_low", [])
+        ],
         "seconds": round(seconds[0], 1),
         "onnxruntime_seconds": round(ort_seconds[0], 1),
         "time_ratio": round(seconds[0] / ort_seconds[0], 1),

@@ -188,8 +188,9 @@ def test_quantized_models_run_the_same_on_float32_and_float64(tmp_path, monkeypa
 def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
     """From a set that holds, the largest units go back to the base type one at a time; a
     demotion that breaks the target is undone, and only REFINE_PROBES are tried."""
-    units = {name: [name, f"{name}/pool"] for name in "abcdefg"}
-    noisy = {"a": 5.0, "b": 1.0, "c": 1.0, "d": 0.5, "e": 0.5, "f": 0.1, "g": 0.1}
+    names = "abcdefghij"
+    units = {name: [name, f"{name}/pool"] for name in names}
+    noisy = dict(zip(names, [5.0, 1.0, 1.0, 0.5, 0.5, 0.05, 0.2, 0.01, 0.0, 0.0]))
     probed = []
 
     def tried(chosen):
@@ -197,14 +198,16 @@ def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
         kept = {name for name in units if name not in chosen}
         return None, list(chosen), sum(noisy[name] for name in kept)
 
-    start = [n for name in "abcdefg" for n in units[name]]
+    start = [n for name in names for n in units[name]]
     best = (None, start, 0.0)
     met = lambda noise: noise <= 1.6  # noqa: E731
-    _, chosen, noise = mixed_precision._demote(best, list("abcdefg"), units, tried, met)
-    # a is too noisy; b fits; c would exceed; d fits (1.5); e is past REFINE_PROBES (4)
-    assert [name for name in "abcdefg" if name not in chosen] == ["b", "d"] and noise == 1.5
+    assert mixed_precision.REFINE_PROBES == 8
+    _, chosen, noise = mixed_precision._demote(best, list(names), units, tried, met)
+    # a, c, e, g would exceed; b, d, f, h fit (1.56); i and j are past REFINE_PROBES
+    assert [name for name in names if name not in chosen] == ["b", "d", "f", "h"]
+    assert noise == 1.0 + 0.5 + 0.05 + 0.01
     assert len(probed) == mixed_precision.REFINE_PROBES
-    assert "b/pool" not in chosen and "a/pool" in chosen  # a unit goes back whole
+    assert "b/pool" not in chosen and "a/pool" in chosen and "i" in chosen  # units go whole
 
 
 def test_a_probe_gives_up_only_when_the_target_is_out_of_reach(tmp_path):

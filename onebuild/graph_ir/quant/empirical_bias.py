@@ -17,7 +17,6 @@ sample goes through).
 """
 
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -32,7 +31,7 @@ from .probes import node_keys
 log = logging.getLogger(__name__)
 LAYERS = ("QConv", "QGemm")
 SAMPLES = 16  # taken at once: one batched pass (memory grows with them)
-CACHE_BYTES = 256 << 20  # node results kept for later corrections (least recently used dropped)
+CACHE_BYTES = 256 << 20  # node results kept for later corrections
 
 
 def _channel_means(real: np.ndarray, layer: Node) -> np.ndarray:
@@ -91,7 +90,8 @@ class BiasCorrector:
         self.floats = {node.name: node for node in float_graph.nodes}
         self.batch = {k: np.concatenate([b[k] for b in batches])[:SAMPLES] for k in batches[0]}
         self.means: dict[str, np.ndarray] | None = None  # on first use
-        self.stored: OrderedDict[tuple, tuple] = OrderedDict()  # key -> (results, bias)
+        self.stored: dict[tuple, tuple] = {}  # key -> (results, corrected bias or None, pass)
+        self.passes = 0
         self.bytes = 0
         self.computed = self.reused = 0  # node runs
 
@@ -107,6 +107,7 @@ class BiasCorrector:
         if self.means is None:
             self.means = _float_means(self.float_graph, self.batch)
         corrected: dict[str, np.ndarray] = {}
+        self.passes += 1
         keys = node_keys(quantized)
         # the name too: a layer's float input means are found by its name
         kernels = {
@@ -132,8 +133,8 @@ class BiasCorrector:
         def cached(attrs, *args):
             if key in self.stored:
                 self.reused += 1
-                self.stored.move_to_end(key)
-                results, bias = self.stored[key]
+                results, bias, _ = self.stored.pop(key)
+                self.stored[key] = (results, bias, self.passes)  # used by this pass: newest
             else:
                 self.computed += 1
                 results, bias = run(attrs, *args)
@@ -145,14 +146,22 @@ class BiasCorrector:
         return cached
 
     def _remember(self, key: tuple, results: tuple, bias) -> None:
+        """Keep `results`, dropping what earlier passes stored and this one has not used
+        (oldest first); once only this pass's remain, keep those: later candidates share a
+        pass's beginning (upstream of what they change), which dropping the oldest of one
+        pass larger than the cache would lose."""
         results = tuple(np.asarray(r) for r in results)
+        size = sum(r.nbytes for r in results)
+        while self.bytes + size > self.cache_bytes and self.stored:
+            oldest = next(iter(self.stored))
+            if self.stored[oldest][2] == self.passes:
+                return
+            dropped = self.stored.pop(oldest)[0]
+            self.bytes -= sum(r.nbytes for r in dropped)
         for array in results:
             array.flags.writeable = False  # shared by later passes: a write fails loudly
-        self.stored[key] = (results, bias)
-        self.bytes += sum(r.nbytes for r in results)
-        while self.bytes > self.cache_bytes and len(self.stored) > 1:
-            _, (dropped, _) = self.stored.popitem(last=False)
-            self.bytes -= sum(r.nbytes for r in dropped)
+        self.stored[key] = (results, bias, self.passes)
+        self.bytes += size
 
 
 def _corrected_kernel(node: Node, floats: Mapping[str, Node], means: Mapping[str, np.ndarray]):

@@ -20,13 +20,11 @@ until the quantized model's output SQNR reaches a target.
    while the target holds, down until it does, then bisect to within BRACKET (at most
    MAX_PROBES probes), within the MAC budget if one is given. The probes correct what the sum
    gets wrong.
-4. When the smallest set that holds does so by DEMOTE_MARGIN_DB or more, put the REFINE_PROBES
-   measured units with the most work back in the base type one at a time, keeping each that
-   still holds: the sum misjudges single layers too (on the PP-OCR classifier one promoted
-   convolution cost 2.7 dB; demoted, the model reached 36.4 instead of 33.7 dB with 33.1
-   instead of 40.6 % of the MACs promoted). Closer to the target, a demotion adds its layer's
-   noise to a model with none to spare (on the OCR detector and recognizer, holding by 0.04 and
-   0.0 dB, 4 of 4 failed each), so none is tried.
+4. Trim: from the smallest set that holds, put the REFINE_PROBES measured units with the most
+   work back in the base type one at a time, keeping each change that still holds (on the
+   measured SQNR; a probe that cannot hold stops early): the sum misjudges single layers too
+   (on the PP-OCR classifier one promoted convolution cost 2.7 dB; demoted, the model reached
+   36.4 instead of 33.7 dB with 33.1 instead of 40.6 % of the MACs promoted).
 
 The search is deterministic (same graph, statistics and samples: same choice) and every probe is
 recorded: `MixedPrecisionResult.record` is what the build reports (with, under "sensitivity",
@@ -61,9 +59,7 @@ MAX_PROBES = 8  # after the base-type and all-promoted probes
 # their calibrated range (squeeze-excitation gates, pooled features, the classifier: on the
 # PP-OCR classifier's held-out lines they cost 20-26 dB alone, 44-56 dB on calibration lines).
 NEGLIGIBLE_MAC_FRACTION = 0.001
-REFINE_PROBES = 4  # then the largest promoted units are tried back in the base type, one each,
-DEMOTE_MARGIN_DB = 1.0  # if the set found holds the target by at least this
-TRIM_ORDER = "largest"
+REFINE_PROBES = 8  # then the largest promoted units are tried back in the base type, one each
 REPORTED_LAYERS = 10  # the record lists the layers that cost the most alone
 
 
@@ -289,23 +285,28 @@ def search(
     within = [p for p in probes.values() if budget is None or fraction(p[1]) <= budget]
     holding = [p for p in within if met(p[2])]
     if holding:
-        graph, chosen, comparison = min(holding, key=lambda p: fraction(p[1]))
-        if _worst_output_db(comparison) >= target.target_sqnr_db + DEMOTE_MARGIN_DB:
-            if TRIM_ORDER == "ranked":
-                largest = [layer for layer in ranked if layer in set(measured)]
-            else:
-                largest = sorted(measured, key=lambda layer: (-work[layer], order[layer]))
-            best = (graph, chosen, comparison)
-            graph, chosen, comparison = _demote(best, largest, units, tried, met)
+        best = min(holding, key=lambda p: fraction(p[1]))
+        largest = sorted(measured, key=lambda layer: (-work[layer], order[layer]))
+        graph, chosen, comparison = _demote(best, largest, units, tried, met)
     else:  # the budget is too small: the best output within it, said as not met
         graph, chosen, comparison = max(within, key=lambda p: _worst_output_db(p[2]))
     result = _result(graph, chosen, comparison, target, fraction, steps)
     alone = {  # each measured layer's worst output SQNR when it alone is in the base type
         layer: min(sqnr_db(signal[o], noise[layer][o]) for o in signal) for layer in measured
     }
-    worst = sorted(alone, key=lambda layer: (alone[layer], order[layer]))[:REPORTED_LAYERS]
+    worst = worst_first(alone, order)[:REPORTED_LAYERS]
     result.record["sensitivity"] = [{"node": n, "sqnr_db_alone": alone[n]} for n in worst]
+    low = [layer for layer in worst_first(alone, order) if not set(units[layer]) & set(chosen)]
+    result.record["kept_low"] = [  # where the noise left comes from, by the isolated estimate
+        {"node": n, "sqnr_db_alone": alone[n], "mac_fraction": fraction(units[n])}
+        for n in low[:REPORTED_LAYERS]
+    ]
     return result
+
+
+def worst_first(alone: dict[str, float], order: dict[str, int]) -> list[str]:
+    """Measured units by their SQNR alone, the noisiest first (ties: graph order)."""
+    return sorted(alone, key=lambda layer: (alone[layer], order[layer]))
 
 
 def scale_down(scale: float, reached_db: float, target_db: float, low: float) -> float:
