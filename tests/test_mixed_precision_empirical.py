@@ -13,6 +13,7 @@ from test_trix_sim import assert_bit_exact
 
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, quantize
 from onebuild.graph_ir.ir import Model
+from onebuild.graph_ir.quant import empirical_bias, mixed_precision
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.empirical_bias import BiasCorrector, correct_biases
@@ -59,8 +60,9 @@ def test_a_shared_corrector_gives_each_candidate_a_fresh_correction(spread):
     assert 0 < runs[1][0] < runs[1][1]
 
 
-def _searched(spread, bias_correction):
+def _searched(spread, bias_correction, count=None):
     calib, _ = _digits()
+    calib = calib[:count]
     graph = _load(spread)
     stats = calibrate(graph, {"x": calib})
     mixed = MixedPrecisionOptions(target_sqnr_db=15)  # on this model: uint8 14.7 dB corrected
@@ -109,3 +111,26 @@ def test_uint8_alone_misses_the_target_on_this_model(spread):
     graph, empirical = _quantized(spread, calib, "empirical")
     measured = compare_graphs(graph, empirical, [("calibration", {"x": calib})])
     assert min(o["sqnr_db"] for o in measured.outputs.values()) < 20
+
+
+def test_probes_reading_the_correction_pass_outputs_choose_and_measure_the_same(
+    spread, monkeypatch
+):
+    """When the correction fits on the probes' own samples, the probes read its pass's outputs
+    instead of running each candidate again: the same record, probe for probe, as running it."""
+    read = []
+    compare = mixed_precision.Probes.compare
+
+    def spy(self, candidate, give_up_below=None, computed=None):
+        read.append(computed is not None)
+        return compare(self, candidate, give_up_below, computed)
+
+    monkeypatch.setattr(mixed_precision.Probes, "compare", spy)
+    count = empirical_bias.SAMPLES  # the correction's samples are the probes' own
+    shared = json.loads(_searched(spread, "empirical", count)[1].metadata["mixed_precision"])
+    assert read and all(read)
+    read.clear()
+    monkeypatch.setattr(mixed_precision, "_equal_batches", lambda a, b: False)
+    ran = json.loads(_searched(spread, "empirical", count)[1].metadata["mixed_precision"])
+    assert read and not any(read)
+    assert shared == ran and len(ran["steps"]) > 2

@@ -92,11 +92,14 @@ class BiasCorrector:
         self.means: dict[str, np.ndarray] | None = None  # on first use
         self.stored: dict[tuple, tuple] = {}  # key -> (results, corrected bias or None, pass)
         self.passes = 0
+        self.outputs: dict[str, np.ndarray] | None = None
         self.bytes = 0
         self.computed = self.reused = 0  # node runs
 
     def __call__(self, quantized: Graph) -> int:
-        """Correct `quantized` in place; returns the number of layers changed."""
+        """Correct `quantized` in place; returns the number of layers changed. `outputs` then
+        holds the corrected model's outputs on `batch` (None if it was left as it is)."""
+        self.outputs = None
         name = quantized.name
         if any(v.quant is not None for v in quantized.inputs):  # takes codes, batch is float
             log.info("empirical bias correction: '%s' takes quantized inputs; skipped", name)
@@ -114,7 +117,8 @@ class BiasCorrector:
             n.name: self._kernel(n, (n.name, keys[n.name]), corrected) for n in quantized.nodes
         }
         count = len(next(iter(self.batch.values())))
-        Interpreter(quantized, kernels=kernels).run_batch(dict(self.batch), chunk=count)
+        run = Interpreter(quantized, kernels=kernels)
+        self.outputs = run.run_batch(dict(self.batch), chunk=count)
         for node in quantized.nodes:
             if node.name in corrected:
                 old = node.inputs[2]

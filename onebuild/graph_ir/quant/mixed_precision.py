@@ -43,6 +43,7 @@ from ..metrics import sqnr_db
 from ..ops import OPS
 from .channel_activations import depthwise_edges
 from .config import LayerOverride, QuantConfig
+from .empirical_bias import BiasCorrector
 from .evaluate import Batch, Comparison
 from .model_io import is_quantized
 from .probes import Probes
@@ -139,6 +140,10 @@ def edge_units(
     return result, {layer: members.get(layer, [layer]) for layer in result}
 
 
+def _equal_batches(a: Batch, b: Batch) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def _first(batches: Sequence[Batch], count: int) -> Batch:
     """The first `count` samples of `batches`, as one batch."""
     return {name: np.concatenate([batch[name] for batch in batches])[:count] for name in batches[0]}
@@ -166,13 +171,16 @@ def search(
     config: QuantConfig,
     batches: Sequence[Batch],
     target: MixedPrecisionTarget,
-    correct: Callable[[Graph], object] | None = None,
+    correct: BiasCorrector | None = None,
 ) -> MixedPrecisionResult:
     """Quantize with `build(config)` and promote layers to `target.dtype` until the worst
     output's SQNR on `batches` reaches `target.target_sqnr_db` (see the module docstring).
     `correct` (empirical bias correction) changes every candidate in place before it is
     measured, so the probes measure the model the build writes."""
     measure = Probes(float_graph, batches)
+    # the correction's pass computes each candidate's outputs on its samples: when they are
+    # the probes' own, the probes read them instead of running the candidate again
+    same_samples = correct is not None and _equal_batches(correct.batch, measure.samples())
     node_macs = {node.name: macs(node) for node in float_graph.nodes}
     total_macs = max(graph_macs(float_graph), 1)
     steps: list[dict] = []
@@ -188,10 +196,12 @@ def search(
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
         graph = build(replace(config, layers=layers))
+        outputs = None
         if correct is not None:
             correct(graph)
+            outputs = correct.outputs if same_samples else None
         give_up = None if exact or budget is not None else target.target_sqnr_db
-        comparison = measure.compare(graph, give_up_below=give_up)
+        comparison = measure.compare(graph, give_up_below=give_up, computed=outputs)
         step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
         if comparison.complete:
             step["sqnr_db"] = _worst_output_db(comparison)
