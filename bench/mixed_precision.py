@@ -13,7 +13,8 @@ calibrated range, and the largest overshoot as a share of that range). SQNR is t
 output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
-        [--options '{"activation_granularity": "channel"}'] [--method mse] [--runs 3]
+        [--options '{"activation_granularity": "channel"}'] [--method mse] [--trim-probes 8]
+        [--runs 3]
 
 `--options` are QuantizeOptions (`bias_correction = "empirical"` fits on the calibration
 images, in every probe of the search too); `--method` the calibration method.
@@ -59,13 +60,13 @@ def _probe_db(step: dict) -> float | str:
     return f"< {step['sqnr_db_at_most']:.2f} ({step['samples']} samples)"
 
 
-def _mixed(path: Path, batch, target: float, options: dict, method: str):
+def _mixed(path: Path, batch, target: float, options: dict, method: str, trims=None):
     """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
     seconds))."""
     start, cpu = time.perf_counter(), time.process_time()
     model = optimize(load_onnx(path))
     stats = _calibrated(path, batch, options, method)
-    mixed = MixedPrecisionOptions(target_sqnr_db=target)
+    mixed = MixedPrecisionOptions(target_sqnr_db=target, trim_probes=trims)
     model = quantize(model, QuantizeOptions(mixed_precision=mixed, **options), stats, [batch])
     return model, (time.perf_counter() - start, time.process_time() - cpu)
 
@@ -131,12 +132,12 @@ def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
     }
 
 
-def _timed_runs(path: Path, x: str, calib: np.ndarray, target: float, options, work, runs, method):
+def _timed_runs(path, x, calib, target: float, options, work, runs, method, trims=None):
     """The mixed-precision model and `runs` timings of onebuild and onnxruntime, alternating
     (each pair under the same load): {"onebuild": [(wall, CPU), ...], "onnxruntime": [...]}."""
     times: dict[str, list] = {"onebuild": [], "onnxruntime": []}
     for _ in range(runs):
-        model, seconds = _mixed(path, {x: calib}, target, options, method)
+        model, seconds = _mixed(path, {x: calib}, target, options, method, trims)
         times["onebuild"].append(seconds)
         times["onnxruntime"].append(_ort_seconds(path, x, calib, work))
     return model, times
@@ -159,6 +160,7 @@ def measure(
     options: dict,
     runs: int = 1,
     method: str = "minmax",
+    trims: int | None = None,
 ) -> dict:
     path = fixed_export(spec, work)
     calib, held_out = samples(spec, count)
@@ -180,7 +182,7 @@ def measure(
             "calibration": _worst_db(float_graph, quantized, calib_batch),
             "held_out": _worst_db(float_graph, quantized, held_batch),
         }
-    model, times = _timed_runs(path, x, calib, target, options, work, runs, method)
+    model, times = _timed_runs(path, x, calib, target, options, work, runs, method, trims)
     record = json.loads(model.metadata["mixed_precision"])
     seconds, ort_seconds = times["onebuild"][-1], times["onnxruntime"][-1]
     entry["mixed_precision"] = {
@@ -221,6 +223,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=30.0, help="target_sqnr_db")
     parser.add_argument("--layers", action="store_true", help="per-layer and clipping tables")
     parser.add_argument("--method", default="minmax", help="calibration method")
+    parser.add_argument("--trim-probes", type=int, default=None, help="mixed precision's")
     parser.add_argument("--runs", type=int, default=1, help="timed runs of both tools, alternating")
     parser.add_argument("--options", default="{}", help='QuantizeOptions as JSON, e.g. '
                         '\'{"activation_granularity": "channel"}\'')  # fmt: skip
@@ -241,6 +244,7 @@ def main() -> None:
                     options,
                     args.runs,
                     args.method,
+                    args.trim_probes,
                 )
                 results.append(entry)
                 print(json.dumps(entry), flush=True)

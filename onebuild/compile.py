@@ -58,6 +58,7 @@ class MixedPrecisionOptions:
     dtype: str = "int16"  # "int16" | "float32"
     max_high_precision_mac_fraction: float | None = None
     samples: int = 16
+    trim_probes: int | None = None  # None: the search's default trim (`quant.mixed_precision`)
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,10 @@ def quantize(
 
         mixed = options.mixed_precision
         target = MixedPrecisionTarget(
-            mixed.target_sqnr_db, mixed.dtype, mixed.max_high_precision_mac_fraction
+            mixed.target_sqnr_db,
+            mixed.dtype,
+            mixed.max_high_precision_mac_fraction,
+            mixed.trim_probes,
         )
         result = search(float_graph, build, settings, samples, target, correct)
         model.graphs[0] = result.graph
