@@ -231,9 +231,10 @@ def quantize(
 
     correct = None
     if options.bias_correction == "empirical" and fit:  # every build, the search's probes too
-        from .graph_ir.quant.empirical_bias import BiasCorrector
+        from .graph_ir.quant.empirical_bias import CACHE_BYTES, BiasCorrector
 
-        correct = BiasCorrector(float_graph, fit)
+        cache = 0 if options.mixed_precision is None else CACHE_BYTES  # for many candidates
+        correct = BiasCorrector(float_graph, fit, cache)
 
     def build(config: QuantConfig) -> Graph:
         return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges, memo)

@@ -40,7 +40,7 @@ def test_a_shared_corrector_gives_each_candidate_a_fresh_correction(spread):
     convs = [n.name for n in graph.nodes if n.op == "Conv"]
     assert len(convs) == 3
     promoted = [(), (convs[2],), (convs[0],), (convs[1], convs[2]), ()]
-    shared = BiasCorrector(graph, [{"x": calib}])
+    shared = BiasCorrector(graph, [{"x": calib}], empirical_bias.CACHE_BYTES)
     runs = []
     for names in promoted:
         layers = (LayerOverride(names, "int16"),) if names else ()
@@ -58,6 +58,10 @@ def test_a_shared_corrector_gives_each_candidate_a_fresh_correction(spread):
     # set, not what is upstream of the last layer when only that one is promoted
     assert runs[0][0] == runs[0][1] and runs[-1][0] == 0
     assert 0 < runs[1][0] < runs[1][1]
+    single = BiasCorrector(graph, [{"x": calib}])  # one correction: no cache by default
+    single(quantize_graph(graph, ranges, QuantConfig(), means))
+    single(quantize_graph(graph, ranges, QuantConfig(), means))
+    assert not single.stored and single.reused == 0
 
 
 def _searched(spread, bias_correction, count=None):

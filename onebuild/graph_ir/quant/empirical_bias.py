@@ -77,14 +77,15 @@ class BiasCorrector:
     """`correct_biases` for many quantizations of one float graph (mixed precision's probes):
     the samples and the float means are taken once, and each node's results in the corrected
     pass (with its corrected bias) are kept under its content key in the uncorrected graph
-    (`probes.node_keys`): the uncorrected subgraph computing a node decides both, so a
-    candidate that changed a few layers reruns only the nodes downstream of them."""
+    (`probes.node_keys`), up to `cache_bytes`: the uncorrected subgraph computing a node
+    decides both, so a candidate that changed a few layers reruns only the nodes downstream
+    of them. One correction needs no cache (`cache_bytes = 0`, the default)."""
 
     def __init__(
         self,
         float_graph: Graph,
         batches: Sequence[Mapping[str, np.ndarray]],
-        cache_bytes: int = CACHE_BYTES,
+        cache_bytes: int = 0,
     ):
         self.float_graph, self.cache_bytes = float_graph, cache_bytes
         self.floats = {node.name: node for node in float_graph.nodes}
@@ -156,9 +157,9 @@ class BiasCorrector:
         pass larger than the cache would lose."""
         results = tuple(np.asarray(r) for r in results)
         size = sum(r.nbytes for r in results)
-        while self.bytes + size > self.cache_bytes and self.stored:
-            oldest = next(iter(self.stored))
-            if self.stored[oldest][2] == self.passes:
+        while self.bytes + size > self.cache_bytes:
+            oldest = next(iter(self.stored), None)
+            if oldest is None or self.stored[oldest][2] == self.passes:
                 return
             dropped = self.stored.pop(oldest)[0]
             self.bytes -= sum(r.nbytes for r in dropped)
