@@ -13,7 +13,11 @@ calibrated range, and the largest overshoot as a share of that range). SQNR is t
 output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
-        [--options '{"activation_granularity": "channel"}'] [--runs 3]
+        [--options '{"activation_granularity": "channel"}'] [--method mse] [--trim-probes 8]
+        [--runs 3]
+
+`--options` are QuantizeOptions (`bias_correction = "empirical"` fits on the calibration
+images, in every probe of the search too); `--method` the calibration method.
 
 With `--runs N` both tools are timed N times, alternating, and the ratios of each pair are
 reported as median and range (on a loaded machine a single ratio moves by 30 % or more).
@@ -56,22 +60,22 @@ def _probe_db(step: dict) -> float | str:
     return f"< {step['sqnr_db_at_most']:.2f} ({step['samples']} samples)"
 
 
-def _mixed(path: Path, batch, target: float, options: dict):
+def _mixed(path: Path, batch, target: float, options: dict, method: str, trims=None):
     """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
     seconds))."""
     start, cpu = time.perf_counter(), time.process_time()
     model = optimize(load_onnx(path))
-    stats = _calibrated(path, batch, options)
-    mixed = MixedPrecisionOptions(target_sqnr_db=target)
+    stats = _calibrated(path, batch, options, method)
+    mixed = MixedPrecisionOptions(target_sqnr_db=target, trim_probes=trims)
     model = quantize(model, QuantizeOptions(mixed_precision=mixed, **options), stats, [batch])
     return model, (time.perf_counter() - start, time.process_time() - cpu)
 
 
-def _calibrated(path: Path, batch, options: dict):
+def _calibrated(path: Path, batch, options: dict, method: str = "minmax"):
     """Calibration statistics as the build's calibrate step gathers them: on the graph
     equalized when `options` ask for it."""
     graph = equalize(optimize(load_onnx(path)).main, QuantizeOptions(**options))
-    return calibrate(graph, [("calibration", batch)])
+    return calibrate(graph, [("calibration", batch)], method)
 
 
 def _ort_seconds(path: Path, x: str, calib: np.ndarray, work: Path) -> tuple[float, float]:
@@ -128,12 +132,12 @@ def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
     }
 
 
-def _timed_runs(path: Path, x: str, calib: np.ndarray, target: float, options, work, runs: int):
+def _timed_runs(path, x, calib, target: float, options, work, runs, method, trims=None):
     """The mixed-precision model and `runs` timings of onebuild and onnxruntime, alternating
     (each pair under the same load): {"onebuild": [(wall, CPU), ...], "onnxruntime": [...]}."""
     times: dict[str, list] = {"onebuild": [], "onnxruntime": []}
     for _ in range(runs):
-        model, seconds = _mixed(path, {x: calib}, target, options)
+        model, seconds = _mixed(path, {x: calib}, target, options, method, trims)
         times["onebuild"].append(seconds)
         times["onnxruntime"].append(_ort_seconds(path, x, calib, work))
     return model, times
@@ -148,14 +152,22 @@ def _ratios(times: dict, index: int) -> dict:
 
 
 def measure(
-    spec, count: int, target: float, layers: bool, work: Path, options: dict, runs: int = 1
+    spec,
+    count: int,
+    target: float,
+    layers: bool,
+    work: Path,
+    options: dict,
+    runs: int = 1,
+    method: str = "minmax",
+    trims: int | None = None,
 ) -> dict:
     path = fixed_export(spec, work)
     calib, held_out = samples(spec, count)
     float_graph = optimize(load_onnx(path)).main
     x = float_graph.inputs[0].name
     calib_batch, held_batch = {x: calib}, {x: held_out}
-    stats = _calibrated(path, calib_batch, options)
+    stats = _calibrated(path, calib_batch, options, method)
     entry = {
         "model": spec.name,
         "calibration_samples": len(calib),
@@ -164,13 +176,13 @@ def measure(
     plain = {}
     for dtype in ("uint8", "int16"):
         settings = QuantizeOptions(dtype=dtype, **options)
-        quantized = quantize(optimize(load_onnx(path)), settings, stats).main
+        quantized = quantize(optimize(load_onnx(path)), settings, stats, [calib_batch]).main
         plain[dtype] = quantized
         entry[f"{dtype}_sqnr_db"] = {
             "calibration": _worst_db(float_graph, quantized, calib_batch),
             "held_out": _worst_db(float_graph, quantized, held_batch),
         }
-    model, times = _timed_runs(path, x, calib, target, options, work, runs)
+    model, times = _timed_runs(path, x, calib, target, options, work, runs, method, trims)
     record = json.loads(model.metadata["mixed_precision"])
     seconds, ort_seconds = times["onebuild"][-1], times["onnxruntime"][-1]
     entry["mixed_precision"] = {
@@ -182,6 +194,10 @@ def measure(
         "probes": [  # a probe stopped once it could not reach the target: "< its bound"
             [s["promoted"], round(s["high_precision_mac_fraction"], 3), _probe_db(s)]
             for s in record["steps"]
+        ],
+        "kept_low": [  # the base-type units with the most noise alone, and their MACs
+            [k["node"], round(k["sqnr_db_alone"], 1), round(k["mac_fraction"], 4)]
+            for k in record.get("kept_low", [])
         ],
         "seconds": round(seconds[0], 1),
         "onnxruntime_seconds": round(ort_seconds[0], 1),
@@ -206,6 +222,8 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
     parser.add_argument("--target", type=float, default=30.0, help="target_sqnr_db")
     parser.add_argument("--layers", action="store_true", help="per-layer and clipping tables")
+    parser.add_argument("--method", default="minmax", help="calibration method")
+    parser.add_argument("--trim-probes", type=int, default=None, help="mixed precision's")
     parser.add_argument("--runs", type=int, default=1, help="timed runs of both tools, alternating")
     parser.add_argument("--options", default="{}", help='QuantizeOptions as JSON, e.g. '
                         '\'{"activation_granularity": "channel"}\'')  # fmt: skip
@@ -218,7 +236,15 @@ def main() -> None:
                 options = json.loads(args.options)
                 folder_path = Path(folder)
                 entry = measure(
-                    spec, args.samples, args.target, args.layers, folder_path, options, args.runs
+                    spec,
+                    args.samples,
+                    args.target,
+                    args.layers,
+                    folder_path,
+                    options,
+                    args.runs,
+                    args.method,
+                    args.trim_probes,
                 )
                 results.append(entry)
                 print(json.dumps(entry), flush=True)

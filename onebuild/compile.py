@@ -58,6 +58,7 @@ class MixedPrecisionOptions:
     dtype: str = "int16"  # "int16" | "float32"
     max_high_precision_mac_fraction: float | None = None
     samples: int = 16
+    trim_probes: int | None = None  # None: the search's default trim (`quant.mixed_precision`)
 
 
 @dataclass(frozen=True)
@@ -247,26 +248,32 @@ def quantize(
 
     memo: dict = {}  # tables and live ranges, computed once across mixed precision's probes
 
+    correct = None
+    if options.bias_correction == "empirical" and fit:  # every build, the search's probes too
+        from .graph_ir.quant.empirical_bias import CACHE_BYTES, BiasCorrector
+
+        cache = 0 if options.mixed_precision is None else CACHE_BYTES  # for many candidates
+        correct = BiasCorrector(float_graph, fit, cache)
+
     def build(config: QuantConfig) -> Graph:
         return quantize_graph(float_graph, ranges, config, means, rounder, channel_ranges, memo)
 
     if options.mixed_precision is None:
         model.graphs[0] = build(settings)
-        if options.bias_correction == "empirical" and fit:
-            from .graph_ir.quant.empirical_bias import correct_biases
-
-            correct_biases(float_graph, model.graphs[0], fit)
+        if correct is not None:
+            correct(model.graphs[0])
     else:
         from .gates import json_safe
         from .graph_ir.quant.mixed_precision import MixedPrecisionTarget, search
 
         mixed = options.mixed_precision
-        if options.bias_correction == "empirical":
-            log.info("quantize: empirical bias correction is not applied with mixed precision")
         target = MixedPrecisionTarget(
-            mixed.target_sqnr_db, mixed.dtype, mixed.max_high_precision_mac_fraction
+            mixed.target_sqnr_db,
+            mixed.dtype,
+            mixed.max_high_precision_mac_fraction,
+            mixed.trim_probes,
         )
-        result = search(float_graph, build, settings, samples, target)
+        result = search(float_graph, build, settings, samples, target, correct)
         model.graphs[0] = result.graph
         model.metadata["mixed_precision"] = json.dumps(json_safe(result.record), sort_keys=True)
     verify(model.main)

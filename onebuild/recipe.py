@@ -101,6 +101,13 @@ class QuantizeMixedPrecision(_Section):
         default=_M.max_high_precision_mac_fraction, ge=0, le=1
     )
     samples: int = Field(default=_M.samples, ge=1, le=4096, description="samples measured")
+    trim_probes: int | None = Field(
+        default=_M.trim_probes,
+        ge=0,
+        le=64,
+        description="promoted units tried back in the base type at the end, whatever the "
+        "margin (default: 4, only when the target holds by 1 dB or more)",
+    )
 
 
 class QuantizeStep(_Section):

@@ -12,13 +12,21 @@ import pytest
 from onnx import helper, numpy_helper
 from test_mixed_precision import decoy_digits, outlier_digits
 
-from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
+from onebuild.compile import (
+    MixedPrecisionOptions,
+    QuantizeOptions,
+    calibrate,
+    optimize,
+    options_from,
+    quantize,
+)
 from onebuild.datasets import first_samples, iter_batches
 from onebuild.graph_ir.quant import mixed_precision, probes, sensitivity
 from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.evaluate import compare_graphs
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_onnx
+from onebuild.recipe import QuantizeMixedPrecision
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 SHAPES = {"input": [1, 1, 8, 8]}
@@ -31,7 +39,8 @@ class FullEvaluation:
         self.float_graph = float_graph
         self.batches = [(f"sample batch {i}", b) for i, b in enumerate(batches)]
 
-    def compare(self, candidate, give_up_below=None):  # never gives up
+    def compare(self, candidate, give_up_below=None, computed=None):  # never gives up
+        assert computed is None  # no empirical correction here
         return compare_graphs(self.float_graph, candidate, self.batches)
 
 
@@ -187,9 +196,10 @@ def test_quantized_models_run_the_same_on_float32_and_float64(tmp_path, monkeypa
 
 def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
     """From a set that holds, the largest units go back to the base type one at a time; a
-    demotion that breaks the target is undone, and only REFINE_PROBES are tried."""
-    units = {name: [name, f"{name}/pool"] for name in "abcdefg"}
-    noisy = {"a": 5.0, "b": 1.0, "c": 1.0, "d": 0.5, "e": 0.5, "f": 0.1, "g": 0.1}
+    demotion that breaks the target is undone, and only as many as asked are tried."""
+    names = "abcdefghij"
+    units = {name: [name, f"{name}/pool"] for name in names}
+    noisy = dict(zip(names, [5.0, 1.0, 1.0, 0.5, 0.5, 0.05, 0.2, 0.01, 0.0, 0.0]))
     probed = []
 
     def tried(chosen):
@@ -197,14 +207,15 @@ def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
         kept = {name for name in units if name not in chosen}
         return None, list(chosen), sum(noisy[name] for name in kept)
 
-    start = [n for name in "abcdefg" for n in units[name]]
+    start = [n for name in names for n in units[name]]
     best = (None, start, 0.0)
     met = lambda noise: noise <= 1.6  # noqa: E731
-    _, chosen, noise = mixed_precision._demote(best, list("abcdefg"), units, tried, met)
-    # a is too noisy; b fits; c would exceed; d fits (1.5); e is past REFINE_PROBES (4)
-    assert [name for name in "abcdefg" if name not in chosen] == ["b", "d"] and noise == 1.5
-    assert len(probed) == mixed_precision.REFINE_PROBES
-    assert "b/pool" not in chosen and "a/pool" in chosen  # a unit goes back whole
+    _, chosen, noise = mixed_precision._demote(best, list(names), units, tried, met, 8)
+    # a, c, e, g would exceed; b, d, f, h fit (1.56); i and j are past the 8 asked for
+    assert [name for name in names if name not in chosen] == ["b", "d", "f", "h"]
+    assert noise == 1.0 + 0.5 + 0.05 + 0.01
+    assert len(probed) == 8
+    assert "b/pool" not in chosen and "a/pool" in chosen and "i" in chosen  # units go whole
 
 
 def test_a_probe_gives_up_only_when_the_target_is_out_of_reach(tmp_path):
@@ -223,3 +234,35 @@ def test_a_probe_gives_up_only_when_the_target_is_out_of_reach(tmp_path):
         missed = shared.compare(candidate, give_up_below=target)
         assert not missed.complete and reached <= missed.outputs["logits"]["sqnr_db"] < target
     assert missed.samples < 40  # far out of reach: it stopped early
+
+
+@pytest.mark.parametrize("trim_probes", [None, 0, 3])
+def test_trim_probes_sets_how_many_units_are_tried_back(trim_probes, tmp_path, monkeypatch):
+    """`trim_probes` (recipe `[quantize.mixed_precision]`) reaches the search: that many
+    units tried back whatever the margin; by default REFINE_PROBES, only with a 1 dB margin."""
+    path = outlier_digits(tmp_path / "m.onnx")
+    calls = []
+    demote = mixed_precision._demote
+    monkeypatch.setattr(mixed_precision, "_demote", lambda *a: calls.append(a[-1]) or demote(*a))
+    model = optimize(load_onnx(path, SHAPES))
+    specs = [(v.name, v.shape) for v in model.main.inputs]
+    stats = calibrate(model.main, iter_batches(DIGITS / "data/calib.npz", specs))
+    samples = first_samples(DIGITS / "data/calib.npz", specs, 16)
+    mixed = MixedPrecisionOptions(target_sqnr_db=30, trim_probes=trim_probes)
+    record = json.loads(
+        quantize(model, QuantizeOptions(mixed_precision=mixed), stats, samples).metadata[
+            "mixed_precision"
+        ]
+    )
+    assert record["target_met"]
+    if trim_probes is None:  # the outlier model's set holds by 6 dB: the default trim runs
+        assert calls == [mixed_precision.REFINE_PROBES]
+    else:
+        assert calls == ([trim_probes] if trim_probes else [])
+
+
+def test_trim_probes_is_a_recipe_key():
+    section = QuantizeMixedPrecision(target_sqnr_db=30, trim_probes=8)
+    assert options_from(MixedPrecisionOptions, section.model_dump()).trim_probes == 8
+    with pytest.raises(ValueError):
+        QuantizeMixedPrecision(target_sqnr_db=30, trim_probes=-1)

@@ -26,10 +26,12 @@ from ..ir import Graph, Node
 from ..ops import OPS
 from .bias_correction import corrected_bias
 from .params import BIAS_ROOM, dequantize
+from .probes import node_keys
 
 log = logging.getLogger(__name__)
 LAYERS = ("QConv", "QGemm")
 SAMPLES = 16  # taken at once: one batched pass (memory grows with them)
+CACHE_BYTES = 256 << 20  # node results kept for later corrections
 
 
 def _channel_means(real: np.ndarray, layer: Node) -> np.ndarray:
@@ -68,49 +70,127 @@ def correct_biases(
     """Correct the int biases of `quantized`'s QConv/QGemm layers in place (module docstring)
     on the first SAMPLES samples of `batches` ([N, *input shape] per input), against
     `float_graph` on the same samples. Returns the number of layers changed."""
-    batch = {k: np.concatenate([b[k] for b in batches])[:SAMPLES] for k in batches[0]}
-    floats = {node.name: node for node in float_graph.nodes}
-    corrected: dict[str, np.ndarray] = {}
+    return BiasCorrector(float_graph, batches)(quantized)
 
-    def wrap(node: Node):
-        kernel = OPS[node.op].kernel
-        layer = floats.get(node.name)
-        mean = means.get(node.name) if layer is not None else None
-        if node.op not in LAYERS or mean is None or node.inputs[2] is None:
-            return kernel
 
-        def run(attrs, x, codes, bias):
-            shift = mean - _input_means(node, x, layer)
-            if shift.shape != mean.shape:
-                return kernel(attrs, x, codes, bias)
-            axis = 0 if layer.op == "Conv" or layer.attrs.get("transB") else 1
-            scale = node.inputs[1].quant.scale
-            # W_q (E[x] - E[x^]) in real units: corrected_bias's shift of weights 0 -> W_q
-            delta = -corrected_bias(layer, 0 * codes, codes, scale, 0.0, shift, axis)
-            steps = np.asarray(node.inputs[2].quant.scale, np.float64)
-            top = float(min(np.iinfo(bias.dtype).max, BIAS_ROOM))  # the quantizer's bound
-            total = bias.astype(np.float64) + np.rint(delta / steps)
-            corrected[node.name] = np.clip(total, -top, top).astype(bias.dtype)
-            return kernel(attrs, x, codes, corrected[node.name])
+class BiasCorrector:
+    """`correct_biases` for many quantizations of one float graph (mixed precision's probes):
+    the samples and the float means are taken once, and each node's results in the corrected
+    pass (with its corrected bias) are kept under its content key in the uncorrected graph
+    (`probes.node_keys`), up to `cache_bytes`: the uncorrected subgraph computing a node
+    decides both, so a candidate that changed a few layers reruns only the nodes downstream
+    of them. One correction needs no cache (`cache_bytes = 0`, the default)."""
 
-        return run
+    def __init__(
+        self,
+        float_graph: Graph,
+        batches: Sequence[Mapping[str, np.ndarray]],
+        cache_bytes: int = 0,
+    ):
+        self.float_graph, self.cache_bytes = float_graph, cache_bytes
+        self.floats = {node.name: node for node in float_graph.nodes}
+        self.batch = {k: np.concatenate([b[k] for b in batches])[:SAMPLES] for k in batches[0]}
+        self.means: dict[str, np.ndarray] | None = None  # on first use
+        self.stored: dict[tuple, tuple] = {}  # key -> (results, corrected bias or None, pass)
+        self.passes = 0
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.bytes = 0
+        self.computed = self.reused = 0  # node runs
 
-    if any(v.quant is not None for v in quantized.inputs):  # takes codes, `batch` is float
-        log.info("empirical bias correction: '%s' takes quantized inputs; skipped", quantized.name)
-        return 0
-    if not Interpreter(quantized).batchable:
-        log.info("empirical bias correction: '%s' does not run batched; skipped", quantized.name)
-        return 0
-    means = _float_means(float_graph, batch)
-    interpreter = Interpreter(quantized, kernels={n.name: wrap(n) for n in quantized.nodes})
-    count = len(next(iter(batch.values())))
-    interpreter.run_batch(dict(batch), chunk=count)  # one chunk: every sample at once
-    for node in quantized.nodes:
-        if node.name in corrected:
-            old = node.inputs[2]
-            value = quantized.add_constant(corrected[node.name], old.name + "_ebc")
-            value.quant = old.quant
-            node.set_input(2, value)
-            if not old.uses and old not in quantized.outputs:
-                quantized.remove_constant(old)
-    return len(corrected)
+    def __call__(self, quantized: Graph) -> int:
+        """Correct `quantized` in place; returns the number of layers changed. `outputs` then
+        holds the corrected model's outputs on `batch` (None if it was left as it is)."""
+        self.outputs = None
+        name = quantized.name
+        if any(v.quant is not None for v in quantized.inputs):  # takes codes, batch is float
+            log.info("empirical bias correction: '%s' takes quantized inputs; skipped", name)
+            return 0
+        if not Interpreter(quantized).batchable:
+            log.info("empirical bias correction: '%s' does not run batched; skipped", name)
+            return 0
+        if self.means is None:
+            self.means = _float_means(self.float_graph, self.batch)
+        corrected: dict[str, np.ndarray] = {}
+        self.passes += 1
+        keys = node_keys(quantized)
+        # the name too: a layer's float input means are found by its name
+        kernels = {
+            n.name: self._kernel(n, (n.name, keys[n.name]), corrected) for n in quantized.nodes
+        }
+        count = len(next(iter(self.batch.values())))
+        run = Interpreter(quantized, kernels=kernels)
+        self.outputs = run.run_batch(dict(self.batch), chunk=count)
+        for node in quantized.nodes:
+            if node.name in corrected:
+                old = node.inputs[2]
+                value = quantized.add_constant(corrected[node.name], old.name + "_ebc")
+                value.quant = old.quant
+                node.set_input(2, value)
+                if not old.uses and old not in quantized.outputs:
+                    quantized.remove_constant(old)
+        return len(corrected)
+
+    def _kernel(self, node: Node, key: tuple, corrected: dict):
+        """`node`'s kernel in the corrected pass: its stored results (and corrected bias) when
+        its key was seen, else computed (its bias corrected first) and stored."""
+        run = _corrected_kernel(node, self.floats, self.means)
+
+        def cached(attrs, *args):
+            if key in self.stored:
+                self.reused += 1
+                results, bias, _ = self.stored.pop(key)
+                self.stored[key] = (results, bias, self.passes)  # used by this pass: newest
+            else:
+                self.computed += 1
+                results, bias = run(attrs, *args)
+                self._remember(key, results, bias)
+            if bias is not None:
+                corrected[node.name] = bias
+            return results
+
+        return cached
+
+    def _remember(self, key: tuple, results: tuple, bias) -> None:
+        """Keep `results`, dropping what earlier passes stored and this one has not used
+        (oldest first); once only this pass's remain, keep those: later candidates share a
+        pass's beginning (upstream of what they change), which dropping the oldest of one
+        pass larger than the cache would lose."""
+        results = tuple(np.asarray(r) for r in results)
+        size = sum(r.nbytes for r in results)
+        while self.bytes + size > self.cache_bytes:
+            oldest = next(iter(self.stored), None)
+            if oldest is None or self.stored[oldest][2] == self.passes:
+                return
+            dropped = self.stored.pop(oldest)[0]
+            self.bytes -= sum(r.nbytes for r in dropped)
+        for array in results:
+            array.flags.writeable = False  # shared by later passes: a write fails loudly
+        self.stored[key] = (results, bias, self.passes)
+        self.bytes += size
+
+
+def _corrected_kernel(node: Node, floats: Mapping[str, Node], means: Mapping[str, np.ndarray]):
+    """A kernel returning (`node`'s results, its corrected int bias or None): a QConv/QGemm
+    whose float twin's input means are known has its bias corrected from the means of the
+    quantized input it reads (module docstring)."""
+    kernel = OPS[node.op].kernel
+    layer = floats.get(node.name) if node.op in LAYERS else None
+    mean = means.get(node.name) if layer is not None else None
+    if mean is None or node.inputs[2] is None:
+        return lambda attrs, *args: (kernel(attrs, *args), None)
+
+    def run(attrs, x, codes, bias):
+        shift = mean - _input_means(node, x, layer)
+        if shift.shape != mean.shape:
+            return kernel(attrs, x, codes, bias), None
+        axis = 0 if layer.op == "Conv" or layer.attrs.get("transB") else 1
+        scale = node.inputs[1].quant.scale
+        # W_q (E[x] - E[x^]) in real units: corrected_bias's shift of weights 0 -> W_q
+        delta = -corrected_bias(layer, 0 * codes, codes, scale, 0.0, shift, axis)
+        steps = np.asarray(node.inputs[2].quant.scale, np.float64)
+        top = float(min(np.iinfo(bias.dtype).max, BIAS_ROOM))  # the quantizer's bound
+        total = bias.astype(np.float64) + np.rint(delta / steps)
+        new = np.clip(total, -top, top).astype(bias.dtype)
+        return kernel(attrs, x, codes, new), new
+
+    return run

@@ -20,13 +20,14 @@ until the quantized model's output SQNR reaches a target.
    while the target holds, down until it does, then bisect to within BRACKET (at most
    MAX_PROBES probes), within the MAC budget if one is given. The probes correct what the sum
    gets wrong.
-4. When the smallest set that holds does so by DEMOTE_MARGIN_DB or more, put the REFINE_PROBES
-   measured units with the most work back in the base type one at a time, keeping each that
-   still holds: the sum misjudges single layers too (on the PP-OCR classifier one promoted
-   convolution cost 2.7 dB; demoted, the model reached 36.4 instead of 33.7 dB with 33.1
-   instead of 40.6 % of the MACs promoted). Closer to the target, a demotion adds its layer's
-   noise to a model with none to spare (on the OCR detector and recognizer, holding by 0.04 and
-   0.0 dB, 4 of 4 failed each), so none is tried.
+4. Trim: from the smallest set that holds, put the REFINE_PROBES measured units with the most
+   work back in the base type one at a time, keeping each change that still holds (on the
+   measured SQNR; a probe that cannot hold stops early): the sum misjudges single layers too
+   (on the PP-OCR classifier one promoted convolution cost 2.7 dB; demoted, the model reached
+   36.4 instead of 33.7 dB with 33.1 instead of 40.6 % of the MACs promoted). By default only
+   when the set holds by DEMOTE_MARGIN_DB or more (closer to the target most demotions fail);
+   `trim_probes` tries that many whatever the margin (8 on the real models: 2.4-3.7 % fewer
+   MACs on 5 of 12 searches, at up to 8 more probes and some of the margin held-out data had).
 
 The search is deterministic (same graph, statistics and samples: same choice) and every probe is
 recorded: `MixedPrecisionResult.record` is what the build reports (with, under "sensitivity",
@@ -45,6 +46,7 @@ from ..metrics import sqnr_db
 from ..ops import OPS
 from .channel_activations import depthwise_edges
 from .config import LayerOverride, QuantConfig
+from .empirical_bias import BiasCorrector
 from .evaluate import Batch, Comparison
 from .model_io import is_quantized
 from .probes import Probes
@@ -62,7 +64,7 @@ MAX_PROBES = 8  # after the base-type and all-promoted probes
 # PP-OCR classifier's held-out lines they cost 20-26 dB alone, 44-56 dB on calibration lines).
 NEGLIGIBLE_MAC_FRACTION = 0.001
 REFINE_PROBES = 4  # then the largest promoted units are tried back in the base type, one each,
-DEMOTE_MARGIN_DB = 1.0  # if the set found holds the target by at least this
+DEMOTE_MARGIN_DB = 1.0  # if the set found holds the target by at least this (unless trim_probes)
 REPORTED_LAYERS = 10  # the record lists the layers that cost the most alone
 
 
@@ -71,6 +73,7 @@ class MixedPrecisionTarget:
     target_sqnr_db: float
     dtype: str = "int16"  # the higher-precision type: "int16", or "float32" (CPU parts)
     max_high_precision_mac_fraction: float | None = None
+    trim_probes: int | None = None  # None: REFINE_PROBES, if the margin is DEMOTE_MARGIN_DB
 
 
 @dataclass
@@ -142,6 +145,10 @@ def edge_units(
     return result, {layer: members.get(layer, [layer]) for layer in result}
 
 
+def _equal_batches(a: Batch, b: Batch) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def _first(batches: Sequence[Batch], count: int) -> Batch:
     """The first `count` samples of `batches`, as one batch."""
     return {name: np.concatenate([batch[name] for batch in batches])[:count] for name in batches[0]}
@@ -169,10 +176,16 @@ def search(
     config: QuantConfig,
     batches: Sequence[Batch],
     target: MixedPrecisionTarget,
+    correct: BiasCorrector | None = None,
 ) -> MixedPrecisionResult:
     """Quantize with `build(config)` and promote layers to `target.dtype` until the worst
-    output's SQNR on `batches` reaches `target.target_sqnr_db` (see the module docstring)."""
+    output's SQNR on `batches` reaches `target.target_sqnr_db` (see the module docstring).
+    `correct` (empirical bias correction) changes every candidate in place before it is
+    measured, so the probes measure the model the build writes."""
     measure = Probes(float_graph, batches)
+    # the correction's pass computes each candidate's outputs on its samples: when they are
+    # the probes' own, the probes read them instead of running the candidate again
+    same_samples = correct is not None and _equal_batches(correct.batch, measure.samples())
     node_macs = {node.name: macs(node) for node in float_graph.nodes}
     total_macs = max(graph_macs(float_graph), 1)
     steps: list[dict] = []
@@ -188,8 +201,12 @@ def search(
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
         graph = build(replace(config, layers=layers))
+        outputs = None
+        if correct is not None:
+            correct(graph)
+            outputs = correct.outputs if same_samples else None
         give_up = None if exact or budget is not None else target.target_sqnr_db
-        comparison = measure.compare(graph, give_up_below=give_up)
+        comparison = measure.compare(graph, give_up_below=give_up, computed=outputs)
         step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
         if comparison.complete:
             step["sqnr_db"] = _worst_output_db(comparison)
@@ -223,8 +240,9 @@ def search(
     allowed = {o: max(aim - r, 1e-30) for o, r in floor.items()}
     measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
     alone_layers = [member for layer in measured for member in members[layer]]
+    twins = base_graph if correct is None else build(config)  # each layer's own bias
     signal, layer_noise = isolated_output_noise(
-        float_graph, base_graph, _first(batches, SENSITIVITY_SAMPLES), alone_layers
+        float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
     noise = {  # a merged edge's layers: their noises added
         layer: {o: sum(layer_noise[m][o] for m in members[layer]) for o in signal}
@@ -282,20 +300,33 @@ def search(
     within = [p for p in probes.values() if budget is None or fraction(p[1]) <= budget]
     holding = [p for p in within if met(p[2])]
     if holding:
-        graph, chosen, comparison = min(holding, key=lambda p: fraction(p[1]))
-        if _worst_output_db(comparison) >= target.target_sqnr_db + DEMOTE_MARGIN_DB:
+        best = min(holding, key=lambda p: fraction(p[1]))
+        graph, chosen, comparison = best
+        trims = target.trim_probes
+        if trims is None and _worst_output_db(best[2]) >= target.target_sqnr_db + DEMOTE_MARGIN_DB:
+            trims = REFINE_PROBES
+        if trims:
             largest = sorted(measured, key=lambda layer: (-work[layer], order[layer]))
-            best = (graph, chosen, comparison)
-            graph, chosen, comparison = _demote(best, largest, units, tried, met)
+            graph, chosen, comparison = _demote(best, largest, units, tried, met, trims)
     else:  # the budget is too small: the best output within it, said as not met
         graph, chosen, comparison = max(within, key=lambda p: _worst_output_db(p[2]))
     result = _result(graph, chosen, comparison, target, fraction, steps)
     alone = {  # each measured layer's worst output SQNR when it alone is in the base type
         layer: min(sqnr_db(signal[o], noise[layer][o]) for o in signal) for layer in measured
     }
-    worst = sorted(alone, key=lambda layer: (alone[layer], order[layer]))[:REPORTED_LAYERS]
+    worst = worst_first(alone, order)[:REPORTED_LAYERS]
     result.record["sensitivity"] = [{"node": n, "sqnr_db_alone": alone[n]} for n in worst]
+    low = [layer for layer in worst_first(alone, order) if not set(units[layer]) & set(chosen)]
+    result.record["kept_low"] = [  # where the noise left comes from, by the isolated estimate
+        {"node": n, "sqnr_db_alone": alone[n], "mac_fraction": fraction(units[n])}
+        for n in low[:REPORTED_LAYERS]
+    ]
     return result
+
+
+def worst_first(alone: dict[str, float], order: dict[str, int]) -> list[str]:
+    """Measured units by their SQNR alone, the noisiest first (ties: graph order)."""
+    return sorted(alone, key=lambda layer: (alone[layer], order[layer]))
 
 
 def scale_down(scale: float, reached_db: float, target_db: float, low: float) -> float:
@@ -306,12 +337,12 @@ def scale_down(scale: float, reached_db: float, target_db: float, low: float) ->
     return max(scale / min(max(excess, MIN_STEP), SCALE_STEP), low)
 
 
-def _demote(best, layers, units, tried, met):
+def _demote(best, layers, units, tried, met, count: int = REFINE_PROBES):
     """Starting from the `best` (graph, promoted, comparison) that meets the target, put the
-    first REFINE_PROBES promoted units of `layers` back in the base type, one at a time,
-    keeping each change that still meets it (one probe each)."""
+    first `count` promoted units of `layers` back in the base type, one at a time, keeping
+    each change that still meets it (one probe each)."""
     promoted = [layer for layer in layers if set(units[layer]) <= set(best[1])]
-    for layer in promoted[:REFINE_PROBES]:
+    for layer in promoted[:count]:
         trial = tried([name for name in best[1] if name not in units[layer]])
         if met(trial[2]):
             best = trial

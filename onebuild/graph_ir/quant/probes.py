@@ -147,16 +147,25 @@ class Probes:
         self.signals[chunk] = {name: m.signal for name, m in metrics.items()}
         return self.signals[chunk]
 
-    def compare(self, candidate: Graph, give_up_below: float | None = None) -> Comparison:
+    def samples(self) -> Batch:
+        """Every sample of the parts, in order, as one batch."""
+        return {name: np.concatenate([p[name] for p in self.parts]) for name in self.parts[0]}
+
+    def compare(
+        self, candidate: Graph, give_up_below: float | None = None, computed: Batch | None = None
+    ) -> Comparison:
         """The output metrics of `candidate` against the float graph, as `compare_graphs`
         computes them (its per-layer table left empty). With `give_up_below` (dB), the run
         stops once some output cannot reach it; the result is then marked incomplete and each
-        sqnr_db is an upper bound (the output's whole signal over its noise so far)."""
+        sqnr_db is an upper bound (the output's whole signal over its noise so far). `computed`:
+        the candidate's outputs on `samples()`, computed elsewhere (empirical bias
+        correction's pass), read instead of running it."""
         keys = node_keys(candidate)
         state: dict = {}
         kernels = {n.name: self._kernel(n, keys[n.name], state) for n in candidate.nodes}
         test_run = Interpreter(candidate, kernels=kernels)
         chunk = CHUNK if self.reference.batchable and test_run.batchable else 1
+        offset_of = np.cumsum([0] + [len(next(iter(p.values()))) for p in self.parts])
         outputs = {v.name: OutputMetrics() for v in self.float_graph.outputs}
         first = self.float_graph.outputs[0].name
         signal = self._signal(chunk) if give_up_below is not None else {}
@@ -168,9 +177,12 @@ class Probes:
                 piece = {name: array[start : start + step] for name, array in part.items()}
                 want = self._want(index, chunk)
                 state.update(part=index, chunk=step, sample=start)
-                got = dequantize_outputs(
-                    candidate, test_run.run_batch(quantize_inputs(candidate, piece), step)
-                )
+                if computed is None:
+                    results = test_run.run_batch(quantize_inputs(candidate, piece), step)
+                else:
+                    rows = slice(offset_of[index] + start, offset_of[index] + start + step)
+                    results = {name: array[rows] for name, array in computed.items()}
+                got = dequantize_outputs(candidate, results)
                 for offset in range(len(got[first])):
                     for name, metrics in outputs.items():
                         metrics.update(want[name][start + offset], got[name][offset])
