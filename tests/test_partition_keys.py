@@ -10,7 +10,7 @@ from onnx_builders import make_model
 
 from onebuild import compile as c
 from onebuild.cli import main
-from onebuild.errors import UserError
+from onebuild.errors import FormatError, UserError
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.partition.op_keys import float_ops, matches
 from onebuild.graph_ir.partition.part_file import read_part_file
@@ -185,6 +185,12 @@ def test_circle_names_pin_what_the_writer_writes(tmp_path, dtype, granularity):
     ir_names |= {"GlobalAveragePool": {"gap"}, "Gemm": {"gemm"}, "MatMul": {"matmul", "bmm"}}
     for key, nodes in ir_names.items():
         assert {n.name for n in graph.nodes if matches(key, n, float_ops(n))} == nodes, key
+    sub = next(n for n in quantized.main.nodes if n.name == "sub")
+    sub.attrs["float_op"] = "Conv"  # not one QAdd stands for: the IR file is refused
+    save_ir(quantized, tmp_path / "bad.obir")
+    with pytest.raises(FormatError, match=r"float_op: QAdd stands for \('Add', 'Sub'\)"):
+        load_ir(tmp_path / "bad.obir")
+    sub.attrs["float_op"] = "Sub"
     back = read_circle(write_circle(quantized)).main  # no float_op: from attributes
     for key, outputs in (("Add", {"a_q"}), ("Sub", {"s_q"}), ("AveragePool", {"p_q"})):
         assert {n.output.name for n in back.nodes if matches(key, n, float_ops(n))} == outputs
