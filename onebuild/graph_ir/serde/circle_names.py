@@ -1,6 +1,7 @@
 """Circle operator names as ONE's tools spell them (`[OPCODE] CONV_2D=cpu` in a `.part` file),
-and which IR nodes each names: the float IR ops the circle reader makes of the operator, or
-that the writer writes as it (a quantized op answers through the float ops it stands for).
+and which IR nodes each names: the nodes the circle writer writes as that operator (float ops
+by a condition on the node; QAdd, QAveragePool and QGemm as `written_as` says, by the same
+predicates the writer uses; other quantized ops through the float op they replaced).
 """
 
 from collections.abc import Callable
