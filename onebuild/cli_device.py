@@ -13,7 +13,7 @@ def run_on_device(args) -> int:
     run every input sample on the resulting model."""
     import numpy as np
 
-    from .npz import read_npz, write_npz
+    from .npz import from_file, read_npz, write_npz
     from .runtime.device_compile import check_target
     from .runtime.outputs import quantized_kind, writable
     from .runtime.session import Session
@@ -43,26 +43,33 @@ def run_on_device(args) -> int:
         session.set_quantized_model_path(args.qpath)
     if args.cpath:
         session.set_codegen_model_path(args.cpath)
+
+    def run(call, *arguments):  # a data error names the data file, as the other modes do
+        try:
+            return call(*arguments)
+        except UserError as error:
+            raise from_file(str(args.inputs), error) from None
+
     results = []
     if args.auto_compile:
         session.set_odc_param_minmax_records_count(args.minmax_runs)
         target = args.codegen or "trix_sim"
         for sample in samples:
             before = session.state
-            results.append(session.run_with_auto_compilation(sample, target, args.pref))
+            results.append(run(session.run_with_auto_compilation, sample, target, args.pref))
             if session.state != before:
                 print(f"run {len(results)}: switched {before} -> {session.state}")
     else:
         if args.quantize:
             session.set_execute_config("DUMP_MINMAX")
-            for run in range(args.minmax_runs):
-                session.run(samples[run % count])
+            for index in range(args.minmax_runs):
+                run(session.run, samples[index % count])
             session.reset_execute_config()
             print(f"quantized ({session.settings.quant_type}): {session.quantize()}")
         if args.codegen:
             print(f"compiled ({args.codegen}, {args.hw}, {args.pref}): "
                   f"{session.codegen(args.codegen, args.pref)}")  # fmt: skip
-    results = results or [session.run(sample) for sample in samples]
+    results = results or [run(session.run, sample) for sample in samples]
     outputs = {name: np.stack([r[name] for r in results]) for name in session.outputs}
     write_npz(args.outputs, outputs)
     for name, array in outputs.items():

@@ -80,10 +80,14 @@ def cmd_run(args) -> int:
         return run_on_device(args)
     feeds = read_npz(args.inputs)
     if _is_package(args.model):
+        from .npz import from_file
         from .runtime.package import load_package, run_package
 
         package = load_package(args.model)
-        outputs, reports = run_package(package, feeds, args.raw)
+        try:
+            outputs, reports = run_package(package, feeds, args.raw)
+        except UserError as error:
+            raise from_file(str(args.inputs), error) from None
         write_npz(args.outputs, outputs)
         for name, array in outputs.items():
             print(f"{name}: {array.dtype}{list(array.shape)}")

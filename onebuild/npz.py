@@ -45,6 +45,12 @@ def source_of(arrays: Mapping[str, np.ndarray], default: str = "input data") -> 
     return getattr(arrays, "source", default)
 
 
+def from_file(where: str, error: UserError) -> UserError:
+    """`error` as a one-line UserError that names `where` (the data file) first, once."""
+    message = str(error)
+    return UserError(message if message.startswith(f"{where}:") else f"{where}: {message}")
+
+
 def byte_limit() -> int:
     """The most bytes of array data one npz file may expand to (env ONEBUILD_MAX_NPZ_BYTES)."""
     text = os.environ.get(LIMIT_VARIABLE, "")

@@ -76,6 +76,9 @@ def _read(path: Path) -> configparser.ConfigParser:
     return parser
 
 
+INTEGER_TYPES = ("int32", "int64")  # an integer input's or output's own type in io lists
+
+
 def _flag(path: Path, section: str, key: str, text: str) -> bool:
     """A boolean as onecc reads it (configparser's getboolean: 1/yes/true/on, 0/no/false/off)."""
     state = configparser.ConfigParser.BOOLEAN_STATES.get(text.strip().lower())
@@ -185,6 +188,10 @@ class _Converter:
         )
         if off:
             self.comments["optimize"].append(f"turned off in the cfg: {', '.join(off)}")
+            self.notes.append(
+                f"one-optimize flags set False ({', '.join(off)}) are not honoured: onebuild's "
+                "O1 runs its own set of passes"
+            )
 
     def quantize_step(self) -> None:
         values = self.options("one-quantize", QUANTIZE_KEYS | EVALUATION_KEYS)
@@ -227,8 +234,11 @@ class _Converter:
 
     def io_type(self, values: dict[str, str], key: str, dtype: str) -> str:
         """input_type / output_type: one type, or onecc's comma-separated list of one type per
-        model input (output), which onebuild accepts when every entry is the same."""
-        types = {t.strip() for t in values.get(key, dtype).split(",")}
+        model input (output), which onebuild accepts when the float tensors' entries agree;
+        int32 / int64 entries are integer tensors' own types, which onebuild leaves as is (the
+        cfg cannot say which tensors are integer: the build checks the model)."""
+        entries = {t.strip() for t in values.get(key, dtype).split(",")}
+        types = entries - set(INTEGER_TYPES) or {dtype}
         if len(types) != 1:
             listed = ", ".join(sorted(types))
             raise self.fail(

@@ -377,11 +377,11 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
 
 
 def _came_quantized(source: str) -> bool:
-    """A pre-quantized ONNX source keeps its parameters: it needs no calibration data (the
-    calibrate step checks the imported model again, `tasks.calibrate`)."""
-    from .graph_ir.serde.onnx_wire import quantized_onnx
+    """A pre-quantized source (ONNX, circle or tflite) keeps its parameters: it needs no
+    calibration data (the calibrate step checks the imported model again, `tasks.calibrate`)."""
+    from .graph_ir.serde import quantized_source
 
-    return quantized_onnx(source)
+    return quantized_source(source)
 
 
 def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:

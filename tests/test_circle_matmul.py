@@ -13,8 +13,11 @@ from test_circle import run_litert, run_onert
 
 from onebuild import compile as C
 from onebuild.cli import main
+from onebuild.errors import ModelError
+from onebuild.graph_ir.ir import Graph
 from onebuild.graph_ir.serde import load_onnx, read_circle, write_circle
 from onebuild.graph_ir.serde.circle_exact import exact_circle
+from onebuild.graph_ir.serde.circle_write import Writer
 from onebuild.npz import read_npz
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,3 +124,24 @@ def test_mlp_recipe_packs_a_circle(tmp_path, capsys):
     assert main(["build", str(tmp_path / "r.toml")]) == 0
     assert "warning" not in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "m.nnpkg").iterdir()) == ["m.circle", "metadata"]
+
+
+def test_keep_num_dims_with_a_bias_is_refused_saying_why():
+    """A FULLY_CONNECTED with keep_num_dims on a 3-D input and a bias (not the writer's form:
+    the reader takes it only as a float MatMul without bias) is refused naming the bias."""
+    graph = Graph()
+    x = graph.add_input("x", np.dtype(np.float32), (1, 2, 8))
+    weights = graph.add_constant(np.ones((8, 4), np.float32), "wm")
+    y = graph.make_node("MatMul", [x, weights]).output
+    graph.outputs = [y]
+    w = Writer(graph)
+    w.define(x, None)
+    inputs = [w.get(x, None), w.constant(np.ones((4, 8), np.float32), "w")]
+    inputs.append(w.constant(np.zeros(4, np.float32), "b"))
+    w.op("FULLY_CONNECTED", inputs, [w.define(y, None)], keep_num_dims=True)
+    with pytest.raises(ModelError) as caught:
+        read_circle(w.serialize())
+    assert str(caught.value) == (
+        "<bytes>: operator 0 (FULLY_CONNECTED): keep_num_dims on an input of rank > 2 is read "
+        "for float FULLY_CONNECTED without bias only; this one has a bias"
+    )

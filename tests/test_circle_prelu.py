@@ -11,6 +11,7 @@ from onnx import helper
 from onnx_builders import make_model
 from test_circle import operator_list, run_litert, run_onert
 
+from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde import load_onnx, read_circle, write_circle
 from onebuild.graph_ir.serde.circle_exact import exact_circle
 from onebuild.npz import read_npz
@@ -52,3 +53,29 @@ def test_prelu_reads_back_and_runs_like_onnxruntime(tmp_path, fmt):
     got = np.concatenate([r[0] for r in run(data, [[s] for s in x])])
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-6
     assert (want < 0).mean() > 0.2  # the slopes are exercised
+
+
+def test_a_slope_that_enlarges_the_output_is_not_folded(tmp_path):
+    """relu(x) + (x - relu(x)) * slope with a slope [3, 1] over x [1, 8] is a [3, 8] result,
+    not a PRelu (which broadcasts its slope to x): read back, it stays the four operators and
+    matches onnxruntime."""
+    slope = np.asarray([[0.1], [0.2], [0.3]], np.float32)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Sub", ["x", "r"], ["n"]),
+        helper.make_node("Mul", ["n", "s"], ["m"]),
+        helper.make_node("Add", ["r", "m"], ["y"]),
+    ]
+    path = tmp_path / "spelled.onnx"
+    path.write_bytes(make_model(nodes, [("x", [1, 8])], ["y"], [("s", slope)]).SerializeToString())
+    back = read_circle(write_circle(load_onnx(path))).main
+    assert [n.op for n in back.nodes] == ["Relu", "Sub", "Mul", "Add"]
+    assert back.outputs[0].shape == (3, 8)
+    digits = read_npz(ROOT / "examples" / "digits" / "data" / "test.npz")["input"][:4]
+    x = (digits[:, 0, 0, 3] - 0.5) * 4  # a row of pixels, signs mixed
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for row in x:
+        feed = {"x": row.reshape(1, 8)}
+        want = session.run(None, feed)[0]
+        np.testing.assert_array_equal(Interpreter(back).run(feed)["y"], want)
+    assert (x < 0).any() and (x > 0).any()

@@ -43,7 +43,7 @@ def sqnr_db(want: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(want**2) / np.sum((want - got) ** 2)))
 
 
-def test_integer_inputs_keep_their_type_through_auto_compilation(tmp_path, images):
+def test_integer_inputs_keep_their_type_through_auto_compilation(tmp_path, images, capsys):
     path = pick_model(tmp_path / "pick.onnx")
     reference = ort.InferenceSession(str(path))
     idx = np.array(PICK, np.int64)
@@ -72,10 +72,23 @@ def test_integer_inputs_keep_their_type_through_auto_compilation(tmp_path, image
     # the compiled package opened on its own takes the same int64 indices
     package = Session(tmp_path / "ws" / "compiled.nnpkg")
     np.testing.assert_array_equal(package.run({"input": images[0], "idx": idx})["picked"], first)
+    # `onebuild run PKG.nnpkg` takes int32 indices as the Session does, int64 ones alike
+    for dtype in (np.int64, np.int32):
+        data = {"input": images[:2], "idx": np.tile(idx, (2, 1)).astype(dtype)}
+        write_npz(tmp_path / f"{dtype.__name__}.npz", data)
+        argv = ["run", str(tmp_path / "ws" / "compiled.nnpkg"), "-i"]
+        argv += [str(tmp_path / f"{dtype.__name__}.npz"), "-o", str(tmp_path / "o.npz")]
+        assert main(argv) == 0
+        np.testing.assert_array_equal(read_npz(tmp_path / "o.npz")["picked"][0], first)
+    write_npz(tmp_path / "bad.npz", {"input": images[:2], "idx": np.full((2, 3), 17, np.int32)})
+    argv[3] = str(tmp_path / "bad.npz")
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert f"{tmp_path / 'bad.npz'}: while executing node 'picked'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode", [["--quantize", "uint8"], ["--auto-compile"]])
-def test_run_on_device_takes_integer_inputs(tmp_path, images, mode):
+def test_run_on_device_takes_integer_inputs(tmp_path, images, mode, capsys):
     path = pick_model(tmp_path / "pick.onnx")
     idx = np.tile(np.array(PICK, np.int64), (len(images), 1))
     write_npz(tmp_path / "in.npz", {"input": images, "idx": idx})
@@ -87,6 +100,14 @@ def test_run_on_device_takes_integer_inputs(tmp_path, images, mode):
     db = sqnr_db(want, out["picked"])
     print(f"{mode[0]}: picked logits vs onnxruntime {db:.1f} dB")
     assert db > 20  # 8 recorded runs: 25.4 dB measured
+    # an index out of range is a one-line error naming the data file, as in the other modes
+    write_npz(tmp_path / "bad.npz", {"input": images, "idx": np.where(idx == 7, 17, idx)})
+    argv[3] = str(tmp_path / "bad.npz")
+    capsys.readouterr()
+    assert main([*argv, *mode, "--minmax-runs", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{tmp_path / 'bad.npz'}: while executing node 'picked' (Gather)" in err
 
 
 @pytest.mark.parametrize("data", ['calibration = "calib.npz"', "random_calibration = true"])

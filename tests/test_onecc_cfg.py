@@ -229,13 +229,23 @@ def test_evaluation_keys_that_cannot_act_are_noted(project, extra, note):
 
 def test_io_types_per_tensor_and_flags_turned_off(project):
     """onecc's comma-separated input_type (one per model input) is one type when the entries
-    agree and refused by name when they differ; one-optimize flags set False are listed."""
+    agree (int32 / int64 entries: integer inputs' own types) and refused by name when they
+    differ; one-optimize flags set False are listed and said on stderr."""
     cfg = CFG.replace("fuse_batchnorm_with_conv=True", "fuse_batchnorm_with_conv=False")
     (project / "model.cfg").write_text(cfg.format(quantize_extra="input_type=uint8, uint8\n"))
-    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    result = onebuild("convert-cfg", "model.cfg", cwd=project)
+    assert result.returncode == 0
     text = (project / "model.toml").read_text()
     assert 'input_type = "uint8"' in text
     assert "turned off in the cfg: fuse_batchnorm_with_conv" in text
+    assert "one-optimize flags set False (fuse_batchnorm_with_conv) are not honoured" in (
+        result.stderr
+    )
+    (project / "model.toml").unlink()
+    # an int64 entry is an index input's own type, left as is; the float entries agree
+    (project / "model.cfg").write_text(cfg.format(quantize_extra="input_type=uint8,int64\n"))
+    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    assert 'input_type = "uint8"' in (project / "model.toml").read_text()
     (project / "model.toml").unlink()
     (project / "model.cfg").write_text(cfg.format(quantize_extra="input_type=uint8,float32\n"))
     result = onebuild("convert-cfg", "model.cfg", cwd=project)

@@ -15,6 +15,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from onebuild import Session
 from onebuild.cli import main
+from onebuild.graph_ir.serde import load_model, write_circle
 from onebuild.npz import read_npz, write_npz
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
@@ -108,6 +109,33 @@ def test_a_preset_builds_a_prequantized_model_without_calibration(tmp_path, qdq,
     got = read_npz(tmp_path / "o.npz")["logits"]
     steps = np.abs(got - onnxruntime_logits(qdq, images)).max() / lsb(qdq)
     print(f"package vs onnxruntime's QDQ model: {steps:.2f} LSB of the logits")
+    assert steps <= 1.01
+
+
+@pytest.mark.parametrize("fmt", ["circle", "tflite"])
+def test_a_preset_builds_a_prequantized_flatbuffer_without_calibration(
+    tmp_path, qdq, images, capsys, fmt
+):
+    """The same for the QDQ model written as circle / tflite (its activations carry their
+    parameters); a float flatbuffer still needs calibration data, said at recipe load."""
+    for name, model in (("q", qdq), ("f", DIGITS / "digits.onnx")):
+        (tmp_path / f"{name}.{fmt}").write_bytes(write_circle(load_model(model), fmt))
+        (tmp_path / f"{name}.toml").write_text(
+            f'extends = "npu-uint8"\n[import]\nsource = "{name}.{fmt}"\n'
+            f'[pack]\noutput = "{name}.nnpkg"\n[build]\ndir = "build_{name}"\n'
+        )
+    capsys.readouterr()
+    assert main(["list", str(tmp_path / "f.toml")]) == 2
+    assert (
+        "quantize.calibration: full quantization needs calibration data" in capsys.readouterr().err
+    )
+    assert main(["build", str(tmp_path / "q.toml")]) == 0
+    write_npz(tmp_path / "in.npz", {"input": images})
+    package = ["run", str(tmp_path / "q.nnpkg"), "-i", str(tmp_path / "in.npz")]
+    assert main([*package, "-o", str(tmp_path / "o.npz")]) == 0
+    got = read_npz(tmp_path / "o.npz")["logits"]
+    steps = np.abs(got - onnxruntime_logits(qdq, images)).max() / lsb(qdq)
+    print(f"{fmt} package vs onnxruntime's QDQ model: {steps:.2f} LSB of the logits")
     assert steps <= 1.01
 
 

@@ -35,6 +35,7 @@ from ..npz import check_finite, refuse_codes, source_of
 from ..targets import binary_target, installed, target_of_type
 from ..targets.binary import run_binary
 from .package_files import check_total, extract_zip, looks_like_zip, package_file, read_bounded
+from .session_io import integer_input
 
 IR_TYPES = ("circle", "obir")  # models the CPU runs in the reference interpreter; others: targets
 
@@ -326,6 +327,8 @@ def run_package(
                 raise UserError(f"input '{spec.name}' is {array.dtype}; expected float data")
             check_finite({spec.name: array}, source_of(feeds))
             array = quantize(array.astype(np.float64), spec.quant, spec.dtype)
+        elif np.dtype(spec.dtype).kind in "iu":  # indices: as the Session takes them
+            array = integer_input(spec.name, array, spec.dtype)
         elif array.dtype != np.dtype(spec.dtype):
             raise UserError(f"input '{spec.name}' is {array.dtype}; expected {spec.dtype}")
         given[(ref.model, ref.io)] = array

@@ -77,6 +77,12 @@ def _typed(name: str, array: np.ndarray, want: str) -> np.ndarray:
         if array.dtype.kind not in "fiub":
             raise UserError(f"input '{name}' has dtype {array.dtype}; expected float32")
         return array.astype(np.float32, copy=False)
+    return integer_input(name, array, want)
+
+
+def integer_input(name: str, array: np.ndarray, want: str) -> np.ndarray:
+    """Integer data for the integer input `name` of dtype `want`: cast when the cast is
+    same-kind (int32 indices for an int64 input) and keeps every value, else a UserError."""
     dtype = np.dtype(want)
     if array.dtype.kind not in "iub" or not np.can_cast(array.dtype, dtype, "same_kind"):
         raise UserError(f"input '{name}' has dtype {array.dtype}, expected {want}")

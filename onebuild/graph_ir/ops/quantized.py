@@ -18,8 +18,39 @@ from ..quant.params import (
 )
 from .conv import conv, conv_type, gemm, gemm_type
 from .pool import _pool_type, window_sums
-from .registry import BROADCASTING, PER_SAMPLE, Attrs, TensorType, broadcast, register
+from .registry import (
+    BROADCASTING,
+    OPS,
+    PER_SAMPLE,
+    Attrs,
+    TensorType,
+    broadcast,
+    register,
+)
 from .tensor_ops import CONCAT_BATCH, _concat_type
+
+FLOAT_OP = "float_op"  # the float op a kernel standing for several replaced (partition keys)
+
+
+def recording_float_op(op: str, attrs: Attrs, float_op: str) -> Attrs:
+    """`attrs` of a new `op` node replacing a `float_op` node, with `float_op` recorded when
+    `op` stands for several float ops (its registry entry's `quantizes`)."""
+    return {**attrs, FLOAT_OP: float_op} if len(OPS[op].quantizes) > 1 else attrs
+
+
+def stands_for(op: str, attrs: Attrs, input_shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The float ops a node of quantized `op` stands for: the one its `float_op` records, else
+    those its attributes allow (QAdd: Sub or Add by `subtract`; QAveragePool: the global pools
+    when its window is the whole unpadded input, AveragePool otherwise), else `quantizes`."""
+    recorded = attrs.get(FLOAT_OP)
+    if isinstance(recorded, str):
+        return (recorded,)
+    if op == "QAdd":
+        return ("Sub",) if attrs.get("subtract") else ("Add",)
+    if op == "QAveragePool":
+        whole = list(attrs["kernel_shape"]) == list(input_shape[2:]) and not any(attrs["pads"])
+        return ("GlobalAveragePool", "ReduceMean") if whole else ("AveragePool",)
+    return OPS[op].quantizes if op in OPS else ()
 
 
 def _typed(shape_of):

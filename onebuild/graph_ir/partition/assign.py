@@ -8,8 +8,9 @@ minimized by an s-t minimum cut (the labeling energy is submodular).
 from collections import deque
 from collections.abc import Callable
 
+from ...errors import UserError
 from ..ir import Graph, Node, Value
-from .op_keys import WILDCARD, float_ops, matches
+from .op_keys import WILDCARD, float_ops, matches, specificity
 
 
 def override(
@@ -17,17 +18,34 @@ def override(
 ) -> tuple[str | None, bool]:
     """(backend, explicit) that the manual maps give `node`: both maps apply and `comply` says
     which wins; a `_` key stands for every node the maps do not name (not explicit). Opcode
-    keys are IR op or circle operator names (`op_keys`)."""
-    ops = float_ops(node)
-    hits = [(k, b) for k, b in opcode.items() if k != WILDCARD and matches(k, node, ops)]
-    hits.sort(key=lambda hit: hit[0].lower() != node.op.lower())  # its own op name first
-    by_code = hits[0][1] if hits else None
+    keys are IR op or circle operator names (`op_keys`); of several naming the node the most
+    specific wins, whatever their order, and equally specific ones must agree."""
+    by_code = _by_opcode(node, opcode)
     by_name = opname.get(node.name) if node.name != WILDCARD else None
     first, second = (by_code, by_name) if comply == "opcode" else (by_name, by_code)
     if first or second:
         return first or second, True
     maps = (opcode, opname) if comply == "opcode" else (opname, opcode)
     return maps[0].get(WILDCARD) or maps[1].get(WILDCARD), False
+
+
+def _by_opcode(node: Node, opcode: dict[str, str]) -> str | None:
+    """The backend the most specific opcode keys naming `node` give it (`op_keys.specificity`:
+    DEPTHWISE_CONV_2D over Conv); UserError when equally specific ones disagree."""
+    ops = float_ops(node)
+    hits = [(specificity(k), k, b) for k, b in opcode.items() if k != WILDCARD]
+    hits = [hit for hit in hits if matches(hit[1], node, ops)]
+    if not hits:
+        return None
+    top = max(level for level, _, _ in hits)
+    chosen = sorted((k, b) for level, k, b in hits if level == top)
+    if len({b for _, b in chosen}) > 1:
+        keys = " and ".join(f"{k}={b}" for k, b in chosen)
+        raise UserError(
+            f"partition opcode keys {keys} name node '{node.name}' ({node.op}) with "
+            "different backends: keep one, or pin the node by name (opname)"
+        )
+    return chosen[0][1]
 
 
 def min_cost(

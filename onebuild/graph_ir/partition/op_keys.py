@@ -1,5 +1,5 @@
 """The keys of a partition `opcode` map: IR op names (any case; a quantized op answers to the
-float ops it stands for, a lookup table to the function it holds) and circle operator names
+float op it replaced, a lookup table to the function it holds) and circle operator names
 as ONE's `.part` files write them (`CONV_2D`, `DEPTHWISE_CONV_2D`, `FULLY_CONNECTED`, ...).
 An unknown key is an error that lists the close names.
 """
@@ -9,16 +9,21 @@ import difflib
 from ...errors import UserError
 from ..ir import Node
 from ..ops import OPS
-from ..serde.circle_names import CIRCLE_OPS, names_circle_op
+from ..ops.quantized import stands_for
+from ..serde.circle_names import CIRCLE_OPS, NARROW, names_circle_op
 
 LOOKUPS = ("QLookup", "QLookupInterp")
 WILDCARD = "_"  # every node no entry names
 
 
 def float_ops(node: Node) -> set[str]:
-    """The op names `node` answers to: its own, the float ops a quantized op stands for, and
+    """The op names `node` answers to: its own, the float op a quantized op replaced (`float_op`
+    as the quantizer records it, else as its attributes tell: `ops.quantized.stands_for`), and
     the function a lookup table holds (its `function` attribute: HardSwish, Sigmoid, ...)."""
-    names = {node.op, *OPS[node.op].quantizes} if node.op in OPS else {node.op}
+    names = {node.op}
+    if node.op in OPS and OPS[node.op].quantizes:
+        shape = tuple(node.inputs[0].shape) if node.inputs and node.inputs[0] else ()
+        names.update(stands_for(node.op, node.attrs, shape))
     function = node.attrs.get("function") if node.op in LOOKUPS else None
     if isinstance(function, str):
         names.add(function)
@@ -30,6 +35,12 @@ def matches(key: str, node: Node, ops: set[str]) -> bool:
     if key.upper() in CIRCLE_OPS and names_circle_op(key.upper(), node, ops):
         return True
     return key.lower() in {op.lower() for op in ops}
+
+
+def specificity(key: str) -> int:
+    """1 for a circle operator that names part of its IR ops' nodes (DEPTHWISE_CONV_2D,
+    FULLY_CONNECTED, SUB, MEAN, ...; `circle_names.NARROW`), 0 for other keys (IR op names)."""
+    return int(key.upper() in NARROW)
 
 
 def check_keys(keys, where: str) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..ir import Graph, Node, Value
 from ..ops import OPS
+from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..passes.fuse import fuse_activations
@@ -226,6 +227,7 @@ class _Folder:
         return True
 
     def _node(self, op: str, inputs, attrs: dict, node: Node, q_node: Node) -> Value:
+        attrs = recording_float_op(op, attrs, node.op)  # partition keys match on it
         return self.graph.make_node(op, inputs, attrs, node.name, [q_node.output.name]).output
 
     # -- the integer forms (None: the group stays float) -------------------------------------

@@ -32,6 +32,7 @@ import numpy as np
 from ...errors import UserError
 from ..ir import Graph, Node, Value
 from ..ops import OPS
+from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
@@ -193,6 +194,7 @@ class _Quantizer:
         """Emit the quantized node that replaces `node` (same name) with output `params`,
         producing `out` (default: the node's output)."""
         out = node.outputs[0] if out is None else out
+        attrs = recording_float_op(op, attrs, node.op)  # partition keys match on it
         new = self.graph.make_node(op, inputs, attrs, node.name, output_names=[f"{out.name}_q"])
         new.output.quant = params
         self.quant_of[(id(out), dtype)] = new.output
@@ -327,6 +329,7 @@ class _Quantizer:
         # a spatial mean without kept dims (torch's x.mean((2, 3))): the pool, then a Reshape
         # of its codes dropping H and W
         names = [f"{out.name}_pooled_q"]
+        attrs = recording_float_op("QAveragePool", attrs, node.op)
         pooled = self.graph.make_node("QAveragePool", [x], attrs, node.name, output_names=names)
         pooled.output.quant = out_params
         shape = {"shape": list(out.shape)}

@@ -46,6 +46,23 @@ def is_flatbuffer_model(path: str | os.PathLike) -> bool:
         return handle.read(8)[4:8] in (b"CIR0", b"TFL3")
 
 
+def quantized_source(path: str | os.PathLike) -> bool:
+    """Whether an import source states quantization (circle/tflite: parameters on its
+    activations; ONNX: QDQ, QOperator or dynamic ops), from a cheap read of the file's framing.
+    False for a file that cannot be read (its import says why)."""
+    try:
+        flat = Path(path).suffix.lower() in (".circle", ".tflite") or is_flatbuffer_model(path)
+    except OSError:
+        return False
+    if flat:
+        from .circle_read import quantized_flatbuffer
+
+        return quantized_flatbuffer(path)
+    from .onnx_wire import quantized_onnx
+
+    return quantized_onnx(path)
+
+
 def load_source(
     path: str | os.PathLike,
     input_shapes: Mapping[str, Sequence[int]] | None = None,

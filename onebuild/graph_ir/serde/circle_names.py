@@ -1,9 +1,12 @@
 """Circle operator names as ONE's tools spell them (`[OPCODE] CONV_2D=cpu` in a `.part` file),
-and which IR nodes each names: the float IR ops the circle reader makes of the operator, or
-that the writer writes as it (a quantized op answers through the float ops it stands for).
+and which IR nodes each names: the nodes the circle writer writes as that operator (float ops
+by a condition on the node; QAdd, QAveragePool and QGemm as `written_as` says, by the same
+predicates the writer uses; other quantized ops through the float op they replaced).
 """
 
 from collections.abc import Callable
+
+import numpy as np
 
 from ..ir import Node
 
@@ -14,6 +17,43 @@ def depthwise(node: Node) -> bool:
     x, weight = node.inputs[:2]
     group = node.attrs.get("group", 1)
     return group > 1 and len(weight.shape) > 1 and weight.shape[1] == 1 and group == x.shape[1]
+
+
+def rescaling_mean(node: Node) -> bool:
+    """A QAveragePool the writer writes as MEAN: a global pool (one window over the whole
+    input, attributes as the quantizer gives GlobalAveragePool, no clamp) that changes the
+    quantization parameters (MEAN rescales in one rounding; it reads back as the same node)."""
+    x, attrs = node.inputs[0], node.attrs
+    info = np.iinfo(x.dtype)
+    return (
+        x.quant != node.output.quant
+        and list(attrs["kernel_shape"]) == list(x.shape[2:])
+        and set(attrs["strides"]) == {1}
+        and set(attrs.get("dilations", [1])) == {1}
+        and not any(attrs["pads"])
+        and not attrs.get("ceil_mode")
+        and not attrs.get("count_include_pad")
+        and (attrs["qmin"], attrs["qmax"]) == (info.min, info.max)
+    )
+
+
+def pointwise_gemm(node: Node) -> bool:
+    """A uint8 QGemm with per-channel weights, which the writer writes as a 1x1 CONV_2D
+    (onert's uint8 FULLY_CONNECTED applies the first weight scale to every channel)."""
+    x, weight = node.inputs[:2]
+    return x.dtype == np.uint8 and weight.quant is not None and weight.quant.axis is not None
+
+
+def written_as(node: Node) -> str | None:
+    """The circle operator the writer writes a quantized node as, where it depends on the
+    node's attributes rather than its float op (None for other nodes)."""
+    if node.op == "QAdd":
+        return "SUB" if node.attrs.get("subtract") else "ADD"
+    if node.op == "QAveragePool":
+        return "MEAN" if rescaling_mean(node) else "AVERAGE_POOL_2D"
+    if node.op == "QGemm":
+        return "CONV_2D" if pointwise_gemm(node) else "FULLY_CONNECTED"
+    return None
 
 
 def _resize_mode(mode: str) -> Callable[[Node], bool]:
@@ -71,7 +111,17 @@ CIRCLE_OPS: dict[str, tuple[tuple[str, ...], Callable[[Node], bool] | None]] = {
 }
 
 
+# circle operators that name part of their IR ops' nodes (by a condition, or as the writer
+# chooses for a quantized node): more specific partition keys than IR op names
+NARROW = {code for code, (_, condition) in CIRCLE_OPS.items() if condition is not None}
+NARROW |= {"ADD", "SUB", "MEAN", "AVERAGE_POOL_2D"}
+
+
 def names_circle_op(code: str, node: Node, float_ops: set[str]) -> bool:
-    """Whether circle operator `code` names `node`, whose float ops are `float_ops`."""
+    """Whether circle operator `code` names `node`, whose float ops are `float_ops`: the
+    operator the writer writes it as."""
+    written = written_as(node)
+    if written is not None:
+        return code == written
     ops, condition = CIRCLE_OPS[code]
     return bool(float_ops.intersection(ops)) and (condition is None or condition(node))

@@ -12,6 +12,7 @@ from ..ops.quantized_softmax import exp_table
 from ..quant.kernel_attrs import softmax_attrs
 from ..quant.params import dequantize, qdq_params, quantize
 from ..tensor import QuantParams
+from .circle_names import written_as
 from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, channels_last_columns
 
 NHWC = (0, 2, 3, 1)
@@ -121,7 +122,7 @@ BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "DIV", "QMul": "MUL"}
 
 
 def binary(w, node):
-    code = BINARY.get(node.op) or ("SUB" if node.attrs.get("subtract") else "ADD")
+    code = BINARY.get(node.op) or written_as(node)
     perm = _common_layout(w, node, node.inputs)
     rank = len(node.output.shape)
     inputs = [_operand(w, v, perm, rank) for v in node.inputs]

@@ -7,6 +7,7 @@ import numpy as np
 from ..ops.conv import pixel_shuffle_block, pixel_shuffle_weights
 from ..tensor import QuantParams
 from .circle_names import depthwise as is_depthwise
+from .circle_names import pointwise_gemm, rescaling_mean
 from .circle_ops import (
     NHWC,
     _finish,
@@ -256,7 +257,7 @@ def gemm(w, node):
         bi = w.constant(np.ascontiguousarray(bias), f"{node.name}_bias")
     else:
         weight, params = _weights_for(a, b, data, 0)
-        if params.axis is not None and a.dtype == np.uint8:
+        if pointwise_gemm(node):
             _pointwise_conv(w, node, weight, params)
             return
         wi = w.constant(weight, b.name, params)
@@ -356,7 +357,7 @@ def pool(w, node):
         ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit)
         w.op("MUL", [pre, w.constant(ratio, f"{node.name}_counts")], [w.define(out, NHWC)])
         return
-    if node.op == "QAveragePool" and x.quant != out.quant and _whole_window(node):
+    if node.op == "QAveragePool" and rescaling_mean(node):
         # MEAN rescales to new parameters in one rounding (read back as this QAveragePool)
         axes = w.constant(np.asarray([1, 2], np.int32), f"{node.name}_axes")
         w.op("MEAN", [w.get(x, NHWC), axes], [w.define(out, NHWC)], keep_dims=True)
@@ -368,22 +369,6 @@ def pool(w, node):
         w.requantize(pre, w.define(out, NHWC))
         return
     _finish(w, node_view, code, [xi], NHWC, **options)
-
-
-def _whole_window(node) -> bool:
-    """A global pool: one window over the whole input, attributes as the quantizer gives
-    GlobalAveragePool (so MEAN reads back as the same node), without a clamp."""
-    x, attrs = node.inputs[0], node.attrs
-    info = np.iinfo(x.dtype)
-    return (
-        list(attrs["kernel_shape"]) == list(x.shape[2:])
-        and set(attrs["strides"]) == {1}
-        and set(attrs.get("dilations", [1])) == {1}
-        and not any(attrs["pads"])
-        and not attrs.get("ceil_mode")
-        and not attrs.get("count_include_pad")
-        and (attrs["qmin"], attrs["qmax"]) == (info.min, info.max)
-    )
 
 
 def _count_ratio(size, out, kernel, strides, pads) -> np.ndarray:

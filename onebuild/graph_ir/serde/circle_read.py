@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import FormatError, IRError, ModelError, UnsupportedOpsError
+from ...errors import FormatError, IRError, ModelError, OneBuildError, UnsupportedOpsError
 from ..ir import Graph, Model, Value
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
@@ -288,6 +288,40 @@ def _builtin(buf: Buffer, code: Table, index: int) -> int | str:
     deprecated = code.scalar(0, "b")
     builtin = code.scalar(3, "i")
     return max(deprecated, builtin)
+
+
+def quantized_flatbuffer(path: str | os.PathLike) -> bool:
+    """Whether the circle/tflite file at `path` gives quantization parameters to a subgraph
+    input or an operator output (what `from_qdq.graph_is_quantized` asks of its import), read
+    through mmap without loading buffers. False for a file that is no well-formed model (its
+    import says what is wrong)."""
+    import mmap
+
+    try:
+        with (
+            open(path, "rb") as handle,
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        ):
+            buf = Buffer(m, str(path))
+            try:
+                return len(m) <= MAX_FILE and _states_quantization(buf.root())
+            finally:
+                buf.data.release()
+    except (OSError, ValueError, IndexError, OneBuildError):
+        return False
+
+
+def _states_quantization(root: Table) -> bool:
+    sub = root.tables(2, "subgraphs")[0]
+    tensors = sub.tables(0, "tensors")
+    produced = {int(i) for i in sub.array(1, "int32", "subgraph inputs")}
+    for op in sub.tables(3, "operators"):
+        produced.update(int(i) for i in op.array(2, "int32", "operator outputs"))
+    for index in sorted(i for i in produced if 0 <= i < len(tensors)):
+        q = tensors[index].table(4, "tensor quantization")
+        if q is not None and len(q.array(2, "float32", "tensor scales")):
+            return True
+    return False
 
 
 def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> Model:

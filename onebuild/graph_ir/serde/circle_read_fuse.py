@@ -288,6 +288,8 @@ def prelu(graph: Graph, a: Value, b: Value) -> Value | None:
         return None
     if difference.attrs or list(difference.inputs) != [x, a]:
         return None
+    if np.broadcast_shapes(tuple(x.shape), tuple(slope.shape)) != tuple(x.shape):
+        return None  # a slope that enlarges the output: PRelu broadcasts it to x only
     return graph.make_node("PRelu", [x, slope], {}, f"{a.name}/prelu").output
 
 

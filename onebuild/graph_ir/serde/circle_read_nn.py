@@ -158,7 +158,11 @@ def fully_connected(r, inputs, outputs, options):
         return
     if len(x.shape) != 2:
         if o["keep_num_dims"]:
-            raise Malformed("keep_num_dims on inputs of rank > 2 takes no bias or activation")
+            which = "a quantized input" if quantized else "a bias"
+            raise Malformed(
+                f"keep_num_dims on an input of rank > 2 is read for float FULLY_CONNECTED "
+                f"without bias only; this one has {which}"
+            )
         rows = int(np.prod(x.shape)) // weights.shape[1]
         x = r.graph.make_node("Reshape", [x], {"shape": [rows, weights.shape[1]]}).output
     if quantized:

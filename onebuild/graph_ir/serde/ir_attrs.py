@@ -108,7 +108,7 @@ RULES: dict[str, Rule] = {
     "epsilon": _number(positive=True),
     "scale_ratio": _number(positive=True),
     **dict.fromkeys(["approximate", "mode", "round_mode", "coordinate_transformation_mode",
-                     "nearest_mode"], _text),
+                     "nearest_mode", "float_op"], _text),
     **dict.fromkeys(["to", "dtype"], _dtype),
     "shape": _ints(-1, MAX_DIM),
     "sizes": _ints(0, MAX_DIM),
@@ -248,6 +248,9 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
                 f.require(lo <= v <= hi, f"{path}.{key}", f"{v} is outside {dtype}'s range")
 
     _per_channel_lists(f, op, attrs, inputs, path)
+    if "float_op" in attrs:  # the float op a quantized node replaced (partition keys)
+        stands = OPS[op].quantizes if op in OPS else ()
+        f.require(attrs["float_op"] in stands, f"{path}.float_op", f"{op} stands for {stands}")
     if op in _INTEGER_OUTPUT:
         out = dtypes.dtype(attrs["dtype"])
         f.require(_is_integer(out), f"{path}.dtype", f"{op} produces integers, not {out}")
