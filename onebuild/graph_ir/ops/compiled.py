@@ -1,0 +1,101 @@
+"""Compiled float kernels of the interpreter, optional (extra `fast`: numba): one pass over the
+data where numpy makes one per kernel tap (depthwise convolution) or per operation (HardSwish).
+Each does the same operations in the same precision and order as the numpy code it replaces (no
+fast-math, so no fused multiply-adds nor reordering), so results are bit-identical; tests
+compare both paths. `ONEBUILD_NUMBA=0` keeps the numpy path.
+
+Loaded on the first call large enough to pay for it (`LOAD_ELEMENTS`): numba's import and the
+machine code it caches on disk (`cache=True`) cost about half a second, the first compile on a
+machine a few seconds more. The kernels release the GIL, so threads run them side by side.
+"""
+
+import os
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+
+use = os.environ.get("ONEBUILD_NUMBA", "1") != "0"  # tests switch it to force either path
+LOAD_ELEMENTS = 1 << 20  # outputs of one call from which loading numba pays
+_loaded: list = []  # [the kernels, or None where numba is missing], once loaded
+_lock = threading.Lock()
+
+
+def compiled(elements: int) -> SimpleNamespace | None:
+    """The kernels, loaded by the first call with `elements` outputs or more; None where numba
+    is missing, `use` is off, or before a call that large."""
+    if not use:
+        return None
+    if not _loaded and elements >= LOAD_ELEMENTS:
+        with _lock:
+            if not _loaded:
+                _loaded.append(_load())
+    return _loaded[0] if _loaded else None
+
+
+def _load() -> SimpleNamespace | None:
+    try:
+        import numba
+    except Exception:  # missing, or a numba that cannot load (its LLVM, its numpy range)
+        return None
+    jit = numba.njit(cache=True, nogil=True)
+    return SimpleNamespace(depthwise2d=jit(_depthwise2d), hard_swish=jit(_hard_swish))
+
+
+def _depthwise2d(x, taps, kernel, strides, dilations, pads, out):
+    """out[n, c] = the sum over kernel taps (kh, kw) in row-major order, from zero, of the
+    window of x[n, c] zero-padded by `pads` (top, left, bottom, right) and shifted by the tap,
+    times taps[c, kh * KW + kw]: `conv._depthwise` operation for operation, padding products
+    included. Each channel is first copied, padded, into phases (phase (a, b) holds the padded
+    rows a, a + sh, ... and columns b, b + sw, ...: the whole plane when unstrided), so every
+    tap reads one phase at an offset: one long pass per tap over the channel's plane, in rows
+    as wide as a phase (the columns past the output's are dropped at the end)."""
+    n_count, channels, height, width = x.shape
+    out_h, out_w = out.shape[2], out.shape[3]
+    kh_count, kw_count = kernel
+    sh, sw = strides
+    dh, dw = dilations
+    top, left = pads[0], pads[1]
+    rows = -(-(height + top + pads[2]) // sh)
+    cols = -(-(width + left + pads[3]) // sw)
+    phases = np.empty((sh, sw, rows, cols), out.dtype)
+    span = (out_h - 1) * cols + out_w  # the outputs as flat positions in rows of `cols`
+    plane = np.empty(span, out.dtype)
+    for n in range(n_count):
+        for c in range(channels):
+            phases[:] = 0
+            for y in range(height):
+                a, i = (y + top) % sh, (y + top) // sh
+                for b in range(sw):
+                    first = (b - left) % sw  # the first column of x in phase b
+                    if first < width:
+                        count = (width - 1 - first) // sw + 1
+                        j = (first + left) // sw
+                        phases[a, b, i, j : j + count] = x[n, c, y, first::sw]
+            plane[:] = 0
+            for kh in range(kh_count):
+                for kw in range(kw_count):
+                    tap = taps[c, kh * kw_count + kw]
+                    down, across = kh * dh, kw * dw
+                    flat = phases[down % sh, across % sw].reshape(-1)
+                    start = down // sh * cols + across // sw
+                    source = flat[start : start + span]
+                    for p in range(span):  # from 0: no negative indices, vectorized
+                        plane[p] += source[p] * tap
+            for i in range(out_h):
+                out[n, c, i, :] = plane[i * cols : i * cols + out_w]
+
+
+def _hard_swish(x, constants, out):
+    """out = x * clip(x / 6 + 0.5, 0, 1) elementwise, `constants` = (6, 0.5, 0, 1) in x's
+    precision (`elementwise.hard_swish`); NaN stays NaN, as np.clip keeps it."""
+    flat, result = x.reshape(-1), out.reshape(-1)
+    six, half, zero, one = constants[0], constants[1], constants[2], constants[3]
+    for i in range(flat.size):
+        v = flat[i]
+        t = v / six + half
+        if t < zero:
+            t = zero
+        elif t > one:
+            t = one
+        result[i] = v * t

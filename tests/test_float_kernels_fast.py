@@ -1,0 +1,96 @@
+"""The interpreter's compiled float kernels (numba, extra `fast`; in the test extra) give the same
+bits as the numpy code they replace: depthwise convolution over strides, dilations and
+asymmetric pads (padding products included, so signed zeros and infinities behave alike), and
+HardSwish with NaN, infinities and signed zeros (NaNs in the same places; their payloads may
+differ). Each test runs both paths."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from onebuild.graph_ir.ops import OPS, compiled
+
+CASES = [  # channels, spatial, kernel, strides, dilations, pads (top, left, bottom, right)
+    (3, (9, 11), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (4, (9, 11), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),  # the layout detector's layers
+    (4, (12, 10), (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),
+    (2, (9, 11), (3, 2), (2, 3), (1, 1), (0, 2, 1, 0)),
+    (2, (8, 8), (3, 3), (2, 2), (2, 1), (3, 0, 0, 4)),
+    (2, (5, 6), (2, 2), (1, 1), (1, 1), (4, 4, 4, 4)),  # whole windows inside the padding
+    (2, (7, 9), (3, 3), (3, 1), (1, 2), (0, 1, 2, 0)),
+    (1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
+]
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """The compiled kernels, loaded whatever the call size; `run(kernel, *args)` runs a kernel
+    on the numpy path and on the compiled one and returns both results."""
+    monkeypatch.setattr(compiled, "use", True)
+    monkeypatch.setattr(compiled, "LOAD_ELEMENTS", 0)
+    assert compiled.compiled(1) is not None, "numba is in the test extra: test the fast path"
+
+    def run(op, attrs, *args):
+        results = []
+        for use in (False, True):
+            monkeypatch.setattr(compiled, "use", use)
+            results.append(OPS[op].kernel(attrs, *args)[0])
+        return results
+
+    return run
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
+    """Equal bits but in NaNs, which must be in the same places (which NaN an operation on
+    two NaNs returns depends on the order of its operands, which the compiler may swap)."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    unsigned = {4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    numbers = ~np.isnan(a)
+    np.testing.assert_array_equal(a[numbers].view(unsigned), b[numbers].view(unsigned))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("channels, spatial, kernel, strides, dilations, pads", CASES)
+def test_depthwise_is_bit_identical(
+    fast, rng, dtype, channels, spatial, kernel, strides, dilations, pads
+):
+    x = rng.standard_normal((3, channels, *spatial)).astype(dtype)
+    w = rng.standard_normal((channels, 1, *kernel)).astype(dtype)
+    b = rng.standard_normal(channels).astype(dtype)
+    x.flat[:3] = [-0.0, np.inf, np.nan]  # specials propagate alike (a padding tap times inf)
+    w.flat[0] = -0.0
+    attrs = {"group": channels, "strides": list(strides), "dilations": list(dilations)}
+    attrs["pads"] = list(pads)
+    for bias in (None, b):
+        numpy_y, fast_y = fast("Conv", attrs, x, w, *([] if bias is None else [bias]))
+        _same_bits(numpy_y, fast_y)
+    w[0, 0, 0, 0] = np.inf  # inf times a padding zero is NaN on both paths
+    _same_bits(*fast("Conv", attrs, x, w))
+
+
+def test_depthwise_of_float32_input_and_float64_weights(fast, rng):
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((3, 1, 3, 3))
+    attrs = {"group": 3, "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1]}
+    numpy_y, fast_y = fast("Conv", attrs, x, w)
+    _same_bits(numpy_y, fast_y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_hard_swish_is_bit_identical(fast, rng, dtype):
+    x = (rng.standard_normal((2, 5, 13, 7)) * 4).astype(dtype)
+    x.flat[:8] = [np.nan, np.inf, -np.inf, -0.0, 0.0, -3.0, 3.0, 1e-30]
+    _same_bits(*fast("HardSwish", {}, x))
+    _same_bits(*fast("HardSwish", {}, np.asfortranarray(x)))  # any layout in, C order out
+
+
+def test_without_numba_the_numpy_path_runs(monkeypatch, rng):
+    monkeypatch.setattr(compiled, "use", True)
+    monkeypatch.setattr(compiled, "_loaded", [])
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    attrs = {"group": 2, "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1]}
+    (y,) = OPS["Conv"].kernel(attrs, x, rng.standard_normal((2, 1, 3, 3)).astype(np.float32))
+    assert y.shape == (1, 2, 5, 5) and compiled.compiled(1 << 30) is None
