@@ -4,12 +4,18 @@ asymmetric pads (padding products included, so signed zeros and infinities behav
 HardSwish with NaN, infinities and signed zeros (NaNs in the same places; their payloads may
 differ). Each test runs both paths."""
 
+import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
+from onebuild.datasets import first_samples, iter_batches
 from onebuild.graph_ir.ops import OPS, compiled
+from onebuild.graph_ir.quant import sensitivity
+from onebuild.graph_ir.serde import load_onnx
 
 CASES = [  # channels, spatial, kernel, strides, dilations, pads (top, left, bottom, right)
     (3, (9, 11), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
@@ -94,3 +100,41 @@ def test_without_numba_the_numpy_path_runs(monkeypatch, rng):
     attrs = {"group": 2, "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1]}
     (y,) = OPS["Conv"].kernel(attrs, x, rng.standard_normal((2, 1, 3, 3)).astype(np.float32))
     assert y.shape == (1, 2, 5, 5) and compiled.compiled(1 << 30) is None
+
+
+MOBILENET = Path(__file__).parent.parent / "examples" / "models"
+
+
+def _mixed_precision_record(options: dict) -> dict:
+    """The mixed-precision search on the tiny MobileNet and its 16 real photo crops."""
+    model = optimize(load_onnx(MOBILENET / "tiny_mobilenet.onnx", {"x": [1, 3, 32, 32]}))
+    specs = [(v.name, v.shape) for v in model.main.inputs]
+    stats = calibrate(model.main, iter_batches(MOBILENET / "tiny_mobilenet_calib.npz", specs))
+    samples = first_samples(MOBILENET / "tiny_mobilenet_calib.npz", specs, 16)
+    mixed = MixedPrecisionOptions(target_sqnr_db=40)
+    settings = QuantizeOptions(mixed_precision=mixed, **options)
+    return json.loads(quantize(model, settings, stats, samples).metadata["mixed_precision"])
+
+
+@pytest.mark.parametrize("options", [{}, {"activation_granularity": "channel"}])
+def test_the_search_on_the_fast_paths_equals_the_reference_path(fast, monkeypatch, options):
+    """Compiled kernels on (from the first call) and sensitivity runs on two threads against
+    numpy and one thread: the same promoted set, SQNR, probes and sensitivities, bit for bit."""
+    monkeypatch.setattr(sensitivity, "THREADS", 1)
+    monkeypatch.setattr(compiled, "use", False)
+    reference = _mixed_precision_record(options)
+    monkeypatch.setattr(sensitivity, "THREADS", 2)
+    monkeypatch.setattr(compiled, "use", True)
+    calls = {}
+    loaded = compiled.compiled(1)
+    for name, kernel in vars(loaded).items():
+
+        def counting(*args, _kernel=kernel, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _kernel(*args)
+
+        monkeypatch.setattr(loaded, name, counting)
+    fast_record = _mixed_precision_record(options)
+    assert calls.get("depthwise2d", 0) > 10  # the float and integer depthwise layers ran on it
+    assert reference["promoted"] and len(reference["steps"]) >= 3  # a search happened
+    assert fast_record == reference
