@@ -14,7 +14,7 @@ import pytest
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
 from onebuild.datasets import first_samples, iter_batches
 from onebuild.graph_ir.ops import OPS, compiled
-from onebuild.graph_ir.quant import sensitivity
+from onebuild.graph_ir.quant import probes, sensitivity
 from onebuild.graph_ir.serde import load_onnx
 
 CASES = [  # channels, spatial, kernel, strides, dilations, pads (top, left, bottom, right)
@@ -118,12 +118,15 @@ def _mixed_precision_record(options: dict) -> dict:
 
 @pytest.mark.parametrize("options", [{}, {"activation_granularity": "channel"}])
 def test_the_search_on_the_fast_paths_equals_the_reference_path(fast, monkeypatch, options):
-    """Compiled kernels on (from the first call) and sensitivity runs on two threads against
-    numpy and one thread: the same promoted set, SQNR, probes and sensitivities, bit for bit."""
-    monkeypatch.setattr(sensitivity, "THREADS", 1)
+    """Compiled kernels on (from the first call), sensitivity runs and probes' pieces on two
+    threads against numpy and one thread: the same promoted set, SQNR, probes (where they gave
+    up too) and sensitivities, bit for bit."""
+    for module in (sensitivity, probes):
+        monkeypatch.setattr(module, "THREADS", 1)
     monkeypatch.setattr(compiled, "use", False)
     reference = _mixed_precision_record(options)
-    monkeypatch.setattr(sensitivity, "THREADS", 2)
+    for module in (sensitivity, probes):
+        monkeypatch.setattr(module, "THREADS", 2)
     monkeypatch.setattr(compiled, "use", True)
     calls = {}
     loaded = compiled.compiled(1)
