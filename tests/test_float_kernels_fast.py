@@ -26,6 +26,8 @@ CASES = [  # channels, spatial, kernel, strides, dilations, pads (top, left, bot
     (2, (5, 6), (2, 2), (1, 1), (1, 1), (4, 4, 4, 4)),  # whole windows inside the padding
     (2, (7, 9), (3, 3), (3, 1), (1, 2), (0, 1, 2, 0)),
     (1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
+    (2, (70, 80), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),  # planes of several cache blocks
+    (2, (200, 100), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
 ]
 
 

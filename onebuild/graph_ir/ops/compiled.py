@@ -17,6 +17,7 @@ import numpy as np
 
 use = os.environ.get("ONEBUILD_NUMBA", "1") != "0"  # tests switch it to force either path
 LOAD_ELEMENTS = 1 << 20  # outputs of one call from which loading numba pays
+BLOCK = 4096  # depthwise outputs summed tap by tap at a time (16 KB of float32)
 _loaded: list = []  # [the kernels, or None where numba is missing], once loaded
 _lock = threading.Lock()
 
@@ -48,8 +49,9 @@ def _depthwise2d(x, taps, kernel, strides, dilations, pads, out):
     times taps[c, kh * KW + kw]: `conv._depthwise` operation for operation, padding products
     included. Each channel is first copied, padded, into phases (phase (a, b) holds the padded
     rows a, a + sh, ... and columns b, b + sw, ...: the whole plane when unstrided), so every
-    tap reads one phase at an offset: one long pass per tap over the channel's plane, in rows
-    as wide as a phase (the columns past the output's are dropped at the end)."""
+    tap reads one phase at an offset: long passes over the channel's plane, in rows as wide as
+    a phase (the columns past the output's are dropped at the end), a cache-sized block of it
+    at a time."""
     n_count, channels, height, width = x.shape
     out_h, out_w = out.shape[2], out.shape[3]
     kh_count, kw_count = kernel
@@ -72,16 +74,19 @@ def _depthwise2d(x, taps, kernel, strides, dilations, pads, out):
                         count = (width - 1 - first) // sw + 1
                         j = (first + left) // sw
                         phases[a, b, i, j : j + count] = x[n, c, y, first::sw]
-            plane[:] = 0
-            for kh in range(kh_count):
-                for kw in range(kw_count):
-                    tap = taps[c, kh * kw_count + kw]
-                    down, across = kh * dh, kw * dw
-                    flat = phases[down % sh, across % sw].reshape(-1)
-                    start = down // sh * cols + across // sw
-                    source = flat[start : start + span]
-                    for p in range(span):  # from 0: no negative indices, vectorized
-                        plane[p] += source[p] * tap
+            for begin in range(0, span, BLOCK):  # a block of outputs stays in L1 cache
+                end = min(begin + BLOCK, span)
+                block = plane[begin:end]
+                block[:] = 0
+                for kh in range(kh_count):
+                    for kw in range(kw_count):
+                        tap = taps[c, kh * kw_count + kw]
+                        down, across = kh * dh, kw * dw
+                        flat = phases[down % sh, across % sw].reshape(-1)
+                        start = down // sh * cols + across // sw
+                        source = flat[start + begin : start + end]
+                        for p in range(end - begin):  # from 0: no negative indices, vectorized
+                            block[p] += source[p] * tap
             for i in range(out_h):
                 out[n, c, i, :] = plane[i * cols : i * cols + out_w]
 
