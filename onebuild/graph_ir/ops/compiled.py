@@ -63,6 +63,19 @@ def _depthwise2d(x, taps, kernel, strides, dilations, pads, out):
     phases = np.empty((sh, sw, rows, cols), out.dtype)
     span = (out_h - 1) * cols + out_w  # the outputs as flat positions in rows of `cols`
     plane = np.empty(span, out.dtype)
+    phase, offsets = (
+        np.empty((kh_count * kw_count, 2), np.int64),
+        np.empty(kh_count * kw_count, np.int64),
+    )
+    for t in range(kh_count * kw_count):  # tap t reads its phase at an offset
+        down, across = t // kw_count * dh, t % kw_count * dw
+        phase[t, 0], phase[t, 1] = down % sh, across % sw
+        offsets[t] = down // sh * cols + across // sw
+
+    def source(t, begin, end):
+        flat = phases[phase[t, 0], phase[t, 1]].reshape(-1)
+        return flat[offsets[t] + begin : offsets[t] + end]
+
     for n in range(n_count):
         for c in range(channels):
             phases[:] = 0
@@ -78,15 +91,32 @@ def _depthwise2d(x, taps, kernel, strides, dilations, pads, out):
                 end = min(begin + BLOCK, span)
                 block = plane[begin:end]
                 block[:] = 0
-                for kh in range(kh_count):
-                    for kw in range(kw_count):
-                        tap = taps[c, kh * kw_count + kw]
-                        down, across = kh * dh, kw * dw
-                        flat = phases[down % sh, across % sw].reshape(-1)
-                        start = down // sh * cols + across // sw
-                        source = flat[start + begin : start + end]
+                t = 0
+                while t < len(offsets):  # up to four taps a pass, summed in order
+                    group = min(4, len(offsets) - t)
+                    s0, w0 = source(t, begin, end), taps[c, t]
+                    if group == 4:
+                        s1, s2, s3 = (
+                            source(t + 1, begin, end),
+                            source(t + 2, begin, end),
+                            source(t + 3, begin, end),
+                        )
+                        w1, w2, w3 = taps[c, t + 1], taps[c, t + 2], taps[c, t + 3]
                         for p in range(end - begin):  # from 0: no negative indices, vectorized
-                            block[p] += source[p] * tap
+                            block[p] = block[p] + s0[p] * w0 + s1[p] * w1 + s2[p] * w2 + s3[p] * w3
+                    elif group == 3:
+                        s1, s2 = source(t + 1, begin, end), source(t + 2, begin, end)
+                        w1, w2 = taps[c, t + 1], taps[c, t + 2]
+                        for p in range(end - begin):
+                            block[p] = block[p] + s0[p] * w0 + s1[p] * w1 + s2[p] * w2
+                    elif group == 2:
+                        s1, w1 = source(t + 1, begin, end), taps[c, t + 1]
+                        for p in range(end - begin):
+                            block[p] = block[p] + s0[p] * w0 + s1[p] * w1
+                    else:
+                        for p in range(end - begin):
+                            block[p] = block[p] + s0[p] * w0
+                    t += group
             for i in range(out_h):
                 out[n, c, i, :] = plane[i * cols : i * cols + out_w]
 
