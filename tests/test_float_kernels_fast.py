@@ -15,6 +15,7 @@ from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, 
 from onebuild.datasets import first_samples, iter_batches
 from onebuild.graph_ir.ops import OPS, compiled
 from onebuild.graph_ir.quant import probes, sensitivity
+from onebuild.graph_ir.quant.params import _requantize_compiled, quantize_multiplier, requantize
 from onebuild.graph_ir.serde import load_onnx
 
 CASES = [  # channels, spatial, kernel, strides, dilations, pads (top, left, bottom, right)
@@ -143,3 +144,41 @@ def test_the_search_on_the_fast_paths_equals_the_reference_path(fast, monkeypatc
     assert calls.get("depthwise2d", 0) > 10  # the float and integer depthwise layers ran on it
     assert reference["promoted"] and len(reference["steps"]) >= 3  # a search happened
     assert fast_record == reference
+
+
+def _requantize_both(monkeypatch, acc, m, r) -> tuple[np.ndarray, np.ndarray]:
+    results = []
+    for use in (False, True):
+        monkeypatch.setattr(compiled, "use", use)
+        results.append(requantize(acc, m, r))
+    return results[0], results[1]
+
+
+def test_requantize_gives_the_same_integers(fast, monkeypatch, rng):
+    """Per tensor, per channel on either axis, int32 and 48-bit accumulators (the split
+    formula), and exact ties (half-way cases round to even)."""
+    shape = (3, 5, 7, 11)
+    reals = np.exp(rng.uniform(np.log(2.0**-30), np.log(2.0**6), 5))
+    pairs = [quantize_multiplier(float(real)) for real in reals]
+    m = np.array([p[0] for p in pairs], np.int64)
+    r = np.array([p[1] for p in pairs], np.int64)
+    for bits in (12, 31, 40, 47):
+        acc = rng.integers(-(1 << bits), 1 << bits, shape, dtype=np.int64)
+        acc.flat[:4] = [1 << 31, -(1 << 31), (1 << 31) + 1, -(1 << 31) - 1]  # the formulas' edge
+        cases = [(m[1], r[1]), (m.reshape(1, 5, 1, 1), r.reshape(1, 5, 1, 1))]
+        cases.append((m[0], r.reshape(1, 5, 1, 1)))  # one multiplier, shifts per channel
+        cases.append((np.tile(m, 3)[:3].reshape(3, 1, 1, 1), np.int64(20)))  # on axis 0
+        for case_m, case_r in cases:  # shifts >= 20: |acc| < 2^52 is in the exact range
+            slow, quick = _requantize_both(monkeypatch, acc, case_m, case_r)
+            np.testing.assert_array_equal(slow, quick)
+            assert _requantize_compiled(acc, np.asarray(case_m), np.asarray(case_r)) is not None
+    for offset in (0, 1 << 40):  # acc * 2^30 / 2^31 = acc / 2: every odd acc a tie
+        ties = offset + np.arange(-20, 21, dtype=np.int64)
+        slow, quick = _requantize_both(monkeypatch, ties, np.int64(1 << 30), np.int64(31))
+        np.testing.assert_array_equal(slow, quick)
+        np.testing.assert_array_equal(quick, np.round(ties / 2).astype(np.int64))  # half to even
+    broadcast = rng.integers(-100, 100, (4, 6), dtype=np.int64)  # two axes per element: numpy's
+    multipliers = np.full((4, 6), 1 << 30, np.int64)
+    slow, quick = _requantize_both(monkeypatch, broadcast, multipliers, np.int64(31))
+    np.testing.assert_array_equal(slow, quick)
+    assert _requantize_compiled(broadcast, multipliers, np.asarray(np.int64(31))) is None

@@ -1,8 +1,9 @@
-"""Compiled float kernels of the interpreter, optional (extra `fast`: numba): one pass over the
-data where numpy makes one per kernel tap (depthwise convolution) or per operation (HardSwish).
-Each does the same operations in the same precision and order as the numpy code it replaces (no
-fast-math, so no fused multiply-adds nor reordering), so results are bit-identical; tests
-compare both paths. `ONEBUILD_NUMBA=0` keeps the numpy path.
+"""Compiled kernels of the interpreter, optional (extra `fast`: numba): one pass over the data
+where numpy makes one per kernel tap (depthwise convolution) or per operation (HardSwish,
+integer requantization). Each does the same operations in the same precision and order as the
+numpy code it replaces (no fast-math, so no fused multiply-adds nor reordering; integer
+arithmetic is exact), so results are bit-identical; tests compare both paths.
+`ONEBUILD_NUMBA=0` keeps the numpy path.
 
 Loaded on the first call large enough to pay for it (`LOAD_ELEMENTS`): numba's import and the
 machine code it caches on disk (`cache=True`) cost about half a second, the first compile on a
@@ -40,7 +41,9 @@ def _load() -> SimpleNamespace | None:
     except Exception:  # missing, or a numba that cannot load (its LLVM, its numpy range)
         return None
     jit = numba.njit(cache=True, nogil=True)
-    return SimpleNamespace(depthwise2d=jit(_depthwise2d), hard_swish=jit(_hard_swish))
+    return SimpleNamespace(
+        depthwise2d=jit(_depthwise2d), hard_swish=jit(_hard_swish), requantize=jit(_requantize)
+    )
 
 
 def _depthwise2d(x, taps, kernel, strides, dilations, pads, out):
@@ -134,3 +137,31 @@ def _hard_swish(x, constants, out):
         elif t > one:
             t = one
         result[i] = v * t
+
+
+def _requantize(acc, m, r, split, out):
+    """out = round_half_even(acc * m / 2^r) per element of acc [outer, C, inner], m and r per
+    channel C: `params.requantize`'s two exact formulas, chosen per element (the product in one
+    part where |acc| <= 2^31, else acc split at bit min(r, split)); both give the same integer
+    where both apply."""
+    one = np.int64(1)
+    for c in range(acc.shape[1]):
+        mc, rc = m[c], r[c]
+        k = min(rc, split)
+        half, mask, tie = one << (rc - 1), (one << (rc + 1)) - 1, one << rc
+        low_mask, high_mask, high_tie = (one << k) - 1, (one << (rc - k + 1)) - 1, one << (rc - k)
+        for o in range(acc.shape[0]):
+            for i in range(acc.shape[2]):
+                a = acc[o, c, i]
+                if -(one << 31) <= a <= one << 31:
+                    total = a * mc + half
+                    q = total >> rc
+                    if total & mask == tie:
+                        q -= 1
+                else:
+                    low = (a & low_mask) * mc + half
+                    high = (a >> k) * mc + (low >> k)
+                    q = high >> (rc - k)
+                    if low & low_mask == 0 and high & high_mask == high_tie:
+                        q -= 1
+                out[o, c, i] = q
