@@ -9,6 +9,7 @@ optionally a fused activation `clip`.
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .compiled import compiled
 from .elementwise import apply_clip
 from .registry import ANY, PER_SAMPLE, Attrs, BatchRule, TensorType, register
 
@@ -80,7 +81,9 @@ def conv(attrs, x, w, b=None):
     mg = m // group
     kernel = w.shape[2:]
     if cg == 1 and mg == 1 and group > 1:
-        y = _depthwise(pad_spatial(x, attrs["pads"]), w, kernel, strides, dilations)
+        y = _depthwise_compiled(x, w, attrs["pads"], strides, dilations)
+        if y is None:
+            y = _depthwise(pad_spatial(x, attrs["pads"]), w, kernel, strides, dilations)
     else:
         if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(attrs["pads"]):
             out = x.shape[2:]
@@ -161,6 +164,28 @@ def _depthwise(xp, w, kernel, strides, dilations):
                 tap = taps[block, index].reshape((-1,) + (1,) * nd)
                 np.multiply(view[(n, block, Ellipsis, *offset)], tap, out=product)
                 out += product
+    return y
+
+
+def _depthwise_compiled(x, w, pads, strides, dilations) -> np.ndarray | None:
+    """`_depthwise` of x zero-padded by `pads`, by the compiled kernel, bit for bit
+    (`compiled`), or None where it does not apply: numba missing or off, not 2-D, not float,
+    or too small a call to load numba for."""
+    dtype = np.result_type(x, w)
+    if x.ndim != 4 or dtype not in (np.float32, np.float64):
+        return None
+    kernel = w.shape[2:]
+    out = [
+        conv_output_size(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i] + pads[i + 2])
+        for i in (0, 1)
+    ]
+    y = np.empty((*x.shape[:2], *out), dtype)
+    kernels = compiled(y.size)
+    if kernels is None:
+        return None
+    taps = np.ascontiguousarray(w.reshape(w.shape[0], -1), dtype)
+    source = np.ascontiguousarray(x, dtype)
+    kernels.depthwise2d(source, taps, *(tuple(v) for v in (kernel, strides, dilations, pads)), y)
     return y
 
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..ops.compiled import compiled
 from ..tensor import QuantParams
 
 ADD_SHIFT = 20  # integer Add scales both inputs by 2^20 before rescaling them to a common scale
@@ -185,6 +186,9 @@ def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.
     acc = np.asarray(acc, np.int64)
     m = np.asarray(m, np.int64)
     r = np.asarray(r, np.int64)
+    fast = _requantize_compiled(acc, m, r)
+    if fast is not None:
+        return fast
     one = np.int64(1)
     if acc.size and max(-int(acc.min()), int(acc.max())) <= 1 << 31:  # acc * m below 2^62
         total = np.asarray(acc * m)  # in place below: fewer passes over large tensors
@@ -207,3 +211,32 @@ def requantize(acc: np.ndarray, m: int | np.ndarray, r: int | np.ndarray) -> np.
     np.bitwise_and(high, (one << (r - k + 1)) - 1, out=high)
     out -= (low == 0) & (high == one << (r - k))
     return out
+
+
+def _requantize_compiled(acc: np.ndarray, m: np.ndarray, r: np.ndarray) -> np.ndarray | None:
+    """`requantize` in one compiled pass (the same integers), or None where it does not apply:
+    numba missing or off, m and r not one number or one per element of a single axis of acc,
+    shifts outside [1, 62], or too small a call to load numba for."""
+    kernels = compiled(acc.size)
+    if kernels is None or max(m.ndim, r.ndim) > acc.ndim:
+        return None
+    shape = np.broadcast_shapes(m.shape, r.shape)
+    shape = (1,) * (acc.ndim - len(shape)) + shape
+    axes = [i for i, size in enumerate(shape) if size != 1]
+    if len(axes) > 1 or any(shape[i] != acc.shape[i] for i in axes) or not r.size:
+        return None
+    if int(r.min()) < 1 or int(r.max()) > 62:
+        return None
+    axis = axes[0] if axes else 0
+    channels = acc.shape[axis] if axes else 1
+    outer = int(np.prod(acc.shape[:axis]))
+    source = np.ascontiguousarray(acc).reshape(outer, channels, -1)
+    out = np.empty(source.shape, np.int64)
+    m_c, r_c = (
+        np.ascontiguousarray(
+            np.broadcast_to(v.reshape((1,) * (acc.ndim - v.ndim) + v.shape), shape)
+        ).reshape(-1)
+        for v in (m, r)
+    )
+    kernels.requantize(source, m_c, r_c, SPLIT_BITS, out)
+    return out.reshape(acc.shape)

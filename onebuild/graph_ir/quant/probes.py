@@ -13,12 +13,19 @@ A candidate that only has to reach a target (`give_up_below`) runs a few samples
 and stops as soon as one output's noise so far, against that output's signal over all the
 samples (known from the float outputs), puts its SQNR below the target: noise only grows, so
 the full run could not reach it either.
+
+Pieces run on `THREADS` threads, one piece ahead of the one being measured (numpy, BLAS and the
+compiled kernels release the GIL); they are measured in order, so every SQNR and every point
+where a candidate gives up are those of one thread, bit for bit.
 """
 
 import hashlib
 import itertools
-from collections import OrderedDict
+import os
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,6 +38,7 @@ from .model_io import dequantize_outputs, quantize_inputs
 
 CACHE_BYTES = 256 << 20  # stored node results (least recently used dropped first)
 PIECES = 6  # candidates run each part in about this many pieces (a give-up point each)
+THREADS = min(2, os.cpu_count() or 1)  # pieces run at once
 
 
 def _feed(digest, item) -> None:
@@ -100,6 +108,7 @@ class Probes:
         self.stored: OrderedDict[tuple, tuple] = OrderedDict()
         self.bytes = 0
         self.computed = self.reused = 0  # node runs, for the record
+        self._lock = threading.Lock()  # the stored results and the counts, across threads
 
     def _want(self, index: int, chunk: int) -> dict:
         if (index, chunk) not in self.wanted:
@@ -116,19 +125,21 @@ class Probes:
             _, dropped = self.stored.popitem(last=False)
             self.bytes -= sum(r.nbytes for r in dropped)
 
-    def _kernel(self, node: Node, key: bytes, state: dict):
+    def _kernel(self, node: Node, key: bytes, state: threading.local):
         kernel = OPS[node.op].kernel
 
         def run(attrs, *args):
-            stored_key = (state["part"], state["chunk"], state["sample"], key)
-            results = self.stored.get(stored_key)
+            stored_key = (*state.piece, key)
+            with self._lock:
+                results = self.stored.get(stored_key)
+                if results is not None:
+                    self.reused += 1
+                    self.stored.move_to_end(stored_key)
             if results is None:
-                self.computed += 1
                 results = kernel(attrs, *args)
-                self._remember(stored_key, results)
-            else:
-                self.reused += 1
-                self.stored.move_to_end(stored_key)
+                with self._lock:
+                    self.computed += 1
+                    self._remember(stored_key, results)
             return results
 
         return run
@@ -161,7 +172,7 @@ class Probes:
         the candidate's outputs on `samples()`, computed elsewhere (empirical bias
         correction's pass), read instead of running it."""
         keys = node_keys(candidate)
-        state: dict = {}
+        state = threading.local()  # per thread: state.piece = (part, step, first sample)
         kernels = {n.name: self._kernel(n, keys[n.name], state) for n in candidate.nodes}
         test_run = Interpreter(candidate, kernels=kernels)
         chunk = CHUNK if self.reference.batchable and test_run.batchable else 1
@@ -170,19 +181,30 @@ class Probes:
         first = self.float_graph.outputs[0].name
         signal = self._signal(chunk) if give_up_below is not None else {}
         result = Comparison()
+        pieces = []
         for index, part in enumerate(self.parts):
+            self._want(index, chunk)  # the float outputs, before threads share them
             count = len(next(iter(part.values())))
             step = max(1, -(-min(chunk, count) // PIECES))
-            for start in range(0, count, step):
-                piece = {name: array[start : start + step] for name, array in part.items()}
+            pieces += [(index, step, start) for start in range(0, count, step)]
+
+        def run(piece: tuple[int, int, int]) -> dict:
+            index, step, start = state.piece = piece
+            if computed is not None:
+                rows = slice(offset_of[index] + start, offset_of[index] + start + step)
+                return dequantize_outputs(candidate, {n: a[rows] for n, a in computed.items()})
+            feeds = {name: array[start : start + step] for name, array in self.parts[index].items()}
+            return dequantize_outputs(
+                candidate, test_run.run_batch(quantize_inputs(candidate, feeds), step)
+            )
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            ahead = deque(pool.submit(run, piece) for piece in pieces[:THREADS])
+            for number, (index, _, start) in enumerate(pieces):
+                got = ahead.popleft().result()
+                if number + THREADS < len(pieces):
+                    ahead.append(pool.submit(run, pieces[number + THREADS]))
                 want = self._want(index, chunk)
-                state.update(part=index, chunk=step, sample=start)
-                if computed is None:
-                    results = test_run.run_batch(quantize_inputs(candidate, piece), step)
-                else:
-                    rows = slice(offset_of[index] + start, offset_of[index] + start + step)
-                    results = {name: array[rows] for name, array in computed.items()}
-                got = dequantize_outputs(candidate, results)
                 for offset in range(len(got[first])):
                     for name, metrics in outputs.items():
                         metrics.update(want[name][start + offset], got[name][offset])
@@ -193,6 +215,8 @@ class Probes:
                 if min(bounds.values()) < give_up_below:
                     result.outputs = {n: {"sqnr_db": db} for n, db in bounds.items()}
                     result.complete = False
+                    for pending in ahead:  # started pieces finish (their results are kept)
+                        pending.cancel()
                     return result
         result.outputs = {name: m.summary() for name, m in outputs.items()}
         return result

@@ -8,10 +8,15 @@ downstream of it (a noisy channel that the next layer scales up counts as much a
 and a noisy layer whose error a later Sigmoid or Softmax flattens counts little). Noises of
 different layers are nearly independent, so they add: the sum over the layers kept in the low
 type predicts the output noise of a mixed-precision model. Each layer's run recomputes only the
-nodes its outputs reach; the rest return the reference pass's results.
+nodes its outputs reach; the rest return the reference pass's results. The layers' runs are
+independent, so `THREADS` threads run them side by side (numpy, BLAS and the compiled kernels
+release the GIL): each layer's noise is computed as a lone thread would, bit for bit.
 """
 
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -24,6 +29,7 @@ from .params import dequantize, quantize
 
 CHUNK = 8
 CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one sample at least)
+THREADS = min(2, os.cpu_count() or 1)  # layer runs at once (each holds its own live arrays)
 
 
 def _twin_kernel(float_node: Node, twin: Node):
@@ -121,9 +127,10 @@ def isolated_output_noise(
         and node.name in twins
         and [v.shape for v in twins[node.name].outputs] == [v.shape for v in node.outputs]
     }
-    # state["at"]: the node running its twin; -1: a reference pass that fills the cache. The
-    # nodes the twin's outputs do not reach return their cached reference results.
-    state: dict = {"at": -1, "samples": slice(None), "observe": False}
+    # running.at, per thread: the node running its twin; -1: a reference pass that fills the
+    # cache. The nodes the twin's outputs do not reach return their cached reference results.
+    state: dict = {"samples": slice(None), "observe": False}
+    running = threading.local()
     cache: dict[int, tuple] = {}
     bounds = _Bounds()
     reached = {index: _downstream(float_graph, index) for index in measured}
@@ -132,11 +139,12 @@ def isolated_output_noise(
         exact, noisy = OPS[node.op].kernel, measured.get(index)
 
         def run(attrs, *args):
-            if state["at"] < 0:
+            at = running.at
+            if at < 0:
                 cache[index] = exact(attrs, *args)
                 return cache[index]
-            if index != state["at"]:
-                return exact(attrs, *args) if index in reached[state["at"]] else cache[index]
+            if index != at:
+                return exact(attrs, *args) if index in reached[at] else cache[index]
             return tuple(
                 bounds.clip(v.name, r, state["samples"])
                 for r, v in zip(noisy(attrs, *args), node.outputs)
@@ -161,19 +169,26 @@ def isolated_output_noise(
         state["observe"] = True
         for part in parts:
             observing.run_batch({name: array[part] for name, array in batch.items()}, chunk)
-    for part in parts:
-        feeds = {name: array[part] for name, array in batch.items()}
-        # one part: its reference pass records the ranges
-        state.update(at=-1, samples=part, observe=len(parts) == 1)
-        reference = {k: v.astype(np.float64) for k, v in run.run_batch(feeds, chunk).items()}
-        state["observe"] = False
-        for name, array in reference.items():
-            signal[name] += float(np.vdot(array, array))
-        for index in measured:
-            state["at"] = index
-            got = run.run_batch(feeds, chunk)
-            name = float_graph.nodes[index].name
-            for output, want in reference.items():
-                noise[name][output] += float(np.square(want - got[output]).sum())
-        cache.clear()
+
+    def layer_noise(index: int, feeds: dict, reference: dict) -> dict[str, float]:
+        running.at = index
+        got = run.run_batch(feeds, chunk)
+        return {o: float(np.square(want - got[o]).sum()) for o, want in reference.items()}
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        for part in parts:
+            feeds = {name: array[part] for name, array in batch.items()}
+            # one part: its reference pass records the ranges
+            running.at = -1
+            state.update(samples=part, observe=len(parts) == 1)
+            reference = {k: v.astype(np.float64) for k, v in run.run_batch(feeds, chunk).items()}
+            state["observe"] = False
+            for name, array in reference.items():
+                signal[name] += float(np.vdot(array, array))
+            layers = list(measured)
+            noises = pool.map(layer_noise, layers, [feeds] * len(layers), [reference] * len(layers))
+            for index, added in zip(layers, noises):
+                for output, value in added.items():
+                    noise[float_graph.nodes[index].name][output] += value
+            cache.clear()
     return signal, noise
