@@ -229,3 +229,30 @@ def _trace_batch(graph, images: np.ndarray) -> dict[str, np.ndarray]:
     observe = lambda v, a: trace.__setitem__(v.name, a)  # noqa: E731
     Interpreter(graph, observer=observe).run_batch({"x": images})
     return trace
+
+
+def test_the_input_of_an_upsampling_conv_transpose_is_recorded(tmp_path, caplog):
+    """A ConvTranspose whose windows do not overlap becomes a 1x1 Conv at quantization
+    (`pixel_shuffle.py`, the DB text detector's head): calibration records its input per
+    channel, so quantization finds the ranges of the edge that rewrite creates."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("ConvTranspose", ["r0", "wt"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    arrays = [
+        ("w0", (rng.normal(0, 0.5, (CHANNELS, 1, 3, 3))).astype(np.float32)),
+        ("wt", rng.normal(0, 0.5, (CHANNELS, 2, 2, 2)).astype(np.float32)),
+    ]
+    path = tmp_path / "up.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 1, 8, 8])], ["y"], arrays, opset=14), path)
+    model = load_model(path)
+    run_preset(model)
+    calib, _ = _digits()
+    stats = calibrate(model.main, {"x": calib})
+    conv = next(n for n in model.main.nodes if n.op == "Conv")
+    assert conv.output.name in stats.channel_ranges
+    with caplog.at_level("WARNING", logger="onebuild"):
+        quantize(model, QuantizeOptions(activation_granularity="channel"), stats)
+    assert "no per-channel ranges" not in caplog.text

@@ -85,11 +85,19 @@ def _constant_conv(node: Node | None) -> bool:
     return bias is None or bias.is_const
 
 
-def _reader(node: Node, value: Value) -> bool:
-    """A Conv with constant weights reading `value` as its input (and nowhere else)."""
-    if not _constant_conv(node) or node.inputs[0] is not value or len(value.shape) < 3:
+def _reader(node: Node, value: Value, ops: tuple[str, ...] = ("Conv",)) -> bool:
+    """A Conv (an op of `ops`) with constant weights reading `value` as its input (and
+    nowhere else)."""
+    if node.op not in ops or node.inputs[0] is not value or len(value.shape) < 3:
         return False
-    return sum(v is value for v in node.inputs) == 1
+    constant = all(v is None or v.is_const for v in node.inputs[1:])  # weights and bias
+    return constant and sum(v is value for v in node.inputs) == 1
+
+
+def _recorded_reader(node: Node, value: Value) -> bool:
+    """A reader whose input calibration records per channel: a Conv, or a ConvTranspose that
+    quantization may rewrite as a 1x1 Conv (`pixel_shuffle.split_pixel_shuffles`)."""
+    return _reader(node, value, ("Conv", "ConvTranspose"))
 
 
 def depthwise(node: Node) -> bool:
@@ -127,8 +135,9 @@ def _affine_chain(node: Node, outputs: set[int]) -> tuple[Node, ...]:
     return tuple(chain)
 
 
-def channel_edges(graph: Graph) -> list[Edge]:
-    """Every edge of `graph` that per-channel activation quantization may use, in node order."""
+def channel_edges(graph: Graph, reader: Callable[[Node, Value], bool] = _reader) -> list[Edge]:
+    """Every edge of `graph` that per-channel activation quantization may use, in node order
+    (each of its readers a `reader`)."""
     outputs = {id(v) for v in graph.outputs}
     found = []
     for node in graph.nodes:
@@ -137,7 +146,7 @@ def channel_edges(graph: Graph) -> list[Edge]:
         affine = _affine_chain(node, outputs) if _table(node) else ()
         end = (affine[-1] if affine else node).outputs[0]
         users = end.users
-        if id(end) in outputs or not users or not all(_reader(u, end) for u in users):
+        if id(end) in outputs or not users or not all(reader(u, end) for u in users):
             continue
         if _constant_conv(node):
             found.append(Edge(node, None, tuple(users), (end,)))
@@ -155,8 +164,10 @@ def depthwise_edges(graph: Graph) -> list[Edge]:
 
 
 def edge_values(graph: Graph) -> list[str]:
-    """The names of the values on those edges: calibration observes each channel's range."""
-    return [value.name for edge in channel_edges(graph) for value in edge.values]
+    """The names of the values on those edges: calibration observes each channel's range
+    (also where a reader is a ConvTranspose that quantization may turn into a Conv)."""
+    edges = channel_edges(graph, _recorded_reader)
+    return [value.name for edge in edges for value in edge.values]
 
 
 def chosen_edges(
