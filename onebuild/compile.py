@@ -69,7 +69,7 @@ class QuantizeOptions:
     output_type: str = "float32"
     bias_correction: bool | str = True  # True | False | "empirical" (on the samples too)
     equalization: bool = False  # full mode: cross-layer equalization before calibration
-    activation_granularity: str = "tensor"  # "tensor" | "channel" (edges into depthwise convs)
+    activation_granularity: str = "tensor"  # "tensor" | "channel" (edges into convolutions)
     # dtypes per-channel edges may take: the codegen target's (`Target.channel_dtypes`)
     channel_dtypes: tuple[str, ...] = ("uint8", "int8", "int16")
     weight_rounding: str = "nearest"  # "nearest" | "adaround"

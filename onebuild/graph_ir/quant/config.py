@@ -26,7 +26,7 @@ class QuantConfig:
     output_type: str = FLOAT
     layers: tuple[LayerOverride, ...] = ()
     bias_correction: bool = True  # full mode: correct biases for the mean weight-rounding error
-    # full mode: "channel" quantizes the Conv -> [table] -> depthwise Conv edges per channel
+    # full mode: "channel" quantizes the Conv -> [table] -> Conv edges per channel
     activation_granularity: str = "tensor"
     # the dtypes such an edge may take per channel (a target lowers some: the rest per tensor)
     channel_dtypes: tuple[str, ...] = ("uint8", "int8", "int16")
