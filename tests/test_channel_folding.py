@@ -256,3 +256,14 @@ def test_the_input_of_an_upsampling_conv_transpose_is_recorded(tmp_path, caplog)
     with caplog.at_level("WARNING", logger="onebuild"):
         quantize(model, QuantizeOptions(activation_granularity="channel"), stats)
     assert "no per-channel ranges" not in caplog.text
+
+
+def test_int16_edges_into_ordinary_convs_stay_per_tensor(tmp_path):
+    """Folding is used in 8 bits only (`FOLDED_DTYPES`: in int16 the OCR detector lost with
+    it): in int16 the 3x3 conv reads its input per tensor, the depthwise edges stay per
+    channel."""
+    graph, stats, _ = _setup(tmp_path, 1)
+    quantized = _quantized(graph, stats, "int16", "channel")
+    conv = next(n for n in quantized.nodes if n.name == "c1")
+    assert conv.inputs[0].quant.axis is None
+    assert "hs" in _chosen(graph, stats)  # the same edge is folded in uint8
