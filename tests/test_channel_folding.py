@@ -26,7 +26,6 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import channel_edges, chosen_edges
 from onebuild.graph_ir.quant.config import QuantConfig
-from onebuild.graph_ir.quant.mixed_precision import edge_units
 from onebuild.graph_ir.quant.params import channel_of, dequantize, quantize_multiplier
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
@@ -39,7 +38,7 @@ CHANNELS, OUT = 16, 8
 SPREAD = 300.0
 
 
-def folded_model(group: int, compensated: bool = True, affine: bool = False) -> onnx.ModelProto:
+def folded_model(group: int, compensated: bool = True) -> onnx.ModelProto:
     """Conv 3x3 (1 -> 16) -> BN (scales spanning 300x) -> HardSwish -> Conv 3x3 with padding
     (16 -> 8, `group` groups; weights divided by the BN scale of the channel each reads, if
     `compensated`) -> Relu -> Conv 1x1 (10 outputs)."""
@@ -67,20 +66,13 @@ def folded_model(group: int, compensated: bool = True, affine: bool = False) -> 
         helper.make_node("Relu", ["c1"], ["a1"]),
         helper.make_node("Conv", ["a1", "w2"], ["y"]),
     ]
-    if affine:  # a scalar Mul and Add after the HardSwish (PP-LCNetV3's affine block)
-        nodes[2].output[0] = "hs0"
-        nodes[3:3] = [
-            helper.make_node("Mul", ["hs0", "lab_scale"], ["hs1"]),
-            helper.make_node("Add", ["hs1", "lab_shift"], ["hs"]),
-        ]
-        inits.update({"lab_scale": [0.63], "lab_shift": [-0.55]})
     arrays = [(name, np.asarray(a, np.float32)) for name, a in inits.items()]
     return make_model(nodes, [("x", [1, 1, 8, 8])], ["y"], arrays, opset=14)
 
 
-def _setup(tmp_path: Path, group: int, compensated: bool = True, affine: bool = False):
+def _setup(tmp_path: Path, group: int, compensated: bool = True):
     path = tmp_path / f"folded{group}.onnx"
-    onnx.save(folded_model(group, compensated, affine), path)
+    onnx.save(folded_model(group, compensated), path)
     model = load_model(path)
     run_preset(model)
     calib, evaluation = _digits()
@@ -275,21 +267,3 @@ def test_int16_edges_into_ordinary_convs_stay_per_tensor(tmp_path):
     conv = next(n for n in quantized.nodes if n.name == "c1")
     assert conv.inputs[0].quant.axis is None
     assert "hs" in _chosen(graph, stats)  # the same edge is folded in uint8
-
-
-def test_mixed_precision_promotes_a_folded_edges_table_with_the_ops_it_absorbs(tmp_path):
-    """A folded edge's table absorbs the scalar ops after it, which then have no quantized
-    form of their own: mixed precision keeps them in one unit with the table (left out, they
-    stayed uint8 between int16 layers: the OCR detector's all-int16 probe fell to 16.9 dB),
-    without merging the edge's convolutions into it."""
-    graph, stats, evaluation = _setup(tmp_path, 1, affine=True)
-    assert "hs" in _chosen(graph, stats)
-    units = {n.name: [n.name] for n in graph.nodes if n.op not in ("Mul", "Add")}
-    merged, measured = edge_units(graph, units)
-    table = next(n.name for n in graph.nodes if n.op == "HardSwish")
-    (unit,) = [names for names in merged.values() if table in names]
-    assert sorted(unit) == sorted([table, *(n.name for n in graph.nodes if n.op in ("Mul", "Add"))])
-    assert "c1" in merged and "c0" in merged  # the convolutions stay units of their own
-    assert table not in measured[next(k for k, v in merged.items() if table in v)]
-    quantized = _quantized(graph, stats, "uint8", "channel")
-    assert _sqnr(graph, quantized, evaluation) > 25

@@ -166,21 +166,6 @@ def depthwise_edges(graph: Graph) -> list[Edge]:
     return [e for e in channel_edges(graph) if all(map(depthwise, e.readers))]
 
 
-def promoted_together(graph: Graph) -> list[tuple[tuple[Node, ...], Node | None]]:
-    """The nodes mixed precision promotes together, each group with its table if that absorbs
-    scalar ops (then it has no quantized output of its own to measure), else None: an edge
-    whose readers are all depthwise whole; of any other edge, its table and the ops it absorbs
-    (merging folded edges whole would chain a backbone into one unit)."""
-    groups = []
-    for edge in channel_edges(graph):
-        absorbing = edge.table if edge.affine else None
-        if all(map(depthwise, edge.readers)):
-            groups.append((edge.nodes, absorbing))
-        elif edge.affine:
-            groups.append(((edge.table, *edge.affine), absorbing))
-    return groups
-
-
 def edge_values(graph: Graph) -> list[str]:
     """The names of the values on those edges: calibration observes each channel's range
     (also where a reader is a ConvTranspose that quantization may turn into a Conv)."""

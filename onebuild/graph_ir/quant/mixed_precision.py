@@ -43,7 +43,7 @@ from ..ir import Graph, Node
 from ..macs import graph_macs, macs
 from ..metrics import sqnr_db
 from ..ops import OPS
-from .channel_activations import promoted_together
+from .channel_activations import depthwise_edges
 from .config import LayerOverride, QuantConfig
 from .evaluate import Batch, Comparison
 from .model_io import is_quantized
@@ -114,25 +114,23 @@ def layer_units(float_graph: Graph, quantized: Graph) -> dict[str, list[str]]:
 def edge_units(
     float_graph: Graph, units: dict[str, list[str]]
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """`units` with the layers of each per-channel edge into depthwise Convs
-    (`channel_activations.promoted_together`: the producing Conv, its table and the scalar ops
-    the table absorbs, the depthwise Convs; of other edges the table and the ops it absorbs)
-    merged into one unit, keyed by its first layer, so an edge is promoted whole: a split edge
-    is quantized per tensor in both types. Returns (units, the measurable layers of each
-    unit): a table that absorbs scalar ops has no twin of its own output, so it is not
-    measured alone."""
+    """`units` with the layers of each per-channel edge (`channel_activations`: the producing
+    Conv, its table and the scalar ops the table absorbs, the depthwise Convs) merged into one
+    unit, keyed by its first layer, so an edge is promoted whole: a split edge is quantized per
+    tensor in both types. Returns (units, the measurable layers of each unit): a table that
+    absorbs scalar ops has no twin of its own output, so it is not measured alone."""
     merged: dict[str, list[str]] = {}
     members: dict[str, list[str]] = {}
     home: dict[str, str] = {}  # layer -> key of the merged unit holding it
-    for nodes, absorbing in promoted_together(float_graph):
-        layers = [n.name for n in nodes if n.name in units]
+    for edge in depthwise_edges(float_graph):
+        layers = [n.name for n in edge.nodes if n.name in units]
         keys = list(dict.fromkeys(home.get(layer, layer) for layer in layers))
         if not layers:
             continue
         key = min(keys, key=list(units).index)
         names = [name for k in keys for name in merged.pop(k, units[k])]
-        names += [n.name for n in nodes if n.name not in names]
-        skip = absorbing.name if absorbing else None
+        names += [n.name for n in edge.nodes if n.name not in names]
+        skip = edge.table.name if edge.affine else None
         measurable = [m for k in keys for m in members.pop(k, [k]) if m != skip]
         merged[key], members[key] = list(dict.fromkeys(names)), measurable
         home.update(dict.fromkeys([n for n in merged[key] if n in units], key))
