@@ -178,10 +178,12 @@ def chosen_edges(
     dtype_of: Callable[[Node], str | None],
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
     allowed: Iterable[str] = CHANNEL_DTYPES,
+    fold: bool = True,
 ) -> list[tuple[Edge, str]]:
     """The edges quantized per channel, each with its dtype: those whose nodes all run in one
     quantized dtype of `allowed` (`dtype_of`: None for float) and whose per-channel ranges
-    calibration recorded (older statistics lack them: that edge stays per tensor)."""
+    calibration recorded (older statistics lack them: that edge stays per tensor); an edge
+    with a reader that is not depthwise only with `fold`, in FOLDED_DTYPES, where it pays."""
     chosen = []
     for edge in channel_edges(graph):
         dtypes = {dtype_of(node) for node in edge.nodes}
@@ -197,7 +199,7 @@ def chosen_edges(
             continue
         (dtype,) = dtypes
         folded = not all(map(depthwise, edge.readers))
-        if folded and (dtype not in FOLDED_DTYPES or not _pays(edge, channel_ranges, dtype)):
+        if folded and not (fold and dtype in FOLDED_DTYPES and _pays(edge, channel_ranges, dtype)):
             continue
         chosen.append((edge, dtype))
     return chosen

@@ -30,6 +30,9 @@ class QuantConfig:
     activation_granularity: str = "tensor"
     # the dtypes such an edge may take per channel (a target lowers some: the rest per tensor)
     channel_dtypes: tuple[str, ...] = ("uint8", "int8", "int16")
+    # edges into convolutions that are not depthwise too (their weights fold the input scales);
+    # off under mixed precision, whose units do not keep such edges whole
+    fold_scales: bool = True
 
     @property
     def quantized_dtypes(self) -> set[str]:

@@ -101,7 +101,9 @@ class _Quantizer:
         self.affine: dict[int, tuple[Node, ...]] = {}  # table node id -> the ops it absorbs
         self.absorbed: set[int] = set()  # node ids emitted as part of a table
         if config.activation_granularity == "channel":
-            chosen = chosen_edges(source, self._dtype_of, channel_ranges, config.channel_dtypes)
+            chosen = chosen_edges(
+                source, self._dtype_of, channel_ranges, config.channel_dtypes, config.fold_scales
+            )
             for edge, dtype in chosen:
                 self.per_channel.update({id(v): dtype for v in edge.values})
                 if edge.affine:
