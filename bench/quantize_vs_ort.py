@@ -144,7 +144,7 @@ VARIANTS = {  # onebuild's settings per result key (all uint8, per-channel)
     "onebuild_cle": {"equalization": True},
     "onebuild_cle_mse": {"equalization": True, "method": "mse"},
     "onebuild_best": {"equalization": True, "method": "mse", "weight_rounding": "adaround"},
-    # per-channel activations on the Conv -> [table] -> depthwise Conv edges
+    # per-channel activations on the Conv -> [table] -> Conv edges
     "onebuild_pcact": {"activation_granularity": "channel"},
     "onebuild_mse_pcact": {"method": "mse", "activation_granularity": "channel"},
     "onebuild_cle_pcact": {"equalization": True, "activation_granularity": "channel"},

@@ -147,7 +147,7 @@ class QuantizeStep(_Section):
     activation_granularity: Literal["tensor", "channel"] = Field(
         default=_Q.activation_granularity,
         description="full mode: channel = one scale and zero point per channel on the "
-        "Conv -> [activation table] -> depthwise Conv edges (circle exports cannot hold them)",
+        "Conv -> [activation table] -> Conv edges (circle exports cannot hold them)",
     )
     weight_rounding: Literal["nearest", "adaround"] = Field(
         default=_Q.weight_rounding,

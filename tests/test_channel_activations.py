@@ -28,7 +28,7 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate, merge_recorders, record
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges
 from onebuild.graph_ir.quant.config import QuantConfig
-from onebuild.graph_ir.quant.params import quantize_multiplier
+from onebuild.graph_ir.quant.params import channel_of, quantize_multiplier
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
 from onebuild.graph_ir.serde.calibration_file import load_calibration, save_calibration
@@ -131,13 +131,15 @@ def _node(graph: Graph, name: str) -> Node:
 def test_the_pointwise_table_depthwise_edge_is_found_and_nothing_else(setup):
     graph, stats, _ = setup
     (edge,) = depthwise_edges(graph)
-    assert [edge.producer.name, edge.table.name, [n.name for n in edge.depthwise]] == [
+    assert [edge.producer.name, edge.table.name, [n.name for n in edge.readers]] == [
         "pw",
         "hs",
         ["dw"],
     ]
     assert [v.name for v in edge.values] == ["pw", "hs"]
-    assert set(stats.channel_ranges) == {"pw", "hs"}
+    # the edges into ordinary convolutions are recorded too (`test_channel_folding.py`); here
+    # their readers would not gain by them, so they stay per tensor
+    assert set(stats.channel_ranges) == {"c0", "pw", "hs", "dw"}
     lo, hi = stats.channel_ranges["pw"]
     assert lo.shape == hi.shape == (CHANNELS,) and (hi - lo).max() / (hi - lo).min() > 100
     graph.outputs.append(next(n for n in graph.nodes if n.name == "hs").output)
@@ -232,10 +234,11 @@ def test_kernels_equal_loop_definitions(setup, dtype):
     x, w, b = trace["hs_q"][0], dw.inputs[1].numpy(), dw.inputs[2].numpy()
     s_x, z_x = hs.output.quant.scale, hs.output.quant.zero_point
     s_w, y = dw.inputs[1].quant.scale, dw.output.quant
-    lo, hi = dw.attrs["qmin"], dw.attrs["qmax"]
+    lo, hi = (np.broadcast_to(dw.attrs[k], (CHANNELS,)) for k in ("qmin", "qmax"))
     want = np.zeros((CHANNELS, 8, 8), np.int64)
     for c in range(CHANNELS):
-        m, r = quantize_multiplier(s_x[c] * s_w[c] / y.scale[0])
+        out = channel_of(y, c)  # per channel too where the edge into y is chosen (int8)
+        m, r = quantize_multiplier(s_x[c] * s_w[c] / out.scale[0])
         for i in range(8):
             for j in range(8):
                 acc = int(b[c])
@@ -244,8 +247,8 @@ def test_kernels_equal_loop_definitions(setup, dtype):
                         row, col = i + di - 1, j + dj - 1
                         if 0 <= row < 8 and 0 <= col < 8:
                             acc += (int(x[c, row, col]) - z_x[c]) * int(w[c, 0, di, dj])
-                code = _requantize(acc, m, r) + y.zero_point[0]
-                want[c, i, j] = min(max(code, lo), hi)
+                code = _requantize(acc, m, r) + out.zero_point[0]
+                want[c, i, j] = min(max(code, lo[c]), hi[c])
     np.testing.assert_array_equal(trace["dw_q"][0], want)
 
 

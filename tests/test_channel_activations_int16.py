@@ -71,7 +71,8 @@ def _function(real: float, affine: bool) -> float:
 def test_the_int16_edge_is_per_channel_with_an_interpolated_table(spread):
     quantized = spread[-1]
     per_channel = {v.name for n in quantized.nodes for v in n.outputs if v.quant and v.quant.axis}
-    assert per_channel == {"pw_q", "hs_q"}
+    # the edges into ordinary convs may be per channel too (`test_channel_folding.py`)
+    assert {"pw_q", "hs_q"} <= per_channel <= {"c0_q", "pw_q", "hs_q", "dw_q"}
     table = _table(quantized).inputs[1]
     assert table.shape == (CHANNELS, 513) and table.dtype == np.int16
     assert "QLookup" not in {n.op for n in quantized.nodes}

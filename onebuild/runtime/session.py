@@ -243,7 +243,7 @@ class Session:
 
     def set_activation_granularity(self, granularity: str) -> None:
         """`tensor` (default) or `channel`: a scale and zero point per channel on Conv ->
-        [table] -> depthwise Conv edges (the TRIX NPU runs them; circle cannot hold them)."""
+        [table] -> Conv edges (the TRIX NPU runs them; circle cannot hold them)."""
         self.settings = self._changed(activation_granularity=granularity)
 
     def set_quantized_model_path(self, path: str | os.PathLike) -> None:

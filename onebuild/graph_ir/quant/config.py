@@ -26,10 +26,13 @@ class QuantConfig:
     output_type: str = FLOAT
     layers: tuple[LayerOverride, ...] = ()
     bias_correction: bool = True  # full mode: correct biases for the mean weight-rounding error
-    # full mode: "channel" quantizes the Conv -> [table] -> depthwise Conv edges per channel
+    # full mode: "channel" quantizes the Conv -> [table] -> Conv edges per channel
     activation_granularity: str = "tensor"
     # the dtypes such an edge may take per channel (a target lowers some: the rest per tensor)
     channel_dtypes: tuple[str, ...] = ("uint8", "int8", "int16")
+    # edges into convolutions that are not depthwise too (their weights fold the input scales);
+    # off under mixed precision, whose units do not keep such edges whole
+    fold_scales: bool = True
 
     @property
     def quantized_dtypes(self) -> set[str]:

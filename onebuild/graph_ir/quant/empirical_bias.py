@@ -25,6 +25,7 @@ from ..interpreter import Interpreter
 from ..ir import Graph, Node
 from ..ops import OPS
 from .bias_correction import corrected_bias
+from .channel_activations import folds_scales
 from .params import BIAS_ROOM, dequantize
 from .probes import node_keys
 
@@ -183,6 +184,8 @@ def _corrected_kernel(node: Node, floats: Mapping[str, Node], means: Mapping[str
         shift = mean - _input_means(node, x, layer)
         if shift.shape != mean.shape:
             return kernel(attrs, x, codes, bias), None
+        if folds_scales(node):  # W_q holds the input scales: the shift in input steps
+            shift = shift / np.asarray(node.inputs[0].quant.scale, np.float64)
         axis = 0 if layer.op == "Conv" or layer.attrs.get("transB") else 1
         scale = node.inputs[1].quant.scale
         # W_q (E[x] - E[x^]) in real units: corrected_bias's shift of weights 0 -> W_q

@@ -52,12 +52,14 @@ def matmul_attrs(
     weight_scales: Sequence[float],
     y: QuantParams,
     dtype: str,
+    folded: bool = False,
 ) -> dict:
     """QConv (op "Conv") or QGemm: one requantization multiplier per output channel,
-    s_x * s_w[c] / s_y[c]; a per-channel input (a depthwise convolution's, where output
-    channel c reads input channel c alone) has its own zero point and scale per channel."""
+    s_x * s_w[c] / s_y[c]; a per-channel input has its own zero point per channel and, read
+    by a depthwise convolution (output channel c reads input channel c alone), its own scale;
+    `folded`: the input scales are in the weights (`channel_activations.folded_weights`)."""
     channels = len(weight_scales)
-    s_x = np.broadcast_to(np.asarray(x.scale, np.float64), (channels,))
+    s_x = np.broadcast_to(np.asarray(1.0 if folded else x.scale, np.float64), (channels,))
     s_y = np.broadcast_to(np.asarray(y.scale, np.float64), (channels,))
     multipliers = [
         quantize_multiplier(float(a * s / b)) for a, s, b in zip(s_x, weight_scales, s_y)

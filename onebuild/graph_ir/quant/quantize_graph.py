@@ -37,7 +37,7 @@ from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from .bias_correction import corrected_bias
-from .channel_activations import chosen_edges, edge_params
+from .channel_activations import chosen_edges, edge_params, folded_weights, folds_scales
 from .config import FLOAT, QuantConfig, layer_settings
 from .kernel_attrs import (
     average_pool_attrs,
@@ -103,7 +103,9 @@ class _Quantizer:
         self.affine: dict[int, tuple[Node, ...]] = {}  # table node id -> the ops it absorbs
         self.absorbed: set[int] = set()  # node ids emitted as part of a table
         if config.activation_granularity == "channel":
-            chosen = chosen_edges(source, self._dtype_of, channel_ranges, config.channel_dtypes)
+            chosen = chosen_edges(
+                source, self._dtype_of, channel_ranges, config.channel_dtypes, config.fold_scales
+            )
             for edge, dtype in chosen:
                 self.per_channel.update({id(v): dtype for v in edge.values})
                 if edge.affine:
@@ -269,7 +271,11 @@ class _Quantizer:
         w_dtype = weight_dtype(dtype)
         per_channel = self.settings[id(node)].granularity == "channel"
         channels = w.shape[channel_axis]
-        s_x = np.broadcast_to(np.asarray(x.quant.scale, np.float64), (channels,))
+        fold = folds_scales(node, x)  # W'[o, c] = W[o, c] s_x[c]; x in units of its steps
+        if fold:
+            w = folded_weights(w, x.quant.scale, node.attrs["group"])
+        s_x = np.ones(channels) if fold else np.asarray(x.quant.scale, np.float64)
+        s_x = np.broadcast_to(s_x, (channels,))
         b_type = np.int64 if dtype == "int16" else np.int32
         limit = np.iinfo(b_type)
         b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
@@ -277,13 +283,15 @@ class _Quantizer:
         s_y = np.broadcast_to(np.asarray(out_params.scale, np.float64), (channels,))
         w_params = bias_fitting(w_params, b_real, s_x, s_y, b_type)
         scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
-        wq = self.round_weights(node, w, w_params, w_dtype)
+        rounder = nearest if fold else self.round_weights  # its moments are of x, not of x / s_x
+        wq = rounder(node, w, w_params, w_dtype)
         mean = self.means.get(node.inputs[0].name)
         if mean is not None:
+            mean = mean / np.asarray(x.quant.scale) if fold else mean
             b_real = corrected_bias(node, w, wq, w_params.scale, b_real, mean, channel_axis)
         top = float(min(limit.max, BIAS_ROOM))  # exact in float64 (2^63 - 1 is not)
         bq = np.clip(np.rint(b_real / (s_x * scales)), -top, top).astype(b_type)
-        attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype)
+        attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype, fold)
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
         w_value.quant = w_params
         b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"

@@ -18,6 +18,7 @@ from ...errors import UserError
 from ...fileio import atomic_write_bytes
 from ..ir import Graph, Model, Node, Value
 from ..ops.control import BRANCHES
+from ..quant.channel_activations import folds_scales
 from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
 from ..tensor import QuantParams
@@ -95,11 +96,13 @@ class _Exporter:
             scale, zero = scale.reshape(()), zero.reshape(())
         return [self.constant(scale, f"{base}_scale"), self.constant(zero, f"{base}_zero_point")]
 
-    def dequantize(self, value: Value, base: str) -> str:
-        """A float view of a quantized value (its own parameters)."""
+    def dequantize(self, value: Value, base: str, params: QuantParams | None = None) -> str:
+        """A float view of a quantized value (its own parameters, unless `params`)."""
         out = self.fresh(f"{base}_dq")
-        operands = self.qdq_operands(value.quant, value.dtype, value.name)
-        self.emit("DequantizeLinear", [value.name, *operands], [out], out, axis=value.quant.axis)
+        params = value.quant if params is None else params
+        name = value.name if params is value.quant else f"{base}_steps"
+        operands = self.qdq_operands(params, value.dtype, name)
+        self.emit("DequantizeLinear", [value.name, *operands], [out], out, axis=params.axis)
         return out
 
     def quantize(self, source: str, value: Value, node_name: str) -> None:
@@ -202,7 +205,14 @@ class _Exporter:
             op = QUANTIZED[node.op]
         operands = node.inputs[:2] if node.op in ("QConv", "QGemm") else node.inputs
         operands = operands[:1] if node.op == "QSoftmax" else operands  # not the exp table
-        inputs = [self.dequantize(v, f"{node.name}_in{i}") for i, v in enumerate(operands)]
+        views: list[QuantParams | None] = [None] * len(operands)
+        if folds_scales(node):  # its input in steps (scale 1 per channel): s_x is in the weights
+            x = node.inputs[0].quant
+            views[0] = QuantParams((1.0,) * len(x.scale), x.zero_point, x.axis)
+        inputs = [
+            self.dequantize(v, f"{node.name}_in{i}", view)
+            for i, (v, view) in enumerate(zip(operands, views))
+        ]
         # onnxruntime fuses DQ -> Conv -> Q into QLinearConv, whose activations must be per
         # tensor: with per-channel ones the bias is added after the Conv, out of that pattern
         by_channel = any(v.quant.axis is not None for v in (node.inputs[0], out))

@@ -31,15 +31,11 @@ def per_tensor_activations(node: Node, hw: Hardware) -> bool:
 
 def channel_activations(node: Node, hw: Hardware) -> bool:
     """values quantized per channel (quantize.activation_granularity = "channel") must be
-    8-bit, on the channel axis, and a convolution may read one only if it is depthwise (each
-    output channel reads its own input channel); int16 ones run on the CPU"""
+    8-bit and on the channel axis; int16 ones run on the CPU"""
     values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
     for v in filter(per_channel, values):
         if v.quant.axis != 1 or v.dtype.itemsize != 1 or len(v.quant.scale) != v.shape[1]:
             return False
-    if node.op == "QConv" and per_channel(node.inputs[0]):
-        channels = node.inputs[0].shape[1]
-        return node.attrs["group"] == channels == node.outputs[0].shape[1]
     return True
 
 

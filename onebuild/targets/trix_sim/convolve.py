@@ -60,7 +60,15 @@ def convolve(
         taps = wq.reshape(chs, 1, 1, *wq.shape[2:]).astype(np.float64)
         acc = np.einsum("crwij,crwij->crw", windows[ch0 : ch0 + chs], taps)  # exact
     else:
-        if pointwise:  # the input tile is already the im2col matrix
+        info, zps = np.iinfo(x.dtype), np.ravel(zp)
+        widest = max(int(zps.max()) - int(info.min), int(info.max) - int(zps.min()))  # |x - zp|
+        centered = isinstance(zp, list)  # one zero point per input channel (scales folded)
+        if centered:  # exact: |x - zp| < 2^17; pads are then 0, each channel's zero point
+            x = np.subtract(x, np.asarray(zp, np.float32)[:, None, None], dtype=np.float32)
+            zp = 0
+        if pointwise and centered:
+            windows = x[..., None, None]
+        elif pointwise:  # the input tile is already the im2col matrix
             windows = centered_codes(x, zp).reshape(x.shape)[..., None, None]
         else:  # codes, padded with the zero point: centered as the im2col matrix is made
             windows = window_view(
@@ -81,7 +89,7 @@ def convolve(
             kernel = wq[lo - ch0 : hi - ch0].reshape(hi - lo, -1)
             known, reach = (None, None) if norms is None or group > 1 else norms
             if reach is not None:  # times the largest |x - zp| (pads are zp)
-                reach *= max(zp - int(np.iinfo(x.dtype).min), int(np.iinfo(x.dtype).max) - zp)
+                reach *= widest
             part = exact_dot(kernel, cols, bound, keep_float=True, a_norm=known, reach=reach)
             parts.append(part.reshape(hi - lo, rows, ow))
         acc = parts[0] if len(parts) == 1 else np.concatenate(parts)

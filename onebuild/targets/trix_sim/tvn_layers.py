@@ -61,8 +61,7 @@ def check_attrs(f: Fields, kind: str, attrs: dict, ins: list, out, path: str) ->
         elif key == "group":
             f.integer(value, where, 1, 1 << 20)
         elif key == "x_zero_point":
-            depthwise = attrs.get("group") == ins[0].shape[0] == out.shape[0]
-            _codes(f, value, where, ins[0], conv and depthwise)
+            _codes(f, value, where, ins[0], conv)
         elif key in ("y_zero_point", "qmin", "qmax"):
             _codes(f, value, where, out, conv)
         elif key in ("a_zero_point", "b_zero_point"):
