@@ -22,53 +22,32 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+from qdq_layers import ort_code_differences
 from real_models import MODELS, fixed_export, samples
 
 from onebuild.compile import QuantizeOptions, optimize, quantize
-from onebuild.graph_ir.interpreter import Interpreter
-from onebuild.graph_ir.ir import Graph, Model, node_alone
+from onebuild.graph_ir.ir import Graph
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges
 from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.params import channel_of, dequantize
 from onebuild.graph_ir.serde import load_onnx
-from onebuild.graph_ir.serde.onnx_export import export_onnx
 
 CODES = np.arange(-32768, 32768).astype(np.int16)
 
 
 def qdq_differences(quantized: Graph, feeds: dict) -> dict:
     """Per-channel layers alone in onnxruntime against the integer reference, in codes."""
-    trace = {}
-    Interpreter(quantized, observer=lambda v, a: trace.__setitem__(v.name, a)).run_batch(feeds)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+
+    def kind(node) -> str | None:
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
+        per_channel = any(v.quant is not None and v.quant.axis is not None for v in values)
+        return f"qdq_{node.op}" if node.op in ("QConv", "QLookupInterp") and per_channel else None
+
     # onnxruntime's graph optimizations put int16 DQ -> Conv -> Q on a kernel that differs by
     # thousands of codes (per tensor too: the OCR detector's first conv): measured without
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    worst: dict[str, list[int]] = {}
-    for node in quantized.nodes:
-        values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
-        if node.op not in ("QConv", "QLookupInterp") or all(
-            v.quant is None or v.quant.axis is None for v in values
-        ):
-            continue
-        proto = export_onnx(Model([node_alone(node)])).SerializeToString()
-        session = ort.InferenceSession(proto, options, ["CPUExecutionProvider"])
-        inputs = {v.name: trace[v.name] for v in node.inputs if v is not None and not v.is_const}
-        (theirs,) = session.run(None, inputs)
-        diff = np.abs(theirs.astype(np.int64) - trace[node.output.name].astype(np.int64))
-        worst.setdefault(node.op, []).append(int(diff.max()))
-    return {
-        f"qdq_{op}": {
-            "layers": len(d),
-            "max_code_difference": max(d),
-            "within_1": sum(x <= 1 for x in d),
-        }
-        for op, d in worst.items()
-    }
+    return ort_code_differences(quantized, feeds, kind, optimized=False)
 
 
 def measure(spec, count: int, work: Path, qdq: bool = False) -> dict:

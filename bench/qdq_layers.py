@@ -41,26 +41,41 @@ def _kind(node) -> str:
     return node.op
 
 
-def layer_differences(quantized: Graph, feeds: dict) -> dict:
-    """Per-channel layers alone in onnxruntime against the integer reference, in codes."""
+def ort_code_differences(quantized: Graph, feeds: dict, kind, optimized: bool = True) -> dict:
+    """Each layer `kind(node)` names (None: skipped) exported alone as QDQ ONNX and run in
+    onnxruntime on the integer reference's own inputs: per kind, the layers, the largest code
+    difference from the reference and how many are within 1 code. `optimized`: onnxruntime's
+    graph optimizations on."""
     trace = {}
     Interpreter(quantized, observer=lambda v, a: trace.__setitem__(v.name, a)).run_batch(feeds)
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     worst: dict[str, list[int]] = {}
     for node in quantized.nodes:
-        if not any(map(per_channel_value, (*node.inputs, *node.outputs))):
+        name = kind(node)
+        if name is None:
             continue
         proto = export_onnx(Model([node_alone(node)])).SerializeToString()
         session = ort.InferenceSession(proto, options, ["CPUExecutionProvider"])
         inputs = {v.name: trace[v.name] for v in node.inputs if v is not None and not v.is_const}
         (theirs,) = session.run(None, inputs)
         diff = np.abs(theirs.astype(np.int64) - trace[node.output.name].astype(np.int64))
-        worst.setdefault(_kind(node), []).append(int(diff.max()))
+        worst.setdefault(name, []).append(int(diff.max()))
     return {
-        kind: {"layers": len(d), "max_code_difference": max(d), "within_1": sum(x <= 1 for x in d)}
-        for kind, d in sorted(worst.items())
+        name: {"layers": len(d), "max_code_difference": max(d), "within_1": sum(x <= 1 for x in d)}
+        for name, d in sorted(worst.items())
     }
+
+
+def layer_differences(quantized: Graph, feeds: dict) -> dict:
+    """Per-channel layers alone in onnxruntime against the integer reference, in codes."""
+
+    def kind(node) -> str | None:
+        return _kind(node) if any(map(per_channel_value, (*node.inputs, *node.outputs))) else None
+
+    return ort_code_differences(quantized, feeds, kind)
 
 
 def measure(spec, count: int, work: Path) -> dict:
