@@ -8,6 +8,7 @@ HardSwish, then a 3x3 conv with padding (groups 1 or 2) whose weights undo the s
 folded integer kernel against a loop definition, and an edge whose reader's weights do not
 carry the spread staying per tensor."""
 
+import json
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import channel_edges, chosen_edges
 from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.evaluate import compare_graphs
 from onebuild.graph_ir.quant.params import channel_of, dequantize, quantize_multiplier
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_model
@@ -269,17 +271,37 @@ def test_int16_edges_into_ordinary_convs_stay_per_tensor(tmp_path):
     assert "hs" in _chosen(graph, stats)  # the same edge is folded in uint8
 
 
-def test_mixed_precision_keeps_edges_into_ordinary_convs_per_tensor(tmp_path):
-    """Under mixed precision no edge is folded (a promotion that splits one loses it in both
-    types: the layout detector needed 90.8 % of its MACs in int16 for 30 dB, 63.5 % without):
-    the 3x3 conv reads its input per tensor (without mixed precision: per channel)."""
+def test_mixed_precision_folds_only_in_a_base_that_meets_the_target(tmp_path):
+    """The search's candidates fold no edge (a promotion that splits one loses it in both
+    types: the layout detector needed 90.8 % of its MACs in int16 for 30 dB, 63.5 % without),
+    but the all-uint8 model is first measured as configured: when it meets the target it is
+    the answer, folded edge and all, with nothing promoted (it was 100 % promoted when the
+    base was measured without folding)."""
     graph, stats, _ = _setup(tmp_path, 1)
     calib, _ = _digits()
-    mixed = MixedPrecisionOptions(target_sqnr_db=20.0)
-    options = QuantizeOptions(activation_granularity="channel", mixed_precision=mixed)
+    batch = [{"x": calib}]
+    plain = quantize(_model(tmp_path), QuantizeOptions(activation_granularity="channel"), stats)
+    folded_db = min(
+        o["sqnr_db"] for o in compare_graphs(graph, plain.main, [("c", batch[0])]).outputs.values()
+    )
+
+    def mixed(target: float):
+        options = QuantizeOptions(
+            activation_granularity="channel",
+            mixed_precision=MixedPrecisionOptions(target_sqnr_db=target),
+        )
+        model = quantize(_model(tmp_path), options, stats, batch)
+        conv = next(n for n in model.main.nodes if n.name == "c1")
+        return json.loads(model.metadata["mixed_precision"]), conv.inputs[0].quant.axis
+
+    record, axis = mixed(folded_db - 1)
+    assert record["promoted"] == [] and axis is not None, record
+    record, axis = mixed(folded_db + 3)
+    assert record["promoted"] and axis is None, record
+    assert "hs" in _chosen(graph, stats)
+
+
+def _model(tmp_path) -> Model:
     model = load_model(tmp_path / "folded1.onnx")
     run_preset(model)
-    quantized = quantize(model, options, stats, [{"x": calib}]).main
-    conv = next(n for n in quantized.nodes if n.name == "c1")
-    assert conv.inputs[0].quant.axis is None
-    assert "hs" in _chosen(graph, stats)
+    return model

@@ -221,6 +221,12 @@ def search(
     base_graph, base = probe(())
     if met(base):
         return _result(base_graph, (), base, target, fraction, steps)
+    if config.fold_scales and config.activation_granularity == "channel":
+        # the candidates fold no edge: a promotion that splits one loses it in both types
+        # (the layout detector needed 90.8 % of MACs in int16 for 30 dB with them, 63.5 %
+        # without); the base above kept them, and is the answer when it meets the target
+        config = replace(config, fold_scales=False)
+        base_graph, base = probe(())
     units = layer_units(float_graph, base_graph)
     members = {layer: [layer] for layer in units}
     if config.activation_granularity == "channel":
