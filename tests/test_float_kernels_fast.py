@@ -13,7 +13,8 @@ import pytest
 
 from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
 from onebuild.datasets import first_samples, iter_batches
-from onebuild.graph_ir.ops import OPS, compiled
+from onebuild.graph_ir import compiled
+from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant import probes, sensitivity
 from onebuild.graph_ir.quant.params import _requantize_compiled, quantize_multiplier, requantize
 from onebuild.graph_ir.serde import load_onnx

@@ -9,7 +9,7 @@ optionally a fused activation `clip`.
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import compiled
+from ..compiled import compiled
 from .elementwise import apply_clip
 from .registry import ANY, PER_SAMPLE, Attrs, BatchRule, TensorType, register
 

@@ -6,7 +6,7 @@ Add, Conv, Gemm and MatMul may carry a fused activation, the attribute `clip = [
 
 import numpy as np
 
-from .compiled import compiled
+from ..compiled import compiled
 from .registry import (
     BROADCASTING,
     PER_SAMPLE,

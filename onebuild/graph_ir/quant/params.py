@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..ops.compiled import compiled
+from ..compiled import compiled
 from ..tensor import QuantParams
 
 ADD_SHIFT = 20  # integer Add scales both inputs by 2^20 before rescaling them to a common scale
