@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from onebuild.errors import FormatError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
@@ -178,6 +179,23 @@ def test_ir_structural_mutations_fail_cleanly(ir_files, tmp_path_factory, data):
         _one_line(error)
         if isinstance(error, FormatError):
             assert str(path) in str(error)
+
+
+def test_a_reduction_naming_an_axis_twice_is_refused_at_load(tmp_path):
+    """Found by the fuzzing above: axes [0, 1, 2, 3, 0] reached numpy's mean (an internal
+    error) instead of being refused with the file's name."""
+    graph = Graph("g")
+    x = graph.add_input("x", np.dtype(np.float32), (1, 2, 3, 3))
+    graph.outputs.append(
+        graph.make_node("ReduceMean", [x], {"axes": [0, 1], "keepdims": 0}).outputs[0]
+    )
+    path = tmp_path / "m.obir"
+    save_ir(Model([graph]), path)
+    header, blob = _ir_parts(path.read_bytes())
+    header["graphs"][0]["nodes"][0]["attrs"]["axes"] = [0, 1, 2, 3, 0]
+    path.write_bytes(_ir_resealed(header, blob))
+    with pytest.raises(FormatError, match=r"axes \[0, 1, 2, 3, 0\] name an axis twice"):
+        _load_and_run_ir(path)
 
 
 # -- .tvn files --------------------------------------------------------------------------------

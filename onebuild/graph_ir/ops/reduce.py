@@ -8,6 +8,8 @@ from .registry import NOT_OVER_AXIS_0, Attrs, TensorType, register
 def _reduce_type(attrs: Attrs, types) -> list[TensorType]:
     x = types[0]
     axes = set(attrs["axes"])
+    if len(axes) != len(attrs["axes"]):
+        raise ValueError(f"axes {list(attrs['axes'])} name an axis twice")
     if attrs.get("keepdims", 1):
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     else:
