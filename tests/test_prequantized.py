@@ -103,13 +103,19 @@ def test_a_preset_builds_a_prequantized_model_without_calibration(tmp_path, qdq,
         '[pack]\noutput = "q.nnpkg"\n[build]\ndir = "build"\n'
     )
     assert main(["build", str(recipe)]) == 0
+    steps = _package_steps(tmp_path, qdq, images)
+    print(f"package vs onnxruntime's QDQ model: {steps:.2f} LSB of the logits")
+    assert steps <= 1.01
+
+
+def _package_steps(tmp_path, qdq, images) -> float:
+    """The largest difference between q.nnpkg run by onebuild and onnxruntime's QDQ model, in
+    LSBs of the logits."""
     write_npz(tmp_path / "in.npz", {"input": images})
     package = ["run", str(tmp_path / "q.nnpkg"), "-i", str(tmp_path / "in.npz")]
     assert main([*package, "-o", str(tmp_path / "o.npz")]) == 0
     got = read_npz(tmp_path / "o.npz")["logits"]
-    steps = np.abs(got - onnxruntime_logits(qdq, images)).max() / lsb(qdq)
-    print(f"package vs onnxruntime's QDQ model: {steps:.2f} LSB of the logits")
-    assert steps <= 1.01
+    return float(np.abs(got - onnxruntime_logits(qdq, images)).max() / lsb(qdq))
 
 
 @pytest.mark.parametrize("fmt", ["circle", "tflite"])
@@ -130,11 +136,7 @@ def test_a_preset_builds_a_prequantized_flatbuffer_without_calibration(
         "quantize.calibration: full quantization needs calibration data" in capsys.readouterr().err
     )
     assert main(["build", str(tmp_path / "q.toml")]) == 0
-    write_npz(tmp_path / "in.npz", {"input": images})
-    package = ["run", str(tmp_path / "q.nnpkg"), "-i", str(tmp_path / "in.npz")]
-    assert main([*package, "-o", str(tmp_path / "o.npz")]) == 0
-    got = read_npz(tmp_path / "o.npz")["logits"]
-    steps = np.abs(got - onnxruntime_logits(qdq, images)).max() / lsb(qdq)
+    steps = _package_steps(tmp_path, qdq, images)
     print(f"{fmt} package vs onnxruntime's QDQ model: {steps:.2f} LSB of the logits")
     assert steps <= 1.01
 
