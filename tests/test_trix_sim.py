@@ -416,12 +416,7 @@ def test_whole_layer_execution_equals_tile_by_tile(rng):
     tile, also for a stream whose tile reads other data than the whole layer was computed
     from (that tile is not proven to read the same bytes, compares them and computes alone);
     a later run of a simulator (on other data before) equals a new simulator's run."""
-    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
-    run_preset(model)
-    x = model.main.inputs[0]
-    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
-    hw = load_hardware("trix-s")
-    module = generate(lower(quantized, hw), hw, "performance")
+    x, hw, module = _squeezenet(rng, "trix-s")
     feeds = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
     before = {x.name: rng.integers(0, 256, x.shape).astype(np.uint8)}
     tiled = exactly_tiled(module)
@@ -458,12 +453,7 @@ def test_pools_of_tensors_kept_in_sram_run_whole(rng):
     """On trix-m squeezenet's pools read channel tiles of tensors kept in SRAM: they are
     computed whole from there, every tile proven to read it, with the outputs and report of
     tile-by-tile execution, also on a later run."""
-    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
-    run_preset(model)
-    x = model.main.inputs[0]
-    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
-    hw = load_hardware("trix-m")
-    module = generate(lower(quantized, hw), hw, "performance")
+    x, hw, module = _squeezenet(rng, "trix-m")
     feeds, before = ({x.name: rng.integers(0, 256, x.shape).astype(np.uint8)} for _ in range(2))
     whole, tiled = Simulator(module, hw), Simulator(module, hw)
     tiled._tiled = []
@@ -481,3 +471,14 @@ def test_pools_of_tensors_kept_in_sram_run_whole(rng):
 
 def _loads(module, index: int) -> np.ndarray:
     return np.flatnonzero((module.code[:, 0] == LOAD) & (module.code[:, 1] == index))
+
+
+def _squeezenet(rng, preset: str):
+    """squeezenet quantized on random images and compiled for `preset`: (its input, the
+    hardware, the module)."""
+    model = import_onnx(light_model("squeezenet", seed=1, expose_logits=True))
+    run_preset(model)
+    x = model.main.inputs[0]
+    quantized = integer_graph(model.main, {x.name: rng.random((2, *x.shape), dtype=np.float32)})
+    hw = load_hardware(preset)
+    return x, hw, generate(lower(quantized, hw), hw, "performance")
