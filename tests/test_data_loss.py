@@ -5,12 +5,15 @@ line that names the path and says how to fix it.
 """
 
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
+from onnx import numpy_helper
 
 MODEL = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet.onnx"
 DATA = Path(__file__).parent.parent / "examples" / "models" / "tiny_mobilenet_calib.npz"
@@ -156,3 +159,39 @@ def test_clean_takes_the_build_folder_lock(tmp_path):
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert_refused(cli("clean", str(recipe), cwd=tmp_path), "another onebuild")
     assert (tmp_path / "out" / "m.nnpkg" / "metadata" / "MANIFEST").is_file()
+
+
+def test_a_file_put_inside_the_package_is_neither_replaced_nor_cleaned(tmp_path):
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    notes = tmp_path / "out/m.nnpkg/NOTES.txt"
+    notes.write_text("mine")
+    result = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
+    assert_refused(result, "NOTES.txt", "did not make")
+    assert_refused(cli("clean", str(recipe), cwd=tmp_path), "NOTES.txt", "did not make")
+    assert notes.read_text() == "mine"
+    notes.unlink()  # an edited file of onebuild's own is remade, as before
+    manifest = tmp_path / "out/m.nnpkg/metadata/MANIFEST"
+    made = manifest.read_bytes()
+    manifest.write_text("{}")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    assert manifest.read_bytes() == made
+
+
+def test_an_input_rewritten_with_its_old_modification_time_is_rebuilt(tmp_path):
+    """cp -p, tar x, rsync -a and fixed zip times keep a changed file's modification time."""
+    recipe = project(tmp_path, "out/m.nnpkg")
+    model = tmp_path / "model.onnx"
+    os.utime(model, ns=(10**9, 10**9))
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    package = tmp_path / "out/m.nnpkg"
+    before = snapshot(package)
+    proto = onnx.load(model)
+    weight = proto.graph.initializer[0]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 2, weight.name))
+    onnx.save(proto, model)
+    os.utime(model, ns=(10**9, 10**9))
+    result = cli("build", str(recipe), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(package) != before
+    assert "0 step(s) run" in cli("build", str(recipe), cwd=tmp_path).stdout

@@ -1,9 +1,10 @@
 """Recipe plans -> a doit task DAG, run with caching.
 
 Each enabled step becomes one doit task with explicit `file_dep` and `targets` and a
-`config_changed` check over the step's normalized config plus the digest of its code. doit's
-file checker compares (mtime, size, md5), so a step whose output comes out byte-identical stops
-the cascade: downstream steps see an unchanged dependency and stay up to date.
+`config_changed` check over the step's normalized config plus the digest of its code. The file
+checker (`step_cache.ContentChecker`) compares contents, so a step whose output comes out
+byte-identical stops the cascade: downstream steps see an unchanged dependency and stay up to
+date.
 
 The task database is doit's sqlite3 backend in the first recipe's build folder: dbm (doit's
 default) corrupts when two processes touch it, sqlite3 locks and stays consistent.
@@ -39,13 +40,15 @@ from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
     finished_key,
+    folder_files,
+    log_path,
     logged_key,
     made_by,
     outputs_intact,
     refuse_foreign,
     sweep,
 )
-from .step_cache import fingerprint, open_cache, step_key, tree_digest
+from .step_cache import ContentChecker, fingerprint, open_cache, step_key, tree_digest
 
 log = logging.getLogger("onebuild")
 
@@ -342,10 +345,11 @@ class _Runner:
             "inputs": {str(p): d for p, d in zip(task.inputs, input_digests)},
             "outputs": {str(p): tree_digest(p) for p in task.outputs},
             "fingerprints": {str(p): fingerprint(p) for p in task.outputs},
+            "files": {str(p): folder_files(p) for p in task.outputs if p.is_dir()},
             "seconds": round(result.seconds, 4),
         }
         text = json.dumps(log, indent=2, sort_keys=True) + "\n"
-        atomic_write_bytes(Path(f"{task.outputs[0]}.log"), text.encode())
+        atomic_write_bytes(log_path(task.outputs), text.encode())
 
     def delayed_task(self, fan_out: FanOut) -> Task:
         """A placeholder that doit expands into the fan-out's tasks once `after` has run."""
@@ -398,7 +402,12 @@ class _Loader(TaskLoader2):
         self.runner, self.db, self.reporter = runner, db, reporter
 
     def load_doit_config(self):
-        return {"dep_file": str(self.db), "backend": "sqlite3", "reporter": self.reporter}
+        return {
+            "dep_file": str(self.db),
+            "backend": "sqlite3",
+            "reporter": self.reporter,
+            "check_file_uptodate": ContentChecker,
+        }
 
     def load_tasks(self, cmd, pos_args):
         tasks = [dict_to_task(self.runner.task_dict(t)) for t in self.runner.tasks.values()]

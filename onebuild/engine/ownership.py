@@ -4,8 +4,9 @@ A step claims its outputs before writing them: its log (`<first output>.log`) is
 naming every output, and rewritten with hashes and timings when the step ends. An output that
 exists may be replaced (by a build) or removed (by `clean`) only when that log names it, so a
 package path, a build folder or a data folder that happens to be where an output goes is never
-touched. A build folder carries a mark file from its first build on; an existing folder that
-holds other files and no mark is refused.
+touched; an output folder (a package) also only while it holds no file but those the log lists,
+so a user's notes put inside a package are never swept with it. A build folder carries a mark
+file from its first build on; an existing folder that holds other files and no mark is refused.
 
 Temporary files that a killed build left beside its outputs (the atomic writers' `.NAME.XXXXXXXX`
 siblings) are swept by the next build and by `clean`, both under the build-folder lock (the
@@ -44,13 +45,34 @@ def _claimed(outputs: list[Path]) -> set[str]:
         return set()
 
 
+def folder_files(path: Path) -> list[str]:
+    """The files and links inside an output folder, as sorted relative names."""
+    found = (p for p in path.rglob("*") if p.is_symlink() or not p.is_dir())
+    return sorted(p.relative_to(path).as_posix() for p in found)
+
+
+def _logged_files(outputs: list[Path]) -> dict:
+    try:
+        files = json.loads(log_path(outputs).read_bytes()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
 def foreign(outputs: list[Path]) -> list[Path]:
-    """The outputs that exist but were not made by onebuild (no log of theirs names them)."""
+    """What exists where the outputs go but onebuild did not make: outputs no log of theirs
+    names, and files inside an output folder that its log does not list."""
     present = [p for p in outputs if p.exists() or p.is_symlink()]
     if not present:
         return []
     claimed = _claimed(outputs)
-    return [p for p in present if str(p) not in claimed]
+    found = [p for p in present if str(p) not in claimed]
+    listed = _logged_files(outputs)
+    for path in present:
+        if str(path) in claimed and str(path) in listed and path.is_dir() and not path.is_symlink():
+            known = set(listed[str(path)])
+            found += [path / name for name in folder_files(path) if name not in known]
+    return found
 
 
 def made_by(outputs: list[Path]) -> str | None:
@@ -112,8 +134,12 @@ def refuse_foreign(outputs: list[Path], where: str, verb: str) -> None:
 
 
 def claim(outputs: list[Path], step: str) -> None:
-    """Record, before writing them, that these outputs are onebuild's."""
+    """Record, before writing them, that these outputs are onebuild's (keeping the files the
+    last finished step listed, which stay in place until the new outputs replace them)."""
     record = {"status": "running", "step": step, "outputs": [str(p) for p in outputs]}
+    files = _logged_files(outputs)
+    if files:
+        record["files"] = files
     atomic_write_bytes(log_path(outputs), (json.dumps(record, indent=2) + "\n").encode())
 
 

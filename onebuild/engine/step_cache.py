@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from doit.dependency import FileChangedChecker, get_file_md5
+
 from ..fileio import current_umask
 
 
@@ -38,14 +40,38 @@ def tree_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
+def stamp(stat: os.stat_result) -> list[int]:
+    """What changes whenever a file's content may have: size, modification and status-change
+    times, inode. The modification time alone does not (`cp -p`, `tar x`, `rsync -a`, wheels'
+    fixed zip times and `touch -d` set it to anything); the status-change time cannot be set."""
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
 def fingerprint(path: Path) -> str:
-    """A cheap change detector of a file or folder: names, sizes and modification times."""
+    """A cheap change detector of a file or folder: names and stamps."""
     sha = hashlib.sha256()
     items = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for item in items:
-        stat = item.stat()
-        sha.update(f"{item.relative_to(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        sha.update(f"{item.relative_to(path)}\0{stamp(item.stat())}\n".encode())
     return sha.hexdigest()
+
+
+class ContentChecker(FileChangedChecker):
+    """doit's file check by content: a dependency whose stamp moved is hashed. doit's default
+    checker takes an unchanged modification time as an unchanged file, so a model rewritten
+    with its old time (`cp -p`, `touch -d`) built nothing."""
+
+    def check_modified(self, file_path, file_stat, state) -> bool:
+        old_stamp, size, md5 = state
+        if stamp(file_stat) == old_stamp:
+            return False
+        return file_stat.st_size != size or get_file_md5(file_path) != md5
+
+    def get_state(self, dep, current_state):
+        now = stamp(os.stat(dep))
+        if current_state and current_state[0] == now:
+            return None
+        return now, now[0], get_file_md5(dep)
 
 
 def step_key(step: str, code: str, config: dict, input_digests: list[str], base: Path) -> str:
