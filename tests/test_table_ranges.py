@@ -11,7 +11,7 @@ from onebuild.graph_ir.metrics import sqnr_db
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant import quantize_graph as quantizer
 from onebuild.graph_ir.quant.calibrate import calibrate
-from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.params import activation_params
 from onebuild.graph_ir.serde import load_model
 from onebuild.npz import read_npz
@@ -101,3 +101,28 @@ def test_a_table_constant_over_the_whole_range_still_quantizes():
     assert _logit_params(quantized) == activation_params(0.0, 0.0, "uint8")
     scores = Interpreter(quantized).run_batch(test)["scores"]
     np.testing.assert_array_equal(scores, 0.0)
+
+
+def test_a_table_promoted_to_int16_keeps_its_uint8_producers_range_narrowed():
+    """A uint8 layer read only by a table that mixed precision (or a layer override) puts in
+    int16: the int16 table is as constant beyond its span as the uint8 one, so the producer's
+    codes go where the table changes, as when both are uint8 (its range was widened to the
+    full calibrated one: the PP-OCR classifier's first HardSwish input [-3.05, 9.5] became
+    [-7.7, 9.5], and promoting the table lost 2-3 dB)."""
+    graph = Graph("scaled_scores")
+    logits = graph.add_input("logits", np.float32, (1, 10))
+    weight = graph.add_constant(np.diag(np.linspace(0.5, 2.0, 10)).astype(np.float32), "w")
+    scaled = graph.make_node("MatMul", [logits, weight], name="scaled").output
+    graph.outputs = [graph.make_node("Sigmoid", [scaled], name="scores").output]
+    stats = calibrate(graph, {"logits": _logits("calib")})
+    lo, hi = stats.ranges[scaled.name]
+    promoted = QuantConfig(layers=(LayerOverride(names=("scores",), dtype="int16"),))
+    quantized = quantizer.quantize_graph(graph, stats.ranges, promoted)
+    (producer,) = [n for n in quantized.nodes if n.op == "QGemm"]
+    params = producer.output.quant
+    assert producer.output.dtype == np.uint8
+    lo_q = (0 - params.zero_point[0]) * params.scale[0]
+    hi_q = (255 - params.zero_point[0]) * params.scale[0]
+    # calibrated [-55.2, 25.6]; int16 Sigmoid codes are 0 below about -10.5 and stop changing
+    # where float32's sigmoid reaches 1.0 (about 17)
+    assert lo < -50 and hi > 25 and -11 < lo_q < -10 and 16 < hi_q < 18, (lo_q, hi_q)

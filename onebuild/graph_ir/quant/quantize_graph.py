@@ -126,7 +126,7 @@ class _Quantizer:
             params = self.param_cache[(id(value), dtype)] = self._channel_params(value)
             return params
         live = (self._dtype_of, self.params, self._is_output, self.memo)
-        lo, hi = live_range(value, lo * headroom, hi * headroom, dtype, *live)
+        lo, hi = live_range(value, lo * headroom, hi * headroom, *live)
         params = self.param_cache[(id(value), dtype)] = activation_params(lo, hi, dtype)
         return params
 
@@ -141,7 +141,7 @@ class _Quantizer:
             def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
                 out = lambda v, kind: channel_of(self.params(v, kind), c)  # noqa: E731
                 live = (self._dtype_of, out, self._is_output, self.memo)
-                return live_range(value, lo, hi, dtype, *live)
+                return live_range(value, lo, hi, *live)
 
         return edge_params(self.channel_ranges[value.name], dtype, narrow)
 

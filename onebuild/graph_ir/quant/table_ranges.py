@@ -33,21 +33,21 @@ def live_range(
     value: Value,
     lo: float,
     hi: float,
-    dtype: str,
     dtype_of: Setting,
     output_params: OutputParams,
     is_output: Callable[[Value], bool],
     memo: dict | None = None,
 ) -> tuple[float, float]:
-    """[lo, hi] narrowed to the inputs where the tables reading `value` (each in `dtype`, with
-    its output's parameters `output_params(out, dtype)`) still change their output code; [lo, hi]
+    """[lo, hi] narrowed to the inputs where the tables reading `value` (each in its type
+    `dtype_of(table)`, with its output's parameters `output_params(out, type)`) still change
+    their output code; [lo, hi]
     itself when any reader is not such a table. `memo` keeps each table's changes for reuse
     by later quantizations of the same graph (keyed by the table node, range, type and output
     parameters: all they depend on)."""
     if not hi > lo:
         return lo, hi
     grid = np.linspace(lo, hi, GRID + 1)
-    spans = _spans(value, grid, dtype, dtype_of, output_params, is_output, memo)
+    spans = _spans(value, grid, dtype_of, output_params, is_output, memo)
     if spans is None:
         return lo, hi
     return _within(grid, spans)
@@ -63,19 +63,22 @@ def _within(grid: np.ndarray, spans: list) -> tuple[float, float]:
     return max(lo, float(first - margin)), min(hi, float(last + margin))
 
 
-def _spans(value, grid, dtype, dtype_of, output_params, is_output, memo=None) -> list | None:
-    """(first, last) grid indices where each table reading `value` changes code; None when a
-    reader is not a table in `dtype` (or the value leaves the graph)."""
+def _spans(value, grid, dtype_of, output_params, is_output, memo=None) -> list | None:
+    """(first, last) grid indices where each table reading `value` changes code, each in its
+    own type (a table promoted to int16 reads a uint8 producer's codes requantized: beyond
+    the span it is as constant as in 8 bits); None when a reader is not a quantized table (or
+    the value leaves the graph)."""
     if is_output(value) or not value.users:
         return None
     memo = {} if memo is None else memo
     spans = []
     for node in value.users:
-        if dtype_of(node) != dtype or node.inputs[0] is not value:
+        dtype = dtype_of(node)
+        if dtype is None or node.inputs[0] is not value:
             return None
         if node.op in MOVES and _moves_codes(node):
             for out in node.outputs:
-                inner = _spans(out, grid, dtype, dtype_of, output_params, is_output, memo)
+                inner = _spans(out, grid, dtype_of, output_params, is_output, memo)
                 if inner is None:
                     return None
                 spans += inner
