@@ -40,10 +40,9 @@ def live_range(
 ) -> tuple[float, float]:
     """[lo, hi] narrowed to the inputs where the tables reading `value` (each in its type
     `dtype_of(table)`, with its output's parameters `output_params(out, type)`) still change
-    their output code; [lo, hi]
-    itself when any reader is not such a table. `memo` keeps each table's changes for reuse
-    by later quantizations of the same graph (keyed by the table node, range, type and output
-    parameters: all they depend on)."""
+    their output code; [lo, hi] itself when any reader is not such a table. `memo` keeps each
+    table's changes for reuse by later quantizations of the same graph (keyed by the table
+    node, range, type and output parameters: all they depend on)."""
     if not hi > lo:
         return lo, hi
     grid = np.linspace(lo, hi, GRID + 1)
