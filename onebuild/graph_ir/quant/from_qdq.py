@@ -25,7 +25,7 @@ import logging
 import numpy as np
 
 from ..ir import Graph, Node, Value
-from ..ops import OPS
+from ..ops import OPS, weight_axes
 from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
@@ -236,14 +236,13 @@ class _Folder:
         attrs = node.attrs
         if x is None or w is None or not w.is_const or any(w.quant.zero_point):
             return None
-        if node.op not in ("Conv", "Gemm", "MatMul") or attrs.get("transA"):
+        if attrs.get("transA"):
             return None
         if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
             return None
         if node.op == "MatMul" and (len(w.shape) != 2 or len(x.shape) != 2):
             return None
-        trans_b = int(attrs.get("transB", 0))
-        channel_axis = 0 if node.op == "Conv" or trans_b else 1
+        channel_axis = weight_axes(node).out
         if w.quant.axis not in (None, channel_axis):
             return None
         channels = w.shape[channel_axis]
