@@ -18,7 +18,9 @@
 - quantizes: for an integer op the quantizer makes, the float ops it stands for (QGemm: Gemm
   and MatMul), so a partition map naming a float op names its quantized form too;
 - weights: for an op with a weight (input 1: Conv, Gemm, ...), where its channels are (a
-  `WeightLayout`; `weight_axes(node)` applies it), else None.
+  `WeightLayout`; `weight_axes(node)` applies it), else None;
+- view: the output is the input's bytes, at most under another shape (Reshape, Identity):
+  no target computes or moves anything for it.
 
 Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
@@ -108,6 +110,7 @@ QUANT_RULES = (
     "matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad", "resize",
     "softmax", "recurrent",
 )  # fmt: skip
+KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output has the input's params
 
 
 class WeightAxes(NamedTuple):
@@ -131,6 +134,13 @@ def weight_axes(node: "Node") -> WeightAxes | None:
     return None if layout is None or weight is None else layout(node.attrs, len(weight.shape))
 
 
+def rule_of(op: str) -> str | None:
+    """The quantization rule of `op`, or for an integer op the rule of the float op it stands
+    for (QLSTM: "recurrent")."""
+    opdef = OPS[op]
+    return OPS[opdef.quantizes[0]].quant if opdef.quantizes else opdef.quant
+
+
 class _Unstated:
     def __repr__(self) -> str:
         return "UNSTATED"
@@ -150,6 +160,7 @@ class OpDef:
     subgraphs: tuple[str, ...] = ()
     quantizes: tuple[str, ...] = ()
     weights: WeightLayout | None = None
+    view: bool = False
 
 
 OPS: dict[str, OpDef] = {}
@@ -165,6 +176,7 @@ def register(
     subgraphs: tuple[str, ...] = (),
     quantizes: tuple[str, ...] = (),
     weights: WeightLayout | None = None,
+    view: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the kernel of op `name`; it may return one array.
 
@@ -172,7 +184,7 @@ def register(
     one of QUANT_RULES, or None to keep the op in float; `onnx` the attributes of the ONNX
     operator it is, by type (`{}`: one without attributes), or None; `subgraphs` the attributes
     holding IR graphs; `quantizes` the float ops an integer op stands for; `weights` where a
-    weighted op's channels are.
+    weighted op's channels are; `view` whether its output is its input's bytes.
     """
     if quant is not None and quant not in QUANT_RULES:
         raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
@@ -189,7 +201,9 @@ def register(
         kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
-        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx, subgraphs, quantizes, weights)
+        OPS[name] = OpDef(
+            name, kernel, infer, batch, quant, onnx, subgraphs, quantizes, weights, view
+        )
         return fn
 
     return wrap

@@ -28,6 +28,7 @@ from ..ir import Graph, Node, Value
 from ..ops import OPS, weight_axes
 from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
+from ..ops.registry import KEEPS_PARAMETERS
 from ..passes.cleanup import eliminate_dead_code
 from ..passes.fuse import fuse_activations
 from ..tensor import QuantParams
@@ -168,7 +169,7 @@ class _Folder:
         names = [v.name for v in node.outputs]
         new = self.graph.make_node(node.op, inputs, node.attrs, node.name, names)
         x = inputs[0] if inputs else None
-        moves = OPS[node.op].quant in ("passthrough", "pad", "resize")
+        moves = OPS[node.op].quant in KEEPS_PARAMETERS
         for old, value in zip(node.outputs, new.outputs):
             if moves and x is not None and x.quant is not None and value.dtype == x.dtype:
                 value.quant = x.quant

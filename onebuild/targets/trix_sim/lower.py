@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph_ir.ir import Graph, Node, Value
+from ...graph_ir.ops import OPS
 from ...graph_ir.tensor import QuantParams
 from .constraints import (
     GENERIC,
@@ -405,7 +406,10 @@ def _resize(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("resize", node.name, ins, out, {}, {"rows": rows, "cols": cols})
 
 
-@_lowers("Reshape", "Identity", "Dropout", constraints=(pass_through_dtype,), generic=MOVING)
+VIEWS = tuple(name for name, op in OPS.items() if op.view)  # the registry's: Reshape, ...
+
+
+@_lowers(*VIEWS, constraints=(pass_through_dtype,), generic=MOVING)
 def _view(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
 
