@@ -63,8 +63,8 @@ class TensorDesc:
 
 @dataclass
 class Layer:
-    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | concat | reshape,
-    # or a data move (moves.MOVES)
+    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | softmax | concat
+    # | reshape, or a data move (moves.MOVES); tvn_layers.REQUIRED lists them all
     name: str
     inputs: list[str]
     output: str
@@ -89,7 +89,7 @@ class Program:
     outputs: list[str]
 
 
-WINDOWED = ("conv", "maxpool", "avgpool")
+WINDOWED = ("conv", "maxpool", "avgpool")  # layers reading windows: they run on row tiles
 
 
 def window_span(layer: Layer, rows: int) -> int:
