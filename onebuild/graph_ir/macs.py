@@ -3,9 +3,11 @@
 import numpy as np
 
 from .ir import Graph, Node
+from .ops import OPS
+from .ops.registry import rule_of
 
-RECURRENT = ("LSTM", "QLSTM", "GRU", "QGRU", "RNN", "QRNN")
-MATMUL_LIKE = ("Conv", "QConv", "ConvTranspose", "Gemm", "QGemm", "MatMul", *RECURRENT)
+RECURRENT = tuple(name for name in OPS if rule_of(name) == "recurrent")  # LSTM, QLSTM, ...
+MATMUL_LIKE = (*(name for name, op in OPS.items() if op.weights), *RECURRENT)
 
 
 def macs(node: Node) -> int:

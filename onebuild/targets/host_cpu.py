@@ -12,8 +12,7 @@ import numpy as np
 from ..graph_ir.interpreter import release_schedule
 from ..graph_ir.ir import Graph, Node, Value
 from ..graph_ir.macs import MATMUL_LIKE, macs
-
-WINDOWED = ("MaxPool", "AveragePool", "QAveragePool", "LRN")
+from ..graph_ir.ops import OPS
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class HostCpu:
         rate = self.int_macs_per_cycle if integer else self.float_macs_per_cycle
         if node.op in MATMUL_LIKE:
             compute = macs(node) / rate
-        elif node.op in ("Reshape", "Identity", "Dropout", "Flatten", "Squeeze", "Unsqueeze"):
+        elif OPS[node.op].view:
             compute = 0.0
         else:
             window = int(np.prod(node.attrs.get("kernel_shape", [1])))

@@ -16,6 +16,6 @@ from . import (  # noqa: F401
     resize,
     tensor_ops,
 )
-from .registry import OPS, OpDef, TensorType, broadcast_shape, normalize_axis
+from .registry import OPS, OpDef, TensorType, broadcast_shape, normalize_axis, weight_axes
 
-__all__ = ["OPS", "OpDef", "TensorType", "broadcast_shape", "normalize_axis"]
+__all__ = ["OPS", "OpDef", "TensorType", "broadcast_shape", "normalize_axis", "weight_axes"]

@@ -11,7 +11,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..compiled import compiled
 from .elementwise import apply_clip
-from .registry import ANY, PER_SAMPLE, Attrs, BatchRule, TensorType, register
+from .registry import ANY, PER_SAMPLE, Attrs, BatchRule, TensorType, WeightAxes, register
 
 
 def window_view(
@@ -72,7 +72,12 @@ def conv_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (x.shape[0], w.shape[0], *spatial))]
 
 
-@register("Conv", conv_type, batch=PER_SAMPLE, quant="matmul")
+def conv_weights(attrs: Attrs, rank: int) -> WeightAxes:
+    """Conv: weight [O, C / group, k...] over data [N, C, ...]."""
+    return WeightAxes(0, 1, 1)
+
+
+@register("Conv", conv_type, batch=PER_SAMPLE, quant="matmul", weights=conv_weights)
 def conv(attrs, x, w, b=None):
     group, nd = attrs["group"], x.ndim - 2
     strides, dilations = tuple(attrs["strides"]), tuple(attrs["dilations"])
@@ -205,7 +210,12 @@ def _conv_transpose_type(attrs: Attrs, types) -> list[TensorType]:
     return [TensorType(x.dtype, (x.shape[0], w.shape[1] * attrs["group"], *spatial))]
 
 
-@register("ConvTranspose", _conv_transpose_type, batch=PER_SAMPLE)
+def _conv_transpose_weights(attrs: Attrs, rank: int) -> WeightAxes:
+    """ConvTranspose: weight [C, O / group, k...] over data [N, C, ...]."""
+    return WeightAxes(1, 0, 1)
+
+
+@register("ConvTranspose", _conv_transpose_type, batch=PER_SAMPLE, weights=_conv_transpose_weights)
 def conv_transpose(attrs, x, w, b=None):
     group, nd = attrs["group"], x.ndim - 2
     strides, dil, pads = attrs["strides"], attrs["dilations"], attrs["pads"]
@@ -293,7 +303,12 @@ _GEMM_BATCH = BatchRule(
 )
 
 
-@register("Gemm", gemm_type, batch=_GEMM_BATCH, quant="matmul")
+def gemm_weights(attrs: Attrs, rank: int) -> WeightAxes:
+    """Gemm: B is [N, K] with transB, else [K, N], over A [M, K] (transA: [K, M])."""
+    return WeightAxes(0, 1, -1) if attrs.get("transB") else WeightAxes(1, 0, -1)
+
+
+@register("Gemm", gemm_type, batch=_GEMM_BATCH, quant="matmul", weights=gemm_weights)
 def gemm(attrs, a, b, c=None):
     a = a.T if attrs.get("transA") else a
     b = b.T if attrs.get("transB") else b
@@ -331,6 +346,13 @@ def _matmul_separable(node) -> bool:
 _MATMUL_BATCH = BatchRule(ANY, condition=_matmul_separable)
 
 
-@register("MatMul", _matmul_type, batch=_MATMUL_BATCH, quant="matmul", onnx={})
+def _matmul_weights(attrs: Attrs, rank: int) -> WeightAxes | None:
+    """MatMul: B [..., K, N] over A [..., K]; a vector B [K] has no output channels."""
+    return WeightAxes(rank - 1, rank - 2, -1) if rank >= 2 else None
+
+
+@register(
+    "MatMul", _matmul_type, batch=_MATMUL_BATCH, quant="matmul", onnx={}, weights=_matmul_weights
+)
 def matmul(attrs, a, b):
     return apply_clip(attrs, _matmul(a, b).astype(a.dtype, copy=False))

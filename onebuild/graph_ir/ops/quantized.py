@@ -16,7 +16,7 @@ from ..quant.params import (
     quantize,
     requantize,
 )
-from .conv import conv, conv_type, gemm, gemm_type
+from .conv import conv, conv_type, conv_weights, gemm, gemm_type, gemm_weights
 from .pool import _pool_type, window_sums
 from .registry import (
     BROADCASTING,
@@ -224,6 +224,7 @@ def _float32_exact(centered: np.ndarray, w: np.ndarray) -> bool:
     _typed(lambda attrs, types: conv_type(attrs, types[:2])),
     batch=PER_SAMPLE,
     quantizes=("Conv",),
+    weights=conv_weights,
 )
 def q_conv(attrs, x, w, b):
     """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized
@@ -246,6 +247,7 @@ _QGEMM_BATCH = PER_SAMPLE.where(lambda node: not node.attrs.get("transA"))
     _typed(lambda attrs, types: gemm_type(attrs, types[:2])),
     batch=_QGEMM_BATCH,
     quantizes=("Gemm", "MatMul"),
+    weights=gemm_weights,
 )
 def q_gemm(attrs, a, w, b):
     centered = _centered(a, attrs["x_zero_point"]).astype(np.float64)

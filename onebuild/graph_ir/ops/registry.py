@@ -16,7 +16,11 @@
 - subgraphs: the attributes that hold an IR `Graph` (control flow: If's branches), empty for
   ordinary ops;
 - quantizes: for an integer op the quantizer makes, the float ops it stands for (QGemm: Gemm
-  and MatMul), so a partition map naming a float op names its quantized form too.
+  and MatMul), so a partition map naming a float op names its quantized form too;
+- weights: for an op with a weight (input 1: Conv, Gemm, ...), where its channels are (a
+  `WeightLayout`; `weight_axes(node)` applies it), else None;
+- view: the output is the input's bytes, at most under another shape (Reshape, Identity):
+  no target computes or moves anything for it.
 
 Kernels and `infer` see canonical attributes: the ONNX importer resolves opset differences,
 auto_pad, negative axes and shape operands before a node is created.
@@ -106,6 +110,35 @@ QUANT_RULES = (
     "matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad", "resize",
     "softmax", "recurrent",
 )  # fmt: skip
+KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output has the input's params
+
+
+class WeightAxes(NamedTuple):
+    """Where a weighted op's channels lie: `out` (output channels) and `into` (the input
+    channels it contracts over, per group in a grouped op) are axes of its weight, input 1;
+    `data` is the input-channel axis of its data, input 0 (negative: from the end)."""
+
+    out: int
+    into: int
+    data: int
+
+
+# (attributes, the weight's rank) -> its WeightAxes, or None when the node has no channels
+WeightLayout = Callable[[Attrs, int], WeightAxes | None]
+
+
+def weight_axes(node: "Node") -> WeightAxes | None:
+    """The WeightAxes of `node`, or None for an op without a weight (or a node without one)."""
+    layout = OPS[node.op].weights if node.op in OPS else None
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    return None if layout is None or weight is None else layout(node.attrs, len(weight.shape))
+
+
+def rule_of(op: str) -> str | None:
+    """The quantization rule of `op`, or for an integer op the rule of the float op it stands
+    for (QLSTM: "recurrent")."""
+    opdef = OPS[op]
+    return OPS[opdef.quantizes[0]].quant if opdef.quantizes else opdef.quant
 
 
 class _Unstated:
@@ -126,6 +159,8 @@ class OpDef:
     onnx: Mapping[str, type] | None = None
     subgraphs: tuple[str, ...] = ()
     quantizes: tuple[str, ...] = ()
+    weights: WeightLayout | None = None
+    view: bool = False
 
 
 OPS: dict[str, OpDef] = {}
@@ -140,13 +175,16 @@ def register(
     onnx: Mapping[str, type] | None = None,
     subgraphs: tuple[str, ...] = (),
     quantizes: tuple[str, ...] = (),
+    weights: WeightLayout | None = None,
+    view: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the kernel of op `name`; it may return one array.
 
     `batch` is the op's BatchRule, or None if it is deliberately never batch-separable; `quant`
     one of QUANT_RULES, or None to keep the op in float; `onnx` the attributes of the ONNX
     operator it is, by type (`{}`: one without attributes), or None; `subgraphs` the attributes
-    holding IR graphs; `quantizes` the float ops an integer op stands for.
+    holding IR graphs; `quantizes` the float ops an integer op stands for; `weights` where a
+    weighted op's channels are; `view` whether its output is its input's bytes.
     """
     if quant is not None and quant not in QUANT_RULES:
         raise ValueError(f"op {name}: unknown quantization rule {quant!r}")
@@ -163,7 +201,9 @@ def register(
         kernel.__wrapped__ = fn  # the signature says how many inputs the op takes
         if name in OPS:
             raise ValueError(f"op {name} is registered twice")
-        OPS[name] = OpDef(name, kernel, infer, batch, quant, onnx, subgraphs, quantizes)
+        OPS[name] = OpDef(
+            name, kernel, infer, batch, quant, onnx, subgraphs, quantizes, weights, view
+        )
         return fn
 
     return wrap

@@ -33,6 +33,7 @@ _RESHAPE_BATCH = BatchRule((0,), rewrite=_with_batch_shape)
     lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))],
     batch=_RESHAPE_BATCH,
     quant="passthrough",
+    view=True,
 )
 def reshape(attrs, x):
     return x.reshape(attrs["shape"])
@@ -269,7 +270,7 @@ def _to_e8m0(x: np.ndarray, round_mode: str, to: np.dtype) -> np.ndarray:
     return np.where(np.isnan(x), np.nan, power).astype(to)
 
 
-@register("Identity", same_as_input, batch=PER_SAMPLE, quant="passthrough", onnx={})
+@register("Identity", same_as_input, batch=PER_SAMPLE, quant="passthrough", onnx={}, view=True)
 def identity(attrs, x):
     return x
 
@@ -282,7 +283,7 @@ def _dropout_type(attrs: Attrs, types) -> list[TensorType]:
     return outputs
 
 
-@register("Dropout", _dropout_type, batch=PER_SAMPLE, quant="passthrough")
+@register("Dropout", _dropout_type, batch=PER_SAMPLE, quant="passthrough", view=True)
 def dropout(attrs, x):
     """Inference-mode dropout: the identity (and an all-true mask when asked for)."""
     if attrs.get("mask"):

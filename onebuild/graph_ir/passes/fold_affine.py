@@ -14,6 +14,7 @@ PP-LCNetV3's learnable affine blocks (scalar Mul and Add around each activation)
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..ops import weight_axes
 from .rewrite import made_by, replace_node, replace_with, scalar, single
 
 
@@ -126,9 +127,8 @@ def _fold_into_consumer(graph: Graph, node: Node) -> bool:
     else:
         if user.op == "Conv" and any(user.attrs.get("pads", [])):
             return False
-        axes = tuple(range(1, weights.ndim)) if user.op == "Conv" else (
-            1 if user.attrs.get("transB") else 0)  # fmt: skip
-        shift = number * weights.sum(axis=axes)
+        out = weight_axes(user).out
+        shift = number * weights.sum(axis=tuple(i for i in range(weights.ndim) if i != out))
         bias = user.inputs[2] if len(user.inputs) > 2 else None
         if bias is not None and bias.shape != shift.shape:
             return False

@@ -3,6 +3,7 @@
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..ops import weight_axes
 from .rewrite import replace_node, single_reader
 
 
@@ -16,21 +17,25 @@ def _batchnorm_factors(bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
     return factor, bias - mean * factor
 
 
+def scale_outputs(node: Node, weights: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    """`node`'s weights with output channel o scaled by factors[o] (a grouped ConvTranspose's
+    output g * O/g + j is axis 1's j in group g of axis 0)."""
+    out = weight_axes(node).out
+    groups = node.attrs.get("group", 1) if out else 1
+    grouped = weights.reshape(groups, -1, *weights.shape[1:])
+    shape = [1] * grouped.ndim
+    shape[0], shape[out + 1] = groups, -1
+    return (grouped * factors.reshape(shape)).reshape(weights.shape)
+
+
 def _fold_into(graph: Graph, producer: Node, bn: Node, factor: np.ndarray, shift: np.ndarray):
     """Rewrite the producer's weight and bias so that it computes BN(producer(x))."""
     weight = producer.inputs[1]
     bias = producer.inputs[2] if len(producer.inputs) > 2 else None
-    w = weight.numpy().astype(np.float64)
-    if producer.op == "Conv":
-        w = w * factor.reshape((-1,) + (1,) * (w.ndim - 1))
+    w = scale_outputs(producer, weight.numpy().astype(np.float64), factor)
+    if producer.op != "Gemm":
         old_bias = bias.numpy().astype(np.float64) if bias is not None else 0.0
-    elif producer.op == "ConvTranspose":  # weights [I, O / group, ...]; output g * O/g + j
-        group = producer.attrs["group"]
-        grouped = w.reshape(group, w.shape[0] // group, w.shape[1], -1)
-        w = (grouped * factor.reshape(group, 1, -1, 1)).reshape(w.shape)
-        old_bias = bias.numpy().astype(np.float64) if bias is not None else 0.0
-    else:  # Gemm: output columns are channels
-        w = w * (factor[:, None] if producer.attrs.get("transB") else factor[None, :])
+    else:
         beta = producer.attrs.get("beta", 1.0)
         old_bias = beta * bias.numpy().astype(np.float64) if bias is not None else 0.0
         producer.attrs["beta"] = 1.0

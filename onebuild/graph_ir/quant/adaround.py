@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..interpreter import Interpreter
 from ..ir import Graph, Node, Value
+from ..ops import OPS, weight_axes
 from ..tensor import QuantParams
 from .params import QRANGE, quantize
 
@@ -57,14 +58,14 @@ def _patches(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 def eligible(node: Node) -> bool:
-    if node.op not in ("Conv", "Gemm", "MatMul") or not node.inputs[1].is_const:
+    if OPS[node.op].quant != "matmul" or not node.inputs[1].is_const:
         return False
     if node.attrs.get("transA") or (node.op == "MatMul" and len(node.inputs[1].shape) != 2):
         return False
     weight = node.inputs[1].shape
     if node.op == "Conv":
         return int(np.prod(weight[1:])) <= MAX_INPUTS
-    return weight[-1 if node.attrs.get("transB") else 0] <= MAX_INPUTS
+    return weight[weight_axes(node).into] <= MAX_INPUTS
 
 
 class InputMoments:
@@ -111,10 +112,6 @@ def _as_rows(node: Node, weight: np.ndarray, axis: int) -> np.ndarray:
     return rows.reshape(groups, -1, rows.shape[1])
 
 
-def _channel_axis(node: Node) -> int:
-    return 0 if node.op == "Conv" or node.attrs.get("transB") else 1
-
-
 def _error(delta: np.ndarray, moments: np.ndarray) -> float:
     """Mean square output error of weight error `delta` on inputs with moments H."""
     return float(np.einsum("gok,gkl,gol->", delta, moments, delta))
@@ -125,7 +122,7 @@ def adaround(
 ) -> np.ndarray:
     """The layer's weight codes (`weight`'s layout, `dtype`) with learned rounding; never worse
     than nearest rounding on the moments' inputs."""
-    axis = _channel_axis(node)
+    axis = weight_axes(node).out
     nearest = quantize(weight, params, dtype)
     w = _as_rows(node, np.asarray(weight, np.float64), axis)
     channels = weight.shape[axis]

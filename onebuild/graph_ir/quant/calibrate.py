@@ -21,6 +21,7 @@ import numpy as np
 from ...errors import UserError
 from ..interpreter import Interpreter, check_feeds
 from ..ir import Graph, Value
+from ..ops import OPS, weight_axes
 from ..ops.recurrent import cell_state_name, lstm_reporting_cells
 from .channel_activations import edge_values
 from .observers import Histogram, MinMax, MovingAverage, Percentile
@@ -96,10 +97,11 @@ def channel_axes(graph: Graph) -> dict[str, int]:
     layer's weights contract over (the input channels)."""
     axes = {}
     for node in graph.nodes:
-        if node.op in ("Conv", "Gemm", "MatMul") and node.inputs[1].is_const:
+        layout = weight_axes(node) if OPS[node.op].quant == "matmul" else None
+        if layout is not None and node.inputs[1].is_const:
             data = node.inputs[0]
             if not data.is_const and len(data.shape) >= 2 and not node.attrs.get("transA"):
-                axes[data.name] = 1 if node.op == "Conv" else len(data.shape) - 1
+                axes[data.name] = layout.data % len(data.shape)
     return axes
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..interpreter import Interpreter
 from ..ir import Graph, Node
-from ..ops import OPS
+from ..ops import OPS, weight_axes
 from .bias_correction import corrected_bias
 from .channel_activations import folds_scales
 from .params import BIAS_ROOM, dequantize
@@ -36,9 +36,8 @@ CACHE_BYTES = 256 << 20  # node results kept for later corrections
 
 
 def _channel_means(real: np.ndarray, layer: Node) -> np.ndarray:
-    """Per input channel means of `layer`'s input batch `real` (axis 1 of a Conv's input, the
-    last of a Gemm's or MatMul's)."""
-    channel = 1 if layer.op == "Conv" else real.ndim - 1
+    """Per input channel means of `layer`'s input batch `real` (its `weight_axes` data axis)."""
+    channel = weight_axes(layer).data % real.ndim
     return real.mean(axis=tuple(i for i in range(real.ndim) if i != channel))
 
 
@@ -52,7 +51,7 @@ def _float_means(float_graph: Graph, batch: Mapping[str, np.ndarray]) -> dict[st
     quantized model's: a difference of data would pass for a quantization error)."""
     layers = {}
     for node in float_graph.nodes:
-        if node.op in ("Conv", "Gemm", "MatMul"):
+        if OPS[node.op].quant == "matmul" and weight_axes(node) is not None:
             layers.setdefault(node.inputs[0].name, []).append(node)
     means: dict[str, np.ndarray] = {}
 
@@ -186,7 +185,7 @@ def _corrected_kernel(node: Node, floats: Mapping[str, Node], means: Mapping[str
             return kernel(attrs, x, codes, bias), None
         if folds_scales(node):  # W_q holds the input scales: the shift in input steps
             shift = shift / np.asarray(node.inputs[0].quant.scale, np.float64)
-        axis = 0 if layer.op == "Conv" or layer.attrs.get("transB") else 1
+        axis = weight_axes(layer).out
         scale = node.inputs[1].quant.scale
         # W_q (E[x] - E[x^]) in real units: corrected_bias's shift of weights 0 -> W_q
         delta = -corrected_bias(layer, 0 * codes, codes, scale, 0.0, shift, axis)

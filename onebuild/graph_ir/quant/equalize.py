@@ -18,6 +18,8 @@ bounds would become per-channel, which the quantized kernels cannot express.
 import numpy as np
 
 from ..ir import Graph, Node, Value
+from ..ops import weight_axes
+from ..passes.fuse import scale_outputs
 
 LAYERS = ("Conv", "Gemm")
 HOMOGENEOUS = (None, [0.0, float("inf")])  # fused activations that commute with s > 0
@@ -71,9 +73,8 @@ def pairs(graph: Graph) -> list[tuple[Node, Node]]:
 
 def _out_matrix(node: Node, weights: np.ndarray) -> np.ndarray:
     """The weights as [output channel, everything else] (a view, for ranges and scaling)."""
-    if node.op == "Gemm" and not node.attrs.get("transB", 0):
-        return weights.T
-    return weights.reshape(weights.shape[0], -1)
+    out = weight_axes(node).out
+    return np.moveaxis(weights, out, 0).reshape(weights.shape[out], -1)
 
 
 def _out_channels(node: Node, weights: np.ndarray) -> int:
@@ -81,18 +82,20 @@ def _out_channels(node: Node, weights: np.ndarray) -> int:
 
 
 def _in_channels(node: Node, weights: np.ndarray) -> int:
-    if node.op == "Gemm":
-        return weights.shape[1] if node.attrs.get("transB", 0) else weights.shape[0]
-    return weights.shape[1] * node.attrs.get("group", 1)
+    return weights.shape[weight_axes(node).into] * node.attrs.get("group", 1)
+
+
+def _channels_first(node: Node, weights: np.ndarray) -> np.ndarray:
+    """The weights as [out, in per group, ...] (a Gemm's without transB: transposed)."""
+    axes = weight_axes(node)
+    return np.moveaxis(weights, (axes.out, axes.into), (0, 1))
 
 
 def _in_grouped(node: Node, weights: np.ndarray) -> np.ndarray:
     """A Conv's weights as [group, out per group, in per group, kernel] (Gemm: [1, N, K, 1])."""
-    if node.op == "Gemm":
-        matrix = weights if node.attrs.get("transB", 0) else weights.T
-        return matrix.reshape(1, matrix.shape[0], matrix.shape[1], 1)
+    first = _channels_first(node, weights)
     groups = node.attrs.get("group", 1)
-    return weights.reshape(groups, weights.shape[0] // groups, weights.shape[1], -1)
+    return first.reshape(groups, first.shape[0] // groups, first.shape[1], -1)
 
 
 def _in_ranges(node: Node, weights: np.ndarray) -> np.ndarray:
@@ -103,16 +106,9 @@ def _in_ranges(node: Node, weights: np.ndarray) -> np.ndarray:
 def _scale_inputs(node: Node, weights: np.ndarray, factors: np.ndarray) -> np.ndarray:
     grouped = _in_grouped(node, weights)
     scaled = grouped * factors.reshape(grouped.shape[0], 1, grouped.shape[2], 1)
-    if node.op == "Gemm":
-        matrix = scaled.reshape(scaled.shape[1], scaled.shape[2])
-        return matrix if node.attrs.get("transB", 0) else matrix.T
-    return scaled.reshape(weights.shape)
-
-
-def _scale_outputs(node: Node, weights: np.ndarray, factors: np.ndarray) -> np.ndarray:
-    if node.op == "Gemm" and not node.attrs.get("transB", 0):
-        return weights * factors[None, :]
-    return weights * factors.reshape(-1, *([1] * (weights.ndim - 1)))
+    axes = weight_axes(node)
+    first = scaled.reshape(_channels_first(node, weights).shape)
+    return np.moveaxis(first, (0, 1), (axes.out, axes.into))
 
 
 def equalize(graph: Graph, max_rounds: int = 100, tolerance: float = 1e-4) -> int:
@@ -135,7 +131,7 @@ def equalize(graph: Graph, max_rounds: int = 100, tolerance: float = 1e-4) -> in
             usable = (r1 > 0) & (r2 > 0)
             s = np.ones_like(r1)
             s[usable] = np.sqrt(r1[usable] / r2[usable])
-            weights[a] = _scale_outputs(first, weights[a], 1.0 / s)
+            weights[a] = scale_outputs(first, weights[a], 1.0 / s)
             if a in biases:
                 biases[a] = biases[a] / s
             weights[b] = _scale_inputs(second, weights[b], s)

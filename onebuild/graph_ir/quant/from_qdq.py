@@ -25,9 +25,10 @@ import logging
 import numpy as np
 
 from ..ir import Graph, Node, Value
-from ..ops import OPS
+from ..ops import OPS, weight_axes
 from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
+from ..ops.registry import KEEPS_PARAMETERS
 from ..passes.cleanup import eliminate_dead_code
 from ..passes.fuse import fuse_activations
 from ..tensor import QuantParams
@@ -168,7 +169,7 @@ class _Folder:
         names = [v.name for v in node.outputs]
         new = self.graph.make_node(node.op, inputs, node.attrs, node.name, names)
         x = inputs[0] if inputs else None
-        moves = OPS[node.op].quant in ("passthrough", "pad", "resize")
+        moves = OPS[node.op].quant in KEEPS_PARAMETERS
         for old, value in zip(node.outputs, new.outputs):
             if moves and x is not None and x.quant is not None and value.dtype == x.dtype:
                 value.quant = x.quant
@@ -236,14 +237,13 @@ class _Folder:
         attrs = node.attrs
         if x is None or w is None or not w.is_const or any(w.quant.zero_point):
             return None
-        if node.op not in ("Conv", "Gemm", "MatMul") or attrs.get("transA"):
+        if attrs.get("transA"):
             return None
         if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
             return None
         if node.op == "MatMul" and (len(w.shape) != 2 or len(x.shape) != 2):
             return None
-        trans_b = int(attrs.get("transB", 0))
-        channel_axis = 0 if node.op == "Conv" or trans_b else 1
+        channel_axis = weight_axes(node).out
         if w.quant.axis not in (None, channel_axis):
             return None
         channels = w.shape[channel_axis]

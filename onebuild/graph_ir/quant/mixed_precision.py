@@ -44,6 +44,7 @@ from ..ir import Graph, Node
 from ..macs import graph_macs, macs
 from ..metrics import sqnr_db
 from ..ops import OPS
+from ..ops.registry import KEEPS_PARAMETERS
 from .channel_activations import depthwise_edges
 from .config import LayerOverride, QuantConfig
 from .empirical_bias import BiasCorrector
@@ -52,7 +53,6 @@ from .model_io import is_quantized
 from .probes import Probes
 from .sensitivity import isolated_output_noise
 
-KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output keeps the input's params
 SENSITIVITY_SAMPLES = 4
 SCALE_STEP = 1.5
 MIN_STEP = 1.05  # the smallest step down after a probe that missed the target

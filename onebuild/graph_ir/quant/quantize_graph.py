@@ -31,7 +31,7 @@ import numpy as np
 
 from ...errors import UserError
 from ..ir import Graph, Node, Value
-from ..ops import OPS
+from ..ops import OPS, weight_axes
 from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
@@ -257,17 +257,16 @@ class _Quantizer:
         return _constant_weights(node)
 
     def _matmul_like(self, node: Node, dtype: str) -> None:
-        _has_integer_form(node, ("Conv", "Gemm", "MatMul"))
+        _has_integer_form(node, "QConv", "QGemm")
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
         w = node.inputs[1].numpy().astype(np.float64)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         b = None if bias is None else bias.numpy().astype(np.float64)
-        trans_b = int(node.attrs.get("transB", 0))
         if node.op == "Gemm":
             w = w * node.attrs.get("alpha", 1.0)
             b = None if b is None else b * node.attrs.get("beta", 1.0)
-        channel_axis = 0 if node.op == "Conv" or trans_b else 1
+        channel_axis = weight_axes(node).out
         w_dtype = weight_dtype(dtype)
         per_channel = self.settings[id(node)].granularity == "channel"
         channels = w.shape[channel_axis]
@@ -306,7 +305,7 @@ class _Quantizer:
         return len(node.inputs) == 2
 
     def _binary(self, node: Node, dtype: str) -> None:
-        _has_integer_form(node, ("Add", "Sub", "Mul"))
+        _has_integer_form(node, "QAdd", "QMul")
         a, b = (self.as_quant(v, dtype) for v in node.inputs)
         out_params = self.params(node.output, dtype)
         clip = node.attrs.get("clip")
@@ -326,7 +325,7 @@ class _Quantizer:
         return len(node.inputs[0].shape) > 2
 
     def _average_pool(self, node: Node, dtype: str) -> None:
-        _has_integer_form(node, ("AveragePool", "GlobalAveragePool", "ReduceMean"))
+        _has_integer_form(node, "QAveragePool")
         x = self.as_quant(node.inputs[0], dtype)
         out_params = self.params(node.output, dtype)
         attrs = average_pool_attrs(node.op, node.attrs, x.shape[2:], x.quant, out_params, dtype)
@@ -465,9 +464,11 @@ def spatial_mean(node: Node, dropped: bool = False) -> bool:
     return len(node.inputs[0].shape) == 4 and node.attrs["axes"] == [2, 3] and kept
 
 
-def _has_integer_form(node: Node, ops: tuple[str, ...]) -> None:
-    """The rules that emit an op-specific integer kernel know which ops they can: another op
-    registered with such a rule is a programming error, not a float layer."""
+def _has_integer_form(node: Node, *integer_ops: str) -> None:
+    """The rules that emit an op-specific integer kernel know which ops they can (those the
+    `integer_ops` they emit stand for): another op registered with such a rule is a programming
+    error, not a float layer."""
+    ops = [op for integer in integer_ops for op in OPS[integer].quantizes]
     if node.op not in ops:
         raise NotImplementedError(
             f"node '{node.name}': quantization rule '{OPS[node.op].quant}' has no integer form "

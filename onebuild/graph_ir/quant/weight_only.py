@@ -7,6 +7,7 @@ model runs in the float interpreter unchanged otherwise.
 
 from ...errors import UserError
 from ..ir import Graph, Node
+from ..ops import weight_axes
 from ..passes.cleanup import eliminate_dead_code
 from .config import FLOAT, QuantConfig, layer_settings
 from .params import qdq_attrs, quantize, weight_params
@@ -19,15 +20,10 @@ def _channel_axis(node: Node) -> int | None:
     weight = node.inputs[1] if len(node.inputs) > 1 else None
     if weight is None or not weight.is_const or weight.dtype.kind != "f":
         return None
-    if node.op == "Conv":
-        return 0
-    if node.op == "ConvTranspose":
-        return 1 if node.attrs.get("group", 1) == 1 else None
-    if node.op == "Gemm":
-        return 0 if node.attrs.get("transB") else 1
-    if node.op == "MatMul" and len(weight.shape) >= 2:
-        return len(weight.shape) - 1
-    return None
+    axes = weight_axes(node)
+    if axes is None or (node.op == "ConvTranspose" and node.attrs.get("group", 1) != 1):
+        return None  # a grouped ConvTranspose's axis 1 holds one group's output channels
+    return axes.out
 
 
 def weight_only_quantize(graph: Graph, config: QuantConfig) -> int:

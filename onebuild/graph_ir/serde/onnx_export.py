@@ -17,7 +17,9 @@ from onnx import helper, numpy_helper
 from ...errors import UserError
 from ...fileio import atomic_write_bytes
 from ..ir import Graph, Model, Node, Value
+from ..ops import OPS
 from ..ops.control import BRANCHES
+from ..ops.registry import rule_of
 from ..quant.channel_activations import folds_scales
 from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
@@ -29,14 +31,14 @@ OPSET = 21
 IR_VERSION = 10
 INT64_MAX = np.iinfo(np.int64).max
 
-QUANTIZED = {  # quantized op -> the float op its QDQ form uses
-    "QConv": "Conv",
-    "QGemm": "Gemm",
-    "QMul": "Mul",
-    "QConcat": "Concat",
-    "QAveragePool": "AveragePool",
-    "QSoftmax": "Softmax",
+# quantized op -> the float op its QDQ form uses (QAdd: Sub when it subtracts); the recurrent
+# ones have none (int16 gates and cell state: no ONNX operator computes them)
+QUANTIZED = {
+    name: op.quantizes[0]
+    for name, op in OPS.items()
+    if op.quantizes and rule_of(name) != "recurrent"
 }
+NO_QDQ_FORM = {name for name, op in OPS.items() if op.quantizes} - set(QUANTIZED)
 FLOAT_ATTRS = {  # attributes the float form keeps
     "Conv": ("strides", "dilations", "pads", "group"),
     "Gemm": ("transB",),
@@ -55,11 +57,6 @@ FLOAT_ATTRS = {  # attributes the float form keeps
     ),
 }
 INTERNAL_ATTRS = {"clip", "mask", "round_mode"}
-NO_QDQ_FORM = {
-    "QLSTM",
-    "QGRU",
-    "QRNN",
-}  # int16 gates and cell state: no ONNX operator computes them
 
 
 def _onnx_type(dtype: np.dtype) -> int:
@@ -166,7 +163,7 @@ class _Exporter:
     def node(self, node: Node) -> None:
         if node.op in ("QuantizeLinear", "DequantizeLinear"):
             self.qdq_node(node)
-        elif node.op in QUANTIZED or node.op == "QAdd":
+        elif node.op in QUANTIZED:
             self.quantized_node(node)
         elif node.op == "QLookup":
             lookup(self, node)

@@ -15,15 +15,13 @@ import numpy as np
 
 from .fusion import fuse_pools, fused_parts, silent
 from .hardware import Hardware
-from .lower import Layer, Program, tile_input_rows
+from .lower import WINDOWED, Layer, Program, tile_input_rows
 from .memory import align
 from .opcodes import EXEC, PIPELINE_TILES
 from .perf import exec_cycles
 
 if TYPE_CHECKING:
     from .codegen import Emitter
-
-STRIPED = ("conv", "maxpool", "avgpool")  # layers that run on row tiles of every channel
 
 
 def find_cascades(program: Program, keeps: Callable[[str], bool]) -> dict[int, int]:
@@ -40,7 +38,7 @@ def find_cascades(program: Program, keeps: Callable[[str], bool]) -> dict[int, i
     def joins(index: int) -> bool:  # layer index + 1 can follow layer index in stripes
         first, second = program.layers[index], program.layers[index + 1]
         return (
-            second.kind in STRIPED
+            second.kind in WINDOWED
             and "epilogue" not in second.attrs
             and second.inputs == [first.output]
             and readers.get(first.output) == 1
@@ -51,7 +49,7 @@ def find_cascades(program: Program, keeps: Callable[[str], bool]) -> dict[int, i
     while index < len(program.layers) - 1:
         first = program.layers[index]
         last = index
-        if first.kind in STRIPED and "epilogue" not in first.attrs and not keeps(first.inputs[0]):
+        if first.kind in WINDOWED and "epilogue" not in first.attrs and not keeps(first.inputs[0]):
             while last + 1 < len(program.layers) and joins(last):
                 last += 1
         if last > index:

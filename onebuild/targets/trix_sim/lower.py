@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph_ir.ir import Graph, Node, Value
+from ...graph_ir.ops import OPS
 from ...graph_ir.tensor import QuantParams
 from .constraints import (
     GENERIC,
@@ -62,8 +63,8 @@ class TensorDesc:
 
 @dataclass
 class Layer:
-    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | concat | reshape,
-    # or a data move (moves.MOVES)
+    kind: str  # conv | gemm | add | mul | avgpool | maxpool | lookup | requant | softmax | concat
+    # | reshape, or a data move (moves.MOVES); tvn_layers.REQUIRED lists them all
     name: str
     inputs: list[str]
     output: str
@@ -88,7 +89,7 @@ class Program:
     outputs: list[str]
 
 
-WINDOWED = ("conv", "maxpool", "avgpool")
+WINDOWED = ("conv", "maxpool", "avgpool")  # layers reading windows: they run on row tiles
 
 
 def window_span(layer: Layer, rows: int) -> int:
@@ -405,7 +406,10 @@ def _resize(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("resize", node.name, ins, out, {}, {"rows": rows, "cols": cols})
 
 
-@_lowers("Reshape", "Identity", "Dropout", constraints=(pass_through_dtype,), generic=MOVING)
+VIEWS = tuple(name for name, op in OPS.items() if op.view)  # the registry's: Reshape, ...
+
+
+@_lowers(*VIEWS, constraints=(pass_through_dtype,), generic=MOVING)
 def _view(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
 

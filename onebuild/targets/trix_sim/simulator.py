@@ -35,27 +35,23 @@ from functools import partial
 import numpy as np
 
 from ...errors import FormatError, UserError
-from ...graph_ir.ops.quantized_softmax import integer_softmax
 from . import kernels
 from .codegen import CHANNELWISE, EXEC, LOAD, STORE, Module
-from .convolve import convolve, requant_channels
-from .exact import (
-    exact_dot,
-    product_bound,
-    same_values,
-)
+from .convolve import convolve
+from .exact import same_values
 from .hardware import Hardware
 from .lower import Layer, input_rows, tile_input_rows
 from .moves import MOVES, box_shape, move_tile
 from .perf import conv_pool_cycles, dma_cycles, exec_cycles
 from .provenance import Provenance
 from .tables import CodeTables
+from .tile_exec import TILE_KINDS, Tile, TileKinds
 from .timeline import Report, Timeline, exactly_tiled
 from .wholes import WholeLayers
 from .windows import pool
 
 
-class Simulator(WholeLayers):
+class Simulator(WholeLayers, TileKinds):
     def __init__(self, module: Module, hw: Hardware):
         if hw.name != module.meta.get("hardware"):
             raise UserError(f"module was compiled for {module.meta.get('hardware')}, not {hw.name}")
@@ -300,102 +296,16 @@ class Simulator(WholeLayers):
         reads = [(in_at, in_at + held.nbytes)]
         i0, i1 = input_rows(layer, r0, r0 + rows, h)
         x = held[:, i0 - t0 : i1 - t0]
-        macs, taken = 0, None
-        if layer.kind == "conv":
-            weights = layer.arrays["weights"]
-            shape = (chs, *weights.shape[1:])
-            wq = self._sram_view(w_at, weights.dtype, shape)
-            reads.append((w_at, w_at + wq.nbytes))
-            in_box = np.s_[:, t0:t1]
-            whole = self._whole_conv(index, layer, held, in_at, in_box)
-            if whole is not None and self._labels is not None:
-                self._prove(key, in_box, weights)
-            after = "epilogue" in layer.attrs
-            if whole is not None and (
-                key in self._proven
-                or (
-                    same_values(held, whole[0][in_box])
-                    and same_values(wq, weights[ch0 : ch0 + chs])
-                )
-            ):
-                box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
-                y, after = whole[1][box], after and not whole[2]
-                if len(layer.inputs) == 1:  # the views below (and an epilogue's) are all it reads
-                    taken = (held, in_box, wq, weights[ch0 : ch0 + chs], box)
-            else:
-                tile = (r0, rows, ch0, chs, i0, w, out_t.shape[2], out_t.dtype)
-                y = self._convolve(layer, x, wq, *tile)
-            macs = y.size * math.prod(weights.shape[1:])
-            if after:
-                y = self._epilogue(layer, y, in2_at, reads)
-        elif layer.kind == "gemm":
-            weights = layer.arrays["weights"]
-            k = weights.shape[1]
-            xq = self._sram_view(in_at, x_t.dtype, (k,))
-            xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
-            wq = self._sram_view(w_at, weights.dtype, (chs, k))
-            reads = [(in_at, in_at + xq.nbytes), (w_at, w_at + wq.nbytes)]
-            bound = product_bound(xq.dtype, wq.dtype)
-            acc = exact_dot(wq, xv[:, None], bound)[:, 0]
-            y = requant_channels(
-                layer, acc[:, None, None], ch0, chs, k * bound, out_t.dtype, self._scalings
-            )
-            macs = chs * k
-        elif layer.kind in ("add", "mul") and "operand" in layer.arrays:
-            const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
-            pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
-            y = self._codes.pairwise(layer, *pair)
-        elif layer.kind in ("add", "mul"):
-            b_t, vector = tensors[layer.inputs[1]], layer.attrs.get("vector_index")
-            shape = x.shape if vector is None else (chs if b_t.shape[0] > 1 else 1, 1, 1)
-            b = self._sram_view(in2_at, b_t.dtype, shape)
-            reads.append((in2_at, in2_at + b.nbytes))
-            whole = self._whole_pair(index, layer, (x, b), (in_at, in2_at), ch0, r0)
-            if whole is not None:
-                y = whole[ch0 : ch0 + chs, r0 : r0 + rows]
-            else:
-                y = self._codes.pairwise(layer, *((b, x) if vector == 0 else (x, b)))
-        elif layer.kind in ("maxpool", "avgpool"):
-            in_box = np.s_[ch0 : ch0 + chs, t0:t1]  # the tile holds its channels only
-            whole = self._whole_pooling(index, layer, held, in_at, in_box)
-            if whole is not None and self._labels is not None:
-                self._prove(key, in_box, None)
-            if whole is not None and (key in self._proven or same_values(held, whole[0][in_box])):
-                box = np.s_[ch0 : ch0 + chs, r0 : r0 + rows]
-                y, taken = whole[1][box], (held, in_box, _NOTHING, _NOTHING, box)
-            else:
-                maximum = layer.kind == "maxpool"
-                y = pool(layer, x, r0, rows, i0, h, w, out_t.shape[2], maximum=maximum)
-        elif layer.kind == "lookup":
-            table = layer.arrays["table"]
-            rank = x.astype(np.int64) - np.iinfo(x.dtype).min  # each code's row in the table
-            if table.ndim == 2:  # one table per channel: the tile's rows, at w_at
-                codes = self._sram_view(w_at, table.dtype.name, (chs, table.shape[1]))
-                reads.append((w_at, w_at + codes.nbytes))
-                y = codes[np.arange(chs)[:, None, None], rank]
-            else:
-                codes = self._sram_view(0, table.dtype.name, table.shape)
-                reads.append((0, table.nbytes))
-                y = codes[rank]
-        elif layer.kind == "softmax":
-            table = self._sram_view(0, "int32", layer.arrays["table"].shape)
-            reads.append((0, table.nbytes))
-            y = integer_softmax(x, table, 0, layer.attrs)[ch0 : ch0 + chs]  # over channels
-        elif layer.kind == "requant":
-            a = layer.attrs
-            y = self._codes.rescaled(layer, x, 0, a["x_zero_point"], a["multiplier"], a["shift"])
-        elif layer.kind == "concat":
-            a, part = layer.attrs, in2_at
-            x = self._sram_view(in_at, tensors[layer.inputs[part]].dtype, (chs, rows, w))
-            reads = [(in_at, in_at + x.nbytes)]
-            zp, m, r = a["x_zero_points"][part], a["multiplier"][part], a["shift"][part]
-            y = self._codes.rescaled(layer, x, part, zp, m, r)
-        else:
+        compute = TILE_KINDS.get(layer.kind)
+        if compute is None:
             raise FormatError(f"layer '{layer.name}': unknown kind '{layer.kind}'")
+        operands = (r0, rows, ch0, chs, in_at, in2_at, w_at, held, x, t0, t1, i0, reads)
+        tile = Tile(index, layer, key, *operands)
+        y, macs, taken = compute(self, tile)
         y = np.asarray(y).astype(out_t.dtype, copy=False)
         self._write_sram(out_at, y)
         cycles = self._exec_cycles(index, rows, chs)
-        result = reads, [(out_at, out_at + y.nbytes)], cycles, macs
+        result = tile.reads, [(out_at, out_at + y.nbytes)], cycles, macs
         if taken is not None:  # the tile's views, checked, for the next time it runs
             place = self.sram[out_at : out_at + y.nbytes].view(y.dtype).reshape(y.shape)
             self._slices[key] = (*taken, place, result)
@@ -470,7 +380,6 @@ class Simulator(WholeLayers):
 
 
 _INCONSISTENT = (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
-_NOTHING = np.zeros(0, np.uint8)  # the weights of a layer that has none (a pool's tile)
 
 
 def _blocks(memory: np.ndarray, at: int, block: int, count: int, stride: int) -> np.ndarray:

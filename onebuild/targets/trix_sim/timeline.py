@@ -12,7 +12,7 @@ import numpy as np
 
 from .codegen import Module
 from .hardware import Hardware
-from .lower import Program
+from .lower import WINDOWED, Program
 from .opcodes import EXEC
 from .perf import roofline
 
@@ -105,8 +105,7 @@ def exactly_tiled(module: Module) -> list[int]:
         if after is not None and after.kind == "maxpool":
             continue
         if not len(tiles) or not (
-            layer.kind in ("conv", "maxpool", "avgpool")
-            or (pair and layer.attrs.get("vector_index") is None)
+            layer.kind in WINDOWED or (pair and layer.attrs.get("vector_index") is None)
         ):
             continue
         m, oh, _ = module.tensors[layer.output].shape
