@@ -106,9 +106,17 @@ def gate_next_step(record: dict | None) -> str:
     text = f"mixed precision met its {record['target_sqnr_db']:g} dB target{where}"
     if unseen:
         text += f" ({_db(unseen):.1f} dB on the {unseen['samples']} it did not see)"
-    return (
-        f"{text}: try more [quantize.mixed_precision] samples, or a target_sqnr_db above the gate's"
-    )
+    return f"{text}: {unseen_hint(record)}"
+
+
+def unseen_hint(record: dict) -> str:
+    """What to try when mixed precision met its target on its samples but not on others."""
+    if record["high_precision_mac_fraction"] >= 1 - 1e-9:  # nothing left to promote
+        return (
+            f"every layer is already {record['dtype']}: try [quantize.mixed_precision] dtype = "
+            '"float32", or a lower target'
+        )
+    return "try more [quantize.mixed_precision] samples, or a target_sqnr_db above the gate's"
 
 
 def json_safe(value):

@@ -77,7 +77,8 @@ def test_the_gate_reports_the_samples_the_search_did_not_see(project, caplog):
     assert unseen["sqnr_db"] == pytest.approx(_sqnr_db(want, got), abs=0.01)
     assert unseen["sqnr_db"] < 39.0  # the overfit the gate used to hide
     said = _warnings(caplog)
-    assert any("samples it tuned on" in m and "first 1 [quantize.accuracy]" in m for m in said)
+    tuned = "tuned on the first 1 [quantize.accuracy] samples, which the gate measures again"
+    assert any(tuned in m for m in said), said
     overfit = f"{unseen['sqnr_db']:.1f} dB on the 359 it did not see, below its 40 dB target"
     assert any(overfit in m for m in said), said
     # the gate fails on all 360; its message names the promoted worst layers and what to try
@@ -92,6 +93,14 @@ def test_the_gate_reports_the_samples_the_search_did_not_see(project, caplog):
     assert "int16, promoted by mixed precision" in error
     assert "on the 1 accuracy samples it measured" in error
     assert "try more [quantize.mixed_precision] samples" in error
+    # with nothing left to promote, more samples would not help: it says so
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onebuild"):
+        run(project, "quantize.mixed_precision.samples=3", "quantize.accuracy.min_sqnr_db=30")
+    record = json.loads((project / "build/r/quantize.accuracy.json").read_text())
+    record = record["mixed_precision"]
+    assert record["high_precision_mac_fraction"] == 1 and record["unseen"]["sqnr_db"] < 40
+    assert any("every layer is already int16" in m for m in _warnings(caplog)), caplog.text
 
 
 def test_without_a_gate_the_search_records_the_calibration_samples(project):

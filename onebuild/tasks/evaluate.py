@@ -18,7 +18,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..datasets import iter_batches
     from ..errors import GateFailed, UserError
     from ..fileio import atomic_write_bytes
-    from ..gates import described, failures, gate_checks, gate_next_step, json_safe
+    from ..gates import described, failures, gate_checks, gate_next_step, json_safe, unseen_hint
     from ..graph_ir.quant.evaluate import compare_graphs
     from ..graph_ir.quant.from_qdq import graph_is_quantized
     from ..graph_ir.serde import load_ir
@@ -72,7 +72,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         report["mixed_precision"] = record
         if comparison.unseen:
             record["unseen"] = _unseen(comparison, seen)
-            _warn_overfit(record)
+            _warn_overfit(record, unseen_hint(record))
     text = json.dumps(json_safe(report), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(outputs[0], text.encode())
     failed = [c for c in checks if not c["passed"]]
@@ -115,7 +115,7 @@ def _worst(layer: dict, dtype: str, promoted: bool) -> str:
     return f"{layer['node']} ({_db(layer['sqnr_db'])}, {how})"
 
 
-def _warn_overfit(record: dict) -> None:
+def _warn_overfit(record: dict, hint: str) -> None:
     """Say how mixed precision does on the samples it did not measure on."""
     unseen, seen = record["unseen"], record["measured_on"]["samples"]
     tuned, held = _db(record["sqnr_db"]), _db(unseen["sqnr_db"])
@@ -125,9 +125,7 @@ def _warn_overfit(record: dict) -> None:
     )
     if record["target_met"] and unseen["sqnr_db"] < record["target_sqnr_db"]:
         logging.getLogger("onebuild").warning(
-            "%s, below its %g dB target: raise [quantize.mixed_precision] samples",
-            line,
-            record["target_sqnr_db"],
+            "%s, below its %g dB target: %s", line, record["target_sqnr_db"], hint
         )
     else:
         log.info(line)

@@ -139,10 +139,8 @@ def _report_mixed_precision(record: dict) -> None:
     logging.getLogger("onebuild.progress").info(line)  # shown unless --json
     if seen["data"] == "accuracy":
         log.warning(
-            "quantize: mixed precision measured on the first %d [quantize.accuracy] samples, "
-            "so the gate measures it on samples it tuned on; the gate reports the SQNR on the "
-            "others apart when the data has more (set quantize.accuracy.data with more samples "
-            "than [quantize.mixed_precision] samples)",
+            "quantize: mixed precision tuned on the first %d [quantize.accuracy] samples, which "
+            "the gate measures again (it reports the SQNR on the others when the data has more)",
             seen["samples"],
         )
 
