@@ -2,6 +2,7 @@
 the only modules that print); user errors exit with code 2, no traceback."""
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -21,7 +22,7 @@ from .cli_recipes import (
     cmd_schema,
     cmd_status,
 )
-from .errors import OneBuildError
+from .errors import OneBuildError, UserError
 from .plan import MAX_DIM
 from .runtime.odc import PREFS
 
@@ -59,8 +60,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         command = self.prog.removeprefix("onebuild").strip()  # the subcommand, if any
         where = f"{command}: " if command else ""
-        print(f"onebuild: error: {where}{message} (see '{self.prog} --help')", file=sys.stderr)
-        raise SystemExit(2)
+        raise UserError(f"{where}{message} (see '{self.prog} --help')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run steps on Dask workers: a local cluster of -j worker processes, or the "
         "scheduler at ADDRESS (needs onebuild[dask])",
     )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for another build of the same build folder to finish (default: stop)",
+    )
     recipe_command("status", "what a build would rerun, and why", cmd_status)
     recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
@@ -213,7 +218,11 @@ class _LowercaseLevelFormatter(logging.Formatter):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as error:
+        return _failed(str(error), error.exit_code, "--json" in argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LowercaseLevelFormatter("onebuild: %(levelname)s: %(message)s"))
     log.handlers[:] = [handler]
@@ -223,8 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except OneBuildError as error:
-        print(f"onebuild: error: {error}", file=sys.stderr)
-        return error.exit_code
+        return _failed(str(error), error.exit_code, quiet)
     except KeyboardInterrupt:
         print("onebuild: interrupted", file=sys.stderr)
         return 130
@@ -233,11 +241,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as error:  # a path the user named: missing folder, permissions, full disk
         where = f"{error.filename}: " if error.filename else ""
-        print(f"onebuild: error: {where}{error.strerror or error}", file=sys.stderr)
-        return 2 if error.filename else 1
+        return _failed(f"{where}{error.strerror or error}", 2 if error.filename else 1, quiet)
     except MemoryError:
-        print("onebuild: error: out of memory", file=sys.stderr)
-        return 1
+        return _failed("out of memory", 1, quiet)
+
+
+def _failed(message: str, code: int, as_json: bool) -> int:
+    """An error as one line on stderr; with --json also as the JSON document on stdout
+    ({"error", "exit_code"}), so a script reading stdout gets one on every exit."""
+    print(f"onebuild: error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": code}, sort_keys=True))
+    return code
 
 
 if __name__ == "__main__":

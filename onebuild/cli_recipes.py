@@ -71,7 +71,7 @@ def cmd_build(args) -> int:
     executor = None if address is None else DaskExecutor(address, args.jobs)
     streams = sys.stdout, sys.stderr
     try:
-        results = build(plans, jobs=args.jobs, executor=executor)
+        results = build(plans, jobs=args.jobs, executor=executor, wait=args.wait)
     finally:
         if executor is not None:  # on Ctrl-C: doit's threads, cut short, may swap the streams
             executor.close()

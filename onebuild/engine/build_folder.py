@@ -5,7 +5,7 @@ import fcntl
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,17 +14,22 @@ from .ownership import claim_build_folder
 
 
 @contextmanager
-def locked(folder: Path, recipe: Path) -> Iterator[None]:
+def locked(folder: Path, recipe: Path, wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on a build folder (created or adopted if it is onebuild's); a
-    second build or clean stops with a clear message."""
+    second build or clean stops with a clear message, or with `wait` says so through it and
+    waits for the first to finish."""
     claim_build_folder(folder, str(recipe))
     with open(folder / ".lock", "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(
-                f"{folder}: another onebuild build is using this build folder; wait for it"
-            ) from None
+            if wait is None:
+                raise UserError(
+                    f"{folder}: another onebuild build is using this build folder; wait for it "
+                    "(build --wait does)"
+                ) from None
+            wait(f"{folder}: another onebuild build is using this build folder; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 

@@ -465,9 +465,12 @@ def _reporter_class(runner: _Runner):
     return Reporter
 
 
-def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> list[StepResult]:
+def build(
+    plans: list[Plan], jobs: int = 1, progress=None, executor=None, wait: bool = False
+) -> list[StepResult]:
     """Build every recipe's steps in one DAG; returns one result per step. `executor` (with
-    `run` and `slots`, e.g. `DaskExecutor`) runs the steps that must run, `slots` at once."""
+    `run` and `slots`, e.g. `DaskExecutor`) runs the steps that must run, `slots` at once;
+    `wait`: wait for another build of the same build folder instead of stopping."""
     stdout, stderr = sys.stdout, sys.stderr
     progress = progress or (lambda message: print(message, file=stderr, flush=True))
     tasks = [t for plan in plans for t in plan_tasks(plan)]
@@ -478,7 +481,7 @@ def build(plans: list[Plan], jobs: int = 1, progress=None, executor=None) -> lis
     db = plans[0].build_dir / DB_NAME
     with ExitStack() as stack:
         for folder, recipe in sorted({p.build_dir: p.recipe for p in plans}.items()):
-            stack.enter_context(locked(folder, recipe))
+            stack.enter_context(locked(folder, recipe, progress if wait else None))
         steps = [t for plan in plans for t in known_tasks(plan) if isinstance(t, StepTask)]
         for task in steps:
             refuse_foreign(task.outputs, f"{task.recipe}: [{task.step}]", "replace")

@@ -13,6 +13,7 @@ from ..graph_ir.serde.calibration_file import load_calibration
 
 BINS = 64
 MAX_VALUES = 6
+MAX_SAMPLES = 256  # counted for the histograms
 
 Histogram = tuple[str, np.ndarray, np.ndarray, tuple[float, float]]
 
@@ -42,21 +43,28 @@ def worst_values(
 
 def calibration_histograms(
     model: Path, stats_file: Path, data: str | None, dtype: str, accuracy: dict | None
-) -> tuple[str, list[Histogram]]:
-    """(method, histograms) of the chosen values, counted again on the calibration data (its
-    first 256 samples) in bins around the range each was quantized with."""
+) -> tuple[str, int, list[Histogram]]:
+    """(method, samples counted, histograms) of the chosen values, counted again on the
+    calibration data (its first MAX_SAMPLES samples) in bins around the range each was
+    quantized with."""
     stats = load_calibration(stats_file)
     ranges = stats.ranges_for(dtype)
     chosen = worst_values(model, ranges, accuracy, dtype)
     if not chosen or data is None:
-        return stats.method, []
+        return stats.method, 0, []
     edges = {}
     for _, value in chosen:
         lo, hi = ranges[value]
         pad = max(hi - lo, 1e-6) * 0.1
         edges[value] = np.linspace(lo - pad, hi + pad, BINS + 1)
     graph = load_ir(model).main
-    batches = iter_batches(data, [(v.name, v.shape, v.dtype) for v in graph.inputs])
-    counts = value_histograms(graph, batches, edges)
+    read = [0]
+
+    def batches():
+        for where, batch in iter_batches(data, [(v.name, v.shape, v.dtype) for v in graph.inputs]):
+            read[0] += len(next(iter(batch.values()), ()))
+            yield where, batch
+
+    counts = value_histograms(graph, batches(), edges, MAX_SAMPLES)
     items = [(label, edges[v], counts[v], ranges[v]) for label, v in chosen]
-    return stats.method, items
+    return stats.method, min(read[0], MAX_SAMPLES), items

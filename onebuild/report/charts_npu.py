@@ -99,6 +99,10 @@ def roofline_chart(binaries: list[Binary]) -> str:
             if points:
                 x, y = zip(*points)
                 ax.scatter(x, y, s=22, label=binary.name, marker="os^Dv<>p"[index % 8])
+            names = [n for n, layer in binary.info["layers_table"].items() if layer.get("macs")]
+            for name, point in zip(names, points):  # the same layers, in the same order
+                ax.annotate(clip(name, 16), point, xytext=(4, 2), textcoords="offset points",
+                            fontsize=6, color="#444")  # fmt: skip
             if binary.peak_macs and binary.bytes_per_cycle:
                 roofs[binary.info.get("hardware")] = (binary.peak_macs, binary.bytes_per_cycle)
         for hardware, (peak, bandwidth) in sorted(roofs.items()):

@@ -8,32 +8,40 @@ from .figure import clip, figure, svg_text
 MAX_BARS = 30
 
 
-def sqnr_chart(
-    layers: list[dict], threshold: float | None = None, dtypes: dict[str, str] | None = None
-) -> str:
+DTYPE_COLOURS = {"uint8": "#4e79a7", "int8": "#76b7b2", "int16": "#59a14f"}
+OTHER_COLOUR = "#9c755f"
+
+
+def sqnr_chart(layers: list[dict], dtypes: dict[str, str] | None = None) -> str:
     """Horizontal bars of each layer's SQNR in dB, the worst at the top (the evaluate step's
-    `layers`, already worst first); the gate's SQNR minimum as a line when it has one. A layer
-    with no noise at all (SQNR null: left in float32 by mixed precision, or exact) has no bar
-    but a note; `dtypes` (node -> output type in the quantized model) names float layers."""
+    `layers`, already worst first), coloured and labelled by the layer's output type in the
+    quantized model (`dtypes`: node -> type). No limit line: the gate's limits are on the
+    outputs, and a layer below an output's limit is no failure. A layer with no noise at all
+    (SQNR null: left in float32 by mixed precision, or exact) has no bar but a note."""
     dtypes = dtypes or {}
     shown = layers[:MAX_BARS]
     values = [layer["sqnr_db"] for layer in shown]
-    labels = [_label(layer, dtypes.get(layer["node"])) for layer in shown]
+    kinds = [dtypes.get(layer["node"], "?") for layer in shown]
+    labels = [f"{layer['node']} ({layer['op']}, {kind})" for layer, kind in zip(shown, kinds)]
     with figure("sqnr", 7.5, 0.9 + 0.24 * len(shown)) as fig:
         ax = fig.add_subplot()
         positions = np.arange(len(shown))[::-1]
         bars = [v if v is not None and np.isfinite(v) else 0.0 for v in values]
-        colours = ["#e15759" if v < 20 else "#f28e2b" if v < 30 else "#59a14f" for v in bars]
+        colours = [DTYPE_COLOURS.get(kind, OTHER_COLOUR) for kind in kinds]
         ax.barh(positions, bars, color=colours)
-        for y, v, layer in zip(positions, values, shown):
+        from matplotlib.patches import Patch
+
+        handles = [  # one legend entry per type, in order of appearance
+            Patch(color=DTYPE_COLOURS.get(kind, OTHER_COLOUR), label=kind)
+            for kind in dict.fromkeys(kinds)
+        ]
+        fig.legend(handles=handles, loc="outside right upper", title="output type")
+        for y, v, kind in zip(positions, values, kinds):
             exact = v is None or not np.isfinite(v)
-            text = _exact_note(dtypes.get(layer["node"])) if exact else f"{v:.1f}"
+            text = _exact_note(kind) if exact else f"{v:.1f}"
             ax.annotate(text, (0 if exact else max(v, 0), y), xytext=(3, 0),
                         textcoords="offset points", va="center", fontsize=8,
                         color="#555" if exact else "black")  # fmt: skip
-        if threshold is not None:
-            ax.axvline(threshold, color="#333", linestyle="--", label=f"gate: {threshold} dB")
-            ax.legend(loc="lower right")
         ax.set_yticks(positions, labels)
         ax.set_xlabel("SQNR of the layer's output, quantized vs float (dB; higher is better)")
         more = f" (worst {len(shown)} of {len(layers)})" if len(layers) > len(shown) else ""
@@ -43,11 +51,6 @@ def sqnr_chart(
 
 def is_float(dtype: str | None) -> bool:
     return dtype is not None and dtype.startswith("float")
-
-
-def _label(layer: dict, dtype: str | None) -> str:
-    kind = f"{layer['op']}, {dtype}" if is_float(dtype) else layer["op"]
-    return f"{layer['node']} ({kind})"
 
 
 def _exact_note(dtype: str | None) -> str:

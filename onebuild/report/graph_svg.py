@@ -15,6 +15,8 @@ from ..graph_ir.serde import load_ir
 from .figure import clip
 
 NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN, NOTE_GAP, CHAR_W = 190, 24, 24, 18, 12, 120, 6.2
+LANE_GAP, PADDING = 6, 6  # between edges routed beside the boxes; text inside a box
+LABEL_CHARS = int((NODE_W - 2 * PADDING) / 7.0)  # wide letters (capitals) included
 NPU_COLOURS = ("#9ecae9", "#a6dba0", "#c6dbef", "#b8e0d2", "#d9f0a3")
 CPU_COLOURS = ("#fdbf6f", "#fb9a99", "#fee391", "#f4cae4", "#fdd0a2")
 
@@ -61,6 +63,8 @@ def graph_svg(parts: list[tuple[str, str, Path]], reasons: dict[str, list[str]])
     colours = part_colours([backend for _, backend, _ in parts])
     notes = [_note(nodes, row, reasons) for row in rows]
     notes_x = max(len(r) for r in rows) * (NODE_W + GAP_X) + MARGIN + NOTE_GAP
+    lanes = _lanes(nodes, rows, edges)
+    notes_x += LANE_GAP * len(set(lanes.values()))
     width = int(notes_x + max((len(n[1]) for n in notes if n), default=0) * CHAR_W + MARGIN)
     height = len(rows) * (NODE_H + GAP_Y) + 2 * MARGIN
     out = [
@@ -69,12 +73,7 @@ def graph_svg(parts: list[tuple[str, str, Path]], reasons: dict[str, list[str]])
         'font-size="11">'
     ]
     for a, b in edges:
-        (x1, y1), (x2, y2) = _centre(nodes[a]), _centre(nodes[b])
-        y1, y2, bend = y1 + NODE_H / 2, y2 - NODE_H / 2, GAP_Y * 1.5
-        out.append(
-            f'<path d="M{x1:.1f},{y1:.1f} C{x1:.1f},{y1 + bend:.1f} {x2:.1f},{y2 - bend:.1f} '
-            f'{x2:.1f},{y2:.1f}" fill="none" stroke="#999" stroke-width="1"/>'
-        )
+        out.append(_edge_svg(nodes[a], nodes[b], lanes.get((a, b))))
     for node in nodes:
         out.append(_node_svg(node, parts, colours, reasons.get(node.name)))
     for note in notes:
@@ -137,6 +136,43 @@ def _barycentre(nodes: list[_Node], neighbours: list[int], default: float) -> fl
     return sum(nodes[n].x for n in neighbours) / len(neighbours) if neighbours else default
 
 
+def _lanes(nodes: list[_Node], rows: list[list[int]], edges) -> dict[tuple, float]:
+    """The x of the vertical run of each edge that skips layers (a residual Add's input, an SE
+    block's Mul): right of every box in the layers it passes, edges that overlap in their
+    layers on lanes LANE_GAP apart."""
+    lanes: dict[tuple, float] = {}
+    taken: list[tuple[float, int, int]] = []  # (x, first layer, last layer) of each lane run
+    for a, b in sorted(edges, key=lambda e: (nodes[e[0]].layer, nodes[e[1]].layer)):
+        first, last = nodes[a].layer + 1, nodes[b].layer - 1
+        if last < first:
+            continue
+        right = max(_centre(nodes[k])[0] for row in rows[first : last + 1] for k in row)
+        x = right + NODE_W / 2 + GAP_X / 2
+        while any(abs(x - t) < 1 and lo <= last and first <= hi for t, lo, hi in taken):
+            x += LANE_GAP
+        taken.append((x, first, last))
+        lanes[(a, b)] = x
+    return lanes
+
+
+def _edge_svg(source: _Node, target: _Node, lane: float | None) -> str:
+    """An edge from the bottom of `source` to the top of `target`: a curve between adjacent
+    layers; an edge that skips layers runs in the gaps between rows and at `lane`, beside the
+    boxes of the layers between (not through them)."""
+    (x1, y1), (x2, y2) = _centre(source), _centre(target)
+    y1, y2 = y1 + NODE_H / 2, y2 - NODE_H / 2
+    if lane is None:
+        bend = GAP_Y * 1.5
+        path = (
+            f"M{x1:.1f},{y1:.1f} C{x1:.1f},{y1 + bend:.1f} {x2:.1f},{y2 - bend:.1f} "
+            f"{x2:.1f},{y2:.1f}"
+        )
+    else:
+        below, above = y1 + GAP_Y / 2, y2 - GAP_Y / 2
+        path = f"M{x1:.1f},{y1:.1f} V{below:.1f} H{lane:.1f} V{above:.1f} H{x2:.1f} V{y2:.1f}"
+    return f'<path d="{path}" fill="none" stroke="#999" stroke-width="1"/>'
+
+
 def _centre(node: _Node) -> tuple[float, float]:
     x = MARGIN + node.x * (NODE_W + GAP_X) + NODE_W / 2
     y = MARGIN + node.layer * (NODE_H + GAP_Y) + NODE_H / 2
@@ -151,13 +187,14 @@ def _node_svg(node: _Node, parts, colours: list[str], reasons: list[str] | None)
     label = parts[node.part][0]
     why = f": {'; '.join(reasons)}" if reasons else ""
     title = escape(f"{node.name} ({node.op}), {label}{why}")
-    text = escape(f"{node.op} {clip(node.name, max(32 - len(node.op), 8))}")
+    text = escape(f"{node.op} {clip(node.name, max(LABEL_CHARS - 1 - len(node.op), 8))}")
     dash = ' stroke-dasharray="4 2"' if reasons else ""
     svg = (
         f'<g><title>{title}</title><rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" '
         f'height="{NODE_H}" rx="4" fill="{colours[node.part]}" stroke="#333"{dash}/>'
-        f'<text x="{x + 6:.1f}" y="{cy + 4:.1f}" fill="#111">{text}</text>'
-    )
+        f'<svg x="{x + PADDING:.1f}" y="{y:.1f}" width="{NODE_W - 2 * PADDING}" '
+        f'height="{NODE_H}"><text x="0" y="{NODE_H / 2 + 4:.1f}" fill="#111">{text}</text></svg>'
+    )  # a nested svg clips what a name of wide letters would draw past the box
     return svg + "</g>"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..engine.dag import StepResult
 from ..fileio import atomic_write_bytes
+from ..gates import search_limit
 from ..graph_ir.serde import load_ir
 from ..plan import Plan
 from .calibration import calibration_histograms
@@ -196,7 +197,7 @@ def _quantization(data: BuildData) -> str:
     if quantize.get("layers"):
         text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, dtypes)
     if model is not None:
-        text += _automatic_precision(model.metadata, dtypes)
+        text += _automatic_precision(model.metadata, dtypes, data.accuracy)
     if data.accuracy:
         gate = data.accuracy.get("gate", {})
         checks = [
@@ -206,22 +207,26 @@ def _quantization(data: BuildData) -> str:
         ]  # fmt: skip
         if checks:
             text += "<h3>Accuracy gate</h3>" + _table(["check", "value", "limit", ""], checks)
-        threshold = (quantize.get("accuracy") or {}).get("min_sqnr_db")
-        svg = sqnr_chart(data.accuracy["layers"], threshold, dtypes)
-        text += _figure("sqnr", svg, f"{data.accuracy.get('samples')} evaluation samples")
+        svg = sqnr_chart(data.accuracy["layers"], dtypes)
+        caption = (
+            f"{data.accuracy.get('samples')} evaluation samples; bars coloured by the layer's "
+            "output type; the gate's limits apply to the model's outputs (table above), not to "
+            "layers"
+        )
+        text += _figure("sqnr", svg, caption)
     elif not quantize.get("accuracy"):
         text += (
             '<p class="note">No per-layer SQNR: this recipe has no [quantize.accuracy] table '
             "(add one with evaluation data to see which layers lose the most).</p>"
         )
     if data.calibration and data.float_model:
-        method, items = calibration_histograms(
+        method, samples, items = calibration_histograms(
             data.float_model, data.calibration, quantize.get("calibration"), quantize["dtype"],
             data.accuracy,
         )  # fmt: skip
         if items:
             which = "the worst layers' outputs" if data.accuracy else "the widest ranges"
-            caption = f"{which}; {method} calibration; counts on the first 256 calibration samples"
+            caption = f"{which}; {method} calibration; counts on {samples} calibration samples"
             text += _figure("histograms", histogram_chart(items), caption)
     return text
 
@@ -248,24 +253,47 @@ def _mixed_precision(quantize: dict, dtypes: dict[str, str]) -> str:
     return _table(header, rows)
 
 
-def _automatic_precision(metadata: dict, dtypes: dict[str, str]) -> str:
+def _automatic_precision(metadata: dict, dtypes: dict[str, str], accuracy: dict | None) -> str:
     """What [quantize.mixed_precision] chose (the quantized model's record of its search): the
-    target, what it reached, and each promoted layer with its type in the quantized model."""
+    target, what it reached on which samples (and on those it did not see, from the gate's
+    `accuracy` report), and each promoted layer with its type in the quantized model."""
     if "mixed_precision" not in metadata:
         return ""
     choice = json.loads(metadata["mixed_precision"])
-    reached = choice.get("sqnr_db")
     fraction = choice.get("high_precision_mac_fraction") or 0.0
     promoted = choice.get("promoted", [])
+    met = choice.get("target_met")
     text = (
         f"<h3>Automatic mixed precision</h3><p>target {choice.get('target_sqnr_db')} dB at the "
-        f"outputs: {'reached' if choice.get('target_met') else 'not reached'} "
-        f"({'no noise' if reached is None else f'{reached:.1f} dB'} on the calibration data); "
-        f"{len(promoted)} layer(s) promoted to {escape(str(choice.get('dtype')))}, "
-        f"{100 * fraction:.1f} % of the MACs.</p>"
+        f"outputs: {'reached' if met else 'not reached'} ({escape(_measured(choice, accuracy))})"
+        f"; {len(promoted)} layer(s) promoted to {escape(str(choice.get('dtype')))}, "
+        f"{100 * fraction:.1f} % of the MACs.{'' if met else ' ' + escape(_limit(choice))}</p>"
     )
     rows = [[escape(name), escape(dtypes.get(name, "not found"))] for name in promoted]
     return text + _table(["promoted layer", "output type in the quantized model"], rows)
+
+
+def _db(value: float | None) -> str:
+    return "no noise" if value is None else f"{value:.1f} dB"
+
+
+def _measured(choice: dict, accuracy: dict | None) -> str:
+    """The SQNR the search reached, the data it measured on, and the unseen samples' SQNR."""
+    reached = _db(choice.get("sqnr_db"))
+    seen = choice.get("measured_on")
+    if not seen:
+        return f"{reached} on the samples it measured"
+    text = f"{reached} on the first {seen['samples']} samples of the {seen['data']} data"
+    if seen["data"] == "accuracy":
+        text += ", which the gate measures again"
+    unseen = ((accuracy or {}).get("mixed_precision") or {}).get("unseen")
+    if unseen:
+        text += f"; {_db(unseen['sqnr_db'])} on the {unseen['samples']} gate samples it did not see"
+    return text
+
+
+def _limit(choice: dict) -> str:
+    return f"What limits it: {search_limit(choice)}." if "steps" in choice else ""
 
 
 def _npu(data: BuildData) -> str:
@@ -274,7 +302,7 @@ def _npu(data: BuildData) -> str:
     if not binaries:
         return text if data.stale("codegen") else ""
     rows = [
-        [escape(b.name), b.info.get("layers"), b.info.get("cycles"), b.info.get("milliseconds"),
+        [escape(b.name), _layer_count(b.info), b.info.get("cycles"), b.info.get("milliseconds"),
          b.info.get("macs"), b.info.get("mac_utilization"), b.info.get("dram_bytes"),
          b.info.get("weight_bytes")]
         for b in binaries
@@ -290,6 +318,13 @@ def _npu(data: BuildData) -> str:
     )
     text += _figure("roofline", roofline_chart(binaries), caption)
     return text
+
+
+def _layer_count(info: dict) -> str:
+    """A binary's layers: those with instructions (the timeline's rows), and the others."""
+    untimed = info.get("layers_without_instructions", [])
+    more = f" (+{len(untimed)} without instructions: {', '.join(untimed)})" if untimed else ""
+    return f"{len(info['layers_table'])}{more}"  # escaped by _table (a numeric column)
 
 
 def _package(data: BuildData) -> str:

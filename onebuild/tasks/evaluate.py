@@ -6,6 +6,7 @@ that failed and the layers that lose the most.
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     from ..datasets import iter_batches
     from ..errors import GateFailed, UserError
     from ..fileio import atomic_write_bytes
-    from ..gates import described, failures, gate_checks, json_safe
+    from ..gates import described, failures, gate_checks, gate_next_step, json_safe, unseen_hint
     from ..graph_ir.quant.evaluate import compare_graphs
     from ..graph_ir.quant.from_qdq import graph_is_quantized
     from ..graph_ir.serde import load_ir
@@ -52,8 +53,12 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         raise UserError(
             f"{config['labels']}: {len(labels)} labels for {samples} evaluation samples"
         )
+    record = None
+    if "mixed_precision" in quantized.metadata:
+        record = json.loads(quantized.metadata["mixed_precision"])
+    seen = _seen_samples(record)
     progress = Progress("evaluate", samples)
-    comparison = compare_graphs(reference, candidate, batches, labels, progress)
+    comparison = compare_graphs(reference, candidate, batches, labels, progress, seen)
     progress.finish()
     checks = gate_checks(config, comparison.outputs, comparison.accuracy)
     report = {
@@ -63,18 +68,64 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         "layers": comparison.layers,
         "gate": {"passed": all(c["passed"] for c in checks), "checks": checks},
     }
-    if "mixed_precision" in quantized.metadata:
-        report["mixed_precision"] = json.loads(quantized.metadata["mixed_precision"])
+    if record is not None:
+        report["mixed_precision"] = record
+        if comparison.unseen:
+            record["unseen"] = _unseen(comparison, seen)
+            _warn_overfit(record, unseen_hint(record))
     text = json.dumps(json_safe(report), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(outputs[0], text.encode())
     failed = [c for c in checks if not c["passed"]]
     if failed:
+        promoted = set(record["promoted"]) if record else set()
+        dtypes = {n.name: str(n.outputs[0].dtype) for n in candidate.nodes if n.outputs}
         worst = ", ".join(
-            f"{layer['node']} ({layer['sqnr_db']:.1f} dB)"
+            _worst(layer, dtypes.get(layer["node"], "?"), layer["node"] in promoted)
             for layer in comparison.layers[:WORST_LAYERS]
         )
         raise GateFailed(
-            f"accuracy gate failed: {failures(checks)}; worst layers: {worst}; see {outputs[0]}"
+            f"accuracy gate failed: {failures(checks)}; worst layers: {worst}; "
+            f"{gate_next_step(json_safe(record))}; see {outputs[0]}"
         )
     if checks:
         log.info("evaluate: accuracy gate passed: %s", described(checks))
+
+
+def _seen_samples(record: dict | None) -> int | None:
+    """How many of the accuracy data's first samples mixed precision measured on (None: it
+    measured on other data, or did not run)."""
+    seen = (record or {}).get("measured_on") or {}
+    return seen["samples"] if seen.get("data") == "accuracy" else None
+
+
+def _unseen(comparison, seen: int) -> dict:
+    """The outputs' SQNR on the samples mixed precision did not measure on, and the worst."""
+    outputs = {name: m["sqnr_db"] for name, m in comparison.unseen.items()}
+    worst = min(outputs.values(), default=math.inf)
+    return {"samples": comparison.samples - seen, "outputs": outputs, "sqnr_db": worst}
+
+
+def _db(value: float | None) -> str:
+    return "no noise" if value is None or math.isinf(value) else f"{value:.1f} dB"
+
+
+def _worst(layer: dict, dtype: str, promoted: bool) -> str:
+    """A worst layer in the gate's message: its SQNR, its type, whether it was promoted."""
+    how = f"{dtype}, promoted by mixed precision" if promoted else dtype
+    return f"{layer['node']} ({_db(layer['sqnr_db'])}, {how})"
+
+
+def _warn_overfit(record: dict, hint: str) -> None:
+    """Say how mixed precision does on the samples it did not measure on."""
+    unseen, seen = record["unseen"], record["measured_on"]["samples"]
+    tuned, held = _db(record["sqnr_db"]), _db(unseen["sqnr_db"])
+    line = (
+        f"evaluate: mixed precision reached {tuned} on the first {seen} samples (it tuned on "
+        f"them), {held} on the {unseen['samples']} it did not see"
+    )
+    if record["target_met"] and unseen["sqnr_db"] < record["target_sqnr_db"]:
+        logging.getLogger("onebuild").warning(
+            "%s, below its %g dB target: %s", line, record["target_sqnr_db"], hint
+        )
+    else:
+        log.info(line)

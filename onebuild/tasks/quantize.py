@@ -108,30 +108,46 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
     ops = Counter(node.op for node in model.main.nodes)
     log.info("quantize: %s", ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())))
     if "mixed_precision" in model.metadata:
-        _report_mixed_precision(json.loads(model.metadata["mixed_precision"]))
+        record = json.loads(model.metadata["mixed_precision"])
+        record["measured_on"] = {
+            "data": "calibration" if config["check_sqnr"] else "accuracy",
+            "samples": sum(len(next(iter(batch.values()))) for batch in samples),
+        }
+        record["max_high_precision_mac_fraction"] = (
+            options.mixed_precision.max_high_precision_mac_fraction
+        )
+        model.metadata["mixed_precision"] = json.dumps(record, sort_keys=True)
+        _report_mixed_precision(record)
     elif config["check_sqnr"] and samples:
         _check_sqnr(float_graph, model.main, samples)
     save_ir(model, outputs[0])
 
 
 def _report_mixed_precision(record: dict) -> None:
-    reached = record["sqnr_db"]
+    from ..gates import search_limit
+
+    reached, seen = record["sqnr_db"], record["measured_on"]
     line = (
         f"quantize: mixed precision promoted {len(record['promoted'])} layer(s) to "
         f"{record['dtype']} ({100 * record['high_precision_mac_fraction']:.1f} % of MACs); "
-        f"worst output {'∞' if reached is None else f'{reached:.1f}'} dB, target "
-        f"{record['target_sqnr_db']} dB"
+        f"worst output {'∞' if reached is None else f'{reached:.1f}'} dB on {seen['samples']} "
+        f"{seen['data']} samples, target {record['target_sqnr_db']} dB"
     )
-    if record["target_met"]:
-        log.info(line)
-    else:
+    if not record["target_met"]:
+        log.warning("%s NOT met: %s", line, search_limit(record))
+        return
+    logging.getLogger("onebuild.progress").info(line)  # shown unless --json
+    if seen["data"] == "accuracy":
         log.warning(
-            '%s NOT met (raise max_high_precision_mac_fraction or use dtype = "float32")', line
+            "quantize: mixed precision tuned on the first %d [quantize.accuracy] samples, which "
+            "the gate measures again (it reports the SQNR on the others when the data has more)",
+            seen["samples"],
         )
 
 
 def _check_sqnr(float_graph, quantized, samples) -> None:
     """Warn when an output of the quantized model is below MIN_SQNR_DB on a few samples."""
+    from ..gates import first_steps
     from ..graph_ir.quant.evaluate import compare_graphs
 
     comparison = compare_graphs(float_graph, quantized, [("samples", b) for b in samples])
@@ -144,13 +160,12 @@ def _check_sqnr(float_graph, quantized, samples) -> None:
     )
     log.warning(
         "quantize: low accuracy on %d calibration samples: output SQNR %s (below %.0f dB); "
-        "worst layers: %s. Try [quantize.mixed_precision] target_sqnr_db = 30, method = "
-        '"mse", %sor dtype = "int16"; [quantize.accuracy] gates the build',
+        "worst layers: %s. Try %s; [quantize.accuracy] gates the build",
         comparison.samples,
         outputs,
         MIN_SQNR_DB,
         worst,
-        _channel_hint(float_graph, quantized),
+        first_steps(_channel_hint(float_graph, quantized)),
     )
 
 

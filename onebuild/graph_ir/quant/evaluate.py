@@ -28,6 +28,7 @@ class Comparison:
     layers: list[dict] = field(default_factory=list)  # worst SQNR first
     accuracy: dict | None = None  # top-1 accuracy of both graphs against labels
     complete: bool = True  # False: stopped early, each sqnr_db an upper bound (`probes`)
+    unseen: dict[str, dict] | None = None  # outputs on the samples from `unseen_from` on
 
 
 def _comparable_nodes(reference: Graph, candidate: Graph) -> dict[str, str]:
@@ -55,10 +56,14 @@ def compare_graphs(
     batches: Iterable[tuple[str, Batch]],
     labels: np.ndarray | None = None,
     progress: Callable[[int], None] | None = None,
+    unseen_from: int | None = None,
 ) -> Comparison:
+    """Compare `candidate` with `reference` on `batches`; with `unseen_from`, the outputs'
+    metrics on the samples from that index on are also summarized alone (`unseen`)."""
     common = _comparable_nodes(reference, candidate)
     layers = {name: SignalNoise() for name in common}
     outputs = {v.name: OutputMetrics() for v in reference.outputs}
+    unseen = {v.name: OutputMetrics() for v in reference.outputs}
     trace: dict[str, np.ndarray] = {}
 
     def record(value: Value, array: np.ndarray) -> None:
@@ -89,6 +94,8 @@ def compare_graphs(
             for index in range(len(want[first])):
                 for name, metrics in outputs.items():
                     metrics.update(want[name][index], got[name][index])
+                    if unseen_from is not None and result.samples >= unseen_from:
+                        unseen[name].update(want[name][index], got[name][index])
                 if labels is not None:
                     label = int(labels[result.samples])
                     hits["reference"] += int(np.argmax(want[first][index]) == label)
@@ -97,6 +104,8 @@ def compare_graphs(
             if progress:
                 progress(result.samples)
     result.outputs = {name: m.summary() for name, m in outputs.items()}
+    if unseen_from is not None and result.samples > unseen_from:
+        result.unseen = {name: m.summary() for name, m in unseen.items()}
     ranked = sorted(layers.items(), key=lambda item: item[1].db)
     result.layers = [
         {"node": n, "op": common[n], "sqnr_db": s.db, "channel_noise_ratio": s.channel_noise_ratio}

@@ -88,6 +88,9 @@ def describe(module: Module) -> dict:
 
     ops = Counter({LOAD: "LOAD", STORE: "STORE", EXEC: "EXEC"}[int(op)] for op in module.code[:, 0])
     summary["layers_table"] = summary.pop("layers")
+    summary["layers_without_instructions"] = [  # reshapes, fused Adds and pools: not timed
+        layer.name for layer in module.layers if layer.name not in summary["layers_table"]
+    ]
     return {
         "meta": module.meta,
         "inputs": [io(n) for n in module.inputs],
@@ -114,8 +117,11 @@ def report(info: dict) -> list[str]:
                 f"scale={v['scale']:.6g} zero_point={v['zero_point']}"
             )
     counts = ", ".join(f"{n} {op}" for op, n in info["instructions"].items())
+    untimed = info.get("layers_without_instructions", [])
+    quiet = f" ({len(untimed)} without instructions: {', '.join(untimed)})" if untimed else ""
     lines.append(
-        f"{info['layers']} layers, instructions: {counts}; weights {info['weight_bytes']} bytes"
+        f"{info['layers']} layers{quiet}, instructions: {counts}; weights "
+        f"{info['weight_bytes']} bytes"
     )
     lines.append(
         f"cycles: {info['cycles']:,} ({info['milliseconds']} ms); roofline "
