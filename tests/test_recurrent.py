@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.serde.onnx_export import export_onnx
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -186,3 +187,20 @@ def test_a_model_with_an_lstm_builds_for_the_npu_with_the_lstm_on_the_cpu(
     np.testing.assert_array_equal(
         read_npz(tmp_path / "package.npz")["y"], read_npz(tmp_path / "model.npz")["y"]
     )
+
+
+@pytest.mark.parametrize(
+    ("op", "options"),
+    [c for c in CASES if not c[1].get("layout")],
+    ids=[f"{o}-{i}" for i, (o, c) in enumerate(CASES) if not c.get("layout")],
+)
+def test_recurrent_layers_export_back_to_onnx(op, options):
+    """Exported to ONNX (the IR's [name, alpha, beta] per function back to activations and
+    alpha/beta lists), onnxruntime runs the same numbers as on the original."""
+    rng = np.random.default_rng(len(str(options)) + GATES[op])
+    model, feeds = _model(op, options, rng)
+    exported = export_onnx(import_onnx(model))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(exported.SerializeToString()).run(None, feeds)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)

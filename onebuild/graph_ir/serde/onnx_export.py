@@ -26,6 +26,7 @@ from ..quant.params import qdq_params
 from ..tensor import QuantParams
 from .naming import fresh_name
 from .onnx_lookups import interpolated_lookup, lookup
+from .onnx_ops_index import ONNX_ACTIVATIONS
 
 OPSET = 21
 IR_VERSION = 10
@@ -260,12 +261,13 @@ class _Exporter:
         target = outputs
         if "clip" in attrs:
             target = [self.fresh(f"{outputs[0]}_preact")]
+        attrs = {k: v for k, v in attrs.items() if k not in INTERNAL_ATTRS}
         convert = SPECIAL.get(node.op)
-        if convert is not None:
+        if convert is not None:  # its attributes are ONNX's ("clip": a recurrent cell's)
             op, inputs, attrs = convert(self, node, inputs, attrs)
         else:
             op = node.op
-        attrs = {k: v for k, v in attrs.items() if k not in INTERNAL_ATTRS and v is not None}
+        attrs = {k: v for k, v in attrs.items() if v is not None}
         if node.op == "Dropout" and op == "Identity":
             target = target[:1]
         self.emit(op, inputs, target, node.name, **attrs)
@@ -405,7 +407,7 @@ def _rename(proto: onnx.GraphProto, names: dict[str, str]) -> None:
 
 def _dropout(ex, node, inputs, attrs):
     """Inference-mode Dropout is the identity, unless its mask output is read."""
-    return ("Dropout" if attrs.get("mask") else "Identity"), inputs[:1], {}
+    return ("Dropout" if node.attrs.get("mask") else "Identity"), inputs[:1], {}
 
 
 def _swish(ex, node, inputs, attrs):
@@ -421,7 +423,27 @@ def _swish(ex, node, inputs, attrs):
     return "Mul", [inputs[0], gate], {}
 
 
+def _recurrent(ex, node, inputs, attrs):
+    """LSTM/GRU/RNN: the IR's [name, alpha, beta] per function back to ONNX's activations and
+    the alpha/beta lists that hold values only for the functions taking them."""
+    functions = attrs.pop("activations")
+    attrs["activations"] = [ONNX_ACTIVATIONS[name] for name, _, _ in functions]
+    for key, index in (("activation_alpha", 1), ("activation_beta", 2)):
+        values = [float(f[index]) for f in functions if f[index] is not None]
+        if values:
+            attrs[key] = values
+    attrs["clip"] = attrs.pop("cell_clip")
+    if node.op != "LSTM":
+        attrs.pop("input_forget")
+    if node.op != "GRU":
+        attrs.pop("linear_before_reset")
+    return node.op, inputs, attrs
+
+
 SPECIAL: dict[str, Callable] = {
+    "LSTM": _recurrent,
+    "GRU": _recurrent,
+    "RNN": _recurrent,
     "Swish": _swish,
     "Reshape": _reshape,
     "Expand": _reshape,

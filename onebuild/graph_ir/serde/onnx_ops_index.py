@@ -102,6 +102,10 @@ def einsum(ctx):
 # -- recurrent layers ----------------------------------------------------------------------------
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
                        "RNN": ["Tanh"]}  # fmt: skip
+# the IR's activation names -> ONNX's spelling (the importer lowercases)
+ONNX_ACTIVATIONS = {name.lower(): name for name in (
+    "Sigmoid", "Tanh", "Relu", "HardSigmoid", "LeakyRelu", "ThresholdedRelu", "ScaledTanh",
+    "Affine", "Elu", "Softsign", "Softplus")}  # fmt: skip
 
 
 @converter("LSTM", "GRU", "RNN")
