@@ -110,17 +110,15 @@ class CodegenOptions:
 
 @dataclass(frozen=True)
 class PartitionOptions:
-    backends: tuple[str, ...] = ("trix", "cpu")
+    """How to split a graph; the accelerator is the codegen target's backend (`Target.backend`),
+    the other backend the CPU (`default`, the only one allowed, as ONE's `.part` files say)."""
+
     default: str = "cpu"
     strategy: str = "capability"  # "capability" | "cost"
     comply: str = "opcode"
     opcode: Mapping[str, str] = field(default_factory=dict)
     opname: Mapping[str, str] = field(default_factory=dict)
     cpu_precision: str = "quantized"  # "quantized" | "float"
-
-    @property
-    def accelerator(self) -> str:
-        return next(b for b in self.backends if b != self.default)
 
 
 DEFAULT_PRESET = "O1"
@@ -327,10 +325,11 @@ def partition(
     from .targets.placement import Options, mac_share, place
 
     maps = maps or {}
+    target = load_target(codegen.target)
     settings = {"default": options.default, "comply": options.comply}
     settings.update({k: maps[k] for k in ("default", "comply") if k in maps})
     placement_options = Options(
-        accelerator=options.accelerator,
+        accelerator=target.backend,
         hw=codegen.hw,
         strategy=options.strategy,
         opcode={**maps.get("opcode", {}), **options.opcode},
@@ -338,7 +337,7 @@ def partition(
         **settings,
     )
     graph = with_quantized_io(graph)
-    placement = place(graph, name, load_target(codegen.target), placement_options)
+    placement = place(graph, name, target, placement_options)
     parts = placement.partitioning.parts
     backends = [p.backend for p in parts]
     files = [f"{name}.{i + 1:05d}_{b}.obir" for i, b in enumerate(backends)]

@@ -174,9 +174,10 @@ class QuantizeStep(_Section):
 class PartitionStep(_Section):
     """Split the model between the NPU and the CPU."""
 
-    backends: list[str] = Field(
-        default_factory=lambda: list(_P.backends),
-        description='the [codegen] target\'s backend and \'cpu\' (trix_sim: ["trix", "cpu"])',
+    backends: list[str] | None = Field(
+        default=None,
+        description="the [codegen] target's backend and 'cpu' (the default; trix_sim: "
+        '["trix", "cpu"])',
     )
     default: str = _P.default
     strategy: Literal["capability", "cost"] = _P.strategy
@@ -393,13 +394,14 @@ def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
             f"{path}: [partition] needs a [codegen] table: its target's constraints decide what "
             "runs on the NPU, and it compiles the NPU parts"
         )
-    accelerators = [b for b in partition["backends"] if b != "cpu"]
-    if "cpu" not in partition["backends"] or len(accelerators) != 1:
+    backend = load_target(steps["codegen"]["target"]).backend
+    backends = partition["backends"] or [backend, "cpu"]
+    accelerators = [b for b in backends if b != "cpu"]
+    if "cpu" not in backends or len(accelerators) != 1:
         raise UserError(
             f"{path}: partition.backends: expected one NPU backend and 'cpu', e.g. "
-            f'["trix", "cpu"] (got {partition["backends"]})'
+            f'["{backend}", "cpu"] (got {backends})'
         )
-    backend = load_target(steps["codegen"]["target"]).backend
     if accelerators[0] != backend:
         raise UserError(
             f"{path}: partition.backends: target '{steps['codegen']['target']}' runs on the "
@@ -413,7 +415,7 @@ def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
     codegen = steps["codegen"]
     partition.update(
         name=Path(steps["import"]["source"]).stem,
-        accelerator=accelerators[0],
+        backends=backends,
         target=codegen["target"],
         hw=codegen["hw"],
     )
