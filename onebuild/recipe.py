@@ -339,6 +339,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     if "import" not in steps:
         raise UserError(f"{path}: every recipe needs an [import] table with 'source'")
     check_inputs(path, steps)
+    steps["import"]["external_data"] = _external_data(steps["import"]["source"])
     quantize = steps.get("quantize")
     if (
         quantize
@@ -383,6 +384,16 @@ def _came_quantized(source: str) -> bool:
     from .graph_ir.serde import quantized_source
 
     return quantized_source(source)
+
+
+def _external_data(source: str) -> list[str]:
+    """The files an ONNX source keeps its weights in, inputs of the import step too (a kept
+    plan is valid while the source file is unchanged: `plan._key`)."""
+    if Path(source).suffix.lower() in (".circle", ".tflite"):
+        return []
+    from .graph_ir.serde.onnx_wire import external_data_files
+
+    return [str(file) for file in external_data_files(source)]
 
 
 def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:

@@ -138,6 +138,9 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
             break
         if step == "pack":
             add(step, config, [previous], *_pack_outputs(config))
+        elif step == "import":  # with the weights an ONNX model keeps beside it
+            weights = [Path(file) for file in config.get("external_data", [])]
+            previous = add(step, config, [previous, *weights])
         elif step == "codegen":
             binary = f"codegen.{binary_suffix(config['target'])}"
             previous = add(step, config, [previous], [plan.build_dir / binary])
