@@ -104,8 +104,15 @@ class QuantizeOptions:
 @dataclass(frozen=True)
 class CodegenOptions:
     target: str = "trix_sim"
-    hw: str = "trix-m"
+    hw: str | None = None  # None: the target's default preset (trix_sim: trix-m)
     pref: str = "performance"  # "performance" | "memory" | "compile_time"
+
+    @property
+    def preset(self) -> str | None:
+        """`hw`, else the target's default hardware preset (`targets.default_hw`)."""
+        from .targets import default_hw
+
+        return self.hw or default_hw(self.target)
 
 
 @dataclass(frozen=True)
@@ -330,7 +337,7 @@ def partition(
     settings.update({k: maps[k] for k in ("default", "comply") if k in maps})
     placement_options = Options(
         accelerator=target.backend,
-        hw=codegen.hw,
+        hw=codegen.preset,
         strategy=options.strategy,
         opcode={**maps.get("opcode", {}), **options.opcode},
         opname={**maps.get("opname", {}), **options.opname},
@@ -353,7 +360,7 @@ def partition(
         "strategy": options.strategy,
         "cpu_precision": options.cpu_precision,
         "cpu_parts_left_quantized": left_quantized,
-        "hardware": codegen.hw,
+        "hardware": placement_options.hw,
         "estimate": placement.latency,
         "explanation": placement.explanation,
         "fallbacks": placement.fallbacks,
@@ -378,7 +385,7 @@ def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta
     target = load_target(options.target)
     graph = with_quantized_io(graph)
     verify(graph)
-    return target.encode(graph, options.hw, options.pref, dict(meta or {}))
+    return target.encode(graph, options.preset, options.pref, dict(meta or {}))
 
 
 def compile_file(source: Path, output: Path, options: CodegenOptions = CodegenOptions()) -> None:

@@ -39,7 +39,7 @@ from .plan import (
     is_url,
     read_recipe_data,
 )
-from .targets import channel_dtypes, load_target
+from .targets import channel_dtypes, default_hw, load_target
 
 
 class _Section(BaseModel):
@@ -212,7 +212,9 @@ class CodegenStep(_Section):
     """Compile NPU partitions to .tvn binaries."""
 
     target: str = _G.target
-    hw: str = _G.hw
+    hw: str | None = Field(
+        default=None, description="hardware preset (default: the target's; trix_sim: trix-m)"
+    )
     pref: Literal["performance", "memory", "compile_time"] = _G.pref
 
 
@@ -363,6 +365,8 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
                 f"{path}: quantize.{key}: this needs real samples: set quantize.calibration or "
                 "[quantize.accuracy] data (random data does not say what matters)"
             )
+    if "codegen" in steps:
+        steps["codegen"]["hw"] = steps["codegen"]["hw"] or default_hw(steps["codegen"]["target"])
     if "partition" in steps:
         _complete_partition(path, steps)
     if quantize and "codegen" in steps:  # per-channel edges in the dtypes the target lowers

@@ -77,10 +77,11 @@ def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
 def test_on_device_partitioned_codegen_runs_on_the_targets_backend(tmp_path):
     """On the device, a model the tiny NPU cannot run whole becomes a package whose NPU parts
     run on the target's backend ("tiny", not trix_sim's "trix"), and it runs bit-exact with the
-    quantized model."""
+    quantized model. Without --hw, the target's own preset is used."""
     _model(tmp_path)
-    device = ("--quantize", "uint8", "--minmax-runs", "1", "--codegen", "tiny", "--hw", "tiny-1")
+    device = ("--quantize", "uint8", "--minmax-runs", "1", "--codegen", "tiny")
     out = cli("run", "m.onnx", "-i", "calib.npz", "-o", "y.npz", *device, cwd=tmp_path).stdout
+    assert "compiled (tiny, tiny-1, performance)" in out  # its preset, not trix_sim's
     assert "state: COMPILED" in out
     package = tmp_path / "m.onnx.odc" / "compiled.nnpkg"
     configs = [p.read_text() for p in (package / "metadata").glob("model.part.*.cfg")]

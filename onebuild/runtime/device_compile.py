@@ -31,10 +31,10 @@ from .workspace import Workspace
 log = logging.getLogger("onebuild")
 
 
-def check_target(target: str, hw: str, config: str | None = None) -> None:
-    """Refuse a target that is not installed, or a hardware preset it lacks, with one line
-    listing what is installed (said at once, before the session changes anything); `config`
-    names the package config the values came from."""
+def check_target(target: str, hw: str | None, config: str | None = None) -> None:
+    """Refuse a target that is not installed, or a hardware preset it lacks (None: its
+    default), with one line listing what is installed (said at once, before the session
+    changes anything); `config` names the package config the values came from."""
     keys = ("ODC_TARGET", "ODC_HW") if config else ("target", "hardware preset")
     where = f"{config}: " if config else ""
     if target not in available():
@@ -43,7 +43,7 @@ def check_target(target: str, hw: str, config: str | None = None) -> None:
             f"{', '.join(available()) or 'none'})"
         )
     presets = _presets(target)
-    if presets and hw not in presets:
+    if hw is not None and presets and hw not in presets:
         raise UserError(
             f"{where}{keys[1]} '{hw}' is not a preset of target {target} (its presets: "
             f"{', '.join(presets)})"

@@ -105,6 +105,15 @@ def binary_target(path: str | os.PathLike) -> Target | None:
     return next((t for t in installed() if head.startswith(t.magic)), None)
 
 
+def default_hw(name: str) -> str | None:
+    """The hardware preset target `name` compiles for when none is named: its `default_hw`,
+    else the first of its presets (None: it describes none and takes any)."""
+    target = load_target(name)
+    if getattr(target, "default_hw", None):
+        return target.default_hw
+    return next(iter(target.describe().get("presets", {})), None)
+
+
 def binary_suffix(name: str) -> str:
     """The file suffix of target `name`'s binaries (its model type, e.g. "tvn")."""
     return load_target(name).model_type

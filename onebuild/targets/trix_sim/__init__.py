@@ -24,6 +24,7 @@ class TrixSim:
     model_type = "tvn"
     magic = MAGIC
     channel_dtypes = ("uint8",)  # 8-bit tables per channel (int16 ones are interpolated)
+    default_hw = "trix-m"  # the preset compiled for when none is named
 
     def supports(self, node: Node, hw: str) -> list[str]:
         from .hardware import load_hardware
