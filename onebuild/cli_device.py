@@ -14,10 +14,9 @@ def run_on_device(args) -> int:
     import numpy as np
 
     from .npz import from_file, read_npz, write_npz
-    from .runtime.device_compile import check_preset, check_target
     from .runtime.outputs import quantized_kind, writable
     from .runtime.session import Session
-    from .targets import default_hw
+    from .targets import check_preset, check_target, default_hw
 
     if args.raw:
         raise UserError("--raw does not apply to on-device compilation: its I/O is float")

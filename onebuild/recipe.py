@@ -39,7 +39,7 @@ from .plan import (
     is_url,
     read_recipe_data,
 )
-from .targets import channel_dtypes, default_hw, load_target
+from .targets import channel_dtypes, check_target, default_hw, load_target
 
 
 class _Section(BaseModel):
@@ -365,8 +365,11 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
                 f"{path}: quantize.{key}: this needs real samples: set quantize.calibration or "
                 "[quantize.accuracy] data (random data does not say what matters)"
             )
-    if "codegen" in steps:
-        steps["codegen"]["hw"] = steps["codegen"]["hw"] or default_hw(steps["codegen"]["target"])
+    if "codegen" in steps:  # a wrong target or preset fails before any step runs
+        codegen = steps["codegen"]
+        keys = ("codegen.target", "codegen.hw")
+        check_target(codegen["target"], codegen["hw"], f"{path}: ", keys)
+        codegen["hw"] = codegen["hw"] or default_hw(codegen["target"])
     if "partition" in steps:
         _complete_partition(path, steps)
     if quantize and "codegen" in steps:  # per-channel edges in the dtypes the target lowers

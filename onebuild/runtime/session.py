@@ -30,8 +30,9 @@ from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_model, save_ir
 from ..npz import check_finite
 from ..progress import Progress
+from ..targets import check_preset, check_target
 from .choice import choose_state
-from .device_compile import check_preset, check_target, codegen_file, codegen_model, quantize_file
+from .device_compile import codegen_file, codegen_model, quantize_file
 from .gate import gate_reason, gate_report
 from .models import GraphModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings
