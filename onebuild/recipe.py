@@ -152,7 +152,7 @@ class QuantizeStep(_Section):
     weight_rounding: Literal["nearest", "adaround"] = Field(
         default=_Q.weight_rounding,
         description="adaround: learn each weight's rounding direction on real samples "
-        "(the [quantize.accuracy] data, else the calibration data)",
+        "(the calibration data, else the [quantize.accuracy] data)",
     )
     layers: list[QuantizeLayer] = Field(default_factory=list)
     mixed_precision: QuantizeMixedPrecision | None = None

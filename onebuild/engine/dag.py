@@ -1,7 +1,9 @@
 """Recipe plans -> a doit task DAG, run with caching.
 
-Each enabled step becomes one doit task with explicit `file_dep` and `targets` and a
-`config_changed` check over the step's normalized config plus the digest of its code. doit's
+Each enabled step becomes doit tasks (one each; [quantize] up to three: calibrate, quantize and
+the accuracy gate; after a partition, one codegen task per NPU part and the pack, created once
+the partition has run) with explicit `file_dep` and `targets` and a `config_changed` check over
+the step's normalized config plus the digest of its code. doit's
 file checker compares (mtime, size, md5), so a step whose output comes out byte-identical stops
 the cascade: downstream steps see an unchanged dependency and stay up to date.
 

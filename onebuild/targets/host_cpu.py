@@ -13,8 +13,6 @@ from ..graph_ir.interpreter import release_schedule
 from ..graph_ir.ir import Graph, Node, Value
 from ..graph_ir.macs import MATMUL_LIKE, macs
 
-WINDOWED = ("MaxPool", "AveragePool", "QAveragePool", "LRN")
-
 
 @dataclass(frozen=True)
 class HostCpu:

@@ -1,9 +1,10 @@
 """The quantize step: IR file (+ calibration statistics for mode "full") -> quantized IR file.
 
-In mode "full" the step also reads samples (the [quantize.accuracy] data, else the calibration
-data): mixed precision measures on them, learned weight rounding learns on them, and without an
-accuracy gate a few are compared with the float model, so an unusable model never passes
-silently.
+In mode "full" the step also reads samples: mixed precision measures on the [quantize.accuracy]
+data (else the calibration data), and without an accuracy gate a few of them are compared with
+the float model, so an unusable model never passes silently; learned weight rounding and
+empirical bias correction fit on the calibration data (else the accuracy data), so a gate
+measures them on samples they did not see.
 """
 
 import json
