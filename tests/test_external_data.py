@@ -132,3 +132,21 @@ def test_the_weights_files_are_those_onnx_lists(tmp_path):
     assert external_data_files(tmp_path / "m.onnx") == listed[2:]
     (tmp_path / "m.onnx").write_bytes(b"\xff" * 10)  # not a model: its import says why
     assert external_data_files(tmp_path / "m.onnx") == []
+
+
+def test_a_model_that_moves_its_weights_to_another_file_is_followed_there(tmp_path):
+    """The plan kept in the build folder lists the weights files; it is made again when the
+    model file changes, so the new file is an input from then on."""
+    project = _project(tmp_path / "a", tmp_path / "cache")
+    cli("build", "r.toml", cwd=project)
+    cli("build", "r.toml", cwd=project)  # the plan is kept from the second build on
+    assert (project / "build" / "r" / "plan.json").is_file()
+    model = onnx.load(project / "m.onnx")
+    onnx.save(model, project / "m.onnx", save_as_external_data=True, location="w2.bin",
+              size_threshold=0)  # fmt: skip
+    cli("build", "r.toml", cwd=project)
+    before = _package_matches_onnxruntime(project)
+    weights = project / "w2.bin"
+    weights.write_bytes((np.fromfile(weights, np.float32) * 0.5).tobytes())
+    cli("build", "r.toml", cwd=project)
+    assert not np.allclose(before, _package_matches_onnxruntime(project))
