@@ -104,12 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     odc.add_argument("--quantize", choices=sorted(ODC_QUANTIZE), help="quantize on the device")
     odc.add_argument("--qpath", help="where the quantized model goes (default: the workspace)")
     odc.add_argument(
-        "--minmax-runs", type=int, default=10, help="recorded runs before quantizing (10)"
+        "--minmax-runs",
+        type=int,
+        help="recorded runs before quantizing (default: a package's ODC_MINMAX_RECORDS, else 10)",
     )
     odc.add_argument("--codegen", metavar="TARGET", help="compile the quantized model (trix_sim)")
     odc.add_argument("--cpath", help="where the binary goes (default: the workspace)")
-    odc.add_argument("--pref", default="performance", choices=PREFS, help="codegen preference")
-    odc.add_argument("--hw", default="trix-m", help="hardware preset of the target (trix-m)")
+    odc.add_argument(
+        "--pref", choices=PREFS, help="codegen preference (default: a package's, else performance)"
+    )
+    odc.add_argument(
+        "--hw", help="hardware preset of the target (default: a package's, else the target's)"
+    )
     odc.add_argument(
         "--auto-compile",
         action="store_true",

@@ -14,13 +14,16 @@ def run_on_device(args) -> int:
     import numpy as np
 
     from .npz import from_file, read_npz, write_npz
-    from .runtime.device_compile import check_target
     from .runtime.outputs import quantized_kind, writable
     from .runtime.session import Session
+    from .targets import check_preset, check_target, default_hw
 
     if args.raw:
         raise UserError("--raw does not apply to on-device compilation: its I/O is float")
-    check_target(args.codegen or "trix_sim", args.hw)  # before anything is recorded or written
+    if args.codegen:  # said before anything is recorded or written
+        check_target(args.codegen, args.hw)
+    elif args.hw:
+        check_preset(args.hw)
     for option, path, kind in (("--qpath", args.qpath, None), ("--cpath", args.cpath, "binary")):
         if path:  # said before the model loads, in the command line's terms
             writable(path, [kind or quantized_kind(path)], option, [args.model, args.inputs])
@@ -36,7 +39,10 @@ def run_on_device(args) -> int:
         raise UserError(f"{args.inputs}: holds no samples")
     if args.quantize:
         session.set_quantization_type(ODC_QUANTIZE[args.quantize])
-    session.set_hardware(args.hw)
+    if args.hw:  # given or not, the package's ODC_* settings hold for the rest
+        session.set_hardware(args.hw)
+    if args.minmax_runs is not None:
+        session.set_odc_param_minmax_records_count(args.minmax_runs)
     if args.min_sqnr_db is not None:
         session.set_accuracy_gate(min_sqnr_db=args.min_sqnr_db)
     if args.qpath:
@@ -52,23 +58,23 @@ def run_on_device(args) -> int:
 
     results = []
     if args.auto_compile:
-        session.set_odc_param_minmax_records_count(args.minmax_runs)
-        target = args.codegen or "trix_sim"
         for sample in samples:
             before = session.state
-            results.append(run(session.run_with_auto_compilation, sample, target, args.pref))
+            results.append(run(session.run_with_auto_compilation, sample, args.codegen, args.pref))
             if session.state != before:
                 print(f"run {len(results)}: switched {before} -> {session.state}")
     else:
         if args.quantize:
             session.set_execute_config("DUMP_MINMAX")
-            for index in range(args.minmax_runs):
+            for index in range(session.settings.minmax_records):
                 run(session.run, samples[index % count])
             session.reset_execute_config()
             print(f"quantized ({session.settings.quant_type}): {session.quantize()}")
         if args.codegen:
-            print(f"compiled ({args.codegen}, {args.hw}, {args.pref}): "
-                  f"{session.codegen(args.codegen, args.pref)}")  # fmt: skip
+            output = session.codegen(args.codegen, args.pref)
+            used = session.settings
+            hw = used.hw or default_hw(used.target)
+            print(f"compiled ({used.target}, {hw}, {used.pref}): {output}")
     results = results or [run(session.run, sample) for sample in samples]
     outputs = {name: np.stack([r[name] for r in results]) for name in session.outputs}
     write_npz(args.outputs, outputs)

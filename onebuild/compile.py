@@ -104,23 +104,28 @@ class QuantizeOptions:
 @dataclass(frozen=True)
 class CodegenOptions:
     target: str = "trix_sim"
-    hw: str = "trix-m"
+    hw: str | None = None  # None: the target's default preset (trix_sim: trix-m)
     pref: str = "performance"  # "performance" | "memory" | "compile_time"
+
+    @property
+    def preset(self) -> str | None:
+        """`hw`, else the target's default hardware preset (`targets.default_hw`)."""
+        from .targets import default_hw
+
+        return self.hw or default_hw(self.target)
 
 
 @dataclass(frozen=True)
 class PartitionOptions:
-    backends: tuple[str, ...] = ("trix", "cpu")
+    """How to split a graph; the accelerator is the codegen target's backend (`Target.backend`),
+    the other backend the CPU (`default`, the only one allowed, as ONE's `.part` files say)."""
+
     default: str = "cpu"
     strategy: str = "capability"  # "capability" | "cost"
     comply: str = "opcode"
     opcode: Mapping[str, str] = field(default_factory=dict)
     opname: Mapping[str, str] = field(default_factory=dict)
     cpu_precision: str = "quantized"  # "quantized" | "float"
-
-    @property
-    def accelerator(self) -> str:
-        return next(b for b in self.backends if b != self.default)
 
 
 DEFAULT_PRESET = "O1"
@@ -327,18 +332,19 @@ def partition(
     from .targets.placement import Options, mac_share, place
 
     maps = maps or {}
+    target = load_target(codegen.target)
     settings = {"default": options.default, "comply": options.comply}
     settings.update({k: maps[k] for k in ("default", "comply") if k in maps})
     placement_options = Options(
-        accelerator=options.accelerator,
-        hw=codegen.hw,
+        accelerator=target.backend,
+        hw=codegen.preset,
         strategy=options.strategy,
         opcode={**maps.get("opcode", {}), **options.opcode},
         opname={**maps.get("opname", {}), **options.opname},
         **settings,
     )
     graph = with_quantized_io(graph)
-    placement = place(graph, name, load_target(codegen.target), placement_options)
+    placement = place(graph, name, target, placement_options)
     parts = placement.partitioning.parts
     backends = [p.backend for p in parts]
     files = [f"{name}.{i + 1:05d}_{b}.obir" for i, b in enumerate(backends)]
@@ -354,7 +360,7 @@ def partition(
         "strategy": options.strategy,
         "cpu_precision": options.cpu_precision,
         "cpu_parts_left_quantized": left_quantized,
-        "hardware": codegen.hw,
+        "hardware": placement_options.hw,
         "estimate": placement.latency,
         "explanation": placement.explanation,
         "fallbacks": placement.fallbacks,
@@ -379,7 +385,7 @@ def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta
     target = load_target(options.target)
     graph = with_quantized_io(graph)
     verify(graph)
-    return target.encode(graph, options.hw, options.pref, dict(meta or {}))
+    return target.encode(graph, options.preset, options.pref, dict(meta or {}))
 
 
 def compile_file(source: Path, output: Path, options: CodegenOptions = CodegenOptions()) -> None:

@@ -3,9 +3,10 @@
 Reading a recipe (TOML, `extends` presets, `--set` overrides, paths made absolute) needs only
 the standard library; validating it (`onebuild.recipe`) needs pydantic, whose import and schema
 construction are most of a no-op build's time. So `load_plan` keeps the validated plan in the
-build folder (once a build has claimed it), keyed by the merged recipe data and by the code that
-validates it (onebuild's and pydantic's files by size and modification time, as Python keys its
-bytecode cache): an unchanged recipe skips validation. Input files are checked for existence
+build folder (once a build has claimed it), keyed by the merged recipe data, the import source
+(the plan lists the files an ONNX model keeps its weights in) and the code that validates it
+(onebuild's and pydantic's files by size and modification time, as Python keys its bytecode
+cache): an unchanged recipe skips validation. Input files are checked for existence
 and output paths against inputs either way.
 """
 
@@ -313,6 +314,9 @@ def _key(data: dict) -> str | None:
     pydantic = find_spec("pydantic")
     if pydantic is not None and pydantic.origin:
         sources.append(Path(pydantic.origin).parent / "version.py")
+    model = data.get("import", {}).get("source") if isinstance(data.get("import"), dict) else None
+    if isinstance(model, str):  # the plan lists the files its weights are in
+        sources.append(Path(model))
     try:
         for source in sources:
             stat = source.stat()

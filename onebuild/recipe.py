@@ -39,7 +39,7 @@ from .plan import (
     is_url,
     read_recipe_data,
 )
-from .targets import channel_dtypes, load_target
+from .targets import channel_dtypes, check_target, default_hw, load_target
 
 
 class _Section(BaseModel):
@@ -152,7 +152,7 @@ class QuantizeStep(_Section):
     weight_rounding: Literal["nearest", "adaround"] = Field(
         default=_Q.weight_rounding,
         description="adaround: learn each weight's rounding direction on real samples "
-        "(the [quantize.accuracy] data, else the calibration data)",
+        "(the calibration data, else the [quantize.accuracy] data)",
     )
     layers: list[QuantizeLayer] = Field(default_factory=list)
     mixed_precision: QuantizeMixedPrecision | None = None
@@ -174,9 +174,10 @@ class QuantizeStep(_Section):
 class PartitionStep(_Section):
     """Split the model between the NPU and the CPU."""
 
-    backends: list[str] = Field(
-        default_factory=lambda: list(_P.backends),
-        description='the [codegen] target\'s backend and \'cpu\' (trix_sim: ["trix", "cpu"])',
+    backends: list[str] | None = Field(
+        default=None,
+        description="the [codegen] target's backend and 'cpu' (the default; trix_sim: "
+        '["trix", "cpu"])',
     )
     default: str = _P.default
     strategy: Literal["capability", "cost"] = _P.strategy
@@ -211,7 +212,9 @@ class CodegenStep(_Section):
     """Compile NPU partitions to .tvn binaries."""
 
     target: str = _G.target
-    hw: str = _G.hw
+    hw: str | None = Field(
+        default=None, description="hardware preset (default: the target's; trix_sim: trix-m)"
+    )
     pref: Literal["performance", "memory", "compile_time"] = _G.pref
 
 
@@ -338,6 +341,7 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
     if "import" not in steps:
         raise UserError(f"{path}: every recipe needs an [import] table with 'source'")
     check_inputs(path, steps)
+    steps["import"]["external_data"] = _external_data(steps["import"]["source"])
     quantize = steps.get("quantize")
     if (
         quantize
@@ -361,6 +365,11 @@ def _plan(path: Path, recipe: Recipe) -> Plan:
                 f"{path}: quantize.{key}: this needs real samples: set quantize.calibration or "
                 "[quantize.accuracy] data (random data does not say what matters)"
             )
+    if "codegen" in steps:  # a wrong target or preset fails before any step runs
+        codegen = steps["codegen"]
+        keys = ("codegen.target", "codegen.hw")
+        check_target(codegen["target"], codegen["hw"], f"{path}: ", keys)
+        codegen["hw"] = codegen["hw"] or default_hw(codegen["target"])
     if "partition" in steps:
         _complete_partition(path, steps)
     if quantize and "codegen" in steps:  # per-channel edges in the dtypes the target lowers
@@ -384,6 +393,16 @@ def _came_quantized(source: str) -> bool:
     return quantized_source(source)
 
 
+def _external_data(source: str) -> list[str]:
+    """The files an ONNX source keeps its weights in, inputs of the import step too (a kept
+    plan is valid while the source file is unchanged: `plan._key`)."""
+    if Path(source).suffix.lower() in (".circle", ".tflite"):
+        return []
+    from .graph_ir.serde.onnx_wire import external_data_files
+
+    return [str(file) for file in external_data_files(source)]
+
+
 def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
     """The partition step decides with the [codegen] target's constraints and names its parts
     after the source model."""
@@ -393,13 +412,14 @@ def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
             f"{path}: [partition] needs a [codegen] table: its target's constraints decide what "
             "runs on the NPU, and it compiles the NPU parts"
         )
-    accelerators = [b for b in partition["backends"] if b != "cpu"]
-    if "cpu" not in partition["backends"] or len(accelerators) != 1:
+    backend = load_target(steps["codegen"]["target"]).backend
+    backends = partition["backends"] or [backend, "cpu"]
+    accelerators = [b for b in backends if b != "cpu"]
+    if "cpu" not in backends or len(accelerators) != 1:
         raise UserError(
             f"{path}: partition.backends: expected one NPU backend and 'cpu', e.g. "
-            f'["trix", "cpu"] (got {partition["backends"]})'
+            f'["{backend}", "cpu"] (got {backends})'
         )
-    backend = load_target(steps["codegen"]["target"]).backend
     if accelerators[0] != backend:
         raise UserError(
             f"{path}: partition.backends: target '{steps['codegen']['target']}' runs on the "
@@ -413,7 +433,7 @@ def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:
     codegen = steps["codegen"]
     partition.update(
         name=Path(steps["import"]["source"]).stem,
-        accelerator=accelerators[0],
+        backends=backends,
         target=codegen["target"],
         hw=codegen["hw"],
     )

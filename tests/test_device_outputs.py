@@ -139,7 +139,7 @@ def test_cli_outputs_refuse_the_users_files_and_missing_folders(tmp_path, images
         (["export", model, "-o", str(tmp_path / "new" / "m.circle")], "new does not exist"),
         (["import", model, "-o", str(tmp_path / "notes.obir")], None),
         (["run", *common, *device, "--codegen", "npu"], "target 'npu' is not an installed"),
-        (["run", *common, *device, "--auto-compile", "--hw", "trix-x"], "preset 'trix-x' is not"),
+        (["run", *common, *device, "--auto-compile", "--hw", "trix-x"], "hardware preset 'trix-x'"),
     ]
     (tmp_path / "notes.obir").write_text("not a model\n")
     for argv, message in refused:

@@ -23,7 +23,6 @@ input_shapes = { x = [1, 3, 32, 32] }
 [quantize]
 calibration = "calib.npz"
 [partition]
-backends = ["tiny", "cpu"]
 [codegen]
 target = "tiny"
 hw = "tiny-1"
@@ -42,10 +41,15 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
-def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
+def _model(folder: Path) -> None:
     models = ROOT / "examples" / "models"
-    shutil.copy(models / "tiny_mobilenet.onnx", tmp_path / "m.onnx")
-    shutil.copy(models / "tiny_mobilenet_calib.npz", tmp_path / "calib.npz")
+    shutil.copy(models / "tiny_mobilenet.onnx", folder / "m.onnx")
+    shutil.copy(models / "tiny_mobilenet_calib.npz", folder / "calib.npz")
+
+
+def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
+    """The recipe names no backends: the partition takes the target's ("tiny")."""
+    _model(tmp_path)
     (tmp_path / "r.toml").write_text(RECIPE)
     targets = json.loads(cli("targets", "--json", cwd=tmp_path).stdout)
     assert {"tiny", "trix_sim"} <= set(targets)
@@ -68,3 +72,24 @@ def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
 
     binary = tmp_path / "out/m.nnpkg" / tiny[0]
     assert cli("inspect", str(binary), cwd=tmp_path).stdout.startswith("tiny binary:")
+
+
+def test_on_device_partitioned_codegen_runs_on_the_targets_backend(tmp_path):
+    """On the device, a model the tiny NPU cannot run whole becomes a package whose NPU parts
+    run on the target's backend ("tiny", not trix_sim's "trix"), and it runs bit-exact with the
+    quantized model. Without --hw, the target's own preset is used."""
+    _model(tmp_path)
+    device = ("--quantize", "uint8", "--minmax-runs", "1", "--codegen", "tiny")
+    out = cli("run", "m.onnx", "-i", "calib.npz", "-o", "y.npz", *device, cwd=tmp_path).stdout
+    assert "compiled (tiny, tiny-1, performance)" in out  # its preset, not trix_sim's
+    assert "state: COMPILED" in out
+    package = tmp_path / "m.onnx.odc" / "compiled.nnpkg"
+    configs = [p.read_text() for p in (package / "metadata").glob("model.part.*.cfg")]
+    assert configs and all("BACKENDS=tiny" in c or "BACKENDS=cpu" in c for c in configs)
+    assert any("BACKENDS=tiny" in c for c in configs)
+    quantized = str(tmp_path / "m.onnx.odc" / "quantized.obir")
+    cli("run", quantized, "-i", "calib.npz", "-o", "q.npz", cwd=tmp_path)
+    device_out, model = read_npz(tmp_path / "y.npz"), read_npz(tmp_path / "q.npz")
+    assert device_out.keys() == model.keys()
+    for name in model:
+        np.testing.assert_array_equal(device_out[name], model[name])

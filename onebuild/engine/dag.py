@@ -1,10 +1,11 @@
 """Recipe plans -> a doit task DAG, run with caching.
 
-Each enabled step becomes one doit task with explicit `file_dep` and `targets` and a
-`config_changed` check over the step's normalized config plus the digest of its code. The file
-checker (`step_cache.ContentChecker`) compares contents, so a step whose output comes out
-byte-identical stops the cascade: downstream steps see an unchanged dependency and stay up to
-date.
+Each enabled step becomes doit tasks (one each; [quantize] up to three: calibrate, quantize and
+the accuracy gate; after a partition, one codegen task per NPU part and the pack, created once
+the partition has run) with explicit `file_dep` and `targets` and a `config_changed` check over
+the step's normalized config plus the digest of its code. The file checker
+(`step_cache.ContentChecker`) compares contents, so a step whose output comes out byte-identical
+stops the cascade: downstream steps see an unchanged dependency and stay up to date.
 
 The task database is doit's sqlite3 backend in the first recipe's build folder: dbm (doit's
 default) corrupts when two processes touch it, sqlite3 locks and stays consistent.
@@ -141,6 +142,9 @@ def plan_tasks(plan: Plan) -> list[StepTask | FanOut]:
             break
         if step == "pack":
             add(step, config, [previous], *_pack_outputs(config))
+        elif step == "import":  # with the weights an ONNX model keeps beside it
+            weights = [Path(file) for file in config.get("external_data", [])]
+            previous = add(step, config, [previous, *weights])
         elif step == "codegen":
             binary = f"codegen.{binary_suffix(config['target'])}"
             previous = add(step, config, [previous], [plan.build_dir / binary])

@@ -194,7 +194,3 @@ def claim_build_folder(folder: Path, where: str) -> None:
         raise UserError(
             f"{where}: build.dir '{folder}': cannot use it ({error.strerror or error})"
         ) from None
-
-
-def is_build_folder(folder: Path) -> bool:
-    return (folder / MARK).is_file()

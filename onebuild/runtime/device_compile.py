@@ -4,7 +4,6 @@ makes from the same data. No recipe, pydantic or doit on this path."""
 
 import logging
 import tempfile
-from functools import cache
 from pathlib import Path
 
 from ..compile import (
@@ -23,45 +22,12 @@ from ..graph_ir.serde.calibration_file import load_calibration
 from ..graph_ir.serde.circle_exact import exact_circle
 from ..packing import write_package
 from ..progress import Progress
-from ..targets import available, binary_suffix, channel_dtypes, load_target
+from ..targets import binary_suffix, channel_dtypes
 from .odc import QUANT_TYPES, OdcSettings
 from .outputs import writable
 from .workspace import Workspace
 
 log = logging.getLogger("onebuild")
-
-
-def check_target(target: str, hw: str, config: str | None = None) -> None:
-    """Refuse a target that is not installed, or a hardware preset it lacks, with one line
-    listing what is installed (said at once, before the session changes anything); `config`
-    names the package config the values came from."""
-    keys = ("ODC_TARGET", "ODC_HW") if config else ("target", "hardware preset")
-    where = f"{config}: " if config else ""
-    if target not in available():
-        raise UserError(
-            f"{where}{keys[0]} '{target}' is not an installed target (installed: "
-            f"{', '.join(available()) or 'none'})"
-        )
-    presets = _presets(target)
-    if presets and hw not in presets:
-        raise UserError(
-            f"{where}{keys[1]} '{hw}' is not a preset of target {target} (its presets: "
-            f"{', '.join(presets)})"
-        )
-
-
-def check_preset(hw: str) -> None:
-    """Refuse a hardware preset that no installed target has, listing the presets."""
-    presets = {name: _presets(name) for name in available()}
-    if not any(hw in names or not names for names in presets.values()):
-        listing = "; ".join(f"{name}: {', '.join(names)}" for name, names in presets.items())
-        raise UserError(f"no installed target has hardware preset '{hw}' ({listing})")
-
-
-@cache
-def _presets(target: str) -> tuple[str, ...]:
-    """The hardware presets target `target` describes (none: it takes any)."""
-    return tuple(load_target(target).describe().get("presets", {}))
 
 
 def quantize_file(

@@ -6,7 +6,7 @@ A package enables auto-compilation from its config, so the app is just load + ru
     ODC_MINMAX_RECORDS=10       float runs recorded before quantizing
     ODC_QUANT_TYPE=U8_ASYM      U8_ASYM | I16_SYM | WO_I8_SYM | WO_I16_SYM
     ODC_ACTIVATION_GRANULARITY=tensor   tensor | channel (the recipe's quantize key)
-    ODC_TARGET=trix_sim         codegen target, ODC_HW its hardware preset (trix-m)
+    ODC_TARGET=trix_sim         codegen target, ODC_HW its hardware preset (the target's default)
     ODC_CODEGEN_PREF=performance   performance | memory | compile_time
     ODC_MIN_SQNR_DB=20          accuracy gate thresholds; also ODC_MIN_TOP1_MATCH,
                                 ODC_MIN_TOP5_MATCH, ODC_MAX_MAE, ODC_MAX_MSE, ODC_MAX_MAPE,
@@ -22,6 +22,7 @@ import difflib
 import math
 from dataclasses import dataclass, fields, replace
 
+from ..compile import CodegenOptions
 from ..errors import FormatError
 from ..gates import THRESHOLDS
 
@@ -45,9 +46,9 @@ class OdcSettings:
     minmax_records: int = 10
     quant_type: str = "U8_ASYM"
     activation_granularity: str = "tensor"
-    target: str = "trix_sim"
-    hw: str = "trix-m"
-    pref: str = "performance"
+    target: str = CodegenOptions.target
+    hw: str | None = None  # the target's default preset (`targets.default_hw`)
+    pref: str = CodegenOptions.pref
     gate: tuple[tuple[str, float], ...] = DEFAULT_GATE
     gate_samples: int = 16
     backend: str = "npu"

@@ -11,12 +11,13 @@ from ..graph_ir.ir import Model
 from ..graph_ir.quant.from_qdq import graph_is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, read_circle
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
-from ..targets import binary_target
-from .device_compile import check_target
+from ..targets import binary_target, check_target
 from .models import BinaryModel, PackageModel, load_binary
 from .odc import OdcSettings, settings_from_config
 from .package import IR_TYPES, Package, load_cpu_model, load_package
 from .package_files import is_package
+
+ODC_KEYS = ("ODC_TARGET", "ODC_HW")
 
 FLATBUFFER_IDS = (b"CIR0", b"TFL3")  # circle, tflite file identifiers
 
@@ -42,7 +43,7 @@ def open_model(path: str | os.PathLike, input_shapes: dict | None) -> Opened:
     if is_package(path):
         package = load_package(path)
         settings = settings_from_config(package.config, f"{path}: config.cfg")
-        check_target(settings.target, settings.hw, f"{path}: config.cfg")
+        check_target(settings.target, settings.hw, f"{path}: config.cfg: ", ODC_KEYS)
         if len(package.models) == 1 and package.models[0].kind in IR_TYPES:
             kind, model_file = package.models[0].kind, Path(package.root) / package.models[0].path
             model = load_cpu_model(model_file, kind)

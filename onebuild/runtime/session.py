@@ -30,8 +30,9 @@ from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import load_model, save_ir
 from ..npz import check_finite
 from ..progress import Progress
+from ..targets import check_preset, check_target
 from .choice import choose_state
-from .device_compile import check_preset, check_target, codegen_file, codegen_model, quantize_file
+from .device_compile import codegen_file, codegen_model, quantize_file
 from .gate import gate_reason, gate_report
 from .models import GraphModel, compiled_model
 from .odc import QUANT_TYPES, OdcSettings
@@ -182,7 +183,7 @@ class Session:
         """One inference on the current model: arrays of the model's shapes, float32 (integer
         inputs and outputs, indices say, in the model's own integer type)."""
         if self.settings.auto_compile and self._float is not None:
-            return self.run_with_auto_compilation(inputs, self.settings.target, self.settings.pref)
+            return self.run_with_auto_compilation(inputs)
         record = "DUMP_MINMAX" in self._execute and self._state == "INITIAL"
         return self._run(inputs, record)
 
@@ -275,6 +276,13 @@ class Session:
         check_preset(hw)
         self.settings = self._changed(hw=hw)
 
+    def _set_codegen(self, target: str | None, pref: str | None) -> None:
+        """Take the codegen target and preference that are given, checked first."""
+        given = {"target": target, "pref": pref}
+        settings = self._changed(**{key: value for key, value in given.items() if value})
+        check_target(settings.target, settings.hw)
+        self.settings = settings
+
     def _changed(self, **changes) -> OdcSettings:
         try:
             return replace(self.settings, **changes)
@@ -296,10 +304,11 @@ class Session:
         samples = self._recorder.samples
         return quantize_file(self.workspace, self.settings, samples, output, self.path)
 
-    def codegen(self, target: str = "trix_sim", pref: str = "performance") -> Path:
-        """Compile the quantized model for `target`; the session switches to the binary."""
-        check_target(target, self.settings.hw)
-        self.settings = self._changed(target=target, pref=pref)
+    def codegen(self, target: str | None = None, pref: str | None = None) -> Path:
+        """Compile the quantized model for `target` with preference `pref` (None: as the
+        settings say, `ODC_TARGET`/`ODC_CODEGEN_PREF` of a package); the session switches to
+        the binary."""
+        self._set_codegen(target, pref)
         try:
             output = self._codegen_file()
         except ModelError as error:  # recorded, as auto-compilation records why it stays
@@ -339,14 +348,14 @@ class Session:
     def run_with_auto_compilation(
         self,
         inputs: dict[str, np.ndarray] | None = None,
-        target: str = "trix_sim",
-        pref: str = "performance",
+        target: str | None = None,
+        pref: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Run; float runs are recorded until `minmax_records`, then the model is quantized,
-        compiled and switched to, each step behind the accuracy gate."""
+        compiled and switched to, each step behind the accuracy gate. `target` and `pref`
+        replace the settings' (None keeps them, a package's `ODC_*` keys or the defaults)."""
         self._need_float("auto-compilation")
-        check_target(target, self.settings.hw)  # a typo must not undo what was compiled
-        self.settings = self._changed(target=target, pref=pref)
+        self._set_codegen(target, pref)  # a typo must not undo what was compiled
         if self._decided_with is not None and self._decided_with != self.settings.key:
             log.warning(
                 "on-device compilation settings changed; deciding again from the recorded runs"

@@ -105,6 +105,48 @@ def binary_target(path: str | os.PathLike) -> Target | None:
     return next((t for t in installed() if head.startswith(t.magic)), None)
 
 
+def check_target(
+    target: str, hw: str | None, where: str = "", keys=("target", "hardware preset")
+) -> None:
+    """Refuse a target that is not installed, or a hardware preset it lacks (None: its
+    default), with one line listing what is installed; `where` prefixes it and `keys` name
+    the two settings as their source spells them (`ODC_TARGET`, `codegen.hw`, ...)."""
+    if target not in available():
+        raise UserError(
+            f"{where}{keys[0]} '{target}' is not an installed target (installed: "
+            f"{', '.join(available()) or 'none'})"
+        )
+    presets = _presets(target)
+    if hw is not None and presets and hw not in presets:
+        raise UserError(
+            f"{where}{keys[1]} '{hw}' is not a preset of target {target} (its presets: "
+            f"{', '.join(presets)})"
+        )
+
+
+def check_preset(hw: str) -> None:
+    """Refuse a hardware preset that no installed target has, listing the presets."""
+    presets = {name: _presets(name) for name in available()}
+    if not any(hw in names or not names for names in presets.values()):
+        listing = "; ".join(f"{name}: {', '.join(names)}" for name, names in presets.items())
+        raise UserError(f"no installed target has hardware preset '{hw}' ({listing})")
+
+
+@cache
+def _presets(target: str) -> tuple[str, ...]:
+    """The hardware presets target `target` describes (none: it takes any)."""
+    return tuple(load_target(target).describe().get("presets", {}))
+
+
+def default_hw(name: str) -> str | None:
+    """The hardware preset target `name` compiles for when none is named: its `default_hw`,
+    else the first of its presets (None: it describes none and takes any)."""
+    target = load_target(name)
+    if getattr(target, "default_hw", None):
+        return target.default_hw
+    return next(iter(target.describe().get("presets", {})), None)
+
+
 def binary_suffix(name: str) -> str:
     """The file suffix of target `name`'s binaries (its model type, e.g. "tvn")."""
     return load_target(name).model_type

@@ -4,33 +4,32 @@ Statistics do not depend on the quantized dtype, so changing only the dtype reus
 """
 
 import logging
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ..compile import CalibrationOptions
+
 log = logging.getLogger("onebuild")
 
-KEYS = (
-    "calibration",
-    "method",
-    "random_calibration",
-    "random_samples",
-    "min_samples",
-    "equalization",
-)
-METHOD_KEYS = {  # the options each method reads
+DATA_KEYS = ("calibration", "random_calibration", "random_samples", "equalization")
+METHOD_KEYS = {  # the options only one method reads (the others' change reuses statistics)
     "percentile": ("min_percentile", "max_percentile"),
     "moving_average": ("moving_avg_batch", "moving_avg_const"),
 }
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
-    """The part of the [quantize] table calibration depends on."""
-    keys = KEYS + METHOD_KEYS.get(quantize["method"], ())
-    return {key: quantize[key] for key in keys}
+    """The part of the [quantize] table calibration depends on: the data, and every option of
+    `CalibrationOptions` but those of other methods."""
+    others = {key for method, keys in METHOD_KEYS.items() if method != quantize["method"]
+              for key in keys}  # fmt: skip
+    options = [f.name for f in fields(CalibrationOptions) if f.name not in others]
+    return {key: quantize[key] for key in (*DATA_KEYS, *options)}
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    from ..compile import CalibrationOptions, QuantizeOptions, calibrate, equalize, options_from
+    from ..compile import QuantizeOptions, calibrate, equalize, options_from
     from ..graph_ir.serde import load_ir
     from ..graph_ir.serde.calibration_file import save_calibration
     from ..progress import Progress
@@ -56,13 +55,7 @@ def shards(config: dict[str, Any], workers: int) -> int:
 
 def run_shard(config: dict[str, Any], inputs: list[Path], index: int, count: int):
     """Part `index` of `count` (on a worker): the statistics recorder of its samples."""
-    from ..compile import (
-        CalibrationOptions,
-        QuantizeOptions,
-        calibrate_shard,
-        equalize,
-        options_from,
-    )
+    from ..compile import QuantizeOptions, calibrate_shard, equalize, options_from
     from ..graph_ir.serde import load_ir
     from ..progress import Progress
 
@@ -76,7 +69,7 @@ def run_shard(config: dict[str, Any], inputs: list[Path], index: int, count: int
 
 def merge(config: dict[str, Any], parts: list, outputs: list[Path]) -> None:
     """The statistics file of all parts: byte-identical to `run`'s."""
-    from ..compile import CalibrationOptions, merge_calibration, options_from
+    from ..compile import merge_calibration, options_from
     from ..graph_ir.serde.calibration_file import save_calibration
 
     stats = merge_calibration(parts, options_from(CalibrationOptions, config))

@@ -1,31 +1,22 @@
 """The quantize step: IR file (+ calibration statistics for mode "full") -> quantized IR file.
 
-In mode "full" the step also reads samples (the [quantize.accuracy] data, else the calibration
-data): mixed precision measures on them, learned weight rounding learns on them, and without an
-accuracy gate a few are compared with the float model, so an unusable model never passes
-silently.
+In mode "full" the step also reads samples: mixed precision measures on the [quantize.accuracy]
+data (else the calibration data), and without an accuracy gate a few of them are compared with
+the float model, so an unusable model never passes silently; learned weight rounding and
+empirical bias correction fit on the calibration data (else the accuracy data), so a gate
+measures them on samples they did not see.
 """
 
 import json
 import logging
 from collections import Counter
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ..compile import QuantizeOptions
+
 log = logging.getLogger("onebuild")
-KEYS = (
-    "mode",
-    "dtype",
-    "granularity",
-    "input_type",
-    "output_type",
-    "bias_correction",
-    "equalization",
-    "activation_granularity",
-    "weight_rounding",
-    "layers",
-    "mixed_precision",
-)
 CHECK_SAMPLES = 8
 ROUNDING_SAMPLES = 32  # learned weight rounding
 MIN_SQNR_DB = 20.0  # below this, an ungated build warns
@@ -33,7 +24,10 @@ WORST_LAYERS = 3
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
-    config = {key: quantize[key] for key in KEYS}
+    """Every option of `QuantizeOptions` (a recipe without one is a KeyError, not a silent
+    default) and the sample files the step reads."""
+    names = [f.name for f in fields(QuantizeOptions)]
+    config = {name: quantize[name] for name in names if name != "channel_dtypes"}
     if "channel_dtypes" in quantize:  # set by the plan from the [codegen] target
         config["channel_dtypes"] = quantize["channel_dtypes"]
     accuracy = quantize.get("accuracy")
@@ -81,7 +75,7 @@ def _warn_tensor_edges(config: dict[str, Any]) -> None:
 
 
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    from ..compile import QuantizeOptions, options_from, quantize
+    from ..compile import options_from, quantize
     from ..datasets import first_samples
     from ..graph_ir.serde import load_ir, save_ir
     from ..graph_ir.serde.calibration_file import load_calibration

@@ -139,6 +139,7 @@ RULES: dict[str, Rule] = {
 _OUT = ["dtype", "y_zero_point", "qmin", "qmax"]
 _POOL = ["ceil_mode", "dilations", "kernel_shape", "pads", "strides"]
 _REDUCE = ["axes", "keepdims"]
+_FLOAT_RECURRENT = ["activations", "direction", "hidden_size", "layout"]
 _RECURRENT = [*_OUT, "direction", "functions", "gate_clip", "h_multiplier", "h_shift",
               "hidden_size", "layout", "out_rescale", "x_multiplier", "x_shift",
               "x_zero_point"]  # fmt: skip
@@ -147,20 +148,28 @@ REQUIRED: dict[str, list[str]] = {
     "ArgMin": [*_REDUCE, "select_last_index"],
     "AveragePool": [*_POOL, "count_include_pad"],
     "BatchNormalization": ["epsilon"],
+    "BitShift": ["direction"],
     "Cast": ["round_mode", "saturate", "to"],
     "Concat": ["axis"],
     "Conv": ["dilations", "group", "pads", "strides"],
+    "ConvInteger": ["dilations", "group", "pads", "strides"],
     "ConvTranspose": ["dilations", "group", "output_padding", "pads", "strides"],
+    "CumSum": ["axis", "exclusive", "reverse"],
     "DepthToSpace": ["blocksize", "mode"],
     "DequantizeLinear": ["axis", "scale", "zero_point"],
     "Dropout": ["mask"],
+    "Einsum": ["equation"],
     "Expand": ["shape"],
     "Gather": ["axis"],
+    "GatherElements": ["axis"],
+    "GatherND": ["batch_dims"],
     "Gemm": ["alpha", "beta", "transA", "transB"],
     "GroupNormalization": ["epsilon", "num_groups"],
+    "GRU": _FLOAT_RECURRENT,
     "If": ["else_branch", "then_branch"],
     "Loop": ["body", "carried"],
     "LRN": ["alpha", "beta", "bias", "size"],
+    "LSTM": _FLOAT_RECURRENT,
     "LogSoftmax": ["axis"],
     "LpNormalization": ["axis", "p"],
     "MaxPool": _POOL,
@@ -187,16 +196,20 @@ REQUIRED: dict[str, list[str]] = {
     "Requantize": [*_OUT, "multiplier", "shift", "x_zero_point"],
     "Reshape": ["shape"],
     "Resize": ["scales", "sizes"],
+    "RNN": _FLOAT_RECURRENT,
+    "ScatterElements": ["axis", "reduction"],
+    "ScatterND": ["reduction"],
     "Slice": ["ends", "starts", "steps"],
     "Softmax": ["axis"],
     "SpaceToDepth": ["blocksize", "mode"],
     "Split": ["axis", "split"],
     "Swish": ["alpha"],
     "Tile": ["repeats"],
+    "TopK": ["axis", "k", "largest"],
     "Transpose": ["perm"],
+    "Trilu": ["k", "upper"],
 }  # fmt: skip
-_INTEGER_OUTPUT = {"QuantizeLinear", "Requantize", "QConv", "QGemm", "QAdd", "QMul", "QConcat",
-                   "QAveragePool", "QSoftmax", "QLSTM", "QGRU", "QRNN"}  # fmt: skip
+_INTEGER_OUTPUT = {op for op, keys in REQUIRED.items() if "dtype" in keys}  # integer ops' type
 
 
 def code_range(dtype: np.dtype) -> tuple[int, int]:

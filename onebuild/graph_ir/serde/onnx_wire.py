@@ -9,6 +9,8 @@ importer memory-maps like any external data. Only field framing is interpreted; 
 unexpected returns None and the caller parses the file normally.
 """
 
+import os
+
 MODEL_GRAPH, GRAPH_INITIALIZER = 7, 5
 TENSOR_RAW_DATA, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 9, 13, 14
 LENGTH_DELIMITED, VARINT, FIXED64, FIXED32 = 2, 0, 1, 5
@@ -150,3 +152,89 @@ def quantized_onnx(path) -> bool:
     except (OSError, ValueError, IndexError, _Malformed):
         return False
     return False
+
+
+GRAPH_SPARSE_INITIALIZER, NODE_ATTRIBUTE, MODEL_FUNCTIONS, FUNCTION_NODE = 15, 5, 25, 7
+ATTRIBUTE_TENSORS, ATTRIBUTE_SPARSE, ATTRIBUTE_GRAPHS = (5, 10), (22, 23), (6, 11)
+MAX_NESTING = 64  # subgraphs inside subgraphs: deeper is not a model anyone exported
+
+
+class _Locations:
+    """The external-data locations of every tensor of a serialized model (initializers, sparse
+    initializers, attribute tensors; subgraphs and functions included), as onnx's
+    `external_data_helper` walks them."""
+
+    def __init__(self, data):
+        self.data, self.found = data, {}
+
+    def fields(self, span: tuple[int, int]):
+        return ((n, p, s) for n, w, _, p, s in _fields(self.data, *span) if w == LENGTH_DELIMITED)
+
+    def model(self) -> None:
+        for number, start, stop in self.fields((0, len(self.data))):
+            if number == MODEL_GRAPH:
+                self.graph((start, stop), 0)
+            elif number == MODEL_FUNCTIONS:
+                for n, p, s in self.fields((start, stop)):
+                    if n == FUNCTION_NODE:
+                        self.node((p, s), 0)
+
+    def graph(self, span: tuple[int, int], depth: int) -> None:
+        if depth > MAX_NESTING:
+            raise _Malformed
+        for number, start, stop in self.fields(span):
+            if number == GRAPH_INITIALIZER:
+                self.tensor((start, stop))
+            elif number == GRAPH_SPARSE_INITIALIZER:
+                self.sparse((start, stop))
+            elif number == GRAPH_NODE:
+                self.node((start, stop), depth)
+
+    def node(self, span: tuple[int, int], depth: int) -> None:
+        attributes = [(start, stop) for n, start, stop in self.fields(span) if n == NODE_ATTRIBUTE]
+        for attribute in attributes:
+            for number, start, stop in self.fields(attribute):
+                if number in ATTRIBUTE_TENSORS:
+                    self.tensor((start, stop))
+                elif number in ATTRIBUTE_SPARSE:
+                    self.sparse((start, stop))
+                elif number in ATTRIBUTE_GRAPHS:
+                    self.graph((start, stop), depth + 1)
+
+    def sparse(self, span: tuple[int, int]) -> None:
+        for _, start, stop in self.fields(span):  # values (1) and indices (2): tensors
+            self.tensor((start, stop))
+
+    def tensor(self, span: tuple[int, int]) -> None:
+        external, location = False, ""
+        for number, wire, _, start, stop in _fields(self.data, *span):
+            if number == TENSOR_DATA_LOCATION and wire == VARINT:
+                external = _varint(self.data, start)[0] == EXTERNAL
+            elif number == TENSOR_EXTERNAL_DATA and wire == LENGTH_DELIMITED:
+                entry = {n: bytes(self.data[p:s]) for n, p, s in self.fields((start, stop))}
+                if entry.get(1) == b"location":
+                    location = entry.get(2, b"").decode(errors="replace")
+        if external and location:
+            self.found.setdefault(location)
+
+
+def external_data_files(path) -> list:
+    """The files beside the ONNX model at `path` that its tensors keep their data in (as Paths,
+    sorted): those inside the model's folder that exist, the only ones its import reads (it
+    refuses the others, naming them). Read from the framing, the weights are not parsed; empty
+    for a file that is not a well-formed model (its import says what is wrong)."""
+    import mmap
+    from pathlib import Path
+
+    try:
+        with open(path, "rb") as handle:
+            if not os.fstat(handle.fileno()).st_size:
+                return []
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                walk = _Locations(data)
+                walk.model()
+    except (OSError, ValueError, _Malformed):
+        return []
+    base = Path(path).parent.resolve()
+    files = {(base / location).resolve() for location in walk.found if "\0" not in location}
+    return sorted(f for f in files if base in f.parents and f.is_file())

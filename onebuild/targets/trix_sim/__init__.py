@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from .opcodes import MAGIC  # a leaf: finding the target loads neither numpy nor the encoder
+
 if TYPE_CHECKING:
     from ...graph_ir.ir import Graph, Node
     from .lower import Program
     from .runner import TvnBinary
-
-MAGIC = b"TVN\0"  # how every .tvn file begins (tvn.py writes and checks it)
 
 
 class TrixSim:
@@ -24,6 +24,7 @@ class TrixSim:
     model_type = "tvn"
     magic = MAGIC
     channel_dtypes = ("uint8",)  # 8-bit tables per channel (int16 ones are interpolated)
+    default_hw = "trix-m"  # the preset compiled for when none is named
 
     def supports(self, node: Node, hw: str) -> list[str]:
         from .hardware import load_hardware

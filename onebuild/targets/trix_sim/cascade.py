@@ -16,8 +16,7 @@ import numpy as np
 from .fusion import fuse_pools, fused_parts, silent
 from .hardware import Hardware
 from .lower import WINDOWED, Layer, Program, tile_input_rows
-from .memory import align
-from .opcodes import EXEC, PIPELINE_TILES
+from .opcodes import EXEC, PIPELINE_TILES, align
 from .perf import exec_cycles
 
 if TYPE_CHECKING:

@@ -20,8 +20,6 @@ Instruction = (opcode, layer, 8 unsigned args):
   EXEC  row0, rows, ch0, chs, in_sram, in2_sram, w_sram, out_sram
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...errors import UserError
@@ -37,33 +35,12 @@ from .fusion import (
 )
 from .hardware import Hardware
 from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
-from .memory import ALIGN, align, plan_arena, plan_residency
+from .memory import plan_arena, plan_residency
 from .moves import MOVES
-from .opcodes import EXEC, LOAD, PIPELINE_TILES, STORE
+from .opcodes import ALIGN, EXEC, LOAD, PIPELINE_TILES, STORE, Module, align
 
 PREFERENCES = ("performance", "memory", "compile_time")
 CHANNELWISE = ("maxpool", "avgpool", "add", "mul", "lookup", "requant")
-
-
-@dataclass
-class Module:
-    """Everything a .tvn file holds (see docs/tvn-format.md)."""
-
-    meta: dict
-    tensors: dict[str, TensorDesc]
-    dram: dict[str, int]  # tensor -> DRAM offset
-    layers: list[Layer]
-    arrays: dict[tuple[int, str], int]  # (layer, array name) -> DRAM offset in the blob
-    blob: bytes
-    code: np.ndarray  # [n, 10] uint32: opcode, layer, 8 args
-    inputs: list[str]
-    outputs: list[str]
-    arena_bytes: int = 0
-    sram_peak: int = 0
-
-    @property
-    def dram_bytes(self) -> int:
-        return align(len(self.blob)) + self.arena_bytes
 
 
 def _blob(layers: list[Layer]) -> tuple[bytes, dict[tuple[int, str], int]]:

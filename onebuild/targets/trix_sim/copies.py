@@ -5,9 +5,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .lower import Layer
-from .memory import align
 from .moves import box_shape, source_box
-from .opcodes import EXEC, LOAD, MAX_DMA_COUNT, PIPELINE_TILES
+from .opcodes import EXEC, LOAD, MAX_DMA_COUNT, PIPELINE_TILES, align
 
 if TYPE_CHECKING:
     from .codegen import Emitter

@@ -11,12 +11,7 @@ from dataclasses import dataclass
 
 from .fusion import destination, pooled, touched
 from .lower import Layer, Program
-
-ALIGN = 16
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+from .opcodes import align
 
 
 @dataclass

@@ -19,10 +19,9 @@ import numpy as np
 from ...errors import FormatError
 from ...fields import Fields
 from ...fileio import atomic_write_bytes
-from . import MAGIC  # the package says how .tvn files begin (without loading this module)
-from .codegen import EXEC, LOAD, STORE, Module, align
 from .lower import Layer, TensorDesc, chw
 from .moves import MOVES
+from .opcodes import EXEC, LOAD, MAGIC, STORE, Module, align
 from .tvn_layers import (
     Reader,
     check,
