@@ -285,8 +285,8 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
         for i, (zp, dtype) in enumerate(zip(attrs["x_zero_points"], types)):
             within(f"x_zero_points[{i}]", zp, dtype)
     if op in ("QConv", "QGemm") and len(inputs) > 1 and inputs[1] is not None:
-        shape = inputs[1].shape  # QGemm's weight is [N, K] with transB, else [K, N]
-        axis = 1 if op == "QGemm" and not attrs.get("transB") and len(shape) > 1 else 0
+        shape = inputs[1].shape
+        axis = OPS[op].weights(attrs, len(shape)).out if len(shape) > 1 else 0
         channels = shape[axis] if shape else 1
         for key in ("multiplier", "shift"):
             value = attrs[key]
@@ -321,8 +321,8 @@ def _per_channel_lists(f: Fields, op: str, attrs: dict, inputs: Sequence, path: 
         if key == "x_zero_point" and data is not None and len(data.shape) > 1:
             channels = data.shape[1]
         elif key != "x_zero_point" and weight is not None and weight.shape:
-            transposed = op == "QGemm" and not attrs.get("transB") and len(weight.shape) > 1
-            channels = weight.shape[1 if transposed else 0]
+            rank = len(weight.shape)
+            channels = weight.shape[OPS[op].weights(attrs, rank).out if rank > 1 else 0]
         else:
             continue
         f.require(

@@ -20,9 +20,9 @@ from ...errors import FormatError
 from ...fields import Fields
 from ...fileio import atomic_write_bytes
 from .lower import Layer, TensorDesc, chw
-from .moves import MOVES
 from .opcodes import EXEC, LOAD, MAGIC, STORE, Module, align
 from .tvn_layers import (
+    REQUIRED,
     Reader,
     check,
     check_attrs,
@@ -46,8 +46,7 @@ RECORD = 40  # 10 x uint32 per instruction
 META, IO, LAYERS, CODE, BLOB = 1, 2, 3, 4, 5
 KINDS = {META: "META", IO: "IO", LAYERS: "LAYERS", CODE: "CODE", BLOB: "BLOB"}
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float64"]
-LAYER_KINDS = {"conv", "gemm", "add", "mul", "avgpool", "maxpool", "lookup", "requant", "concat"}
-LAYER_KINDS |= {"reshape", "softmax", *MOVES}
+LAYER_KINDS = frozenset(REQUIRED)
 DIGEST = 32
 MAX_ARENA = 1 << 30
 
