@@ -20,6 +20,7 @@ model and settings and reused by its searches (`_SensitivityMemo`); the probes r
         [--budgets 0.1,0.2,0.25,0.3,0.4,0.5] [--settings defaults,best] [--target 30]
         [--samples 16] [--svg docs/mixed_precision_pareto.svg] > pareto.json
     python bench/mixed_precision_pareto.py --plot pareto.json --svg docs/mixed_precision_pareto.svg
+        [--table]
 """
 
 import argparse
@@ -166,24 +167,23 @@ TITLES = {"defaults": "defaults", "best": "best 8-bit settings"}
 
 def plot(entries: list[dict], target: float) -> str:
     """SQNR against the promoted MAC fraction, one panel per settings, one line per model
-    (solid: calibration images, what the search measures; dotted: held out)."""
+    (solid: calibration images, what the search measures; dotted: held out), thin from the
+    last searched point to all int16."""
     panels = [s for s in SETTINGS if any(e["settings"] == s for e in entries)]
     with figure("pareto", 4.2 * len(panels), 3.6) as fig:
         axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
         for ax, settings in zip(axes, panels):
             for entry in [e for e in entries if e["settings"] == settings]:
-                points = entry["points"]
-                xs = [100 * p["high_precision_mac_fraction"] for p in points]
                 colour, name = COLOURS[entry["model"]], NAMES[entry["model"]]
-                ax.plot(
-                    xs,
-                    [p["sqnr_db_calibration"] for p in points],
-                    "o-",
-                    color=colour,
-                    markersize=3,
-                    label=name,
-                )
-                ax.plot(xs, [p["sqnr_db_held_out"] for p in points], ":", color=colour)
+                *searched, everything = entry["points"]  # nothing measured between: thin
+                for key, style in (("sqnr_db_calibration", "-"), ("sqnr_db_held_out", ":")):
+                    xs = [100 * p["high_precision_mac_fraction"] for p in searched]
+                    ys = [p[key] for p in searched]
+                    label = name if key == "sqnr_db_calibration" else None
+                    marker = "o" if key == "sqnr_db_calibration" else ""
+                    ax.plot(xs, ys, style, marker=marker, color=colour, markersize=3, label=label)
+                    ax.plot([xs[-1], 100], [ys[-1], everything[key]], style, color=colour,
+                            linewidth=0.5, marker=marker, markersize=3, markevery=[1])  # fmt: skip
             ax.axhline(target, color="#333", linewidth=0.8, linestyle="--")
             ax.axvline(25, color="#333", linewidth=0.8, linestyle="-.")
             ax.annotate(
@@ -216,6 +216,25 @@ def plot(entries: list[dict], target: float) -> str:
         return svg_text(fig, "pareto")
 
 
+def table(entries: list[dict]) -> str:
+    """The points as a Markdown table, a row per model and settings, a column per budget:
+    "promoted MACs: SQNR calibration / held out" (bold: the target met)."""
+    budgets = sorted({p["budget"] for e in entries for p in e["points"] if p["budget"]})
+    columns = ["all uint8", *budgets, "no budget", "all int16"]
+    heads = [c if isinstance(c, str) else f"{100 * c:g} %" for c in columns]
+    rows = [f"| model | settings | {' | '.join(heads)} |", "|---|---" + "|---" * len(heads) + "|"]
+    for entry in entries:
+        cells = dict.fromkeys(heads, "")
+        for p in entry["points"]:
+            head = p["point"] if p["budget"] is None else f"{100 * p['budget']:g} %"
+            text = f"{100 * p['high_precision_mac_fraction']:.1f} %: "
+            text += f"{p['sqnr_db_calibration']:.1f} / {p['sqnr_db_held_out']:.1f}"
+            cells[head] = f"**{text}**" if p["target_met"] else text
+        name, settings = NAMES[entry["model"]], TITLES[entry["settings"]]
+        rows.append(f"| {name} | {settings} | {' | '.join(cells.values())} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
@@ -225,6 +244,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16, help="samples per set (at most)")
     parser.add_argument("--svg", default="", help="write the chart here")
     parser.add_argument("--plot", default="", help="redraw from this JSON output, measure nothing")
+    parser.add_argument("--table", action="store_true", help="print the points as Markdown")
     args = parser.parse_args()
     if args.plot:
         entries = [json.loads(line) for line in Path(args.plot).read_text().splitlines() if line]
@@ -242,6 +262,8 @@ def main() -> None:
                     entries.append(entry)
     if args.svg:
         Path(args.svg).write_text(plot(entries, args.target))
+    if args.table:
+        print(table(entries))
 
 
 if __name__ == "__main__":
