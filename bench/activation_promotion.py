@@ -34,17 +34,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from fake_quant import FakeQuant, Rounding, grids
+from fake_quant import FakeQuant, Rounding, alone_rounding, grids, way_rounding
 from mixed_precision import _calibrated, _worst_db
 from real_models import MODELS, fixed_export, samples
 
 from onebuild.compile import QuantizeOptions, equalize, optimize
 from onebuild.graph_ir.macs import graph_macs, macs
 from onebuild.graph_ir.metrics import sqnr_db
-from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.config import LayerOverride
 from onebuild.graph_ir.quant.mixed_precision import (
-    KEEPS_PARAMETERS,
     NEGLIGIBLE_MAC_FRACTION,
     edge_units,
     keep_order,
@@ -125,52 +123,10 @@ class Model:
         return sum(macs(self.nodes[n]) for n in names) / self.total
 
     def rounding(self, way: str, promoted: set[str]) -> Rounding:
-        """The roundings of the model with `promoted` (node names) in int16, either way."""
-        kind = self._kinds(promoted)
-        high = lambda node: kind[node.name]  # noqa: E731
-        bits = lambda flag: 16 if flag else 8  # noqa: E731
-        rounding = Rounding()
-        graph = self.float_graph
-        for value in graph.inputs:  # quantized in its readers' type
-            rounding.values[value.name] = bits(any(high(r) for r in value.users))
-        for node in graph.nodes:
-            if node.op in ("Conv", "Gemm", "MatMul"):
-                rounding.weights[node.name] = bits(high(node))
-            for value in node.outputs:  # "value": every producer may write int16
-                rounding.values[value.name] = bits(way == "value" or high(node))
-        for node in graph.nodes:  # a uint8 reader of an int16 value reads it requantized
-            if not high(node) and (way == "layer" or macs(node) > 0):
-                for position, value in enumerate(node.inputs):
-                    if value is not None and not value.is_const:
-                        rounding.reread.add((node.name, position))
-        return rounding
-
-    def _kinds(self, promoted: set[str]) -> dict[str, bool]:
-        """Per node, whether it runs in int16: data movement runs in its input's type (as
-        `quantize_graph` runs it), any other node if it is `promoted`."""
-        producer = {id(v): n for n in self.float_graph.nodes for v in n.outputs}
-        kind: dict[str, bool] = {}
-        for node in self.float_graph.nodes:
-            source = producer.get(id(node.inputs[0])) if node.inputs and node.inputs[0] else None
-            follows = OPS[node.op].quant in KEEPS_PARAMETERS and source is not None
-            kind[node.name] = kind[source.name] if follows else node.name in promoted
-        return kind
+        return way_rounding(self.float_graph, way, promoted)
 
     def alone(self, way: str, unit: list[str]) -> Rounding:
-        """Only `unit` rounded (to 8 bits), the rest float: its own noise, either way."""
-        rounding = Rounding()
-        for name in unit:
-            node = self.nodes[name]
-            if way == "value" and macs(node) == 0:
-                continue
-            if node.op in ("Conv", "Gemm", "MatMul"):
-                rounding.weights[name] = 8
-            for position, value in enumerate(node.inputs):
-                if value is not None and not value.is_const:
-                    rounding.reread.add((name, position))
-            if way == "layer":
-                rounding.values.update({v.name: 8 for v in node.outputs})
-        return rounding
+        return alone_rounding(self.float_graph, way, unit)
 
     def worst_db(self, rounding: Rounding, label: str = "calibration") -> float:
         batch = self.calib if label == "calibration" else self.held

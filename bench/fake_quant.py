@@ -9,7 +9,9 @@ value (an edge) rather than a layer would buy.
 A configuration (`Rounding`) says, per value, to which grid its producer rounds it (8 or 16
 bits, or none) and, per (reader, input position), whether the reader rounds its input again to
 8 bits (a reader in the base type reading a value produced in int16), and per weighted layer
-its weights' bits (8, 16 or float).
+its weights' bits (8, 16 or float). `way_rounding` makes the configuration of a set of
+promoted nodes, as onebuild builds it ("layer") or with activation-only promotion ("value");
+`alone_rounding` one unit's alone.
 """
 
 from collections.abc import Mapping
@@ -19,11 +21,14 @@ import numpy as np
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Node
+from onebuild.graph_ir.macs import macs
 from onebuild.graph_ir.ops import OPS
+from onebuild.graph_ir.quant.mixed_precision import KEEPS_PARAMETERS
 from onebuild.graph_ir.quant.model_io import is_quantized
 from onebuild.graph_ir.quant.params import dequantize
 
 BITS = {8: 0, 16: 1}  # index into the (8-bit, 16-bit) pairs of `Grids`
+WEIGHTED = ("Conv", "Gemm", "MatMul")  # their weights are replaced when quantized (QConv/QGemm)
 
 
 @dataclass
@@ -171,3 +176,58 @@ class FakeQuant:
             array = feeds[value.name]
             rounded[value.name] = array if grid is None else round_to(array, grid)
         return self.run.run_batch(rounded, chunk)
+
+
+def node_kinds(graph: Graph, promoted: set[str]) -> dict[str, bool]:
+    """Per node, whether it runs in int16: data movement runs in its input's type (as
+    `quantize_graph` runs it), any other node if it is `promoted`."""
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    kind: dict[str, bool] = {}
+    for node in graph.nodes:
+        source = producer.get(id(node.inputs[0])) if node.inputs and node.inputs[0] else None
+        follows = OPS[node.op].quant in KEEPS_PARAMETERS and source is not None
+        kind[node.name] = kind[source.name] if follows else node.name in promoted
+    return kind
+
+
+def way_rounding(graph: Graph, way: str, promoted: set[str]) -> Rounding:
+    """The roundings of `graph` quantized with `promoted` (node names) in int16. "layer": as
+    onebuild builds it (a value on the int16 grid only from an int16 producer to an int16
+    reader). "value": activation-only promotion allowed (every producer may write int16; a
+    reader with MACs that is not promoted reads it requantized to uint8)."""
+    kind = node_kinds(graph, promoted)
+    bits = lambda flag: 16 if flag else 8  # noqa: E731
+    rounding = Rounding()
+    for value in graph.inputs:  # quantized in its readers' type
+        rounding.values[value.name] = bits(any(kind[r.name] for r in value.users))
+    for node in graph.nodes:
+        if node.op in WEIGHTED:
+            rounding.weights[node.name] = bits(kind[node.name])
+        for value in node.outputs:
+            rounding.values[value.name] = bits(way == "value" or kind[node.name])
+    for node in graph.nodes:  # a uint8 reader of an int16 value reads it requantized
+        if not kind[node.name] and (way == "layer" or macs(node) > 0):
+            rounding.reread.update(_activation_inputs(node))
+    return rounding
+
+
+def alone_rounding(graph: Graph, way: str, unit: list[str]) -> Rounding:
+    """Only the nodes named in `unit` rounded (to 8 bits), the rest float: the unit's own
+    noise. "layer": their inputs, weights and outputs (the search's twins); "value": the
+    inputs and weights of those with MACs (a value's rounding belongs to its readers)."""
+    nodes = {n.name: n for n in graph.nodes}
+    rounding = Rounding()
+    for name in unit:
+        node = nodes[name]
+        if way == "value" and macs(node) == 0:
+            continue
+        if node.op in WEIGHTED:
+            rounding.weights[name] = 8
+        rounding.reread.update(_activation_inputs(node))
+        if way == "layer":
+            rounding.values.update({v.name: 8 for v in node.outputs})
+    return rounding
+
+
+def _activation_inputs(node: Node) -> set[tuple[str, int]]:
+    return {(node.name, i) for i, v in enumerate(node.inputs) if v is not None and not v.is_const}
