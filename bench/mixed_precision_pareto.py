@@ -6,7 +6,7 @@ Per model and settings (`SETTINGS`: onebuild's defaults, and the best 8-bit sett
 `docs/quantization.md`), the points of the curve are:
 - 0 %: the model quantized to uint8 (no search);
 - the search at `target_sqnr_db` with no budget: the smallest fraction it finds that meets the
-  target (every budget at or above it gets this answer, so those are not searched again);
+  target (budgets at or above it are not searched: that answer already fits them);
 - the search with `max_high_precision_mac_fraction` = each budget below that fraction: the
   target cannot be met within it, and the search returns the best worst-output SQNR of the
   sets it probed within the budget (`target_met` false);
