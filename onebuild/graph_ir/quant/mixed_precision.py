@@ -18,8 +18,9 @@ until the quantized model's output SQNR reaches a target.
    rest; probe the result (quantize and measure again; `probes.Probes` computes the float
    outputs once and reruns only the nodes a candidate changed), and move `scale` by SCALE_STEP up
    while the target holds, down until it does, then bisect to within BRACKET (at most
-   MAX_PROBES probes), within the MAC budget if one is given. The probes correct what the sum
-   gets wrong.
+   MAX_PROBES probes), within the MAC budget if one is given (from the smallest bound whose set
+   fits it, `budget_bound`). The probes correct what the sum gets wrong. A budget too small
+   for the target returns the best set probed within it, recorded with `target_met` false.
 4. Trim: from the smallest set that holds, put the REFINE_PROBES measured units with the most
    work back in the base type one at a time, keeping each change that still holds (on the
    measured SQNR; a probe that cannot hold stops early): the sum misjudges single layers too
@@ -58,6 +59,8 @@ SCALE_STEP = 1.5
 MIN_STEP = 1.05  # the smallest step down after a probe that missed the target
 BRACKET = 1.25  # bisection stops when the bound that failed is within this of one that held
 MAX_PROBES = 8  # after the base-type and all-promoted probes
+BUDGET_PRECISION = 1.001  # the bound that fills a MAC budget, found to within this ratio
+BISECTIONS = 30  # (at most; estimates only, no probes)
 # Units below this share of the MACs are promoted whatever they cost on the measured samples:
 # promoting them costs (nearly) nothing, and on unseen data they are the first to overshoot
 # their calibrated range (squeeze-excitation gates, pooled features, the classifier: on the
@@ -270,10 +273,10 @@ def search(
     def chosen_at(scale: float) -> list[str]:
         return promoted(kept_within(ranked, cost, scale))
 
-    low = 0.0  # the smallest bound within the MAC budget (past the sum, nothing changes)
     total = sum(c for c in cost.values() if math.isfinite(c))
-    while budget is not None and low <= total and fraction(chosen_at(low)) > budget:
-        low = max(low * SCALE_STEP, 1 / SCALE_STEP**8)
+    low = 0.0  # the smallest bound within the MAC budget (past the sum, nothing changes)
+    if budget is not None:
+        low = budget_bound(lambda bound: fraction(chosen_at(bound)) <= budget, total)
     probes: dict[tuple, tuple[Graph, list[str], Comparison]] = {
         (): (base_graph, [], base),
         tuple(everything): (graph, everything, comparison),
@@ -335,6 +338,24 @@ def worst_first(alone: dict[str, float], order: dict[str, int]) -> list[str]:
     return sorted(alone, key=lambda layer: (alone[layer], order[layer]))
 
 
+def budget_bound(within: Callable[[float], bool], total: float) -> float:
+    """The smallest noise bound whose chosen set is `within` the MAC budget, to within
+    BUDGET_PRECISION (the most MACs the estimate lets the budget promote; a budget that
+    misses the target gets its best set from this bound): up by SCALE_STEP, then bisected.
+    Past `total`, the sum of the costs, no bound keeps more: a bound above it is returned."""
+    low, over = 0.0, 0.0
+    while low <= total and not within(low):
+        over, low = low, max(low * SCALE_STEP, 1 / SCALE_STEP**8)
+    if low == 0.0 or low > total:
+        return low
+    for _ in range(BISECTIONS):
+        if low <= over * BUDGET_PRECISION:
+            break
+        middle = (low + over) / 2
+        low, over = (middle, over) if within(middle) else (low, middle)
+    return low
+
+
 def scale_down(scale: float, reached_db: float, target_db: float, low: float) -> float:
     """The next noise bound after a probe at `scale` reached `reached_db` short of `target_db`:
     shrunk by the measured excess of noise, between MIN_STEP (a near miss promotes a few more
@@ -360,6 +381,7 @@ def _result(graph, promoted, comparison, target, fraction, steps) -> MixedPrecis
     record = {
         "target_sqnr_db": target.target_sqnr_db,
         "dtype": target.dtype,
+        "max_high_precision_mac_fraction": target.max_high_precision_mac_fraction,
         "promoted": list(promoted),
         "high_precision_mac_fraction": fraction(promoted),
         "sqnr_db": reached,
