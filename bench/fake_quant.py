@@ -23,7 +23,7 @@ from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Node
 from onebuild.graph_ir.macs import macs
 from onebuild.graph_ir.ops import OPS
-from onebuild.graph_ir.quant.mixed_precision import KEEPS_PARAMETERS
+from onebuild.graph_ir.ops.registry import KEEPS_PARAMETERS
 from onebuild.graph_ir.quant.model_io import is_quantized
 from onebuild.graph_ir.quant.params import dequantize
 
