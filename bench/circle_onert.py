@@ -1,0 +1,112 @@
+"""Real models at plain uint8, built as a user builds them (`onebuild build` on a recipe:
+import, O1, MinMax calibration, uint8, pack), then run by onert 0.1.0 from the package folder.
+Prints JSON per model: the package's model types (all `circle` is the point: onert cannot load
+`.obir`), the largest difference between onert's outputs and onebuild's in steps of each
+output's scale (LSB) and the share of elements that differ, and the SQNR (dB) of both against
+the float model in onnxruntime, on evaluation images the calibration did not see
+(`real_models.py`: PP-OCR's direction classifier on text lines, its detector on page tiles).
+
+    python bench/circle_onert.py [--models ocr_cls,ocr_det] [--samples 8] [--keep DIR]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from real_models import MODELS, fixed_export, samples
+
+from onebuild.graph_ir.metrics import sqnr_db
+from onebuild.graph_ir.serde import load_ir
+from onebuild.npz import write_npz
+from onebuild.runtime.package import load_package, run_package
+
+RECIPE = """[import]
+source = "{name}.onnx"
+input_shapes = {{ "{input}" = {shape} }}
+[optimize]
+[quantize]
+dtype = "uint8"
+calibration = "calib.npz"
+[pack]
+output = "out/{name}.nnpkg"
+[build]
+dir = "build"
+"""
+
+
+def build(model, folder: Path, count: int) -> tuple[Path, str, np.ndarray]:
+    """The model's recipe and calibration data in `folder`, built by the `onebuild` command:
+    (package, input name, evaluation images)."""
+    path = fixed_export(model, folder)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    calib, evaluation = samples(model, count)
+    write_npz(folder / "calib.npz", {name: calib})
+    shape = list(model.input_shape)
+    (folder / "r.toml").write_text(RECIPE.format(name=model.name, input=name, shape=shape))
+    command = [str(Path(sys.executable).parent / "onebuild"), "build", "r.toml"]
+    subprocess.run(command, cwd=folder, check=True)
+    return folder / "out" / f"{model.name}.nnpkg", name, evaluation
+
+
+def output_scales(folder: Path) -> dict[str, float]:
+    """Each float output's code scale: the parameters of the codes its DequantizeLinear reads."""
+    graph = load_ir(folder / "build" / "quantize.obir").main
+    scales = {}
+    for value in graph.outputs:
+        node = value.producer
+        while node.op != "DequantizeLinear":
+            node = node.inputs[0].producer
+        scales[value.name] = node.inputs[0].quant.scale[0]
+    return scales
+
+
+def measure(model, folder: Path, count: int) -> dict:
+    import onert  # the reference runtime (test extra)
+
+    package, name, images = build(model, folder, count)
+    manifest = json.loads((package / "metadata" / "MANIFEST").read_text())
+    ours, _ = run_package(load_package(package), {name: images})
+    session = onert.infer.session(str(package))
+    theirs = [session.infer([x]) for x in images]
+    reference = ort.InferenceSession(
+        str(folder / f"{model.name}.onnx"), providers=["CPUExecutionProvider"]
+    )
+    floats = [reference.run(None, {name: x}) for x in images]
+    scales = output_scales(folder)
+    result = {"model": model.name, "samples": len(images), "model_types": manifest["model-types"]}
+    for i, (key, mine) in enumerate(ours.items()):
+        got = np.stack([r[i] for r in theirs]).reshape(mine.shape)
+        want = np.stack([f[i] for f in floats]).reshape(mine.shape).astype(np.float64)
+        lsb = np.rint(np.abs(got.astype(np.float64) - mine) / scales[key])
+        result[key] = {
+            "onert_vs_onebuild_max_lsb": int(lsb.max()),
+            "share_differing": float(np.mean(lsb > 0)),
+            "sqnr_db_onebuild": sqnr_db(np.sum(want**2), np.sum((want - mine) ** 2)),
+            "sqnr_db_onert": sqnr_db(np.sum(want**2), np.sum((want - got) ** 2)),
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="ocr_cls,ocr_det")
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--keep", type=Path, help="build in this folder (kept)")
+    args = parser.parse_args()
+    chosen = [m for m in MODELS if m.name in args.models.split(",")]
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.keep or Path(scratch)
+        for model in chosen:
+            folder = root / model.name
+            folder.mkdir(parents=True, exist_ok=True)
+            print(json.dumps(measure(model, folder, args.samples)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
