@@ -3,9 +3,10 @@ import, O1, MinMax calibration, uint8, pack), then the package's circle run by o
 Prints JSON per model: the package's model types (all `circle` is the point: onert cannot load
 `.obir`), the largest difference between onert's outputs and onebuild's in steps of each
 output's scale (LSB) and the share of elements that differ, the SQNR (dB) of both against the
-float model in onnxruntime, and for class scores how often the top-1 classes agree; on
-evaluation images the calibration did not see (`real_models.py`: PP-OCR's direction
-classifier on text lines, its detector on page tiles).
+float model in onnxruntime, for class scores how often the top-1 classes agree, and per
+operator type the difference when onert runs each node alone on onebuild's input codes
+(`each_operator`); on evaluation images the calibration did not see (`real_models.py`:
+PP-OCR's direction classifier on text lines, its detector on page tiles).
 
     python bench/circle_onert.py [--models ocr_cls,ocr_det] [--samples 8] [--keep DIR]
 """
@@ -21,8 +22,10 @@ import numpy as np
 import onnxruntime as ort
 from real_models import MODELS, fixed_export, samples
 
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.metrics import sqnr_db
-from onebuild.graph_ir.serde import load_ir
+from onebuild.graph_ir.serde import load_ir, write_circle
 from onebuild.npz import write_npz
 from onebuild.runtime.package import load_package, run_package
 
@@ -68,7 +71,7 @@ def output_scales(folder: Path) -> dict[str, float]:
     return scales
 
 
-def run_onert(path: Path, images: np.ndarray) -> list[list[np.ndarray]]:
+def run_onert(path: Path, images, many: bool = False) -> list[list[np.ndarray]]:
     """Each image through onert's native session on the circle file (its Python wrapper's
     `infer.session(package).infer` returned zeros for the detector on 6 of 8 images, where
     the native session gives onebuild's outputs)."""
@@ -79,7 +82,8 @@ def run_onert(path: Path, images: np.ndarray) -> list[list[np.ndarray]]:
     session.prepare()
     results = []
     for x in images:
-        session.set_input(0, np.ascontiguousarray(x))
+        for i, array in enumerate(x if many else [x]):
+            session.set_input(i, np.ascontiguousarray(array))
         session.run()
         results.append([np.array(session.get_output(i)) for i in range(session.output_size())])
     return results
@@ -111,7 +115,54 @@ def measure(model, folder: Path, count: int) -> dict:
             top = [a.reshape(len(a), -1).argmax(1) for a in (mine, got, want)]
             result[key]["top1_onert_equals_onebuild"] = float(np.mean(top[0] == top[1]))
             result[key]["top1_onebuild_equals_float"] = float(np.mean(top[0] == top[2]))
+    result["each_operator_alone"] = each_operator(folder, images[0], name)
     return result
+
+
+def alone(node) -> Model:
+    """A copy of `node` as a model of its own: its activations graph inputs."""
+    graph = Graph(node.name)
+    made: dict[int, object] = {}
+    for v in node.inputs:
+        if id(v) not in made:
+            if v.is_const:
+                copy = graph.add_constant(v.numpy(), v.name)
+            else:
+                copy = graph.add_input(v.name, v.dtype, v.shape)
+            copy.quant = v.quant
+            made[id(v)] = copy
+    inputs = [made[id(v)] for v in node.inputs]
+    copy = graph.make_node(node.op, inputs, dict(node.attrs), node.name)
+    copy.output.quant = node.output.quant
+    graph.outputs.append(copy.output)
+    return Model([graph], {})
+
+
+def each_operator(folder: Path, image: np.ndarray, name: str) -> dict:
+    """Per operator type, the largest difference (LSB) and the share of differing codes when
+    onert runs each quantized node alone (written as circle) on onebuild's own input codes of
+    one image: what onert's kernels add, apart from differences carried in."""
+    graph = load_ir(folder / "build" / "quantize.obir").main
+    values = [n.output for n in graph.nodes]
+    graph.outputs.extend(v for v in values if v not in graph.outputs)
+    ours = {name: image[None], **Interpreter(graph).run_batch({name: image[None]})}
+    worst: dict[str, list] = {}
+    for node in graph.nodes:
+        out = node.output
+        if out.quant is None or None in node.inputs or node.op == "Identity":
+            continue
+        active = {id(v): v for v in node.inputs if not v.is_const}.values()
+        feeds = [ours[v.name][0] for v in active]
+        path = folder / "operator.circle"
+        path.write_bytes(write_circle(alone(node)))
+        (got,) = run_onert(path, [feeds], many=True)[0]
+        diff = np.abs(got.astype(np.int64) - ours[out.name][0].astype(np.int64))
+        key = node.op + (f" {node.attrs['function']}" if node.op == "QLookup" else "")
+        entry = worst.setdefault(key, [0, 0, 0])
+        entry[0] = max(entry[0], int(diff.max()))
+        entry[1] += int(np.count_nonzero(diff))
+        entry[2] += diff.size
+    return {k: {"max_lsb": m, "share": c / n, "codes": n} for k, (m, c, n) in sorted(worst.items())}
 
 
 def main() -> None:
