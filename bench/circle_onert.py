@@ -72,9 +72,10 @@ def output_scales(folder: Path) -> dict[str, float]:
 
 
 def run_onert(path: Path, images, many: bool = False) -> list[list[np.ndarray]]:
-    """Each image through onert's native session on the circle file (its Python wrapper's
-    `infer.session(package).infer` returned zeros for the detector on 6 of 8 images, where
-    the native session gives onebuild's outputs)."""
+    """Each image (or, `many`, each list of inputs) through onert's native session on the
+    circle file. The bindings read an array's memory without holding it: the arrays given
+    to `set_input` are kept alive, C-contiguous, until the run ends (a temporary contiguous
+    copy of the detector's transposed images was freed before `run`: wrong codes)."""
     from onert.native import libnnfw_api_pybind as nnfw  # the reference runtime (test extra)
 
     session = nnfw.infer.nnfw_session(str(path), "cpu")
@@ -82,8 +83,9 @@ def run_onert(path: Path, images, many: bool = False) -> list[list[np.ndarray]]:
     session.prepare()
     results = []
     for x in images:
-        for i, array in enumerate(x if many else [x]):
-            session.set_input(i, np.ascontiguousarray(array))
+        held = [np.ascontiguousarray(array) for array in (x if many else [x])]
+        for i, array in enumerate(held):
+            session.set_input(i, array)
         session.run()
         results.append([np.array(session.get_output(i)) for i in range(session.output_size())])
     return results
