@@ -87,6 +87,7 @@ def test_tables_in_onert_and_litert_bit_for_bit(dtype, tmp_path):
         if fmt == "tflite":
             runs["litert"] = run_litert(data, [[codes]])
         for runtime, ((*outputs,),) in runs.items():
+            assert len(outputs) == len(graph.outputs) == len(HEADS)
             for value, got in zip(graph.outputs, outputs):
                 np.testing.assert_array_equal(got, want[value.name], f"{runtime} {value.name}")
 
@@ -133,6 +134,7 @@ def test_hardsigmoid_model_packs_as_circle_that_onert_runs(dtype, tmp_path):
         ("onert", run_onert((package / "m.circle").read_bytes(), tmp_path, samples)),
         ("litert", run_litert(write_circle(model, "tflite"), samples)),
     ):
+        assert [len(r) for r in outputs] == [2] * 64
         for index, value in enumerate(graph.outputs):
             got = np.stack([r[index] for r in outputs])
             np.testing.assert_array_equal(got, want[value.name], f"{runtime} {value.name}")
