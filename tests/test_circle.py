@@ -46,8 +46,9 @@ def run_onert(
     session.prepare()
     results = []
     for feeds in samples:
-        for i, array in enumerate(feeds):
-            session.set_input(i, np.ascontiguousarray(array))
+        held = [np.ascontiguousarray(array) for array in feeds]  # onert keeps no reference
+        for i, array in enumerate(held):
+            session.set_input(i, array)
         session.run()
         results.append([np.array(session.get_output(i)) for i in range(session.output_size())])
     return results

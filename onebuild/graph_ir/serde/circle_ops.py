@@ -229,22 +229,32 @@ LOOKUP_FUNCTIONS = (  # (IR op, attributes) a quantized lookup table may stand f
 NATIVE_LOOKUPS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Gelu")  # TFLite's quantized kernels
 
 
+def named_function(node) -> tuple[str, dict] | None:
+    """The (op, attributes) of LOOKUP_FUNCTIONS whose table, quantized like the quantizer does
+    it, is exactly the QLookup's (None when none is)."""
+    x, table = node.inputs
+    out = node.output
+    if x.quant is None or out.quant is None or x.quant.axis is not None:
+        return None
+    info = np.iinfo(x.dtype)
+    real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
+    for op, attrs in LOOKUP_FUNCTIONS:
+        (y,) = OPS[op].kernel(attrs, real)
+        if np.array_equal(quantize(np.asarray(y, np.float64), out.quant, out.dtype), table.numpy()):
+            return op, attrs
+    return None
+
+
 def lookup(w, node):
     """A QLookup as the function whose table, quantized like the quantizer does it, is exactly
     the node's: in tflite its quantized operator where TFLite has one (RELU, LOGISTIC, TANH,
     HARD_SWISH, GELU); in circle (and for Swish) DEQUANTIZE, the function in float, QUANTIZE,
     which the reader folds back into the table (onert 0.1.0 has no quantized RELU, HARD_SWISH
     or GELU: one form for every table)."""
-    x, table = node.inputs
-    out = node.output
-    info = np.iinfo(x.dtype)
-    real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
-    for op, attrs in LOOKUP_FUNCTIONS:
-        (y,) = OPS[op].kernel(attrs, real)
-        if np.array_equal(quantize(np.asarray(y, np.float64), out.quant, out.dtype), table.numpy()):
-            break
-    else:
-        raise Unsupported
+    x, out = node.inputs[0], node.output
+    found = named_function(node)
+    _require(found is not None)
+    op, attrs = found
     perm = w.home_of(x)
     source = w.get(x, perm)
     if w.fmt == "circle" or op not in NATIVE_LOOKUPS:

@@ -23,6 +23,7 @@ from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from . import circle_read_nn as nn
 from . import circle_read_ops as ops
+from . import circle_table as lut
 from .flatbuf import Buffer, Table
 from .tflite_schema import (
     BUILTIN_NAMES,
@@ -68,6 +69,8 @@ class Reader:
         self.values: dict[int, dict] = {}  # tensor index -> {perm: Value}
         self.functions: dict[int, tuple] = {}  # id(QLookup output) -> (input, (op, attrs))
         self.readers: dict[int, set] = {}  # tensor index -> {(operator name, input position)}
+        self.producers: dict[int, tuple] = {}  # tensor index -> (operator name, input indices)
+        self.tables: dict[int, tuple] = {}  # tensor index -> (its QLookup read from GATHER, perm)
         # tensor index -> the IR column of each stored column (a flatten of channels-last data
         # whose IR value is the IR's flatten; see circle_read_ops.reshape)
         self.column_order: dict[int, np.ndarray] = {}
@@ -259,7 +262,9 @@ READERS: dict[str, Callable] = {
     "RESIZE_BILINEAR": _with(nn.resize, code="RESIZE_BILINEAR"),
     "RESIZE_NEAREST_NEIGHBOR": _with(nn.resize, code="RESIZE_NEAREST_NEIGHBOR"),
     "LOCAL_RESPONSE_NORMALIZATION": nn.lrn,
-    "QUANTIZE": _with(ops.quantize_op, code="QUANTIZE"),
+    "CAST": lut.read_cast,
+    "GATHER": lut.read_gather,
+    "QUANTIZE": lut.read_quantize,
     "DEQUANTIZE": _with(ops.quantize_op, code="DEQUANTIZE"),
 }
 
@@ -356,8 +361,11 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
         name = (
             BUILTIN_NAMES.get(codes[op.scalar(0, "I")]) if op.scalar(0, "I") < len(codes) else None
         )
-        for position, x in enumerate(op.array(1, "int32", "operator inputs")):
-            reader.readers.setdefault(int(x), set()).add((name, position))
+        operands = [int(x) for x in op.array(1, "int32", "operator inputs")]
+        for position, x in enumerate(operands):
+            reader.readers.setdefault(x, set()).add((name, position))
+        for x in op.array(2, "int32", "operator outputs"):
+            reader.producers[int(x)] = (name, operands)
     for index in sub.array(2, "int32", "subgraph outputs"):
         reader.readers.setdefault(int(index), set()).add(("output", 0))
     unsupported = []

@@ -21,6 +21,7 @@ from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
 from . import circle_ops_norm as norm
+from . import circle_table as lut
 from .flatbuf import numbers, offsets, raw_bytes, table
 from .naming import fresh_name
 from .tflite_schema import (
@@ -302,7 +303,7 @@ WRITERS: dict[str, Callable] = {
     "ConvTranspose": nn.conv_transpose,
     "DepthToSpace": nn.depth_to_space,
     "Swish": ops.unary,
-    "QLookup": ops.lookup,
+    "QLookup": lut.lookup,
     "Softmax": ops.softmax,
     "QSoftmax": ops.softmax,
     **{op: nn.pool for op in ("MaxPool", "AveragePool", "QAveragePool")},

@@ -98,6 +98,8 @@ BUILTIN = {
     "TRANSPOSE_CONV": 67,
     "GELU": 150,
     "PRELU": 54,
+    "GATHER": 36,
+    "CAST": 53,
 }
 BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
 
@@ -228,6 +230,8 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
     ),
     "GELU": (116, (("approximate", "bool"),)),
     "DEPTH_TO_SPACE": (94, (("block_size", "int"),)),
+    "GATHER": (23, (("axis", "int"), ("batch_dims", "int"))),
+    "CAST": (37, (("in_data_type", "byte"), ("out_data_type", "byte"))),
 }
 OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
 OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]
