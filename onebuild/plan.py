@@ -320,7 +320,8 @@ def _key(data: dict) -> str | None:
     try:
         for source in sources:
             stat = source.stat()
-            digest.update(f"{source} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+            stamp = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+            digest.update(f"{source} {stamp}\n".encode())
     except OSError:  # an installation changing under us: validate every time
         return None
     return digest.hexdigest()

@@ -400,7 +400,14 @@ def _external_data(source: str) -> list[str]:
         return []
     from .graph_ir.serde.onnx_wire import external_data_files
 
-    return [str(file) for file in external_data_files(source)]
+    files = external_data_files(source, existing=False)
+    missing = [f for f in files if not f.is_file()]
+    if missing:  # refused now, or a plan kept without it would never follow it once it appears
+        raise UserError(
+            f"{source}: keeps weights in '{missing[0]}', which is not a file; put it beside "
+            "the model, or save the model with its weights inside"
+        )
+    return [str(file) for file in files]
 
 
 def _complete_partition(path: Path, steps: dict[str, dict[str, Any]]) -> None:

@@ -167,7 +167,8 @@ def test_a_file_put_inside_the_package_is_neither_replaced_nor_cleaned(tmp_path)
     notes = tmp_path / "out/m.nnpkg/NOTES.txt"
     notes.write_text("mine")
     result = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
-    assert_refused(result, "NOTES.txt", "did not make")
+    assert result.returncode == 2, result.stderr
+    assert "NOTES.txt" in result.stderr.strip().splitlines()[-1]
     assert_refused(cli("clean", str(recipe), cwd=tmp_path), "NOTES.txt", "did not make")
     assert notes.read_text() == "mine"
     notes.unlink()  # an edited file of onebuild's own is remade, as before
@@ -195,3 +196,72 @@ def test_an_input_rewritten_with_its_old_modification_time_is_rebuilt(tmp_path):
     assert result.returncode == 0, result.stderr
     assert snapshot(package) != before
     assert "0 step(s) run" in cli("build", str(recipe), cwd=tmp_path).stdout
+
+
+KILLED_IN_STORE = """
+import os, sys
+import onebuild.engine.step_cache as step_cache
+def store(self, key, outputs):  # killed while the package is copied into the step cache
+    if any(str(p).endswith(".nnpkg") for p in outputs):
+        os._exit(130)
+step_cache.StepCache.store = store
+from onebuild.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_build_killed_after_writing_a_package_leaves_it_its_own(tmp_path):
+    """The new package's files are logged as soon as they are in place: a build killed while
+    storing them in the step cache leaves a package the next build and `clean` may replace."""
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    shutil.copy(DATA, tmp_path / "calib.npz")
+    npu = tmp_path / "npu.toml"  # the same package path, other files in it (.tvn parts)
+    npu.write_text(
+        RECIPE.format(output="out/m.nnpkg")
+        + '[quantize]\ncalibration = "calib.npz"\n[partition]\n[codegen]\ntarget = "trix_sim"\n'
+    )
+    command = [sys.executable, "-c", KILLED_IN_STORE, "build", str(npu)]
+    killed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert killed.returncode == 130, killed.stderr
+    result = cli("build", str(npu), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert cli("clean", str(npu), cwd=tmp_path).returncode == 0
+
+
+def test_a_stray_file_in_a_package_stops_only_a_step_that_would_replace_it(tmp_path):
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    (tmp_path / "out/m.nnpkg/.DS_Store").write_bytes(b"\0")
+    result = cli("build", str(recipe), cwd=tmp_path)
+    assert result.returncode == 0 and "0 step(s) run" in result.stdout, result.stderr
+    changed = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
+    assert changed.returncode == 2, changed.stderr
+    last = changed.stderr.strip().splitlines()[-1]
+    assert ".DS_Store" in last and "did not make" in last and last.count("[pack]") == 1, last
+
+
+def test_an_output_copied_with_its_times_is_hashed_once(tmp_path, monkeypatch):
+    """`cp -a` of a build (a CI cache restore) moves every stamp: the first build checks the
+    outputs by content and logs their new fingerprints, the next one hashes nothing."""
+    from onebuild.engine import ownership, step_cache
+
+    recipe = project(tmp_path / "a", "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path / "a").returncode == 0
+    copy = tmp_path / "b"
+    subprocess.run(["cp", "-a", str(tmp_path / "a"), str(copy)], check=True)
+    log = copy / "out/m.nnpkg.log"
+    text = log.read_text().replace(str(tmp_path / "a"), str(copy))
+    log.write_text(text)  # the copy's own paths, as a checkout at that place would have
+    outputs = [copy / "out/m.nnpkg"]
+    recipe_copy = copy / "r.toml"
+    hashed = []
+    real = step_cache.tree_digest
+    monkeypatch.setattr(
+        ownership, "tree_digest", lambda path, *rest: hashed.append(path) or real(path, *rest)
+    )
+    assert ownership.outputs_intact(outputs, recipe_copy, refresh=True)
+    assert hashed == outputs
+    hashed.clear()
+    assert ownership.outputs_intact(outputs, recipe_copy, refresh=True)
+    assert hashed == []

@@ -150,3 +150,23 @@ def test_a_model_that_moves_its_weights_to_another_file_is_followed_there(tmp_pa
     weights.write_bytes((np.fromfile(weights, np.float32) * 0.5).tobytes())
     cli("build", "r.toml", cwd=project)
     assert not np.allclose(before, _package_matches_onnxruntime(project))
+
+
+def test_a_weights_file_missing_at_first_is_refused_then_followed(tmp_path):
+    """A weights file not there yet (git-lfs, a download after a failed try) is refused in one
+    line; no plan is kept without it, so once it is there its changes rebuild."""
+    folder = _project(tmp_path / "a", tmp_path / "cache")
+    weights = folder / "m.weights"
+    kept = weights.read_bytes()
+    weights.unlink()
+    command = [sys.executable, "-m", "onebuild.cli", "build", "r.toml"]
+    for _ in range(2):
+        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr
+        assert "m.weights" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    weights.write_bytes(kept)
+    cli("build", "r.toml", cwd=folder)
+    before = _package_matches_onnxruntime(folder)
+    weights.write_bytes((np.frombuffer(kept, np.float32) * 0.5).tobytes())
+    assert "0 up to date" not in cli("build", "r.toml", cwd=folder).splitlines()[-1]
+    assert not np.allclose(before, _package_matches_onnxruntime(folder))

@@ -13,6 +13,7 @@ from onebuild.compile import CodegenOptions, compile_file, optimize
 from onebuild.graph_ir.serde import load_model, save_ir
 from onebuild.npz import read_npz, write_npz
 from onebuild.packing import write_package
+from onebuild.runtime.odc import OdcSettings
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 SETTINGS = {"ODC_CODEGEN_PREF": "memory", "ODC_HW": "trix-s", "ODC_MINMAX_RECORDS": "2"}
@@ -66,3 +67,10 @@ def test_the_command_line_keeps_the_packages_settings_unless_it_names_others(tmp
         "trix-m",
         3,
     )
+
+
+def test_naming_the_default_preset_decides_nothing_again():
+    """The decision key holds the preset compiled for: --hw trix-m after a run without --hw
+    (the same hardware) keeps the decision; another preset does not."""
+    assert OdcSettings(hw="trix-m").key == OdcSettings().key
+    assert OdcSettings(hw="trix-s").key != OdcSettings().key

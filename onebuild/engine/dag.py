@@ -40,6 +40,7 @@ from .build_folder import check_database, locked, os_error_line, raise_doit_erro
 from .ownership import (
     STALE_PLAN_SECONDS,
     claim,
+    claim_in_place,
     finished_key,
     folder_files,
     log_path,
@@ -288,7 +289,7 @@ class _Runner:
                     result.status = "up-to-date"
                     self.publish(task, key)
                     return True
-                refuse_foreign(task.outputs, f"{task.recipe}: [{where}]", "replace")
+                refuse_foreign(task.outputs, "", "replace")
                 other = made_by(task.outputs)
                 if other not in (None, str(task.recipe)):
                     log.warning(
@@ -306,6 +307,7 @@ class _Runner:
                     self.progress(f"[{where}] {task.recipe.name}: running")
                     run = partial(self.execute, task.step) if self.execute else step.run
                     run(task.config, task.inputs, task.outputs)
+                    claim_in_place(task.outputs)
                     cache.store(key, task.outputs)
                     result.status = "run"
             except OneBuildError as error:
@@ -382,7 +384,7 @@ class _Runner:
             "targets": [str(p) for p in task.targets],
             "uptodate": [
                 config_changed(json.dumps(check, sort_keys=True)),
-                (outputs_intact, (task.outputs, task.recipe), {}),
+                (outputs_intact, (task.outputs, task.recipe), {"refresh": True}),
             ],
             "verbosity": 0,
         }
@@ -487,8 +489,8 @@ def build(
         for folder, recipe in sorted({p.build_dir: p.recipe for p in plans}.items()):
             stack.enter_context(locked(folder, recipe, progress if wait else None))
         steps = [t for plan in plans for t in known_tasks(plan) if isinstance(t, StepTask)]
-        for task in steps:
-            refuse_foreign(task.outputs, f"{task.recipe}: [{task.step}]", "replace")
+        for task in steps:  # files inside an output folder matter only to a step that runs
+            refuse_foreign(task.outputs, f"{task.recipe}: [{task.step}]", "replace", inside=False)
         sweep([p for task in steps for p in task.outputs])
         sweep([p.build_dir / DB_NAME for p in plans])
         sweep([p.build_dir / PLAN_FILE for p in plans], older_than=STALE_PLAN_SECONDS)

@@ -59,15 +59,15 @@ def _logged_files(outputs: list[Path]) -> dict:
     return files if isinstance(files, dict) else {}
 
 
-def foreign(outputs: list[Path]) -> list[Path]:
+def foreign(outputs: list[Path], inside: bool = True) -> list[Path]:
     """What exists where the outputs go but onebuild did not make: outputs no log of theirs
-    names, and files inside an output folder that its log does not list."""
+    names, and (`inside`) files inside an output folder that its log does not list."""
     present = [p for p in outputs if p.exists() or p.is_symlink()]
     if not present:
         return []
     claimed = _claimed(outputs)
     found = [p for p in present if str(p) not in claimed]
-    listed = _logged_files(outputs)
+    listed = _logged_files(outputs) if inside else {}
     for path in present:
         if str(path) in claimed and str(path) in listed and path.is_dir() and not path.is_symlink():
             known = set(listed[str(path)])
@@ -101,36 +101,57 @@ def finished_key(outputs: list[Path], recipe: Path) -> str | None:
     return key if key is not None and outputs_intact(outputs, recipe) else None
 
 
-def outputs_intact(outputs: list[Path], recipe: Path) -> bool:
+def outputs_intact(outputs: list[Path], recipe: Path, refresh: bool = False) -> bool:
     """Whether every output is as `recipe`'s step logged it (by fingerprint, else by content):
     an output deleted or edited since, or made since by another recipe's step writing to the
-    same path, is made again; a merely touched one is not."""
+    same path, is made again; a merely touched one is not, nor a package holding a file of
+    someone else's besides (only its listed files count). `refresh` (a build, holding the
+    lock): an output whose content is as logged but whose fingerprint moved (`cp -a`, a CI
+    cache restore) gets its new fingerprint logged, so later builds do not hash it again."""
     try:
         log = json.loads(log_path(outputs).read_bytes())
         if log["recipe"] != str(recipe):
             return False
         digests, prints = log["outputs"], log.get("fingerprints", {})
+        listed = log.get("files", {})
+        moved = {}
         for path in outputs:
             if not path.exists():
                 return False
-            if prints.get(str(path)) != fingerprint(path) and digests[str(path)] != tree_digest(
-                path
-            ):
-                return False
+            now = fingerprint(path)
+            if prints.get(str(path)) != now:
+                names = listed.get(str(path)) if path.is_dir() else None
+                if digests[str(path)] != tree_digest(path, names):
+                    return False
+                moved[str(path)] = now
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    if refresh and moved:
+        log["fingerprints"] = {**prints, **moved}
+        text = json.dumps(log, indent=2, sort_keys=True) + "\n"
+        atomic_write_bytes(log_path(outputs), text.encode())
     return True
 
 
-def refuse_foreign(outputs: list[Path], where: str, verb: str) -> None:
-    """A user error when `verb`ing `outputs` would touch something onebuild did not make."""
-    found = foreign(outputs)
+def refuse_foreign(outputs: list[Path], where: str, verb: str, inside: bool = True) -> None:
+    """A user error when `verb`ing `outputs` would touch something onebuild did not make
+    (`inside`: a file inside an output folder that its log does not list, too)."""
+    found = foreign(outputs, inside)
     if found:
         kind = "folder" if found[0].is_dir() else "file"
+        prefix = f"{where}: " if where else ""  # a step's failure names its step itself
         raise UserError(
-            f"{where}: would {verb} the {kind} '{found[0]}', which onebuild did not make (no "
+            f"{prefix}would {verb} the {kind} '{found[0]}', which onebuild did not make (no "
             f"build log names it); move it away, or choose another output path"
         )
+
+
+def claim_in_place(outputs: list[Path]) -> None:
+    """Record the files of the new outputs, once they are in place and before anything slow
+    (storing them in the step cache): a build killed then leaves a log that lists them."""
+    log = json.loads(log_path(outputs).read_bytes())
+    log["files"] = {str(p): folder_files(p) for p in outputs if p.is_dir()}
+    atomic_write_bytes(log_path(outputs), (json.dumps(log, indent=2) + "\n").encode())
 
 
 def claim(outputs: list[Path], step: str) -> None:

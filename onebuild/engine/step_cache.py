@@ -30,13 +30,16 @@ def file_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-def tree_digest(path: Path) -> str:
-    """Digest of a file, or of a folder's relative file names and contents."""
+def tree_digest(path: Path, names: list[str] | None = None) -> str:
+    """Digest of a file, or of a folder's relative file names and contents (only the files
+    `names`, when given: a missing one raises)."""
     if path.is_file():
         return file_digest(path)
     sha = hashlib.sha256()
-    for item in sorted(p for p in path.rglob("*") if p.is_file()):
-        sha.update(f"{item.relative_to(path).as_posix()}\0{file_digest(item)}\n".encode())
+    if names is None:
+        names = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+    for name in sorted(names):
+        sha.update(f"{name}\0{file_digest(path / name)}\n".encode())
     return sha.hexdigest()
 
 

@@ -18,13 +18,15 @@ A package enables auto-compilation from its config, so the app is just load + ru
 Leaf module (no numpy): the recipe validates `[pack] config` keys with it.
 """
 
+import contextlib
 import difflib
 import math
 from dataclasses import dataclass, fields, replace
 
 from ..compile import CodegenOptions
-from ..errors import FormatError
+from ..errors import FormatError, OneBuildError
 from ..gates import THRESHOLDS
+from ..targets import default_hw
 
 # ODC quantization type -> the [quantize] options it means (the rest are the recipe defaults)
 QUANT_TYPES = {
@@ -77,6 +79,9 @@ class OdcSettings:
         when it changes, auto-compilation decides again from the recorded runs."""
         key = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "auto_compile"}
         key["gate"] = [list(pair) for pair in self.gate]
+        if self.hw is None:  # the preset compiled for: naming the default changes nothing
+            with contextlib.suppress(OneBuildError):
+                key["hw"] = default_hw(self.target)
         return key
 
     def with_gate(self, thresholds: dict[str, float | None]) -> "OdcSettings":

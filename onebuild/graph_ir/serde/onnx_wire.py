@@ -218,11 +218,12 @@ class _Locations:
             self.found.setdefault(location)
 
 
-def external_data_files(path) -> list:
+def external_data_files(path, existing: bool = True) -> list:
     """The files beside the ONNX model at `path` that its tensors keep their data in (as Paths,
-    sorted): those inside the model's folder that exist, the only ones its import reads (it
-    refuses the others, naming them). Read from the framing, the weights are not parsed; empty
-    for a file that is not a well-formed model (its import says what is wrong)."""
+    sorted): those inside the model's folder (that exist, with `existing`), the only ones its
+    import reads (it refuses the others, naming them). Read from the framing, the weights are
+    not parsed; empty for a file that is not a well-formed model (its import says what is
+    wrong)."""
     import mmap
     from pathlib import Path
 
@@ -237,4 +238,4 @@ def external_data_files(path) -> list:
         return []
     base = Path(path).parent.resolve()
     files = {(base / location).resolve() for location in walk.found if "\0" not in location}
-    return sorted(f for f in files if base in f.parents and f.is_file())
+    return sorted(f for f in files if base in f.parents and (f.is_file() or not existing))
