@@ -170,27 +170,76 @@ def q_lookup(attrs, q, table):
 
 
 SEGMENT_BITS = 7  # an interpolated table's segments are 2^7 = 128 input codes wide
+SEGMENT = 1 << SEGMENT_BITS
 KNOTS = (1 << 16 >> SEGMENT_BITS) + 1  # 513: every int16 code lies in one of 512 segments
 
 
-@register("QLookupInterp", _table_type(KNOTS, ("int16",)), batch=PER_SAMPLE)
-def q_lookup_interp(attrs, q, table):
+def _interp_type(attrs: Attrs, types) -> list[TensorType]:
+    """QLookupInterp's output type: the knots' [1 or C, 513] as `_table_type` checks them; the
+    optional exact segments: indices int16 [rows, E] and codes [rows, E, 128] of the knots'
+    type, with the knots' rows."""
+    out = _table_type(KNOTS, ("int16",))(attrs, types[:2])
+    if len(types) > 2:
+        table, segments, exact = types[1:]
+        rows = table.shape[0] if len(table.shape) == 2 else 1
+        count = segments.shape[-1] if len(segments.shape) == 2 else -1
+        if (
+            segments.dtype != np.int16
+            or tuple(segments.shape) != (rows, count)
+            or exact.dtype != table.dtype
+            or tuple(exact.shape) != (rows, count, SEGMENT)
+        ):
+            raise ValueError(
+                f"exact segments {segments.dtype}{list(segments.shape)} and codes "
+                f"{exact.dtype}{list(exact.shape)} do not fit knots {table.dtype}"
+                f"{list(table.shape)}: int16 [rows, E] and [rows, E, {SEGMENT}]"
+            )
+    return out
+
+
+def segment_slots(segments: np.ndarray) -> np.ndarray:
+    """[rows, 512] int32: for each segment of each row, the index e of its exact codes in
+    `segments` [rows, E] (each entry a segment 0..511, or -1 for none), else -1."""
+    rows = segments.shape[0]
+    valid = (segments >= -1) & (segments < KNOTS - 1)
+    listed = np.sort(segments, axis=1)
+    repeated = (listed[:, 1:] == listed[:, :-1]) & (listed[:, 1:] >= 0)
+    if not valid.all() or repeated.any():
+        raise ValueError(
+            f"exact segments must be distinct segment indices 0..{KNOTS - 2} (or -1) per row"
+        )
+    slots = np.full((rows, KNOTS - 1), -1, np.int32)
+    row, e = np.nonzero(segments >= 0)
+    slots[row, segments[row, e]] = e
+    return slots
+
+
+@register("QLookupInterp", _interp_type, batch=PER_SAMPLE)
+def q_lookup_interp(attrs, q, table, segments=None, exact=None):
     """An int16 function of one value per channel (axis 1), as TFLite's int16 LUT: table
     [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512); with
     u = q + 32768, k = u >> 7, t = u & 127 and a = table[c, k], b = table[c, k + 1]:
     y = a + ((b - a)·t + 64) >> 7 (the fraction rounded half up), always between a and b.
-    Attribute `function` as QLookup's."""
+    With exact segments (`segments` [C, E]: segment indices or -1; `exact` [C, E, 128]):
+    where segments[c, e] = k, y = exact[c, e, t] instead. Attribute `function` as QLookup's."""
     u = q.astype(np.int32) - np.iinfo(np.int16).min  # int32 is exact: |b - a|·t < 2^23
     rows, width = table.shape
-    starts = (np.arange(rows, dtype=np.int32) * width).reshape((1, -1) + (1,) * (q.ndim - 2))
-    at = (u >> SEGMENT_BITS) + starts  # knot a's position in the rows laid end to end
+    row = np.arange(rows, dtype=np.int32).reshape((1, -1) + (1,) * (q.ndim - 2))
+    k = u >> SEGMENT_BITS
+    t = u & (SEGMENT - 1)
     knots = table.astype(np.int32).ravel()
+    at = k + row * width  # knot a's position in the rows laid end to end
     base = knots.take(at)
     slope = knots.take(at + 1) - base
-    slope *= u & ((1 << SEGMENT_BITS) - 1)
-    slope += 1 << (SEGMENT_BITS - 1)
+    slope *= t
+    slope += SEGMENT >> 1
     slope >>= SEGMENT_BITS
     base += slope
+    if segments is not None and segments.size:
+        slot = segment_slots(segments).ravel().take(k + row * (KNOTS - 1))
+        count = segments.shape[1]
+        index = ((row * count + np.maximum(slot, 0)) << SEGMENT_BITS) + t
+        base = np.where(slot >= 0, exact.astype(np.int32).ravel().take(index), base)
     return base.astype(table.dtype)
 
 
