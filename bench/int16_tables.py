@@ -1,6 +1,6 @@
-"""How far the interpolated int16 per-channel tables (QLookupInterp: 513 knots per channel and
-exact segments where the knots alone interpolate more than 1 LSB off) are from the float function
-on the real models' ranges. Prints JSON, one entry per model.
+"""How far the interpolated int16 per-channel tables (QLookupInterp: 513 knots per channel, a
+bend per segment, exact segments where those interpolate more than 1 LSB off) are from the float
+function on the real models' ranges. Prints JSON, one entry per model.
 
 Each model is calibrated on the bench's calibration images and quantized to int16 with
 `activation_granularity = "channel"`; for every QLookupInterp and every channel, each input code
@@ -9,7 +9,8 @@ function rounded at that code (`kernel_attrs.function_codes`, the 65536-entry ta
 output codes (LSBs): the largest difference, the RMS, the 99.9th percentile, the mean and the
 share of codes that agree exactly; with the largest difference as a share of int16's half range
 (32767 codes: the channel's calibrated output range is about half of it, the headroom). The
-same for the knots alone (`knots_only`, the table before exact segments), per function (the
+same for the knots and bends without exact segments (`no_exact`) and for the knots alone
+(`knots_only`, the table before bends and exact segments, TFLite's form), per function (the
 table's op and the scalar ops it absorbs) and over all, and the exact segments' count and
 bytes. With `--qdq`: every per-channel layer (QConv with per-channel input or output,
 QLookupInterp) exported alone as QDQ ONNX and run in onnxruntime on the integer reference's own
@@ -33,7 +34,8 @@ from onebuild.graph_ir.ir import Graph
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges
-from onebuild.graph_ir.quant.kernel_attrs import EXACT_SEGMENTS, function_codes
+from onebuild.graph_ir.quant.interpolated_table import EXACT_SEGMENTS
+from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.params import channel_of, dequantize
 from onebuild.graph_ir.serde import load_onnx
 
@@ -85,11 +87,11 @@ def measure(spec, count: int, work: Path, qdq: bool = False) -> dict:
         channels = node.inputs[1].shape[0]
         every = np.repeat(CODES[None, None, :, None], channels, axis=1)
         constants = [v.numpy() for v in node.inputs[1:]]
-        forms = {"table": constants, "knots_only": constants[:1]}
+        forms = {"table": constants, "no_exact": constants[:2], "knots_only": constants[:1]}
         got = {k: OPS["QLookupInterp"].kernel({}, every, *v)[0] for k, v in forms.items()}
-        if len(constants) > 1:
-            segments.append((constants[1] >= 0).sum(axis=1))
-            exact_bytes += constants[1].nbytes + constants[2].nbytes
+        if len(constants) > 2:
+            segments.append((constants[2] >= 0).sum(axis=1))
+            exact_bytes += constants[2].nbytes + constants[3].nbytes
         lo, hi = stats.channel_ranges[edge.values[0].name]
         for c in range(channels):
             x, y = channel_of(node.inputs[0].quant, c), channel_of(node.output.quant, c)
@@ -102,7 +104,7 @@ def measure(spec, count: int, work: Path, qdq: bool = False) -> dict:
     listed = np.concatenate(segments) if segments else np.zeros(1, np.int64)
     channels = sum(len(v["table"]) for v in found.values())
     extra = qdq_differences(quantized, {float_graph.inputs[0].name: calib[:1]}) if qdq else {}
-    forms = ("table", "knots_only")
+    forms = ("table", "no_exact", "knots_only")
     return {
         **extra,
         "model": spec.name,

@@ -33,7 +33,8 @@ from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges, edge_params
-from onebuild.graph_ir.quant.kernel_attrs import EXACT_SEGMENTS, function_codes
+from onebuild.graph_ir.quant.interpolated_table import EXACT_SEGMENTS
+from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.mixed_precision import edge_units
 from onebuild.graph_ir.quant.params import channel_of, dequantize
 from onebuild.graph_ir.serde import load_ir, load_model, load_onnx
@@ -78,12 +79,13 @@ def test_the_int16_edge_is_per_channel_with_an_interpolated_table(spread):
     assert "QLookup" not in {n.op for n in quantized.nodes}
 
 
-def _every_code(node, knots_only: bool = False) -> np.ndarray:
-    """The table's output codes [C, 65536] for every input code of every channel (with
-    `knots_only`, as the knots alone interpolate: the table before exact segments)."""
+def _every_code(node, inputs: int = 4) -> np.ndarray:
+    """The table's output codes [C, 65536] for every input code of every channel, from its
+    first `inputs` constant inputs (1: the knots alone, the table before bends and exact
+    segments; 2: with the bends)."""
     codes = np.arange(-32768, 32768).astype(np.int16)
     every = np.repeat(codes[None, None, :, None], CHANNELS, axis=1)
-    constants = [v.numpy() for v in node.inputs[1 : 2 if knots_only else None]]
+    constants = [v.numpy() for v in node.inputs[1 : 1 + inputs]]
     (got,) = OPS["QLookupInterp"].kernel({}, every, *constants)
     return got[0, :, :, 0].astype(np.int64)
 
@@ -103,8 +105,8 @@ def test_table_and_kernel_equal_their_loop_definitions(spread):
     affine, _, _, evaluation, quantized = spread
     node = _table(quantized)
     x, y = node.inputs[0].quant, node.output.quant
-    table, segments, exact = (v.numpy() for v in node.inputs[1:])
-    assert segments.shape[1] > 0  # HardSwish's corners fall inside segments
+    table, bends, segments, exact = (v.numpy() for v in node.inputs[1:])
+    assert segments.shape[1] > 0 and bends.any()  # corners inside segments, curvature
 
     def rounded(c: int, code: int) -> int:
         real = float(np.float32(code * x.scale[c]))
@@ -120,51 +122,50 @@ def test_table_and_kernel_equal_their_loop_definitions(spread):
                     assert exact[c, e, t] == rounded(c, -32768 + 128 * k + t), (c, k, t)
     trace = _trace(quantized, evaluation[5])
     codes, got = trace[node.inputs[0].name][0], trace[node.output.name][0]
-    used = 0
+    used = {"exact": 0, "bent": 0}
     for c in range(CHANNELS):  # y = exact[c, e, t] where segments[c, e] = k, else
-        for i in range(8):  # a + floor(((b - a) t + 64) / 128)
+        for i in range(8):  # a + floor((128 (b - a) t - β t (128 - t) + 2^13) / 2^14)
             for j in range(8):
                 u = int(codes[c, i, j]) + 32768
                 k, t = u // 128, u % 128
+                a, b, bend = int(table[c, k]), int(table[c, k + 1]), int(bends[c, k])
                 if k in segments[c]:
                     want = exact[c, list(segments[c]).index(k), t]
-                    used += 1
+                    used["exact"] += 1
                 else:
-                    a, b = int(table[c, k]), int(table[c, k + 1])
-                    want = a + ((b - a) * t + 64) // 128
+                    want = a + (128 * (b - a) * t - bend * t * (128 - t) + 2**13) // 2**14
+                    want = min(max(want, -32768), 32767)
+                    used["bent"] += bend != 0
                 assert got[c, i, j] == want, (c, i, j)
-    assert used > 0  # the sample reads exact segments
+    assert min(used.values()) > 0, used  # the sample reads exact and bent segments
 
 
 def test_the_table_is_within_1_lsb_of_the_exact_table_on_every_code(spread):
     """Against the float function rounded at every input code (the 65536-entry table), on
-    every code of every channel: the segments whose knots alone interpolate more than 1 LSB
-    off are stored exactly, the worst EXACT_SEGMENTS per channel, so a channel needing no more
-    is within 1 LSB everywhere. The knots alone (the table before exact segments) miss by up
-    to 47 LSB at HardSwish's corners (±3, inside a 128-code segment), 189 with the affine,
-    whose output steps are up to 10x finer than the input's: there three channels' curvature
-    needs 103-112 segments, and they keep 2-3 LSB where they interpolate."""
+    every code of every channel, within 1 LSB: the bends take the curvature, and the segments
+    still more than 1 LSB off (corners) are stored exactly, at most EXACT_SEGMENTS per
+    channel. The knots alone (the table before bends and exact segments) miss by up to 47 LSB
+    at HardSwish's corners (±3, inside a 128-code segment), 189 with the affine, whose output
+    steps are up to 10x finer than the input's (there three channels' curvature put 103-112
+    segments more than 1 LSB off)."""
     affine, graph, _, _, quantized = spread
     node = _table(quantized)
     (edge,) = depthwise_edges(graph)
     exact = _exact_codes(node, edge)
-    error = np.abs(_every_code(node) - exact).max(axis=1)
-    old = np.abs(_every_code(node, knots_only=True) - exact).reshape(CHANNELS, 512, 128)
-    old = old.max(axis=2)  # each segment's largest difference with the knots alone
-    segments = node.inputs[2].numpy()
+
+    def segment_errors(inputs: int) -> np.ndarray:  # [C, 512]: each segment's largest
+        difference = np.abs(_every_code(node, inputs) - exact)
+        return difference.reshape(CHANNELS, 512, 128).max(axis=2)
+
+    error, bent, old = segment_errors(4), segment_errors(2), segment_errors(1)
+    assert error.max() <= 1, error.max(axis=1)
     assert old.max() >= 38 and (old.max(axis=1) >= 5).sum() >= 3, old.max(axis=1)
-    capped = 0
-    for c in range(CHANNELS):
+    assert ((old > 1).sum(axis=1) > EXACT_SEGMENTS).sum() == (3 if affine else 0)
+    segments = node.inputs[3].numpy()
+    for c in range(CHANNELS):  # exact: the segments the bends leave more than 1 LSB off
         listed = set(segments[c][segments[c] >= 0])
-        needy = np.flatnonzero(old[c] > 1)
-        if len(needy) <= EXACT_SEGMENTS:
-            assert listed == set(needy) and error[c] <= 1, (c, error[c])
-        else:  # the worst ones exact; what is left is the worst interpolated segment's
-            capped += 1
-            rest = np.delete(old[c], sorted(listed))
-            assert len(listed) == EXACT_SEGMENTS and min(old[c][sorted(listed)]) >= rest.max()
-            assert error[c] == rest.max() <= 3, (c, error[c])
-    assert capped == (3 if affine else 0)
+        assert listed == set(np.flatnonzero(bent[c] > 1)), c
+        assert len(listed) <= 4  # the corners (a corner near a knot can touch two)
 
 
 def test_int16_per_channel_rises_by_20_db(spread):
@@ -182,7 +183,7 @@ def test_qdq_export_is_exact_for_the_table_and_within_one_lsb(spread):
     node = _table(quantized)
     runtime = _session(Model([node_alone(node)]))
     constants = [v.numpy() for v in node.inputs[1:]]
-    assert len(constants) == 3  # knots, exact segments and their codes
+    assert len(constants) == 4  # knots, bends, exact segments and their codes
     codes = np.arange(-32768, 32768).astype(np.int16).reshape(-1, 1, 1, 8, 8)
     for block in np.repeat(codes, CHANNELS, axis=2):  # every code of every channel
         (theirs,) = runtime.run(None, {node.inputs[0].name: block})
@@ -332,6 +333,35 @@ def test_a_table_that_does_not_fit_its_input_is_refused(op, dtype, table):
     x = graph.add_input("x", dtype, (1, 3, 2, 2))
     with pytest.raises(ValueError, match="does not fit input"):
         graph.make_node(op, [x, graph.add_constant(np.zeros(table, dtype))], {})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [(np.int16, (3, 511))],  # not a bend per segment
+        [(np.int16, (3, 512)), (np.int16, (3, 2))],  # segments without their codes
+        [(np.int16, (3, 512)), (np.int16, (3, 2)), (np.int16, (3, 3, 128))],  # E differs
+        [(np.int16, (3, 512)), (np.int32, (3, 2)), (np.int16, (3, 2, 128))],  # not int16
+        [(np.int16, (1, 512)), (np.int16, (1, 2)), (np.int16, (1, 2, 128))],  # rows differ
+        [(np.int16, (3, 512)), (np.int16, (3, 2)), (np.int16, (3, 2, 64))],  # 64 codes
+    ],
+)
+def test_bends_and_exact_segments_that_do_not_fit_the_knots_are_refused(extra):
+    graph = Graph("t")
+    x = graph.add_input("x", np.int16, (1, 3, 2, 2))
+    inputs = [graph.add_constant(np.zeros(shape, dtype)) for dtype, shape in extra]
+    knots = graph.add_constant(np.zeros((3, 513), np.int16))
+    with pytest.raises(ValueError, match="do not fit knots"):
+        graph.make_node("QLookupInterp", [x, knots, *inputs], {})
+
+
+@pytest.mark.parametrize("listed", [[0, 512], [-2, 3], [7, 7]])
+def test_exact_segments_out_of_range_or_repeated_are_refused(listed):
+    q = np.zeros((1, 1, 2, 2), np.int16)
+    segments = np.array([listed], np.int16)
+    with pytest.raises(ValueError, match="distinct segment indices 0..511"):
+        knots, bends = np.zeros((1, 513), np.int16), np.zeros((1, 512), np.int16)
+        OPS["QLookupInterp"].kernel({}, q, knots, bends, segments, np.zeros((1, 2, 128), np.int16))
 
 
 def test_quantizations_sharing_a_memo_equal_fresh_ones(spread):

@@ -3,13 +3,12 @@ of their operands and output: built here for onebuild's own quantizer (`quantize
 models quantized elsewhere (`from_qdq`), so both give the same kernels the same numbers."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ..ir import Node
 from ..ops import OPS
-from ..ops.quantized import SEGMENT
 from ..ops.quantized_softmax import output_multiplier_real
 from ..tensor import QuantParams
 from .params import ADD_SHIFT, channel_of, dequantize, quantize, quantize_multiplier
@@ -180,58 +179,3 @@ def lookup_table(
         for c in range(channels)
     ]
     return np.stack(rows)
-
-
-# An interpolated int16 table stores a segment's 128 codes exactly where interpolating between
-# its knots is off by more than EXACT_ABOVE output steps, the worst EXACT_SEGMENTS per channel
-EXACT_ABOVE = 1
-EXACT_SEGMENTS = 16
-
-
-class InterpolatedTable(NamedTuple):
-    """QLookupInterp's constant inputs: knots [C, 513], exact segments [C, E] (segment index
-    or -1) and their codes [C, E, 128]; E = 0 when every segment interpolates within
-    EXACT_ABOVE."""
-
-    knots: np.ndarray
-    segments: np.ndarray
-    exact: np.ndarray
-
-
-def interpolated_table(
-    node: Node, x: QuantParams, y: QuantParams, then: Sequence[Node] = ()
-) -> InterpolatedTable:
-    """The QLookupInterp table of table op `node` (then the ops `then`) between per-channel
-    int16 `x` and `y`. Row c's knots are channel c's exact codes (`function_codes`, rounded half
-    to even, as the 65536-entry table holds them) at the input codes -32768 + 128·k,
-    k = 0..512 (the last one past int16's end, where only the slope of the last segment reads
-    it). A segment whose interpolated codes differ from the exact ones by more than
-    EXACT_ABOVE somewhere (a corner of HardSwish, Relu6, HardSigmoid inside it, or curvature
-    over a wide segment) keeps its exact codes: per channel the EXACT_SEGMENTS worst (largest
-    difference first, then nearest code 0, where the calibrated values lie)."""
-    codes = np.arange(-32768, 32768, dtype=np.int64)
-    segment_of = codes.reshape(-1, SEGMENT)
-    nearness = np.abs(segment_of.mean(axis=1))
-    channels = max(len(x.scale), len(y.scale))
-    knots, chosen = [], []
-    for c in range(channels):
-        xc, yc = channel_of(x, c), channel_of(y, c)
-        exact = function_codes(node, dequantize(codes, xc), yc, "int16", then)
-        past = dequantize(np.array([32768]), xc)  # the last knot, one past int16's end
-        last = function_codes(node, past, yc, "int16", then)
-        row = np.concatenate([exact[::SEGMENT], last])
-        (interpolated,) = OPS["QLookupInterp"].kernel(
-            {}, codes.astype(np.int16)[None, None], row[None]
-        )
-        error = np.abs(interpolated.astype(np.int64) - exact).reshape(-1, SEGMENT).max(axis=1)
-        order = np.lexsort((nearness, -error))[:EXACT_SEGMENTS]
-        worst = order[error[order] > EXACT_ABOVE]
-        knots.append(row)
-        chosen.append((np.sort(worst), exact.reshape(-1, SEGMENT)))
-    count = max(len(worst) for worst, _ in chosen)
-    segments = np.full((channels, count), -1, np.int16)
-    exact_codes = np.zeros((channels, count, SEGMENT), np.int16)
-    for c, (worst, table) in enumerate(chosen):
-        segments[c, : len(worst)] = worst
-        exact_codes[c, : len(worst)] = table[worst]
-    return InterpolatedTable(np.stack(knots).astype(np.int16), segments, exact_codes)

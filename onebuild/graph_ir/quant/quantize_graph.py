@@ -39,12 +39,12 @@ from ..tensor import QuantParams
 from .bias_correction import corrected_bias
 from .channel_activations import chosen_edges, edge_params, folded_weights, folds_scales
 from .config import FLOAT, QuantConfig, layer_settings
+from .interpolated_table import interpolated_table
 from .kernel_attrs import (
     average_pool_attrs,
     binary_attrs,
     concat_attrs,
     constant_operands,
-    interpolated_table,
     lookup_table,
     matmul_attrs,
     requantize_attrs,
@@ -361,15 +361,15 @@ class _Quantizer:
         op = "QLookupInterp" if dtype == "int16" and out_params.axis is not None else "QLookup"
         key = ("table", id(node), op, x.quant, out_params, dtype, tuple(map(id, affine)))
         if key not in self.memo:  # the table's constant inputs
-            if op == "QLookupInterp":  # 513 knots per channel [, exact segments, their codes]
+            if op == "QLookupInterp":  # knots, bends [, exact segments, their codes]
                 tables = interpolated_table(node, x.quant, out_params, affine)
-                tables = tables if tables.segments.size else tables[:1]
+                tables = tables if tables.segments.size else tables[:2]
             else:
                 tables = (lookup_table(node, x.quant, dtype, out_params, dtype, affine),)
             for array in tables:
                 array.flags.writeable = False  # shared by every graph quantized with this memo
             self.memo[key] = tables
-        names = ("table", "segments", "exact")
+        names = ("table", "bends", "segments", "exact")
         inputs = [
             self.graph.add_constant(t, f"{node.name}_{n}") for t, n in zip(self.memo[key], names)
         ]
