@@ -1,10 +1,10 @@
 """int16 per-channel activations on Conv -> table -> depthwise Conv edges: the table is
-interpolated (QLookupInterp: 513 knots per channel, TFLite's int16 LUT form), checked against
-its loop definition, against the float function (output LSBs, within the bound its kinks and
-curvature give), for the SQNR it buys, in onnxruntime (QDQ export) and in an NPU package
-(the edge on the CPU, bit-exact). The model is `test_channel_activations.spread_model`: a
-BatchNorm-folded pointwise conv whose channels span 300x, HardSwish [then a scalar affine],
-a depthwise conv."""
+interpolated (QLookupInterp: 513 knots and a bend per segment per channel, exact segments at the
+corners), checked against its loop definition, against the float function (within 1 output LSB
+of the full table on every code), for the SQNR it buys, in onnxruntime (QDQ export) and in an
+NPU package (the edge on the CPU, bit-exact). The model is
+`test_channel_activations.spread_model`: a BatchNorm-folded pointwise conv whose channels span
+300x, HardSwish [then a scalar affine], a depthwise conv."""
 
 import json
 from fractions import Fraction

@@ -211,6 +211,19 @@ def segment_slots(segments: np.ndarray) -> np.ndarray:
     return slots
 
 
+def interpolate(a: np.ndarray, b: np.ndarray, bend: np.ndarray | None, t: np.ndarray):
+    """QLookupInterp's code between knots `a` and `b` at offset `t` in the segment, bent by
+    `bend` (int32 arrays, broadcast; int32 is exact: every term < 2^31):
+    a + (128·(b - a)·t - β·t·(128 - t) + 2^13) >> 14, saturated to int16."""
+    fraction = (b - a) * (t << SEGMENT_BITS)
+    if bend is not None:
+        fraction -= bend * (t * (SEGMENT - t))
+    fraction += 1 << (2 * SEGMENT_BITS - 1)
+    fraction >>= 2 * SEGMENT_BITS
+    fraction += a
+    return np.clip(fraction, -32768, 32767, out=fraction)
+
+
 @register("QLookupInterp", _interp_type, batch=PER_SAMPLE)
 def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
     """An int16 function of one value per channel (axis 1), TFLite's int16 LUT with a bend per
@@ -221,28 +234,22 @@ def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
     a + ((b - a)·t + 64) >> 7: the chord, rounded half up). With exact segments (`segments`
     [C, E]: segment indices or -1; `exact` [C, E, 128]): where segments[c, e] = k,
     y = exact[c, e, t] instead. Attribute `function` as QLookup's."""
-    u = q.astype(np.int32) - np.iinfo(np.int16).min  # int32 is exact: every term < 2^31
+    u = q.astype(np.int32) - np.iinfo(np.int16).min
     rows, width = table.shape
     row = np.arange(rows, dtype=np.int32).reshape((1, -1) + (1,) * (q.ndim - 2))
     k = u >> SEGMENT_BITS
     t = u & (SEGMENT - 1)
     knots = table.astype(np.int32).ravel()
     at = k + row * width  # knot a's position in the rows laid end to end
-    base = knots.take(at)
-    fraction = knots.take(at + 1) - base
-    fraction *= t << SEGMENT_BITS
-    if bends is not None:
-        bend = bends.astype(np.int32).ravel().take(k + row * (KNOTS - 1))
-        fraction -= bend * (t * (SEGMENT - t))
-    fraction += 1 << (2 * SEGMENT_BITS - 1)
-    fraction >>= 2 * SEGMENT_BITS
-    base += fraction
+    segment = k + row * (KNOTS - 1)
+    bend = None if bends is None else bends.astype(np.int32).ravel().take(segment)
+    base = interpolate(knots.take(at), knots.take(at + 1), bend, t)
     if segments is not None and segments.size:
-        slot = segment_slots(segments).ravel().take(k + row * (KNOTS - 1))
+        slot = segment_slots(segments).ravel().take(segment)
         count = segments.shape[1]
         index = ((row * count + np.maximum(slot, 0)) << SEGMENT_BITS) + t
         base = np.where(slot >= 0, exact.astype(np.int32).ravel().take(index), base)
-    return np.clip(base, -32768, 32767).astype(table.dtype)
+    return base.astype(table.dtype)
 
 
 def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:

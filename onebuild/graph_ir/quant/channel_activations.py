@@ -17,9 +17,10 @@ per output channel as usual, and centers each input channel by its zero point (p
 it: real 0), so it stays an integer convolution with multiplier s_w'[o] / s_y[o]. Scalar
 Mul / Add / Sub after the table (PP-LCNetV3's learnable affine blocks) are absorbed into it:
 one table of the composed function, the intermediate values never quantized. In int16 the
-table is interpolated (`ops.quantized.q_lookup_interp`: 513 knots per channel instead of 65536
-codes). Only whole edges whose every reader is a convolution with constant weights qualify
-(nothing else ever reads a per-channel value), so no other kernel needs a per-channel form.
+table is interpolated (`ops.quantized.q_lookup_interp`: 513 knots, bends and exact segments per
+channel instead of 65536 codes). Only whole edges whose every reader is a convolution with
+constant weights qualify (nothing else ever reads a per-channel value), so no other kernel
+needs a per-channel form.
 """
 
 import logging
@@ -34,7 +35,7 @@ from ..tensor import QuantParams
 from .params import HEADROOM, QRANGE, activation_params, channel_params
 
 log = logging.getLogger(__name__)
-# int16 tables per channel are interpolated (QLookupInterp: 513 knots, 1 KB, per channel)
+# int16 tables per channel are interpolated (QLookupInterp: about 2.5 KB per channel)
 CHANNEL_DTYPES = frozenset({"uint8", "int8", "int16"})
 # Edges with a reader that is not depthwise (its weights fold the input scales) in these only:
 # in int16 the OCR detector lost with them (calibration images 45.2 -> 36.6 dB), not explained

@@ -8,18 +8,19 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir import Node
-from ..ops import OPS
-from ..ops.quantized import SEGMENT
+from ..ops.quantized import SEGMENT, interpolate
 from ..tensor import QuantParams
 from .kernel_attrs import function_codes
-from .params import channel_of, dequantize
+from .params import dequantize
 
 # Exact codes where a segment interpolates more than EXACT_ABOVE output steps off, in at most
 # EXACT_SEGMENTS segments per channel (the worst)
 EXACT_ABOVE = 1
 EXACT_SEGMENTS = 16
+BLOCK = 16  # channels built at once (16 x 65536 codes)
 CODES = np.arange(-32768, 32768, dtype=np.int64)
-_T = np.arange(SEGMENT, dtype=np.float64)
+_OFFSETS = np.arange(SEGMENT, dtype=np.int32)
+_T = _OFFSETS.astype(np.float64)
 _BEND = _T * (SEGMENT - _T) / SEGMENT**2  # the bend's weight: t·(128 - t) / 2^14
 _NEARNESS = np.abs(CODES.reshape(-1, SEGMENT).mean(axis=1))  # a segment's distance from 0
 
@@ -36,22 +37,52 @@ class InterpolatedTable(NamedTuple):
 
 
 def _errors(knots: np.ndarray, bends: np.ndarray | None, exact: np.ndarray) -> np.ndarray:
-    """Each segment's largest difference [512] between the table (no exact segments) and the
-    exact codes."""
-    every = CODES.astype(np.int16)[None, None]
-    (got,) = OPS["QLookupInterp"].kernel(
-        {}, every, knots[None], *(() if bends is None else (bends[None],))
-    )
-    return np.abs(got.astype(np.int64).ravel() - exact).reshape(-1, SEGMENT).max(axis=1)
+    """Each segment's largest difference [B, 512] between the table (no exact segments) of
+    B channels and their exact codes [B, 65536]."""
+    a, b = (knots[:, i, None].astype(np.int32) for i in (slice(None, -1), slice(1, None)))
+    bend = None if bends is None else bends[:, :, None].astype(np.int32)
+    got = interpolate(a, b, bend, _OFFSETS)
+    return np.abs(got - exact.reshape(got.shape)).max(axis=2)
 
 
 def _bends(knots: np.ndarray, exact: np.ndarray) -> np.ndarray:
     """Per segment the bend β fitted by least squares to the exact codes, where the chord is
-    off by r(t): β = round(Σ r·w / Σ w²) with w = t·(128 - t) / 2^14, saturated to int16."""
-    a, b = knots[:-1, None].astype(np.float64), knots[1:, None].astype(np.float64)
-    off = a + (b - a) * _T / SEGMENT - exact.reshape(-1, SEGMENT)
-    fitted = np.rint((off * _BEND).sum(axis=1) / np.square(_BEND).sum())
+    off by r(t): β = round(Σ r·w / Σ w²) with w = t·(128 - t) / 2^14, saturated to int16
+    (Σ r·w = a·Σ w + (b - a)·Σ t·w / 128 - Σ e·w, e the exact codes: every sum exact in
+    float64, w being multiples of 2^-14)."""
+    a = knots[:, :-1].astype(np.float64)
+    b = knots[:, 1:].astype(np.float64)
+    codes = exact.reshape(len(knots), -1, SEGMENT).astype(np.float64)
+    off = a * _BEND.sum() + (b - a) * (_T * _BEND).sum() / SEGMENT - codes @ _BEND
+    fitted = np.rint(off / np.square(_BEND).sum())
     return np.clip(fitted, -32768, 32767).astype(np.int16)
+
+
+def _channels(params: QuantParams, start: int, stop: int) -> QuantParams:
+    """Channels start..stop of per-channel `params` (on axis 1), per-tensor ones as they are."""
+    if params.axis is None:
+        return params
+    return QuantParams(params.scale[start:stop], params.zero_point[start:stop], 1)
+
+
+def _rows(node: Node, x: QuantParams, y: QuantParams, then: Sequence[Node], count: int):
+    """Knots, bends, exact segments (a list of index arrays) and the exact codes [B, 65536]
+    of `count` channels with parameters `x` and `y`."""
+    every = np.broadcast_to(CODES, (1, count, CODES.size))
+    exact = function_codes(node, dequantize(every, x), y, "int16", then)[0].astype(np.int64)
+    past = np.full((1, count, 1), 32768)  # the last knot, one past int16's end
+    last = function_codes(node, dequantize(past, x), y, "int16", then)[0]
+    knots = np.concatenate([exact[:, ::SEGMENT], last], axis=1).astype(np.int16)
+    chord = _errors(knots, None, exact)
+    bends = _bends(knots, exact)
+    bent = _errors(knots, bends, exact)
+    bends[bent >= chord] = 0
+    error = np.minimum(bent, chord)
+    worst = []
+    for row in error:
+        order = np.lexsort((_NEARNESS, -row))[:EXACT_SEGMENTS]
+        worst.append(np.sort(order[row[order] > EXACT_ABOVE]))
+    return knots, bends, worst, exact
 
 
 def interpolated_table(
@@ -70,26 +101,19 @@ def interpolated_table(
       the segment's exact codes: per channel the EXACT_SEGMENTS worst (largest difference
       first, then nearest code 0, where the calibrated values lie)."""
     channels = max(len(x.scale), len(y.scale))
-    rows = []
-    for c in range(channels):
-        xc, yc = channel_of(x, c), channel_of(y, c)
-        exact = function_codes(node, dequantize(CODES, xc), yc, "int16", then).astype(np.int64)
-        past = dequantize(np.array([32768]), xc)  # the last knot, one past int16's end
-        last = function_codes(node, past, yc, "int16", then)
-        knots = np.concatenate([exact[::SEGMENT], last]).astype(np.int16)
-        chord = _errors(knots, None, exact)
-        bends = _bends(knots, exact)
-        bent = _errors(knots, bends, exact)
-        bends[bent >= chord] = 0
-        error = np.minimum(bent, chord)
-        order = np.lexsort((_NEARNESS, -error))[:EXACT_SEGMENTS]
-        worst = np.sort(order[error[order] > EXACT_ABOVE])
-        rows.append((knots, bends, worst, exact.reshape(-1, SEGMENT)[worst]))
-    count = max(len(worst) for _, _, worst, _ in rows)
+    knots, bends, worst, codes = [], [], [], []
+    for start in range(0, channels, BLOCK):
+        stop = min(start + BLOCK, channels)
+        xs, ys = _channels(x, start, stop), _channels(y, start, stop)
+        k, b, w, exact = _rows(node, xs, ys, then, stop - start)
+        knots.append(k)
+        bends.append(b)
+        worst += w
+        codes += [e.reshape(-1, SEGMENT)[i] for e, i in zip(exact, w)]
+    count = max(len(w) for w in worst)
     segments = np.full((channels, count), -1, np.int16)
     exact_codes = np.zeros((channels, count, SEGMENT), np.int16)
-    for c, (_, _, worst, codes) in enumerate(rows):
-        segments[c, : len(worst)] = worst
-        exact_codes[c, : len(worst)] = codes
-    knots, bends = (np.stack([r[i] for r in rows]) for i in (0, 1))
-    return InterpolatedTable(knots, bends, segments, exact_codes)
+    for c, (w, e) in enumerate(zip(worst, codes)):
+        segments[c, : len(w)] = w
+        exact_codes[c, : len(w)] = e
+    return InterpolatedTable(np.concatenate(knots), np.concatenate(bends), segments, exact_codes)
