@@ -33,12 +33,13 @@ from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.channel_activations import depthwise_edges, edge_params
-from onebuild.graph_ir.quant.interpolated_table import EXACT_SEGMENTS
+from onebuild.graph_ir.quant.interpolated_table import EXACT_SEGMENTS, interpolated_table
 from onebuild.graph_ir.quant.kernel_attrs import function_codes
 from onebuild.graph_ir.quant.mixed_precision import edge_units
 from onebuild.graph_ir.quant.params import channel_of, dequantize
 from onebuild.graph_ir.serde import load_ir, load_model, load_onnx
 from onebuild.graph_ir.serde.circle_write import write_circle
+from onebuild.graph_ir.tensor import QuantParams
 from onebuild.npz import write_npz
 
 AFFINE = (0.63, -0.55)  # spread_model(affine=True)'s scalar Mul and Add after the HardSwish
@@ -166,6 +167,48 @@ def test_the_table_is_within_1_lsb_of_the_exact_table_on_every_code(spread):
         listed = set(segments[c][segments[c] >= 0])
         assert listed == set(np.flatnonzero(bent[c] > 1)), c
         assert len(listed) <= 4  # the corners (a corner near a knot can touch two)
+
+
+@pytest.mark.parametrize(
+    "op, attrs, bounds",
+    [
+        ("HardSwish", {}, None),
+        ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}, None),  # corners at ±2.5
+        ("Clip", {}, (0.0, 6.0)),  # Relu6
+        ("Clip", {}, (-1.3, 0.7)),
+        ("Relu", {}, None),
+        ("Sigmoid", {}, None),  # no corner: the bends alone
+    ],
+)
+def test_every_table_function_is_within_1_lsb_on_every_code(op, attrs, bounds):
+    """Channels whose input steps span 1e-4 to 0.2 (a 128-code segment up to 26 wide in real
+    terms, so the corners and most of the curvature fall inside single segments): against the
+    full table on every code of every channel, within 1 LSB; the knots alone miss by more
+    where a corner or a curve sits inside a segment."""
+    graph = Graph("t")
+    x = graph.add_input("x", np.float32, (1, 8, 2, 2))
+    inputs = [x] + [graph.add_constant(np.float32(b)) for b in (bounds or ())]
+    node = graph.make_node(op, inputs, attrs)
+    scales = tuple(np.geomspace(1e-4, 0.2, 8))
+    x_params = QuantParams(scales, (0,) * 8, 1)
+    bounded = op in ("HardSigmoid", "Sigmoid")  # outputs in [0, 1]; others: x's steps
+    y_params = QuantParams((1 / 32767,) * 8 if bounded else scales, (0,) * 8, 1)
+    table = interpolated_table(node, x_params, y_params)
+    codes = np.repeat(np.arange(-32768, 32768).astype(np.int16)[None, None, :, None], 8, axis=1)
+    (got,) = OPS["QLookupInterp"].kernel({}, codes, *table)
+    (chord,) = OPS["QLookupInterp"].kernel({}, codes, table.knots)
+    old = []  # each channel's largest difference with the knots alone
+    for c in range(8):
+        real = dequantize(codes[0, c, :, 0], channel_of(x_params, c))
+        exact = function_codes(node, real, channel_of(y_params, c), "int16").astype(np.int64)
+        assert np.abs(got[0, c, :, 0] - exact).max() <= 1, (op, c)
+        old.append(int(np.abs(chord[0, c, :, 0] - exact).max()))
+    # measured, knots alone: 6-32 LSB with corners (HardSwish, Clip), 142-14720 where the
+    # output steps are finer than the input's (HardSigmoid, Sigmoid)
+    if op == "Relu":  # its corner is real 0, a knot: the chord was within 1 LSB already
+        assert max(old) <= 1, old
+    else:
+        assert max(old) >= 6, old
 
 
 def test_int16_per_channel_rises_by_20_db(spread):
