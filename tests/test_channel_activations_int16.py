@@ -407,6 +407,19 @@ def test_exact_segments_out_of_range_or_repeated_are_refused(listed):
         OPS["QLookupInterp"].kernel({}, q, knots, bends, segments, np.zeros((1, 2, 128), np.int16))
 
 
+def test_exact_segments_repeated_are_refused_on_export_naming_the_node():
+    from onebuild.graph_ir.serde.onnx_export import export_onnx
+
+    graph = Graph("t")
+    x = graph.add_input("x", np.int16, (1, 1, 2, 2))
+    constants = [np.zeros((1, 513)), np.zeros((1, 512)), [[3, 3]], np.zeros((1, 2, 128))]
+    inputs = [graph.add_constant(np.asarray(a, np.int16)) for a in constants]
+    node = graph.make_node("QLookupInterp", [x, *inputs], {}, "hs")
+    graph.outputs = [node.output]
+    with pytest.raises(ModelError, match="node 'hs' \\(QLookupInterp\\): exact segments"):
+        export_onnx(Model([graph]))
+
+
 def test_quantizations_sharing_a_memo_equal_fresh_ones(spread):
     """Mixed precision's probes share tables and live ranges through `memo`: each graph is
     node for node (content keys: ops, attributes, constants, types) the one a fresh

@@ -5,6 +5,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ...errors import ModelError
 from ..ir import Node
 from ..ops.quantized import KNOTS, SEGMENT, segment_slots
 
@@ -75,10 +76,14 @@ def interpolated_lookup(ex, node: Node) -> None:
     y = op("Add", a, floor, "sum")
     y = op("Min", op("Max", y, -32768, "low"), 32767, "saturated")
     if len(node.inputs) > 3 and node.inputs[3].size:
-        segments = node.inputs[3].numpy()
-        slots = ex.constant(segment_slots(segments).astype(np.int64).ravel(), f"{name}_slots")
+        try:
+            slots = segment_slots(node.inputs[3].numpy())
+        except ValueError as error:
+            raise ModelError(f"node '{name}' (QLookupInterp): {error}") from None
+        slots = ex.constant(slots.astype(np.int64).ravel(), f"{name}_slots")
         slot = op("Gather", slots, segment, "slot")
-        exact_row = op("Add", op("Max", slot, 0, "slot_or_0"), per_row(segments.shape[1]), "row")
+        count = node.inputs[3].shape[1]
+        exact_row = op("Add", op("Max", slot, 0, "slot_or_0"), per_row(count), "row")
         at_exact = op("Add", op("Mul", exact_row, SEGMENT, "exact_start"), t, "exact_at")
         exact = op("Gather", rows_laid_end_to_end(node.inputs[4], "exact"), at_exact, "exact")
         chosen = ex.fresh(f"{name}_chosen")
