@@ -361,6 +361,21 @@ def test_a_dead_int16_channel_gets_a_range_of_at_least_2_to_the_minus_20_of_the_
     assert eight.scale[1] == pytest.approx(2e-11 / 255)
 
 
+def test_an_edge_range_contains_0_before_its_headroom():
+    """A channel whose calibrated values are all negative ([-6.1, -0.84] in the layout
+    detector, HardSwish after it) keeps them: its range is widened to 0 and then doubled,
+    not doubled to [-12.2, -1.7] (past the data; with a headroom of 4, [-24.5, -3.3], where
+    HardSwish is constant, so the table's live range shrank to the 2^-20 floor)."""
+    seen = []
+
+    def narrow(lo: float, hi: float, c: int) -> tuple[float, float]:
+        seen.append((lo, hi))
+        return lo, hi
+
+    edge_params((np.array([-6.0, 1.0]), np.array([-0.8, 2.0])), "int16", narrow)
+    assert seen == [(-12.0, 0.0), (0.0, 4.0)]
+
+
 @pytest.mark.parametrize(
     "op, dtype, table",
     [

@@ -265,10 +265,13 @@ def edge_params(
     ranges: tuple[np.ndarray, np.ndarray], dtype: str, narrow: Narrow | None
 ) -> QuantParams:
     """Per-channel parameters from each channel's calibrated min/max (the calibration
-    method's per-tensor clipping, set by the widest channels, is not applied), each range
-    narrowed by `narrow(lo, hi, channel)` when given (where a table still changes code)."""
+    method's per-tensor clipping, set by the widest channels, is not applied), widened to
+    contain 0, then times the type's headroom (scaling a range of one sign first would move it
+    past the data), each narrowed by `narrow(lo, hi, channel)` when given (where a table still
+    changes code)."""
     headroom = HEADROOM.get(dtype, 1.0)
-    low, high = (np.asarray(a, np.float64) * headroom for a in ranges)
+    low = np.minimum(np.asarray(ranges[0], np.float64), 0.0) * headroom
+    high = np.maximum(np.asarray(ranges[1], np.float64), 0.0) * headroom
     if narrow is not None:
         pairs = [narrow(float(a), float(b), c) for c, (a, b) in enumerate(zip(low, high))]
         low, high = np.array(pairs, np.float64).reshape(-1, 2).T
