@@ -8,7 +8,7 @@ within that channel's calibrated range is run through the table and compared wit
 function rounded at that code (`kernel_attrs.function_codes`, the 65536-entry table's value), in
 output codes (LSBs): the largest difference, the RMS, the 99.9th percentile, the mean and the
 share of codes that agree exactly; with the largest difference as a share of int16's half range
-(32767 codes: the channel's calibrated output range is about half of it, the headroom). The
+(32767 codes: the calibrated output range is a half to a third of it, the headroom). The
 same for the knots and bends without exact segments (`no_exact`) and for the knots alone
 (`knots_only`, the table before bends and exact segments, TFLite's form), per function (the
 table's op and the scalar ops it absorbs) and over all, and the exact segments' count and
