@@ -170,27 +170,85 @@ def q_lookup(attrs, q, table):
 
 
 SEGMENT_BITS = 7  # an interpolated table's segments are 2^7 = 128 input codes wide
+SEGMENT = 1 << SEGMENT_BITS
 KNOTS = (1 << 16 >> SEGMENT_BITS) + 1  # 513: every int16 code lies in one of 512 segments
 
 
-@register("QLookupInterp", _table_type(KNOTS, ("int16",)), batch=PER_SAMPLE)
-def q_lookup_interp(attrs, q, table):
-    """An int16 function of one value per channel (axis 1), as TFLite's int16 LUT: table
-    [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512); with
-    u = q + 32768, k = u >> 7, t = u & 127 and a = table[c, k], b = table[c, k + 1]:
-    y = a + ((b - a)·t + 64) >> 7 (the fraction rounded half up), always between a and b.
-    Attribute `function` as QLookup's."""
-    u = q.astype(np.int32) - np.iinfo(np.int16).min  # int32 is exact: |b - a|·t < 2^23
+def _interp_type(attrs: Attrs, types) -> list[TensorType]:
+    """QLookupInterp's output type: the knots' [1 or C, 513] as `_table_type` checks them; the
+    optional bends int16 [rows, 512], then exact segments: indices int16 [rows, E] and codes
+    [rows, E, 128] of the knots' type, with the knots' rows."""
+    out = _table_type(KNOTS, ("int16",))(attrs, types[:2])
+    table = types[1]
+    rows = table.shape[0] if len(table.shape) == 2 else 1
+    count = types[3].shape[-1] if len(types) == 5 and len(types[3].shape) == 2 else -1
+    wanted = [(np.int16, (rows, KNOTS - 1)), (np.int16, (rows, count))]
+    wanted += [(table.dtype, (rows, count, SEGMENT))]
+    fits = [t.dtype == d and tuple(t.shape) == shape for t, (d, shape) in zip(types[2:], wanted)]
+    if len(types) not in (2, 3, 5) or not all(fits):
+        got = ", ".join(f"{t.dtype}{list(t.shape)}" for t in types[2:])
+        raise ValueError(
+            f"bends and exact segments {got} do not fit knots {table.dtype}{list(table.shape)}: "
+            f"int16 [rows, {KNOTS - 1}], then int16 [rows, E] and [rows, E, {SEGMENT}]"
+        )
+    return out
+
+
+def segment_slots(segments: np.ndarray) -> np.ndarray:
+    """[rows, 512] int32: for each segment of each row, the index e of its exact codes in
+    `segments` [rows, E] (each entry a segment 0..511, or -1 for none), else -1."""
+    rows = segments.shape[0]
+    valid = (segments >= -1) & (segments < KNOTS - 1)
+    listed = np.sort(segments, axis=1)
+    repeated = (listed[:, 1:] == listed[:, :-1]) & (listed[:, 1:] >= 0)
+    if not valid.all() or repeated.any():
+        raise ValueError(
+            f"exact segments must be distinct segment indices 0..{KNOTS - 2} (or -1) per row"
+        )
+    slots = np.full((rows, KNOTS - 1), -1, np.int32)
+    row, e = np.nonzero(segments >= 0)
+    slots[row, segments[row, e]] = e
+    return slots
+
+
+def interpolate(a: np.ndarray, b: np.ndarray, bend: np.ndarray | None, t: np.ndarray):
+    """QLookupInterp's code between knots `a` and `b` at offset `t` in the segment, bent by
+    `bend` (int32 arrays, broadcast; int32 is exact: every term < 2^31):
+    a + (128·(b - a)·t - β·t·(128 - t) + 2^13) >> 14, saturated to int16."""
+    fraction = (b - a) * (t << SEGMENT_BITS)
+    if bend is not None:
+        fraction -= bend * (t * (SEGMENT - t))
+    fraction += 1 << (2 * SEGMENT_BITS - 1)
+    fraction >>= 2 * SEGMENT_BITS
+    fraction += a
+    return np.clip(fraction, -32768, 32767, out=fraction)
+
+
+@register("QLookupInterp", _interp_type, batch=PER_SAMPLE)
+def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
+    """An int16 function of one value per channel (axis 1), TFLite's int16 LUT with a bend per
+    segment: table [C, 513] holds the output codes at input codes -32768 + 128·k (k = 0..512);
+    with u = q + 32768, k = u >> 7, t = u & 127, a = table[c, k], b = table[c, k + 1] and the
+    bend β = bends[c, k] (0 without bends):
+    y = a + (128·(b - a)·t - β·t·(128 - t) + 2^13) >> 14, saturated to int16 (with β = 0,
+    a + ((b - a)·t + 64) >> 7: the chord, rounded half up). With exact segments (`segments`
+    [C, E]: segment indices or -1; `exact` [C, E, 128]): where segments[c, e] = k,
+    y = exact[c, e, t] instead. Attribute `function` as QLookup's."""
+    u = q.astype(np.int32) - np.iinfo(np.int16).min
     rows, width = table.shape
-    starts = (np.arange(rows, dtype=np.int32) * width).reshape((1, -1) + (1,) * (q.ndim - 2))
-    at = (u >> SEGMENT_BITS) + starts  # knot a's position in the rows laid end to end
+    row = np.arange(rows, dtype=np.int32).reshape((1, -1) + (1,) * (q.ndim - 2))
+    k = u >> SEGMENT_BITS
+    t = u & (SEGMENT - 1)
     knots = table.astype(np.int32).ravel()
-    base = knots.take(at)
-    slope = knots.take(at + 1) - base
-    slope *= u & ((1 << SEGMENT_BITS) - 1)
-    slope += 1 << (SEGMENT_BITS - 1)
-    slope >>= SEGMENT_BITS
-    base += slope
+    at = k + row * width  # knot a's position in the rows laid end to end
+    segment = k + row * (KNOTS - 1)
+    bend = None if bends is None else bends.astype(np.int32).ravel().take(segment)
+    base = interpolate(knots.take(at), knots.take(at + 1), bend, t)
+    if segments is not None and segments.size:
+        slot = segment_slots(segments).ravel().take(segment)
+        count = segments.shape[1]
+        index = ((row * count + np.maximum(slot, 0)) << SEGMENT_BITS) + t
+        base = np.where(slot >= 0, exact.astype(np.int32).ravel().take(index), base)
     return base.astype(table.dtype)
 
 

@@ -9,7 +9,6 @@ import numpy as np
 
 from ..ir import Node
 from ..ops import OPS
-from ..ops.quantized import KNOTS, SEGMENT_BITS
 from ..ops.quantized_softmax import output_multiplier_real
 from ..tensor import QuantParams
 from .params import ADD_SHIFT, channel_of, dequantize, quantize, quantize_multiplier
@@ -179,21 +178,4 @@ def lookup_table(
         function_codes(node, dequantize(codes, channel_of(x, c)), channel_of(y, c), dtype, then)
         for c in range(channels)
     ]
-    return np.stack(rows)
-
-
-def interpolated_table(
-    node: Node, x: QuantParams, y: QuantParams, then: Sequence[Node] = ()
-) -> np.ndarray:
-    """The QLookupInterp table of table op `node` (then the ops `then`) between per-channel
-    int16 `x` and `y`: row c holds channel c's output codes (`function_codes`, rounded half
-    to even) at the input codes -32768 + 128·k, k = 0..512 (the last one past int16's end,
-    where only the slope of the last segment reads it)."""
-    knots = np.iinfo(np.int16).min + (np.arange(KNOTS, dtype=np.int64) << SEGMENT_BITS)
-    channels = max(len(x.scale), len(y.scale))
-    rows = []
-    for c in range(channels):
-        xc = channel_of(x, c)
-        real = ((knots - xc.zero_point[0]) * xc.scale[0]).astype(np.float32)
-        rows.append(function_codes(node, real, channel_of(y, c), "int16", then))
     return np.stack(rows)

@@ -39,12 +39,12 @@ from ..tensor import QuantParams
 from .bias_correction import corrected_bias
 from .channel_activations import chosen_edges, edge_params, folded_weights, folds_scales
 from .config import FLOAT, QuantConfig, layer_settings
+from .interpolated_table import interpolated_table
 from .kernel_attrs import (
     average_pool_attrs,
     binary_attrs,
     concat_attrs,
     constant_operands,
-    interpolated_table,
     lookup_table,
     matmul_attrs,
     requantize_attrs,
@@ -359,16 +359,20 @@ class _Quantizer:
         out_params = self.params(out, dtype)
         op = "QLookupInterp" if dtype == "int16" and out_params.axis is not None else "QLookup"
         key = ("table", id(node), op, x.quant, out_params, dtype, tuple(map(id, affine)))
-        if key not in self.memo:
-            if op == "QLookupInterp":  # 513 knots per channel
-                codes = interpolated_table(node, x.quant, out_params, affine)
+        if key not in self.memo:  # the table's constant inputs
+            if op == "QLookupInterp":  # knots, bends [, exact segments, their codes]
+                tables = interpolated_table(node, x.quant, out_params, affine)
+                tables = tables if tables.segments.size else tables[:2]
             else:
-                codes = lookup_table(node, x.quant, dtype, out_params, dtype, affine)
-            codes.flags.writeable = False  # shared by every graph quantized with this memo
-            self.memo[key] = codes
-        codes = self.memo[key]
-        table = self.graph.add_constant(codes, f"{node.name}_table")
-        self._produce(node, op, [x, table], {"function": node.op}, dtype, out_params, out)
+                tables = (lookup_table(node, x.quant, dtype, out_params, dtype, affine),)
+            for array in tables:
+                array.flags.writeable = False  # shared by every graph quantized with this memo
+            self.memo[key] = tables
+        names = ("table", "bends", "segments", "exact")
+        inputs = [
+            self.graph.add_constant(t, f"{node.name}_{n}") for t, n in zip(self.memo[key], names)
+        ]
+        self._produce(node, op, [x, *inputs], {"function": node.op}, dtype, out_params, out)
         self.absorbed.update(id(n) for n in affine)
 
     def _passthrough_ok(self, node: Node) -> bool:
