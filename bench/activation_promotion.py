@@ -51,6 +51,7 @@ from onebuild.graph_ir.quant.mixed_precision import (
 )
 from onebuild.graph_ir.quant.pixel_shuffle import split_pixel_shuffles
 from onebuild.graph_ir.quant.quantize_graph import nearest, quantize_graph
+from onebuild.graph_ir.quant.sensitivity import downstream
 from onebuild.graph_ir.serde import load_onnx
 
 # the settings of the mixed-precision table in docs/quantization.md ("Where it stands")
@@ -151,23 +152,12 @@ def isolated_noise(model: Model, way: str, measured: list[str]) -> tuple[dict, d
     noise = {}
     for layer in measured:
         unit = model.units[layer]
-        fake.live = _reached(graph, [position[n] for n in unit])
+        starts = [position[n] for n in unit]
+        fake.live = downstream(graph, *starts) | set(starts)
         got = fake.outputs(batch, model.alone(way, unit), chunk)
         noise[layer] = {o: float(np.square(a - got[o]).sum()) for o, a in reference.items()}
     fake.cache, fake.live = None, set()
     return signal, noise
-
-
-def _reached(graph, starts: list[int]) -> set[int]:
-    position = {id(node): i for i, node in enumerate(graph.nodes)}
-    found, frontier = set(starts), [graph.nodes[i] for i in starts]
-    while frontier:
-        for value in frontier.pop().outputs:
-            for reader in value.users:
-                if position[id(reader)] not in found:
-                    found.add(position[id(reader)])
-                    frontier.append(reader)
-    return found
 
 
 def search(model: Model, way: str, target: float) -> dict:

@@ -129,7 +129,7 @@ def test_sensitivity_reusing_unreached_nodes_equals_recomputing_them(tmp_path, m
     batch = first_samples(DIGITS / "data/test.npz", specs, 8)[0]
     layers = ["conv1", "conv2", "side", "fc"]
     position = {n.name: i for i, n in enumerate(float_graph.nodes)}
-    reached = sensitivity._downstream(float_graph, position["conv2"])
+    reached = sensitivity.downstream(float_graph, position["conv2"])
     assert position["side"] not in reached and position["fc"] in reached
     signal, noise = sensitivity.isolated_output_noise(float_graph, quantized, batch, layers)
     assert noise["side"]["logits"] == 0 < noise["side"]["features"]  # the branches apart

@@ -94,11 +94,12 @@ class _Bounds:
         return np.clip(array, lo, hi).astype(array.dtype, copy=False)
 
 
-def _downstream(graph: Graph, index: int) -> set[int]:
-    """The positions of the nodes that read, directly or not, node `index`'s outputs."""
+def downstream(graph: Graph, *indices: int) -> set[int]:
+    """The positions of the nodes that read, directly or not, the outputs of the nodes at
+    `indices`."""
     position = {id(node): i for i, node in enumerate(graph.nodes)}  # cheap next to a run
     found: set[int] = set()
-    frontier = [graph.nodes[index]]
+    frontier = [graph.nodes[index] for index in indices]
     while frontier:
         for value in frontier.pop().outputs:
             for reader in value.users:
@@ -133,7 +134,7 @@ def isolated_output_noise(
     running = threading.local()
     cache: dict[int, tuple] = {}
     bounds = _Bounds()
-    reached = {index: _downstream(float_graph, index) for index in measured}
+    reached = {index: downstream(float_graph, index) for index in measured}
 
     def wrap(index: int, node: Node):
         exact, noisy = OPS[node.op].kernel, measured.get(index)
