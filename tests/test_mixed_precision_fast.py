@@ -135,7 +135,7 @@ def test_sensitivity_reusing_unreached_nodes_equals_recomputing_them(tmp_path, m
     assert noise["side"]["logits"] == 0 < noise["side"]["features"]  # the branches apart
     assert noise["conv2"]["features"] == 0 < noise["conv2"]["logits"]
     everything_after = lambda graph, index: set(range(index + 1, len(graph.nodes)))  # noqa: E731
-    monkeypatch.setattr(sensitivity, "_downstream", everything_after)
+    monkeypatch.setattr(sensitivity, "downstream", everything_after)
     assert sensitivity.isolated_output_noise(float_graph, quantized, batch, layers) == (
         signal,
         noise,
