@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from onebuild.engine.dag import StepTask, plan_tasks
+from onebuild.engine.tasks_plan import StepTask, plan_tasks
 from onebuild.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -162,7 +162,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_dag(args) -> int:
-    from .engine.dag import FanOut, known_tasks
+    from .engine.tasks_plan import FanOut, known_tasks
 
     tasks = [t for plan in _plans(args) for t in known_tasks(plan)]
     made_by = {o: t for t in tasks if not isinstance(t, FanOut) for o in t.outputs}
@@ -207,8 +207,9 @@ def _title(task) -> str:
 
 def cmd_clean(args) -> int:
     from .engine.build_folder import locked
-    from .engine.dag import DB_NAME, StepTask, known_tasks
+    from .engine.dag import DB_NAME
     from .engine.ownership import STALE_PLAN_SECONDS, refuse_foreign, remove, sweep
+    from .engine.tasks_plan import StepTask, known_tasks
 
     for plan in _plans(args):
         tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]

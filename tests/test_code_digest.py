@@ -138,7 +138,7 @@ def test_every_module_a_step_loads_when_it_runs_is_in_its_key(tmp_path):
         capture_output=True,
         check=True,
     )
-    from onebuild.engine.dag import StepTask, known_tasks
+    from onebuild.engine.tasks_plan import StepTask, known_tasks
     from onebuild.plan import load_plan
     from onebuild.targets import available
     from onebuild.tasks import STEPS

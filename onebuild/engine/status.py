@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ..plan import Plan
 from ..tasks import STEPS
-from .dag import StepTask, plan_tasks
 from .ownership import log_path, outputs_intact
-from .step_cache import open_cache, step_key, tree_digest
+from .step_cache import open_cache, tree_digest
+from .tasks_plan import StepTask, plan_tasks, task_key
 
 UNKNOWN = "unknown"  # the digest of content that a step will recompute
 
@@ -100,8 +100,7 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     if not reasons:
         return "up-to-date", []
     if None not in digests:
-        code = STEPS[task.step].code(task.config)
-        key = step_key(task.step, code, task.config, digests, task.recipe.parent)
+        key = task_key(task, digests)
         entry = open_cache(task.cache, task.remote).located(key)
         if isinstance(entry, Path):
             forecast.replaced.update({p: entry / str(i) for i, p in enumerate(task.outputs)})

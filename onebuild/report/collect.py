@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.dag import StepResult, StepTask, known_tasks
+from ..engine.dag import StepResult
+from ..engine.tasks_plan import StepTask, known_tasks
 from ..errors import UserError
 from ..plan import Plan
 from ..targets import binary_target

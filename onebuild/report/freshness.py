@@ -10,9 +10,10 @@ outputs on disk are another build's (other options, other inputs, or older code)
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.dag import StepResult, StepTask
+from ..engine.dag import StepResult
 from ..engine.ownership import log_path
 from ..engine.status import status
+from ..engine.tasks_plan import StepTask
 from ..plan import Plan
 
 MADE = ("run", "restored", "up-to-date")
