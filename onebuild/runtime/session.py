@@ -4,13 +4,13 @@
     outputs = session.run({"input": x})                 # float32 in, float32 out
 
 A float model can be recorded (`set_execute_config("DUMP_MINMAX")`), quantized (`quantize()`)
-and compiled (`codegen()`) by hand, or by `run_with_auto_compilation`: float runs are recorded
-until `minmax_records`, then the model is quantized, gated, compiled, gated and switched to
-(`state`: INITIAL -> QUANTIZED -> COMPILED). The gate compares each new model with the float one
-on recorded inputs; a model that fails it, or a codegen that fails, leaves the session on the
-previous model with the reason in `reason`. Quantization and codegen go through the compile API
-the build's steps call (`onebuild.compile`), so their files equal what `onebuild build` makes
-from the same data.
+and compiled (`codegen()`) by hand, or by `run_with_auto_compilation` (in `auto_compile`, a
+mixin of `Session` holding the state machine): float runs are recorded until `minmax_records`,
+then the model is quantized, gated, compiled, gated and switched to (`state`: INITIAL ->
+QUANTIZED -> COMPILED). The gate compares each new model with the float one on recorded inputs;
+a model that fails it, or a codegen that fails, leaves the session on the previous model with
+the reason in `reason`. Quantization and codegen go through the compile API the build's steps
+call (`onebuild.compile`), so their files equal what `onebuild build` makes from the same data.
 Everything lives in a workspace (see `workspace`) that survives restarts and kills.
 """
 
@@ -21,31 +21,29 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelError, OneBuildError, UserError
-from ..gates import json_safe
+from ..errors import ModelError, UserError
 from ..graph_ir.ir import Model
 from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.channel_activations import edge_values
 from ..graph_ir.quant.model_io import is_quantized
-from ..graph_ir.serde import load_model, save_ir
+from ..graph_ir.serde import save_ir
 from ..npz import check_finite
 from ..progress import Progress
 from ..targets import check_preset, check_target
-from .choice import choose_state
+from .auto_compile import AutoCompilation
 from .device_compile import codegen_file, codegen_model, quantize_file
-from .gate import gate_reason, gate_report
-from .models import GraphModel, compiled_model
+from .models import GraphModel
 from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
 from .outputs import quantized_kind, writable
 from .session_io import app_types, checked_feeds, delivered, tensor_name
-from .workspace import Workspace, sha256
+from .workspace import Workspace
 
 log = logging.getLogger("onebuild")
 EXECUTE_CONFIGS = ("DUMP_MINMAX",)
 
 
-class Session:
+class Session(AutoCompilation):
     """One model, run by an app; see the module docstring."""
 
     def __init__(
@@ -342,172 +340,3 @@ class Session:
     def _need_float(self, what: str) -> None:
         if self._float is None:
             raise UserError(f"{what} needs a float model; {self.path} is {self._state.lower()}")
-
-    # ---- auto-compilation ---------------------------------------------------------------------
-
-    def run_with_auto_compilation(
-        self,
-        inputs: dict[str, np.ndarray] | None = None,
-        target: str | None = None,
-        pref: str | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Run; float runs are recorded until `minmax_records`, then the model is quantized,
-        compiled and switched to, each step behind the accuracy gate. `target` and `pref`
-        replace the settings' (None keeps them, a package's `ODC_*` keys or the defaults)."""
-        self._need_float("auto-compilation")
-        self._set_codegen(target, pref)  # a typo must not undo what was compiled
-        if self._decided_with is not None and self._decided_with != self.settings.key:
-            log.warning(
-                "on-device compilation settings changed; deciding again from the recorded runs"
-            )
-            self._done, self.reason, self.gates, self.choice = False, None, {}, None
-            self._commit("INITIAL")
-        if not self._done and self._recorder.samples < self.settings.minmax_records:
-            outputs = self._run(inputs, record=True)
-            if self._recorder.samples >= self.settings.minmax_records:
-                self.compile_now()
-            return outputs
-        if not self._done:
-            self.compile_now()
-        return self._run(inputs, record=False)
-
-    def compile_now(self) -> None:
-        """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
-        self._need_float("compile_now()")
-        self._decided_with, self._reference = self.settings.key, None
-        progress = Progress("on-device compile", 2, "steps")  # quantize+gate, codegen+gate
-        try:
-            if self._state == "INITIAL":
-                reason = self._try_quantize()
-                if reason:
-                    return self._stop("INITIAL", reason)
-            progress(1)
-            reason = self._try_codegen() if self._state == "QUANTIZED" else None
-            progress(2)
-        finally:
-            progress.finish()
-        if self.settings.backend == "auto":
-            return self._choose(reason)
-        self._stop(self._state, reason)
-
-    def _try_quantize(self) -> str | None:
-        """Quantize and gate; switch to QUANTIZED, or say why not."""
-        try:
-            output = self._quantize_file()
-        except OneBuildError as error:
-            return f"quantization failed, staying on the float model: {error}"
-        if not self._gate("quantized", GraphModel(load_model(output).main)):
-            return gate_reason(self.gates, "quantized")
-        self._commit("QUANTIZED", quantized=output)
-        return None
-
-    def _try_codegen(self) -> str | None:
-        """Compile and gate; switch to COMPILED, or say why not."""
-        try:
-            output = self._codegen_file()
-            model = compiled_model(output)
-        except Exception as error:  # a compiler failure must not take the app down
-            return f"codegen failed, staying on the quantized model: {error}"
-        if not self._gate("compiled", model):
-            return gate_reason(self.gates, "compiled")
-        self._commit("COMPILED", compiled=output)
-        return None
-
-    def _gate(self, candidate: str, model) -> bool:
-        """Compare `model` with the float model on the recorded inputs; keep the report."""
-        if self._reference is None:  # the float outputs, once for both gates of a decision
-            count = min(self._recorder.samples, self.settings.gate_samples)
-            records = self.workspace.read_records(count)
-            self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
-        self.gates[candidate] = gate_report(
-            model, self._reference, list(self.outputs), dict(self.settings.gate), candidate
-        )
-        return self.gates[candidate]["passed"]
-
-    def _choose(self, reason: str | None) -> None:
-        """backend = auto: the best gated candidate for the requirement, by the cost models."""
-        quantized = load_model(self._quantized_path()).main
-        best, self.choice = choose_state(
-            self._float.main, quantized, self.gates, self.settings.requirement
-        )
-        self._stop(best, reason)
-
-    def _stop(self, state: str, reason: str | None) -> None:
-        """Auto-compilation is over: run `state` from now on (and say why, if it fell short)."""
-        self._done, self.reason = True, reason
-        if reason:
-            log.warning("on-device compilation: %s", reason)
-        self._commit(state)
-
-    # ---- state --------------------------------------------------------------------------------
-
-    def _quantized_path(self) -> Path | None:
-        if self._float is None:
-            return getattr(self, "_quantized_file", None)
-        return self._artifact("quantized")
-
-    def _artifact(self, kind: str) -> Path | None:
-        """An artifact's path (kept relative to the workspace when inside it)."""
-        artifact = self._artifacts.get(kind)
-        return self.workspace.folder / artifact["path"] if artifact else None
-
-    def _commit(self, state: str, **written: Path) -> None:
-        """Switch to `state` (its artifacts written before) and persist the session state."""
-        if self.workspace is None:
-            self._switch_fixed(state, written)
-            return
-        for kind, path in written.items():
-            where = path.resolve()
-            if self.workspace.folder.resolve() in where.parents:
-                where = where.relative_to(self.workspace.folder.resolve())
-            self._artifacts[kind] = {"path": str(where), "sha256": sha256(path)}
-            if kind == "quantized":
-                self._artifacts.pop("compiled", None)
-        self._switch(state)
-        self._write_state()
-
-    def _write_state(self) -> None:
-        self.workspace.write_state(
-            {
-                "source": self._source_digest,
-                "state": self._state,
-                "done": self._done,
-                "reason": self.reason,
-                "settings": self._decided_with,
-                "artifacts": self._artifacts,
-                "gates": json_safe(self.gates),
-                "choice": self.choice,
-                "qpath": str(self._qpath) if self._qpath else None,
-                "cpath": str(self._cpath) if self._cpath else None,
-            }
-        )
-
-    def _switch(self, state: str) -> None:
-        """Load the model of `state`; an artifact that is missing or changed sends the session
-        back to the last state whose files are intact (and auto-compilation rebuilds the rest)."""
-        for kind, wanted in (("compiled", "COMPILED"), ("quantized", "QUANTIZED")):
-            if state != wanted:
-                continue
-            artifact = self._artifacts.get(kind)
-            path = self._artifact(kind)
-            if artifact and sha256(path) == artifact["sha256"]:
-                self._model = (
-                    compiled_model(path)
-                    if kind == "compiled"
-                    else GraphModel(load_model(path).main)
-                )
-                self._state = state
-                return
-            log.warning(
-                "%s: the %s model is missing or changed; rebuilding it", self.workspace.folder, kind
-            )
-            self._artifacts.pop(kind, None)
-            self._done = False
-            state = "QUANTIZED" if kind == "compiled" else "INITIAL"
-        self._model, self._state = self._float_runner, "INITIAL"
-
-    def _switch_fixed(self, state: str, written: dict[str, Path]) -> None:
-        """A session on an already quantized model can still compile it (no workspace state)."""
-        if "compiled" in written:
-            self._model = compiled_model(written["compiled"])
-        self._state = state
