@@ -6,9 +6,15 @@ these outputs by a copy (RESHAPE to the same shape) of the tensor the readers re
 reader folds the copy back. `old_circle` writes a model without the copies, as before: onert
 gets it wrong (those checks fail once onert is fixed; then the copies can go)."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
+from onnx import helper
+from onnx_builders import make_model
 from test_circle import (
+    DIGITS,
     digits_images,
     digits_with_heads,
     operator_list,
@@ -17,12 +23,15 @@ from test_circle import (
 )
 
 from onebuild import compile as C
+from onebuild.engine.dag import build
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.quant.model_io import quantize_inputs
-from onebuild.graph_ir.serde import read_circle, write_circle
+from onebuild.graph_ir.serde import load_ir, read_circle, write_circle
 from onebuild.graph_ir.serde.circle_exact import exact_circle
 from onebuild.graph_ir.serde.circle_write import Writer
+from onebuild.recipe import load_recipe
+from onebuild.runtime.package import load_package, run_package
 
 
 def old_circle(model: Model, monkeypatch) -> bytes:
@@ -160,3 +169,44 @@ def test_copies_only_where_read_and_folded_back(quantized):
     assert [v.name for v in back.outputs] == [v.name for v in model.main.outputs]
     plain = chain(("Relu", "Sigmoid"), (1,))
     assert "RESHAPE" not in operator_list(write_circle(plain))
+
+
+def test_package_whose_output_feeds_a_table(tmp_path, monkeypatch):
+    """Built as a user builds it (uint8 model I/O, packed): input -> HardSigmoid -> gate
+    (output) -> Erf -> Exp -> out (output), the tables CAST + GATHER. onert's outputs on 64
+    digit images equal onebuild's package run bit for bit (gate came back wrong from the old
+    writer's circle), as LiteRT's do on the model as tflite."""
+    nodes = [
+        helper.make_node("HardSigmoid", ["input"], ["gate"], alpha=0.2, beta=0.5, name="hs"),
+        helper.make_node("Erf", ["gate"], ["erf"], name="erf"),
+        helper.make_node("Exp", ["erf"], ["out"], name="exp"),
+    ]
+    shutil.copy(DIGITS / "data" / "calib.npz", tmp_path / "calib.npz")
+    onnx_model = make_model(nodes, [("input", [1, 1, 8, 8])], ["gate", "out"])
+    (tmp_path / "m.onnx").write_bytes(onnx_model.SerializeToString())
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[import]\nsource = "m.onnx"\n[optimize]\n[quantize]\ndtype = "uint8"\n'
+        'input_type = "uint8"\noutput_type = "uint8"\ncalibration = "calib.npz"\n'
+        '[pack]\noutput = "out/m.nnpkg"\n'
+    )
+    results = build([load_recipe(recipe, [])], progress=lambda message: None)
+    assert not [r.error for r in results if r.status == "failed"]
+    package = tmp_path / "out" / "m.nnpkg"
+    assert json.loads((package / "metadata" / "MANIFEST").read_text())["models"] == ["m.circle"]
+    model = load_ir(tmp_path / "build" / "r" / "quantize.obir")
+    graph = model.main
+    feeds = quantize_inputs(graph, {"input": digits_images(64)})
+    want, _ = run_package(load_package(package), feeds, raw=True)
+    samples = [[x] for x in feeds["input"]]
+    data = (package / "m.circle").read_bytes()
+    assert operator_list(data).count("RESHAPE") == 4  # three tables' and the copy of gate
+    old = np.stack([r[0] for r in run_onert(old_circle(model, monkeypatch), tmp_path, samples)])
+    assert not np.array_equal(old, want["gate"])
+    for runtime, outputs in (
+        ("onert", run_onert(data, tmp_path, samples)),
+        ("litert", run_litert(write_circle(model, "tflite"), samples)),
+    ):
+        for index, value in enumerate(graph.outputs):
+            got = np.stack([r[index] for r in outputs])
+            np.testing.assert_array_equal(got, want[value.name], f"{runtime} {value.name}")
