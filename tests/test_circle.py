@@ -204,7 +204,8 @@ def test_file_identifiers_and_opcodes():
 
 
 # Light architectures (seeded random weights; vgg19 and zfnet512 are left out for time: the
-# interpreter and the runtimes take 30 s to 90 s on each).
+# interpreter and the runtimes take 30 s to 90 s on each), the logits a second output (read by
+# the softmax: squeezenet's came back 99 % off in onert before the writer copied such outputs).
 ONERT_MODELS = [
     "squeezenet",
     "resnet50",
@@ -218,7 +219,7 @@ LITERT_MODELS = ONERT_MODELS
 
 
 def light(name):
-    model = import_onnx(light_model(name, seed=0), name)
+    model = import_onnx(light_model(name, seed=0, expose_logits=True), name)
     C.optimize(model)
     rng = np.random.default_rng(3)
     samples = [[rng.random(v.shape, dtype=np.float32) for v in model.main.inputs]]
@@ -243,28 +244,6 @@ def test_light_models_in_onert_and_round_trip(name, tmp_path):
 def test_light_models_in_litert(name):
     model, samples = light(name)
     check_float(model, samples, run_litert(write_circle(model, "tflite"), samples))
-
-
-def test_onert_mixes_up_an_output_beside_a_reshape(tmp_path):
-    """The reason the light-model tests expose no second output (docs/circle-tflite.md):
-    x -> RELU -> a (output), a -> RESHAPE -> SOFTMAX -> c (output). LiteRT returns both; onert
-    0.1.0 returns c's values for a. Fails when onert is fixed: then expose the logits again."""
-    from onebuild.graph_ir.ir import Graph, Model
-
-    graph = Graph("reshape_output")
-    x = graph.add_input("x", np.float32, (1, 6))
-    a = graph.make_node("Relu", [x], name="a").output
-    b = graph.make_node("Reshape", [a], {"shape": [2, 3]}, name="b").output
-    c = graph.make_node("Softmax", [b], {"axis": -1}, name="c").output
-    graph.outputs = [a, c]
-    model = Model([graph])
-    feed = np.arange(-2, 4, dtype=np.float32).reshape(1, 6)
-    want = Interpreter(graph).run({"x": feed})
-    ((litert_a, litert_c),) = run_litert(write_circle(model, "tflite"), [[feed]])
-    assert np.array_equal(litert_a, want["a"]) and np.allclose(litert_c, want["c"], rtol=1e-6)
-    ((onert_a, onert_c),) = run_onert(write_circle(model), tmp_path, [[feed]])
-    assert np.allclose(onert_c, want["c"], rtol=1e-6)
-    assert np.allclose(onert_a.reshape(2, 3), want["c"], rtol=1e-6)  # c's values, not a's
 
 
 def quantized_digits(dtype: str, granularity: str):

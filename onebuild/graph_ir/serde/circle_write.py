@@ -185,6 +185,8 @@ class Writer:
 
         b = flatbuffers.Builder(1024 + sum(len(d) for d in self.buffers))
         outputs = [self.get(v, None) for v in self.graph.outputs]
+        if self.fmt == "circle":
+            outputs = self._copied_outputs(outputs)
         inputs = [self.index[(id(v), None)] for v in self.graph.inputs]
         self._name_outputs(outputs)
         scales = [s for t in self.tensors if t.quant is not None for s in t.quant.scale]
@@ -238,6 +240,23 @@ class Writer:
         )
         b.Finish(model, file_identifier=IDENTIFIER[self.fmt])
         return bytes(b.Output())
+
+    def _copied_outputs(self, outputs: list[int]) -> list[int]:
+        """A graph output that an operator also reads is written by a copy (RESHAPE to its own
+        shape) of the tensor its readers read. onert 0.1.0 with internally allocated outputs
+        (as its Python API runs) plans such an output like an inner tensor: freed after its
+        last reader, its memory is given to a later tensor, whose data the output returns.
+        The reader folds the copy back (no node)."""
+        read = {i for _, inputs, *_ in self.operators for i in inputs}
+        copies: dict[int, int] = {}
+        for index in outputs:
+            if index in read and index not in copies:
+                t = self.tensors[index]
+                copy = self.new_tensor(f"{t.name}_out", t.dtype, t.shape, None, t.quant)
+                shape = self.constant(np.asarray(t.shape, np.int32), f"{t.name}_shape")
+                self.op("RESHAPE", [index, shape], [copy])
+                copies[index] = copy
+        return [copies.get(i, i) for i in outputs]
 
     def _name_outputs(self, outputs: list[int]) -> None:
         """Graph outputs keep their IR names (a transposed or aliased output's tensor takes the
