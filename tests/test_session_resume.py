@@ -108,6 +108,7 @@ def test_the_workspace_names_its_model_and_a_changed_model_starts_over(tmp_path,
     session = Session(other, workspace=workspace)
     assert session.minmax_records == 0 and not list((workspace / "records").iterdir())
     assert json.loads((workspace / "state.json").read_text())["source"] != state["source"]
+    session.close()  # one process at a time: the app's launches need the workspace
     assert app(workspace, 50, 2)[-1] == "2 INITIAL"  # back to digits: over again, then resumes
     assert app(workspace, 50, 1)[-1] == "3 INITIAL"
 
@@ -141,6 +142,7 @@ def test_killed_while_recording_loses_no_completed_run(tmp_path, app):
             printed = int(line.split()[0])
         reopened = Session(DIGITS / "digits.onnx", workspace=workspace, input_shapes=SHAPES)
         total = reopened.minmax_records
+        reopened.close()  # the next launch needs the workspace
         assert total >= printed, (seed, total, printed)
         assert total <= printed + 1  # at most the run under way when it died
         while len(snapshots) <= total:

@@ -40,25 +40,60 @@ class AutoCompilation:
         replace the settings' (None keeps them, a package's `ODC_*` keys or the defaults)."""
         self._need_float("auto-compilation")
         self._set_codegen(target, pref)  # a typo must not undo what was compiled
-        if self._decided_with is not None and self._decided_with != self.settings.key:
+        changed = self._decided_with is not None and self._decided_with != self.settings.key
+        if changed and not self._read_only:  # read-only: it runs what it has
             log.warning(
                 "on-device compilation settings changed; deciding again from the recorded runs"
             )
             self._done, self.reason, self.gates, self.choice = False, None, {}, None
             self._commit("INITIAL")
-        if not self._done and self._recorder.samples < self.settings.minmax_records:
+        if self._done or self._read_only:
+            return self._run(inputs, record=False)
+        if self._needs_records():
             outputs = self._run(inputs, record=True)
-            if self._recorder.samples >= self.settings.minmax_records:
+            if not self._needs_records():
                 self.compile_now()
             return outputs
-        if not self._done:
-            self.compile_now()
+        self.compile_now()
         return self._run(inputs, record=False)
 
+    def _needs_records(self) -> bool:
+        """Fewer recorded runs than `minmax_records`, or fewer gate records than they keep
+        (one was dropped because it was corrupted, or deleted: a run refills its place)."""
+        if self._recorder.samples < self.settings.minmax_records:
+            return True
+        count = min(self._recorder.samples, self.settings.gate_samples)
+        return count - len(self.workspace.missing_records(count)) < self._gate_count()
+
+    def _gate_count(self) -> int:
+        """The records the gate needs: those the recorded runs keep (at most `gate_samples`),
+        counting no more runs than `minmax_records`."""
+        settings = self.settings
+        return min(self._recorder.samples, settings.minmax_records, settings.gate_samples)
+
     def compile_now(self) -> None:
-        """Quantize, gate, compile, gate and switch (the steps already done are skipped)."""
+        """Quantize, gate, compile, gate and switch (the steps already done are skipped). A
+        workspace that cannot be written (a full disk, say) decides nothing: the session stays
+        on its current model, records nothing more, and the next launch decides again."""
         self._need_float("compile_now()")
-        self._decided_with, self._reference = self.settings.key, None
+        try:
+            self._decide()
+        except OSError as error:
+            self._unwritable(error, self.workspace.folder)
+
+    def _decide(self) -> None:
+        count = min(self._recorder.samples, self.settings.gate_samples)
+        records = self.workspace.read_records(count)  # drops corrupted ones
+        if len(records) < self._gate_count():
+            log.warning(
+                "%s: %d of %d recorded inputs are missing; recording refills them first",
+                self.workspace.records_folder,
+                self._gate_count() - len(records),
+                self._gate_count(),
+            )
+            return
+        self._decided_with = self.settings.key
+        self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
         progress = Progress("on-device compile", 2, "steps")  # quantize+gate, codegen+gate
         try:
             if self._state == "INITIAL":
@@ -90,6 +125,8 @@ class AutoCompilation:
         try:
             output = self._codegen_file()
             model = compiled_model(output)
+        except OSError:  # the workspace's storage, not the model: decided again later
+            raise
         except Exception as error:  # a compiler failure must not take the app down
             return f"codegen failed, staying on the quantized model: {error}"
         if not self._gate("compiled", model):
@@ -99,10 +136,6 @@ class AutoCompilation:
 
     def _gate(self, candidate: str, model) -> bool:
         """Compare `model` with the float model on the recorded inputs; keep the report."""
-        if self._reference is None:  # the float outputs, once for both gates of a decision
-            count = min(self._recorder.samples, self.settings.gate_samples)
-            records = self.workspace.read_records(count)
-            self._reference = [(feeds, self._float_runner.run(feeds)) for feeds in records]
         self.gates[candidate] = gate_report(
             model, self._reference, list(self.outputs), dict(self.settings.gate), candidate
         )
@@ -151,6 +184,14 @@ class AutoCompilation:
         self._write_state()
 
     def _write_state(self) -> None:
+        """Persist the state; a workspace that cannot be written leaves it to this session
+        (the next launch resumes from the state last written)."""
+        try:
+            self._save_state()
+        except OSError as error:
+            self._unwritable(error, self.workspace.state_file)
+
+    def _save_state(self) -> None:
         self.workspace.write_state(
             {
                 "source": self._source_digest,

@@ -27,6 +27,7 @@ from ..graph_ir.quant.calibrate import RangeRecorder, channel_axes
 from ..graph_ir.quant.channel_activations import edge_values
 from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import save_ir
+from ..graph_ir.serde.irfile import ir_digest, ir_file_digest
 from ..npz import check_finite
 from ..progress import Progress
 from ..targets import check_preset, check_target
@@ -65,6 +66,7 @@ class Session(AutoCompilation):
         self._cpath: Path | None = None
         self._float: Model | None = None  # the float model, when it can be compiled on the device
         self._recording: Progress | None = None  # recorded runs towards minmax_records
+        self._read_only = False  # the workspace could not be written: nothing is recorded
         self._load(input_shapes)
         self.workspace = None  # a quantized model's workspace holds only its partitioned code
         self._folder = Path(workspace or self.path.with_name(self.path.name + ".odc"))
@@ -104,18 +106,28 @@ class Session(AutoCompilation):
         self._types = app_types([*inputs, *outputs])
 
     def _open_workspace(self) -> None:
-        """Resume what the workspace holds for this model, or start it afresh."""
+        """Resume what the workspace holds for this model, or start it afresh. Nothing is
+        written for an unchanged model, so a workspace on read-only storage still runs the
+        model it built; one that cannot be written runs its current model unrecorded."""
         ws = self.workspace
-        digest = save_ir(self._float, ws.model)
+        digest = ir_digest(self._float)
         saved = ws.read_state()
         claim = saved is None or saved.get("source") != digest
-        if claim:
-            if saved is not None:
-                log.warning("%s: the model changed; recorded data and builds start over", ws.folder)
-            ws.forget()
-            saved = {}
-        self._recorder = self._resume_recorder()
-        ws.keep_records(self._recorder.samples)
+        try:
+            if ir_file_digest(ws.model) != digest:  # written only when it differs
+                save_ir(self._float, ws.model)
+            if claim:
+                if saved is not None:
+                    log.warning(
+                        "%s: the model changed; recorded data and builds start over", ws.folder
+                    )
+                ws.forget()
+        except OSError as error:
+            self._unwritable(error, ws.model)
+        saved = {} if claim else saved
+        self._recorder = self._resume_recorder(fresh=claim)
+        if not self._read_only:
+            ws.keep_records(self._recorder.samples)
         self._source_digest = digest
         self._decided_with = saved.get("settings")  # OdcSettings.key of the last decision
         self._done = saved.get("done", False)
@@ -125,13 +137,34 @@ class Session(AutoCompilation):
         self._qpath = Path(saved["qpath"]) if saved.get("qpath") else None
         self._cpath = Path(saved["cpath"]) if saved.get("cpath") else None
         self._switch(saved.get("state", "INITIAL"))
-        if claim:  # the workspace names its model before the first record, so a restart resumes
-            self._write_state()
+        if claim and not self._read_only:  # the workspace names its model before the first
+            self._write_state()  # record, so a restart resumes
+        if not self._read_only and not os.access(ws.folder, os.W_OK):
+            self._read_only = True  # nothing to write now; recording and compiling would
+            if not self._done:
+                log.warning(
+                    "%s: read-only workspace; this session runs its current model (%s) and "
+                    "records nothing",
+                    ws.folder,
+                    self._state,
+                )
 
-    def _resume_recorder(self) -> RangeRecorder:
-        """A recorder continuing from the workspace's statistics file (empty without one)."""
+    def _unwritable(self, error: OSError, path: Path) -> None:
+        """The workspace cannot be written (read-only, full, failing): from now on this session
+        runs its current model and records nothing (the next launch tries again)."""
+        self._read_only = True
+        log.warning(
+            "%s: %s; this session runs its current model without recording (the next launch "
+            "tries again)",
+            error.filename or path,
+            error.strerror or error,
+        )
+
+    def _resume_recorder(self, fresh: bool = False) -> RangeRecorder:
+        """A recorder continuing from the workspace's statistics file (empty without one, or
+        `fresh`: the file is another model's)."""
         axes, edges = channel_axes(self._float.main), edge_values(self._float.main)
-        stats = self.workspace.read_minmax()
+        stats = None if fresh else self.workspace.read_minmax()
         if stats:
             return RangeRecorder.resume(stats, axes, edges)
         return RangeRecorder(channel_axes=axes, channel_ranges=edges)
@@ -147,6 +180,18 @@ class Session(AutoCompilation):
     def minmax_records(self) -> int:
         """Float runs recorded so far."""
         return self._recorder.samples if self._float is not None else 0
+
+    def close(self) -> None:
+        """Release the workspace for another process (also done when the session is garbage
+        collected or the process ends); the session is not to be used after."""
+        if self.workspace is not None:
+            self.workspace.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def prepare(self) -> None:  # nnfw parity: the model is ready to run once loaded
         pass
@@ -187,6 +232,7 @@ class Session(AutoCompilation):
 
     def _run(self, inputs, record: bool) -> dict[str, np.ndarray]:
         feeds = self._feeds(inputs)
+        record = record and not self._read_only
         if record and not all(np.isfinite(array).all() for array in feeds.values()):
             log.warning("an input holds NaN or infinity: this run is not recorded")
             record = False
@@ -203,13 +249,24 @@ class Session(AutoCompilation):
             raise
         finally:
             runner.interpreter = plain
-        index = self._recorder.samples
-        if index < self.settings.gate_samples:
-            self.workspace.write_record(index, feeds)
-        self._recorder.samples += 1
-        self.workspace.write_minmax(self._recorder.stats())
+        try:
+            self._keep(feeds)
+        except OSError as error:  # recording is optional: the app keeps its result
+            self._unwritable(error, self.workspace.folder)
+            self._recorder = self._resume_recorder()
+            return self._deliver(outputs)
         self._count_recorded()
         return self._deliver(outputs)
+
+    def _keep(self, feeds: dict[str, np.ndarray]) -> None:
+        """Write a recorded run: its input (into the first free place among the gate's
+        records), then the ranges that count it."""
+        ws, first = self.workspace, min(self._recorder.samples, self.settings.gate_samples)
+        free = ws.missing_records(first) or ([first] if first < self.settings.gate_samples else [])
+        if free:
+            ws.write_record(free[0], feeds)
+        self._recorder.samples += 1
+        ws.write_minmax(self._recorder.stats())
 
     def _count_recorded(self) -> None:
         """Progress of on-device calibration: recorded runs (out of minmax_records when

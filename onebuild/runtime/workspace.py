@@ -20,13 +20,17 @@ The state names artifacts with their SHA-256, so a file changed behind the sessi
 rebuilt instead of trusted.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import weakref
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -65,10 +69,12 @@ class Workspace:
         self.records_folder = self.folder / "records"
         try:
             _claim(self.folder)
-            self.records_folder.mkdir(exist_ok=True)
+            if not self.records_folder.is_dir():
+                self.records_folder.mkdir()
         except OSError as error:
             what = "it is a file" if self.folder.is_file() else error.strerror
             raise UserError(f"{self.folder}: cannot be the session workspace ({what})") from None
+        self.close = weakref.finalize(self, _unlock, _lock(self.folder))  # releases the lock
         self.state_file = self.folder / "state.json"
         self.model = self.folder / "model.obir"
         self.minmax = self.folder / "minmax.npz"
@@ -82,7 +88,8 @@ class Workspace:
             if stray.is_dir():
                 shutil.rmtree(stray, ignore_errors=True)
             else:
-                stray.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # read-only: left for a writable launch
+                    stray.unlink(missing_ok=True)
 
     def read_state(self) -> dict | None:
         """The saved state, or None when there is none (or it is not ours)."""
@@ -131,13 +138,31 @@ class Workspace:
         write_npz(self.record_path(index), feeds)
 
     def read_records(self, count: int) -> list[dict[str, np.ndarray]]:
-        return [read_npz(self.record_path(i)) for i in range(count) if self.record_path(i).exists()]
+        """Records 0 .. count-1 that are there; a corrupted one is warned about and dropped
+        (as a corrupted minmax.npz is), and recording refills its place (`missing_records`)."""
+        records = []
+        for index in range(count):
+            path = self.record_path(index)
+            if not path.exists():
+                continue
+            try:
+                records.append(read_npz(path))
+            except FormatError as error:
+                log.warning("%s; dropped, recording refills it", error)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return records
+
+    def missing_records(self, count: int) -> list[int]:
+        """The numbers below `count` that have no record (dropped, or deleted by hand)."""
+        return [index for index in range(count) if not self.record_path(index).exists()]
 
     def keep_records(self, count: int) -> None:
         """Delete records numbered `count` and above (written by a run whose ranges were not)."""
         for path in self.records_folder.glob("*.npz"):
             if not path.stem.isdigit() or int(path.stem) >= count:
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # read-only: the next record replaces it
+                    path.unlink(missing_ok=True)
 
     def forget(self) -> None:
         """Drop what was recorded and built (the model changed)."""
@@ -171,6 +196,39 @@ def _claim(folder: Path) -> None:
             f"(no {MARK} mark); give a new or empty folder (or the session's own workspace)"
         )
     (folder / MARK).touch()  # empty: it is there or not, whenever the process dies
+
+
+_HELD: dict[Path, tuple[BinaryIO, int]] = {}  # workspace -> this process's lock, its holders
+
+
+def _lock(folder: Path) -> Path:
+    """Lock the workspace for this process (flock on its mark, released when the last
+    `Workspace` of the folder in this process is gone, or the process ends); another process
+    holding it is a UserError naming the folder. Locking needs no write access."""
+    key = folder.resolve()
+    if key not in _HELD:
+        handle = open(folder / MARK, "rb")  # noqa: SIM115 (held while the workspace is open)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise UserError(
+                f"{folder}: another process is using this session workspace (one process at a "
+                "time); close its session or give this one another workspace"
+            ) from None
+        _HELD[key] = (handle, 0)
+    handle, holders = _HELD[key]
+    _HELD[key] = (handle, holders + 1)
+    return key
+
+
+def _unlock(key: Path) -> None:
+    handle, holders = _HELD[key]
+    if holders > 1:
+        _HELD[key] = (handle, holders - 1)
+        return
+    del _HELD[key]
+    handle.close()  # closing the file releases the flock
 
 
 def _unmarked_workspace(folder: Path) -> bool:

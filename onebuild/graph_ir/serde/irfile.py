@@ -339,3 +339,39 @@ class _Loader:
 
 
 _INFERENCE_ERRORS = (ValueError, KeyError, TypeError, IndexError, ArithmeticError, AttributeError)
+
+
+def ir_digest(model: Model) -> str:
+    """The SHA-256 `save_ir` would return for `model`, computed without writing a file (the
+    bytes are those of `save_ir`; `tests/test_session_workspace.py` checks that they agree)."""
+    header, layout = describe(model)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), default=_plain).encode()
+    data_offset = _align(_FIXED.size + len(text))
+    data_length = layout[-1][0] + layout[-1][1].const.nbytes if layout else 0
+    digest = hashlib.sha256()
+    digest.update(_FIXED.pack(MAGIC, FORMAT_VERSION, 0, len(text), data_offset, data_length))
+    digest.update(text)
+    digest.update(b"\0" * (data_offset - _FIXED.size - len(text)))
+    position = 0
+    for offset, value in layout:
+        digest.update(b"\0" * (offset - position))
+        array = np.ascontiguousarray(value.numpy())
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        digest.update(memoryview(array.reshape(-1).view(np.uint8)))
+        position = offset + value.const.nbytes
+    return digest.hexdigest()
+
+
+def ir_file_digest(path: str | os.PathLike) -> str | None:
+    """The SHA-256 an intact IR file at `path` carries in its trailer (what `save_ir` returned
+    when it wrote it), or None when the file is missing, not an IR file or corrupt."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    body, trailer = data[:-DIGEST], data[-DIGEST:]
+    if not data.startswith(MAGIC) or hashlib.sha256(body).digest() != trailer:
+        return None
+    return trailer.hex()

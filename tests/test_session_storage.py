@@ -1,0 +1,260 @@
+"""The session's workspace on real storage: opening writes nothing for an unchanged model (a
+compiled workspace runs read-only), a full disk is not a decision, a corrupted record is
+dropped and refilled, and one process at a time holds a workspace."""
+
+import errno
+import logging
+import os
+import stat
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onebuild import Session
+from onebuild.errors import UserError
+from onebuild.graph_ir.serde import save_ir
+from onebuild.graph_ir.serde.irfile import ir_digest, ir_file_digest
+from onebuild.npz import read_npz
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+SHAPES = {"input": [1, 1, 8, 8]}
+RECORDS = 12
+
+
+@pytest.fixture(scope="module")
+def data():
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
+    test = read_npz(DIGITS / "data" / "test.npz")["input"]
+    return calib, test
+
+
+def digits_session(workspace) -> Session:
+    session = Session(DIGITS / "digits.onnx", workspace=workspace, input_shapes=SHAPES)
+    session.set_odc_param_minmax_records_count(RECORDS)
+    return session
+
+
+def files(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file and folder of `folder`: inode, modification time (ns) and size."""
+    paths = [folder, *folder.rglob("*")]
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns,
+                                        p.stat().st_size) for p in paths}  # fmt: skip
+
+
+@contextmanager
+def read_only(folder: Path, monkeypatch):
+    """`chmod -R a-w folder`; as root (whom modes do not stop) every write into it is also
+    refused with EROFS, as on a read-only mount."""
+    paths = [folder, *folder.rglob("*")]
+    modes = {p: p.stat().st_mode for p in paths}
+    for p in paths:
+        p.chmod(stat.S_IMODE(modes[p]) & ~0o222)
+    try:
+        with monkeypatch.context() as patch:
+            if os.geteuid() == 0:
+                refuse_writes(folder, patch)
+            yield
+    finally:
+        for p in paths:
+            p.chmod(stat.S_IMODE(modes[p]))
+
+
+def refuse_writes(folder: Path, patch) -> None:
+    inside = str(folder.resolve())
+
+    def ours(path) -> bool:
+        return isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(inside)
+
+    def refuse(name, *args):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(args[0]))
+
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
+    real_open, real_access = os.open, os.access
+
+    def fake_open(path, flags, *args, **kwargs):
+        if ours(path) and flags & writes:
+            refuse("open", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_access(path, mode, *args, **kwargs):
+        return False if ours(path) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)
+
+    patch.setattr(os, "open", fake_open)
+    patch.setattr(os, "access", fake_access)
+    for name in ("replace", "rename", "unlink", "mkdir", "rmdir"):
+        real = getattr(os, name)
+
+        def fake(path, *args, _real=real, _name=name, **kwargs):
+            if ours(path):
+                refuse(_name, path)
+            return _real(path, *args, **kwargs)
+
+        patch.setattr(os, name, fake)
+
+
+@contextmanager
+def full_disk(monkeypatch, where: str):
+    """Writes of files whose temporary's name holds `where` fail with ENOSPC (at fsync, as
+    on a full disk with delayed allocation)."""
+    real = os.fsync
+
+    def fsync(fd):
+        if where in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", fsync)
+        yield
+
+
+def test_the_digest_of_a_model_is_the_one_its_file_carries(tmp_path):
+    session = digits_session(tmp_path / "ws")
+    path = tmp_path / "m.obir"
+    assert ir_digest(session._float) == save_ir(session._float, path) == ir_file_digest(path)
+    path.write_bytes(path.read_bytes()[:-1] + b"\0")  # a corrupt trailer is not a digest
+    assert ir_file_digest(path) is None
+
+
+def test_opening_writes_nothing_and_a_compiled_workspace_runs_read_only(
+    tmp_path, data, monkeypatch, caplog
+):
+    calib, test = data
+    ws = tmp_path / "ws"
+    session = digits_session(ws)
+    for x in calib[:RECORDS]:
+        session.run_with_auto_compilation({"input": x})
+    assert session.state == "COMPILED"
+    expected = [session.run({"input": x})["logits"] for x in test[:8]]
+    del session
+    before = files(ws)
+    reopened = digits_session(ws)  # the old code rewrote model.obir here: new inode and mtime
+    assert reopened.state == "COMPILED" and files(ws) == before
+    del reopened
+    with read_only(ws, monkeypatch):
+        session = digits_session(ws)
+        assert session.state == "COMPILED"
+        for x, want in zip(test[:8], expected):
+            got = session.run_with_auto_compilation({"input": x})["logits"]
+            np.testing.assert_array_equal(got, want)
+        session.set_quantization_type("I16_SYM")  # a change cannot be decided read-only
+        session.run_with_auto_compilation({"input": test[0]})
+        assert session.state == "COMPILED"
+    assert files(ws) == before
+    # a float session on a read-only workspace runs its float model and records nothing
+    fresh = tmp_path / "fresh"
+    digits_session(fresh)
+    with read_only(fresh, monkeypatch), caplog.at_level(logging.WARNING, "onebuild"):
+        session = digits_session(fresh)
+        float_out = session.run_with_auto_compilation({"input": test[0]})["logits"]
+        assert session.state == "INITIAL" and session.minmax_records == 0
+    assert "read-only workspace" in caplog.text
+    np.testing.assert_array_equal(
+        float_out, session._float_runner.run({"input": test[0]})["logits"]
+    )
+
+
+def test_a_full_disk_is_not_a_decision(tmp_path, data, monkeypatch, caplog):
+    calib, test = data
+    ws = tmp_path / "ws"
+    session = digits_session(ws)
+    for x in calib[: RECORDS - 1]:
+        session.run_with_auto_compilation({"input": x})
+    with full_disk(monkeypatch, ".model.tvn."), caplog.at_level(logging.WARNING, "onebuild"):
+        # the old code recorded "codegen failed ... No space left on device" as the decision
+        session.run_with_auto_compilation({"input": calib[RECORDS - 1]})
+        assert session.state == "QUANTIZED" and session.reason is None
+        assert not (ws / "model.tvn").exists()
+    warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
+    assert len(warnings) == 1 and str(ws) in warnings[0], warnings
+    session.run_with_auto_compilation({"input": test[0]})  # this launch stays quantized
+    assert session.state == "QUANTIZED"
+    del session
+    relaunched = digits_session(ws)  # space freed: the next launch decides again
+    relaunched.run_with_auto_compilation({"input": test[0]})
+    assert relaunched.state == "COMPILED" and relaunched.reason is None
+
+
+def test_a_run_keeps_its_result_when_recording_fails(tmp_path, data, monkeypatch, caplog):
+    calib, _ = data
+    ws = tmp_path / "ws"
+    session = digits_session(ws)
+    for x in calib[:3]:
+        session.run_with_auto_compilation({"input": x})
+    want = session._float_runner.run({"input": calib[3]})["logits"]
+    with full_disk(monkeypatch, ".minmax.npz."), caplog.at_level(logging.WARNING, "onebuild"):
+        got = session.run_with_auto_compilation({"input": calib[3]})["logits"]  # old: OSError
+        np.testing.assert_array_equal(got, want)
+        assert session.minmax_records == 3
+    assert "No space left" in caplog.text
+    for x in calib[4:8]:  # recording stopped for this launch
+        session.run_with_auto_compilation({"input": x})
+    assert session.minmax_records == 3 and session.state == "INITIAL"
+    del session
+    relaunched = digits_session(ws)
+    assert relaunched.minmax_records == 3  # the failed run's record (000003) was an orphan
+    for x in calib[3:RECORDS]:
+        relaunched.run_with_auto_compilation({"input": x})
+    assert relaunched.state == "COMPILED"
+
+
+def test_a_corrupted_record_is_dropped_and_refilled(tmp_path, data, caplog):
+    calib, _ = data
+    ws = tmp_path / "ws"
+    session = digits_session(ws)
+    for x in calib[: RECORDS - 1]:
+        session.run_with_auto_compilation({"input": x})
+    (ws / "records" / "000001.npz").write_bytes(b"x\n")
+    with caplog.at_level(logging.WARNING, "onebuild"):
+        session.run_with_auto_compilation({"input": calib[RECORDS - 1]})  # old: FormatError
+    assert session.state == "INITIAL" and not (ws / "records" / "000001.npz").exists()
+    assert caplog.text.count("000001.npz") == 1
+    session.run_with_auto_compilation({"input": calib[RECORDS]})  # refills it, then decides
+    np.testing.assert_array_equal(read_npz(ws / "records" / "000001.npz")["input"], calib[RECORDS])
+    assert session.state == "COMPILED" and session.minmax_records == RECORDS + 1
+
+
+HOLDER = """
+import sys
+from onebuild import Session
+from onebuild.npz import read_npz
+
+session = Session(sys.argv[1], workspace=sys.argv[2], input_shapes={"input": [1, 1, 8, 8]})
+session.set_odc_param_minmax_records_count(12)
+for x in read_npz(sys.argv[3])["input"][:3]:
+    session.run_with_auto_compilation({"input": x})
+print(session.minmax_records, flush=True)
+sys.stdin.readline()  # holds the workspace until told to go
+"""
+
+
+def test_one_process_at_a_time(tmp_path, data):
+    calib, _ = data
+    ws = tmp_path / "ws"
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, str(script), str(DIGITS / "digits.onnx"), str(ws)]
+    holder = subprocess.Popen(
+        [*argv, str(DIGITS / "data" / "calib.npz")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "3"
+        with pytest.raises(UserError, match="another process is using this session workspace"):
+            digits_session(ws)
+        with pytest.raises(UserError, match=str(ws)):
+            digits_session(ws)
+    finally:
+        holder.communicate("go\n", timeout=60)
+    session = digits_session(ws)  # the holder is gone: its runs are all there
+    assert session.minmax_records == 3
+    session.run_with_auto_compilation({"input": calib[3]})
+    assert session.minmax_records == 4
