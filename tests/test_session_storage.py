@@ -158,21 +158,27 @@ def test_opening_writes_nothing_and_a_compiled_workspace_runs_read_only(
     )
 
 
-def test_a_full_disk_is_not_a_decision(tmp_path, data, monkeypatch, caplog):
+@pytest.mark.parametrize(
+    ("file", "stays"), [("model.tvn", "QUANTIZED"), ("quantized.obir", "INITIAL")]
+)
+def test_a_full_disk_is_not_a_decision(tmp_path, data, monkeypatch, caplog, file, stays):
     calib, test = data
     ws = tmp_path / "ws"
     session = digits_session(ws)
     for x in calib[: RECORDS - 1]:
         session.run_with_auto_compilation({"input": x})
-    with full_disk(monkeypatch, ".model.tvn."), caplog.at_level(logging.WARNING, "onebuild"):
-        # the old code recorded "codegen failed ... No space left on device" as the decision
-        session.run_with_auto_compilation({"input": calib[RECORDS - 1]})
-        assert session.state == "QUANTIZED" and session.reason is None
-        assert not (ws / "model.tvn").exists()
+    want = session._float_runner.run({"input": calib[RECORDS - 1]})["logits"]
+    with full_disk(monkeypatch, f".{file}."), caplog.at_level(logging.WARNING, "onebuild"):
+        # the old code recorded "codegen failed ... No space left on device" as the decision,
+        # or (quantizing) raised the OSError and the app lost this run's result
+        got = session.run_with_auto_compilation({"input": calib[RECORDS - 1]})["logits"]
+        np.testing.assert_array_equal(got, want)  # the run that recorded answers as float
+        assert session.state == stays and session.reason is None
+        assert not (ws / file).exists()
     warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
-    assert len(warnings) == 1 and str(ws) in warnings[0], warnings
-    session.run_with_auto_compilation({"input": test[0]})  # this launch stays quantized
-    assert session.state == "QUANTIZED"
+    assert len(warnings) == 1 and warnings[0].startswith(str(ws / file)), warnings
+    session.run_with_auto_compilation({"input": test[0]})  # this launch stays where it is
+    assert session.state == stays
     del session
     relaunched = digits_session(ws)  # space freed: the next launch decides again
     relaunched.run_with_auto_compilation({"input": test[0]})
@@ -190,7 +196,8 @@ def test_a_run_keeps_its_result_when_recording_fails(tmp_path, data, monkeypatch
         got = session.run_with_auto_compilation({"input": calib[3]})["logits"]  # old: OSError
         np.testing.assert_array_equal(got, want)
         assert session.minmax_records == 3
-    assert "No space left" in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(str(ws / "minmax.npz")), warnings
     for x in calib[4:8]:  # recording stopped for this launch
         session.run_with_auto_compilation({"input": x})
     assert session.minmax_records == 3 and session.state == "INITIAL"

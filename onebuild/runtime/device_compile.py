@@ -25,7 +25,7 @@ from ..progress import Progress
 from ..targets import binary_suffix, channel_dtypes
 from .odc import QUANT_TYPES, OdcSettings
 from .outputs import writable
-from .workspace import Workspace
+from .workspace import Workspace, naming
 
 log = logging.getLogger("onebuild")
 
@@ -55,12 +55,14 @@ def quantize_file(
         data, reason = exact_circle(model)
         if data is not None:
             path = _checked(ws, output, "circle", "the quantized model path", source)
-            atomic_write_bytes(path, data)
+            with naming(path):
+                atomic_write_bytes(path, data)
             return output
         own = ws.quantized.with_suffix(".circle")  # the workspace's default: quantized.obir
         output = ws.quantized if output == own else output.with_name(f"{output.name}.obir")
         log.warning("the quantized model is written as %s, not circle: %s", output.name, reason)
-    save_ir(model, _checked(ws, output, "obir", "the quantized model path", source))
+    with naming(output):
+        save_ir(model, _checked(ws, output, "obir", "the quantized model path", source))
     return output
 
 
@@ -70,7 +72,8 @@ def codegen_file(ws: Workspace, settings: OdcSettings, source: Path, cpath: Path
     options = CodegenOptions(settings.target, settings.hw, settings.pref)
     output = cpath or ws.compiled
     try:
-        compile_file(source, _checked(ws, output, "binary", "the codegen model path"), options)
+        with naming(output):
+            compile_file(source, _checked(ws, output, "binary", "the codegen model path"), options)
     except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
         if cpath is not None:
             raise
@@ -111,6 +114,12 @@ def partitioned_codegen(
     result = partition(load_model(source).main, "model", PartitionOptions(), codegen)
     if all(backend == "cpu" for backend in result.backends):
         raise whole
+    with naming(ws.package):
+        return _write_parts(ws, result, codegen)
+
+
+def _write_parts(ws: Workspace, result, codegen: CodegenOptions) -> Path:
+    """The parts in `ws.partition` (NPU parts compiled) and their package `ws.package`."""
     connection = result.save(ws.partition)
     models = []
     npu_parts = sum(backend != "cpu" for backend in result.backends)

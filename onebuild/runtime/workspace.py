@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -117,7 +118,8 @@ class Workspace:
 
     def write_state(self, state: dict) -> None:
         text = json.dumps({"format": FORMAT, **state}, indent=2, sort_keys=True) + "\n"
-        atomic_write_bytes(self.state_file, text.encode())
+        with naming(self.state_file):
+            atomic_write_bytes(self.state_file, text.encode())
 
     def read_minmax(self) -> CalibrationStats | None:
         if not self.minmax.is_file():
@@ -129,13 +131,15 @@ class Workspace:
             return None
 
     def write_minmax(self, stats: CalibrationStats) -> None:
-        save_calibration(stats, self.minmax)
+        with naming(self.minmax):
+            save_calibration(stats, self.minmax)
 
     def record_path(self, index: int) -> Path:
         return self.records_folder / f"{index:06d}.npz"
 
     def write_record(self, index: int, feeds: dict[str, np.ndarray]) -> None:
-        write_npz(self.record_path(index), feeds)
+        with naming(self.record_path(index)):
+            write_npz(self.record_path(index), feeds)
 
     def read_records(self, count: int) -> list[dict[str, np.ndarray]]:
         """Records 0 .. count-1 that are there; a corrupted one is warned about and dropped
@@ -196,6 +200,18 @@ def _claim(folder: Path) -> None:
             f"(no {MARK} mark); give a new or empty folder (or the session's own workspace)"
         )
     (folder / MARK).touch()  # empty: it is there or not, whenever the process dies
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError of writing `path` names it (a write or fsync failing on a full disk does
+    not), so a warning or message can say which file."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
+        raise
 
 
 _HELD: dict[Path, tuple[BinaryIO, int]] = {}  # workspace -> this process's lock, its holders
