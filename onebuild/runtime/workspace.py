@@ -17,7 +17,8 @@ not a workspace: the session refuses it rather than sweep or clear it (a workspa
 `.onebuild-workspace` mark from its creation), and it creates the workspace folder only inside
 a folder that exists.
 The state names artifacts with their SHA-256, so a file changed behind the session's back is
-rebuilt instead of trusted.
+rebuilt instead of trusted. One process at a time: a `Workspace` holds an exclusive flock on the
+mark (shared by the workspaces of one process) until `close()` or its collection.
 """
 
 import contextlib
