@@ -198,15 +198,24 @@ def test_a_run_keeps_its_result_when_recording_fails(tmp_path, data, monkeypatch
         assert session.minmax_records == 3
     warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith(str(ws / "minmax.npz")), warnings
-    for x in calib[4:8]:  # recording stopped for this launch
+    for x in calib[4 : 4 + RECORDS]:  # recording paused for minmax_records runs
         session.run_with_auto_compilation({"input": x})
     assert session.minmax_records == 3 and session.state == "INITIAL"
-    del session
+    session.run_with_auto_compilation({"input": calib[3]})  # then it tries again
+    assert session.minmax_records == 4
+    assert sorted(p.name for p in (ws / "records").iterdir())[-1] == "000003.npz"
+    session.close()
     relaunched = digits_session(ws)
-    assert relaunched.minmax_records == 3  # the failed run's record (000003) was an orphan
-    for x in calib[3:RECORDS]:
+    assert relaunched.minmax_records == 4
+    for x in calib[4:RECORDS]:
         relaunched.run_with_auto_compilation({"input": x})
     assert relaunched.state == "COMPILED"
+    # as one uninterrupted recording of the same inputs
+    whole = digits_session(tmp_path / "whole")
+    for x in calib[:RECORDS]:
+        whole.run_with_auto_compilation({"input": x})
+    for name in ("minmax.npz", "quantized.obir", "model.tvn"):
+        assert (ws / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
 
 
 def test_a_corrupted_record_is_dropped_and_refilled(tmp_path, data, caplog):

@@ -67,6 +67,7 @@ class Session(AutoCompilation):
         self._float: Model | None = None  # the float model, when it can be compiled on the device
         self._recording: Progress | None = None  # recorded runs towards minmax_records
         self._read_only = False  # the workspace could not be written: nothing is recorded
+        self._retry_in: int | None = None  # runs until writing is tried again
         self._load(input_shapes)
         self.workspace = None  # a quantized model's workspace holds only its partitioned code
         self._folder = Path(workspace or self.path.with_name(self.path.name + ".odc"))
@@ -122,8 +123,8 @@ class Session(AutoCompilation):
                         "%s: the model changed; recorded data and builds start over", ws.folder
                     )
                 ws.forget()
-        except OSError as error:
-            self._unwritable(error, ws.model)
+        except OSError as error:  # the workspace is not this model's: no retry until relaunch
+            self._unwritable(error, ws.model, retry=False)
         saved = {} if claim else saved
         self._recorder = self._resume_recorder(fresh=claim)
         if not self._read_only:
@@ -149,15 +150,19 @@ class Session(AutoCompilation):
                     self._state,
                 )
 
-    def _unwritable(self, error: OSError, path: Path) -> None:
-        """The workspace cannot be written (read-only, full, failing): from now on this session
-        runs its current model and records nothing (the next launch tries again)."""
+    def _unwritable(self, error: OSError, path: Path, retry: bool = True) -> None:
+        """The workspace cannot be written (read-only, full, failing): the session runs its
+        current model and records nothing, until `minmax_records` runs later (`retry`) or
+        the next launch, which try again."""
         self._read_only = True
+        self._retry_in = self.settings.minmax_records if retry else None
+        when = f"after {self._retry_in} runs and " if retry else ""
         log.warning(
-            "%s: %s; this session runs its current model without recording (the next launch "
-            "tries again)",
+            "%s: %s; this session runs its current model without recording (it tries again "
+            "%sat the next launch)",
             error.filename or path,
             error.strerror or error,
+            when,
         )
 
     def _resume_recorder(self, fresh: bool = False) -> RangeRecorder:
@@ -233,6 +238,10 @@ class Session(AutoCompilation):
     def _run(self, inputs, record: bool) -> dict[str, np.ndarray]:
         feeds = self._feeds(inputs)
         record = record and not self._read_only
+        if self._retry_in is not None:  # a failed write: the next run after N tries again
+            self._retry_in -= 1
+            self._read_only = self._retry_in > 0
+            self._retry_in = self._retry_in or None
         if record and not all(np.isfinite(array).all() for array in feeds.values()):
             log.warning("an input holds NaN or infinity: this run is not recorded")
             record = False
