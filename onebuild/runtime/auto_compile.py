@@ -74,7 +74,8 @@ class AutoCompilation:
     def compile_now(self) -> None:
         """Quantize, gate, compile, gate and switch (the steps already done are skipped). A
         workspace that cannot be written (a full disk, say) decides nothing: the session stays
-        on its current model, records nothing more, and the next launch decides again."""
+        on its current model and tries again `minmax_records` runs later or at the next
+        launch."""
         self._need_float("compile_now()")
         try:
             self._decide()
@@ -82,6 +83,8 @@ class AutoCompilation:
             self._unwritable(error, self.workspace.folder)
 
     def _decide(self) -> None:
+        """compile_now's steps, once the gate's records are all there (else recording refills
+        them first)."""
         count = min(self._recorder.samples, self.settings.gate_samples)
         records = self.workspace.read_records(count)  # drops corrupted ones
         if len(records) < self._gate_count():
