@@ -1,0 +1,58 @@
+"""The values each compile API option takes, and the checks the option dataclasses run in
+`__post_init__`: one source of truth, since the recipe's Literal types are made of the same
+tuples. Leaf module: it imports nothing of onebuild but its errors.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import OptionError
+
+# The values each option takes: the recipe's Literal types are made of these tuples too.
+QUANT_MODES = ("full", "weight_only")
+QUANT_DTYPES = ("uint8", "int8", "int16")
+LAYER_DTYPES = (*QUANT_DTYPES, "float32")
+IO_TYPES = ("float32", *QUANT_DTYPES)
+GRANULARITIES = ("channel", "layer")
+ACTIVATION_GRANULARITIES = ("tensor", "channel")
+BIAS_CORRECTIONS = (True, False, "empirical")
+WEIGHT_ROUNDINGS = ("nearest", "adaround")
+CALIBRATION_METHODS = ("minmax", "percentile", "moving_average", "mse")
+MIXED_DTYPES = ("int16", "float32")
+STRATEGIES = ("capability", "cost")
+COMPLY = ("opcode", "opname")
+CPU_PRECISIONS = ("quantized", "float")
+PREFS = ("performance", "memory", "compile_time")
+
+
+def check(options: object, **allowed: tuple) -> None:
+    """Each named field of `options` is one of its allowed values, else a one-line
+    OptionError naming the option, the value and the allowed values."""
+    for name, values in allowed.items():
+        value = getattr(options, name)
+        if not any(value is v or (type(value) is type(v) and value == v) for v in values):
+            listed = ", ".join(repr(v) for v in values)
+            raise OptionError(f"{type(options).__name__}.{name}: {value!r} is not one of {listed}")
+
+
+def check_layer(index: int, layer: Mapping[str, Any]) -> None:
+    """One `QuantizeOptions.layers` entry: names, and a dtype and granularity it takes."""
+    where = f"QuantizeOptions.layers[{index}]"
+    if not isinstance(layer, Mapping) or not layer.get("names"):
+        raise OptionError(f'{where}: needs {{"names": [node names], "dtype"?, "granularity"?}}')
+    unknown = sorted(set(layer) - {"names", "dtype", "granularity"})
+    if unknown:
+        raise OptionError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    for key, values in (("dtype", LAYER_DTYPES), ("granularity", GRANULARITIES)):
+        if layer.get(key) not in (None, *values):
+            listed = ", ".join(repr(v) for v in values)
+            raise OptionError(f"{where}.{key}: {layer[key]!r} is not one of {listed}")
+
+
+def check_range(options: object, name: str, low: float, high: float | None = None) -> None:
+    """A numeric field within [low, high] (None: no upper bound), else a one-line OptionError."""
+    value = getattr(options, name)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not numeric or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be a number {bound}")
