@@ -80,9 +80,11 @@ def atomic_folder(
     an existing `path` is replaced only if `owned` recognizes it (see `check_folder_output`)."""
     path = Path(path)
     check_folder_output(path, owned, what)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    staging.chmod(0o777 & ~current_umask())
+    temporary = str(path.parent / f".{path.name}.")
+    staging = None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        staging.chmod(0o777 & ~current_umask())
         yield staging
         if path.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
@@ -91,5 +93,14 @@ def atomic_folder(
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(staging, path)
+    except OSError as error:  # a full disk, ...: name the folder asked for, not a temporary
+        if error.filename is None or str(error.filename).startswith(temporary):
+            reason = error.strerror or ""
+            reason = (
+                reason if reason.startswith("cannot write it") else f"cannot write it ({reason})"
+            )
+            raise OSError(error.errno, reason, str(path)) from None
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -152,3 +152,16 @@ def test_a_full_disk_on_the_cli_names_the_file_and_exits_2(tmp_path, monkeypatch
     assert code == 2 and len(lines) == 1, lines
     assert str(output) in lines[0] and "no space left" in lines[0], lines[0]
     assert not output.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_packing_names_the_package(built, tmp_path, monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("onebuild.fileio.os.fsync", full)
+    package = tmp_path / "digits"
+    with pytest.raises(OSError) as error:
+        write_package(package, [built[0] / "digits.q.obir"])
+    assert error.value.errno == errno.ENOSPC and error.value.filename == str(package)
+    assert error.value.strerror == "cannot write it (No space left on device)"
+    assert list(tmp_path.iterdir()) == []  # no temporary left behind
