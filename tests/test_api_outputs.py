@@ -4,6 +4,7 @@ the path, and leave it untouched. On the trained digits example."""
 
 import copy
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -140,18 +141,31 @@ def test_compile_file_takes_string_paths(built, tmp_path):
     assert binary_target(output) is not None
 
 
-def test_a_full_disk_on_the_cli_names_the_file_and_exits_2(tmp_path, monkeypatch, capsys):
+SHAPE = ["--input-shape", "input=1,1,8,8"]
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["import", str(EXAMPLE / "digits.onnx"), *SHAPE], "digits.obir"),
+        (["export", str(EXAMPLE / "digits.onnx"), *SHAPE], "digits.circle"),
+        (["run", str(EXAMPLE / "digits.onnx"), *SHAPE, "-i", str(EXAMPLE / "data" / "eval.npz")],
+         "out.npz"),
+    ],
+)  # fmt: skip
+def test_a_full_disk_on_the_cli_names_the_file_and_exits_2(
+    tmp_path, monkeypatch, capsys, command, name
+):
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")  # as write/fsync report it
 
     monkeypatch.setattr("onebuild.fileio.os.fsync", full)
-    output = tmp_path / "digits.obir"
-    code = main(["import", str(EXAMPLE / "digits.onnx"), "--input-shape", "input=1,1,8,8",
-                 "-o", str(output)])  # fmt: skip
+    output = tmp_path / name
+    code = main([*command, "-o", str(output)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1, lines
     assert str(output) in lines[0] and "no space left" in lines[0], lines[0]
-    assert not output.exists() and list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary left
 
 
 def test_a_full_disk_while_packing_names_the_package(built, tmp_path, monkeypatch):
@@ -165,3 +179,21 @@ def test_a_full_disk_while_packing_names_the_package(built, tmp_path, monkeypatc
     assert error.value.errno == errno.ENOSPC and error.value.filename == str(package)
     assert error.value.strerror == "cannot write it (No space left on device)"
     assert list(tmp_path.iterdir()) == []  # no temporary left behind
+
+
+@pytest.mark.parametrize(
+    ("code", "fragment"),
+    [(errno.EROFS, "read-only file system"), (errno.EACCES, "Permission denied")],
+)
+def test_read_only_or_forbidden_storage_on_the_cli_is_one_line_exit_2(
+    tmp_path, monkeypatch, capsys, code, fragment
+):
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))  # as mkstemp reports it, without a file name
+
+    monkeypatch.setattr("onebuild.fileio.tempfile.mkstemp", refuse)
+    output = tmp_path / "digits.obir"
+    exit_code = main(["import", str(EXAMPLE / "digits.onnx"), *SHAPE, "-o", str(output)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_code == 2 and len(lines) == 1, lines
+    assert str(output) in lines[0] and fragment in lines[0], lines[0]
