@@ -31,6 +31,7 @@ from .option_values import (
     WEIGHT_ROUNDINGS,
     check,
     check_layer,
+    check_quantize_data,
     check_range,
 )
 
@@ -303,7 +304,7 @@ def quantize(
     from .graph_ir.quant.pixel_shuffle import split_pixel_shuffles
 
     fit = samples if fit is None else fit
-    _check_quantize_inputs(options, stats, samples, fit)
+    check_quantize_data(options, stats, samples, fit)
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
     channel_ranges = stats.channel_ranges
     float_graph = equalize(model.main, options)
@@ -348,36 +349,6 @@ def quantize(
         model.metadata["mixed_precision"] = json.dumps(json_safe(result.record), sort_keys=True)
     verify(model.main)
     return model
-
-
-def _check_quantize_inputs(options: QuantizeOptions, stats, samples, fit) -> None:
-    """Full quantization's data, present where the options need it; else a one-line UserError
-    (a method asked for is refused rather than skipped, so the model is what was asked)."""
-    from .errors import UserError
-
-    if stats is None or not hasattr(stats, "ranges_for"):
-        raise UserError(
-            "quantize: full mode needs calibration statistics: pass stats=calibrate(graph, "
-            'batches), or QuantizeOptions(mode="weight_only")'
-        )
-    if options.mixed_precision is not None and not samples:
-        raise UserError(
-            "quantize: mixed precision measures SQNR on samples: pass samples=[batches], or "
-            "mixed_precision=None"
-        )
-    needs = [
-        f"{key}={value!r}"
-        for key, value, method in (
-            ("weight_rounding", options.weight_rounding, "adaround"),
-            ("bias_correction", options.bias_correction, "empirical"),
-        )
-        if value == method and value is not True
-    ]
-    if needs and not fit:
-        raise UserError(
-            f"quantize: {' and '.join(needs)} learn(s) on samples: pass fit=[batches] (or "
-            "samples), or choose another setting"
-        )
 
 
 @dataclass

@@ -1,12 +1,18 @@
 """The values each compile API option takes, and the checks the option dataclasses run in
 `__post_init__`: one source of truth, since the recipe's Literal types are made of the same
-tuples. Leaf module: it imports nothing of onebuild but its errors.
+tuples; and the data `compile.quantize` needs for the options it is given. Leaf module: it
+imports nothing of onebuild but its errors.
 """
 
-from collections.abc import Mapping
-from typing import Any
+from __future__ import annotations
 
-from .errors import OptionError
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .errors import OptionError, UserError
+
+if TYPE_CHECKING:
+    from .compile import QuantizeOptions
 
 # The values each option takes: the recipe's Literal types are made of these tuples too.
 QUANT_MODES = ("full", "weight_only")
@@ -56,3 +62,31 @@ def check_range(options: object, name: str, low: float, high: float | None = Non
     if not numeric or value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be a number {bound}")
+
+
+def check_quantize_data(options: QuantizeOptions, stats: Any, samples: Any, fit: Any) -> None:
+    """Full quantization's data, present where the options need it; else a one-line UserError
+    (a method asked for is refused rather than skipped, so the model is what was asked)."""
+    if stats is None or not hasattr(stats, "ranges_for"):
+        raise UserError(
+            "quantize: full mode needs calibration statistics: pass stats=calibrate(graph, "
+            'batches), or QuantizeOptions(mode="weight_only")'
+        )
+    if options.mixed_precision is not None and not samples:
+        raise UserError(
+            "quantize: mixed precision measures SQNR on samples: pass samples=[batches], or "
+            "mixed_precision=None"
+        )
+    needs = [
+        f"{key}={value!r}"
+        for key, value, method in (
+            ("weight_rounding", options.weight_rounding, "adaround"),
+            ("bias_correction", options.bias_correction, "empirical"),
+        )
+        if value == method
+    ]
+    if needs and not fit:
+        raise UserError(
+            f"quantize: {' and '.join(needs)} learn(s) on samples: pass fit=[batches] (or "
+            "samples), or choose another setting"
+        )
