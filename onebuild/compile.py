@@ -66,7 +66,7 @@ class CalibrationOptions:
         check_range(self, "min_percentile", 0, 100)
         check_range(self, "max_percentile", 0, 100)
         check_range(self, "moving_avg_batch", 1)
-        check_range(self, "moving_avg_const", 0, 1)
+        check_range(self, "moving_avg_const", 0, 1, above=True)
         check_range(self, "min_samples", 1)
 
     def observer_options(self) -> dict[str, Any]:

@@ -21,7 +21,8 @@ LAYER_DTYPES = (*QUANT_DTYPES, "float32")
 IO_TYPES = ("float32", *QUANT_DTYPES)
 GRANULARITIES = ("channel", "layer")
 ACTIVATION_GRANULARITIES = ("tensor", "channel")
-BIAS_CORRECTIONS = (True, False, "empirical")
+EMPIRICAL = "empirical"  # bias correction measured on samples; True/False: the weights only
+BIAS_CORRECTIONS = (True, False, EMPIRICAL)
 WEIGHT_ROUNDINGS = ("nearest", "adaround")
 CALIBRATION_METHODS = ("minmax", "percentile", "moving_average", "mse")
 MIXED_DTYPES = ("int16", "float32")
@@ -55,13 +56,18 @@ def check_layer(index: int, layer: Mapping[str, Any]) -> None:
             raise OptionError(f"{where}.{key}: {layer[key]!r} is not one of {listed}")
 
 
-def check_range(options: object, name: str, low: float, high: float | None = None) -> None:
-    """A numeric field within [low, high] (None: no upper bound), else a one-line OptionError."""
+def check_range(
+    options: object, name: str, low: float, high: float | None = None, above: bool = False
+) -> None:
+    """A numeric field within [low, high] (None: no upper bound; `above`: low excluded),
+    else a one-line OptionError."""
     value = getattr(options, name)
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not numeric or value < low or (high is not None and value > high):
-        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
-        raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be a number {bound}")
+    below = numeric and (value <= low if above else value < low)
+    if not numeric or below or (high is not None and value > high):
+        bound = f" {'above' if above else 'at least'} {low}" if low > float("-inf") else ""
+        bound += f" and at most {high}" if high is not None else ""
+        raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be a number{bound}")
 
 
 def check_quantize_data(options: QuantizeOptions, stats: Any, samples: Any, fit: Any) -> None:

@@ -33,6 +33,7 @@ from .option_values import (
     CALIBRATION_METHODS,
     COMPLY,
     CPU_PRECISIONS,
+    EMPIRICAL,
     GRANULARITIES,
     IO_TYPES,
     LAYER_DTYPES,
@@ -148,7 +149,7 @@ class QuantizeStep(_Section):
     moving_avg_const: float = Field(default=_C.moving_avg_const, gt=0, le=1)
     input_type: Literal[IO_TYPES] = _Q.input_type
     output_type: Literal[IO_TYPES] = _Q.output_type
-    bias_correction: bool | Literal["empirical"] = Field(
+    bias_correction: bool | Literal[EMPIRICAL] = Field(
         default=_Q.bias_correction,
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data; empirical: also for the mean error of its quantized "

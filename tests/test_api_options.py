@@ -60,6 +60,7 @@ def test_a_wrong_option_value_is_one_line_naming_the_option_and_the_allowed_valu
     [
         (api.CalibrationOptions, {"max_percentile": 101}, "max_percentile"),
         (api.CalibrationOptions, {"min_samples": 0}, "min_samples"),
+        (api.CalibrationOptions, {"moving_avg_const": 0}, "above 0"),
         (api.MixedPrecisionOptions, {"samples": 0}, "samples"),
         (api.MixedPrecisionOptions, {"max_high_precision_mac_fraction": 2}, "mac_fraction"),
         (api.QuantizeOptions, {"layers": ({"names": ["a"], "dtype": "int4"},)}, "layers[0]"),
@@ -82,6 +83,8 @@ def test_the_recipe_takes_exactly_the_values_the_options_take():
     assert literal(QuantizeStep, "input_type") == allowed.IO_TYPES
     assert literal(QuantizeStep, "weight_rounding") == allowed.WEIGHT_ROUNDINGS
     assert literal(QuantizeStep, "method") == allowed.CALIBRATION_METHODS
+    bias = typing.get_args(QuantizeStep.model_fields["bias_correction"].annotation)
+    assert (bool, typing.Literal[allowed.EMPIRICAL]) == bias
     assert literal(QuantizeLayer, "dtype") == allowed.LAYER_DTYPES
     assert literal(QuantizeMixedPrecision, "dtype") == allowed.MIXED_DTYPES
     assert literal(PartitionStep, "cpu_precision") == allowed.CPU_PRECISIONS
