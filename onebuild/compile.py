@@ -364,7 +364,7 @@ class Partitioned:
     connection: dict
     report: dict
 
-    def save(self, folder: Path) -> Path:
+    def save(self, folder: str | Path) -> Path:
         """Write the parts, `<name>.conn.json` and `<name>.partition.json` to `folder`
         (replaced atomically, if it is missing, empty or a partition folder onebuild wrote:
         `is_partition_folder`); returns the connection file."""

@@ -124,9 +124,9 @@ def _partitioned(connection: Path, members: list[_Member]):
 
 
 def write_package(
-    package: Path,
-    models: list[Path],
-    connection: Path | None = None,
+    package: str | Path,
+    models: list[str | Path],
+    connection: str | Path | None = None,
     config: dict[str, Any] | None = None,
     archive: Path | None = None,
 ) -> list[str]:
@@ -137,6 +137,7 @@ def write_package(
     only if it is a package onebuild wrote (`is_package_folder`), `archive` only if it is
     that package's zip; no folders are created."""
     package, models = Path(package), [Path(model) for model in models]
+    connection = None if connection is None else Path(connection)
     if not models:
         raise UserError(f"{package}: write_package needs at least one model file")
     if connection is None and len(models) > 1:

@@ -114,7 +114,8 @@ def test_partition_save_replaces_only_a_partition_folder(built, tmp_path):
     own = tmp_path / "parts"
     connection = parts.save(own)
     assert parts.save(own) == connection and connection.is_file()  # its own folder: replaced
-    write_package(tmp_path / "pkg", [own / f for f in parts.files], connection)
+    write_package(str(tmp_path / "pkg"), [str(own / f) for f in parts.files], str(connection))
+    assert (tmp_path / "pkg" / "metadata" / "MANIFEST").is_file()  # str paths, as load_model
 
 
 def test_save_ir_replaces_only_ir_files_and_creates_no_folders(built, tmp_path):
