@@ -2,6 +2,7 @@
 the only modules that print); user errors exit with code 2, no traceback."""
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -246,10 +247,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as error:  # a path the user named: missing folder, permissions, full disk
-        where = f"{error.filename}: " if error.filename else ""
-        return _failed(f"{where}{error.strerror or error}", 2 if error.filename else 1, quiet)
+        return _failed(
+            _os_error_line(error), 2 if error.filename or error.errno in _USER_ERRNOS else 1, quiet
+        )
     except MemoryError:
         return _failed("out of memory", 1, quiet)
+
+
+# failures of the storage the user chose (full, read-only, not theirs): exit 2, like bad input
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _os_error_line(error: OSError) -> str:
+    """An I/O failure as one line naming the file (when the error knows it)."""
+    where = f"{error.filename}: " if error.filename else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{where}no space left on its device; free space and try again"
+    if error.errno == errno.EROFS:
+        return f"{where}read-only file system; choose a writable path"
+    return f"{where}{error.strerror or error}"
 
 
 def _failed(message: str, code: int, as_json: bool) -> int:

@@ -15,9 +15,30 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .option_values import (
+    ACTIVATION_GRANULARITIES,
+    BIAS_CORRECTIONS,
+    CALIBRATION_METHODS,
+    COMPLY,
+    CPU_PRECISIONS,
+    GRANULARITIES,
+    IO_TYPES,
+    MIXED_DTYPES,
+    PREFS,
+    QUANT_DTYPES,
+    QUANT_MODES,
+    STRATEGIES,
+    WEIGHT_ROUNDINGS,
+    check,
+    check_layer,
+    check_quantize_data,
+    check_range,
+)
+
 if TYPE_CHECKING:  # the options load without numpy: the recipe schema takes its defaults here
     from .graph_ir.ir import Graph, Model
     from .graph_ir.quant.config import QuantConfig
+
 
 OptionsT = TypeVar("OptionsT")
 log = logging.getLogger("onebuild")
@@ -40,6 +61,14 @@ class CalibrationOptions:
     moving_avg_const: float = 0.1
     min_samples: int = 1
 
+    def __post_init__(self):
+        check(self, method=CALIBRATION_METHODS)
+        check_range(self, "min_percentile", 0, 100)
+        check_range(self, "max_percentile", 0, 100)
+        check_range(self, "moving_avg_batch", 1)
+        check_range(self, "moving_avg_const", 0, 1, above=True)
+        check_range(self, "min_samples", 1)
+
     def observer_options(self) -> dict[str, Any]:
         """The observer arguments of the chosen method."""
         if self.method == "percentile":
@@ -59,6 +88,13 @@ class MixedPrecisionOptions:
     max_high_precision_mac_fraction: float | None = None
     samples: int = 16
     trim_probes: int | None = None  # None: the search's default trim (`quant.mixed_precision`)
+
+    def __post_init__(self):
+        check(self, dtype=MIXED_DTYPES)
+        check_range(self, "target_sqnr_db", float("-inf"))
+        check_range(self, "samples", 1)
+        if self.max_high_precision_mac_fraction is not None:
+            check_range(self, "max_high_precision_mac_fraction", 0, 1)
 
 
 @dataclass(frozen=True)
@@ -81,6 +117,19 @@ class QuantizeOptions:
         if isinstance(self.mixed_precision, Mapping):  # from a step config
             settings = options_from(MixedPrecisionOptions, self.mixed_precision)
             object.__setattr__(self, "mixed_precision", settings)
+        check(
+            self,
+            mode=QUANT_MODES,
+            dtype=QUANT_DTYPES,
+            granularity=GRANULARITIES,
+            input_type=IO_TYPES,
+            output_type=IO_TYPES,
+            bias_correction=BIAS_CORRECTIONS,
+            activation_granularity=ACTIVATION_GRANULARITIES,
+            weight_rounding=WEIGHT_ROUNDINGS,
+        )
+        for index, layer in enumerate(self.layers):
+            check_layer(index, layer)
 
     def quant_config(self) -> QuantConfig:
         from .graph_ir.quant.config import LayerOverride, QuantConfig
@@ -107,6 +156,9 @@ class CodegenOptions:
     hw: str | None = None  # None: the target's default preset (trix_sim: trix-m)
     pref: str = "performance"  # "performance" | "memory" | "compile_time"
 
+    def __post_init__(self):
+        check(self, pref=PREFS)
+
     @property
     def preset(self) -> str | None:
         """`hw`, else the target's default hardware preset (`targets.default_hw`)."""
@@ -126,6 +178,9 @@ class PartitionOptions:
     opcode: Mapping[str, str] = field(default_factory=dict)
     opname: Mapping[str, str] = field(default_factory=dict)
     cpu_precision: str = "quantized"  # "quantized" | "float"
+
+    def __post_init__(self):
+        check(self, strategy=STRATEGIES, comply=COMPLY, cpu_precision=CPU_PRECISIONS)
 
 
 DEFAULT_PRESET = "O1"
@@ -178,10 +233,18 @@ def _labeled(batches: Iterable) -> Iterable:
     if isinstance(batches, Mapping):
         batches = [batches]
     for index, item in enumerate(batches):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
+            label, item = item
+        else:
+            label = f"batch {index}"
         if isinstance(item, Mapping):
-            yield f"batch {index}", item
-        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
-            yield item
+            empty = [k for k, v in item.items() if getattr(v, "shape", (1,))[:1] == (0,)]
+            if empty:
+                raise UserError(
+                    f"calibrate: {label}: input '{empty[0]}' holds 0 samples; give each input "
+                    "[N, *shape] with N >= 1"
+                )
+            yield label, item
         else:
             raise UserError(
                 f"calibrate: batch {index} is a {type(item).__name__}; batches are dicts "
@@ -219,11 +282,13 @@ def quantize(
     samples: Sequence[Mapping[str, Any]] = (),
     fit: Sequence[Mapping[str, Any]] | None = None,
 ) -> Model:
-    """The quantized model (full: with calibration `stats`; weight-only: without). With
-    `options.mixed_precision`, layers are promoted by measuring on `samples` (batches of
-    evaluation inputs); the choice is recorded in the model's metadata "mixed_precision".
-    `weight_rounding = "adaround"` and `bias_correction = "empirical"` learn on `fit` (batches;
-    `samples` if None): give them other samples than an accuracy gate measures on."""
+    """Quantize `model` IN PLACE and return it (the same object: its main graph is replaced;
+    copy the model first to keep the float one). Full mode needs calibration `stats`
+    (`calibrate`); weight-only does not. With `options.mixed_precision`, layers are promoted
+    by measuring on `samples` (batches of evaluation inputs, required); the choice is recorded
+    in the model's metadata "mixed_precision". `weight_rounding = "adaround"` and
+    `bias_correction = "empirical"` learn on `fit` (batches; `samples` if None; required):
+    give them other samples than an accuracy gate measures on."""
     from .graph_ir.quant.from_qdq import graph_is_quantized
     from .graph_ir.quant.quantize_graph import nearest, quantize_graph
     from .graph_ir.quant.weight_only import weight_only_quantize
@@ -238,13 +303,14 @@ def quantize(
         return model
     from .graph_ir.quant.pixel_shuffle import split_pixel_shuffles
 
+    fit = samples if fit is None else fit
+    check_quantize_data(options, stats, samples, fit)
     ranges, means = stats.ranges_for(options.dtype), stats.channel_means()
     channel_ranges = stats.channel_ranges
     float_graph = equalize(model.main, options)
     windows = split_pixel_shuffles(float_graph)  # in integers and on the NPU, not float islands
     ranges.update({conv: ranges[out] for conv, out in windows.items() if out in ranges})
 
-    fit = samples if fit is None else fit
     rounder = nearest
     if options.weight_rounding == "adaround":
         from .graph_ir.quant.adaround import LearnedRounding, input_moments
@@ -254,7 +320,7 @@ def quantize(
     memo: dict = {}  # tables and live ranges, computed once across mixed precision's probes
 
     correct = None
-    if options.bias_correction == "empirical" and fit:  # every build, the search's probes too
+    if options.bias_correction == "empirical":  # every build, the search's probes too
         from .graph_ir.quant.empirical_bias import CACHE_BYTES, BiasCorrector
 
         cache = 0 if options.mixed_precision is None else CACHE_BYTES  # for many candidates
@@ -298,20 +364,43 @@ class Partitioned:
     connection: dict
     report: dict
 
-    def save(self, folder: Path) -> Path:
+    def save(self, folder: str | Path) -> Path:
         """Write the parts, `<name>.conn.json` and `<name>.partition.json` to `folder`
-        (replaced atomically); returns the connection file."""
+        (replaced atomically, if it is missing, empty or a partition folder onebuild wrote:
+        `is_partition_folder`); returns the connection file."""
         from .fileio import atomic_folder, atomic_write_bytes
         from .graph_ir.ir import Model
         from .graph_ir.serde import save_ir
 
-        with atomic_folder(folder) as staging:
+        folder = Path(folder)
+        with atomic_folder(folder, is_partition_folder, "a partition folder") as staging:
             for file, graph in zip(self.files, self.graphs):
                 save_ir(Model([graph]), staging / file)
             for suffix, data in ((".conn.json", self.connection), (".partition.json", self.report)):
                 text = json.dumps(data, indent=2, sort_keys=True) + "\n"
                 atomic_write_bytes(staging / f"{self.name}{suffix}", text.encode())
         return folder / f"{self.name}.conn.json"
+
+
+def is_partition_folder(folder: Path) -> bool:
+    """Whether `folder` holds what `Partitioned.save` writes: one `<name>.conn.json`, its
+    `<name>.partition.json`, and otherwise only IR files."""
+    from .graph_ir.serde import MAGIC
+
+    try:
+        files = [p for p in folder.iterdir()]
+        connections = [p.name[: -len(".conn.json")] for p in files if p.name.endswith(".conn.json")]
+        if len(connections) != 1 or any(p.is_dir() for p in files):
+            return False
+        own = {f"{connections[0]}.conn.json", f"{connections[0]}.partition.json"}
+        for path in files:
+            if path.name not in own:
+                with open(path, "rb") as handle:
+                    if handle.read(len(MAGIC)) != MAGIC:
+                        return False
+    except OSError:
+        return False
+    return own <= {p.name for p in files}
 
 
 def partition(
@@ -350,6 +439,13 @@ def partition(
     files = [f"{name}.{i + 1:05d}_{b}.obir" for i, b in enumerate(backends)]
     left_quantized = []
     if options.cpu_precision == "float":
+        if float_graph is None:
+            from .errors import UserError
+
+            raise UserError(
+                f'{name}: partition: cpu_precision="float" recomputes CPU parts from the float '
+                'graph: pass float_graph=, or cpu_precision="quantized"'
+            )
         for file, part in zip(files, parts):
             recomputed = float_part(part.graph, float_graph) if part.backend == "cpu" else None
             if recomputed is not None:
@@ -388,7 +484,9 @@ def compile_graph(graph: Graph, options: CodegenOptions = CodegenOptions(), meta
     return target.encode(graph, options.preset, options.pref, dict(meta or {}))
 
 
-def compile_file(source: Path, output: Path, options: CodegenOptions = CodegenOptions()) -> None:
+def compile_file(
+    source: str | Path, output: str | Path, options: CodegenOptions = CodegenOptions()
+) -> None:
     """An IR (or circle) file compiled to a binary file (written atomically) whose metadata
     names the digest of the file it came from; the codegen step and the Session both write these."""
     import hashlib
@@ -396,5 +494,7 @@ def compile_file(source: Path, output: Path, options: CodegenOptions = CodegenOp
     from .fileio import atomic_write_bytes
     from .graph_ir.serde import load_model
 
+    source, output = Path(source), Path(output)
+    model = load_model(source)  # a one-line error for a missing or foreign file
     meta = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
-    atomic_write_bytes(output, compile_graph(load_model(source).main, options, meta))
+    atomic_write_bytes(output, compile_graph(model.main, options, meta))

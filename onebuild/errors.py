@@ -77,3 +77,8 @@ class ExecutionError(OneBuildError):
 
 class PassError(OneBuildError):
     """An optimization pass failed; the message names the passes that ran before it."""
+
+
+class OptionError(UserError, ValueError):
+    """An option of the compile API has a value it does not take (the message names the
+    option, the value and the allowed values)."""

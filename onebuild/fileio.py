@@ -1,7 +1,8 @@
 """Atomic file output: write to a temporary file in the same folder, fsync, rename.
 
 A killed process leaves at most a stray temporary file, never a truncated artifact under the
-final name. Leaf module: it imports nothing else of onebuild.
+final name. A folder is replaced only if the caller recognizes it as one onebuild wrote
+(`atomic_folder`'s `owned`). Leaf module: it imports nothing else of onebuild but its errors.
 """
 
 import contextlib
@@ -9,9 +10,11 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import UserError
 
 
 @contextlib.contextmanager
@@ -32,9 +35,11 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(error, OSError) and error.filename in (None, tmp):  # a full disk, ...
+            raise OSError(error.errno, f"cannot write it ({error.strerror})", str(path)) from None
         raise
 
 
@@ -49,14 +54,37 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
+def check_folder_output(path: Path, owned: Callable[[Path], bool], what: str) -> None:
+    """Refuse (one line naming `path`) to write the folder `path` unless its parent folder
+    exists and nothing is there, an empty folder, or a folder `owned` recognizes as `what`
+    onebuild wrote."""
+    fix = "move it away or choose another path"
+    if not path.parent.is_dir():
+        raise UserError(
+            f"{path}: folder {path.parent} does not exist; onebuild creates no folders: create "
+            "it or choose another path"
+        )
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise UserError(f"{path}: exists and is not a folder, so it is not replaced: {fix}")
+    if path.is_dir() and any(path.iterdir()) and not owned(path):
+        raise UserError(
+            f"{path}: exists and is not {what} onebuild wrote, so it is not replaced: {fix}"
+        )
+
+
 @contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary sibling folder that replaces the folder `path` only if the block completes."""
+def atomic_folder(
+    path: str | os.PathLike, owned: Callable[[Path], bool], what: str
+) -> Iterator[Path]:
+    """A temporary sibling folder that replaces the folder `path` only if the block completes;
+    an existing `path` is replaced only if `owned` recognizes it (see `check_folder_output`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    staging.chmod(0o777 & ~current_umask())
+    check_folder_output(path, owned, what)
+    temporary = str(path.parent / f".{path.name}.")
+    staging = None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        staging.chmod(0o777 & ~current_umask())
         yield staging
         if path.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
@@ -65,5 +93,14 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(staging, path)
+    except OSError as error:  # a full disk, ...: name the folder asked for, not a temporary
+        if error.filename is None or str(error.filename).startswith(temporary):
+            reason = error.strerror or ""
+            reason = (
+                reason if reason.startswith("cannot write it") else f"cannot write it ({reason})"
+            )
+            raise OSError(error.errno, reason, str(path)) from None
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

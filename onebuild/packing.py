@@ -18,8 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import FormatError, UserError
 from .fileio import atomic_folder, atomic_write_bytes
-from .nnpackage import Manifest, Ref, config_text, manifest_json, parse_config, parse_ref
+from .nnpackage import (
+    Manifest,
+    Ref,
+    config_text,
+    manifest_json,
+    parse_config,
+    parse_manifest,
+    parse_ref,
+)
 
 # a part's number and backend, as the partition step names its files (m.00002_cpu.obir)
 PART = re.compile(r"\d{5}_[a-z][a-z0-9_]*")
@@ -115,16 +124,29 @@ def _partitioned(connection: Path, members: list[_Member]):
 
 
 def write_package(
-    package: Path,
-    models: list[Path],
-    connection: Path | None = None,
+    package: str | Path,
+    models: list[str | Path],
+    connection: str | Path | None = None,
     config: dict[str, Any] | None = None,
     archive: Path | None = None,
 ) -> list[str]:
     """An nnpackage at `package` of one model, or of the parts a partition's `connection`
     JSON lists (`models` in its order, NPU parts compiled); `config` adds config.cfg keys;
     `archive` also writes a deterministic zip of it. IR models go in as circle where the
-    circle is exact; returns why the others stay IR files."""
+    circle is exact; returns why the others stay IR files. An existing `package` is replaced
+    only if it is a package onebuild wrote (`is_package_folder`), `archive` only if it is
+    that package's zip; no folders are created."""
+    package, models = Path(package), [Path(model) for model in models]
+    connection = None if connection is None else Path(connection)
+    if not models:
+        raise UserError(f"{package}: write_package needs at least one model file")
+    if connection is None and len(models) > 1:
+        raise UserError(
+            f"{package}: {len(models)} models need the partition's connection file "
+            "(`connection`); a package without one holds one model"
+        )
+    if archive is not None:
+        check_archive_output(Path(archive), package.name)
     notes: list[str] = []
     members = [_member(model, notes) for model in models]
     if connection is not None:
@@ -135,7 +157,7 @@ def write_package(
         extra = {key: _config_value(value) for key, value in config.items()}
         current = parse_config(configs["config.cfg"].decode(), "config.cfg")
         configs["config.cfg"] = config_text({**current, **extra})
-    with atomic_folder(package) as staging:
+    with atomic_folder(package, is_package_folder, "an nnpackage") as staging:
         for name, member in files.items():
             if member.data is None:
                 shutil.copyfile(member.source, staging / name)
@@ -147,6 +169,39 @@ def write_package(
         if archive is not None:
             atomic_write_bytes(archive, zip_bytes(staging, package.name))
     return notes
+
+
+def is_package_folder(folder: Path) -> bool:
+    """Whether `folder` is an nnpackage as `write_package` writes it: a readable
+    metadata/MANIFEST, and no files but its models and metadata/ (so a folder of the user's
+    files that happens to hold a MANIFEST is not one)."""
+    try:
+        manifest = parse_manifest((folder / "metadata" / "MANIFEST").read_text(), str(folder))
+        files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
+    except (OSError, UnicodeDecodeError, FormatError, ValueError):
+        return False
+    return all(f in manifest.models or f.startswith("metadata/") for f in files)
+
+
+def check_archive_output(archive: Path, root: str) -> None:
+    """Refuse to replace `archive` unless it is missing or a zip of a package named `root`
+    (as `zip_bytes` writes it); its folder must exist."""
+    if not archive.parent.is_dir():
+        raise UserError(
+            f"{archive}: folder {archive.parent} does not exist; onebuild creates no folders"
+        )
+    if not (archive.exists() or archive.is_symlink()):
+        return
+    try:
+        with zipfile.ZipFile(archive) as existing:
+            names = existing.namelist()
+    except (OSError, zipfile.BadZipFile):
+        names = []
+    if not names or not all(name.startswith(f"{root}/") for name in names):
+        raise UserError(
+            f"{archive}: exists and is not a zip of package '{root}' onebuild wrote, so it is "
+            "not replaced: move it away or choose another path"
+        )
 
 
 def _config_value(value) -> str:

@@ -28,6 +28,22 @@ from .compile import MixedPrecisionOptions as _M
 from .compile import PartitionOptions as _P
 from .compile import QuantizeOptions as _Q
 from .errors import UserError
+from .option_values import (
+    ACTIVATION_GRANULARITIES,
+    CALIBRATION_METHODS,
+    COMPLY,
+    CPU_PRECISIONS,
+    EMPIRICAL,
+    GRANULARITIES,
+    IO_TYPES,
+    LAYER_DTYPES,
+    MIXED_DTYPES,
+    PREFS,
+    QUANT_DTYPES,
+    QUANT_MODES,
+    STRATEGIES,
+    WEIGHT_ROUNDINGS,
+)
 from .plan import (
     MAX_DIM,
     STEP_ORDER,
@@ -70,8 +86,8 @@ class QuantizeLayer(_Section):
     """Settings for some layers (node names as `onebuild inspect` lists them)."""
 
     names: list[str] = Field(description="node names these settings apply to")
-    dtype: Literal["uint8", "int8", "int16", "float32"] | None = None
-    granularity: Literal["channel", "layer"] | None = None
+    dtype: Literal[LAYER_DTYPES] | None = None
+    granularity: Literal[GRANULARITIES] | None = None
 
 
 class QuantizeAccuracy(_Section):
@@ -96,7 +112,7 @@ class QuantizeMixedPrecision(_Section):
     (measured on the [quantize.accuracy] data, else on the calibration data)."""
 
     target_sqnr_db: float = Field(description="every output's SQNR must reach this")
-    dtype: Literal["int16", "float32"] = _M.dtype
+    dtype: Literal[MIXED_DTYPES] = _M.dtype
     max_high_precision_mac_fraction: float | None = Field(
         default=_M.max_high_precision_mac_fraction, ge=0, le=1
     )
@@ -113,9 +129,9 @@ class QuantizeMixedPrecision(_Section):
 class QuantizeStep(_Section):
     """Weight-only or full quantization with calibration data."""
 
-    mode: Literal["full", "weight_only"] = _Q.mode
-    dtype: Literal["uint8", "int8", "int16"] = _Q.dtype
-    granularity: Literal["channel", "layer"] = _Q.granularity
+    mode: Literal[QUANT_MODES] = _Q.mode
+    dtype: Literal[QUANT_DTYPES] = _Q.dtype
+    granularity: Literal[GRANULARITIES] = _Q.granularity
     calibration: str | None = Field(
         default=None, description="npz, folder of npz/npy files, or ONE's HDF5 input data (.h5)"
     )
@@ -126,14 +142,14 @@ class QuantizeStep(_Section):
     min_samples: int = Field(
         default=_C.min_samples, ge=1, description="fewer calibration samples fail"
     )
-    method: Literal["minmax", "percentile", "moving_average", "mse"] = _C.method
+    method: Literal[CALIBRATION_METHODS] = _C.method
     min_percentile: float = Field(default=_C.min_percentile, ge=0, le=100)
     max_percentile: float = Field(default=_C.max_percentile, ge=0, le=100)
     moving_avg_batch: int = Field(default=_C.moving_avg_batch, ge=1)
     moving_avg_const: float = Field(default=_C.moving_avg_const, gt=0, le=1)
-    input_type: Literal["float32", "uint8", "int8", "int16"] = _Q.input_type
-    output_type: Literal["float32", "uint8", "int8", "int16"] = _Q.output_type
-    bias_correction: bool | Literal["empirical"] = Field(
+    input_type: Literal[IO_TYPES] = _Q.input_type
+    output_type: Literal[IO_TYPES] = _Q.output_type
+    bias_correction: bool | Literal[EMPIRICAL] = Field(
         default=_Q.bias_correction,
         description="full mode: correct each layer's bias for the mean error of its rounded "
         "weights on the calibration data; empirical: also for the mean error of its quantized "
@@ -144,12 +160,12 @@ class QuantizeStep(_Section):
         description="full mode: cross-layer equalization of Conv/Gemm -> (Relu) -> Conv/Gemm "
         "chains before calibration (float outputs unchanged)",
     )
-    activation_granularity: Literal["tensor", "channel"] = Field(
+    activation_granularity: Literal[ACTIVATION_GRANULARITIES] = Field(
         default=_Q.activation_granularity,
         description="full mode: channel = one scale and zero point per channel on the "
         "Conv -> [activation table] -> Conv edges (circle exports cannot hold them)",
     )
-    weight_rounding: Literal["nearest", "adaround"] = Field(
+    weight_rounding: Literal[WEIGHT_ROUNDINGS] = Field(
         default=_Q.weight_rounding,
         description="adaround: learn each weight's rounding direction on real samples "
         "(the calibration data, else the [quantize.accuracy] data)",
@@ -180,8 +196,8 @@ class PartitionStep(_Section):
         '["trix", "cpu"])',
     )
     default: str = _P.default
-    strategy: Literal["capability", "cost"] = _P.strategy
-    comply: Literal["opcode", "opname"] = _P.comply
+    strategy: Literal[STRATEGIES] = _P.strategy
+    comply: Literal[COMPLY] = _P.comply
     opcode: dict[str, str] = Field(
         default_factory=dict, description='op type -> backend pins, e.g. { Softmax = "cpu" }'
     )
@@ -201,7 +217,7 @@ class PartitionStep(_Section):
             raise ValueError(str(error).removeprefix("opcode: ")) from None
         return opcode
 
-    cpu_precision: Literal["quantized", "float"] = Field(
+    cpu_precision: Literal[CPU_PRECISIONS] = Field(
         default=_P.cpu_precision,
         description="CPU parts run the quantized model (bit-exact with the quantized "
         "reference) or the float one, quantizing/dequantizing at their boundaries",
@@ -215,7 +231,7 @@ class CodegenStep(_Section):
     hw: str | None = Field(
         default=None, description="hardware preset (default: the target's; trix_sim: trix-m)"
     )
-    pref: Literal["performance", "memory", "compile_time"] = _G.pref
+    pref: Literal[PREFS] = _G.pref
 
 
 class PackStep(_Section):

@@ -122,7 +122,9 @@ def describe(model: Model) -> tuple[dict, list[tuple[int, Value]]]:
 
 
 def save_ir(model: Model, path: str | os.PathLike) -> str:
-    """Write `model` atomically; returns the SHA-256 (hex) stored in the file's trailer."""
+    """Write `model` atomically; returns the SHA-256 (hex) stored in the file's trailer. An
+    existing file is replaced only if it is an IR file; no folders are created."""
+    _check_output(Path(path))
     header, layout = describe(model)
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), default=_plain).encode()
     data_offset = _align(_FIXED.size + len(text))
@@ -147,6 +149,28 @@ def save_ir(model: Model, path: str | os.PathLike) -> str:
             position = offset + value.const.nbytes
         handle.write(digest.digest())
     return digest.hexdigest()
+
+
+def _check_output(path: Path) -> None:
+    """Refuse, with one line naming `path`, a missing folder or a file that is not an IR file."""
+    if not path.parent.is_dir():
+        raise UserError(
+            f"{path}: folder {path.parent} does not exist; onebuild creates no folders: create "
+            "it or choose another path"
+        )
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder; name an IR file (.obir) to write")
+    if path.exists():
+        try:
+            with open(path, "rb") as handle:
+                ours = handle.read(len(MAGIC)) == MAGIC
+        except OSError:
+            ours = False
+        if not ours:
+            raise UserError(
+                f"{path}: exists and is not an IR file, so it is not replaced: move it away or "
+                "choose another path (.obir)"
+            )
 
 
 def load_ir(path: str | os.PathLike) -> Model:
