@@ -13,6 +13,7 @@ import math
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,32 +122,34 @@ def describe(model: Model) -> tuple[dict, list[tuple[int, Value]]]:
     return header, layout
 
 
-def save_ir(model: Model, path: str | os.PathLike) -> str:
-    """Write `model` atomically; returns the SHA-256 (hex) stored in the file's trailer. An
-    existing file is replaced only if it is an IR file; no folders are created."""
-    _check_output(Path(path))
+def _chunks(model: Model) -> Iterator[bytes | memoryview]:
+    """The bytes of `model`'s IR file before its trailer (the digest of these bytes)."""
     header, layout = describe(model)
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), default=_plain).encode()
     data_offset = _align(_FIXED.size + len(text))
     data_length = layout[-1][0] + layout[-1][1].const.nbytes if layout else 0
+    yield _FIXED.pack(MAGIC, FORMAT_VERSION, 0, len(text), data_offset, data_length)
+    yield text
+    yield b"\0" * (data_offset - _FIXED.size - len(text))
+    position = 0
+    for offset, value in layout:
+        yield b"\0" * (offset - position)
+        array = np.ascontiguousarray(value.numpy())
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        yield memoryview(array.reshape(-1).view(np.uint8))
+        position = offset + value.const.nbytes
+
+
+def save_ir(model: Model, path: str | os.PathLike) -> str:
+    """Write `model` atomically; returns the SHA-256 (hex) stored in the file's trailer. An
+    existing file is replaced only if it is an IR file; no folders are created."""
+    _check_output(Path(path))
     digest = hashlib.sha256()
     with atomic_writer(path) as handle:
-
-        def emit(chunk: bytes | memoryview) -> None:
+        for chunk in _chunks(model):
             digest.update(chunk)
             handle.write(chunk)
-
-        emit(_FIXED.pack(MAGIC, FORMAT_VERSION, 0, len(text), data_offset, data_length))
-        emit(text)
-        emit(b"\0" * (data_offset - _FIXED.size - len(text)))
-        position = 0
-        for offset, value in layout:
-            emit(b"\0" * (offset - position))
-            array = np.ascontiguousarray(value.numpy())
-            if array.dtype.byteorder == ">":
-                array = array.astype(array.dtype.newbyteorder("<"))
-            emit(memoryview(array.reshape(-1).view(np.uint8)))
-            position = offset + value.const.nbytes
         handle.write(digest.digest())
     return digest.hexdigest()
 
@@ -366,24 +369,10 @@ _INFERENCE_ERRORS = (ValueError, KeyError, TypeError, IndexError, ArithmeticErro
 
 
 def ir_digest(model: Model) -> str:
-    """The SHA-256 `save_ir` would return for `model`, computed without writing a file (the
-    bytes are those of `save_ir`; `tests/test_session_workspace.py` checks that they agree)."""
-    header, layout = describe(model)
-    text = json.dumps(header, sort_keys=True, separators=(",", ":"), default=_plain).encode()
-    data_offset = _align(_FIXED.size + len(text))
-    data_length = layout[-1][0] + layout[-1][1].const.nbytes if layout else 0
+    """The SHA-256 `save_ir` would return for `model`, computed without writing a file."""
     digest = hashlib.sha256()
-    digest.update(_FIXED.pack(MAGIC, FORMAT_VERSION, 0, len(text), data_offset, data_length))
-    digest.update(text)
-    digest.update(b"\0" * (data_offset - _FIXED.size - len(text)))
-    position = 0
-    for offset, value in layout:
-        digest.update(b"\0" * (offset - position))
-        array = np.ascontiguousarray(value.numpy())
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        digest.update(memoryview(array.reshape(-1).view(np.uint8)))
-        position = offset + value.const.nbytes
+    for chunk in _chunks(model):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
