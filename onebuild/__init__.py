@@ -1,6 +1,8 @@
 """onebuild: a declarative, cached build-graph compiler driver for on-device NN deployment."""
 
-__version__ = "0.1.0"
+from .version import __version__
+
+__all__ = ["Session", "__version__"]
 
 
 def __getattr__(name: str):

@@ -39,7 +39,7 @@ class TrixSim:
         return lower(graph, load_hardware(hw))
 
     def encode(self, graph: Graph, hw: str, pref: str = "performance", meta=None) -> bytes:
-        from ... import __version__
+        from ...version import __version__
         from .codegen import generate
         from .hardware import load_hardware
         from .lower import lower
