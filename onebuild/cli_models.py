@@ -197,12 +197,38 @@ def cmd_export(args) -> int:
 
         atomic_write_bytes(args.output, write_circle(model, suffix[1:]))
         print(f"wrote {args.output} ({suffix[1:]})")
+        if suffix == ".tflite":
+            _warn_tflite_uint8_channels(model, args.output)
         return 0
     from .graph_ir.serde.onnx_export import save_onnx
 
     save_onnx(model, args.output)
     print(f"wrote {args.output} (ONNX opset 21)")
     return 0
+
+
+def _warn_tflite_uint8_channels(model, output: str) -> None:
+    """TFLite (LiteRT) convolutions take per-channel weights only with int8 or int16 data: a
+    uint8 model with per-channel weights (onebuild's default) is written, onert and circle
+    take it, LiteRT refuses it when it allocates its tensors."""
+    convs = [
+        n.name
+        for g in _graphs(model.main)
+        for n in g.nodes
+        if n.op in ("QConv", "QGemm")
+        and str(n.inputs[0].dtype) == "uint8"
+        and n.inputs[1].quant is not None
+        and n.inputs[1].quant.axis is not None
+    ]
+    if convs:
+        log.warning(
+            "%s: %d uint8 layer(s) with per-channel weights ('%s', ...): LiteRT refuses them "
+            "(its uint8 kernels take per-tensor weights); for LiteRT quantize with dtype = "
+            '"int8", or granularity = "layer"; onert runs this file',
+            output,
+            len(convs),
+            convs[0],
+        )
 
 
 def _graphs(graph) -> list:
