@@ -274,3 +274,13 @@ def test_one_process_at_a_time(tmp_path, data):
     assert session.minmax_records == 3
     session.run_with_auto_compilation({"input": calib[3]})
     assert session.minmax_records == 4
+
+
+def test_a_folder_in_place_of_the_state_is_one_line_naming_it(tmp_path):
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    (workspace / "state.json").unlink(missing_ok=True)
+    (workspace / "state.json").mkdir()
+    with pytest.raises(UserError, match="state.json: cannot read the session state"):
+        digits_session(workspace)
+    assert (workspace / "state.json").is_dir()

@@ -102,6 +102,11 @@ class Workspace:
         except (ValueError, UnicodeDecodeError):
             log.warning("%s: unreadable session state; starting over", self.state_file)
             return None
+        except OSError as error:  # a folder in its place, no permission: not to be replaced
+            raise UserError(
+                f"{self.state_file}: cannot read the session state ({error.strerror}); move "
+                "it away, or give the session another workspace"
+            ) from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             log.warning(
                 "%s: not a session state of format %d; starting over", self.state_file, FORMAT
