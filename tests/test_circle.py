@@ -268,7 +268,7 @@ def lsb_report(model, results, feeds) -> tuple[int, float]:
     "dtype, granularity, runtimes",
     [
         ("uint8", "channel", ("onert",)),  # LiteRT's uint8 kernels take per-tensor weights only
-        ("uint8", "tensor", ("onert", "litert")),
+        ("uint8", "layer", ("onert", "litert")),
         ("int8", "channel", ("litert",)),
     ],
 )
@@ -290,7 +290,7 @@ def test_quantized_digits_within_one_lsb(dtype, granularity, runtimes, tmp_path)
     "dtype, granularity, exact, worst",
     [
         ("uint8", "channel", True, 0),
-        ("uint8", "tensor", True, 0),
+        ("uint8", "layer", True, 0),
         ("int8", "channel", True, 0),
         ("int16", "channel", True, 0),
         ("int16", "channel", False, 1),
@@ -355,7 +355,7 @@ def test_lookup_tables_as_tflite_functions(dtype, tmp_path):
     QUANTIZE: two roundings where the table has one), Swish and GELU as DEQUANTIZE, the float
     function, QUANTIZE. Read back, tflite's tables are rebuilt from the functions (within 1 LSB
     from the float32 scales); circle's, written with the float64 scales, are the same tables."""
-    granularity = "tensor" if dtype == "uint8" else "channel"  # LiteRT's uint8: per tensor
+    granularity = "layer" if dtype == "uint8" else "channel"  # LiteRT's uint8: per tensor
     model = quantized = digits_with_heads(dtype, HEADS, granularity)
     graph = quantized.main
     assert [n.op for n in graph.nodes].count("QLookup") == len(HEADS)
@@ -423,7 +423,7 @@ def test_lookup_tables_in_onert_given_the_same_codes(tmp_path):
     reads back to the same tables. On the whole digits model the heads differ by up to 11 LSB:
     onert's logits differ by 1 LSB (two roundings) and the logits' scale (0.18) is coarse
     against these slopes."""
-    quantized = digits_with_heads("uint8", HEADS, "tensor").main
+    quantized = digits_with_heads("uint8", HEADS, "layer").main
     heads = [n for n in quantized.nodes if n.op == "QLookup"]
     functions = dict(zip(("Sigmoid", "Tanh", "HardSwish", "Relu", "Swish", "Gelu"), heads))
     attrs = {"Swish": {"alpha": 1.0}, "Gelu": {"approximate": "none"}}
@@ -450,7 +450,7 @@ def test_onert_quantized_function_kernels(tmp_path, capfd):
     files, which onert loads): LOGISTIC and TANH at TFLite's fixed output parameters give the
     tables exactly; there is no HARD_SWISH kernel, no uint8 RELU, and a uint8 GELU fails
     validation (so circle writes these tables in float)."""
-    quantized = digits_with_heads("uint8", ("Sigmoid",), "tensor").main
+    quantized = digits_with_heads("uint8", ("Sigmoid",), "layer").main
     x_params = next(n for n in quantized.nodes if n.op == "QLookup").inputs[0].quant
     fixed = [
         ("Sigmoid", {}, QuantParams((1 / 256,), (0,))),

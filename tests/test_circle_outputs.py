@@ -63,7 +63,7 @@ def uint8(model: Model) -> Model:
     """Calibrated on 64 other digit rows, uint8 per tensor with uint8 inputs and outputs."""
     stats = C.calibrate(model.main, [("calib", {"x": rows(64, start=64)})])
     options = C.QuantizeOptions(
-        dtype="uint8", granularity="tensor", input_type="uint8", output_type="uint8"
+        dtype="uint8", granularity="layer", input_type="uint8", output_type="uint8"
     )
     return C.quantize(model, options, stats)
 
@@ -125,7 +125,7 @@ def test_digits_logits_feeding_a_table(head, tmp_path, monkeypatch):
     part whose output also feeds a table): the logits came back over 200 LSB off; now within
     onert's 1 LSB (its two roundings), and its head is exactly the table of its own logits,
     so the logits returned are the ones the head read. LiteRT: bit for bit."""
-    model = digits_with_heads("uint8", (head,), "tensor")
+    model = digits_with_heads("uint8", (head,), "layer")
     graph = model.main
     feeds = quantize_inputs(graph, {"input": digits_images(64)})["input"]
     measured = in_runtimes(model, feeds, tmp_path, monkeypatch)

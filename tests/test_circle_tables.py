@@ -44,7 +44,7 @@ def heads_model(dtype: str) -> Model:
         graph.outputs.append(node.output)
     calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
     stats = C.calibrate(graph, [(f"b{i}", {"input": calib[i : i + 32]}) for i in (0, 32)])
-    options = C.QuantizeOptions(dtype=dtype, granularity="tensor", input_type=dtype)
+    options = C.QuantizeOptions(dtype=dtype, granularity="layer", input_type=dtype)
     return C.quantize(model, options, stats)
 
 
