@@ -384,7 +384,8 @@ class Partitioned:
 
 def is_partition_folder(folder: Path) -> bool:
     """Whether `folder` holds what `Partitioned.save` writes: one `<name>.conn.json`, its
-    `<name>.partition.json`, and otherwise only IR files."""
+    `<name>.partition.json`, IR files of its parts, and beside a part the binary compiled from
+    it (`<part>.tvn`: the Session and scripts compile parts in place)."""
     from .graph_ir.serde import MAGIC
 
     try:
@@ -393,11 +394,16 @@ def is_partition_folder(folder: Path) -> bool:
         if len(connections) != 1 or any(p.is_dir() for p in files):
             return False
         own = {f"{connections[0]}.conn.json", f"{connections[0]}.partition.json"}
+        parts, others = set(), []
         for path in files:
             if path.name not in own:
                 with open(path, "rb") as handle:
-                    if handle.read(len(MAGIC)) != MAGIC:
-                        return False
+                    if handle.read(len(MAGIC)) == MAGIC:
+                        parts.add(path.stem)
+                    else:
+                        others.append(path)
+        if any(path.stem not in parts for path in others):
+            return False
     except OSError:
         return False
     return own <= {p.name for p in files}

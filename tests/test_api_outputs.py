@@ -198,3 +198,21 @@ def test_read_only_or_forbidden_storage_on_the_cli_is_one_line_exit_2(
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_code == 2 and len(lines) == 1, lines
     assert str(output) in lines[0] and fragment in lines[0], lines[0]
+
+
+def test_a_partition_folder_with_its_parts_compiled_in_place_is_replaced(built, tmp_path):
+    """The Session and the README's script compile each NPU part beside it (`<part>.tvn`): the
+    folder stays onebuild's, so the next save (a new decision, a second run) replaces it; a file
+    that is no part's binary still makes it someone else's."""
+    parts = built[2]
+    own = tmp_path / "parts"
+    parts.save(own)
+    for file, backend in zip(parts.files, parts.backends):
+        if backend != "cpu":
+            api.compile_file(own / file, (own / file).with_suffix(".tvn"))
+    assert any(p.suffix == ".tvn" for p in own.iterdir())
+    parts.save(own)
+    (own / "notes.tvn").write_text("mine")
+    with pytest.raises(UserError) as error:
+        parts.save(own)
+    one_line(error, str(own), "partition folder")
