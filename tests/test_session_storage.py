@@ -284,3 +284,15 @@ def test_a_folder_in_place_of_the_state_is_one_line_naming_it(tmp_path):
     with pytest.raises(UserError, match="state.json: cannot read the session state"):
         digits_session(workspace)
     assert (workspace / "state.json").is_dir()
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage, not an IR file"])
+def test_a_corrupted_model_file_in_the_workspace_is_rewritten(tmp_path, data, content):
+    """The workspace's model.obir is the session's own: emptied or overwritten, it is written
+    again when the session opens (save_ir refuses to replace a file that is not an IR file)."""
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    (workspace / "model.obir").write_bytes(content)
+    session = digits_session(workspace)
+    session.run({"input": data[1][0]})
+    assert ir_file_digest(workspace / "model.obir") is not None

@@ -116,6 +116,8 @@ class Session(AutoCompilation):
         claim = saved is None or saved.get("source") != digest
         try:
             if ir_file_digest(ws.model) != digest:  # written only when it differs
+                if ws.model.is_file():  # the workspace's own file, whatever it holds now
+                    ws.model.unlink()
                 save_ir(self._float, ws.model)
             if claim:
                 if saved is not None:
