@@ -296,3 +296,34 @@ def test_a_corrupted_model_file_in_the_workspace_is_rewritten(tmp_path, data, co
     session = digits_session(workspace)
     session.run({"input": data[1][0]})
     assert ir_file_digest(workspace / "model.obir") is not None
+
+
+def _opens(workspace) -> str:
+    try:
+        digits_session(workspace).close()
+    except UserError as error:
+        return str(error)
+    return "opened"
+
+
+def test_a_forked_child_neither_holds_nor_shares_its_parents_workspace(tmp_path):
+    """A fork copies the parent's lock: the child drops its copy, so the parent's close
+    releases the workspace while children live, and a child opening it is refused."""
+    import multiprocessing
+
+    workspace = tmp_path / "ws"
+    session = digits_session(workspace)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert "another process" in pool.apply(_opens, (workspace,))
+        session.close()
+        assert _opens(workspace) == "opened"  # the pool's worker still lives
+
+
+def test_sessions_opened_from_threads_share_the_process_lock(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: _opens(workspace), range(32)))
+    assert results == ["opened"] * 32

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,12 +222,32 @@ def naming(path: Path) -> Iterator[None]:
 
 
 _HELD: dict[Path, tuple[BinaryIO, int]] = {}  # workspace -> this process's lock, its holders
+_GUARD = threading.Lock()  # _HELD between threads
+
+
+def _forget_inherited() -> None:
+    """In a forked child: the parent's locks are the parent's. The child closes its copies (a
+    copy kept open would hold the lock after the parent closed its session) and takes a
+    workspace only by locking it itself."""
+    global _GUARD
+    _GUARD = threading.Lock()
+    for handle, _ in _HELD.values():
+        handle.close()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
 
 
 def _lock(folder: Path) -> Path:
     """Lock the workspace for this process (flock on its mark, released when the last
     `Workspace` of the folder in this process is gone, or the process ends); another process
     holding it is a UserError naming the folder. Locking needs no write access."""
+    with _GUARD:
+        return _locked(folder)
+
+
+def _locked(folder: Path) -> Path:
     key = folder.resolve()
     if key not in _HELD:
         handle = open(folder / MARK, "rb")  # noqa: SIM115 (held while the workspace is open)
@@ -245,12 +266,15 @@ def _lock(folder: Path) -> Path:
 
 
 def _unlock(key: Path) -> None:
-    handle, holders = _HELD[key]
-    if holders > 1:
-        _HELD[key] = (handle, holders - 1)
-        return
-    del _HELD[key]
-    handle.close()  # closing the file releases the flock
+    with _GUARD:
+        if key not in _HELD:  # closed in a forked child that never locked it
+            return
+        handle, holders = _HELD[key]
+        if holders > 1:
+            _HELD[key] = (handle, holders - 1)
+            return
+        del _HELD[key]
+        handle.close()  # closing the file releases the flock
 
 
 def _unmarked_workspace(folder: Path) -> bool:
