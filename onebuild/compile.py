@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import OptionError
 from .option_values import (
     ACTIVATION_GRANULARITIES,
     BIAS_CORRECTIONS,
@@ -65,9 +66,11 @@ class CalibrationOptions:
         check(self, method=CALIBRATION_METHODS)
         check_range(self, "min_percentile", 0, 100)
         check_range(self, "max_percentile", 0, 100)
-        check_range(self, "moving_avg_batch", 1)
+        check_range(self, "moving_avg_batch", 1, whole=True)
         check_range(self, "moving_avg_const", 0, 1, above=True)
-        check_range(self, "min_samples", 1)
+        check_range(self, "min_samples", 1, whole=True)
+        if self.min_percentile >= self.max_percentile:
+            raise OptionError("CalibrationOptions: min_percentile must be below max_percentile")
 
     def observer_options(self) -> dict[str, Any]:
         """The observer arguments of the chosen method."""
@@ -92,7 +95,7 @@ class MixedPrecisionOptions:
     def __post_init__(self):
         check(self, dtype=MIXED_DTYPES)
         check_range(self, "target_sqnr_db", float("-inf"))
-        check_range(self, "samples", 1)
+        check_range(self, "samples", 1, whole=True)
         if self.max_high_precision_mac_fraction is not None:
             check_range(self, "max_high_precision_mac_fraction", 0, 1)
 

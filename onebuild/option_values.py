@@ -57,17 +57,24 @@ def check_layer(index: int, layer: Mapping[str, Any]) -> None:
 
 
 def check_range(
-    options: object, name: str, low: float, high: float | None = None, above: bool = False
+    options: object,
+    name: str,
+    low: float,
+    high: float | None = None,
+    above: bool = False,
+    whole: bool = False,
 ) -> None:
-    """A numeric field within [low, high] (None: no upper bound; `above`: low excluded),
-    else a one-line OptionError."""
+    """A numeric field (`whole`: an integer) within [low, high] (None: no upper bound; `above`:
+    low excluded), not NaN, else a one-line OptionError."""
     value = getattr(options, name)
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    kinds = int if whole else (int, float)
+    numeric = isinstance(value, kinds) and not isinstance(value, bool) and value == value
     below = numeric and (value <= low if above else value < low)
     if not numeric or below or (high is not None and value > high):
         bound = f" {'above' if above else 'at least'} {low}" if low > float("-inf") else ""
         bound += f" and at most {high}" if high is not None else ""
-        raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be a number{bound}")
+        kind = "an integer" if whole else "a number"
+        raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be {kind}{bound}")
 
 
 def check_quantize_data(options: QuantizeOptions, stats: Any, samples: Any, fit: Any) -> None:

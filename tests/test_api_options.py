@@ -140,3 +140,18 @@ def test_calibrating_on_zero_samples_is_one_line(digits):
     model, calib, _, _ = digits
     with pytest.raises(UserError, match="0 samples"):
         api.calibrate(model.main, {"input": calib["input"][:0]})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: api.MixedPrecisionOptions(target_sqnr_db=30, samples=2.5),
+        lambda: api.MixedPrecisionOptions(target_sqnr_db=float("nan")),
+        lambda: api.CalibrationOptions(moving_avg_batch=1.5),
+        lambda: api.CalibrationOptions(min_samples=1.5),
+        lambda: api.CalibrationOptions(min_percentile=90, max_percentile=10),
+    ],
+)
+def test_whole_numbers_nan_and_percentile_order_are_checked_as_the_recipe_does(make):
+    with pytest.raises(OptionError):
+        make()
