@@ -232,10 +232,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(str(error), error.exit_code, "--json" in argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LowercaseLevelFormatter("onebuild: %(levelname)s: %(message)s"))
+    kept = log.handlers[:], log.level  # restored on return: main may run in-process
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if args.verbose else logging.WARNING)
     quiet = getattr(args, "json", False)  # one JSON document on stdout, nothing else
     logging.getLogger("onebuild.progress").setLevel(logging.WARNING if quiet else logging.INFO)
+    try:
+        return _run(args, quiet)
+    finally:
+        log.handlers[:], level = kept
+        log.setLevel(level)
+
+
+def _run(args, quiet: bool) -> int:
+    """The command, its failures as one line and an exit code."""
     try:
         return args.func(args)
     except OneBuildError as error:

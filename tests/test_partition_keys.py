@@ -162,7 +162,7 @@ def _written_codes(graph, data: bytes) -> dict[str, set[str]]:
     return written
 
 
-@pytest.mark.parametrize(("dtype", "granularity"), [("uint8", "channel"), ("int8", "tensor")])
+@pytest.mark.parametrize(("dtype", "granularity"), [("uint8", "channel"), ("int8", "layer")])
 def test_circle_names_pin_what_the_writer_writes(tmp_path, dtype, granularity):
     """ADD, SUB, MEAN, AVERAGE_POOL_2D, FULLY_CONNECTED, BATCH_MATMUL, CONV_2D name exactly the
     nodes the circle writer writes as those operators; IR names the float op each replaced,
