@@ -64,6 +64,7 @@ def test_editing_any_module_a_step_imports_changes_its_key(tmp_path):
     root = _copy_package(tmp_path)
     result = subprocess.run(
         [sys.executable, "-c", EDIT_EVERY_FILE, ",".join(STEP_MODULES)],
+        cwd=root,  # `python -c` puts the working folder first on sys.path: the copy, not ours
         env=_env(root),
         capture_output=True,
         text=True,
@@ -73,6 +74,9 @@ def test_editing_any_module_a_step_imports_changes_its_key(tmp_path):
 
 
 DIGESTS = r"""
+import os
+import onebuild
+assert onebuild.__file__.startswith(os.getcwd()), onebuild.__file__  # the copy runs
 from onebuild.engine.code_digest import step_code_digest
 from onebuild.targets import target_module
 print([step_code_digest("onebuild.tasks." + s, target_module("trix_sim")) for s in
@@ -86,7 +90,8 @@ def test_installs_at_other_paths_share_keys(tmp_path):
     digests = [
         subprocess.run(
             [sys.executable, "-c", DIGESTS],
-            env=_env(_copy_package(tmp_path / name)),
+            cwd=_copy_package(tmp_path / name),
+            env=_env(tmp_path / name),
             capture_output=True,
             text=True,
             check=True,
