@@ -15,7 +15,7 @@ def run_on_device(args) -> int:
 
     from .npz import from_file, read_npz, write_npz
     from .runtime.outputs import quantized_kind, writable
-    from .runtime.session import Session
+    from .runtime.session import Session, default_workspace
     from .targets import check_preset, check_target, default_hw
 
     if args.raw:
@@ -28,7 +28,8 @@ def run_on_device(args) -> int:
         if path:  # said before the model loads, in the command line's terms
             writable(path, [kind or quantized_kind(path)], option, [args.model, args.inputs])
     shapes = dict(args.input_shape or [])
-    session = Session(args.model, workspace=args.workspace, input_shapes=shapes or None)
+    workspace = args.workspace or default_workspace(args.model)  # compiling needs one
+    session = Session(args.model, workspace=workspace, input_shapes=shapes or None)
     feeds = read_npz(args.inputs)
     missing = [name for name in session.inputs if name not in feeds]
     if missing:
