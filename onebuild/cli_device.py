@@ -22,6 +22,8 @@ def run_on_device(args) -> int:
         raise UserError("--raw does not apply to on-device compilation: its I/O is float")
     if args.codegen:  # said before anything is recorded or written
         check_target(args.codegen, args.hw)
+        if not args.hw:
+            _check_package_hw(args.model, args.codegen)
     elif args.hw:
         check_preset(args.hw)
     for option, path, kind in (("--qpath", args.qpath, None), ("--cpath", args.cpath, "binary")):
@@ -83,3 +85,21 @@ def run_on_device(args) -> int:
         print(f"{name}: {array.dtype}{list(array.shape)}")
     print(f"state: {session.state}" + (f" ({session.reason})" if session.reason else ""))
     return 0
+
+
+def _check_package_hw(model, codegen: str) -> None:
+    """A package's ODC_HW, kept without --hw, must be a preset of the --codegen target (it
+    belongs to another target: refused before the session records or writes anything)."""
+    from .runtime.odc import settings_from_config
+    from .runtime.package import load_package
+    from .runtime.package_files import is_package
+    from .targets import check_target
+
+    if not is_package(model):
+        return
+    where = f"{model}: config.cfg: "
+    hw = settings_from_config(load_package(model).config, where).hw
+    try:
+        check_target(codegen, hw, where, ("--codegen", "ODC_HW"))
+    except UserError as error:
+        raise UserError(f"{error}; give --hw with one of them (it replaces ODC_HW)") from None

@@ -74,3 +74,51 @@ def test_naming_the_default_preset_decides_nothing_again():
     (the same hardware) keeps the decision; another preset does not."""
     assert OdcSettings(hw="trix-m").key == OdcSettings().key
     assert OdcSettings(hw="trix-s").key != OdcSettings().key
+
+
+class OtherTarget:
+    """A second installed target (only trix_sim is installed here) with presets of its own."""
+
+    name = model_type = backend = "npu_x"
+    magic = b"NPUX"
+
+    def describe(self) -> dict:
+        return {"presets": {"x-1": {}, "x-2": {}}}
+
+
+@pytest.fixture
+def other_target(monkeypatch):
+    from onebuild import targets
+
+    class Entry:
+        value = "tests:OtherTarget"
+
+        def load(self):
+            return OtherTarget
+
+    registered = {**targets._registered(), "npu_x": Entry()}
+    caches = (targets.load_target, targets.installed, targets._presets)
+    for cached in caches:
+        cached.cache_clear()
+    monkeypatch.setattr(targets, "_registered", lambda: registered)
+    yield
+    for cached in caches:
+        cached.cache_clear()
+
+
+def test_codegen_for_a_target_the_packages_hw_is_not_of_is_refused_before_writing(
+    tmp_path, package, other_target, capsys
+):
+    """--codegen npu_x keeps the package's ODC_HW=trix-s (a trix_sim preset): refused at
+    once, naming the key and --hw. The old code recorded and quantized into the workspace
+    first, then failed at codegen."""
+    write_npz(tmp_path / "in.npz", {"input": samples(3)})
+    workspace, out = tmp_path / "ws", tmp_path / "o.npz"
+    run = ["run", str(package), "-i", str(tmp_path / "in.npz"), "-o", str(out)]
+    odc = ["--quantize", "uint8", "--minmax-runs", "2", "--workspace", str(workspace)]
+    assert main([*run, *odc, "--codegen", "npu_x"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0
+    assert f"{package}: config.cfg: ODC_HW 'trix-s' is not a preset of target npu_x" in error
+    assert "(its presets: x-1, x-2); give --hw" in error
+    assert not workspace.exists() and not out.exists()
