@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from digits_session import DIGITS, RECORDS, SHAPES, digits_data, digits_session
 
 from onebuild import Session
 from onebuild.errors import UserError
@@ -20,22 +21,10 @@ from onebuild.graph_ir.serde import save_ir
 from onebuild.graph_ir.serde.irfile import ir_digest, ir_file_digest
 from onebuild.npz import read_npz
 
-DIGITS = Path(__file__).parent.parent / "examples" / "digits"
-SHAPES = {"input": [1, 1, 8, 8]}
-RECORDS = 12
-
 
 @pytest.fixture(scope="module")
 def data():
-    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
-    test = read_npz(DIGITS / "data" / "test.npz")["input"]
-    return calib, test
-
-
-def digits_session(workspace) -> Session:
-    session = Session(DIGITS / "digits.onnx", workspace=workspace, input_shapes=SHAPES)
-    session.set_odc_param_minmax_records_count(RECORDS)
-    return session
+    return digits_data("calib"), digits_data("test")
 
 
 def files(folder: Path) -> dict[str, tuple[int, int, int]]:
