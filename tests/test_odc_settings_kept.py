@@ -2,6 +2,9 @@
 the front doors' parameters default to None ("keep the settings"), not to their own values."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -76,49 +79,25 @@ def test_naming_the_default_preset_decides_nothing_again():
     assert OdcSettings(hw="trix-s").key != OdcSettings().key
 
 
-class OtherTarget:
-    """A second installed target (only trix_sim is installed here) with presets of its own."""
-
-    name = model_type = backend = "npu_x"
-    magic = b"NPUX"
-
-    def describe(self) -> dict:
-        return {"presets": {"x-1": {}, "x-2": {}}}
-
-
-@pytest.fixture
-def other_target(monkeypatch):
-    from onebuild import targets
-
-    class Entry:
-        value = "tests:OtherTarget"
-
-        def load(self):
-            return OtherTarget
-
-    registered = {**targets._registered(), "npu_x": Entry()}
-    caches = (targets.load_target, targets.installed, targets._presets)
-    for cached in caches:
-        cached.cache_clear()
-    monkeypatch.setattr(targets, "_registered", lambda: registered)
-    yield
-    for cached in caches:
-        cached.cache_clear()
-
-
 def test_codegen_for_a_target_the_packages_hw_is_not_of_is_refused_before_writing(
-    tmp_path, package, other_target, capsys
+    tmp_path, package
 ):
-    """--codegen npu_x keeps the package's ODC_HW=trix-s (a trix_sim preset): refused at
-    once, naming the key and --hw. The old code recorded and quantized into the workspace
-    first, then failed at codegen."""
+    """--codegen tiny (the second target of tests/data/tiny_target, installed by its entry
+    point) keeps the package's ODC_HW=trix-s, a trix_sim preset: refused at once, naming the
+    key and --hw. The old code recorded and quantized into the workspace first, then failed at
+    codegen with a line that named neither."""
     write_npz(tmp_path / "in.npz", {"input": samples(3)})
     workspace, out = tmp_path / "ws", tmp_path / "o.npz"
     run = ["run", str(package), "-i", str(tmp_path / "in.npz"), "-o", str(out)]
     odc = ["--quantize", "uint8", "--minmax-runs", "2", "--workspace", str(workspace)]
-    assert main([*run, *odc, "--codegen", "npu_x"]) == 2
-    error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0
-    assert f"{package}: config.cfg: ODC_HW 'trix-s' is not a preset of target npu_x" in error
-    assert "(its presets: x-1, x-2); give --hw" in error
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "data" / "tiny_target")}
+    result = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", *run, *odc, "--codegen", "tiny"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    error = result.stderr.strip()
+    assert error.count("\n") == 0, error
+    assert f"{package}: config.cfg: ODC_HW 'trix-s' is not a preset of target tiny" in error
+    assert "(its presets: tiny-1); give --hw" in error
     assert not workspace.exists() and not out.exists()
