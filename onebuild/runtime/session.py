@@ -19,6 +19,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class Session(AutoCompilation):
     def __init__(
         self,
         path: str | os.PathLike,
-        workspace: str | os.PathLike | bool | None = None,
+        workspace: str | os.PathLike | Literal[False] | None = None,
         *,
         input_shapes: dict[str, list[int]] | None = None,
     ):
