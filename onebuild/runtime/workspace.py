@@ -190,8 +190,9 @@ class Workspace:
 
 
 def creatable(folder: Path) -> bool:
-    """Whether `folder` exists or could be made (its parent is a folder this process can
-    write; a read-only mount refuses even root)."""
+    """Whether opening `folder` as a workspace is worth trying: it exists, its parent is
+    missing (which `Workspace` reports), or its parent is writable by this process (a
+    read-only mount refuses even root)."""
     return folder.exists() or not folder.parent.is_dir() or os.access(folder.parent, os.W_OK)
 
 
