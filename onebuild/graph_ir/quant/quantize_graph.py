@@ -229,6 +229,10 @@ class _Quantizer:
     def _output(self, value: Value) -> Value:
         dtype = self.config.output_type if value.dtype.kind == "f" else FLOAT
         result = self.as_float(value) if dtype == FLOAT else self.as_quant(value, dtype)
+        inner = self.float_of.get(id(value))  # a float node's output has the output's name:
+        named = inner is not None and inner.name == value.name and inner not in self.graph.inputs
+        if named and result is not inner:  # it gives the name up to the quantized output
+            self.graph.rename(inner, f"{value.name}_float")
         if result.name != value.name:
             node = self.graph.make_node("Identity", [result], name=value.name)
             node.output.quant = result.quant
