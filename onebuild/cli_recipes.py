@@ -115,7 +115,8 @@ def cmd_build(args) -> int:
             print(f"report: {report}")
     causes = [result for result in failed if not result.blocked]
     for result in causes:
-        print(f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr)
+        where = f"{result.step} {result.part}".strip()  # a fan-out names its part
+        print(f"onebuild: error: {result.recipe} [{where}]: {result.error}", file=sys.stderr)
     if not failed:
         return 0
     return 2 if causes and all(result.user_error for result in causes) else 1  # 2: bad input

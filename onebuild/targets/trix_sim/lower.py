@@ -39,6 +39,7 @@ from .constraints import (
     spatial_pad,
     spatial_resize,
     stride_limit,
+    tile_fits_sram,
 )
 from .hardware import Hardware
 
@@ -197,7 +198,7 @@ CHANNEL_ONES = {per_tensor_activations: (channel_activations, channel_region)}
 CHANNEL_GENERIC = tuple(c for g in GENERIC for c in CHANNEL_ONES.get(g, (g,)))
 
 
-@_lowers("QConv", constraints=(kernel_size, stride_limit), generic=CHANNEL_GENERIC)
+@_lowers("QConv", constraints=(kernel_size, stride_limit, tile_fits_sram), generic=CHANNEL_GENERIC)
 def _conv(node: Node, ins: list[str], out: str) -> Layer:
     a, w, b = node.attrs, node.inputs[1].numpy(), node.inputs[2].numpy()
     attrs = {
@@ -214,7 +215,7 @@ def _conv(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("conv", node.name, ins, out, attrs, arrays)
 
 
-@_lowers("QGemm", constraints=(dense_layer,))
+@_lowers("QGemm", constraints=(dense_layer, tile_fits_sram))
 def _gemm(node: Node, ins: list[str], out: str) -> Layer:
     a, w = node.attrs, node.inputs[1].numpy()
     w = w if a.get("transB") else w.T  # [N, K]
