@@ -89,6 +89,7 @@ def cmd_build(args) -> int:
                 "seconds": round(r.seconds, 4),
                 "outputs": r.outputs,
                 "error": r.error,
+                "warnings": r.warnings,
             }
             for r in results
         ]
