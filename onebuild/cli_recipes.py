@@ -79,6 +79,8 @@ def cmd_build(args) -> int:
     reports = [str(_report(plan, results)) for plan in plans if plan.report]
     packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
     failed = [r for r in results if r.status == "failed"]
+    causes = [result for result in failed if not result.blocked]
+    code = 0 if not failed else 2 if causes and all(r.user_error for r in causes) else 1
     if args.json:
         steps = [
             {
@@ -97,6 +99,8 @@ def cmd_build(args) -> int:
             "steps": steps,
             "packages": packages,
             **({"reports": reports} if reports else {}),
+            "counts": dict(Counter("not run" if r.blocked else r.status for r in results)),
+            "exit_code": code,  # 2: bad input, 1: other failure
         }
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
@@ -114,13 +118,10 @@ def cmd_build(args) -> int:
             print(f"package: {package}")
         for report in reports:
             print(f"report: {report}")
-    causes = [result for result in failed if not result.blocked]
     for result in causes:
         where = f"{result.step} {result.part}".strip()  # a fan-out names its part
         print(f"onebuild: error: {result.recipe} [{where}]: {result.error}", file=sys.stderr)
-    if not failed:
-        return 0
-    return 2 if causes and all(result.user_error for result in causes) else 1  # 2: bad input
+    return code  # 2: bad input, 1: other failure
 
 
 def _report(plan, results=None, overrides=()) -> Path:
@@ -152,15 +153,18 @@ def cmd_status(args) -> int:
     from .engine.status import status
 
     results = status(_plans(args))
+    stale = any(r.status != "up-to-date" for r in results)
+    code = 1 if args.check and stale else 0  # --check: CI's "out of date"
     if args.json:
         steps = [vars(r) for r in results]
         packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.outputs})
-        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
-        return 0
+        document = {"steps": steps, "packages": packages, "up_to_date": not stale}
+        print(json.dumps({**document, "exit_code": code}, indent=2, sort_keys=True))
+        return code
     for r in results:
         why = f": {'; '.join(r.reasons)}" if r.reasons else ""
         print(f"{Path(r.recipe).name} [{f'{r.step} {r.part}'.strip()}] {r.status}{why}")
-    return 0
+    return code
 
 
 def cmd_dag(args) -> int:

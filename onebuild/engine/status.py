@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..plan import Plan
 from ..tasks import STEPS
+from .build_folder import busy
 from .ownership import log_path, outputs_intact
 from .step_cache import open_cache, tree_digest
 from .tasks_plan import StepTask, plan_tasks, task_key
@@ -38,6 +39,7 @@ class _Forecast:
     def __init__(self) -> None:
         self.replaced: dict[Path, Path | None] = {}
         self.pending: dict[Path, str] = {}  # output -> the step that recomputes it
+        self.running = False  # a build holds the folder's lock now
 
     def where(self, path: Path) -> Path | None:
         for output, copy in self.replaced.items():
@@ -60,6 +62,7 @@ def status(plans: list[Plan]) -> list[StepStatus]:
     results = []
     for plan in plans:
         forecast = _Forecast()
+        forecast.running = busy(plan.build_dir)
         states: dict[str, str] = {}  # task (or fan-out) name -> predicted state
         for item in plan_tasks(plan):
             if isinstance(item, StepTask):
@@ -95,7 +98,7 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
         forecast.replaced.update({p: None for p in task.outputs})
         forecast.pending.update({p: step for p in task.outputs})
         return "pending", [f"runs, restores or stays as it is once [{step}] has run"]
-    reasons = _reasons(task, digests)
+    reasons = _reasons(task, digests, forecast.running)
     reasons += [f"{p.name} changes" for p, d in zip(task.after, waits) if d != tree_digest(p)]
     if not reasons:
         return "up-to-date", []
@@ -114,7 +117,7 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     return "run", reasons
 
 
-def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
+def _reasons(task: StepTask, digests: list[str | None], running: bool) -> list[str]:
     """Why the build would not leave the step as it is (empty: it would)."""
     path = log_path(task.outputs)
     if not path.is_file():
@@ -124,7 +127,7 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
     except (OSError, ValueError):
         return ["its build log is unreadable"]
     if log.get("status") == "running":
-        return ["its last run failed or did not finish"]
+        return ["a build is running it now" if running else "its last run failed or did not finish"]
     if log.get("recipe") != str(task.recipe):  # its inputs and options are the other one's
         return [f"another recipe's step made its outputs since ({log.get('recipe')})"]
     reasons = []
