@@ -1,6 +1,7 @@
 """The recipe commands of the CLI: build, status, dag, clean, list, schema, report, convert-cfg
 (printing, exit codes); `onebuild.cli` parses the arguments and dispatches here."""
 
+import contextlib
 import json
 import shutil
 import sys
@@ -77,7 +78,9 @@ def cmd_build(args) -> int:
             executor.close()
             sys.stdout, sys.stderr = streams
     reports = [str(_report(plan, results)) for plan in plans if plan.report]
-    packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
+    packed = [r.outputs for r in results if r.step == "pack" and r.status != "failed"]
+    packages = sorted({outputs[0] for outputs in packed})
+    archives = sorted({outputs[1] for outputs in packed if len(outputs) > 1})  # pack.archive
     failed = [r for r in results if r.status == "failed"]
     causes = [result for result in failed if not result.blocked]
     code = 0 if not failed else 2 if causes and all(r.user_error for r in causes) else 1
@@ -99,6 +102,7 @@ def cmd_build(args) -> int:
             "steps": steps,
             "packages": packages,
             **({"reports": reports} if reports else {}),
+            **({"archives": archives} if archives else {}),
             "counts": dict(Counter("not run" if r.blocked else r.status for r in results)),
             "exit_code": code,  # 2: bad input, 1: other failure
         }
@@ -116,6 +120,8 @@ def cmd_build(args) -> int:
         print(summary)
         for package in packages:
             print(f"package: {package}")
+        for archive in archives:
+            print(f"archive: {archive}")
         for report in reports:
             print(f"report: {report}")
     for result in causes:
@@ -230,6 +236,11 @@ def cmd_clean(args) -> int:
                 refuse_foreign(task.outputs, f"{plan.recipe}: [{task.step}]", "remove")
             for task in tasks:
                 remove(task.outputs)
+            folders = {p.parent for t in tasks for p in t.outputs if plan.build_dir in p.parents}
+            for folder in sorted(folders - {plan.build_dir}, reverse=True):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # the folders steps wrote into (codegen/), when empty
+            (plan.build_dir / PLAN_FILE).unlink(missing_ok=True)
             (plan.build_dir / DB_NAME).unlink(missing_ok=True)
             sweep([plan.build_dir / DB_NAME])
             sweep([plan.build_dir / PLAN_FILE], older_than=STALE_PLAN_SECONDS)
