@@ -8,6 +8,7 @@ import pytest
 from onnx import helper
 from onnx_builders import make_model
 
+from onebuild import compile as api
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
@@ -65,3 +66,21 @@ def test_sequence_matmul_is_an_integer_gemm_on_its_rows(rng, shape):
         ours = Interpreter(graph).run({"x": sample})["y"].astype(np.int64)
         (theirs,) = session.run(None, {"x": sample})
         assert np.abs(ours - theirs.astype(np.int64)).max() <= 1
+
+
+def test_what_stays_off_the_npu_says_why(rng):
+    """The rows QGemm needs the CPU (the NPU's Gemm takes one vector); a MatMul of two computed
+    tensors stays float and the partition table says it has no constant weights."""
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["k"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "kt"], ["y"]),
+    ]
+    model = import_onnx(make_model(nodes, [("x", [1, 4, 8])], ["y"], [("w", w)]))
+    samples = {"x": rng.standard_normal((8, 1, 4, 8)).astype(np.float32)}
+    graph = quantize_graph(model.main, calibrate(model.main, samples).ranges)
+    report = api.partition(graph, "m", codegen=api.CodegenOptions(hw="trix-m")).report
+    reasons = {f["op"]: " | ".join(f["reasons"]) for f in report["fallbacks"]}
+    assert "Gemm input must be a [1, K] vector" in reasons["QGemm"]
+    assert "MatMul computes in float (its weights are computed" in reasons["MatMul"]

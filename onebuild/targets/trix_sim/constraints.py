@@ -109,8 +109,9 @@ def pool_without_ceil(node: Node, hw: Hardware) -> bool:
 
 
 def dense_layer(node: Node, hw: Hardware) -> bool:
-    """Gemm input must be a [1, K] vector"""
-    return len(node.inputs[0].shape) == 2
+    """Gemm input must be a [1, K] vector (a MatMul over the rows of a sequence, [M, K] with
+    M > 1, runs on the CPU)"""
+    return len(node.inputs[0].shape) == 2 and node.inputs[0].shape[0] == 1
 
 
 def pass_through_dtype(node: Node, hw: Hardware) -> bool:

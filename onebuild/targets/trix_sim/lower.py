@@ -13,6 +13,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph_ir.ir import Graph, Node, Value
 from ...graph_ir.ops import OPS
+from ...graph_ir.quant.float_reason import float_reason
 from ...graph_ir.tensor import QuantParams
 from .constraints import (
     GENERIC,
@@ -423,7 +424,8 @@ def unsupported(node: Node, hw: Hardware) -> list[str]:
 def _failed(node: Node, hw: Hardware, skip: Constraint | None = None) -> list[str]:
     lowering = LOWERINGS.get(node.op)
     if lowering is None and any(v.dtype.kind == "f" for v in node.outputs):
-        return [f"{node.op} computes in float (not quantized); the NPU runs quantized ops only"]
+        why = float_reason(node)
+        return [f"{node.op} computes in float ({why}); the NPU runs quantized ops only"]
     if lowering is None:
         return [f"{node.op} is not an NPU operation"]
     failed = []
