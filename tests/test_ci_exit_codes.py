@@ -7,8 +7,11 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 from onnx import helper
 from onnx_builders import make_model
+
+from onebuild.npz import write_npz
 
 
 def _onebuild(*args: str) -> subprocess.CompletedProcess:
@@ -57,3 +60,22 @@ def test_build_json_has_counts_and_exit_code_when_a_step_fails(tmp_path):
     document = json.loads(failed.stdout)
     assert failed.returncode == document["exit_code"] == 2
     assert document["counts"] == {"failed": 1, "not run": 1}
+
+
+def test_status_says_why_a_step_after_a_rerun_cannot_stay(tmp_path):
+    """quantize reads the calibration data itself (its SQNR check) besides calibrate's output:
+    with that file changed it runs or restores, and status says so."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    weights = [("w", np.eye(4, dtype=np.float32))]
+    model = make_model(nodes, [("x", [1, 4])], ["y"], weights)
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    data = np.random.default_rng(0).normal(size=(8, 1, 4)).astype(np.float32)
+    write_npz(tmp_path / "c.npz", {"x": data})
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[import]\nsource = "m.onnx"\n[quantize]\ncalibration = "c.npz"\n')
+    assert _onebuild("build", str(recipe)).returncode == 0
+    write_npz(tmp_path / "c.npz", {"x": data * 2})
+    lines = _onebuild("status", str(recipe)).stdout.splitlines()
+    quantize = next(line for line in lines if "[quantize]" in line)
+    assert quantize.startswith("r.toml [quantize] pending: runs or restores once"), quantize
+    assert "input c.npz changed" in quantize

@@ -95,8 +95,11 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     unknown = [p for p, d in zip([*task.inputs, *task.after], [*digests, *waits]) if d == UNKNOWN]
     if unknown:
         step = forecast.producer(unknown[0])
+        own = _reasons(task, digests, forecast.running, skip=set(unknown))  # cannot stay, then
         forecast.replaced.update({p: None for p in task.outputs})
         forecast.pending.update({p: step for p in task.outputs})
+        if own and own != ["never built"]:
+            return "pending", [f"runs or restores once [{step}] has run", *own]
         return "pending", [f"runs, restores or stays as it is once [{step}] has run"]
     reasons = _reasons(task, digests, forecast.running)
     reasons += [f"{p.name} changes" for p, d in zip(task.after, waits) if d != tree_digest(p)]
@@ -117,8 +120,11 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     return "run", reasons
 
 
-def _reasons(task: StepTask, digests: list[str | None], running: bool) -> list[str]:
-    """Why the build would not leave the step as it is (empty: it would)."""
+def _reasons(
+    task: StepTask, digests: list[str | None], running: bool, skip: set[Path] = frozenset()
+) -> list[str]:
+    """Why the build would not leave the step as it is (empty: it would); inputs in `skip`
+    (recomputed first) are not compared."""
     path = log_path(task.outputs)
     if not path.is_file():
         return ["never built"]
@@ -139,6 +145,8 @@ def _reasons(task: StepTask, digests: list[str | None], running: bool) -> list[s
         reasons.append("option(s) changed: " + ", ".join(changed))
     recorded = log.get("inputs", {})
     for path, digest in zip(task.inputs, digests):
+        if path in skip:
+            continue
         if digest is None:
             reasons.append(f"input {path.name} is missing")
         elif recorded.get(str(path)) != digest:
