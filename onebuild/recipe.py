@@ -124,6 +124,10 @@ class QuantizeMixedPrecision(_Section):
         description="promoted units tried back in the base type at the end, whatever the "
         "margin (default: 4, only when the target holds by 1 dB or more)",
     )
+    promote_outputs: bool = Field(
+        default=_M.promote_outputs,
+        description="layers kept in the base type may write int16 (activation-only promotion)",
+    )
 
 
 class QuantizeStep(_Section):

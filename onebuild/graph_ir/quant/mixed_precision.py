@@ -77,6 +77,8 @@ class MixedPrecisionTarget:
     dtype: str = "int16"  # the higher-precision type: "int16", or "float32" (CPU parts)
     max_high_precision_mac_fraction: float | None = None
     trim_probes: int | None = None  # None: REFINE_PROBES, if the margin is DEMOTE_MARGIN_DB
+    # the layers kept in the base type write `dtype` (activation-only promotion; see `search`)
+    promote_outputs: bool = False
 
 
 @dataclass
@@ -197,12 +199,23 @@ def search(
     def fraction(promoted: Sequence[str]) -> float:
         return sum(node_macs[name] for name in promoted) / total_macs
 
+    writers: list[str] = []  # with promote_outputs: the layers that may write target.dtype
+
+    def outputs_only(promoted: Sequence[str]) -> list[str]:
+        """The layers kept in the base type that write the higher type."""
+        chosen = set(promoted)
+        return [name for name in writers if name not in chosen]
+
     def probe(promoted: Sequence[str], exact: bool = False) -> tuple[Graph, Comparison]:
-        """Quantize with `promoted` in the higher type and measure; unless `exact` or a MAC
-        budget may choose a set that misses the target, stop once it cannot be met."""
+        """Quantize with `promoted` in the higher type (and `outputs_only` writing it) and
+        measure; unless `exact` or a MAC budget may choose a set that misses the target, stop
+        once it cannot be met."""
         layers = config.layers
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
+        if outputs_only(promoted):
+            written = tuple(outputs_only(promoted))
+            layers = (*layers, LayerOverride(written, output_dtype=target.dtype))
         graph = build(replace(config, layers=layers))
         outputs = None
         if correct is not None:
@@ -211,6 +224,8 @@ def search(
         give_up = None if exact or budget is not None else target.target_sqnr_db
         comparison = measure.compare(graph, give_up_below=give_up, computed=outputs)
         step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
+        if writers:
+            step["promoted_outputs"] = len(outputs_only(promoted))
         if comparison.complete:
             step["sqnr_db"] = _worst_output_db(comparison)
         else:  # stopped: the target is out of reach; the SQNR is at most this
@@ -223,7 +238,7 @@ def search(
 
     base_graph, base = probe(())
     if met(base):
-        return _result(base_graph, (), base, target, fraction, steps)
+        return _result(base_graph, (), base, target, fraction, steps, None)
     if config.fold_scales and config.activation_granularity == "channel":
         # the candidates fold no edge: a promotion that splits one loses it in both types
         # (the layout detector needed 90.8 % of MACs in int16 for 30 dB with them, 63.5 %
@@ -238,18 +253,30 @@ def search(
     def promoted(kept: set[str]) -> list[str]:
         return [name for layer, unit in units.items() if layer not in kept for name in unit]
 
+    def finish(graph, chosen, comparison) -> MixedPrecisionResult:
+        outputs = outputs_only(chosen) if target.promote_outputs else None
+        return _result(graph, chosen, comparison, target, fraction, steps, outputs)
+
     everything = promoted(set())
     graph, comparison = probe(everything, exact=True)  # the floor: reported when it misses
     if not met(comparison):  # the floor misses the target: nothing can meet it
         if budget is not None and fraction(everything) > budget:
             graph, everything, comparison = base_graph, [], base
-        return _result(graph, everything, comparison, target, fraction, steps)
+        return finish(graph, everything, comparison)
     floor = _noise_ratios(comparison)
     aim = 10 ** (-target.target_sqnr_db / 10)
     allowed = {o: max(aim - r, 1e-30) for o, r in floor.items()}
     measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
     alone_layers = [member for layer in measured for member in members[layer]]
-    twins = base_graph if correct is None else build(config)  # each layer's own bias
+    twins = base_graph
+    if target.promote_outputs:  # the base: every unit with MACs computes low, writes high
+        writers[:] = output_writers(float_graph, units, measured, config)
+        twins, low = probe(promoted(set(measured)))
+        probes_seen = (twins, low)
+        if met(low):
+            return finish(twins, promoted(set(measured)), low)
+    if correct is not None:
+        twins = build(_with_outputs(config, writers, target.dtype))  # each layer's own bias
     signal, layer_noise = isolated_output_noise(
         float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
@@ -281,6 +308,10 @@ def search(
         (): (base_graph, [], base),
         tuple(everything): (graph, everything, comparison),
     }
+    if writers:  # the plain base is not a candidate: its kept layers write the base type
+        low_set = promoted(set(measured))
+        probes = {tuple(everything): probes[tuple(everything)]}
+        probes[tuple(low_set)] = (probes_seen[0], low_set, probes_seen[1])
 
     def tried(chosen: list[str]) -> tuple[Graph, list[str], Comparison]:
         """The probe of promoting `chosen` (each set probed once)."""
@@ -319,7 +350,7 @@ def search(
             graph, chosen, comparison = _demote(best, largest, units, tried, met, trims)
     else:  # the budget is too small: the best output within it, said as not met
         graph, chosen, comparison = max(within, key=lambda p: _worst_output_db(p[2]))
-    result = _result(graph, chosen, comparison, target, fraction, steps)
+    result = finish(graph, chosen, comparison)
     alone = {  # each measured layer's worst output SQNR when it alone is in the base type
         layer: min(sqnr_db(signal[o], noise[layer][o]) for o in signal) for layer in measured
     }
@@ -376,7 +407,32 @@ def _demote(best, layers, units, tried, met, count: int = REFINE_PROBES):
     return best
 
 
-def _result(graph, promoted, comparison, target, fraction, steps) -> MixedPrecisionResult:
+def output_writers(
+    float_graph: Graph, units: dict[str, list[str]], measured: list[str], config: QuantConfig
+) -> list[str]:
+    """The layers that may write the higher type while computing in the base type: the
+    Conv/Gemm/MatMul layers of the measured units (the others are promoted whole), except
+    the producers of per-channel edges (an edge's values stay in one type)."""
+    producers = set()
+    if config.activation_granularity == "channel":
+        producers = {edge.producer.name for edge in depthwise_edges(float_graph)}
+    nodes = {node.name: node for node in float_graph.nodes}
+    return [
+        name
+        for layer in measured
+        for name in units[layer]
+        if OPS[nodes[name].op].quant == "matmul" and name not in producers
+    ]
+
+
+def _with_outputs(config: QuantConfig, names: Sequence[str], dtype: str) -> QuantConfig:
+    if not names:
+        return config
+    override = LayerOverride(tuple(names), output_dtype=dtype)
+    return replace(config, layers=(*config.layers, override))
+
+
+def _result(graph, promoted, comparison, target, fraction, steps, outputs) -> MixedPrecisionResult:
     reached = _worst_output_db(comparison)
     record = {
         "target_sqnr_db": target.target_sqnr_db,
@@ -388,4 +444,6 @@ def _result(graph, promoted, comparison, target, fraction, steps) -> MixedPrecis
         "target_met": bool(reached >= target.target_sqnr_db),
         "steps": steps,
     }
+    if outputs is not None:  # computing in the base type, writing target.dtype (MACs low)
+        record["promoted_outputs"] = list(outputs)
     return MixedPrecisionResult(graph, record)

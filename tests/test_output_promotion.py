@@ -1,0 +1,246 @@
+"""Activation-only promotion: a layer computing in uint8 (uint8 inputs, int8 weights, int32
+sums) that writes int16, and the mixed-precision search that uses it (`promote_outputs`).
+
+On the trained digits CNN and its real images: the kernel against onnxruntime's ConvInteger and
+a definition of the requantization in Python integers, the search against the layer-only one,
+the QDQ export layer by layer in onnxruntime, and a build on the TRIX NPU, bit-exact.
+"""
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from test_mixed_precision import DIGITS, SHAPES, _quantized_db, decoy_digits, outlier_digits
+from test_partition import assert_package_matches_reference, build_statuses
+from test_qdq_export import session
+
+from onebuild.compile import MixedPrecisionOptions
+from onebuild.errors import OneBuildError, UserError
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.ir import Model, node_alone
+from onebuild.graph_ir.passes import run_preset
+from onebuild.graph_ir.quant.calibrate import calibrate
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
+from onebuild.graph_ir.serde import load_model
+from onebuild.npz import read_npz
+
+
+def _digits(path: Path = DIGITS / "digits.onnx"):
+    model = load_model(path, SHAPES)
+    run_preset(model)
+    ranges = calibrate(model.main, read_npz(DIGITS / "data" / "calib.npz")).ranges
+    return model.main, ranges
+
+
+def _trace(graph, x: np.ndarray) -> dict[str, np.ndarray]:
+    trace = {}
+    Interpreter(graph, observer=lambda v, a: trace.__setitem__(v.name, a)).run({"input": x})
+    return trace
+
+
+def _conv_integer(x: np.ndarray, w: np.ndarray, x_zero_point: int, attrs) -> np.ndarray:
+    """onnxruntime's ConvInteger: the int32 sums of (x - zp) * w."""
+    node = helper.make_node(
+        "ConvInteger",
+        ["x", "w", "zp"],
+        ["y"],
+        pads=list(attrs["pads"]),
+        strides=list(attrs["strides"]),
+        dilations=list(attrs["dilations"]),
+        group=int(attrs["group"]),
+    )
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape),
+        helper.make_tensor_value_info("w", TensorProto.INT8, w.shape),
+        helper.make_tensor_value_info("zp", TensorProto.UINT8, []),
+    ]
+    output = helper.make_tensor_value_info("y", TensorProto.INT32, None)
+    model = helper.make_model(
+        helper.make_graph([node], "g", inputs, [output]),
+        opset_imports=[helper.make_opsetid("", 21)],
+    )
+    model.ir_version = 10
+    runtime = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return runtime.run(None, {"x": x, "w": w, "zp": np.array(x_zero_point, np.uint8)})[0]
+
+
+def _requantized(acc: int, multiplier: int, shift: int, zero_point: int, lo: int, hi: int):
+    """round half to even of acc * m / 2^r, plus the zero point, clamped: in Python integers."""
+    exact = Fraction(acc * multiplier, 1 << shift)
+    return min(max(round(exact) + zero_point, lo), hi)  # round(): half to even
+
+
+def test_a_uint8_conv_writing_int16_matches_conv_integer_and_the_definition():
+    graph, ranges = _digits()
+    override = LayerOverride(("conv2",), output_dtype="int16")
+    mixed = quantize_graph(graph, ranges, QuantConfig(layers=(override,)))
+    conv = next(n for n in mixed.nodes if n.name == "conv2")
+    x, w, b = conv.inputs
+    assert (x.dtype, w.dtype, b.dtype, conv.output.dtype) == (
+        np.uint8,
+        np.int8,
+        np.int32,
+        np.int16,
+    )
+    images = read_npz(DIGITS / "data" / "test.npz")["input"][:4]
+    for image in images:
+        trace = _trace(mixed, image)
+        codes = trace[x.name]
+        sums = _conv_integer(codes, w.numpy(), conv.attrs["x_zero_point"], conv.attrs)
+        sums = sums.astype(np.int64) + b.numpy().reshape(1, -1, 1, 1)
+        a = conv.attrs
+        want = np.array(
+            [
+                _requantized(
+                    int(s),
+                    a["multiplier"][c],
+                    a["shift"][c],
+                    a["y_zero_point"],
+                    a["qmin"],
+                    a["qmax"],
+                )
+                for (_, c, _, _), s in np.ndenumerate(sums)
+            ]
+        ).reshape(sums.shape)
+        np.testing.assert_array_equal(trace[conv.output.name], want)
+    # the int16 output keeps what uint8 rounds away: against the exact sums in real units
+    # (s_x s_w[c] per code, clamped as the fused Relu does), the output's rounding error is
+    # over 1000x smaller than in uint8
+    plain = quantize_graph(graph, ranges, QuantConfig())
+
+    def rounding_error(quantized) -> float:
+        node = next(n for n in quantized.nodes if n.name == "conv2")
+        x, w, b = node.inputs
+        steps = np.asarray(b.quant.scale).reshape(1, -1, 1, 1)
+        total = 0.0
+        for image in images:
+            trace = _trace(quantized, image)
+            sums = _conv_integer(trace[x.name], w.numpy(), node.attrs["x_zero_point"], node.attrs)
+            real = (sums + b.numpy().reshape(1, -1, 1, 1)) * steps
+            a, y = node.attrs, node.output.quant
+            low, high = ((a[k] - a["y_zero_point"]) * y.scale[0] for k in ("qmin", "qmax"))
+            got = (trace[node.output.name] - a["y_zero_point"]) * y.scale[0]
+            total += float(np.square(got - np.clip(real, low, high)).sum())  # fused Relu
+        return total
+
+    assert rounding_error(mixed) < rounding_error(plain) / 1000
+
+
+def test_output_dtype_is_checked():
+    graph, ranges = _digits()
+    pool = next(n for n in graph.nodes if n.op == "MaxPool").name
+    with pytest.raises(UserError, match=rf"layers\[0\]: output_dtype applies to Conv.*'{pool}'"):
+        quantize_graph(
+            graph, ranges, QuantConfig(layers=(LayerOverride((pool,), None, None, "int16"),))
+        )
+    with pytest.raises(UserError, match="output_dtype must be a quantized dtype"):
+        quantize_graph(
+            graph, ranges, QuantConfig(layers=(LayerOverride(("conv1",), output_dtype="float32"),))
+        )
+    with pytest.raises(OneBuildError, match="promote_outputs: needs dtype 'int16'"):
+        MixedPrecisionOptions(dtype="float32", promote_outputs=True)
+
+
+def _search(path: Path, promote_outputs: bool):
+    options = MixedPrecisionOptions(target_sqnr_db=30, promote_outputs=promote_outputs)
+    model, held_out_db = _quantized_db(path, options)
+    return model, json.loads(model.metadata["mixed_precision"]), held_out_db
+
+
+def test_the_search_promotes_an_output_where_that_is_cheaper(tmp_path):
+    """The decoy digits CNN: conv2's outlier channels, written in uint8, lose their codes; the
+    layer search promotes conv2 and the classifier (80.5 % of the MACs). conv2 can keep uint8
+    inputs and int8 weights and write int16: the classifier alone is then promoted (2.7 %)."""
+    path = decoy_digits(tmp_path / "decoy.onnx")
+    _, layers, _ = _search(path, False)
+    model, record, held_out_db = _search(path, True)
+    assert record["target_met"] and held_out_db >= 30
+    assert "conv2" in record["promoted_outputs"] and "conv2" not in record["promoted"]
+    assert (
+        record["high_precision_mac_fraction"] < 0.05 < 0.8 < layers["high_precision_mac_fraction"]
+    )
+    nodes = {n.name: n for n in model.main.nodes}
+    conv2 = nodes["conv2"]
+    assert (conv2.inputs[0].dtype, conv2.inputs[1].dtype, conv2.output.dtype) == (
+        np.uint8,
+        np.int8,
+        np.int16,
+    )
+    assert record["steps"][-1]["promoted_outputs"] == len(record["promoted_outputs"])
+    # deterministic: the same search, the same record
+    assert _search(path, True)[1] == record
+
+
+def test_outlier_channels_need_their_reader_promoted_not_their_producer(tmp_path):
+    """conv1's small channels, written in int16 by a uint8 conv1, reach conv2, which reads
+    int16: conv1's MACs stay 8-bit (97.3 -> 77.8 % of the MACs)."""
+    path = outlier_digits(tmp_path / "outlier.onnx")
+    _, record, held_out_db = _search(path, True)
+    assert record["target_met"] and held_out_db >= 30
+    assert "conv1" in record["promoted_outputs"] and "conv2" in record["promoted"]
+    assert record["high_precision_mac_fraction"] < 0.8
+
+
+def test_qdq_export_of_uint8_layers_writing_int16_runs_in_onnxruntime(tmp_path):
+    model, record, _ = _search(decoy_digits(tmp_path / "decoy.onnx"), True)
+    graph = model.main
+    written = [n for n in graph.nodes if n.name in record["promoted_outputs"]]
+    assert written and all(n.inputs[0].dtype == np.uint8 for n in written)
+    images = read_npz(DIGITS / "data" / "test.npz")["input"][:8]
+    for image in images:
+        trace = _trace(graph, image)
+        for node in [n for n in graph.nodes if n.op.startswith("Q") and n.op != "QuantizeLinear"]:
+            single = node_alone(node)
+            (theirs,) = session(Model([single])).run(
+                None, {v.name: trace[v.name] for v in single.inputs}
+            )
+            ours = trace[node.output.name]
+            assert theirs.dtype == ours.dtype, node.name
+            gap = np.abs(ours.astype(np.int64) - theirs.astype(np.int64)).max()
+            assert gap <= 1, (node.name, gap)
+    whole = session(model)
+    logits = np.stack([whole.run(None, {"input": x})[0] for x in images])
+    want = Interpreter(graph).run_batch({"input": images})["logits"]
+    np.testing.assert_allclose(logits, want, atol=0.05 * np.abs(want).max())
+
+
+@pytest.fixture
+def decoy_project(tmp_path):
+    import shutil
+
+    shutil.copytree(DIGITS / "data", tmp_path / "data")
+    decoy_digits(tmp_path / "m.onnx")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        """
+[import]
+source = "m.onnx"
+input_shapes = { input = [1, 1, 8, 8] }
+[optimize]
+[quantize]
+calibration = "data/calib.npz"
+[quantize.mixed_precision]
+target_sqnr_db = 30
+promote_outputs = true
+[partition]
+[codegen]
+hw = "trix-m"
+[pack]
+output = "out/m.nnpkg"
+"""
+    )
+    samples = np.load(tmp_path / "data/test.npz")
+    np.savez(tmp_path / "eval.npz", input=samples[samples.files[0]][:8])
+    return recipe
+
+
+def test_a_build_with_promoted_outputs_is_bit_exact_on_the_npu(decoy_project):
+    statuses = build_statuses(decoy_project)
+    assert statuses["quantize"] == "run"
+    partition = assert_package_matches_reference(decoy_project.parent)
+    assert [p["backend"] for p in partition["parts"]] == ["trix"]
