@@ -244,3 +244,19 @@ def test_a_build_with_promoted_outputs_is_bit_exact_on_the_npu(decoy_project):
     assert statuses["quantize"] == "run"
     partition = assert_package_matches_reference(decoy_project.parent)
     assert [p["backend"] for p in partition["parts"]] == ["trix"]
+
+
+def test_circle_export_refuses_a_uint8_layer_writing_int16_in_one_line():
+    """onert 0.1.0 refuses such a CONV_2D when loading, LiteRT when preparing (output type
+    must be the input's), so the writer says so instead of writing a file neither runs."""
+    from onebuild.graph_ir.serde import write_circle
+
+    graph, ranges = _digits()
+    override = LayerOverride(("conv2",), output_dtype="int16")
+    model = Model([quantize_graph(graph, ranges, QuantConfig(layers=(override,)))])
+    for fmt in ("circle", "tflite"):
+        with pytest.raises(
+            OneBuildError, match=r"1 layer\(s\) compute in 8 bits and write int16.*'conv2'"
+        ) as error:
+            write_circle(model, fmt)
+        assert "\n" not in str(error.value)
