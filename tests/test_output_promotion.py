@@ -26,7 +26,7 @@ from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
-from onebuild.graph_ir.serde import load_model
+from onebuild.graph_ir.serde import load_ir, load_model
 from onebuild.npz import read_npz
 
 
@@ -242,8 +242,14 @@ output = "out/m.nnpkg"
 def test_a_build_with_promoted_outputs_is_bit_exact_on_the_npu(decoy_project):
     statuses = build_statuses(decoy_project)
     assert statuses["quantize"] == "run"
-    partition = assert_package_matches_reference(decoy_project.parent)
-    assert [p["backend"] for p in partition["parts"]] == ["trix"]
+    folder = decoy_project.parent
+    quantized = load_ir(folder / "build/r/quantize.obir")
+    record = json.loads(quantized.metadata["mixed_precision"])  # the recipe key reached it
+    assert "conv2" in record["promoted_outputs"] and "conv2" not in record["promoted"]
+    conv2 = next(n for n in quantized.main.nodes if n.name == "conv2")
+    assert (conv2.inputs[0].dtype, conv2.output.dtype) == (np.uint8, np.int16)
+    partition = assert_package_matches_reference(folder)
+    assert [p["backend"] for p in partition["parts"]] == ["trix"]  # two element sizes, one conv
 
 
 def test_circle_export_refuses_a_uint8_layer_writing_int16_in_one_line():
