@@ -11,20 +11,24 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from test_mixed_precision import DIGITS, SHAPES, _quantized_db, decoy_digits, outlier_digits
 from test_partition import assert_package_matches_reference, build_statuses
 from test_qdq_export import session
 
-from onebuild.compile import MixedPrecisionOptions
+from onebuild import compile as api
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, optimize, quantize
+from onebuild.datasets import first_samples, iter_batches
 from onebuild.errors import OneBuildError, UserError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Model, node_alone
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
+from onebuild.graph_ir.quant.evaluate import compare_graphs
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde import load_ir, load_model
 from onebuild.npz import read_npz
@@ -266,3 +270,85 @@ def test_circle_export_refuses_a_uint8_layer_writing_int16_in_one_line():
         ) as error:
             write_circle(model, fmt)
         assert "\n" not in str(error.value)
+
+
+def edge_model(path: Path) -> Path:
+    """Digits through a blur (conv1: 32 channels), a heavy pointwise conv (64 % of the MACs),
+    HardSwish and a light depthwise Laplacian (a high-pass: it amplifies its input's rounding
+    against a smooth signal), pooled into 10 logits: the edge pointwise -> HardSwish ->
+    depthwise (per channel) needs int16 for 45 dB, the pointwise conv's own MACs do not."""
+    rng = np.random.default_rng(0)
+    blur = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]]) / 16
+    laplacian = np.array([[-1, -1, -1], [-1, 8, -1], [-1, -1, -1]])
+    weights = {
+        "c1": rng.uniform(0.2, 1, (32, 1, 1, 1)) * blur,
+        "pw": rng.normal(0, 0.3, (32, 32, 1, 1)),
+        "pwb": np.full(32, 20.0),
+        "lap": np.tile(laplacian[None, None], (32, 1, 1, 1)),
+        "fc": rng.normal(0, 0.3, (10, 32)),
+    }
+    same = {"pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["input", "c1"], ["a"], name="conv1", **same),
+        helper.make_node("Relu", ["a"], ["b"], name="relu1"),
+        helper.make_node("Conv", ["b", "pw", "pwb"], ["c"], name="pointwise"),
+        helper.make_node("HardSwish", ["c"], ["d"], name="hswish"),
+        helper.make_node("Conv", ["d", "lap"], ["e"], group=32, name="depthwise", **same),
+        helper.make_node("Relu", ["e"], ["f"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["f"], ["g"], name="pool"),
+        helper.make_node("Flatten", ["g"], ["h"], name="flatten"),
+        helper.make_node("Gemm", ["h", "fc"], ["logits"], transB=1, name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "edge",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(w.astype(np.float32), k) for k, w in weights.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _channel_search(path: Path, promote_outputs: bool, target: float = 45):
+    reference = optimize(load_model(path, SHAPES))
+    specs = [(v.name, v.shape) for v in reference.main.inputs]
+    stats = api.calibrate(reference.main, iter_batches(DIGITS / "data/calib.npz", specs))
+    samples = first_samples(DIGITS / "data/calib.npz", specs, 16)
+    mixed = MixedPrecisionOptions(target_sqnr_db=target, promote_outputs=promote_outputs)
+    options = QuantizeOptions(mixed_precision=mixed, activation_granularity="channel")
+    model = quantize(optimize(load_model(path, SHAPES)), options, stats, samples)
+    test = list(iter_batches(DIGITS / "data/test.npz", specs))
+    held_out = compare_graphs(reference.main, model.main, test).outputs["logits"]["sqnr_db"]
+    return model, json.loads(model.metadata["mixed_precision"]), held_out
+
+
+def test_a_heavy_pointwise_conv_keeps_8_bit_macs_and_writes_its_edge_in_int16(tmp_path):
+    """Edges promoted whole (the layer search) put the pointwise conv in int16 with its edge:
+    81.7 % of the MACs. With promote_outputs the edge (HardSwish and the depthwise conv) is
+    one unit and its producer another: the pointwise conv reads uint8 with int8 weights and
+    writes int16 per channel into the int16 edge (17.9 %)."""
+    path = edge_model(tmp_path / "edge.onnx")
+    _, whole, _ = _channel_search(path, False)
+    assert {"pointwise", "depthwise"} <= set(whole["promoted"])
+    assert whole["high_precision_mac_fraction"] > 0.8
+    model, record, held_out_db = _channel_search(path, True)
+    assert record["target_met"] and held_out_db >= 45
+    assert "pointwise" in record["promoted_outputs"] and "depthwise" in record["promoted"]
+    assert record["high_precision_mac_fraction"] < 0.2
+    nodes = {n.name: n for n in model.main.nodes}
+    pointwise, table = nodes["pointwise"], nodes["hswish"]
+    assert (pointwise.inputs[0].dtype, pointwise.inputs[1].dtype) == (np.uint8, np.int8)
+    out = pointwise.output
+    assert out.dtype == np.int16 and out.quant.axis == 1 and len(out.quant.scale) == 32
+    assert table.inputs[0] is out and nodes["depthwise"].inputs[0].dtype == np.int16
+    # each layer in onnxruntime, from the QDQ export, within 1 LSB
+    images = read_npz(DIGITS / "data" / "test.npz")["input"][:4]
+    for image in images:
+        trace = _trace(model.main, image)
+        for node in (pointwise, table, nodes["depthwise"]):
+            single = node_alone(node)
+            feeds = {v.name: trace[v.name] for v in single.inputs}
+            (theirs,) = session(Model([single])).run(None, feeds)
+            gap = np.abs(trace[node.output.name].astype(np.int64) - theirs.astype(np.int64))
+            assert gap.max() <= 1, node.name

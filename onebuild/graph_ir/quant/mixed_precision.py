@@ -51,6 +51,7 @@ from .config import LayerOverride, QuantConfig
 from .empirical_bias import BiasCorrector
 from .evaluate import Batch, Comparison
 from .model_io import is_quantized
+from .output_promotion import OutputPlan, edge_producers, output_writers, split_edges
 from .probes import Probes
 from .sensitivity import isolated_output_noise
 
@@ -199,24 +200,22 @@ def search(
     def fraction(promoted: Sequence[str]) -> float:
         return sum(node_macs[name] for name in promoted) / total_macs
 
-    writers: list[str] = []  # with promote_outputs: the layers that may write target.dtype
+    # promote_outputs: which layers kept low write the higher type (filled once units are known)
+    plan = OutputPlan(target.dtype, config.dtype) if target.promote_outputs else None
 
-    def outputs_only(promoted: Sequence[str]) -> list[str]:
-        """The layers kept in the base type that write the higher type."""
-        chosen = set(promoted)
-        return [name for name in writers if name not in chosen]
-
-    def probe(promoted: Sequence[str], exact: bool = False) -> tuple[Graph, Comparison]:
-        """Quantize with `promoted` in the higher type (and `outputs_only` writing it) and
-        measure; unless `exact` or a MAC budget may choose a set that misses the target, stop
-        once it cannot be met."""
+    def configured(promoted: Sequence[str]) -> QuantConfig:
         layers = config.layers
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
-        if outputs_only(promoted):
-            written = tuple(outputs_only(promoted))
-            layers = (*layers, LayerOverride(written, output_dtype=target.dtype))
-        graph = build(replace(config, layers=layers))
+        if plan is not None:
+            layers = (*layers, *plan.overrides(promoted))
+        return replace(config, layers=layers)
+
+    def probe(promoted: Sequence[str], exact: bool = False) -> tuple[Graph, Comparison]:
+        """Quantize with `promoted` in the higher type (`plan`: the others' outputs as it
+        says) and measure; unless `exact` or a MAC budget may choose a set that misses the
+        target, stop once it cannot be met."""
+        graph = build(configured(promoted))
         outputs = None
         if correct is not None:
             correct(graph)
@@ -224,8 +223,8 @@ def search(
         give_up = None if exact or budget is not None else target.target_sqnr_db
         comparison = measure.compare(graph, give_up_below=give_up, computed=outputs)
         step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
-        if writers:
-            step["promoted_outputs"] = len(outputs_only(promoted))
+        if plan is not None:
+            step["promoted_outputs"] = len(plan.promoted_outputs(promoted))
         if comparison.complete:
             step["sqnr_db"] = _worst_output_db(comparison)
         else:  # stopped: the target is out of reach; the SQNR is at most this
@@ -238,7 +237,7 @@ def search(
 
     base_graph, base = probe(())
     if met(base):
-        return _result(base_graph, (), base, target, fraction, steps, None)
+        return _result(base_graph, (), base, target, fraction, steps)
     if config.fold_scales and config.activation_granularity == "channel":
         # the candidates fold no edge: a promotion that splits one loses it in both types
         # (the layout detector needed 90.8 % of MACs in int16 for 30 dB with them, 63.5 %
@@ -247,15 +246,25 @@ def search(
         base_graph, base = probe(())
     units = layer_units(float_graph, base_graph)
     members = {layer: [layer] for layer in units}
-    if config.activation_granularity == "channel":
-        units, members = edge_units(float_graph, units)
+    channel = config.activation_granularity == "channel"
+    if channel:
+        split = split_edges(float_graph, units) if plan is not None else None
+        if split is None:
+            units, members = edge_units(float_graph, units)
+        else:
+            units, members, plan.edges = split
 
     def promoted(kept: set[str]) -> list[str]:
         return [name for layer, unit in units.items() if layer not in kept for name in unit]
 
     def finish(graph, chosen, comparison) -> MixedPrecisionResult:
-        outputs = outputs_only(chosen) if target.promote_outputs else None
-        return _result(graph, chosen, comparison, target, fraction, steps, outputs)
+        extra = None
+        if plan is not None:  # computing in one type, writing the other (MACs: the first)
+            extra = {
+                "promoted_outputs": plan.promoted_outputs(chosen),
+                "demoted_outputs": plan.demoted_outputs(chosen),
+            }
+        return _result(graph, chosen, comparison, target, fraction, steps, extra)
 
     everything = promoted(set())
     graph, comparison = probe(everything, exact=True)  # the floor: reported when it misses
@@ -268,15 +277,22 @@ def search(
     allowed = {o: max(aim - r, 1e-30) for o, r in floor.items()}
     measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
     alone_layers = [member for layer in measured for member in members[layer]]
-    twins = base_graph
-    if target.promote_outputs:  # the base: every unit with MACs computes low, writes high
-        writers[:] = output_writers(float_graph, units, measured, config)
-        twins, low = probe(promoted(set(measured)))
-        probes_seen = (twins, low)
-        if met(low):
-            return finish(twins, promoted(set(measured)), low)
-    if correct is not None:
-        twins = build(_with_outputs(config, writers, target.dtype))  # each layer's own bias
+    if plan is None:
+        twins = base_graph if correct is None else build(config)  # each layer's own bias
+    else:  # the base: every unit with MACs computes low and writes high
+        plan.writers = output_writers(
+            float_graph, units, measured, edge_producers(float_graph) if channel else set()
+        )
+        low_set = promoted(set(measured))
+        low_graph, low_comparison = probe(low_set)
+        if met(low_comparison):
+            return finish(low_graph, low_set, low_comparison)
+        twins = low_graph if correct is None else build(configured(low_set))
+        twins = {node.name: node for node in twins.nodes}
+        if plan.edges:  # each edge producer alone, writing its promoted edge
+            edges = set(plan.edges.values())
+            producers = build(configured(promoted(set(measured) - edges)))
+            twins.update({n.name: n for n in producers.nodes if n.name in plan.edges})
     signal, layer_noise = isolated_output_noise(
         float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
@@ -308,10 +324,9 @@ def search(
         (): (base_graph, [], base),
         tuple(everything): (graph, everything, comparison),
     }
-    if writers:  # the plain base is not a candidate: its kept layers write the base type
-        low_set = promoted(set(measured))
+    if plan is not None:  # the plain base is not a candidate: its kept layers write low
         probes = {tuple(everything): probes[tuple(everything)]}
-        probes[tuple(low_set)] = (probes_seen[0], low_set, probes_seen[1])
+        probes[tuple(low_set)] = (low_graph, low_set, low_comparison)
 
     def tried(chosen: list[str]) -> tuple[Graph, list[str], Comparison]:
         """The probe of promoting `chosen` (each set probed once)."""
@@ -407,32 +422,7 @@ def _demote(best, layers, units, tried, met, count: int = REFINE_PROBES):
     return best
 
 
-def output_writers(
-    float_graph: Graph, units: dict[str, list[str]], measured: list[str], config: QuantConfig
-) -> list[str]:
-    """The layers that may write the higher type while computing in the base type: the
-    Conv/Gemm/MatMul layers of the measured units (the others are promoted whole), except
-    the producers of per-channel edges (an edge's values stay in one type)."""
-    producers = set()
-    if config.activation_granularity == "channel":
-        producers = {edge.producer.name for edge in depthwise_edges(float_graph)}
-    nodes = {node.name: node for node in float_graph.nodes}
-    return [
-        name
-        for layer in measured
-        for name in units[layer]
-        if OPS[nodes[name].op].quant == "matmul" and name not in producers
-    ]
-
-
-def _with_outputs(config: QuantConfig, names: Sequence[str], dtype: str) -> QuantConfig:
-    if not names:
-        return config
-    override = LayerOverride(tuple(names), output_dtype=dtype)
-    return replace(config, layers=(*config.layers, override))
-
-
-def _result(graph, promoted, comparison, target, fraction, steps, outputs) -> MixedPrecisionResult:
+def _result(graph, promoted, comparison, target, fraction, steps, extra=None):
     reached = _worst_output_db(comparison)
     record = {
         "target_sqnr_db": target.target_sqnr_db,
@@ -444,6 +434,5 @@ def _result(graph, promoted, comparison, target, fraction, steps, outputs) -> Mi
         "target_met": bool(reached >= target.target_sqnr_db),
         "steps": steps,
     }
-    if outputs is not None:  # computing in the base type, writing target.dtype (MACs low)
-        record["promoted_outputs"] = list(outputs)
+    record.update(extra or {})
     return MixedPrecisionResult(graph, record)
