@@ -213,23 +213,23 @@ def test_qdq_export_of_uint8_layers_writing_int16_runs_in_onnxruntime(tmp_path):
     np.testing.assert_allclose(logits, want, atol=0.05 * np.abs(want).max())
 
 
-@pytest.fixture
-def decoy_project(tmp_path):
+def _project(folder: Path, make, quantize_keys: str, target: float) -> Path:
     import shutil
 
-    shutil.copytree(DIGITS / "data", tmp_path / "data")
-    decoy_digits(tmp_path / "m.onnx")
-    recipe = tmp_path / "r.toml"
+    shutil.copytree(DIGITS / "data", folder / "data")
+    make(folder / "m.onnx")
+    recipe = folder / "r.toml"
     recipe.write_text(
-        """
+        f"""
 [import]
 source = "m.onnx"
-input_shapes = { input = [1, 1, 8, 8] }
+input_shapes = {{ input = [1, 1, 8, 8] }}
 [optimize]
 [quantize]
 calibration = "data/calib.npz"
+{quantize_keys}
 [quantize.mixed_precision]
-target_sqnr_db = 30
+target_sqnr_db = {target}
 promote_outputs = true
 [partition]
 [codegen]
@@ -238,22 +238,36 @@ hw = "trix-m"
 output = "out/m.nnpkg"
 """
     )
-    samples = np.load(tmp_path / "data/test.npz")
-    np.savez(tmp_path / "eval.npz", input=samples[samples.files[0]][:8])
+    samples = np.load(folder / "data/test.npz")
+    np.savez(folder / "eval.npz", input=samples[samples.files[0]][:8])
     return recipe
 
 
-def test_a_build_with_promoted_outputs_is_bit_exact_on_the_npu(decoy_project):
-    statuses = build_statuses(decoy_project)
+def test_a_build_with_promoted_outputs_is_bit_exact_on_the_npu(tmp_path):
+    recipe = _project(tmp_path, decoy_digits, "", 30)
+    statuses = build_statuses(recipe)
     assert statuses["quantize"] == "run"
-    folder = decoy_project.parent
-    quantized = load_ir(folder / "build/r/quantize.obir")
+    quantized = load_ir(tmp_path / "build/r/quantize.obir")
     record = json.loads(quantized.metadata["mixed_precision"])  # the recipe key reached it
     assert "conv2" in record["promoted_outputs"] and "conv2" not in record["promoted"]
     conv2 = next(n for n in quantized.main.nodes if n.name == "conv2")
     assert (conv2.inputs[0].dtype, conv2.output.dtype) == (np.uint8, np.int16)
-    partition = assert_package_matches_reference(folder)
+    partition = assert_package_matches_reference(tmp_path)
     assert [p["backend"] for p in partition["parts"]] == ["trix"]  # two element sizes, one conv
+
+
+def test_an_int16_edge_written_by_a_uint8_conv_packs_bit_exact(tmp_path):
+    """The edge model built for trix_sim: the target lowers per-channel edges in uint8 only
+    (`channel_dtypes`), so the promoted edge is int16 per tensor, written by the uint8
+    pointwise conv; one NPU part, bit-exact."""
+    recipe = _project(tmp_path, edge_model, 'activation_granularity = "channel"', 45)
+    build_statuses(recipe)
+    quantized = load_ir(tmp_path / "build/r/quantize.obir")
+    assert "pointwise" in json.loads(quantized.metadata["mixed_precision"])["promoted_outputs"]
+    pointwise = next(n for n in quantized.main.nodes if n.name == "pointwise")
+    assert (pointwise.inputs[0].dtype, pointwise.output.dtype) == (np.uint8, np.int16)
+    partition = assert_package_matches_reference(tmp_path)
+    assert [p["backend"] for p in partition["parts"]] == ["trix"]
 
 
 def test_circle_export_refuses_a_uint8_layer_writing_int16_in_one_line():
