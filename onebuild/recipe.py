@@ -188,6 +188,9 @@ class QuantizeStep(_Section):
             raise ValueError('mixed_precision needs mode = "full"')
         if self.mixed_precision and self.mixed_precision.dtype == self.dtype:
             raise ValueError(f"mixed_precision.dtype must differ from dtype ({self.dtype})")
+        mixed = self.mixed_precision
+        if mixed and mixed.promote_outputs and mixed.dtype != "int16":
+            raise ValueError("mixed_precision.promote_outputs needs mixed_precision.dtype 'int16'")
         return self
 
 

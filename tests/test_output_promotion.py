@@ -148,6 +148,12 @@ def test_output_dtype_is_checked():
         )
     with pytest.raises(OneBuildError, match="promote_outputs: needs dtype 'int16'"):
         MixedPrecisionOptions(dtype="float32", promote_outputs=True)
+    from onebuild.recipe import load_recipe
+
+    keys = ["target_sqnr_db=30", "promote_outputs=true", "dtype=float32"]
+    overrides = [f"quantize.mixed_precision.{key}" for key in keys]
+    with pytest.raises(OneBuildError, match="promote_outputs needs mixed_precision.dtype 'int16'"):
+        load_recipe(DIGITS.parent / "digits.toml", overrides)
 
 
 def _search(path: Path, promote_outputs: bool):
