@@ -196,11 +196,15 @@ def test_outlier_channels_need_their_reader_promoted_not_their_producer(tmp_path
     assert record["high_precision_mac_fraction"] < 0.8
 
 
-def test_qdq_export_of_uint8_layers_writing_int16_runs_in_onnxruntime(tmp_path):
-    model, record, _ = _search(decoy_digits(tmp_path / "decoy.onnx"), True)
+@pytest.mark.parametrize(
+    "make, written_ops", [(decoy_digits, {"QConv"}), (outlier_digits, {"QConv", "QGemm"})]
+)
+def test_qdq_export_of_uint8_layers_writing_int16_runs_in_onnxruntime(make, written_ops, tmp_path):
+    model, record, _ = _search(make(tmp_path / "m.onnx"), True)
     graph = model.main
     written = [n for n in graph.nodes if n.name in record["promoted_outputs"]]
-    assert written and all(n.inputs[0].dtype == np.uint8 for n in written)
+    assert {n.op for n in written} == written_ops
+    assert all((n.inputs[0].dtype, n.output.dtype) == (np.uint8, np.int16) for n in written)
     images = read_npz(DIGITS / "data" / "test.npz")["input"][:8]
     for image in images:
         trace = _trace(graph, image)
