@@ -15,20 +15,23 @@ def run_on_device(args) -> int:
 
     from .npz import from_file, read_npz, write_npz
     from .runtime.outputs import quantized_kind, writable
-    from .runtime.session import Session
+    from .runtime.session import Session, default_workspace
     from .targets import check_preset, check_target, default_hw
 
     if args.raw:
         raise UserError("--raw does not apply to on-device compilation: its I/O is float")
     if args.codegen:  # said before anything is recorded or written
         check_target(args.codegen, args.hw)
+        if not args.hw:
+            _check_package_hw(args.model, args.codegen)
     elif args.hw:
         check_preset(args.hw)
     for option, path, kind in (("--qpath", args.qpath, None), ("--cpath", args.cpath, "binary")):
         if path:  # said before the model loads, in the command line's terms
             writable(path, [kind or quantized_kind(path)], option, [args.model, args.inputs])
     shapes = dict(args.input_shape or [])
-    session = Session(args.model, workspace=args.workspace, input_shapes=shapes or None)
+    workspace = args.workspace or default_workspace(args.model)  # compiling needs one
+    session = Session(args.model, workspace=workspace, input_shapes=shapes or None)
     feeds = read_npz(args.inputs)
     missing = [name for name in session.inputs if name not in feeds]
     if missing:
@@ -82,3 +85,21 @@ def run_on_device(args) -> int:
         print(f"{name}: {array.dtype}{list(array.shape)}")
     print(f"state: {session.state}" + (f" ({session.reason})" if session.reason else ""))
     return 0
+
+
+def _check_package_hw(model, codegen: str) -> None:
+    """A package's ODC_HW, kept without --hw, must be a preset of the --codegen target (it
+    belongs to another target: refused before the session records or writes anything)."""
+    from .runtime.odc import settings_from_config
+    from .runtime.package import load_package
+    from .runtime.package_files import is_package
+    from .targets import check_target
+
+    if not is_package(model):
+        return
+    where = f"{model}: config.cfg: "
+    hw = settings_from_config(load_package(model).config, where).hw
+    try:
+        check_target(codegen, hw, where, ("--codegen", "ODC_HW"))
+    except UserError as error:
+        raise UserError(f"{error}; give --hw with one of them (it replaces ODC_HW)") from None

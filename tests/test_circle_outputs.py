@@ -8,6 +8,7 @@ gets it wrong (those checks fail once onert is fixed; then the copies can go).""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,8 +157,7 @@ def test_onert_output_beside_a_reshape(tmp_path, monkeypatch):
 def test_copies_only_where_read_and_folded_back(quantized):
     """A copy per output an operator reads (float: one listed twice, one copy), none for the
     others; the reader folds each back: the same nodes, names and outputs, bit for bit
-    (`exact_circle`). (A quantized output listed twice gets two names, which one tensor
-    cannot keep: `exact_circle` refuses it, copies or not.)"""
+    (`exact_circle`). (A quantized output listed twice, two names: see the next test.)"""
     model = chain(("Relu", "Sigmoid", "Tanh"), (0, 1, 2) if quantized else (0, 0, 1, 2))
     if quantized:
         model = uint8(model)
@@ -171,18 +171,32 @@ def test_copies_only_where_read_and_folded_back(quantized):
     assert "RESHAPE" not in operator_list(write_circle(plain))
 
 
-def test_package_whose_output_feeds_a_table(tmp_path, monkeypatch):
-    """Built as a user builds it (uint8 model I/O, packed): input -> HardSigmoid -> gate
-    (output) -> Erf -> Exp -> out (output), the tables CAST + GATHER. onert's outputs on 64
-    digit images equal onebuild's package run bit for bit (gate came back wrong from the old
-    writer's circle), as LiteRT's do on the model as tflite."""
+@pytest.mark.parametrize(("keep", "copies"), [((0, 0, 1, 2), 3), ((2, 2), 2), ((0, 2, 1, 2), 4)])
+def test_a_quantized_output_listed_twice_is_exact_circle(keep, copies):
+    """With quantized model outputs, an output listed twice is two IR values of two names;
+    the writer gives each a copy of the tensor (whether an operator reads it or not) and the
+    reader folds the second back as an Identity of the first. The old writer's one tensor
+    could hold only one of the names: `exact_circle` refused it and packages kept `.obir`."""
+    model = uint8(chain(("Relu", "Sigmoid", "Tanh"), keep))
+    names = [v.name for v in model.main.outputs]
+    assert len(set(names)) == len(names) == len(keep)  # two names for the repeated one
+    data, reason = exact_circle(model)
+    assert reason is None, reason
+    assert operator_list(data).count("RESHAPE") == copies  # one per IR value read or repeated
+    assert [v.name for v in read_circle(data).main.outputs] == names
+
+
+def packed(tmp_path, outputs: list[str]) -> tuple[Path, Model]:
+    """Built as a user builds it (uint8 model I/O, packed): input -> HardSigmoid -> gate ->
+    Erf -> Exp -> out, the model's outputs named by `outputs`; the package and the quantized
+    model it came from."""
     nodes = [
         helper.make_node("HardSigmoid", ["input"], ["gate"], alpha=0.2, beta=0.5, name="hs"),
         helper.make_node("Erf", ["gate"], ["erf"], name="erf"),
         helper.make_node("Exp", ["erf"], ["out"], name="exp"),
     ]
     shutil.copy(DIGITS / "data" / "calib.npz", tmp_path / "calib.npz")
-    onnx_model = make_model(nodes, [("input", [1, 1, 8, 8])], ["gate", "out"])
+    onnx_model = make_model(nodes, [("input", [1, 1, 8, 8])], outputs)
     (tmp_path / "m.onnx").write_bytes(onnx_model.SerializeToString())
     recipe = tmp_path / "r.toml"
     recipe.write_text(
@@ -192,9 +206,36 @@ def test_package_whose_output_feeds_a_table(tmp_path, monkeypatch):
     )
     results = build([load_recipe(recipe, [])], progress=lambda message: None)
     assert not [r.error for r in results if r.status == "failed"]
-    package = tmp_path / "out" / "m.nnpkg"
+    return tmp_path / "out" / "m.nnpkg", load_ir(tmp_path / "build" / "r" / "quantize.obir")
+
+
+def test_package_whose_output_listed_twice_runs_in_onert(tmp_path):
+    """outputs [gate, out, gate], quantized (uint8 model outputs: two IR values, gate and
+    gate_1): the package was `.obir` (one circle tensor cannot hold two names); now one
+    `.circle`, and onert returns every output, both gates included, equal to onebuild's
+    package run bit for bit."""
+    package, model = packed(tmp_path, ["gate", "out", "gate"])
     assert json.loads((package / "metadata" / "MANIFEST").read_text())["models"] == ["m.circle"]
-    model = load_ir(tmp_path / "build" / "r" / "quantize.obir")
+    graph = model.main
+    assert [v.name for v in graph.outputs] == ["gate", "out", "gate_1"]
+    feeds = quantize_inputs(graph, {"input": digits_images(64)})
+    want, _ = run_package(load_package(package), feeds, raw=True)
+    samples = [[x] for x in feeds["input"]]
+    outputs = run_onert((package / "m.circle").read_bytes(), tmp_path, samples)
+    for index, value in enumerate(graph.outputs):
+        got = np.stack([r[index] for r in outputs])
+        np.testing.assert_array_equal(got, want[value.name], value.name)
+    assert len(np.unique(want["gate"])) > 16  # the gates hold real codes, not a constant
+    np.testing.assert_array_equal(want["gate"], want["gate_1"])
+
+
+def test_package_whose_output_feeds_a_table(tmp_path, monkeypatch):
+    """Built as a user builds it (uint8 model I/O, packed): input -> HardSigmoid -> gate
+    (output) -> Erf -> Exp -> out (output), the tables CAST + GATHER. onert's outputs on 64
+    digit images equal onebuild's package run bit for bit (gate came back wrong from the old
+    writer's circle), as LiteRT's do on the model as tflite."""
+    package, model = packed(tmp_path, ["gate", "out"])
+    assert json.loads((package / "metadata" / "MANIFEST").read_text())["models"] == ["m.circle"]
     graph = model.main
     feeds = quantize_inputs(graph, {"input": digits_images(64)})
     want, _ = run_package(load_package(package), feeds, raw=True)

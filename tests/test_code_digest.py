@@ -64,12 +64,41 @@ def test_editing_any_module_a_step_imports_changes_its_key(tmp_path):
     root = _copy_package(tmp_path)
     result = subprocess.run(
         [sys.executable, "-c", EDIT_EVERY_FILE, ",".join(STEP_MODULES)],
+        cwd=root,  # `python -c` puts the working folder first on sys.path: the copy, not ours
         env=_env(root),
         capture_output=True,
         text=True,
         check=True,
     )
     assert result.stdout.strip() == "", result.stdout
+
+
+DIGESTS = r"""
+import os
+import onebuild
+assert onebuild.__file__.startswith(os.getcwd()), onebuild.__file__  # the copy runs
+from onebuild.engine.code_digest import step_code_digest
+from onebuild.targets import target_module
+print([step_code_digest("onebuild.tasks." + s, target_module("trix_sim")) for s in
+       ("import_model", "quantize", "codegen")])
+"""
+
+
+def test_installs_at_other_paths_share_keys(tmp_path):
+    """CI runners check out and install at different paths: the same code must give the same
+    keys, or a shared step cache never hits (the key named each file by its absolute path)."""
+    digests = [
+        subprocess.run(
+            [sys.executable, "-c", DIGESTS],
+            cwd=_copy_package(tmp_path / name),
+            env=_env(tmp_path / name),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for name in ("runner-a", "other/runner-b")
+    ]
+    assert digests[0] == digests[1] and digests[0].count("'") == 6
 
 
 def test_closure_follows_function_level_imports_and_package_data():

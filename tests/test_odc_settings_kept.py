@@ -2,6 +2,9 @@
 the front doors' parameters default to None ("keep the settings"), not to their own values."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +77,27 @@ def test_naming_the_default_preset_decides_nothing_again():
     (the same hardware) keeps the decision; another preset does not."""
     assert OdcSettings(hw="trix-m").key == OdcSettings().key
     assert OdcSettings(hw="trix-s").key != OdcSettings().key
+
+
+def test_codegen_for_a_target_the_packages_hw_is_not_of_is_refused_before_writing(
+    tmp_path, package
+):
+    """--codegen tiny (the second target of tests/data/tiny_target, installed by its entry
+    point) keeps the package's ODC_HW=trix-s, a trix_sim preset: refused at once, naming the
+    key and --hw. The old code recorded and quantized into the workspace first, then failed at
+    codegen with a line that named neither."""
+    write_npz(tmp_path / "in.npz", {"input": samples(3)})
+    workspace, out = tmp_path / "ws", tmp_path / "o.npz"
+    run = ["run", str(package), "-i", str(tmp_path / "in.npz"), "-o", str(out)]
+    odc = ["--quantize", "uint8", "--minmax-runs", "2", "--workspace", str(workspace)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "data" / "tiny_target")}
+    result = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", *run, *odc, "--codegen", "tiny"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    error = result.stderr.strip()
+    assert error.count("\n") == 0, error
+    assert f"{package}: config.cfg: ODC_HW 'trix-s' is not a preset of target tiny" in error
+    assert "(its presets: tiny-1); give --hw" in error
+    assert not workspace.exists() and not out.exists()

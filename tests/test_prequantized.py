@@ -15,6 +15,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from onebuild import Session
 from onebuild.cli import main
+from onebuild.errors import UserError
 from onebuild.graph_ir.serde import load_model, write_circle
 from onebuild.npz import read_npz, write_npz
 
@@ -94,6 +95,17 @@ def test_codegen_splits_a_prequantized_model_like_its_own(tmp_path, qdq, images)
     argv = ["run", str(model), "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz")]
     assert main([*argv, "--codegen", "trix_sim", "--workspace", str(tmp_path / "ws2")]) == 0
     np.testing.assert_array_equal(read_npz(tmp_path / "o.npz")["logits"], compiled)
+
+
+def test_without_a_workspace_a_prequantized_model_runs_and_a_split_is_refused(tmp_path, qdq):
+    """workspace=False: the NPU and CPU parts have nowhere to go (the old code made PATH.odc
+    regardless); the session says so in one line and keeps running its quantized model."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(qdq.read_bytes())
+    session = Session(model, workspace=False)
+    with pytest.raises(UserError, match=r"has none \(workspace=False\): give it one"):
+        session.codegen("trix_sim")
+    assert session.state == "QUANTIZED" and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
 def test_a_preset_builds_a_prequantized_model_without_calibration(tmp_path, qdq, images):

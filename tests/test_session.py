@@ -1,11 +1,11 @@
 """The on-device session: recording, quantization, codegen and auto-compilation on digits."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from digits_session import DIGITS, RECORDS, SHAPES, digits_data, digits_session
 from onnx import helper
 from onnx_builders import make_model
 
@@ -18,23 +18,10 @@ from onebuild.graph_ir.serde import load_ir, load_onnx
 from onebuild.npz import read_npz, write_npz
 from onebuild.runtime.odc import settings_from_config
 
-DIGITS = Path(__file__).parent.parent / "examples" / "digits"
-SHAPES = {"input": [1, 1, 8, 8]}
-RECORDS = 12
-
 
 @pytest.fixture(scope="module")
 def data():
-    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
-    test = read_npz(DIGITS / "data" / "test.npz")["input"]
-    labels = read_npz(DIGITS / "data" / "test_labels.npz")["labels"]
-    return calib, test, labels
-
-
-def digits_session(workspace, records=RECORDS) -> Session:
-    session = Session(DIGITS / "digits.onnx", workspace=workspace, input_shapes=SHAPES)
-    session.set_odc_param_minmax_records_count(records)
-    return session
+    return digits_data("calib"), digits_data("test"), digits_data("test_labels", "labels")
 
 
 def accuracy(run, images, labels) -> float:

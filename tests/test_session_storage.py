@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from digits_session import DIGITS, RECORDS, SHAPES, digits_data, digits_session
 
 from onebuild import Session
 from onebuild.errors import UserError
@@ -20,22 +21,10 @@ from onebuild.graph_ir.serde import save_ir
 from onebuild.graph_ir.serde.irfile import ir_digest, ir_file_digest
 from onebuild.npz import read_npz
 
-DIGITS = Path(__file__).parent.parent / "examples" / "digits"
-SHAPES = {"input": [1, 1, 8, 8]}
-RECORDS = 12
-
 
 @pytest.fixture(scope="module")
 def data():
-    calib = read_npz(DIGITS / "data" / "calib.npz")["input"]
-    test = read_npz(DIGITS / "data" / "test.npz")["input"]
-    return calib, test
-
-
-def digits_session(workspace) -> Session:
-    session = Session(DIGITS / "digits.onnx", workspace=workspace, input_shapes=SHAPES)
-    session.set_odc_param_minmax_records_count(RECORDS)
-    return session
+    return digits_data("calib"), digits_data("test")
 
 
 def files(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -327,3 +316,74 @@ def test_sessions_opened_from_threads_share_the_process_lock(tmp_path):
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: _opens(workspace), range(32)))
     assert results == ["opened"] * 32
+
+
+def onnxruntime_logits(model: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return session.run(["logits"], {"input": x})[0]
+
+
+def test_a_float_model_in_a_read_only_folder_runs_without_a_workspace(
+    tmp_path, data, monkeypatch, caplog
+):
+    """nnfw's flow, load and run, from read-only storage: the old code refused to open
+    (the default workspace PATH.odc could not be created) and had no way to turn it off."""
+    _, test = data
+    app = tmp_path / "app"
+    app.mkdir()
+    model = app / "digits.onnx"
+    model.write_bytes((DIGITS / "digits.onnx").read_bytes())
+    with read_only(app, monkeypatch), caplog.at_level(logging.WARNING, "onebuild"):
+        session = Session(model, input_shapes=SHAPES)
+        for x in test[:4]:
+            got = session.run_with_auto_compilation({"input": x})["logits"]
+            np.testing.assert_allclose(got, onnxruntime_logits(model, x), rtol=1e-5, atol=1e-5)
+        assert session.state == "INITIAL" and session.workspace is None
+    assert [p.name for p in app.iterdir()] == ["digits.onnx"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert warnings[0].startswith(str(app / "digits.onnx.odc")) and "workspace=False" in warnings[0]
+    with pytest.raises(UserError, match=r"needs a session workspace .*workspace=DIR"):
+        session.set_execute_config("DUMP_MINMAX")
+
+
+def test_workspace_false_runs_the_model_and_refuses_to_record_or_compile(tmp_path, data, caplog):
+    _, test = data
+    model = tmp_path / "digits.onnx"
+    model.write_bytes((DIGITS / "digits.onnx").read_bytes())
+    with caplog.at_level(logging.WARNING, "onebuild"):
+        session = Session(model, workspace=False, input_shapes=SHAPES)
+        got = session.run({"input": test[0]})["logits"]
+        session.run_with_auto_compilation({"input": test[1]})  # runs, records nothing
+    np.testing.assert_allclose(got, onnxruntime_logits(model, test[0]), rtol=1e-5, atol=1e-5)
+    assert session.minmax_records == 0 and not caplog.records
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits.onnx"]  # old: digits.onnx.odc
+    for call in (lambda: session.set_execute_config("DUMP_MINMAX"), session.quantize,
+                 session.compile_now):  # fmt: skip
+        with pytest.raises(UserError, match=r"\(workspace=False\): give Session\(workspace=DIR\)"):
+            call()
+
+
+def test_the_command_line_names_the_workspace_option_when_the_folder_is_read_only(
+    tmp_path, data, monkeypatch, capsys
+):
+    from onebuild.cli import main
+    from onebuild.npz import write_npz
+
+    app = tmp_path / "app"
+    app.mkdir()
+    model = app / "digits.onnx"
+    model.write_bytes((DIGITS / "digits.onnx").read_bytes())
+    write_npz(tmp_path / "in.npz", {"input": data[1][:2]})
+    run = ["run", str(model), "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz")]
+    with read_only(app, monkeypatch):
+        assert main([*run, "--input-shape", "input=1,1,8,8", "--auto-compile"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and str(app / "digits.onnx.odc") in error
+    assert "--workspace DIR" in error
+    workspace = tmp_path / "ws"
+    assert main([*run, "--input-shape", "input=1,1,8,8", "--auto-compile", "--workspace",
+                 str(workspace)]) == 0  # fmt: skip
+    assert (workspace / "minmax.npz").is_file()

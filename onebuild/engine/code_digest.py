@@ -34,8 +34,12 @@ def step_code_digest(module: str, *target_modules: str | None) -> str:
 @cache
 def _digest(roots: tuple[str, ...]) -> str:
     sha = hashlib.sha256()
-    for path in sorted(set().union(*(_closure(root) for root in roots))):
-        sha.update(f"{path}\0{_file_digest(path)}\n".encode())
+    files = {}  # named from the package's folder, so that installs at other paths share keys
+    for root in roots:
+        base = _package_root(root.split(".")[0]).parent
+        files.update((path.relative_to(base).as_posix(), path) for path in _closure(root))
+    for name in sorted(files):
+        sha.update(f"{name}\0{_file_digest(files[name])}\n".encode())
     for library in LIBRARIES:
         try:
             sha.update(f"{library} {version(library)}\n".encode())

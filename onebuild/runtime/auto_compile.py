@@ -5,8 +5,9 @@ behind the accuracy gate.
 `AutoCompilation` is a mixin of `Session` (`session.py`): it reads and sets the session's model
 and state (`_model`, `_state`, `_float`, `_float_runner`, `_recorder`, `workspace`, `settings`,
 `reason`, `gates`, `choice`) and calls the session's `_run`, `_quantize_file`, `_codegen_file`,
-`_set_codegen` and `_need_float`. A state's model is switched to only once its artifact is
-written; an artifact that goes missing or changes sends the session back to the last intact state.
+`_set_codegen`, `_need_float` and `_need_workspace`. A state's model is switched to only once
+its artifact is written; an artifact that goes missing or changes sends the session back to
+the last intact state.
 """
 
 import logging
@@ -77,6 +78,7 @@ class AutoCompilation:
         on its current model and tries again `minmax_records` runs later or at the next
         launch."""
         self._need_float("compile_now()")
+        self._need_workspace("compile_now()")
         try:
             self._decide()
         except OSError as error:

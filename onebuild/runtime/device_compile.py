@@ -88,7 +88,7 @@ def codegen_model(
     model, as imported and optimized, has no file of its own). `paths`: the file the session
     opened and its workspace folder. One binary at `cpath`, else beside the opened file; a
     model the NPU cannot run whole becomes a package of NPU and CPU parts in the workspace, as
-    for a model the session quantized."""
+    for a model the session quantized (None: the session has no workspace)."""
     options = CodegenOptions(settings.target, settings.hw, settings.pref)
     opened, folder = paths
     output = cpath or opened.with_suffix(f".{binary_suffix(options.target)}")
@@ -102,6 +102,11 @@ def codegen_model(
         except ModelError as error:  # not all of it runs on the NPU: the NPU parts do
             if cpath is not None:
                 raise
+            if folder is None:  # Session(workspace=False)
+                raise UserError(
+                    f"{error}; the session would put its NPU and CPU parts in its workspace "
+                    "and has none (workspace=False): give it one (workspace=DIR)"
+                ) from None
             return partitioned_codegen(Workspace(folder), source, options, error)
     return output
 

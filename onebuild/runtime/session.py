@@ -11,13 +11,15 @@ QUANTIZED -> COMPILED). The gate compares each new model with the float one on r
 a model that fails it, or a codegen that fails, leaves the session on the previous model with
 the reason in `reason`. Quantization and codegen go through the compile API the build's steps
 call (`onebuild.compile`), so their files equal what `onebuild build` makes from the same data.
-Everything lives in a workspace (see `workspace`) that survives restarts and kills.
+Everything lives in a workspace (see `workspace`) that survives restarts and kills; without one
+(`workspace=False`, or a read-only model folder) the session only runs its model.
 """
 
 import logging
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -38,10 +40,16 @@ from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
 from .outputs import quantized_kind, writable
 from .session_io import app_types, checked_feeds, delivered, tensor_name
-from .workspace import Workspace
+from .workspace import Workspace, creatable
 
 log = logging.getLogger("onebuild")
 EXECUTE_CONFIGS = ("DUMP_MINMAX",)
+
+
+def default_workspace(path: str | os.PathLike) -> Path:
+    """Where a session on `path` keeps its workspace unless told: `PATH.odc` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + ".odc")
 
 
 class Session(AutoCompilation):
@@ -50,10 +58,12 @@ class Session(AutoCompilation):
     def __init__(
         self,
         path: str | os.PathLike,
-        workspace: str | os.PathLike | None = None,
+        workspace: str | os.PathLike | Literal[False] | None = None,
         *,
         input_shapes: dict[str, list[int]] | None = None,
     ):
+        """`workspace`: a folder (None: `default_workspace(path)`), or False for none: the
+        session then runs its model without recording or compiling, as nnfw's session does."""
         self.path = Path(path)
         self.settings = OdcSettings()
         self.reason: str | None = None  # why the session stays on its current model
@@ -70,8 +80,22 @@ class Session(AutoCompilation):
         self._retry_in: int | None = None  # runs until writing is tried again
         self._load(input_shapes)
         self.workspace = None  # a quantized model's workspace holds only its partitioned code
-        self._folder = Path(workspace or self.path.with_name(self.path.name + ".odc"))
-        if self._float is not None:
+        self._folder = None if workspace is False else Path(workspace or default_workspace(path))
+        self._no_workspace = "workspace=False" if self._folder is None else None
+        if self._float is None:
+            return
+        if workspace is None and not creatable(self._folder):  # the model's folder is read-only
+            self._no_workspace = f"{self._folder.parent} is read-only"
+            log.warning(
+                "%s: cannot create the session workspace (%s); running the model without "
+                "recording or compiling: give Session(workspace=DIR) a folder on writable "
+                "storage to compile on the device, or workspace=False to run without it",
+                self._folder,
+                self._no_workspace,
+            )
+        if self._no_workspace:
+            self._runs_only()
+        else:
             self.workspace = Workspace(self._folder)
             self._open_workspace()
 
@@ -152,6 +176,21 @@ class Session(AutoCompilation):
                     self._state,
                 )
 
+    def _runs_only(self) -> None:
+        """No workspace: the float model runs, nothing is recorded or decided (as on a
+        read-only workspace); recording and compiling by hand are refused (`_need_workspace`)."""
+        self._recorder = RangeRecorder()
+        self._read_only, self._decided_with, self._done = True, None, False
+        self._artifacts, self._source_digest = {}, None
+
+    def _need_workspace(self, what: str) -> None:
+        if self._no_workspace:
+            raise UserError(
+                f"{what} needs a session workspace and this session has none "
+                f"({self._no_workspace}): give Session(workspace=DIR) a folder on writable "
+                "storage (on the command line, --workspace DIR)"
+            )
+
     def _unwritable(self, error: OSError, path: Path, retry: bool = True) -> None:
         """The workspace cannot be written (read-only, full, failing): the session runs its
         current model and records nothing, until `minmax_records` runs later (`retry`) or
@@ -220,6 +259,7 @@ class Session(AutoCompilation):
         if key not in EXECUTE_CONFIGS:
             raise UserError(f"unknown execute config '{key}' (known: {', '.join(EXECUTE_CONFIGS)})")
         self._need_float(f"{key} records float runs")
+        self._need_workspace(f"{key} (recording float runs)")
         if value not in ("0", "false", ""):
             self._execute.add(key)
         else:
@@ -364,6 +404,7 @@ class Session(AutoCompilation):
 
     def _quantize_file(self) -> Path:
         self._need_float("quantize()")
+        self._need_workspace("quantize()")
         self._end_recording()
         default = self.workspace.quantized
         output = self._qpath or (default.with_suffix(".circle") if self._circle else default)

@@ -76,7 +76,11 @@ class Workspace:
                 self.records_folder.mkdir()
         except OSError as error:
             what = "it is a file" if self.folder.is_file() else error.strerror
-            raise UserError(f"{self.folder}: cannot be the session workspace ({what})") from None
+            raise UserError(
+                f"{self.folder}: cannot be the session workspace ({what}); give the session a "
+                "folder on writable storage (Session(workspace=DIR), run --workspace DIR), or "
+                "none (Session(workspace=False): run without recording or compiling)"
+            ) from None
         self.close = weakref.finalize(self, _unlock, _lock(self.folder))  # releases the lock
         self.state_file = self.folder / "state.json"
         self.model = self.folder / "model.obir"
@@ -183,6 +187,13 @@ class Workspace:
             path.unlink(missing_ok=True)
         for folder in (self.partition, self.package):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def creatable(folder: Path) -> bool:
+    """Whether opening `folder` as a workspace is worth trying: it exists, its parent is
+    missing (which `Workspace` reports), or its parent is writable by this process (a
+    read-only mount refuses even root)."""
+    return folder.exists() or not folder.parent.is_dir() or os.access(folder.parent, os.W_OK)
 
 
 def _claim(folder: Path) -> None:

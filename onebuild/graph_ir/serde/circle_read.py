@@ -216,7 +216,9 @@ class Reader:
         name = self.info(index).name
         if value.name != name:
             if value.producer is None or value in self.graph.outputs:
+                quant = value.quant  # a second name of a quantized output keeps its parameters
                 value = self.graph.make_node("Identity", [value], {}, f"{name}/identity").output
+                value.quant = quant
             self.graph.rename(value, name)
         return value
 

@@ -251,21 +251,31 @@ class Writer:
         return bytes(b.Output())
 
     def _copied_outputs(self, outputs: list[int]) -> list[int]:
-        """A graph output that an operator also reads is written by a copy (RESHAPE to its own
-        shape) of the tensor its readers read. onert 0.1.0 with internally allocated outputs
-        (as its Python API runs) plans such an output like an inner tensor: freed after its
-        last reader, its memory is given to a later tensor, whose data the output returns.
-        The reader folds the copy back (no node)."""
+        """A graph output that an operator also reads, or that shares its tensor with another
+        output of another name (a quantized output listed twice: one tensor cannot hold two
+        names), is written by a copy (RESHAPE to its own shape) of that tensor, one copy per
+        IR value. onert 0.1.0 with internally allocated outputs (as its Python API runs) plans
+        an output that is read like an inner tensor: freed after its last reader, its memory
+        is given to a later tensor, whose data the output returns. The reader folds the copies
+        back (no node, or an Identity for a second name)."""
         read = {i for _, inputs, *_ in self.operators for i in inputs}
-        copies: dict[int, int] = {}
-        for index in outputs:
-            if index in read and index not in copies:
-                t = self.tensors[index]
-                copy = self.new_tensor(f"{t.name}_out", t.dtype, t.shape, None, t.quant)
-                shape = self.constant(np.asarray(t.shape, np.int32), f"{t.name}_shape")
-                self.op("RESHAPE", [index, shape], [copy])
-                copies[index] = copy
-        return [copies.get(i, i) for i in outputs]
+        held: dict[int, set[int]] = {}  # tensor -> the IR outputs it holds
+        for value, index in zip(self.graph.outputs, outputs):
+            held.setdefault(index, set()).add(id(value))
+        copies: dict[tuple[int, int], int] = {}
+        written = []
+        for value, index in zip(self.graph.outputs, outputs):
+            if index in read or len(held[index]) > 1:
+                key = (index, id(value))
+                if key not in copies:
+                    t = self.tensors[index]
+                    copy = self.new_tensor(f"{t.name}_out", t.dtype, t.shape, None, t.quant)
+                    shape = self.constant(np.asarray(t.shape, np.int32), f"{t.name}_shape")
+                    self.op("RESHAPE", [index, shape], [copy])
+                    copies[key] = copy
+                index = copies[key]
+            written.append(index)
+        return written
 
     def _name_outputs(self, outputs: list[int]) -> None:
         """Graph outputs keep their IR names (a transposed or aliased output's tensor takes the
