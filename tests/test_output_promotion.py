@@ -376,3 +376,73 @@ def test_a_heavy_pointwise_conv_keeps_8_bit_macs_and_writes_its_edge_in_int16(tm
             (theirs,) = session(Model([single])).run(None, feeds)
             gap = np.abs(trace[node.output.name].astype(np.int64) - theirs.astype(np.int64))
             assert gap.max() <= 1, node.name
+
+
+def _pointwise_edge_graph(rng):
+    """x -> Conv 1x1 (channels spanning 300x) -> HardSwish -> depthwise 3x3 -> Conv 1x1,
+    with smooth calibration images (sums of sines)."""
+    from onebuild.graph_ir.ir import Graph
+
+    graph = Graph("edge")
+    x = graph.add_input("x", np.float32, (1, 3, 9, 11))
+    gamma = rng.permutation(np.geomspace(1 / 17, 17, 8))
+
+    def conv(name, value, weights, group=1, pad=0):
+        w = graph.add_constant(weights.astype(np.float32))
+        b = graph.add_constant(rng.normal(0, 0.1, len(weights)).astype(np.float32))
+        attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [pad] * 4, "group": group}
+        return graph.make_node("Conv", [value, w, b], attrs, name).output
+
+    mid = conv("pointwise", x, rng.normal(0, 0.5, (8, 3, 1, 1)) * gamma[:, None, None, None])
+    mid = graph.make_node("HardSwish", [mid], name="hswish").output
+    taps = rng.normal(0, 0.5, (8, 1, 3, 3)) / gamma[:, None, None, None]
+    mid = conv("depthwise", mid, taps, group=8, pad=1)
+    graph.outputs = [conv("last", mid, rng.normal(0, 0.4, (5, 8, 1, 1)))]
+    rows, cols = np.meshgrid(np.arange(9), np.arange(11), indexing="ij")
+    phases = rng.uniform(0, 2 * np.pi, (8, 3, 1, 1))
+    images = np.sin(0.7 * rows + phases) * np.cos(0.5 * cols - phases)
+    return graph, calibrate(graph, {"x": images[:, None].astype(np.float32)})
+
+
+@pytest.mark.parametrize(
+    "granularity, overrides, widths",
+    [
+        # a uint8 pointwise conv writing int16 into an int16 edge (per tensor)
+        (
+            "tensor",
+            (
+                LayerOverride(("pointwise",), output_dtype="int16"),
+                LayerOverride(("hswish", "depthwise"), "int16"),
+            ),
+            (1, 2),
+        ),
+        # an int16 pointwise conv writing its uint8 per-channel edge (a demoted output)
+        (
+            "channel",
+            (LayerOverride(("pointwise",), "int16", output_dtype="uint8"),),
+            (2, 1),
+        ),
+    ],
+)
+def test_the_npu_lowers_a_conv_with_two_element_sizes_bit_exact(
+    granularity, overrides, widths, rng
+):
+    from test_trix_ops import check
+
+    graph, stats = _pointwise_edge_graph(rng)
+    config = QuantConfig(
+        "uint8",
+        input_type="uint8",
+        output_type="uint8",
+        layers=overrides,
+        activation_granularity=granularity,
+        channel_dtypes=("uint8",),
+    )
+    quantized = quantize_graph(
+        graph, stats.ranges_for("uint8"), config, channel_ranges=stats.channel_ranges
+    )
+    pointwise = next(n for n in quantized.nodes if n.name == "pointwise")
+    sizes = (pointwise.inputs[0].dtype.itemsize, pointwise.output.dtype.itemsize)
+    assert sizes == widths
+    assert (pointwise.output.quant.axis is not None) == (granularity == "channel")
+    check(quantized, rng)  # both presets, tiled to the smallest SRAM, through the .tvn file
