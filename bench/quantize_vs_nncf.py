@@ -182,7 +182,7 @@ def measure(spec, count: int, work: Path, wanted: set[str], jitter: int) -> dict
     upgraded = prepared(path)  # the same model; NNCF's and onnxruntime's per-channel weights
     keys = ["onebuild_plain", "onebuild", BEST_8BIT[spec.name], *ORT_KEYS, *NNCF_VARIANTS]
     keys = [k for k in dict.fromkeys(keys) if not wanted or k in wanted]
-    outputs, seconds, qdq, protos = {}, {}, {}, {}
+    outputs, seconds, qdq, protos, failed = {}, {}, {}, {}, {}
     for key in keys:
         start = time.perf_counter()
         if key in VARIANTS:
@@ -194,7 +194,11 @@ def measure(spec, count: int, work: Path, wanted: set[str], jitter: int) -> dict
         if key in ORT_KEYS:
             ort_quantize(source, output, x, calib)
         else:
-            nncf_quantize(source, output, x, calib, **NNCF_VARIANTS[key])
+            try:
+                nncf_quantize(source, output, x, calib, **NNCF_VARIANTS[key])
+            except nncf.InternalError as error:  # recorded, the other variants still run
+                failed[key] = str(error)
+                continue
         seconds[key] = time.perf_counter() - start
         protos[key] = onnx.load(output)
         qdq[key] = qdq_summary(protos[key])
@@ -215,12 +219,13 @@ def measure(spec, count: int, work: Path, wanted: set[str], jitter: int) -> dict
         "sqnr_db_per_output": {k: _per_output(names, reference, v) for k, v in outputs.items()},
         "sqnr_db_per_sample": per_sample,
         "qdq": qdq,
+        "failed": failed,
     }
     if jitter:
-        runs = {k: [sqnr[k]] for k in keys}
-        sample_runs = {k: [result["sqnr_db_sample_mean"][k]] for k in keys}
+        runs = {k: [v] for k, v in sqnr.items()}
+        sample_runs = {k: [result["sqnr_db_sample_mean"][k]] for k in runs}
         for seed in range(1, jitter + 1):
-            for key in keys:
+            for key in runs:
                 if key in VARIANTS:
                     settings = VARIANTS[key]
                     _, quantized, _ = _onebuild(path, None, calib, work, jitter=seed, **settings)
