@@ -5,27 +5,38 @@ Every quantizer gets the same float ONNX file (`real_models.fixed_export`), the 
 samples and is measured on the same evaluation samples: the SQNR (dB) of all outputs together
 against the float model run by onnxruntime (`sqnr_db`), of each output alone, of each sample
 alone and their mean (`sqnr_db_sample_mean`), and the quantize time, file in -> quantized model
-out. onnxruntime's quantize_static and onebuild's variants run as in `quantize_vs_ort.py`
-(`onebuild_plain` like for like: uint8, int8 per-channel weights, MinMax; `onebuild` its
-defaults; `BEST_8BIT` the best 8-bit variant per model). NNCF (`nncf.quantize` on the ONNX
-model; its QDQ output run by onnxruntime):
+out. onebuild's variants run as in `quantize_vs_ort.py` (`onebuild_plain` like for like: uint8,
+int8 per-channel weights, MinMax; `onebuild` its defaults; `BEST_8BIT` the best 8-bit variant
+per model). The peers' QDQ models are run by onnxruntime. The exports are opset 11-13 with
+weights in Constant nodes: below opset 13 both peers quantize weights per tensor (NNCF warns,
+onnxruntime does not), and onnxruntime quantizes Constant weights as activations (uint8, per
+tensor, at run time). So the peers also get the same model `prepared` (opset 13, weights and
+biases as initializers), which gives both their int8 per-channel weights:
 
-- `nncf`: its defaults (preset PERFORMANCE: symmetric activations, uint8 where the calibrated
-  range is non-negative, else int8; symmetric int8 per-channel weights; the mean over samples
-  of each sample's min/max; FastBiasCorrection; graph outputs left in float; the first
-  convolution's weights in half the range, `OverflowFix.FIRST_LAYER`);
+- `onnxruntime`: quantize_static on the file as it is (as `quantize_vs_ort.py` runs it; QDQ,
+  uint8 activations, `per_channel`, MinMax); `onnxruntime_prepared` on the prepared file;
+- `nncf_as_is`, `nncf`: NNCF's defaults on the file as it is and on the prepared file (preset
+  PERFORMANCE: symmetric activations, uint8 where the calibrated range is non-negative, else
+  int8; int8 per-channel weights; the mean over samples of each sample's min/max;
+  FastBiasCorrection; graph outputs in float; the first convolution's weights in half the
+  range, `OverflowFix.FIRST_LAYER`); every other NNCF row on the prepared file;
 - `nncf_plain`: as like for like as NNCF allows: preset MIXED (asymmetric activations),
-  min/max over all samples, no bias correction, graph outputs quantized, no overflow fix;
-- `nncf_bc`, `nncf_mixed_bc`: its full BiasCorrection (`fast_bias_correction=False`), the
-  documented best PTQ setting for accuracy, with each preset (MIXED is recommended for
-  non-ReLU activations such as hard-swish); `nncf_best` names the better of the two.
-  `subset_size` is all calibration samples (at most 32 here, below NNCF's default of 300).
+  min/max over all samples, no bias correction, graph outputs quantized, no overflow fix
+  (`nncf_plain_float_out`: graph outputs in float; NNCF 3.4.0 cannot quantize the OCR
+  detector's output, a Sigmoid's: `failed`);
+- `nncf_bc`, `nncf_mixed_bc`, `nncf_tuned_bc`: full BiasCorrection (`fast_bias_correction=
+  False`, NNCF's documented best PTQ setting for accuracy) with preset PERFORMANCE, MIXED
+  (recommended for non-ReLU activations such as hard-swish), and MIXED with `nncf_plain`'s
+  ranges and no overflow fix; `nncf_best` names the best of the three. `subset_size` is every
+  calibration sample (at most 32 here; NNCF's default is 300).
 
-`qdq` records what each QDQ model holds: activation quantizers by type and zero point, weight
-quantizers by type and granularity, and the ops that compute on float activations (an input
-that is neither a constant nor a DequantizeLinear output). With `--jitter K` every quantizer is
-also run K more times with every activation scale times 1 + 0.003 z (`ort_variants`), as in
-`quantize_vs_ort.py`: `sqnr_db_jitter` (mean, sd, runs) is the measurement's noise.
+Whatever the settings, NNCF quantizes where its CPU hardware model puts quantizers: the inputs
+of convolutions and matrix products (and some elementwise ops); BatchNormalization, hard-swish
+and other activations stay float between them. `qdq` records what each QDQ model holds:
+activation quantizers by element type and zero point, constants' quantizers, and the ops that
+compute on a float activation. With `--jitter K` every row is also run K more times with every
+activation scale times 1 + 0.003 z (`ort_variants`), as in `quantize_vs_ort.py`:
+`sqnr_db_jitter` (mean, sd, runs) is the measurement's noise. NNCF's telemetry is off.
 
     OPENBLAS_NUM_THREADS=1 python bench/quantize_vs_nncf.py [--samples 32] [--models ...]
         [--variants onebuild_plain,nncf,...] [--jitter 2]
@@ -40,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("NNCF_CI", "1")  # NNCF's usage telemetry off: a benchmark stays offline
@@ -83,6 +95,10 @@ NNCF_VARIANTS = {  # keyword arguments of nncf.quantize per result key
     "nncf_as_is": {},  # on the file as it is (opset below 13: per-tensor weights)
     "nncf": {},
     "nncf_plain": {"preset": nncf.QuantizationPreset.MIXED, "advanced_parameters": LIKE_FOR_LIKE},
+    "nncf_plain_float_out": {  # the same with graph outputs in float (NNCF's default)
+        "preset": nncf.QuantizationPreset.MIXED,
+        "advanced_parameters": replace(LIKE_FOR_LIKE, quantize_outputs=False),
+    },
     "nncf_bc": {"fast_bias_correction": False},
     "nncf_mixed_bc": {"preset": nncf.QuantizationPreset.MIXED, "fast_bias_correction": False},
     "nncf_tuned_bc": {  # MIXED, min/max over all samples, no overflow fix, full BiasCorrection
