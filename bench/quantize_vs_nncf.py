@@ -23,7 +23,7 @@ biases as initializers), which gives both their int8 per-channel weights:
 - `nncf_plain`: as like for like as NNCF allows: preset MIXED (asymmetric activations),
   min/max over all samples, no bias correction, graph outputs quantized, no overflow fix
   (`nncf_plain_float_out`: graph outputs in float; NNCF 3.4.0 cannot quantize the OCR
-  detector's output, a Sigmoid's: `failed`);
+  detector's output, a Sigmoid's: `failed` records a failure);
 - `nncf_bc`, `nncf_mixed_bc`, `nncf_tuned_bc`: full BiasCorrection (`fast_bias_correction=
   False`, NNCF's documented best PTQ setting for accuracy) with preset PERFORMANCE, MIXED
   (recommended for non-ReLU activations such as hard-swish), and MIXED with `nncf_plain`'s
@@ -212,8 +212,8 @@ def measure(spec, count: int, work: Path, wanted: set[str], jitter: int) -> dict
         else:
             try:
                 nncf_quantize(source, output, x, calib, **NNCF_VARIANTS[key])
-            except nncf.InternalError as error:  # recorded, the other variants still run
-                failed[key] = str(error)
+            except Exception as error:  # NNCF's failure recorded; the other variants still run
+                failed[key] = f"{type(error).__name__}: {error}"
                 continue
         seconds[key] = time.perf_counter() - start
         protos[key] = onnx.load(output)
