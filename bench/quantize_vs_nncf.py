@@ -32,10 +32,10 @@ biases as initializers), which gives both their int8 per-channel weights:
   most 32 here; NNCF's default is 300).
 
 Whatever the settings, NNCF quantizes where its CPU hardware model puts quantizers: the inputs
-of convolutions and matrix products (and some elementwise ops); BatchNormalization, hard-swish
-and other activations stay float between them. `qdq` records what each QDQ model holds:
-activation quantizers by element type and zero point, constants' quantizers, and the ops that
-compute on a float activation. With `--jitter K` every row is also run K more times with every
+of convolutions and matrix products (a depthwise convolution's per channel) and of some
+elementwise ops; BatchNormalization, hard-swish and other activations stay float between them.
+`qdq` records what each QDQ model holds: activation quantizers by element type, zero point and
+granularity, constants' quantizers, and the ops that compute on a float activation. With `--jitter K` every row is also run K more times with every
 activation scale times 1 + 0.003 z (`ort_variants`), as in `quantize_vs_ort.py`:
 `sqnr_db_jitter` (mean, sd, runs) is the measurement's noise. NNCF's telemetry is off.
 
@@ -149,7 +149,8 @@ def prepared(path: Path) -> Path:
 
 
 def qdq_summary(proto: onnx.ModelProto) -> dict:
-    """What a QDQ model quantizes: activation quantizers by element type and zero point,
+    """What a QDQ model quantizes: activation quantizers by element type, zero point and
+    granularity (NNCF quantizes depthwise convolutions' inputs per channel),
     constants' (weights, biases, operands such as hard-swish's 3 and 6) by element type and
     granularity; op types computing on a float activation (an input that is neither a constant
     nor a DequantizeLinear output: within a fused pattern, or left in float), with counts."""
@@ -174,8 +175,9 @@ def qdq_summary(proto: onnx.ModelProto) -> dict:
                 elif stored.dtype != np.float32:
                     constants_q[f"{kind} {granularity}"] += 1
             elif n.op_type == "QuantizeLinear":
-                symmetric = zero is None or not zero.any()
-                activations[f"{kind} {'zero point 0' if symmetric else 'asymmetric'}"] += 1
+                symmetric = "zero point 0" if zero is None or not zero.any() else "asymmetric"
+                granularity = "per channel" if scale.size > 1 else "per tensor"
+                activations[f"{kind} {symmetric} {granularity}"] += 1
         elif n.op_type != "Constant":
             live = [i for i in n.input if i and i not in constants]
             if any(i not in dequantized for i in live):
