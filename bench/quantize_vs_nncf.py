@@ -35,9 +35,10 @@ Whatever the settings, NNCF quantizes where its CPU hardware model puts quantize
 of convolutions and matrix products (a depthwise convolution's per channel) and of some
 elementwise ops; BatchNormalization, hard-swish and other activations stay float between them.
 `qdq` records what each QDQ model holds: activation quantizers by element type, zero point and
-granularity, constants' quantizers, and the ops that compute on a float activation. With `--jitter K` every row is also run K more times with every
-activation scale times 1 + 0.003 z (`ort_variants`), as in `quantize_vs_ort.py`:
-`sqnr_db_jitter` (mean, sd, runs) is the measurement's noise. NNCF's telemetry is off.
+granularity, constants' quantizers, and the ops that compute on a float activation. With
+`--jitter K` every row is also run K more times with every activation scale times 1 + 0.003 z
+(`ort_variants`), as in `quantize_vs_ort.py`: `sqnr_db_jitter` (mean, sd, runs) is the
+measurement's noise. NNCF's telemetry is off.
 
     OPENBLAS_NUM_THREADS=1 python bench/quantize_vs_nncf.py [--samples 32] [--models ...]
         [--variants onebuild_plain,nncf,...] [--jitter 2]
