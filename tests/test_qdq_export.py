@@ -9,7 +9,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import helper
+from onnx_builders import make_model
 
+from onebuild.errors import UserError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Model, node_alone
 from onebuild.graph_ir.passes import run_preset
@@ -114,3 +117,43 @@ def test_split_into_several_quantized_outputs_runs_in_onnxruntime(rng):
     got = session(Model([quantized])).run(None, {"x": data[0]})
     for value, array in zip(quantized.outputs, got):
         np.testing.assert_allclose(array, want[value.name], atol=1e-6)
+
+
+def resize_model(inputs: list[str], initializers, shape, **attrs) -> onnx.ModelProto:
+    node = helper.make_node("Resize", ["x", *inputs], ["y"], name="resize", **attrs)
+    return make_model([node], [("x", shape)], ["y"], initializers, opset=19)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+def test_resize_by_scales_exports_its_scales(rng, mode):
+    """Scales 0.6 x 0.5 on 5 x 7: onnxruntime samples the exported model where it samples the
+    source (sizes [3, 3] alone would resize by 3/5 and 3/7), float and QDQ."""
+    scales = np.asarray([1, 1, 0.6, 0.5], np.float32)
+    source = resize_model(["", "scales"], [("scales", scales)], (1, 2, 5, 7), mode=mode)
+    model = import_onnx(source)
+    x = rng.normal(0, 1, (8, 1, 2, 5, 7)).astype(np.float32)
+    want = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
+    exported = session(model)
+    for sample in x:
+        (got,) = exported.run(None, {"x": sample})
+        np.testing.assert_allclose(got, want.run(None, {"x": sample})[0], rtol=1e-6, atol=1e-6)
+    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
+    quantized = quantize_graph(model.main, calibrate(model.main, {"x": x}).ranges, config)
+    codes = rng.integers(0, 256, (8, 1, 2, 5, 7), dtype=np.uint8)
+    ours = Interpreter(quantized).run_batch({"x": codes})[quantized.outputs[0].name]
+    runtime = session(Model([quantized]))
+    theirs = np.stack([runtime.run(None, {"x": c})[0] for c in codes])
+    assert np.abs(ours.astype(np.int64) - theirs).max() <= 1
+
+
+def test_resize_no_onnx_resize_reproduces_is_refused():
+    """keep_aspect_ratio_policy on a 2 x 7 image to fit 10 x 10: scale 10/7, shape 3 x 10
+    (rounded); scales would give 2 rows (truncated), sizes another scale: one line naming it."""
+    sizes = ("sizes", np.asarray([10, 10], np.int64))
+    source = resize_model(
+        ["", "", "sizes"], [sizes], (1, 1, 2, 7), axes=[2, 3], keep_aspect_ratio_policy="not_larger"
+    )
+    model = import_onnx(source)
+    assert model.main.outputs[0].shape == (1, 1, 3, 10)
+    with pytest.raises(UserError, match=r"^node 'resize' \(Resize\): no ONNX Resize [^\n]*$"):
+        export_onnx(model)

@@ -339,14 +339,29 @@ def _reduce(ex, node, inputs, attrs):
 
 
 def _resize(ex, node, inputs, attrs):
+    """`sizes` when the scales are the size ratios (onnxruntime then resizes by
+    float32(out) / float32(in)), else `scales` when onnxruntime's output shape from them,
+    trunc(float32(scale) * in), is the node's; a node neither reproduces is refused."""
     roi = (
         ""
         if attrs.get("roi") is None
         else ex.constant(np.asarray(attrs["roi"], np.float32), f"{node.name}_roi")
     )
-    sizes = _int64(ex, attrs["sizes"], f"{node.name}_sizes")
+    dims = np.asarray(node.inputs[0].shape, np.float32)
+    sizes, scales = np.asarray(attrs["sizes"]), np.asarray(attrs["scales"], np.float32)
     keep = {k: v for k, v in attrs.items() if k not in ("roi", "sizes", "scales")}
-    return "Resize", [inputs[0], roi, "", sizes], keep
+    ratios = [s / d for s, d in zip(attrs["sizes"], node.inputs[0].shape)]
+    if list(attrs["scales"]) == ratios or np.array_equal(scales, sizes.astype(np.float32) / dims):
+        return "Resize", [inputs[0], roi, "", _int64(ex, sizes, f"{node.name}_sizes")], keep
+    if np.array_equal((scales * dims).astype(np.int64), sizes):
+        scales = ex.constant(scales, f"{node.name}_scales")
+        return "Resize", [inputs[0], roi, scales], keep
+    raise UserError(
+        f"node '{node.name}' (Resize): no ONNX Resize has both its output shape "
+        f"{list(map(int, sizes))} and its scales {scales.tolist()} (onnxruntime takes the "
+        "shape from scales by truncation, the scales from sizes as ratios); resize the source "
+        "model by sizes or by scales whose product with the input shape truncates to its sizes"
+    )
 
 
 def _arg_max(ex, node, inputs, attrs):
