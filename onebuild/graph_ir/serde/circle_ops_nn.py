@@ -350,11 +350,16 @@ def pool(w, node):
         filter_w=kernel[1],
     )
     code = "MAX_POOL_2D" if maximum else "AVERAGE_POOL_2D"
-    if exclusive and explicit is not None and any(explicit):
+    pads = list(attrs.get("pads", [0] * 4))
+    # ceil_mode windows reaching past the end padding: ONNX leaves that overhang out of the
+    # divisor even when it counts the padding, while TFLite averages over the zeros written
+    overhang = explicit is not None and any(explicit[2 + i] > pads[2 + i] for i in range(2))
+    if not maximum and explicit is not None and ((exclusive and any(explicit)) or overhang):
         _require(x.dtype == np.float32 and "clip" not in attrs)
         pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC))
         w.op(code, [xi], [pre], **options)
-        ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit)
+        counted = [0, 0, 0, 0] if exclusive else pads
+        ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit, counted)
         w.op("MUL", [pre, w.constant(ratio, f"{node.name}_counts")], [w.define(out, NHWC)])
         return
     if node.op == "QAveragePool" and rescaling_mean(node):
@@ -371,13 +376,15 @@ def pool(w, node):
     _finish(w, node_view, code, [xi], NHWC, **options)
 
 
-def _count_ratio(size, out, kernel, strides, pads) -> np.ndarray:
-    """[1, H, W, 1]: window size over the number of input cells each window covers (an average
-    that leaves padding out, from TFLite's average over the zero-padded input)."""
+def _count_ratio(size, out, kernel, strides, pads, counted) -> np.ndarray:
+    """[1, H, W, 1]: window size over the number of cells each window covers in the input
+    grown by the `counted` pads (an average that leaves the rest of the padding out, from
+    TFLite's average over the zero-padded input)."""
     counts = []
     for i in range(2):
         start = np.arange(out[i]) * strides[i] - pads[i]
-        counts.append(np.minimum(start + kernel[i], size[i]) - np.maximum(start, 0))
+        lo, hi = -counted[i], size[i] + counted[2 + i]
+        counts.append(np.minimum(start + kernel[i], hi) - np.maximum(start, lo))
     ratio = kernel[0] * kernel[1] / np.outer(counts[0], counts[1])
     return ratio.astype(np.float32).reshape(1, out[0], out[1], 1)
 
