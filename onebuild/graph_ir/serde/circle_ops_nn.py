@@ -294,12 +294,13 @@ def _columns_in_stored_order(w, a, weight: np.ndarray) -> np.ndarray:
 def matmul(w, node):
     """FULLY_CONNECTED without bias by constant 2-D weights; an input of rank > 2 is reshaped
     to rows and back (onert 0.1.0 drops `keep_num_dims`: its output comes out 2-D, and the next
-    operator fails shape inference), which the reader folds back into one MatMul."""
+    operator fails shape inference), which the reader folds back into one MatMul; a vector is
+    reshaped to one row and back (FULLY_CONNECTED gives [1, N])."""
     a, b = node.inputs
     if b.is_const and len(b.shape) == 2:
         data = _columns_in_stored_order(w, a, b.numpy().T)
         weight = w.constant(np.ascontiguousarray(data), b.name)
-        if len(a.shape) <= 2:
+        if len(a.shape) == 2:
             _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None)
             return
         out, depth = node.output, a.shape[-1]
