@@ -157,3 +157,20 @@ def test_resize_no_onnx_resize_reproduces_is_refused():
     assert model.main.outputs[0].shape == (1, 1, 3, 10)
     with pytest.raises(UserError, match=r"^node 'resize' \(Resize\): no ONNX Resize [^\n]*$"):
         export_onnx(model)
+
+
+def test_split_into_graph_outputs_with_quantized_io_runs_in_onnxruntime(rng):
+    """A Split whose outputs are the graph's, quantized I/O: each output's QuantizeLinear and
+    the copies into the graph outputs have names of their own (two were 'a_1/quantize')."""
+    graph = Graph("split")
+    x = graph.add_input("x", np.float32, (1, 4, 6, 6))
+    parts = graph.make_node("Split", [x], {"axis": 1, "split": [1, 3]}, "a", ["a", "b"])
+    graph.outputs = list(parts.outputs)
+    data = rng.normal(0, 1, (4, 1, 4, 6, 6)).astype(np.float32)
+    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
+    quantized = quantize_graph(graph, calibrate(graph, {"x": data}).ranges, config)
+    codes = rng.integers(0, 256, (1, 4, 6, 6), dtype=np.uint8)
+    want = Interpreter(quantized).run({"x": codes})
+    got = session(Model([quantized])).run(None, {"x": codes})
+    for value, array in zip(quantized.outputs, got):
+        np.testing.assert_array_equal(array, want[value.name])

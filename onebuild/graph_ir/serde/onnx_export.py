@@ -71,6 +71,7 @@ class _Exporter:
         self.initializers: list[onnx.TensorProto] = []
         self.names = {v.name for v in graph.inputs} | set(graph.constants)
         self.names |= {v.name for n in graph.nodes for v in n.outputs}
+        self.node_names: set[str] = set()  # onnxruntime refuses a model naming two nodes alike
 
     def fresh(self, base: str) -> str:
         return fresh_name(self.names, base)
@@ -84,6 +85,7 @@ class _Exporter:
         attrs = {k: v for k, v in attrs.items() if v is not None}
         if op == "AveragePool" and set(attrs.get("dilations", [1])) == {1}:
             attrs.pop("dilations", None)  # the default; onnxruntime's QDQ fusion rejects it
+        name = fresh_name(self.node_names, name)
         self.nodes.append(helper.make_node(op, inputs, outputs, name, **attrs))
 
     # -- QDQ helpers -------------------------------------------------------------------------
