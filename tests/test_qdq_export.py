@@ -174,3 +174,36 @@ def test_split_into_graph_outputs_with_quantized_io_runs_in_onnxruntime(rng):
     got = session(Model([quantized])).run(None, {"x": codes})
     for value, array in zip(quantized.outputs, got):
         np.testing.assert_array_equal(array, want[value.name])
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        dict(kernel_shape=[2, 2], dilations=[2, 2]),
+        dict(kernel_shape=[3, 2], dilations=[2, 3], strides=[2, 1], pads=[1, 1, 2, 0]),
+        dict(
+            kernel_shape=[2, 2],
+            dilations=[2, 2],
+            strides=[2, 2],
+            pads=[1, 1, 1, 1],
+            count_include_pad=1,
+            ceil_mode=1,
+        ),
+    ],
+)
+def test_dilated_average_pool_loads_in_onnxruntime_and_matches(rng, attrs):
+    """onnxruntime (default optimization) fuses DQ -> AveragePool -> Q into QLinearAveragePool,
+    which refuses dilations: the export sums windows by a Conv of ones instead."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool", **attrs)
+    model = import_onnx(make_model([node], [("x", (1, 3, 9, 8))], ["y"], opset=19))
+    data = rng.normal(0, 1, (4, 1, 3, 9, 8)).astype(np.float32)
+    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
+    quantized = quantize_graph(model.main, calibrate(model.main, {"x": data}).ranges, config)
+    assert quantized.nodes[0].op == "QAveragePool"
+    codes = rng.integers(0, 256, (8, 1, 3, 9, 8), dtype=np.uint8)
+    ours = Interpreter(quantized).run_batch({"x": codes})[quantized.outputs[0].name]
+    runtime = session(Model([quantized]))
+    theirs = np.stack([runtime.run(None, {"x": c})[0] for c in codes])
+    assert ours.shape == theirs.shape
+    assert np.abs(ours.astype(np.int64) - theirs).max() <= 1
+    assert within_one_lsb(ours, theirs) == 1 and np.mean(ours == theirs) > 0.95

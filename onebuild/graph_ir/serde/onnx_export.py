@@ -19,6 +19,7 @@ from ...fileio import atomic_write_bytes
 from ..ir import Graph, Model, Node, Value
 from ..ops import OPS
 from ..ops.control import BRANCHES
+from ..ops.pool import window_sums
 from ..ops.registry import rule_of
 from ..quant.channel_activations import folds_scales
 from ..quant.model_io import is_quantized
@@ -220,10 +221,51 @@ class _Exporter:
             inputs.append(self.bias(node.inputs[2], node.name))
         y = self.fresh(f"{node.name}_float")
         keep = {k: attrs[k] for k in FLOAT_ATTRS[op] if k in attrs}
-        self.emit(op, inputs, [y], node.name, **keep)
+        if op == "AveragePool" and set(attrs.get("dilations", [1])) != {1}:
+            self.dilated_average(node, inputs[0], y)
+        else:
+            self.emit(op, inputs, [y], node.name, **keep)
         if node.op in ("QConv", "QGemm") and by_channel:
             y = self.bias_after(y, node.inputs[2], len(out.shape), node.name)
         self.quantize(self.activation(y, attrs, out, node.name), out, node.name)
+
+    def dilated_average(self, node: Node, source: str, target: str) -> None:
+        """A dilated average pool as the window sums (a Conv of ones per channel, zeros past the
+        edges) times 1 / each window's count: onnxruntime's default optimization fuses
+        DQ -> AveragePool -> Q into QLinearAveragePool, which has no dilations (the model
+        does not load)."""
+        attrs, x = node.attrs, node.inputs[0]
+        nd = len(x.shape) - 2
+        kernel, strides, dilations = attrs["kernel_shape"], attrs["strides"], attrs["dilations"]
+        pads = list(attrs.get("pads", [0] * 2 * nd))
+        out = node.output.shape[2:]
+        ends = [
+            max(
+                (out[i] - 1) * strides[i]
+                + (kernel[i] - 1) * dilations[i]
+                + 1
+                - x.shape[2 + i]
+                - pads[i],
+                0,
+            )
+            for i in range(nd)
+        ]
+        ones = np.ones((x.shape[1], 1, *kernel), np.float32)
+        sums = self.fresh(f"{node.name}_sums")
+        self.emit(
+            "Conv",
+            [source, self.constant(ones, f"{node.name}_window")],
+            [sums],
+            node.name,
+            group=x.shape[1],
+            kernel_shape=list(kernel),
+            strides=list(strides),
+            dilations=list(dilations),
+            pads=pads[:nd] + ends,
+        )
+        _, counts = window_sums(attrs, np.zeros((1, 1, *x.shape[2:]), np.float32))
+        weights = self.constant((1 / counts).astype(np.float32), f"{node.name}_reciprocal_counts")
+        self.emit("Mul", [sums, weights], [target], f"{node.name}/mean")
 
     def bias_after(self, source: str, bias: Value, rank: int, base: str) -> str:
         """`source` + the real bias, broadcast along axis 1."""
