@@ -10,6 +10,7 @@ from test_circle import run_litert, run_onert
 
 from onebuild import compile as C
 from onebuild.errors import UnsupportedOpsError
+from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.params import quantize
 from onebuild.graph_ir.serde import load_onnx, write_circle
 
@@ -22,12 +23,12 @@ def pool_model(tmp_path, op: str, shape, **attrs):
     return load_onnx(path), ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def quantized(model, rng, shape):
+def quantized(model, rng, shape, dtype="uint8"):
     samples = rng.normal(0, 2, (8, *shape)).astype(np.float32)
     stats = C.calibrate(model.main, [("x", {"x": samples})])
-    options = C.QuantizeOptions(input_type="uint8", output_type="uint8")
+    options = C.QuantizeOptions(dtype=dtype, input_type=dtype, output_type=dtype)
     q = C.quantize(model, options, stats)
-    return q, quantize(samples, q.main.inputs[0].quant, np.uint8)
+    return q, quantize(samples, q.main.inputs[0].quant, np.dtype(dtype))
 
 
 CEIL_INCLUDING_PADS = [  # ceil_mode windows reaching past the end: the overhang is not counted
@@ -52,3 +53,23 @@ def test_ceil_mode_average_counting_pads_in_onert_and_litert(tmp_path, rng, attr
     q, _ = quantized(model, rng, shape)  # no exact quantized form: named, not written
     with pytest.raises(UnsupportedOpsError, match="QAveragePool \\(node 'pool'\\)"):
         write_circle(q, "tflite")
+
+
+MAX_EXPLICIT = [  # pads TFLite's SAME does not make: an explicit PADV2 of the lowest code
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0]),
+    dict(kernel_shape=[2, 3], strides=[1, 2], pads=[1, 0, 1, 2], ceil_mode=1),
+]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("attrs", MAX_EXPLICIT)
+def test_quantized_max_pool_with_explicit_pads_in_litert_and_onert(tmp_path, rng, attrs, dtype):
+    shape = (1, 2, 5, 7)
+    model, _ = pool_model(tmp_path, "MaxPool", shape, **attrs)
+    q, codes = quantized(model, rng, shape, dtype)
+    ours = Interpreter(q.main).run_batch({"x": codes})["y"]
+    lite = run_litert(write_circle(q, "tflite"), [[c] for c in codes])
+    np.testing.assert_array_equal(np.stack([r[0] for r in lite]), ours)
+    if dtype == "uint8":  # onert 0.1.0 has no int8 TRANSPOSE (the NCHW graph input)
+        onert = run_onert(write_circle(q), tmp_path, [[c] for c in codes])
+        np.testing.assert_array_equal(np.stack([r[0] for r in onert]), ours)

@@ -34,7 +34,8 @@ def _pad(w, x_index: int, x, perm, pads: list[int], fill: float | None = None) -
     if fill is None:
         w.op("PAD", operands, [out])
     else:
-        operands.append(w.constant(np.asarray([fill], x.dtype), f"{x.name}_fill"))
+        # TFLite's quantized PADV2 takes a fill with the output's parameters
+        operands.append(w.constant(np.asarray([fill], x.dtype), f"{x.name}_fill", x.quant))
         w.op("PADV2", operands, [out])
     return out
 
@@ -76,11 +77,18 @@ def _window(w, node, x, kernel, strides, dilations, fill, exclusive=False, same_
         and all(o == -(-x.shape[2 + i] // strides[i]) for i, o in enumerate(out))
     ):
         return xi, SAME, kernel, None
+    # past the last window's end: no padding (VALID drops the rows no window reaches)
     ends = [
-        (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - x.shape[2 + i] - pads[i]
+        max(
+            (out[i] - 1) * strides[i]
+            + (kernel[i] - 1) * dilations[i]
+            + 1
+            - x.shape[2 + i]
+            - pads[i],
+            0,
+        )
         for i in range(2)
     ]
-    _require(min(ends) >= 0)
     explicit = [pads[0], pads[1], *ends]
     return _pad(w, xi, x, NHWC, explicit, fill), VALID, kernel, explicit
 
