@@ -13,6 +13,7 @@ from onebuild.errors import UnsupportedOpsError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.params import quantize
 from onebuild.graph_ir.serde import load_onnx, write_circle
+from onebuild.graph_ir.serde.circle_exact import exact_circle
 
 
 def pool_model(tmp_path, op: str, shape, **attrs):
@@ -73,3 +74,34 @@ def test_quantized_max_pool_with_explicit_pads_in_litert_and_onert(tmp_path, rng
     if dtype == "uint8":  # onert 0.1.0 has no int8 TRANSPOSE (the NCHW graph input)
         onert = run_onert(write_circle(q), tmp_path, [[c] for c in codes])
         np.testing.assert_array_equal(np.stack([r[0] for r in onert]), ours)
+
+
+RESCALING = [  # a QAveragePool whose output parameters differ from its input's
+    dict(kernel_shape=[2, 2], strides=[2, 2]),
+    dict(kernel_shape=[3, 3], strides=[1, 2], pads=[1, 0, 1, 1], count_include_pad=1),
+]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("attrs", RESCALING)
+def test_rescaling_average_rounds_once_in_litert_and_onert(tmp_path, rng, attrs, dtype):
+    """Within 1 LSB of the integer kernel given the same codes (averaged at the input's
+    parameters and then requantized it was 2 LSB off); the circle reads back bit for bit."""
+    shape = (1, 3, 6, 7)
+    model, _ = pool_model(tmp_path, "AveragePool", shape, **attrs)
+    q, codes = quantized(model, rng, shape, dtype)
+    pool = q.main.nodes[0]
+    assert pool.op == "QAveragePool" and pool.inputs[0].quant != pool.output.quant
+    codes = rng.integers(*_range(dtype), (32, *shape)).astype(dtype)
+    ours = Interpreter(q.main).run_batch({"x": codes})["y"].astype(int)
+    lite = run_litert(write_circle(q, "tflite"), [[c] for c in codes])
+    assert np.abs(np.stack([r[0] for r in lite]).astype(int) - ours).max() <= 1
+    if dtype == "uint8":  # onert 0.1.0 has no int8 TRANSPOSE (the NCHW graph input)
+        onert = run_onert(write_circle(q), tmp_path, [[c] for c in codes])
+        assert np.abs(np.stack([r[0] for r in onert]).astype(int) - ours).max() <= 1
+    assert exact_circle(q)[1] is None
+
+
+def _range(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max) + 1

@@ -377,12 +377,33 @@ def pool(w, node):
         w.op("MEAN", [w.get(x, NHWC), axes], [w.define(out, NHWC)], keep_dims=True)
         return
     if node.op == "QAveragePool" and x.quant != out.quant:
-        # TFLite averages in the input's parameters; requantize to the output's after
-        pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC), quant=x.quant)
-        w.op(code, [xi], [pre], **options)
-        w.requantize(pre, w.define(out, NHWC))
+        _window_sums(w, node, xi, padding, kernel, strides)
         return
     _finish(w, node_view, code, [xi], NHWC, **options)
+
+
+def _window_sums(w, node, xi: int, padding: int, kernel, strides) -> None:
+    """A QAveragePool that changes parameters, every window counting its whole kernel (VALID
+    on the input or on its explicit padding): a DEPTHWISE_CONV_2D of ones of scale 1 / area,
+    which rescales in one rounding (TFLite's AVERAGE_POOL_2D keeps the input's parameters: an
+    average rounded there, then requantized, was 2 LSB off). 8-bit only (TFLite's 16-bit
+    convolutions take int8 weights)."""
+    x = node.inputs[0]
+    _require(padding == VALID and x.dtype in (np.uint8, np.int8))
+    channels, area = x.shape[1], kernel[0] * kernel[1]
+    ones = np.ones((1, *kernel, channels), x.dtype)
+    weight = w.constant(ones, f"{node.name}_window", QuantParams((1 / area,), (0,)))
+    bias_params = QuantParams((x.quant.scale[0] / area,), (0,))
+    bias = w.constant(np.zeros(channels, np.int32), f"{node.name}_bias", bias_params)
+    options = dict(
+        padding=VALID,
+        stride_h=strides[0],
+        stride_w=strides[1],
+        dilation_h=1,
+        dilation_w=1,
+        depth_multiplier=1,
+    )
+    _finish(w, node, "DEPTHWISE_CONV_2D", [xi, weight, bias], NHWC, **options)
 
 
 def _count_ratio(size, out, kernel, strides, pads, counted) -> np.ndarray:
