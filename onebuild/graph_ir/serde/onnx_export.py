@@ -19,13 +19,13 @@ from ...fileio import atomic_write_bytes
 from ..ir import Graph, Model, Node, Value
 from ..ops import OPS
 from ..ops.control import BRANCHES
-from ..ops.pool import window_sums
 from ..ops.registry import rule_of
 from ..quant.channel_activations import folds_scales
 from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
 from ..tensor import QuantParams
 from .naming import fresh_name
+from .onnx_export_forms import dilated_average, resize
 from .onnx_lookups import interpolated_lookup, lookup
 from .onnx_ops_index import ONNX_ACTIVATIONS
 
@@ -222,50 +222,12 @@ class _Exporter:
         y = self.fresh(f"{node.name}_float")
         keep = {k: attrs[k] for k in FLOAT_ATTRS[op] if k in attrs}
         if op == "AveragePool" and set(attrs.get("dilations", [1])) != {1}:
-            self.dilated_average(node, inputs[0], y)
+            dilated_average(self, node, inputs[0], y)
         else:
             self.emit(op, inputs, [y], node.name, **keep)
         if node.op in ("QConv", "QGemm") and by_channel:
             y = self.bias_after(y, node.inputs[2], len(out.shape), node.name)
         self.quantize(self.activation(y, attrs, out, node.name), out, node.name)
-
-    def dilated_average(self, node: Node, source: str, target: str) -> None:
-        """A dilated average pool as the window sums (a Conv of ones per channel, zeros past the
-        edges) times 1 / each window's count: onnxruntime's default optimization fuses
-        DQ -> AveragePool -> Q into QLinearAveragePool, which has no dilations (the model
-        does not load)."""
-        attrs, x = node.attrs, node.inputs[0]
-        nd = len(x.shape) - 2
-        kernel, strides, dilations = attrs["kernel_shape"], attrs["strides"], attrs["dilations"]
-        pads = list(attrs.get("pads", [0] * 2 * nd))
-        out = node.output.shape[2:]
-        ends = [
-            max(
-                (out[i] - 1) * strides[i]
-                + (kernel[i] - 1) * dilations[i]
-                + 1
-                - x.shape[2 + i]
-                - pads[i],
-                0,
-            )
-            for i in range(nd)
-        ]
-        ones = np.ones((x.shape[1], 1, *kernel), np.float32)
-        sums = self.fresh(f"{node.name}_sums")
-        self.emit(
-            "Conv",
-            [source, self.constant(ones, f"{node.name}_window")],
-            [sums],
-            node.name,
-            group=x.shape[1],
-            kernel_shape=list(kernel),
-            strides=list(strides),
-            dilations=list(dilations),
-            pads=pads[:nd] + ends,
-        )
-        _, counts = window_sums(attrs, np.zeros((1, 1, *x.shape[2:]), np.float32))
-        weights = self.constant((1 / counts).astype(np.float32), f"{node.name}_reciprocal_counts")
-        self.emit("Mul", [sums, weights], [target], f"{node.name}/mean")
 
     def bias_after(self, source: str, bias: Value, rank: int, base: str) -> str:
         """`source` + the real bias, broadcast along axis 1."""
@@ -382,32 +344,6 @@ def _reduce(ex, node, inputs, attrs):
     return node.op, [inputs[0], axes], attrs
 
 
-def _resize(ex, node, inputs, attrs):
-    """`sizes` when the scales are the size ratios (onnxruntime then resizes by
-    float32(out) / float32(in)), else `scales` when onnxruntime's output shape from them,
-    trunc(float32(scale) * in), is the node's; a node neither reproduces is refused."""
-    roi = (
-        ""
-        if attrs.get("roi") is None
-        else ex.constant(np.asarray(attrs["roi"], np.float32), f"{node.name}_roi")
-    )
-    dims = np.asarray(node.inputs[0].shape, np.float32)
-    sizes, scales = np.asarray(attrs["sizes"]), np.asarray(attrs["scales"], np.float32)
-    keep = {k: v for k, v in attrs.items() if k not in ("roi", "sizes", "scales")}
-    ratios = [s / d for s, d in zip(attrs["sizes"], node.inputs[0].shape)]
-    if list(attrs["scales"]) == ratios or np.array_equal(scales, sizes.astype(np.float32) / dims):
-        return "Resize", [inputs[0], roi, "", _int64(ex, sizes, f"{node.name}_sizes")], keep
-    if np.array_equal((scales * dims).astype(np.int64), sizes):
-        scales = ex.constant(scales, f"{node.name}_scales")
-        return "Resize", [inputs[0], roi, scales], keep
-    raise UserError(
-        f"node '{node.name}' (Resize): no ONNX Resize has both its output shape "
-        f"{list(map(int, sizes))} and its scales {scales.tolist()} (onnxruntime takes the "
-        "shape from scales by truncation, the scales from sizes as ratios); resize the source "
-        "model by sizes or by scales whose product with the input shape truncates to its sizes"
-    )
-
-
 def _arg_max(ex, node, inputs, attrs):
     (axis,) = attrs.pop("axes")
     return "ArgMax", inputs, {**attrs, "axis": axis}
@@ -515,7 +451,7 @@ SPECIAL: dict[str, Callable] = {
     "ReduceMin": _reduce,
     "ReduceSum": _reduce,
     "ReduceProd": _reduce,
-    "Resize": _resize,
+    "Resize": resize,
     "ArgMax": _arg_max,
     "Cast": _cast,
     "Dropout": _dropout,
