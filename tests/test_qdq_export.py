@@ -146,64 +146,35 @@ def test_resize_by_scales_exports_its_scales(rng, mode):
     assert np.abs(ours.astype(np.int64) - theirs).max() <= 1
 
 
-def test_resize_no_onnx_resize_reproduces_is_refused():
-    """keep_aspect_ratio_policy on a 2 x 7 image to fit 10 x 10: scale 10/7, shape 3 x 10
-    (rounded); scales would give 2 rows (truncated), sizes another scale: one line naming it."""
+@pytest.mark.parametrize("shape", [(1, 1, 2, 7), (1, 1, 6, 4)])
+def test_resize_keeping_the_aspect_ratio_exports_it(rng, shape):
+    """keep_aspect_ratio_policy fitting 10 x 10: one scale and rounded sizes, which neither
+    sizes nor scales alone give (2 x 7: scale 10/7, 3 rows, truncated from scales 2)."""
     sizes = ("sizes", np.asarray([10, 10], np.int64))
+    for policy in ("not_larger", "not_smaller"):
+        source = resize_model(
+            ["", "", "sizes"], [sizes], shape, axes=[2, 3], keep_aspect_ratio_policy=policy
+        )
+        model = import_onnx(source)
+        want = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
+        x = rng.normal(0, 1, shape).astype(np.float32)
+        (got,) = session(model).run(None, {"x": x})
+        np.testing.assert_allclose(got, want.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+
+
+def test_resize_no_onnx_resize_reproduces_is_refused():
+    """Three axes fitting 10 x 10 x 10 from 2 x 3 x 7: scale 10/7 and sizes 3 (rounded up),
+    4 (down), 10; scales truncate 2.86 to 2, and given sizes either policy picks another
+    scale: one line naming the node."""
+    sizes = ("sizes", np.asarray([10, 10, 10], np.int64))
     source = resize_model(
-        ["", "", "sizes"], [sizes], (1, 1, 2, 7), axes=[2, 3], keep_aspect_ratio_policy="not_larger"
+        ["", "", "sizes"],
+        [sizes],
+        (1, 1, 2, 3, 7),
+        keep_aspect_ratio_policy="not_larger",
+        axes=[2, 3, 4],
     )
     model = import_onnx(source)
-    assert model.main.outputs[0].shape == (1, 1, 3, 10)
+    assert model.main.outputs[0].shape == (1, 1, 3, 4, 10)
     with pytest.raises(UserError, match=r"^node 'resize' \(Resize\): no ONNX Resize [^\n]*$"):
         export_onnx(model)
-
-
-def test_split_into_graph_outputs_with_quantized_io_runs_in_onnxruntime(rng):
-    """A Split whose outputs are the graph's, quantized I/O: each output's QuantizeLinear and
-    the copies into the graph outputs have names of their own (two were 'a_1/quantize')."""
-    graph = Graph("split")
-    x = graph.add_input("x", np.float32, (1, 4, 6, 6))
-    parts = graph.make_node("Split", [x], {"axis": 1, "split": [1, 3]}, "a", ["a", "b"])
-    graph.outputs = list(parts.outputs)
-    data = rng.normal(0, 1, (4, 1, 4, 6, 6)).astype(np.float32)
-    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
-    quantized = quantize_graph(graph, calibrate(graph, {"x": data}).ranges, config)
-    codes = rng.integers(0, 256, (1, 4, 6, 6), dtype=np.uint8)
-    want = Interpreter(quantized).run({"x": codes})
-    got = session(Model([quantized])).run(None, {"x": codes})
-    for value, array in zip(quantized.outputs, got):
-        np.testing.assert_array_equal(array, want[value.name])
-
-
-@pytest.mark.parametrize(
-    "attrs",
-    [
-        dict(kernel_shape=[2, 2], dilations=[2, 2]),
-        dict(kernel_shape=[3, 2], dilations=[2, 3], strides=[2, 1], pads=[1, 1, 2, 0]),
-        dict(
-            kernel_shape=[2, 2],
-            dilations=[2, 2],
-            strides=[2, 2],
-            pads=[1, 1, 1, 1],
-            count_include_pad=1,
-            ceil_mode=1,
-        ),
-    ],
-)
-def test_dilated_average_pool_loads_in_onnxruntime_and_matches(rng, attrs):
-    """onnxruntime (default optimization) fuses DQ -> AveragePool -> Q into QLinearAveragePool,
-    which refuses dilations: the export sums windows by a Conv of ones instead."""
-    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool", **attrs)
-    model = import_onnx(make_model([node], [("x", (1, 3, 9, 8))], ["y"], opset=19))
-    data = rng.normal(0, 1, (4, 1, 3, 9, 8)).astype(np.float32)
-    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
-    quantized = quantize_graph(model.main, calibrate(model.main, {"x": data}).ranges, config)
-    assert quantized.nodes[0].op == "QAveragePool"
-    codes = rng.integers(0, 256, (8, 1, 3, 9, 8), dtype=np.uint8)
-    ours = Interpreter(quantized).run_batch({"x": codes})[quantized.outputs[0].name]
-    runtime = session(Model([quantized]))
-    theirs = np.stack([runtime.run(None, {"x": c})[0] for c in codes])
-    assert ours.shape == theirs.shape
-    assert np.abs(ours.astype(np.int64) - theirs).max() <= 1
-    assert within_one_lsb(ours, theirs) == 1 and np.mean(ours == theirs) > 0.95

@@ -11,7 +11,8 @@ from ..ops.pool import window_sums
 def resize(ex, node: Node, inputs: list[str], attrs: dict):
     """`sizes` when the scales are the size ratios (onnxruntime then resizes by
     float32(out) / float32(in)), else `scales` when onnxruntime's output shape from them,
-    trunc(float32(scale) * in), is the node's; a node neither reproduces is refused."""
+    trunc(float32(scale) * in), is the node's, else the sizes under a keep_aspect_ratio_policy
+    that gives back its scale and sizes; a node none reproduces is refused."""
     roi = (
         ""
         if attrs.get("roi") is None
@@ -27,12 +28,34 @@ def resize(ex, node: Node, inputs: list[str], attrs: dict):
     if np.array_equal((scales * dims).astype(np.int64), sizes):
         scales = ex.constant(scales, f"{node.name}_scales")
         return "Resize", [inputs[0], roi, scales], keep
+    policy = _aspect_policy(sizes, scales, dims)
+    if policy is not None and not roi:
+        axes = [i for i, d in enumerate(node.inputs[0].shape) if (sizes[i], scales[i]) != (d, 1)]
+        given = ex.constant(sizes[axes].astype(np.int64), f"{node.name}_sizes")
+        attrs = {**keep, "axes": axes, "keep_aspect_ratio_policy": policy}
+        return "Resize", [inputs[0], "", "", given], attrs
     raise UserError(
         f"node '{node.name}' (Resize): no ONNX Resize has both its output shape "
         f"{list(map(int, sizes))} and its scales {scales.tolist()} (onnxruntime takes the "
         "shape from scales by truncation, the scales from sizes as ratios); resize the source "
         "model by sizes or by scales whose product with the input shape truncates to its sizes"
     )
+
+
+def _aspect_policy(sizes: np.ndarray, scales: np.ndarray, dims: np.ndarray) -> str | None:
+    """The keep_aspect_ratio_policy under which onnxruntime, given these sizes on the resized
+    axes, picks these scales and rounds back to these sizes (one scale for them all, as the
+    importer gives a policy's Resize), or None."""
+    resized = (sizes != dims) | (scales != 1)
+    if not resized.any() or len(set(scales[resized])) != 1:
+        return None
+    ratios = sizes[resized].astype(np.float32) / dims[resized]
+    for policy, pick in (("not_larger", np.min), ("not_smaller", np.max)):
+        scale = np.float32(pick(ratios))
+        rounded = np.floor((scale * dims[resized]).astype(np.float64) + 0.5)  # std::round
+        if scale == scales[resized][0] and np.array_equal(rounded, sizes[resized]):
+            return policy
+    return None
 
 
 def dilated_average(ex, node: Node, source: str, target: str) -> None:
