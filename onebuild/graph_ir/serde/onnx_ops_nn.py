@@ -288,23 +288,19 @@ def resize(ctx):
         axes = ctx.attr("axes")
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
     in_dims = [x.shape[a] for a in axes]
+    # Scales and output lengths in float32 as onnxruntime computes them.
     if sizes is not None and sizes.size:
         sizes = [int(s) for s in sizes]
+        part_scales = [float(np.float32(s) / np.float32(d)) for s, d in zip(sizes, in_dims)]
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
-            pick = min if policy == "not_larger" else max
-            scale = pick(s / d for s, d in zip(sizes, in_dims))
-            sizes = [round(scale * d) for d in in_dims]
-            part_scales = [scale] * len(axes)
-        else:
-            part_scales = [s / d for s, d in zip(sizes, in_dims)]
+            scale = np.float32((min if policy == "not_larger" else max)(part_scales))
+            sizes = [math.floor(float(scale * np.float32(d)) + 0.5) for d in in_dims]  # half up
+            part_scales = [float(scale)] * len(axes)
     elif scales is not None and scales.size:
-        part_scales = [float(s) for s in scales]
-        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-        spans = [1.0] * len(axes)
-        if coord == "tf_crop_and_resize" and roi is not None:
-            spans = [float(roi[i + len(axes)] - roi[i]) for i in range(len(axes))]
-        sizes = [math.floor(d * s * span) for d, s, span in zip(in_dims, part_scales, spans)]
+        part_scales = [float(np.float32(s)) for s in scales]
+        # onnxruntime and onnx.reference ignore the roi here (the spec's formula scales by it)
+        sizes = [math.floor(np.float32(s) * np.float32(d)) for s, d in zip(part_scales, in_dims)]
     else:
         raise ctx.fail("Resize needs scales or sizes")
     positive("sizes", sizes, len(axes))
