@@ -95,3 +95,12 @@ def test_nearest_ties_pick_the_pixel_onnxruntime_picks(n_in, n_out, coord, rule)
     )
     got, want = both(model, ramp(n_in))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("values", [[0, 255, 0, 255, 0, 255], [0, 0, 255, 255, 0, 0]])
+def test_uint8_cubic_overshoot_saturates(values):
+    """Cubic rings past [0, 255]; the result saturates (it wrapped: 255 -> 27)."""
+    x = np.uint8(values).reshape(1, 1, 1, 6)
+    model = resize_model(x, {"scales": np.float32([1, 1, 1, 2.5])}, mode="cubic", antialias=1)
+    got, want = both(model, x)
+    np.testing.assert_array_equal(got, want)

@@ -144,6 +144,8 @@ def resize(attrs, x):
             outside |= out_mask.reshape(shape)
     if outside.any():
         y[outside] = attrs.get("extrapolation_value", 0.0)
-    if np.issubdtype(x.dtype, np.integer):
-        y = np.rint(y)
+    if np.issubdtype(x.dtype, np.integer):  # cubic and antialias overshoot: saturate
+        # onnx.reference clamps int8 to its own range; onnxruntime clamps it to [0, 255] (a bug)
+        info = np.iinfo(x.dtype)
+        y = np.clip(np.rint(y), info.min, info.max)
     return y.astype(x.dtype)
