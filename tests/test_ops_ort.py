@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from onebuild.errors import ModelError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.serde.onnx_import import import_onnx
@@ -61,3 +62,36 @@ def test_gather_elements_with_indices_shorter_on_another_axis():
     node = helper.make_node("GatherElements", ["d", "i"], ["y"], axis=0)
     model = op_model([node], {"d": data}, ["y"], {"i": np.int64([[2, -1]])})
     assert_same(*both(model, {"d": data}))
+
+
+def test_reduce_log_sum_exp_of_infinite_rows():
+    """An all -inf row (a masked row) gives -inf, a +inf row +inf (they were NaN)."""
+    x = np.float32([[-np.inf, -np.inf], [0, -np.inf], [np.inf, 1], [3, 4]])
+    node = helper.make_node("ReduceLogSumExp", ["x", "a"], ["y"], keepdims=0)
+    model = op_model([node], {"x": x}, ["y"], {"a": np.int64([1])}, opset=18)
+    got, want = both(model, {"x": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["wrap", "edge", "reflect", "constant"])
+@pytest.mark.parametrize("pads", [[0, -2, 0, 3], [0, 1, 0, -2], [0, -1, 0, 1], [0, 2, 0, -1]])
+def test_pad_crops_before_it_pads(mode, pads):
+    """wrap repeats the cropped tensor (it wrapped the uncropped one: [2 3 4 0 1 2])."""
+    if mode == "reflect" and pads == [0, -2, 0, 3]:
+        pads = [0, -2, 0, 2]  # onnxruntime refuses 3 (see the next test)
+    x = np.arange(5, dtype=np.float32).reshape(1, 5)
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)
+    model = op_model([node], {"x": x}, ["y"], {"p": np.int64(pads)})
+    assert_same(*both(model, {"x": x}))
+
+
+@pytest.mark.parametrize("pads", [[0, 5, 0, 0], [0, -1, 0, 4]])
+def test_pad_reflect_beyond_one_reflection_is_refused(pads):
+    """onnxruntime refuses a reflect pad of the axis length or more (after cropping)."""
+    x = np.arange(5, dtype=np.float32).reshape(1, 5)
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect", name="pad")
+    model = op_model([node], {"x": x}, ["y"], {"p": np.int64(pads)})
+    with pytest.raises(Exception, match="reflect"):  # the reference refuses too
+        ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    with pytest.raises(ModelError, match="node 'pad' .*reflect pads .* use mode 'edge'"):
+        import_onnx(model, "op", {"x": x.shape})

@@ -347,6 +347,14 @@ def pad(ctx):
         raise ValueError(f"pads {pads} crop more than the input {list(x.shape)} has")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise ctx.fail(f"unknown pad mode '{mode}'")
+    if mode == "reflect":  # one reflection only, as onnxruntime (numpy's would fold again)
+        for i, d in enumerate(x.shape):
+            kept = d + min(pads[i], 0) + min(pads[i + rank], 0)
+            if max(pads[i], pads[i + rank]) > kept - 1:
+                raise ctx.fail(
+                    f"reflect pads {pads} exceed axis {i}: its {kept} (cropped) elements reflect "
+                    f"at most {kept - 1}; use mode 'edge' or smaller pads"
+                )
     return ctx.emit("Pad", [x], {"pads": pads, "mode": mode, "value": value})
 
 
@@ -404,6 +412,10 @@ def reduce_composite(ctx):
             return ctx.emit("Identity", [x])
         kept = {**attrs, "keepdims": 1}
         (peak,) = ctx.emit("ReduceMax", [x], kept)
+        if np.issubdtype(x.dtype, np.floating):  # an infinite peak would make inf - inf = NaN:
+            finite = np.finfo(x.dtype)  # clamped, an all -inf row gives -inf as onnxruntime
+            (peak,) = ctx.emit("Max", [peak, ctx.constant(np.asarray(finite.min, x.dtype))])
+            (peak,) = ctx.emit("Min", [peak, ctx.constant(np.asarray(finite.max, x.dtype))])
         (shifted,) = ctx.emit("Sub", [x, peak])
         (terms,) = ctx.emit("Exp", [shifted])
         (total,) = ctx.emit("ReduceSum", [terms], kept)
