@@ -95,3 +95,34 @@ def test_pad_reflect_beyond_one_reflection_is_refused(pads):
         ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     with pytest.raises(ModelError, match="node 'pad' .*reflect pads .* use mode 'edge'"):
         import_onnx(model, "op", {"x": x.shape})
+
+
+def test_division_by_a_subnormal_constant_stays_a_division_under_o1():
+    """1 / 1e-39 overflows float32: as a product, 0 / 1e-39 became 0 * inf = NaN."""
+    x = np.float32([0.0, 1e-30, -2e-31])
+    node = helper.make_node("Div", ["x", "c"], ["y"])
+    model = op_model([node], {"x": x}, ["y"], {"c": np.float32(1e-39)})
+    got, want = both(model, {"x": x}, optimize=True)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("c_shape", [(3, 5), (3, 1), (5,)])
+def test_batchnorm_folds_into_a_gemm_with_a_full_c(c_shape):
+    """C of [M, N] stays [M, N] in the fold (the O1 fold raised)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "c"], ["g"], alpha=0.5, beta=2.0),
+        helper.make_node("BatchNormalization", ["g", "s", "b", "mu", "v"], ["y"]),
+    ]
+    inits = {
+        "w": rng.standard_normal((4, 5)).astype(np.float32),
+        "c": rng.standard_normal(c_shape).astype(np.float32),
+        "s": rng.uniform(0.5, 2, 5).astype(np.float32),
+        "b": rng.standard_normal(5).astype(np.float32),
+        "mu": rng.standard_normal(5).astype(np.float32),
+        "v": rng.uniform(0.5, 2, 5).astype(np.float32),
+    }
+    model = op_model(nodes, {"x": x}, ["y"], inits)
+    got, want = both(model, {"x": x}, optimize=True)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
