@@ -106,6 +106,25 @@ def test_division_by_a_subnormal_constant_stays_a_division_under_o1():
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
 
 
+def test_float16_sigmoid_keeps_its_tail():
+    """Computed in float32 and rounded once (step by step in float16, Sigmoid(-10) was 0)."""
+    x = np.float16([-10, -8, -6, -4, -1, 0, 3, 8])
+    model = op_model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": x}, ["y"], {})
+    got, want = both(model, {"x": x})
+    assert got[0].dtype == np.float16
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-3)
+
+
+def test_float32_sigmoid_tail_against_the_exact_value():
+    """Below -17 the tanh form cancelled to 0. onnxruntime's approximation loses this tail too
+    (5.96e-8 for Sigmoid(-16), exact 1.13e-7): the reference here is the exact value."""
+    x = np.float32([-16, -20, -30, -80])
+    model = op_model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": x}, ["y"], {})
+    graph = import_onnx(model, "op", {"x": x.shape}).main
+    got = Interpreter(graph).run({"x": x})[graph.outputs[0].name]
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+
+
 @pytest.mark.parametrize("c_shape", [(3, 5), (3, 1), (5,)])
 def test_batchnorm_folds_into_a_gemm_with_a_full_c(c_shape):
     """C of [M, N] stays [M, N] in the fold (the O1 fold raised)."""

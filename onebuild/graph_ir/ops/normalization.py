@@ -57,11 +57,13 @@ def log_softmax(attrs, x):
 
 @register("LayerNormalization", same_as_input, batch=NOT_ALONG_AXIS_0)
 def layer_normalization(attrs, x, scale, bias=None):
+    """float16 is computed in float32 and rounded once (ONNX's default stash_type)."""
     axis = normalize_axis(attrs.get("axis", -1), x.ndim)
     axes = tuple(range(axis, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = np.square(x - mean).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + attrs.get("epsilon", 1e-5)) * scale
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    mean = wide.mean(axis=axes, keepdims=True)
+    var = np.square(wide - mean).mean(axis=axes, keepdims=True)
+    y = (wide - mean) / np.sqrt(var + attrs.get("epsilon", 1e-5)) * scale
     if bias is not None:
         y = y + bias
     return y.astype(x.dtype, copy=False)
