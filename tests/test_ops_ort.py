@@ -106,6 +106,17 @@ def test_division_by_a_subnormal_constant_stays_a_division_under_o1():
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
 
 
+def test_float_mod_without_fmod_is_refused():
+    """ONNX defines fmod=0 (floor modulo) for integers only; it was computed as floor modulo."""
+    a = np.float32([5.5, -5.5])
+    node = helper.make_node("Mod", ["a", "b"], ["y"], name="mod")
+    model = op_model([node], {"a": a}, ["y"], {"b": np.float32([2, 2])})
+    with pytest.raises(Exception, match="Mod"):
+        ort.InferenceSession(model.SerializeToString()).run(None, {"a": a})
+    with pytest.raises(ModelError, match="node 'mod' .*needs fmod=1"):
+        import_onnx(model, "op", {"a": a.shape})
+
+
 def test_float16_sigmoid_keeps_its_tail():
     """Computed in float32 and rounded once (step by step in float16, Sigmoid(-10) was 0)."""
     x = np.float16([-10, -8, -6, -4, -1, 0, 3, 8])
@@ -123,6 +134,24 @@ def test_float32_sigmoid_tail_against_the_exact_value():
     graph = import_onnx(model, "op", {"x": x.shape}).main
     got = Interpreter(graph).run({"x": x})[graph.outputs[0].name]
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+
+
+def test_float16_layer_normalization_stashes_in_float32():
+    """Mean and InvStdDev are float32 with stash_type 1 (they were float16)."""
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float16)
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"])
+    inits = {"s": np.linspace(0.5, 2, 8).astype(np.float16), "b": np.full(8, 0.25, np.float16)}
+    got, want = both(op_model([node], {"x": x}, ["y", "mean", "inv"], inits, opset=17), {"x": x})
+    assert [g.dtype for g in got] == [w.dtype for w in want] == [np.float16, np.float32, np.float32]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3)
+
+
+def test_dequantize_linear_takes_the_scale_type():
+    q = np.arange(-128, 128, 7, dtype=np.int8).reshape(1, -1)
+    node = helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])
+    inits = {"s": np.float16(0.0123), "z": np.int8(3)}
+    assert_same(*both(op_model([node], {"q": q}, ["y"], inits), {"q": q}))
 
 
 @pytest.mark.parametrize("c_shape", [(3, 5), (3, 1), (5,)])

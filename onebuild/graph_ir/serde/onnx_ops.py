@@ -59,6 +59,17 @@ def declared(ctx):
     return ctx.emit(ctx.op_type, ctx.inputs, attrs)
 
 
+@converter("Mod")
+def mod(ctx):
+    """Mod; before opset 28 floats need fmod=1 (fmod=0, the floor modulo, was for integers)."""
+    floats = np.issubdtype(ctx.inputs[0].dtype, np.floating)
+    if ctx.opset < 28 and floats and not ctx.attr("fmod", 0):
+        raise ctx.fail(
+            "Mod of floating-point values needs fmod=1 before opset 28 (onnxruntime refuses fmod=0)"
+        )
+    return declared(ctx)
+
+
 @converter("Max", "Min")
 def max_min(ctx):
     if len(ctx.inputs) == 1:

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from .. import dtypes
 from ..ops import broadcast_shape, normalize_axis
 from .onnx_checks import non_negative, positive
 from .onnx_ops import canonical_axes, converter, per_channel
@@ -180,7 +181,8 @@ def lrn(ctx):
 
 @converter("LayerNormalization")
 def layer_normalization(ctx):
-    """One IR op; spelled out in reductions when the Mean or InvStdDev output is used too."""
+    """One IR op; spelled out in reductions when the Mean or InvStdDev output is used too,
+    then in float32 when stash_type is 1 (Mean and InvStdDev are float32, Y is cast back)."""
     x, scale = ctx.inputs[:2]
     bias = ctx.input(2)
     axis = normalize_axis(int(ctx.attr("axis", -1)), len(x.shape))
@@ -191,6 +193,9 @@ def layer_normalization(ctx):
             raise ValueError(f"'{value.name}' {list(value.shape)} does not fit {list(normalized)}")
     if not any(ctx.node.output[1:]):
         return ctx.emit("LayerNormalization", [x, scale, bias], {"axis": axis, "epsilon": epsilon})
+    stash = int(ctx.attr("stash_type", 1)) == 1 and x.dtype != np.float32
+    if stash:
+        x, scale, bias = (None if v is None else _cast(ctx, v, "float32") for v in (x, scale, bias))
     reduce = {"axes": list(range(axis, len(x.shape))), "keepdims": 1}
     (mean,) = ctx.emit("ReduceMean", [x], reduce)
     (centered,) = ctx.emit("Sub", [x, mean])
@@ -203,7 +208,14 @@ def layer_normalization(ctx):
     (y,) = ctx.emit("Mul", [normalized, scale])
     if bias is not None:
         (y,) = ctx.emit("Add", [y, bias])
+    if stash:
+        y = _cast(ctx, y, dtypes.name_of(ctx.inputs[0].dtype))
     return [y, mean, inv_std]
+
+
+def _cast(ctx, value, to: str):
+    (cast,) = ctx.emit("Cast", [value], {"to": to, "saturate": 1, "round_mode": "up"})
+    return cast
 
 
 @converter("GroupNormalization")
