@@ -154,6 +154,31 @@ def test_dequantize_linear_takes_the_scale_type():
     assert_same(*both(op_model([node], {"q": q}, ["y"], inits), {"q": q}))
 
 
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize(("kernel", "stride"), [(1, 2), (1, 3), (2, 3), (2, 4)])
+def test_conv_transpose_same_with_a_stride_beyond_the_kernel(auto_pad, kernel, stride):
+    """onnxruntime returns (in - 1) * stride + kernel samples when SAME would need negative
+    padding (onnx.reference pads to in * stride); onebuild follows onnxruntime."""
+    rng = np.random.default_rng(kernel * 10 + stride)
+    x = rng.standard_normal((1, 1, 4)).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[stride], auto_pad=auto_pad)
+    model = op_model(
+        [node], {"x": x}, ["y"], {"w": rng.standard_normal((1, 1, kernel)).astype(np.float32)}
+    )
+    got, want = both(model, {"x": x})
+    assert got[0].shape == want[0].shape
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_of_opset_7(mode):
+    """Opset 7's scales are an attribute (it raised AttributeError)."""
+    x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+    node = helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=[1.0, 1.0, 2.0, 1.5])
+    got, want = both(op_model([node], {"x": x}, ["y"], {}, opset=7), {"x": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
 @pytest.mark.parametrize("c_shape", [(3, 5), (3, 1), (5,)])
 def test_batchnorm_folds_into_a_gemm_with_a_full_c(c_shape):
     """C of [M, N] stays [M, N] in the fold (the O1 fold raised)."""
@@ -174,3 +199,15 @@ def test_batchnorm_folds_into_a_gemm_with_a_full_c(c_shape):
     model = op_model(nodes, {"x": x}, ["y"], inits)
     got, want = both(model, {"x": x}, optimize=True)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_space_to_depth_writes_back_without_a_mode():
+    """ONNX's SpaceToDepth has no mode: the exported model passes the checker and runs."""
+    from onebuild.graph_ir.serde.onnx_export import export_onnx
+
+    x = np.arange(48, dtype=np.float32).reshape(1, 2, 4, 6)
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2)
+    model = op_model([node], {"x": x}, ["y"], {})
+    exported = export_onnx(import_onnx(model, "op", {"x": x.shape}))
+    onnx.checker.check_model(exported, full_check=True)
+    assert_same(*both(exported, {"x": x}))

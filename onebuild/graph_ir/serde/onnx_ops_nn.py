@@ -74,7 +74,8 @@ def conv_transpose(ctx):
     output_padding = non_negative("output_padding", ctx.attr("output_padding", [0] * nd), nd)
     output_shape = ctx.attr("output_shape")
     auto_pad = ctx.attr("auto_pad", "NOTSET")
-    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    same = output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER")
+    if same:
         output_shape = [x.shape[2 + i] * strides[i] for i in range(nd)]
     if output_shape is not None:
         output_shape = list(output_shape)[-nd:]
@@ -86,8 +87,11 @@ def conv_transpose(ctx):
                 + 1
                 - output_shape[i]
             )
+            # SAME with a stride beyond the kernel's extent: onnxruntime pads nothing and
+            # returns (in - 1) * stride + extent; onnx.reference pads the output to in * stride
             if total < 0:
-                output_padding[i] -= total
+                if not same:
+                    output_padding[i] -= total
                 total = 0
             half = total // 2
             if auto_pad == "SAME_UPPER":
@@ -261,29 +265,36 @@ def instance_normalization(ctx):
 
 
 # -- blocks -------------------------------------------------------------------------------------
-def _blocks(ctx) -> dict:
-    x = ctx.inputs[0]
+def _blocksize(ctx) -> int:
     (b,) = positive("blocksize", [ctx.attr("blocksize")])
-    if len(x.shape) != 4:
-        raise ValueError(f"input {list(x.shape)} is not 4-D")
+    if len(ctx.inputs[0].shape) != 4:
+        raise ValueError(f"input {list(ctx.inputs[0].shape)} is not 4-D")
+    return b
+
+
+def _block_mode(ctx) -> str:
     mode = ctx.attr("mode", "DCR")
     if mode not in ("DCR", "CRD"):
         raise ValueError(f"unknown mode '{mode}'")
-    return {"blocksize": b, "mode": mode}
+    return mode
 
 
 @converter("DepthToSpace")
 def depth_to_space(ctx):
-    attrs = _blocks(ctx)
-    b, channels = attrs["blocksize"], ctx.inputs[0].shape[1]
+    b, channels, mode = _blocksize(ctx), ctx.inputs[0].shape[1], _block_mode(ctx)
     if channels % (b * b):
         raise ValueError(f"{channels} channels do not split into {b}x{b} blocks")
-    return ctx.emit("DepthToSpace", ctx.inputs, attrs)
+    return ctx.emit("DepthToSpace", ctx.inputs, {"blocksize": b, "mode": mode})
 
 
 @converter("SpaceToDepth")
 def space_to_depth(ctx):
-    return ctx.emit("SpaceToDepth", ctx.inputs, _blocks(ctx))
+    """mode only when CRD: SpaceToDepth has one from opset 28 (DCR before, and a DCR mode
+    written back to an older opset fails the checker)."""
+    attrs = {"blocksize": _blocksize(ctx)}
+    if ctx.opset >= 28 and _block_mode(ctx) == "CRD":
+        attrs["mode"] = "CRD"
+    return ctx.emit("SpaceToDepth", ctx.inputs, attrs)
 
 
 # -- resize ------------------------------------------------------------------------------------
@@ -293,7 +304,7 @@ def resize(ctx):
     rank = len(x.shape)
     legacy = ctx.op_type == "Upsample" or ctx.opset < 11
     if legacy:
-        scales = ctx.attr("scales") if ctx.opset < 9 else ctx.const(1, "scales")
+        scales = np.float32(ctx.attr("scales")) if ctx.opset < 9 else ctx.const(1, "scales")
         roi, sizes, axes = None, None, None
     else:
         roi, scales, sizes = ctx.const(1, "roi"), ctx.const(2, "scales"), ctx.const(3, "sizes")
