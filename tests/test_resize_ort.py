@@ -6,6 +6,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onebuild.errors import ModelError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde.onnx_import import import_onnx
 
@@ -104,3 +105,31 @@ def test_uint8_cubic_overshoot_saturates(values):
     model = resize_model(x, {"scales": np.float32([1, 1, 1, 2.5])}, mode="cubic", antialias=1)
     got, want = both(model, x)
     np.testing.assert_array_equal(got, want)
+
+
+def opset10_resize(x: np.ndarray, scales: list[float]):
+    node = helper.make_node("Resize", ["x", "s"], ["y"], mode="nearest", name="resize")
+    graph = helper.make_graph(
+        [node],
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.float32(scales), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("scale", [0.6, 0.75, 0.9, 2.5])
+def test_opset_10_nearest_rounds_up_when_shrinking(scale):
+    """Before nearest_mode, onnxruntime takes ceil on a shrinking axis (it was floor)."""
+    x = ramp(10)
+    got, want = both(opset10_resize(x, [1, 1, 1, scale]), x)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_opset_10_nearest_shrinking_and_growing_is_refused():
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    with pytest.raises(ModelError, match="node 'resize' .*shrinks some axes and grows others"):
+        import_onnx(opset10_resize(x, [1, 1, 0.5, 2]), "resize", {"x": x.shape})

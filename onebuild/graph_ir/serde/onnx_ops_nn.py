@@ -298,6 +298,18 @@ def space_to_depth(ctx):
 
 
 # -- resize ------------------------------------------------------------------------------------
+def _legacy_rounding(ctx, scales: list[float]) -> str:
+    """Before opset 11 onnxruntime rounds a nearest source index up on a shrinking axis and
+    down on a growing one; one nearest_mode cannot do both on different axes."""
+    shrinks = {s < 1 for s in scales if s != 1}
+    if len(shrinks) > 1 and ctx.attr("mode", "nearest") == "nearest":
+        raise ctx.fail(
+            f"nearest {ctx.op_type} of opset {ctx.opset} shrinks some axes and grows "
+            f"others (scales {scales}); resize them in two nodes or use opset 11"
+        )
+    return "ceil" if shrinks == {True} else "floor"
+
+
 @converter("Resize", "Upsample")
 def resize(ctx):
     x = ctx.inputs[0]
@@ -346,7 +358,9 @@ def resize(ctx):
         "coordinate_transformation_mode": "asymmetric"
         if legacy
         else ctx.attr("coordinate_transformation_mode", "half_pixel"),
-        "nearest_mode": "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor"),
+        "nearest_mode": _legacy_rounding(ctx, full_scales)
+        if legacy
+        else ctx.attr("nearest_mode", "round_prefer_floor"),
         "cubic_coeff_a": float(ctx.attr("cubic_coeff_a", -0.75)),
         "exclude_outside": int(ctx.attr("exclude_outside", 0)),
         "extrapolation_value": float(ctx.attr("extrapolation_value", 0.0)),
