@@ -298,7 +298,8 @@ def shrink(attrs, x):
     onnx={"alpha": float, "beta": float},
 )
 def hard_sigmoid(attrs, x):
-    return _same_dtype(np.clip(x * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    return _same_dtype(np.clip(wide * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
 
 
 @register("HardSwish", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={})

@@ -42,8 +42,10 @@ def lrn(attrs, x):
 
 @register("Softmax", same_as_input, batch=NOT_ALONG_AXIS_0, quant="softmax")
 def softmax(attrs, x):
+    """float16 in float32, rounded once (as LogSoftmax and LayerNormalization)."""
     axis = attrs.get("axis", -1)
-    shifted = x - x.max(axis=axis, keepdims=True)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    shifted = wide - wide.max(axis=axis, keepdims=True)
     e = np.exp(shifted)
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
@@ -51,7 +53,8 @@ def softmax(attrs, x):
 @register("LogSoftmax", same_as_input, batch=NOT_ALONG_AXIS_0)
 def log_softmax(attrs, x):
     axis = attrs.get("axis", -1)
-    shifted = x - x.max(axis=axis, keepdims=True)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    shifted = wide - wide.max(axis=axis, keepdims=True)
     return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
 
