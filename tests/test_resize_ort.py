@@ -133,3 +133,15 @@ def test_opset_10_nearest_shrinking_and_growing_is_refused():
     x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
     with pytest.raises(ModelError, match="node 'resize' .*shrinks some axes and grows others"):
         import_onnx(opset10_resize(x, [1, 1, 0.5, 2]), "resize", {"x": x.shape})
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("coord", ["asymmetric", "half_pixel", "tf_crop_and_resize"])
+def test_an_unchanged_shape_returns_the_input(mode, coord):
+    """x1.2125 of length 4 is 4 long: onnxruntime returns the input (the reference resamples)."""
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    inputs = {"scales": np.float32([1, 1, 1.2125, 1.2125])}
+    if coord == "tf_crop_and_resize":
+        inputs["roi"] = np.float32([0, 0, 0.1, 0.1, 1, 1, 0.9, 0.9])
+    got, want = both(resize_model(x, inputs, mode=mode, coordinate_transformation_mode=coord), x)
+    np.testing.assert_array_equal(got, want)
