@@ -80,6 +80,8 @@ def test_keep_aspect_ratio_rounds_half_up(policy):
     [
         (7, 0.75, "half_pixel_symmetric", "ceil"),  # a scale, not a size
         (7, 18, "asymmetric", "round_prefer_ceil"),
+        (7, 2, "asymmetric", "round_prefer_ceil"),  # 3.5 exactly, not float32's 3.4999998
+        (10, 12, "asymmetric", "round_prefer_ceil"),
         (10, 12, "tf_crop_and_resize", "round_prefer_ceil"),
         (9, 6, "half_pixel", "round_prefer_floor"),
         (6, 9, "align_corners", "round_prefer_ceil"),

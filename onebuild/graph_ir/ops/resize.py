@@ -28,7 +28,9 @@ def source_coordinates(
     s, n, out = f32(scale), f32(in_len), f32(out_len)
     if mode == "align_corners":
         return o * (n - 1) / (out - 1) if out_len != 1 else np.zeros(out_len, f32)
-    if mode == "asymmetric":
+    if mode == "asymmetric":  # out / in exactly when the scale is that ratio (onnxruntime's
+        if out / n == s:  # result: 7 -> 2 samples 3.5, where float32 o / scale is 3.4999998)
+            return (np.arange(out_len) * in_len / out_len).astype(f32)
         return o / s
     if mode == "tf_crop_and_resize":
         start, end = f32(roi[0]), f32(roi[1])
