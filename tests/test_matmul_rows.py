@@ -11,7 +11,7 @@ from onnx_builders import make_model
 from onebuild import compile as api
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.calibrate import calibrate
-from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.serde.onnx_export import export_onnx
 from onebuild.graph_ir.serde.onnx_import import import_onnx
@@ -40,15 +40,18 @@ def _rows_reference(attrs, x, w, b):
     return out
 
 
+@pytest.mark.parametrize("writes", [None, "int16"])  # int16: activation-only promotion
 @pytest.mark.parametrize("shape", [[1, 4, 8], [1, 2, 3, 8]])
-def test_sequence_matmul_is_an_integer_gemm_on_its_rows(rng, shape):
+def test_sequence_matmul_is_an_integer_gemm_on_its_rows(rng, shape, writes):
     model = _sequence_linear(rng, shape)
     samples = {"x": rng.standard_normal((16, *shape)).astype(np.float32)}
     ranges = calibrate(model.main, samples).ranges
-    config = QuantConfig("uint8", output_type="uint8")
+    layers = (LayerOverride(("t",), output_dtype=writes),) if writes else ()
+    config = QuantConfig("uint8", output_type="uint8", layers=layers)
     graph = quantize_graph(model.main, ranges, config)
     ops = [n.op for n in graph.nodes]
     assert "MatMul" not in ops and ops.count("QGemm") == 1, ops
+    assert ("Requantize" in ops) == bool(writes)  # the uint8 Add reads int16 rows converted
     trace = {}
     x = samples["x"][0]
     got = Interpreter(graph, observer=lambda v, a: trace.__setitem__(v.name, a)).run({"x": x})
@@ -56,6 +59,8 @@ def test_sequence_matmul_is_an_integer_gemm_on_its_rows(rng, shape):
     w, b = gemm.inputs[1].numpy(), gemm.inputs[2].numpy()
     want = _rows_reference(gemm.attrs, trace[gemm.inputs[0].name], w, b)
     np.testing.assert_array_equal(trace[gemm.output.name], want)
+    assert gemm.output.dtype == np.dtype(writes or "uint8")
+    assert trace[gemm.output.users[0].output.name].dtype == gemm.output.dtype  # the Reshape back
     assert got["y"].shape == (*shape[:-1], 16) and got["y"].dtype == np.uint8
 
     options = ort.SessionOptions()

@@ -315,7 +315,7 @@ class _Quantizer:
         b_scales = tuple(float(a * s) for a, s in zip(s_x, scales))[: channels if by_channel else 1]
         b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if by_channel else None)
         if len(x.shape) > 2 and node.op == "MatMul":  # [..., K] @ [K, N]: a QGemm on the rows
-            self._rows_gemm(node, x, [w_value, b_value], attrs, dtype, out_params)
+            self._rows_gemm(node, x, [w_value, b_value], attrs, out_dtype, out_params)
             return
         op = "QConv" if node.op == "Conv" else "QGemm"
         self._produce(node, op, [x, w_value, b_value], attrs, out_dtype, out_params)
