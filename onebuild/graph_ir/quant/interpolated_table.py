@@ -79,7 +79,8 @@ def _worst(error: np.ndarray) -> np.ndarray:
 def _rows(node: Node, x: QuantParams, y: QuantParams, then: Sequence[Node], count: int):
     """Knots, bends, exact segments (a list of index arrays) and the exact codes [B, 512, 128]
     of `count` channels with parameters `x` and `y`: the bends fitted on every segment, their
-    differences measured with the chord on every segment, bent only where a bend was fitted."""
+    differences measured with the chord on every segment, bent only where a bend was fitted
+    and the chord is not exact already."""
     every = np.broadcast_to(CODES, (1, count, CODES.size))
     codes = function_codes(node, dequantize(every, x), y, "int16", then)[0]
     knots = np.ascontiguousarray(codes[:, ::SEGMENT])  # the last one past int16's end
@@ -87,7 +88,7 @@ def _rows(node: Node, x: QuantParams, y: QuantParams, then: Sequence[Node], coun
     ends = np.stack([knots[:, :-1].ravel(), knots[:, 1:].ravel()], axis=1)  # a, b per segment
     chord = _errors(ends, None, exact)
     bends = _bends(ends, exact)
-    fitted = np.flatnonzero(bends)
+    fitted = np.flatnonzero((bends != 0) & (chord > 0))  # (where the chord is exact, it stays)
     bent = chord.copy()
     bent[fitted] = _errors(ends[fitted], bends[fitted], exact[fitted])
     bends[bent >= chord] = 0
