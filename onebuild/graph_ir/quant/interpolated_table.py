@@ -18,7 +18,7 @@ from .params import dequantize
 EXACT_ABOVE = 1
 EXACT_SEGMENTS = 16
 BLOCK = 16  # channels built at once (16 x 65536 codes)
-CODES = np.arange(-32768, 32769, dtype=np.int64)  # every int16 code, then the last knot's
+CODES = np.arange(-32768.0, 32769.0)  # every int16 code, then the last knot's (float64: exact)
 _OFFSETS = np.arange(SEGMENT, dtype=np.int32)
 _T = _OFFSETS.astype(np.float64)
 _BEND = _T * (SEGMENT - _T) / SEGMENT**2  # the bend's weight: t·(128 - t) / 2^14
