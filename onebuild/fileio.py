@@ -2,19 +2,61 @@
 
 A killed process leaves at most a stray temporary file, never a truncated artifact under the
 final name. A folder is replaced only if the caller recognizes it as one onebuild wrote
-(`atomic_folder`'s `owned`). Leaf module: it imports nothing else of onebuild but its errors.
+(`atomic_folder`'s `owned`). Inputs are read only from regular files of bounded size
+(`read_regular`). Leaf module: it imports nothing else of onebuild but its errors.
 """
 
 import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from .errors import UserError
+
+
+def open_regular(path: str | os.PathLike, limit: int) -> BinaryIO:
+    """Open `path` for reading if it is a regular file of at most `limit` bytes, else raise
+    `UserError` naming it (a FIFO, a device or a folder would hang or exhaust memory). Opened
+    without blocking, so a FIFO is refused, not waited on; a missing file raises
+    `FileNotFoundError`, other failures (a symlink loop, permissions) `OSError` naming it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        if error.errno == errno.ENXIO:  # a socket
+            raise UserError(f"{path}: is not a regular file; name a file") from None
+        raise OSError(error.errno, error.strerror, str(path)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise UserError(f"{path}: is {kind}; name a file")
+        if info.st_size > limit:
+            raise UserError(
+                f"{path}: is {info.st_size} bytes, more than the {limit} onebuild reads from "
+                "such a file; check it is the file you meant"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (see `open_regular`); a file that
+    grows past `limit` while read is refused as well."""
+    with open_regular(path, limit) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"{path}: grew past {limit} bytes while read; try again")
+    return data
 
 
 @contextlib.contextmanager

@@ -245,8 +245,10 @@ def check_inputs(path: Path, steps: dict[str, dict[str, Any]]) -> None:
 def check_output_paths(plan: Plan) -> None:
     """No output can replace what the user provides: the package may not be, or hold, the
     recipe, an input file or folder, the build folder or the step cache; the cache is a folder."""
-    if plan.cache_dir is not None and plan.cache_dir.exists() and not plan.cache_dir.is_dir():
-        raise UserError(f"{plan.recipe}: build.cache '{plan.cache_dir}' is a file; name a folder")
+    if plan.cache_dir is not None:
+        from .engine import cache_folder
+
+        cache_folder.check(plan.cache_dir, f"{plan.recipe}: build.cache '{plan.cache_dir}'")
     if "pack" not in plan.steps:
         return
     package = real_path(plan.steps["pack"]["output"])
