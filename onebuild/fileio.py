@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 from .errors import UserError
 
+ANY_SIZE = 1 << 62  # `open_regular`'s limit for files read in pieces or mapped, not held
+
 
 def open_regular(path: str | os.PathLike, limit: int) -> BinaryIO:
     """Open `path` for reading if it is a regular file of at most `limit` bytes, else raise
@@ -30,13 +32,13 @@ def open_regular(path: str | os.PathLike, limit: int) -> BinaryIO:
         raise
     except OSError as error:
         if error.errno == errno.ENXIO:  # a socket
-            raise UserError(f"{path}: is not a regular file; name a file") from None
+            raise UserError(f"{path}: is a socket, not a regular file; put a file there") from None
         raise OSError(error.errno, error.strerror, str(path)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise UserError(f"{path}: is {kind}; name a file")
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, device or socket"
+            raise UserError(f"{path}: is {kind}, not a regular file; put a file there")
         if info.st_size > limit:
             raise UserError(
                 f"{path}: is {info.st_size} bytes, more than the {limit} onebuild reads from "

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, UserError
-from .fileio import open_regular
+from .fileio import ANY_SIZE, open_regular
 from .npz import byte_limit
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -84,7 +84,7 @@ def iter_hdf5(
     inputs = [(name, tuple(shape), np.dtype(rest[0] if rest else FLOAT))
               for name, shape, *rest in inputs]  # fmt: skip
     h5py, path = _h5py(), Path(path)
-    open_regular(path, 1 << 62).close()  # a FIFO or a device would hang or never end
+    open_regular(path, ANY_SIZE).close()  # a FIFO or a device would hang or never end
     try:
         handle = h5py.File(path, "r")
     except OSError as error:

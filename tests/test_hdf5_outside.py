@@ -94,5 +94,6 @@ def test_a_fifo_named_as_the_data_is_refused_not_waited_on(tmp_path):
         "except UserError as e:\n    print(e)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == f"{fifo}: is not a regular file; name a file", done.stderr
+    expected = f"{fifo}: is a FIFO, device or socket, not a regular file; put a file there"
+    assert done.stdout.strip() == expected, done.stderr
     assert issubclass(FormatError, UserError)

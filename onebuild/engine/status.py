@@ -7,13 +7,12 @@ whose result cannot be known before it runs: the steps that depend on it are `pe
 build will run them, restore them or, when the new output is byte-identical, leave them).
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..plan import Plan
 from ..tasks import STEPS
-from .ownership import log_path, outputs_intact
+from .ownership import log_path, outputs_intact, read_log
 from .step_cache import open_cache, tree_digest
 from .tasks_plan import StepTask, plan_tasks, task_key
 
@@ -117,11 +116,10 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
 def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
     """Why the build would not leave the step as it is (empty: it would)."""
     path = log_path(task.outputs)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return ["never built"]
-    try:
-        log = json.loads(path.read_text())
-    except (OSError, ValueError):
+    log = read_log(task.outputs)
+    if log is None:
         return ["its build log is unreadable"]
     if log.get("status") == "running":
         return ["its last run failed or did not finish"]
@@ -130,11 +128,12 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
     reasons = []
     if log.get("code") != STEPS[task.step].code(task.config):
         reasons.append("onebuild's code for this step changed")
-    old = log.get("config", {})
+    old, recorded = log.get("config"), log.get("inputs")
+    old = old if isinstance(old, dict) else {}
+    recorded = recorded if isinstance(recorded, dict) else {}
     changed = sorted(k for k in set(old) | set(task.config) if old.get(k) != task.config.get(k))
     if changed:
         reasons.append("option(s) changed: " + ", ".join(changed))
-    recorded = log.get("inputs", {})
     for path, digest in zip(task.inputs, digests):
         if digest is None:
             reasons.append(f"input {path.name} is missing")
