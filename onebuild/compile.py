@@ -211,6 +211,7 @@ def quantize(
             mixed.dtype,
             mixed.max_high_precision_mac_fraction,
             mixed.trim_probes,
+            mixed.promote_outputs,
         )
         result = search(float_graph, build, settings, samples, target, correct)
         model.graphs[0] = result.graph

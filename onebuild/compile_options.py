@@ -83,9 +83,15 @@ class MixedPrecisionOptions:
     max_high_precision_mac_fraction: float | None = None
     samples: int = 16
     trim_probes: int | None = None  # None: the search's default trim (`quant.mixed_precision`)
+    promote_outputs: bool = False  # layers kept in the base type may write `dtype` (int16 only)
 
     def __post_init__(self):
-        check(self, dtype=MIXED_DTYPES)
+        check(self, dtype=MIXED_DTYPES, promote_outputs=(False, True))
+        if self.promote_outputs and self.dtype != "int16":
+            raise OptionError(
+                f"MixedPrecisionOptions.promote_outputs: needs dtype 'int16' (an int16 output "
+                f"of a uint8 layer), not {self.dtype!r}"
+            )
         check_range(self, "target_sqnr_db", float("-inf"))
         check_range(self, "samples", 1, whole=True)
         if self.max_high_precision_mac_fraction is not None:

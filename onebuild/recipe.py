@@ -124,6 +124,10 @@ class QuantizeMixedPrecision(_Section):
         description="promoted units tried back in the base type at the end, whatever the "
         "margin (default: 4, only when the target holds by 1 dB or more)",
     )
+    promote_outputs: bool = Field(
+        default=_M.promote_outputs,
+        description="layers kept in the base type may write int16 (activation-only promotion)",
+    )
 
 
 class QuantizeStep(_Section):
@@ -184,6 +188,9 @@ class QuantizeStep(_Section):
             raise ValueError('mixed_precision needs mode = "full"')
         if self.mixed_precision and self.mixed_precision.dtype == self.dtype:
             raise ValueError(f"mixed_precision.dtype must differ from dtype ({self.dtype})")
+        mixed = self.mixed_precision
+        if mixed and mixed.promote_outputs and mixed.dtype != "int16":
+            raise ValueError("mixed_precision.promote_outputs needs mixed_precision.dtype 'int16'")
         return self
 
 

@@ -107,3 +107,31 @@ def test_a_tensor_named_alike_gets_one_factor_in_both_tools(tmp_path):
         assert abs(theirs - ours[tensor][1]) < 1e-6  # float32 scales
     alone = variants.factors(["p1"], seed=2)["p1"]
     assert alone == variants.factors(["p1", "a", "z"], seed=2)["p1"] != 1.0
+
+
+def test_weights_quantized_from_constant_nodes_keep_their_scales():
+    """NNCF's form: a weight in a Constant node quantized by a QuantizeLinear at run time; its
+    scale is a weight's and stays, the activation's moves."""
+    h = onnx.helper
+    weight = onnx.numpy_helper.from_array(np.ones((2, 1, 1, 1), np.float32))
+    nodes = [
+        h.make_node("Constant", [], ["w"], value=weight),
+        h.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+        h.make_node("QuantizeLinear", ["w", "sw", "zw"], ["wq"]),
+        h.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"]),
+        h.make_node("Conv", ["xd", "wd"], ["y"]),
+    ]
+    values = {"sx": np.float32(0.1), "zx": np.int8(0), "sw": np.float32(0.01), "zw": np.int8(0)}
+    inits = [onnx.numpy_helper.from_array(np.array(v), n) for n, v in values.items()]
+    info = h.make_tensor_value_info
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [info("x", onnx.TensorProto.FLOAT, [1, 1, 2, 2])],
+        [info("y", onnx.TensorProto.FLOAT, [1, 2, 2, 2])],
+        inits,
+    )
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    before, after = _initializers(proto), _initializers(variants.jitter_qdq(proto, seed=1))
+    assert after["sw"] == before["sw"] and after["sx"] != before["sx"]

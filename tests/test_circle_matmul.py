@@ -145,3 +145,21 @@ def test_keep_num_dims_with_a_bias_is_refused_saying_why():
         "<bytes>: operator 0 (FULLY_CONNECTED): keep_num_dims on an input of rank > 2 is read "
         "for float FULLY_CONNECTED without bias only; this one has a bias"
     )
+
+
+def test_vector_times_constant_matrix_keeps_its_rank(tmp_path, rng):
+    """[K] @ [K, N] is [N] (FULLY_CONNECTED alone gives [1, N]): rows and back by RESHAPE."""
+    b = rng.normal(0, 1, (8, 5)).astype(np.float32)
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="dense")
+    path = tmp_path / "vector.onnx"
+    path.write_bytes(make_model([node], [("a", [8])], ["y"], [("b", b)]).SerializeToString())
+    model = load_onnx(path)
+    a = rng.normal(0, 1, 8).astype(np.float32)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"a": a}
+    )
+    lite = run_litert(write_circle(model, "tflite"), [[a]])[0][0]
+    onert = run_onert(write_circle(model), tmp_path, [[a]])[0][0]
+    for got in (lite, onert):
+        assert got.shape == want.shape == (5,)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -6,12 +6,14 @@ runs it, onert does not: listed in docs/circle-tflite.md)."""
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import helper
 from onnx_builders import make_model
 from test_circle import operator_list, run_litert, run_onert
 
 from onebuild import compile as C
+from onebuild.errors import UnsupportedOpsError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.serde import load_onnx, read_circle, write_circle
 from onebuild.graph_ir.serde.circle_exact import exact_circle
@@ -85,3 +87,38 @@ def test_quantized_upsampling_runs_in_onert_on_the_codes(tmp_path):
     got = np.concatenate([r[0] for r in run_onert(data, tmp_path, [[c] for c in codes])])
     want = Interpreter(graph).run_batch({"x": codes})["y"]
     np.testing.assert_array_equal(got, want.reshape(got.shape))
+
+
+@pytest.mark.parametrize(
+    "shape, scales, written",
+    [
+        ((1, 1, 4, 6), [1, 1, 2, 1.5], True),  # the size ratios
+        ((1, 1, 9, 6), [1, 1, 1 / 3, 0.5], True),  # float32(1/3): the ratio 3 / 9 in float32
+        ((1, 1, 5, 7), [1, 1, 0.6, 0.5], False),  # 3 / 5, 3 / 7 from sizes: another sampling
+    ],
+)
+def test_linear_resize_by_scales_written_only_where_tflite_resizes_by_them(
+    tmp_path, shape, scales, written
+):
+    """RESIZE_BILINEAR takes a size and resizes by out / in; scales that are not those ratios
+    have no TFLite form (the node is named; a package keeps it in `.obir`). What is written,
+    onert and LiteRT run to onnxruntime's numbers on the source model."""
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="up")
+    scales_init = ("scales", np.asarray(scales, np.float32))
+    source = make_model([node], [("x", list(shape))], ["y"], [scales_init], opset=19)
+    path = tmp_path / "up.onnx"
+    path.write_bytes(source.SerializeToString())
+    model = load_onnx(path)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    try:
+        files = write_circle(model, "tflite"), write_circle(model)
+    except UnsupportedOpsError as error:
+        assert not written and "node 'up'" in str(error)
+        assert exact_circle(model)[0] is None
+        return
+    lite = run_litert(files[0], [[x]])[0][0]
+    np.testing.assert_allclose(lite, want[0], rtol=1e-5, atol=1e-5)
+    onert = run_onert(files[1], tmp_path, [[x]])[0][0]
+    np.testing.assert_allclose(onert, want[0], rtol=1e-5, atol=1e-5)
+    assert written

@@ -9,7 +9,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import helper
+from onnx_builders import make_model
 
+from onebuild.errors import UserError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Model, node_alone
 from onebuild.graph_ir.passes import run_preset
@@ -114,3 +117,64 @@ def test_split_into_several_quantized_outputs_runs_in_onnxruntime(rng):
     got = session(Model([quantized])).run(None, {"x": data[0]})
     for value, array in zip(quantized.outputs, got):
         np.testing.assert_allclose(array, want[value.name], atol=1e-6)
+
+
+def resize_model(inputs: list[str], initializers, shape, **attrs) -> onnx.ModelProto:
+    node = helper.make_node("Resize", ["x", *inputs], ["y"], name="resize", **attrs)
+    return make_model([node], [("x", shape)], ["y"], initializers, opset=19)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+def test_resize_by_scales_exports_its_scales(rng, mode):
+    """Scales 0.6 x 0.5 on 5 x 7: onnxruntime samples the exported model where it samples the
+    source (sizes [3, 3] alone would resize by 3/5 and 3/7), float and QDQ."""
+    scales = np.asarray([1, 1, 0.6, 0.5], np.float32)
+    source = resize_model(["", "scales"], [("scales", scales)], (1, 2, 5, 7), mode=mode)
+    model = import_onnx(source)
+    x = rng.normal(0, 1, (8, 1, 2, 5, 7)).astype(np.float32)
+    want = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
+    exported = session(model)
+    for sample in x:
+        (got,) = exported.run(None, {"x": sample})
+        np.testing.assert_allclose(got, want.run(None, {"x": sample})[0], rtol=1e-6, atol=1e-6)
+    config = QuantConfig("uint8", input_type="uint8", output_type="uint8")
+    quantized = quantize_graph(model.main, calibrate(model.main, {"x": x}).ranges, config)
+    codes = rng.integers(0, 256, (8, 1, 2, 5, 7), dtype=np.uint8)
+    ours = Interpreter(quantized).run_batch({"x": codes})[quantized.outputs[0].name]
+    runtime = session(Model([quantized]))
+    theirs = np.stack([runtime.run(None, {"x": c})[0] for c in codes])
+    assert np.abs(ours.astype(np.int64) - theirs).max() <= 1
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2, 7), (1, 1, 6, 4)])
+def test_resize_keeping_the_aspect_ratio_exports_it(rng, shape):
+    """keep_aspect_ratio_policy fitting 10 x 10: one scale and rounded sizes, which neither
+    sizes nor scales alone give (2 x 7: scale 10/7, 3 rows, truncated from scales 2)."""
+    sizes = ("sizes", np.asarray([10, 10], np.int64))
+    for policy in ("not_larger", "not_smaller"):
+        source = resize_model(
+            ["", "", "sizes"], [sizes], shape, axes=[2, 3], keep_aspect_ratio_policy=policy
+        )
+        model = import_onnx(source)
+        want = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
+        x = rng.normal(0, 1, shape).astype(np.float32)
+        (got,) = session(model).run(None, {"x": x})
+        np.testing.assert_allclose(got, want.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+
+
+def test_resize_no_onnx_resize_reproduces_is_refused():
+    """Three axes fitting 10 x 10 x 10 from 2 x 3 x 7: scale 10/7 and sizes 3 (rounded up),
+    4 (down), 10; scales truncate 2.86 to 2, and given sizes either policy picks another
+    scale: one line naming the node."""
+    sizes = ("sizes", np.asarray([10, 10, 10], np.int64))
+    source = resize_model(
+        ["", "", "sizes"],
+        [sizes],
+        (1, 1, 2, 3, 7),
+        keep_aspect_ratio_policy="not_larger",
+        axes=[2, 3, 4],
+    )
+    model = import_onnx(source)
+    assert model.main.outputs[0].shape == (1, 1, 3, 4, 10)
+    with pytest.raises(UserError, match=r"^node 'resize' \(Resize\): no ONNX Resize [^\n]*$"):
+        export_onnx(model)

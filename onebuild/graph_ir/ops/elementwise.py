@@ -160,18 +160,22 @@ def where(attrs, cond, a, b):
 
 def _unary(name: str, fn, quant: str | None = None):
     """The ONNX unary elementwise operator `name`, per sample; `quant="lookup"` quantizes it as
-    a table over every input code, None keeps it in float."""
+    a table over every input code, None keeps it in float. float16 is computed in float32 and
+    rounded once, as onnxruntime does (rounding each step lost Sigmoid's tail)."""
 
     @register(name, same_as_input, batch=PER_SAMPLE, quant=quant, onnx={})
     def kernel(attrs, x):
-        return _same_dtype(fn(x), x)
+        return _same_dtype(fn(x.astype(np.float32) if x.dtype == np.float16 else x), x)
 
     kernel.__name__ = name.lower()
     return kernel
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    """1 / (1 + e^-x) without cancellation: e^x / (1 + e^x) below 0 keeps the tail (the tanh
+    form rounded to 0 below -17 in float32)."""
+    tail = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + tail), tail / (1 + tail)).astype(np.result_type(x, 0.5))
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -294,7 +298,8 @@ def shrink(attrs, x):
     onnx={"alpha": float, "beta": float},
 )
 def hard_sigmoid(attrs, x):
-    return _same_dtype(np.clip(x * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    return _same_dtype(np.clip(wide * attrs.get("alpha", 0.2) + attrs.get("beta", 0.5), 0, 1), x)
 
 
 @register("HardSwish", same_as_input, batch=PER_SAMPLE, quant="lookup", onnx={})

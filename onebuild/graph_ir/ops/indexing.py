@@ -36,8 +36,10 @@ def top_k(attrs, x):
     axis, k = attrs["axis"], attrs["k"]
     if k > x.shape[axis]:
         raise ValueError(f"k = {k} is larger than axis {axis} ({x.shape[axis]})")
-    key = x.astype(np.float64) if x.dtype.kind in "ub" else x
-    order = np.argsort(-key if attrs["largest"] else key, axis=axis, kind="stable")
+    key = x.astype(np.float64) if x.dtype.kind == "b" else x
+    if attrs["largest"]:  # ~ reverses integer order without overflow (-INT_MIN wraps)
+        key = ~key if key.dtype.kind in "iu" else -key
+    order = np.argsort(key, axis=axis, kind="stable")
     indices = np.take(order, np.arange(k), axis=axis)
     return np.take_along_axis(x, indices, axis=axis), indices.astype(np.int64)
 
@@ -66,8 +68,11 @@ def trilu(attrs, x):
     batch=BatchRule(None, condition=lambda node: node.attrs["axis"] != 0),
 )
 def gather_elements(attrs, data, indices):
+    """data[..., indices[i], ...] along `axis`; indices may be shorter than data on other axes."""
     axis = attrs["axis"]
-    return np.take_along_axis(data, _in_range(indices, data.shape[axis], "GatherElements"), axis)
+    window = tuple(slice(0, n) if a != axis else slice(None) for a, n in enumerate(indices.shape))
+    where = _in_range(indices, data.shape[axis], "GatherElements")
+    return np.take_along_axis(data[window], where, axis)
 
 
 def _gather_nd_type(attrs: Attrs, types) -> list[TensorType]:

@@ -42,8 +42,10 @@ def lrn(attrs, x):
 
 @register("Softmax", same_as_input, batch=NOT_ALONG_AXIS_0, quant="softmax")
 def softmax(attrs, x):
+    """float16 in float32, rounded once (as LogSoftmax and LayerNormalization)."""
     axis = attrs.get("axis", -1)
-    shifted = x - x.max(axis=axis, keepdims=True)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    shifted = wide - wide.max(axis=axis, keepdims=True)
     e = np.exp(shifted)
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
@@ -51,17 +53,20 @@ def softmax(attrs, x):
 @register("LogSoftmax", same_as_input, batch=NOT_ALONG_AXIS_0)
 def log_softmax(attrs, x):
     axis = attrs.get("axis", -1)
-    shifted = x - x.max(axis=axis, keepdims=True)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    shifted = wide - wide.max(axis=axis, keepdims=True)
     return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
 
 @register("LayerNormalization", same_as_input, batch=NOT_ALONG_AXIS_0)
 def layer_normalization(attrs, x, scale, bias=None):
+    """float16 is computed in float32 and rounded once (ONNX's default stash_type)."""
     axis = normalize_axis(attrs.get("axis", -1), x.ndim)
     axes = tuple(range(axis, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = np.square(x - mean).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + attrs.get("epsilon", 1e-5)) * scale
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    mean = wide.mean(axis=axes, keepdims=True)
+    var = np.square(wide - mean).mean(axis=axes, keepdims=True)
+    y = (wide - mean) / np.sqrt(var + attrs.get("epsilon", 1e-5)) * scale
     if bias is not None:
         y = y + bias
     return y.astype(x.dtype, copy=False)

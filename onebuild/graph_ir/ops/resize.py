@@ -17,25 +17,33 @@ from .registry import Attrs, BatchRule, TensorType, register
 def source_coordinates(
     mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float]
 ) -> np.ndarray:
-    """Input coordinate of each output index under a coordinate transformation mode."""
-    o = np.arange(out_len, dtype=np.float64)
-    width = scale * in_len  # the real-valued output length the transforms are defined on
+    """Input coordinate of each output index under a coordinate transformation mode.
+
+    Computed as onnxruntime does, in float32 on the integer output length (onnx.reference uses
+    the fractional in_len * scale for align_corners and pytorch_half_pixel; we follow
+    onnxruntime, as PyTorch and TFLite do), so nearest ties fall where onnxruntime puts them.
+    """
+    f32 = np.float32
+    o = np.arange(out_len, dtype=f32)
+    s, n, out = f32(scale), f32(in_len), f32(out_len)
     if mode == "align_corners":
-        return o * (in_len - 1) / (width - 1) if width != 1 else np.zeros(out_len)
-    if mode == "asymmetric":
-        return o / scale
+        return o * (n - 1) / (out - 1) if out_len != 1 else np.zeros(out_len, f32)
+    if mode == "asymmetric":  # out / in exactly when the scale is that ratio (onnxruntime's
+        if out / n == s:  # result: 7 -> 2 samples 3.5, where float32 o / scale is 3.4999998)
+            return (np.arange(out_len) * in_len / out_len).astype(f32)
+        return o / s
     if mode == "tf_crop_and_resize":
-        start, end = roi
-        if width != 1:
-            return start * (in_len - 1) + o * (end - start) * (in_len - 1) / (width - 1)
-        return np.full(out_len, (end - start) * (in_len - 1) / 2 + start * (in_len - 1))
+        start, end = f32(roi[0]), f32(roi[1])
+        if out_len != 1:
+            return start * (n - 1) + o * (end - start) * (n - 1) / (out - 1)
+        return np.full(out_len, 0.5 * (float(start) + float(end)) * (in_len - 1), f32)
     if mode == "pytorch_half_pixel":
-        return (o + 0.5) / scale - 0.5 if width != 1 else np.full(out_len, -0.5)
+        return (o + f32(0.5)) / s - f32(0.5) if out_len != 1 else np.zeros(out_len, f32)
     if mode == "half_pixel":
-        return (o + 0.5) / scale - 0.5
-    if mode == "half_pixel_symmetric":
-        offset = in_len / 2 * (1 - out_len / width)
-        return offset + (o + 0.5) / scale - 0.5
+        return (o + f32(0.5)) / s - f32(0.5)
+    if mode == "half_pixel_symmetric":  # onnxruntime mixes float32 and float64 here
+        offset = float(n / f32(2) * (f32(1) - out / (s * n)))
+        return (offset + (o.astype(np.float64) + 0.5) / float(s) - 0.5).astype(f32)
     raise ValueError(f"unknown coordinate_transformation_mode '{mode}'")
 
 
@@ -80,7 +88,7 @@ def interpolation_matrix(attrs: Attrs, axis: int, in_len: int) -> tuple[np.ndarr
     rank = len(attrs["sizes"])
     bounds = (roi[axis], roi[axis + rank]) if roi else (0.0, 1.0)
     coord_mode = attrs.get("coordinate_transformation_mode", "half_pixel")
-    x = source_coordinates(coord_mode, out_len, in_len, scale, bounds)
+    x = source_coordinates(coord_mode, out_len, in_len, scale, bounds).astype(np.float64)
     base = np.floor(x)
     ratio = x - base
     integral = ratio == 0
@@ -138,6 +146,8 @@ def resize(attrs, x):
             outside |= out_mask.reshape(shape)
     if outside.any():
         y[outside] = attrs.get("extrapolation_value", 0.0)
-    if np.issubdtype(x.dtype, np.integer):
-        y = np.rint(y)
+    if np.issubdtype(x.dtype, np.integer):  # cubic and antialias overshoot: saturate
+        # onnx.reference clamps int8 to its own range; onnxruntime clamps it to [0, 255] (a bug)
+        info = np.iinfo(x.dtype)
+        y = np.clip(np.rint(y), info.min, info.max)
     return y.astype(x.dtype)

@@ -141,16 +141,18 @@ _PAD_BATCH = PER_SAMPLE.where(
 
 @register("Pad", _pad_type, batch=_PAD_BATCH, quant="pad")
 def pad(attrs, x):
-    """Pad by `pads` (begins, then ends; negative crops) in mode constant/reflect/edge/wrap."""
+    """Pad by `pads` (begins, then ends; negative crops) in mode constant/reflect/edge/wrap.
+
+    Negative pads crop first, then the rest pads the cropped tensor (as onnxruntime: wrap
+    repeats the cropped tensor)."""
     rank, pads = x.ndim, attrs["pads"]
+    crop = tuple(slice(-min(pads[i], 0), x.shape[i] + min(pads[i + rank], 0)) for i in range(rank))
+    x = x[crop]
     grow = [(max(pads[i], 0), max(pads[i + rank], 0)) for i in range(rank)]
     mode = attrs.get("mode", "constant")
     if mode == "constant":
-        y = np.pad(x, grow, constant_values=np.asarray(attrs.get("value", 0)).astype(x.dtype))
-    else:
-        y = np.pad(x, grow, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
-    crop = tuple(slice(-min(pads[i], 0), y.shape[i] + min(pads[i + rank], 0)) for i in range(rank))
-    return np.ascontiguousarray(y[crop])
+        return np.pad(x, grow, constant_values=np.asarray(attrs.get("value", 0)).astype(x.dtype))
+    return np.pad(x, grow, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
 
 
 def _gather_type(attrs: Attrs, types) -> list[TensorType]:

@@ -41,7 +41,8 @@ def _fold_into(graph: Graph, producer: Node, bn: Node, factor: np.ndarray, shift
         producer.attrs["beta"] = 1.0
         if producer.attrs.get("alpha", 1.0) != 1.0:
             w = w * producer.attrs.pop("alpha")
-    new_bias = np.broadcast_to(old_bias * factor + shift, factor.shape)
+    new_bias = old_bias * factor + shift  # a Gemm's C may be [M, N]: it stays that shape
+    new_bias = np.broadcast_to(new_bias, np.broadcast_shapes(new_bias.shape, factor.shape))
     dtype = weight.dtype
     producer.set_input(1, graph.add_constant(w.astype(dtype), weight.name + "_bnfold"))
     bias_value = graph.add_constant(new_bias.astype(dtype), (bias or weight).name + "_bnfold_bias")

@@ -334,14 +334,20 @@ def _replace_layer_norm(graph: Graph, match: _Match, x: Value, attrs: dict) -> N
 
 
 def _division_as_product(graph: Graph, node: Node) -> bool:
-    """Div(a, constant) -> Mul(a, 1 / constant) for floating-point values."""
+    """Div(a, constant) -> Mul(a, 1 / constant) for floating-point values, when every
+    reciprocal is a normal number (1 / a subnormal overflows to inf, 0 * inf is NaN)."""
     divisor = node.inputs[1]
     if not divisor.is_const or not np.issubdtype(node.output.dtype, np.floating):
         return False
     values = divisor.numpy()
     if not np.all(np.isfinite(values)) or np.any(values == 0):
         return False
-    reciprocal = graph.add_constant((1.0 / values).astype(values.dtype), f"{divisor.name}_inv")
+    with np.errstate(over="ignore"):
+        inverse = (1.0 / values).astype(values.dtype)
+    tiny = np.finfo(values.dtype).tiny
+    if not np.all(np.isfinite(inverse) & (np.abs(inverse) >= tiny)):
+        return False
+    reciprocal = graph.add_constant(inverse, f"{divisor.name}_inv")
     replace_with(graph, [node], node, "Mul", [node.inputs[0], reciprocal], {})
     return True
 

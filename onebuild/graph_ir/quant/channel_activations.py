@@ -185,14 +185,17 @@ def chosen_edges(
     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
     allowed: Iterable[str] = CHANNEL_DTYPES,
     fold: bool = True,
+    writes: Callable[[Node], str | None] | None = None,
 ) -> list[tuple[Edge, str]]:
-    """The edges quantized per channel, each with its dtype: those whose nodes all run in one
-    quantized dtype of `allowed` (`dtype_of`: None for float) and whose per-channel ranges
+    """The edges quantized per channel, each with its dtype: those whose values are all of one
+    quantized dtype of `allowed` (the producer's output type `writes`, the other nodes'
+    `dtype_of`, default both `dtype_of`: None for float) and whose per-channel ranges
     calibration recorded (older statistics lack them: that edge stays per tensor); an edge
     with a reader that is not depthwise only with `fold`, in FOLDED_DTYPES, where it pays."""
     chosen = []
     for edge in channel_edges(graph):
-        dtypes = {dtype_of(node) for node in edge.nodes}
+        dtypes = {(writes or dtype_of)(edge.producer)}
+        dtypes |= {dtype_of(node) for node in edge.nodes if node is not edge.producer}
         if len(dtypes) != 1 or not dtypes <= CHANNEL_DTYPES & set(allowed):
             continue
         missing = [v.name for v in edge.values if v.name not in channel_ranges]

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ...errors import UserError
 from ..ir import Graph, Node
+from ..ops import OPS
 
 FLOAT = "float32"
 
@@ -16,6 +17,10 @@ class LayerOverride:
     names: tuple[str, ...]
     dtype: str | None = None  # a quantized dtype, or "float32" to keep the layer float
     granularity: str | None = None
+    # Conv/Gemm/MatMul only: the output's dtype when it differs from the dtype the layer
+    # computes in (uint8 inputs, int8 weights, int32 sums written as int16: activation-only
+    # promotion, `mixed_precision`)
+    output_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,20 @@ class QuantConfig:
     @property
     def quantized_dtypes(self) -> set[str]:
         """Every dtype the default and the overrides ask for, float32 excluded."""
-        return {self.dtype, *(o.dtype for o in self.layers if o.dtype)} - {FLOAT}
+        named = (d for o in self.layers for d in (o.dtype, o.output_dtype) if d)
+        return {self.dtype, *named} - {FLOAT}
 
 
 @dataclass(frozen=True)
 class LayerSetting:
     dtype: str
     granularity: str
+    output_dtype: str | None = None  # None: `dtype`
+
+    @property
+    def writes(self) -> str:
+        """The dtype of the layer's output."""
+        return self.output_dtype or self.dtype
 
 
 def layer_settings(graph: Graph, config: QuantConfig) -> dict[int, LayerSetting]:
@@ -63,7 +75,20 @@ def layer_settings(graph: Graph, config: QuantConfig) -> dict[int, LayerSetting]
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 raise UserError(f"quantize.layers[{index}]: no node or tensor named '{name}'{hint}")
             current = settings[id(node)]
+            output_dtype = override.output_dtype or current.output_dtype
+            if output_dtype == FLOAT:
+                raise UserError(
+                    f"quantize.layers[{index}]: output_dtype must be a quantized dtype, not "
+                    f"'{FLOAT}' (use dtype = '{FLOAT}' to keep '{name}' float)"
+                )
+            if output_dtype is not None and OPS[node.op].quant != "matmul":
+                raise UserError(
+                    f"quantize.layers[{index}]: output_dtype applies to Conv, Gemm and MatMul "
+                    f"layers; '{name}' is {node.op}"
+                )
             settings[id(node)] = LayerSetting(
-                override.dtype or current.dtype, override.granularity or current.granularity
+                override.dtype or current.dtype,
+                override.granularity or current.granularity,
+                output_dtype,
             )
     return settings

@@ -51,6 +51,7 @@ from .config import LayerOverride, QuantConfig
 from .empirical_bias import BiasCorrector
 from .evaluate import Batch, Comparison
 from .model_io import is_quantized
+from .output_promotion import OutputPlan, edge_producers, output_writers, split_edges
 from .probes import Probes
 from .sensitivity import isolated_output_noise
 
@@ -77,6 +78,8 @@ class MixedPrecisionTarget:
     dtype: str = "int16"  # the higher-precision type: "int16", or "float32" (CPU parts)
     max_high_precision_mac_fraction: float | None = None
     trim_probes: int | None = None  # None: REFINE_PROBES, if the margin is DEMOTE_MARGIN_DB
+    # the layers kept in the base type write `dtype` (activation-only promotion; see `search`)
+    promote_outputs: bool = False
 
 
 @dataclass
@@ -197,13 +200,22 @@ def search(
     def fraction(promoted: Sequence[str]) -> float:
         return sum(node_macs[name] for name in promoted) / total_macs
 
-    def probe(promoted: Sequence[str], exact: bool = False) -> tuple[Graph, Comparison]:
-        """Quantize with `promoted` in the higher type and measure; unless `exact` or a MAC
-        budget may choose a set that misses the target, stop once it cannot be met."""
+    # promote_outputs: which layers kept low write the higher type (filled once units are known)
+    plan = OutputPlan(target.dtype, config.dtype) if target.promote_outputs else None
+
+    def configured(promoted: Sequence[str]) -> QuantConfig:
         layers = config.layers
         if promoted:
             layers = (*layers, LayerOverride(tuple(promoted), target.dtype))
-        graph = build(replace(config, layers=layers))
+        if plan is not None:
+            layers = (*layers, *plan.overrides(promoted))
+        return replace(config, layers=layers)
+
+    def probe(promoted: Sequence[str], exact: bool = False) -> tuple[Graph, Comparison]:
+        """Quantize with `promoted` in the higher type (`plan`: the others' outputs as it
+        says) and measure; unless `exact` or a MAC budget may choose a set that misses the
+        target, stop once it cannot be met."""
+        graph = build(configured(promoted))
         outputs = None
         if correct is not None:
             correct(graph)
@@ -211,6 +223,8 @@ def search(
         give_up = None if exact or budget is not None else target.target_sqnr_db
         comparison = measure.compare(graph, give_up_below=give_up, computed=outputs)
         step = {"promoted": len(promoted), "high_precision_mac_fraction": fraction(promoted)}
+        if plan is not None:
+            step["promoted_outputs"] = len(plan.promoted_outputs(promoted))
         if comparison.complete:
             step["sqnr_db"] = _worst_output_db(comparison)
         else:  # stopped: the target is out of reach; the SQNR is at most this
@@ -232,24 +246,53 @@ def search(
         base_graph, base = probe(())
     units = layer_units(float_graph, base_graph)
     members = {layer: [layer] for layer in units}
-    if config.activation_granularity == "channel":
-        units, members = edge_units(float_graph, units)
+    channel = config.activation_granularity == "channel"
+    if channel:
+        split = split_edges(float_graph, units) if plan is not None else None
+        if split is None:
+            units, members = edge_units(float_graph, units)
+        else:
+            units, members, plan.edges = split
 
     def promoted(kept: set[str]) -> list[str]:
         return [name for layer, unit in units.items() if layer not in kept for name in unit]
+
+    def finish(graph, chosen, comparison) -> MixedPrecisionResult:
+        extra = None
+        if plan is not None:  # computing in one type, writing the other (MACs: the first)
+            extra = {
+                "promoted_outputs": plan.promoted_outputs(chosen),
+                "demoted_outputs": plan.demoted_outputs(chosen),
+            }
+        return _result(graph, chosen, comparison, target, fraction, steps, extra)
 
     everything = promoted(set())
     graph, comparison = probe(everything, exact=True)  # the floor: reported when it misses
     if not met(comparison):  # the floor misses the target: nothing can meet it
         if budget is not None and fraction(everything) > budget:
             graph, everything, comparison = base_graph, [], base
-        return _result(graph, everything, comparison, target, fraction, steps)
+        return finish(graph, everything, comparison)
     floor = _noise_ratios(comparison)
     aim = 10 ** (-target.target_sqnr_db / 10)
     allowed = {o: max(aim - r, 1e-30) for o, r in floor.items()}
     measured = [layer for layer, unit in units.items() if fraction(unit) >= NEGLIGIBLE_MAC_FRACTION]
     alone_layers = [member for layer in measured for member in members[layer]]
-    twins = base_graph if correct is None else build(config)  # each layer's own bias
+    if plan is None:
+        twins = base_graph if correct is None else build(config)  # each layer's own bias
+    else:  # the base: every unit with MACs computes low and writes high
+        plan.writers = output_writers(
+            float_graph, units, measured, edge_producers(float_graph) if channel else set()
+        )
+        low_set = promoted(set(measured))
+        low_graph, low_comparison = probe(low_set)
+        if met(low_comparison):
+            return finish(low_graph, low_set, low_comparison)
+        twins = low_graph if correct is None else build(configured(low_set))
+        twins = {node.name: node for node in twins.nodes}
+        if plan.edges:  # each edge producer alone, writing its promoted edge
+            edges = set(plan.edges.values())
+            producers = build(configured(promoted(set(measured) - edges)))
+            twins.update({n.name: n for n in producers.nodes if n.name in plan.edges})
     signal, layer_noise = isolated_output_noise(
         float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
@@ -281,6 +324,9 @@ def search(
         (): (base_graph, [], base),
         tuple(everything): (graph, everything, comparison),
     }
+    if plan is not None:  # the plain base is not a candidate: its kept layers write low
+        probes = {tuple(everything): probes[tuple(everything)]}
+        probes[tuple(low_set)] = (low_graph, low_set, low_comparison)
 
     def tried(chosen: list[str]) -> tuple[Graph, list[str], Comparison]:
         """The probe of promoting `chosen` (each set probed once)."""
@@ -319,7 +365,7 @@ def search(
             graph, chosen, comparison = _demote(best, largest, units, tried, met, trims)
     else:  # the budget is too small: the best output within it, said as not met
         graph, chosen, comparison = max(within, key=lambda p: _worst_output_db(p[2]))
-    result = _result(graph, chosen, comparison, target, fraction, steps)
+    result = finish(graph, chosen, comparison)
     alone = {  # each measured layer's worst output SQNR when it alone is in the base type
         layer: min(sqnr_db(signal[o], noise[layer][o]) for o in signal) for layer in measured
     }
@@ -376,7 +422,7 @@ def _demote(best, layers, units, tried, met, count: int = REFINE_PROBES):
     return best
 
 
-def _result(graph, promoted, comparison, target, fraction, steps) -> MixedPrecisionResult:
+def _result(graph, promoted, comparison, target, fraction, steps, extra=None):
     reached = _worst_output_db(comparison)
     record = {
         "target_sqnr_db": target.target_sqnr_db,
@@ -388,4 +434,5 @@ def _result(graph, promoted, comparison, target, fraction, steps) -> MixedPrecis
         "target_met": bool(reached >= target.target_sqnr_db),
         "steps": steps,
     }
+    record.update(extra or {})
     return MixedPrecisionResult(graph, record)

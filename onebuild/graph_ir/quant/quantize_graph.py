@@ -104,7 +104,12 @@ class _Quantizer:
         self.absorbed: set[int] = set()  # node ids emitted as part of a table
         if config.activation_granularity == "channel":
             chosen = chosen_edges(
-                source, self._dtype_of, channel_ranges, config.channel_dtypes, config.fold_scales
+                source,
+                self._dtype_of,
+                channel_ranges,
+                config.channel_dtypes,
+                config.fold_scales,
+                self._writes,
             )
             for edge, dtype in chosen:
                 self.per_channel.update({id(v): dtype for v in edge.values})
@@ -147,6 +152,11 @@ class _Quantizer:
 
     def _dtype_of(self, node: Node) -> str | None:
         dtype = self.settings[id(node)].dtype
+        return None if dtype == FLOAT else dtype
+
+    def _writes(self, node: Node) -> str | None:
+        """The dtype of `node`'s output (its layer's, or an `output_dtype` override's)."""
+        dtype = self.settings[id(node)].writes
         return None if dtype == FLOAT else dtype
 
     def _is_output(self, value: Value) -> bool:
@@ -259,7 +269,8 @@ class _Quantizer:
     def _matmul_like(self, node: Node, dtype: str) -> None:
         _has_integer_form(node, "QConv", "QGemm")
         x = self.as_quant(node.inputs[0], dtype)
-        out_params = self.params(node.output, dtype)
+        out_dtype = self.settings[id(node)].writes  # uint8 sums may be written as int16
+        out_params = self.params(node.output, out_dtype)
         w = node.inputs[1].numpy().astype(np.float64)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         b = None if bias is None else bias.numpy().astype(np.float64)
@@ -290,7 +301,7 @@ class _Quantizer:
             b_real = corrected_bias(node, w, wq, w_params.scale, b_real, mean, channel_axis)
         top = float(min(limit.max, BIAS_ROOM))  # exact in float64 (2^63 - 1 is not)
         bq = np.clip(np.rint(b_real / (s_x * scales)), -top, top).astype(b_type)
-        attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, dtype, fold)
+        attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, out_dtype, fold)
         w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
         w_value.quant = w_params
         b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"
@@ -299,7 +310,7 @@ class _Quantizer:
         b_scales = tuple(float(a * s) for a, s in zip(s_x, scales))[: channels if by_channel else 1]
         b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if by_channel else None)
         op = "QConv" if node.op == "Conv" else "QGemm"
-        self._produce(node, op, [x, w_value, b_value], attrs, dtype, out_params)
+        self._produce(node, op, [x, w_value, b_value], attrs, out_dtype, out_params)
 
     def _binary_ok(self, node: Node) -> bool:
         return len(node.inputs) == 2

@@ -15,7 +15,7 @@ release the GIL): each layer's noise is computed as a lone thread would, bit for
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -110,15 +110,16 @@ def downstream(graph: Graph, *indices: int) -> set[int]:
 
 
 def isolated_output_noise(
-    float_graph: Graph, quantized: Graph, batch: Batch, names: Sequence[str]
+    float_graph: Graph, quantized: Graph | Mapping[str, Node], batch: Batch, names: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(signal power per output, {node name: noise power per output}) on the samples of
     `batch`, each named node of `float_graph` quantized alone as it is in `quantized` (a node
     without a quantized twin of the same name and output shapes adds no noise). The node's
     outputs are also clipped, on each sample, to the range the other samples reach: what
     calibration that had not seen the sample would have allowed, so a layer whose range
-    unseen data overshoots (the logits, a squeeze-excitation gate) shows what that costs."""
-    twins = {node.name: node for node in quantized.nodes}
+    unseen data overshoots (the logits, a squeeze-excitation gate) shows what that costs.
+    `quantized` may be the twins by name instead (taken from several quantizations)."""
+    twins = quantized if isinstance(quantized, Mapping) else {n.name: n for n in quantized.nodes}
     signal = {v.name: 0.0 for v in float_graph.outputs}
     noise = {name: dict.fromkeys(signal, 0.0) for name in names}
     measured = {

@@ -49,8 +49,11 @@ def written_as(node: Node) -> str | None:
     node's attributes rather than its float op (None for other nodes)."""
     if node.op == "QAdd":
         return "SUB" if node.attrs.get("subtract") else "ADD"
-    if node.op == "QAveragePool":
-        return "MEAN" if rescaling_mean(node) else "AVERAGE_POOL_2D"
+    if node.op == "QAveragePool":  # rescaling windows: sums by a depthwise convolution
+        if rescaling_mean(node):
+            return "MEAN"
+        rescales = node.inputs[0].quant != node.output.quant
+        return "DEPTHWISE_CONV_2D" if rescales else "AVERAGE_POOL_2D"
     if node.op == "QGemm":
         return "CONV_2D" if pointwise_gemm(node) else "FULLY_CONNECTED"
     return None

@@ -429,6 +429,8 @@ def transpose(w, node):
 
 
 def pad(w, node):
+    """PAD, PADV2 (a float fill) or MIRROR_PAD (reflect); negative pads crop first by a SLICE
+    (TFLite's paddings are never negative: LiteRT refuses them)."""
     x, attrs = node.inputs[0], node.attrs
     mode = attrs.get("mode", "constant")
     perm = w.home_of(x)
@@ -436,22 +438,48 @@ def pad(w, node):
     pads = attrs["pads"]
     pairs = [[pads[i], pads[i + rank]] for i in range(rank)]
     order = range(rank) if perm is None else perm
-    paddings = w.constant(np.asarray([pairs[p] for p in order], np.int32), f"{node.name}_pads")
-    operands = [w.get(x, perm), paddings]
     value = float(attrs.get("value", 0.0))
+    _require(mode in ("constant", "reflect"))
+    if x.quant is not None and mode == "constant":
+        _require(value == x.quant.zero_point[0])  # TFLite pads quantized tensors with it
+    source = w.get(x, perm)
+    grows = max(pads) > 0
+    if min(pads) < 0:  # the IR reflects before it crops: the same unless one axis does both
+        _require(mode == "constant" or not any(min(p) < 0 < max(p) for p in pairs))
+        source = _crop(w, node, source, [pairs[p] for p in order], last=not grows)
+        pairs = [[max(a, 0), max(b, 0)] for a, b in pairs]
+        if not grows:
+            return
+    paddings = w.constant(np.asarray([pairs[p] for p in order], np.int32), f"{node.name}_pads")
+    operands = [source, paddings]
     if mode == "reflect":
         w.op("MIRROR_PAD", operands, [w.define(node.output, perm)], mode=0)
         return
-    _require(mode == "constant")
-    if x.quant is not None:
-        _require(value == x.quant.zero_point[0])  # TFLite pads quantized tensors with it
-        code = "PAD"
-    elif value == 0.0:
-        code = "PAD"
-    else:
+    code = "PAD"
+    if x.quant is None and value != 0.0:
         operands.append(w.constant(np.asarray([value], x.dtype), f"{node.name}_value"))
         code = "PADV2"
     w.op(code, operands, [w.define(node.output, perm)])
+
+
+def _crop(w, node, source: int, pairs: list[list[int]], last: bool) -> int:
+    """SLICE of `source` (pairs of pads in its stored order) dropping what negative pads crop;
+    the node's output when `last`."""
+    x, out = node.inputs[0], node.output
+    shape = w.tensors[source].shape
+    begin = [-min(a, 0) for a, _ in pairs]
+    size = [d + min(a, 0) + min(b, 0) for d, (a, b) in zip(shape, pairs)]
+    if last:
+        target = w.define(out, w.home_of(x))
+    else:
+        target = w.new_tensor(f"{out.name}_cropped", x.dtype, size, quant=x.quant)
+    operands = [
+        source,
+        w.constant(np.asarray(begin, np.int32), f"{node.name}_begin"),
+        w.constant(np.asarray(size, np.int32), f"{node.name}_size"),
+    ]
+    w.op("SLICE", operands, [target])
+    return target
 
 
 def identity(w, node):

@@ -36,7 +36,8 @@ def _pad(w, x_index: int, x, perm, pads: list[int], fill: float | None = None) -
     if fill is None:
         w.op("PAD", operands, [out])
     else:
-        operands.append(w.constant(np.asarray([fill], x.dtype), f"{x.name}_fill"))
+        # TFLite's quantized PADV2 takes a fill with the output's parameters
+        operands.append(w.constant(np.asarray([fill], x.dtype), f"{x.name}_fill", x.quant))
         w.op("PADV2", operands, [out])
     return out
 
@@ -78,11 +79,18 @@ def _window(w, node, x, kernel, strides, dilations, fill, exclusive=False, same_
         and all(o == -(-x.shape[2 + i] // strides[i]) for i, o in enumerate(out))
     ):
         return xi, SAME, kernel, None
+    # past the last window's end: no padding (VALID drops the rows no window reaches)
     ends = [
-        (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - x.shape[2 + i] - pads[i]
+        max(
+            (out[i] - 1) * strides[i]
+            + (kernel[i] - 1) * dilations[i]
+            + 1
+            - x.shape[2 + i]
+            - pads[i],
+            0,
+        )
         for i in range(2)
     ]
-    _require(min(ends) >= 0)
     explicit = [pads[0], pads[1], *ends]
     return _pad(w, xi, x, NHWC, explicit, fill), VALID, kernel, explicit
 
@@ -297,12 +305,13 @@ def _columns_in_stored_order(w, a, weight: np.ndarray) -> np.ndarray:
 def matmul(w, node):
     """FULLY_CONNECTED without bias by constant 2-D weights; an input of rank > 2 is reshaped
     to rows and back (onert 0.1.0 drops `keep_num_dims`: its output comes out 2-D, and the next
-    operator fails shape inference), which the reader folds back into one MatMul."""
+    operator fails shape inference), which the reader folds back into one MatMul; a vector is
+    reshaped to one row and back (FULLY_CONNECTED gives [1, N])."""
     a, b = node.inputs
     if b.is_const and len(b.shape) == 2:
         data = _columns_in_stored_order(w, a, b.numpy().T)
         weight = w.constant(np.ascontiguousarray(data), b.name)
-        if len(a.shape) <= 2:
+        if len(a.shape) == 2:
             _finish(w, node, "FULLY_CONNECTED", [w.get(a, None), weight, -1], None)
             return
         out, depth = node.output, a.shape[-1]
@@ -353,11 +362,16 @@ def pool(w, node):
         filter_w=kernel[1],
     )
     code = "MAX_POOL_2D" if maximum else "AVERAGE_POOL_2D"
-    if exclusive and explicit is not None and any(explicit):
+    pads = list(attrs.get("pads", [0] * 4))
+    # ceil_mode windows reaching past the end padding: ONNX leaves that overhang out of the
+    # divisor even when it counts the padding, while TFLite averages over the zeros written
+    overhang = explicit is not None and any(explicit[2 + i] > pads[2 + i] for i in range(2))
+    if not maximum and explicit is not None and ((exclusive and any(explicit)) or overhang):
         _require(x.dtype == np.float32 and "clip" not in attrs)
         pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC))
         w.op(code, [xi], [pre], **options)
-        ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit)
+        counted = [0, 0, 0, 0] if exclusive else pads
+        ratio = _count_ratio(x.shape[2:], out.shape[2:], kernel, strides, explicit, counted)
         w.op("MUL", [pre, w.constant(ratio, f"{node.name}_counts")], [w.define(out, NHWC)])
         return
     if node.op == "QAveragePool" and rescaling_mean(node):
@@ -366,21 +380,44 @@ def pool(w, node):
         w.op("MEAN", [w.get(x, NHWC), axes], [w.define(out, NHWC)], keep_dims=True)
         return
     if node.op == "QAveragePool" and x.quant != out.quant:
-        # TFLite averages in the input's parameters; requantize to the output's after
-        pre = w.new_tensor(f"{out.name}_avg", x.dtype, _stored(out.shape, NHWC), quant=x.quant)
-        w.op(code, [xi], [pre], **options)
-        w.requantize(pre, w.define(out, NHWC))
+        _window_sums(w, node, xi, padding, kernel, strides)
         return
     _finish(w, node_view, code, [xi], NHWC, **options)
 
 
-def _count_ratio(size, out, kernel, strides, pads) -> np.ndarray:
-    """[1, H, W, 1]: window size over the number of input cells each window covers (an average
-    that leaves padding out, from TFLite's average over the zero-padded input)."""
+def _window_sums(w, node, xi: int, padding: int, kernel, strides) -> None:
+    """A QAveragePool that changes parameters, every window counting its whole kernel (VALID
+    on the input or on its explicit padding): a DEPTHWISE_CONV_2D of ones of scale 1 / area,
+    which rescales in one rounding (TFLite's AVERAGE_POOL_2D keeps the input's parameters: an
+    average rounded there, then requantized, was 2 LSB off). 8-bit only (TFLite's 16-bit
+    convolutions take int8 weights)."""
+    x = node.inputs[0]
+    _require(padding == VALID and x.dtype in (np.uint8, np.int8))
+    channels, area = x.shape[1], kernel[0] * kernel[1]
+    ones = np.ones((1, *kernel, channels), x.dtype)
+    weight = w.constant(ones, f"{node.name}_window", QuantParams((1 / area,), (0,)))
+    bias_params = QuantParams((x.quant.scale[0] / area,), (0,))
+    bias = w.constant(np.zeros(channels, np.int32), f"{node.name}_bias", bias_params)
+    options = dict(
+        padding=VALID,
+        stride_h=strides[0],
+        stride_w=strides[1],
+        dilation_h=1,
+        dilation_w=1,
+        depth_multiplier=1,
+    )
+    _finish(w, node, "DEPTHWISE_CONV_2D", [xi, weight, bias], NHWC, **options)
+
+
+def _count_ratio(size, out, kernel, strides, pads, counted) -> np.ndarray:
+    """[1, H, W, 1]: window size over the number of cells each window covers in the input
+    grown by the `counted` pads (an average that leaves the rest of the padding out, from
+    TFLite's average over the zero-padded input)."""
     counts = []
     for i in range(2):
         start = np.arange(out[i]) * strides[i] - pads[i]
-        counts.append(np.minimum(start + kernel[i], size[i]) - np.maximum(start, 0))
+        lo, hi = -counted[i], size[i] + counted[2 + i]
+        counts.append(np.minimum(start + kernel[i], hi) - np.maximum(start, lo))
     ratio = kernel[0] * kernel[1] / np.outer(counts[0], counts[1])
     return ratio.astype(np.float32).reshape(1, out[0], out[1], 1)
 

@@ -12,6 +12,7 @@ def resize(w, node):
     x, attrs = node.inputs[0], node.attrs
     sizes = attrs["sizes"]
     _require(len(x.shape) == 4 and list(sizes[:2]) == list(x.shape[:2]) and not attrs.get("roi"))
+    _require(_scaled_by_sizes(x.shape, sizes, attrs["scales"]))
     mode = attrs.get("mode", "nearest")
     coords = attrs.get("coordinate_transformation_mode", "half_pixel")
     if mode == "linear":
@@ -41,6 +42,14 @@ def resize(w, node):
         align_corners=coords == "align_corners",
         half_pixel_centers=coords == "half_pixel",
     )
+
+
+def _scaled_by_sizes(shape, sizes, scales) -> bool:
+    """Whether the scales are the size ratios (TFLite resizes by out / in, given the size): in
+    float64, or in float32 for scales a model gave (float32(1 / 3) for 9 -> 3)."""
+    ratios = [s / d for s, d in zip(sizes, shape)]
+    as_float32 = np.asarray(sizes, np.float32) / np.asarray(shape, np.float32)
+    return list(scales) == ratios or np.array_equal(np.asarray(scales, np.float32), as_float32)
 
 
 def _repeat(w, node, factors: tuple[int, int]) -> None:

@@ -261,6 +261,7 @@ READERS: dict[str, Callable] = {
     "MEAN": _with(ops.reduce, code="MEAN"),
     "REDUCE_MAX": _with(ops.reduce, code="REDUCE_MAX"),
     **{c: _with(ops.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
+    "SLICE": ops.slice_op,
     "RESIZE_BILINEAR": _with(nn.resize, code="RESIZE_BILINEAR"),
     "RESIZE_NEAREST_NEIGHBOR": _with(nn.resize, code="RESIZE_NEAREST_NEIGHBOR"),
     "LOCAL_RESPONSE_NORMALIZATION": nn.lrn,

@@ -82,6 +82,22 @@ def _bias(r, index: int, channels: int, quantized: bool):
     return r.value(index)
 
 
+def _ones_window(r, w_i: int, b_i: int, dilations, o: dict) -> bool:
+    """A quantized DEPTHWISE_CONV_2D summing each window once (every weight one step above a
+    per-tensor zero point, no bias, no dilation, one output per channel): the writer's form of
+    a QAveragePool that changes parameters, read back as it."""
+    q, data = r.info(w_i).quant, r.const(w_i)
+    bias = None if b_i < 0 else r.const(b_i)
+    return (
+        q is not None
+        and len(q.scale) == 1
+        and bool((data.astype(np.int64) - q.zero_point[0] == 1).all())
+        and (b_i < 0 or (bias is not None and not bias.any()))
+        and list(dilations) == [1, 1]
+        and o["depth_multiplier"] == 1
+    )
+
+
 def conv(r, inputs, outputs, options, depthwise=False):
     code = "DEPTHWISE_CONV_2D" if depthwise else "CONV_2D"
     o = _options(code, options)
@@ -103,6 +119,21 @@ def conv(r, inputs, outputs, options, depthwise=False):
         data, axis, group = weights.transpose(0, 3, 1, 2), 0, channels // weights.shape[3]
     attrs = {"strides": strides, "dilations": dilations, "pads": pads, "group": group}
     quantized = r.info(x_i).quant is not None and r.info(x_i).dtype != np.float32
+    if quantized and depthwise and _ones_window(r, w_i, b_i, dilations, o):
+        x_q, out_q = r.info(x_i).quant, r.info(outputs[0]).quant
+        area = int(kernel[0] * kernel[1])
+        attrs = {
+            "kernel_shape": [int(k) for k in kernel],
+            **attrs,
+            "ceil_mode": 0,
+            "count_include_pad": int(any(pads)),
+            "x_zero_point": x_q.zero_point[0],
+            **_activation_attrs(r, outputs[0], o["activation"]),
+            "scale_ratio": x_q.scale[0] * r.info(w_i).quant.scale[0] * area / out_q.scale[0],
+        }
+        del attrs["group"]
+        _emit(r, "QAveragePool", [x], attrs, outputs[0], NHWC)
+        return
     if quantized:
         w_q = r.info(w_i).quant
         permuted = QuantParams(w_q.scale, w_q.zero_point, 0 if w_q.axis is not None else None)

@@ -379,6 +379,26 @@ def pad(r, inputs, outputs, options, code):
     _emit(r, "Pad", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
 
 
+def slice_op(r, inputs, outputs, options):
+    """SLICE by constant begins and sizes (-1: to the end) as a Slice of steps 1."""
+    begin, size = (r.const(i) for i in inputs[1:3])
+    if begin is None or size is None:
+        raise Malformed("the begins and sizes must be constant")
+    shape = r.info(inputs[0]).shape
+    begin, size = (np.ravel(a).astype(np.int64) for a in (begin, size))
+    size = np.where(size == -1, np.subtract(shape, begin), size)
+    if len(begin) != len(shape) or min(*begin, *size) < 0 or (begin + size > shape).any():
+        raise Malformed("the begins and sizes must be in the input")
+    perm = r.perm_of(inputs[0])
+    order = range(len(shape)) if perm is None else np.argsort(perm)
+    attrs = {
+        "starts": [int(begin[i]) for i in order],
+        "ends": [int(begin[i] + size[i]) for i in order],
+        "steps": [1] * len(shape),
+    }
+    _emit(r, "Slice", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
+
+
 def quantize_op(r, inputs, outputs, options, code):
     t, out = r.info(inputs[0]), r.info(outputs[0])
     if code == "DEQUANTIZE" and t.dtype == np.float16:  # float16 weights of a float model

@@ -163,6 +163,15 @@ class Writer:
                 f"{', '.join(repr(n) for n in per_channel[:5])}{', ...' * (len(per_channel) > 5)}"
                 '); quantize with activation_granularity = "tensor" for circle'
             )
+        widened = [n.name for n in self.graph.nodes if _writes_wider(n)]
+        if widened:
+            raise ModelError(
+                f"circle/tflite export: {len(widened)} layer(s) compute in 8 bits and write "
+                f"int16, which onert and LiteRT refuse (CONV_2D output type must be the "
+                f"input's; nodes {', '.join(repr(n) for n in widened[:5])}"
+                f"{', ...' * (len(widened) > 5)}); quantize without "
+                "mixed_precision.promote_outputs for circle"
+            )
         unsupported = []
         for node in self.graph.nodes:
             mapping = WRITERS.get(node.op)
@@ -362,6 +371,14 @@ def _per_channel_activations(node: Node) -> bool:
     """A computed value quantized per channel (`quantize.activation_granularity`): TFLite
     kernels take per-tensor activations only."""
     return any(map(per_channel_value, [*node.inputs, *node.outputs]))
+
+
+def _writes_wider(node: Node) -> bool:
+    """A QConv/QGemm whose output type is not its input's (a uint8 layer writing int16:
+    `quantize.mixed_precision.promote_outputs`); onert 0.1.0 refuses it when loading
+    (OperationValidator), LiteRT when preparing (conv.cc: output->type != input_type)."""
+    x = node.inputs[0] if node.inputs else None
+    return node.op in ("QConv", "QGemm") and x is not None and x.dtype != node.outputs[0].dtype
 
 
 def _permuted(quant: QuantParams | None, perm: Perm) -> QuantParams | None:

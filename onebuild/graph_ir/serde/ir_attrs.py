@@ -201,7 +201,7 @@ REQUIRED: dict[str, list[str]] = {
     "ScatterND": ["reduction"],
     "Slice": ["ends", "starts", "steps"],
     "Softmax": ["axis"],
-    "SpaceToDepth": ["blocksize", "mode"],
+    "SpaceToDepth": ["blocksize"],
     "Split": ["axis", "split"],
     "Swish": ["alpha"],
     "Tile": ["repeats"],

@@ -25,6 +25,7 @@ from ..quant.model_io import is_quantized
 from ..quant.params import qdq_params
 from ..tensor import QuantParams
 from .naming import fresh_name
+from .onnx_export_forms import dilated_average, resize
 from .onnx_lookups import interpolated_lookup, lookup
 from .onnx_ops_index import ONNX_ACTIVATIONS
 
@@ -71,6 +72,7 @@ class _Exporter:
         self.initializers: list[onnx.TensorProto] = []
         self.names = {v.name for v in graph.inputs} | set(graph.constants)
         self.names |= {v.name for n in graph.nodes for v in n.outputs}
+        self.node_names: set[str] = set()  # onnxruntime refuses a model naming two nodes alike
 
     def fresh(self, base: str) -> str:
         return fresh_name(self.names, base)
@@ -84,6 +86,7 @@ class _Exporter:
         attrs = {k: v for k, v in attrs.items() if v is not None}
         if op == "AveragePool" and set(attrs.get("dilations", [1])) == {1}:
             attrs.pop("dilations", None)  # the default; onnxruntime's QDQ fusion rejects it
+        name = fresh_name(self.node_names, name)
         self.nodes.append(helper.make_node(op, inputs, outputs, name, **attrs))
 
     # -- QDQ helpers -------------------------------------------------------------------------
@@ -218,7 +221,10 @@ class _Exporter:
             inputs.append(self.bias(node.inputs[2], node.name))
         y = self.fresh(f"{node.name}_float")
         keep = {k: attrs[k] for k in FLOAT_ATTRS[op] if k in attrs}
-        self.emit(op, inputs, [y], node.name, **keep)
+        if op == "AveragePool" and set(attrs.get("dilations", [1])) != {1}:
+            dilated_average(self, node, inputs[0], y)
+        else:
+            self.emit(op, inputs, [y], node.name, **keep)
         if node.op in ("QConv", "QGemm") and by_channel:
             y = self.bias_after(y, node.inputs[2], len(out.shape), node.name)
         self.quantize(self.activation(y, attrs, out, node.name), out, node.name)
@@ -338,17 +344,6 @@ def _reduce(ex, node, inputs, attrs):
     return node.op, [inputs[0], axes], attrs
 
 
-def _resize(ex, node, inputs, attrs):
-    roi = (
-        ""
-        if attrs.get("roi") is None
-        else ex.constant(np.asarray(attrs["roi"], np.float32), f"{node.name}_roi")
-    )
-    sizes = _int64(ex, attrs["sizes"], f"{node.name}_sizes")
-    keep = {k: v for k, v in attrs.items() if k not in ("roi", "sizes", "scales")}
-    return "Resize", [inputs[0], roi, "", sizes], keep
-
-
 def _arg_max(ex, node, inputs, attrs):
     (axis,) = attrs.pop("axes")
     return "ArgMax", inputs, {**attrs, "axis": axis}
@@ -456,7 +451,7 @@ SPECIAL: dict[str, Callable] = {
     "ReduceMin": _reduce,
     "ReduceSum": _reduce,
     "ReduceProd": _reduce,
-    "Resize": _resize,
+    "Resize": resize,
     "ArgMax": _arg_max,
     "Cast": _cast,
     "Dropout": _dropout,

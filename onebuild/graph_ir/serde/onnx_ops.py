@@ -59,6 +59,17 @@ def declared(ctx):
     return ctx.emit(ctx.op_type, ctx.inputs, attrs)
 
 
+@converter("Mod")
+def mod(ctx):
+    """Mod; before opset 28 floats need fmod=1 (fmod=0, the floor modulo, was for integers)."""
+    floats = np.issubdtype(ctx.inputs[0].dtype, np.floating)
+    if ctx.opset < 28 and floats and not ctx.attr("fmod", 0):
+        raise ctx.fail(
+            "Mod of floating-point values needs fmod=1 before opset 28 (onnxruntime refuses fmod=0)"
+        )
+    return declared(ctx)
+
+
 @converter("Max", "Min")
 def max_min(ctx):
     if len(ctx.inputs) == 1:
@@ -347,6 +358,14 @@ def pad(ctx):
         raise ValueError(f"pads {pads} crop more than the input {list(x.shape)} has")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise ctx.fail(f"unknown pad mode '{mode}'")
+    if mode == "reflect":  # one reflection only, as onnxruntime (numpy's would fold again)
+        for i, d in enumerate(x.shape):
+            kept = d + min(pads[i], 0) + min(pads[i + rank], 0)
+            if max(pads[i], pads[i + rank]) > kept - 1:
+                raise ctx.fail(
+                    f"reflect pads {pads} exceed axis {i}: its {kept} (cropped) elements reflect "
+                    f"at most {kept - 1}; use mode 'edge' or smaller pads"
+                )
     return ctx.emit("Pad", [x], {"pads": pads, "mode": mode, "value": value})
 
 
@@ -404,6 +423,10 @@ def reduce_composite(ctx):
             return ctx.emit("Identity", [x])
         kept = {**attrs, "keepdims": 1}
         (peak,) = ctx.emit("ReduceMax", [x], kept)
+        if np.issubdtype(x.dtype, np.floating):  # an infinite peak would make inf - inf = NaN:
+            finite = np.finfo(x.dtype)  # clamped, an all -inf row gives -inf as onnxruntime
+            (peak,) = ctx.emit("Max", [peak, ctx.constant(np.asarray(finite.min, x.dtype))])
+            (peak,) = ctx.emit("Min", [peak, ctx.constant(np.asarray(finite.max, x.dtype))])
         (shifted,) = ctx.emit("Sub", [x, peak])
         (terms,) = ctx.emit("Exp", [shifted])
         (total,) = ctx.emit("ReduceSum", [terms], kept)

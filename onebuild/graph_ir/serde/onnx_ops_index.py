@@ -52,6 +52,11 @@ def gather_elements(ctx):
     if len(indices.shape) != len(data.shape):
         raise ctx.fail(f"indices {list(indices.shape)} and data {list(data.shape)} ranks differ")
     axis = normalize_axis(ctx.attr("axis", 0), len(data.shape))
+    if any(i > d for a, (i, d) in enumerate(zip(indices.shape, data.shape)) if a != axis):
+        raise ctx.fail(
+            f"indices {list(indices.shape)} are longer than data {list(data.shape)} "
+            f"on an axis other than {axis}"
+        )
     return ctx.emit("GatherElements", [data, indices], {"axis": axis})
 
 

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from .. import dtypes
 from ..ops import broadcast_shape, normalize_axis
 from .onnx_checks import non_negative, positive
 from .onnx_ops import canonical_axes, converter, per_channel
@@ -73,7 +74,8 @@ def conv_transpose(ctx):
     output_padding = non_negative("output_padding", ctx.attr("output_padding", [0] * nd), nd)
     output_shape = ctx.attr("output_shape")
     auto_pad = ctx.attr("auto_pad", "NOTSET")
-    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    same = output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER")
+    if same:
         output_shape = [x.shape[2 + i] * strides[i] for i in range(nd)]
     if output_shape is not None:
         output_shape = list(output_shape)[-nd:]
@@ -85,8 +87,11 @@ def conv_transpose(ctx):
                 + 1
                 - output_shape[i]
             )
+            # SAME with a stride beyond the kernel's extent: onnxruntime pads nothing and
+            # returns (in - 1) * stride + extent; onnx.reference pads the output to in * stride
             if total < 0:
-                output_padding[i] -= total
+                if not same:
+                    output_padding[i] -= total
                 total = 0
             half = total // 2
             if auto_pad == "SAME_UPPER":
@@ -180,7 +185,8 @@ def lrn(ctx):
 
 @converter("LayerNormalization")
 def layer_normalization(ctx):
-    """One IR op; spelled out in reductions when the Mean or InvStdDev output is used too."""
+    """One IR op; spelled out in reductions when the Mean or InvStdDev output is used too,
+    then in float32 when stash_type is 1 (Mean and InvStdDev are float32, Y is cast back)."""
     x, scale = ctx.inputs[:2]
     bias = ctx.input(2)
     axis = normalize_axis(int(ctx.attr("axis", -1)), len(x.shape))
@@ -191,6 +197,9 @@ def layer_normalization(ctx):
             raise ValueError(f"'{value.name}' {list(value.shape)} does not fit {list(normalized)}")
     if not any(ctx.node.output[1:]):
         return ctx.emit("LayerNormalization", [x, scale, bias], {"axis": axis, "epsilon": epsilon})
+    stash = int(ctx.attr("stash_type", 1)) == 1 and x.dtype != np.float32
+    if stash:
+        x, scale, bias = (None if v is None else _cast(ctx, v, "float32") for v in (x, scale, bias))
     reduce = {"axes": list(range(axis, len(x.shape))), "keepdims": 1}
     (mean,) = ctx.emit("ReduceMean", [x], reduce)
     (centered,) = ctx.emit("Sub", [x, mean])
@@ -203,7 +212,14 @@ def layer_normalization(ctx):
     (y,) = ctx.emit("Mul", [normalized, scale])
     if bias is not None:
         (y,) = ctx.emit("Add", [y, bias])
+    if stash:
+        y = _cast(ctx, y, dtypes.name_of(ctx.inputs[0].dtype))
     return [y, mean, inv_std]
+
+
+def _cast(ctx, value, to: str):
+    (cast,) = ctx.emit("Cast", [value], {"to": to, "saturate": 1, "round_mode": "up"})
+    return cast
 
 
 @converter("GroupNormalization")
@@ -249,62 +265,77 @@ def instance_normalization(ctx):
 
 
 # -- blocks -------------------------------------------------------------------------------------
-def _blocks(ctx) -> dict:
-    x = ctx.inputs[0]
+def _blocksize(ctx) -> int:
     (b,) = positive("blocksize", [ctx.attr("blocksize")])
-    if len(x.shape) != 4:
-        raise ValueError(f"input {list(x.shape)} is not 4-D")
+    if len(ctx.inputs[0].shape) != 4:
+        raise ValueError(f"input {list(ctx.inputs[0].shape)} is not 4-D")
+    return b
+
+
+def _block_mode(ctx) -> str:
     mode = ctx.attr("mode", "DCR")
     if mode not in ("DCR", "CRD"):
         raise ValueError(f"unknown mode '{mode}'")
-    return {"blocksize": b, "mode": mode}
+    return mode
 
 
 @converter("DepthToSpace")
 def depth_to_space(ctx):
-    attrs = _blocks(ctx)
-    b, channels = attrs["blocksize"], ctx.inputs[0].shape[1]
+    b, channels, mode = _blocksize(ctx), ctx.inputs[0].shape[1], _block_mode(ctx)
     if channels % (b * b):
         raise ValueError(f"{channels} channels do not split into {b}x{b} blocks")
-    return ctx.emit("DepthToSpace", ctx.inputs, attrs)
+    return ctx.emit("DepthToSpace", ctx.inputs, {"blocksize": b, "mode": mode})
 
 
 @converter("SpaceToDepth")
 def space_to_depth(ctx):
-    return ctx.emit("SpaceToDepth", ctx.inputs, _blocks(ctx))
+    """mode only when CRD: SpaceToDepth has one from opset 28 (DCR before, and a DCR mode
+    written back to an older opset fails the checker)."""
+    attrs = {"blocksize": _blocksize(ctx)}
+    if ctx.opset >= 28 and _block_mode(ctx) == "CRD":
+        attrs["mode"] = "CRD"
+    return ctx.emit("SpaceToDepth", ctx.inputs, attrs)
 
 
 # -- resize ------------------------------------------------------------------------------------
+def _legacy_rounding(ctx, scales: list[float]) -> str:
+    """Before opset 11 onnxruntime rounds a nearest source index up on a shrinking axis and
+    down on a growing one; one nearest_mode cannot do both on different axes."""
+    shrinks = {s < 1 for s in scales if s != 1}
+    if len(shrinks) > 1 and ctx.attr("mode", "nearest") == "nearest":
+        raise ctx.fail(
+            f"nearest {ctx.op_type} of opset {ctx.opset} shrinks some axes and grows "
+            f"others (scales {scales}); resize them in two nodes or use opset 11"
+        )
+    return "ceil" if shrinks == {True} else "floor"
+
+
 @converter("Resize", "Upsample")
 def resize(ctx):
     x = ctx.inputs[0]
     rank = len(x.shape)
     legacy = ctx.op_type == "Upsample" or ctx.opset < 11
     if legacy:
-        scales = ctx.attr("scales") if ctx.opset < 9 else ctx.const(1, "scales")
+        scales = np.float32(ctx.attr("scales")) if ctx.opset < 9 else ctx.const(1, "scales")
         roi, sizes, axes = None, None, None
     else:
         roi, scales, sizes = ctx.const(1, "roi"), ctx.const(2, "scales"), ctx.const(3, "sizes")
         axes = ctx.attr("axes")
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
     in_dims = [x.shape[a] for a in axes]
+    # Scales and output lengths in float32 as onnxruntime computes them.
     if sizes is not None and sizes.size:
         sizes = [int(s) for s in sizes]
+        part_scales = [float(np.float32(s) / np.float32(d)) for s, d in zip(sizes, in_dims)]
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
-            pick = min if policy == "not_larger" else max
-            scale = pick(s / d for s, d in zip(sizes, in_dims))
-            sizes = [round(scale * d) for d in in_dims]
-            part_scales = [scale] * len(axes)
-        else:
-            part_scales = [s / d for s, d in zip(sizes, in_dims)]
+            scale = np.float32((min if policy == "not_larger" else max)(part_scales))
+            sizes = [math.floor(float(scale * np.float32(d)) + 0.5) for d in in_dims]  # half up
+            part_scales = [float(scale)] * len(axes)
     elif scales is not None and scales.size:
-        part_scales = [float(s) for s in scales]
-        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-        spans = [1.0] * len(axes)
-        if coord == "tf_crop_and_resize" and roi is not None:
-            spans = [float(roi[i + len(axes)] - roi[i]) for i in range(len(axes))]
-        sizes = [math.floor(d * s * span) for d, s, span in zip(in_dims, part_scales, spans)]
+        part_scales = [float(np.float32(s)) for s in scales]
+        # onnxruntime and onnx.reference ignore the roi here (the spec's formula scales by it)
+        sizes = [math.floor(np.float32(s) * np.float32(d)) for s, d in zip(part_scales, in_dims)]
     else:
         raise ctx.fail("Resize needs scales or sizes")
     positive("sizes", sizes, len(axes))
@@ -327,7 +358,9 @@ def resize(ctx):
         "coordinate_transformation_mode": "asymmetric"
         if legacy
         else ctx.attr("coordinate_transformation_mode", "half_pixel"),
-        "nearest_mode": "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor"),
+        "nearest_mode": _legacy_rounding(ctx, full_scales)
+        if legacy
+        else ctx.attr("nearest_mode", "round_prefer_floor"),
         "cubic_coeff_a": float(ctx.attr("cubic_coeff_a", -0.75)),
         "exclude_outside": int(ctx.attr("exclude_outside", 0)),
         "extrapolation_value": float(ctx.attr("extrapolation_value", 0.0)),
@@ -335,4 +368,6 @@ def resize(ctx):
     }
     if mode not in ("nearest", "linear", "cubic"):
         raise ctx.fail(f"unknown resize mode '{mode}'")
+    if full_sizes == list(x.shape):  # onnxruntime returns the input whatever the scales and
+        return ctx.emit("Identity", [x])  # roi say (onnx.reference resamples it)
     return ctx.emit("Resize", [x], attrs)

@@ -104,7 +104,11 @@ def dequantize(ctx, q, s_index: int, zp_index: int, axis: int | None = None):
     elif name not in INTEGER_CODES:
         raise ctx.fail(f"{name} quantization is not supported (integer types only)")
     params = _params(ctx, q.shape, s_index, zp_index, axis)
-    return ctx.emit("DequantizeLinear", [q], qdq_attrs(params), fold=False)[0]
+    (x,) = ctx.emit("DequantizeLinear", [q], qdq_attrs(params), fold=False)
+    scale = ctx.input(s_index)
+    if scale is not None and scale.dtype != x.dtype:  # the output takes the scale's type
+        (x,) = ctx.emit("Cast", [x], {"to": dtypes.name_of(scale.dtype), "saturate": 1})
+    return x
 
 
 @converter("QuantizeLinear", MS + "QuantizeLinear")

@@ -100,6 +100,7 @@ BUILTIN = {
     "PRELU": 54,
     "GATHER": 36,
     "CAST": 53,
+    "SLICE": 65,
 }
 BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
 
@@ -217,6 +218,7 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
     "DEQUANTIZE": (38, ()),
     "MAXIMUM": (39, ()),
     "PADV2": (43, ()),
+    "SLICE": (48, ()),
     "POW": (56, ()),
     "RESIZE_NEAREST_NEIGHBOR": (74, (("align_corners", "bool"), ("half_pixel_centers", "bool"))),
     "LEAKY_RELU": (75, (("alpha", "float"),)),
