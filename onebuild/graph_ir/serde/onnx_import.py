@@ -310,7 +310,10 @@ class _GraphImporter:
         info = {entry.key: entry.value for entry in proto.external_data}
         location, offset, length = checks.external_data(info, what)
         base = Path(self.base_dir or Path.cwd()).resolve()
-        path = (base / location).resolve()
+        try:
+            path = (base / location).resolve()
+        except (OSError, RuntimeError):  # a symlink loop (Python 3.11 raises RuntimeError)
+            path = base
         if not location or base not in path.parents or not path.is_file():
             raise ValueError(
                 f"{what} refers to external data '{location}' that is missing or outside the "
