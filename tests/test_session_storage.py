@@ -275,6 +275,21 @@ def test_a_folder_in_place_of_the_state_is_one_line_naming_it(tmp_path):
     assert (workspace / "state.json").is_dir()
 
 
+@pytest.mark.parametrize("kind", ["folder", "fifo", "loop"])
+def test_something_else_in_place_of_the_ranges_is_one_line_naming_it(tmp_path, kind):
+    """A session that cannot write minmax.npz would record forever and never compile."""
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    minmax = workspace / "minmax.npz"
+    minmax.unlink(missing_ok=True)
+    {"folder": minmax.mkdir, "fifo": lambda: os.mkfifo(minmax)}.get(
+        kind, lambda: minmax.symlink_to(minmax)
+    )()
+    with pytest.raises(UserError, match="minmax.npz: is not a file, so the session cannot"):
+        digits_session(workspace)
+    assert minmax.is_symlink() or minmax.exists()
+
+
 @pytest.mark.parametrize("content", [b"", b"garbage, not an IR file"])
 def test_a_corrupted_model_file_in_the_workspace_is_rewritten(tmp_path, data, content):
     """The workspace's model.obir is the session's own: emptied or overwritten, it is written

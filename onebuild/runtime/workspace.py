@@ -135,8 +135,15 @@ class Workspace:
             atomic_write_bytes(self.state_file, text.encode())
 
     def read_minmax(self) -> CalibrationStats | None:
-        if not self.minmax.is_file():
+        """The recorded ranges; None without any. Something else in the file's place (a
+        folder) is refused: it would be never replaced, so the session would never compile."""
+        if not self.minmax.exists() and not self.minmax.is_symlink():
             return None
+        if not self.minmax.is_file():
+            raise UserError(
+                f"{self.minmax}: is not a file, so the session cannot record its ranges there; "
+                "move it away, or give the session another workspace"
+            )
         try:
             return load_calibration(self.minmax)
         except FormatError as error:
