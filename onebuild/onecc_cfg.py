@@ -18,8 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import toml
-
+from . import toml_text
 from .errors import UserError
 from .fileio import read_regular
 
@@ -352,7 +351,7 @@ class _Converter:
             if name not in self.data:
                 continue
             comments = "".join(f"# {line}\n" for line in self.comments.get(name, []))
-            sections.append(comments + toml.dumps({name: self.data[name]}))
+            sections.append(comments + toml_text.table(name, self.data[name]))
         body = f"# From {self.path.name}; ONE's defaults are spelled out.\n" + "\n".join(sections)
         return Converted(f"{HEADER}, sha256 {_digest(body)}\n{body}", self.notes)
 
