@@ -51,6 +51,14 @@ def open_regular(path: str | os.PathLike, limit: int) -> BinaryIO:
         raise
 
 
+def not_a_file(path: str | os.PathLike) -> UserError:
+    """The error for an input `path` that is not a regular file: missing, or something else."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():  # a folder, a FIFO, a device, a symlink loop
+        return UserError(f"{path}: is not a regular file (a folder, FIFO or device?); name a file")
+    return UserError(f"{path}: no such file")
+
+
 def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (see `open_regular`); a file that
     grows past `limit` while read is refused as well."""

@@ -99,3 +99,20 @@ def test_workspace_files_that_are_not_regular(tmp_path, kind):
     put(workspace / "state.json")
     with pytest.raises((UserError, OSError), match="state.json"):
         digits_session(workspace)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "folder"])
+def test_an_input_that_exists_but_is_not_a_file_is_not_called_missing(tmp_path, kind):
+    from onebuild.errors import FormatError
+    from onebuild.npz import read_npz
+
+    for name in ("m.onnx", "x.npz"):
+        path = tmp_path / name
+        {"fifo": lambda p: os.mkfifo(p), "folder": Path.mkdir}.get(
+            kind, lambda p: p.symlink_to("/dev/zero")
+        )(path)
+    line = _one_line(_run("inspect", "m.onnx", cwd=tmp_path))
+    folder = "m.onnx: not an nnpackage (no metadata/MANIFEST)"  # a folder may be a package
+    assert (folder if kind == "folder" else "m.onnx: is not a regular file") in line
+    with pytest.raises(FormatError, match="x.npz: is not a regular file"):
+        read_npz(tmp_path / "x.npz")

@@ -223,6 +223,25 @@ def test_a_corrupted_record_is_dropped_and_refilled(tmp_path, data, caplog):
     assert session.state == "COMPILED" and session.minmax_records == RECORDS + 1
 
 
+def test_a_folder_in_place_of_a_record_is_left_and_not_used(tmp_path, data, caplog):
+    """Not a file of onebuild's, so not removed; the session neither fails ("no such file")
+    nor waits for it: the gate does without it."""
+    calib, _ = data
+    ws = tmp_path / "ws"
+    session = digits_session(ws)
+    for x in calib[: RECORDS - 1]:
+        session.run_with_auto_compilation({"input": x})
+    (ws / "records" / "000001.npz").unlink()
+    (ws / "records" / "000001.npz").mkdir()
+    (ws / "records" / "000001.npz" / "mine.txt").write_text("keep")
+    with caplog.at_level(logging.WARNING, "onebuild"):
+        session.run_with_auto_compilation({"input": calib[RECORDS - 1]})
+    assert session.state == "COMPILED", session.reason
+    assert "000001.npz: is not a regular file" in caplog.text and "left in place" in caplog.text
+    assert (ws / "records" / "000001.npz" / "mine.txt").read_text() == "keep"
+    assert session.gates["quantized"]["samples"] == RECORDS - 1
+
+
 HOLDER = """
 import sys
 from onebuild import Session

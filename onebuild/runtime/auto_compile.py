@@ -89,7 +89,8 @@ class AutoCompilation:
         them first)."""
         count = min(self._recorder.samples, self.settings.gate_samples)
         records = self.workspace.read_records(count)  # drops corrupted ones
-        if len(records) < self._gate_count():
+        blocked = len(self.workspace.blocked_records(count))  # not files: never refilled
+        if len(records) < self._gate_count() - blocked:
             log.warning(
                 "%s: %d of %d recorded inputs are missing; recording refills them first",
                 self.workspace.records_folder,

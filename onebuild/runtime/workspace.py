@@ -172,10 +172,19 @@ class Workspace:
             try:
                 records.append(read_npz(path))
             except FormatError as error:
+                if not path.is_file():  # not onebuild's to remove: the gate does without it
+                    log.warning("%s; left in place, the gate does without it", error)
+                    continue
                 log.warning("%s; dropped, recording refills it", error)
                 with contextlib.suppress(OSError):
                     path.unlink()
         return records
+
+    def blocked_records(self, count: int) -> list[int]:
+        """The numbers below `count` whose place holds something not a file (a folder): not
+        onebuild's to remove, so never refilled."""
+        paths = [(index, self.record_path(index)) for index in range(count)]
+        return [i for i, p in paths if (p.exists() or p.is_symlink()) and not p.is_file()]
 
     def missing_records(self, count: int) -> list[int]:
         """The numbers below `count` that have no record (dropped, or deleted by hand)."""
