@@ -196,7 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait for another build of the same build folder to finish (default: stop)",
     )
-    recipe_command("status", "what a build would rerun, and why", cmd_status)
+    p = recipe_command("status", "what a build would rerun, and why", cmd_status)
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the build would run or restore any step (0: all up to date)",
+    )
     recipe_command("list", "validate recipes and list the steps they enable", cmd_list)
     p = recipe_command("dag", "print the step graph", cmd_dag, json_flag=False)
     p.add_argument("--dot", action="store_true", help="Graphviz dot output")

@@ -1,6 +1,7 @@
 """The recipe commands of the CLI: build, status, dag, clean, list, schema, report, convert-cfg
 (printing, exit codes); `onebuild.cli` parses the arguments and dispatches here."""
 
+import contextlib
 import json
 import shutil
 import sys
@@ -85,8 +86,12 @@ def cmd_build(args) -> int:
             executor.close()
             sys.stdout, sys.stderr = streams
     reports = [str(_report(plan, results)) for plan in plans if plan.report]
-    packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.status != "failed"})
+    packed = [r.outputs for r in results if r.step == "pack" and r.status != "failed"]
+    packages = sorted({outputs[0] for outputs in packed})
+    archives = sorted({outputs[1] for outputs in packed if len(outputs) > 1})  # pack.archive
     failed = [r for r in results if r.status == "failed"]
+    causes = [result for result in failed if not result.blocked]
+    code = 0 if not failed else 2 if causes and all(r.user_error for r in causes) else 1
     if args.json:
         steps = [
             {
@@ -97,6 +102,7 @@ def cmd_build(args) -> int:
                 "seconds": round(r.seconds, 4),
                 "outputs": r.outputs,
                 "error": r.error,
+                "warnings": r.warnings,
             }
             for r in results
         ]
@@ -104,6 +110,9 @@ def cmd_build(args) -> int:
             "steps": steps,
             "packages": packages,
             **({"reports": reports} if reports else {}),
+            **({"archives": archives} if archives else {}),
+            "counts": dict(Counter("not run" if r.blocked else r.status for r in results)),
+            "exit_code": code,  # 2: bad input, 1: other failure
         }
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
@@ -119,14 +128,14 @@ def cmd_build(args) -> int:
         print(summary)
         for package in packages:
             print(f"package: {package}")
+        for archive in archives:
+            print(f"archive: {archive}")
         for report in reports:
             print(f"report: {report}")
-    causes = [result for result in failed if not result.blocked]
     for result in causes:
-        print(f"onebuild: error: {result.recipe} [{result.step}]: {result.error}", file=sys.stderr)
-    if not failed:
-        return 0
-    return 2 if causes and all(result.user_error for result in causes) else 1  # 2: bad input
+        where = f"{result.step} {result.part}".strip()  # a fan-out names its part
+        print(f"onebuild: error: {result.recipe} [{where}]: {result.error}", file=sys.stderr)
+    return code  # 2: bad input, 1: other failure
 
 
 def _report(plan, results=None, overrides=()) -> Path:
@@ -158,15 +167,18 @@ def cmd_status(args) -> int:
     from .engine.status import status
 
     results = status(_plans(args))
+    stale = any(r.status != "up-to-date" for r in results)
+    code = 1 if args.check and stale else 0  # --check: CI's "out of date"
     if args.json:
         steps = [vars(r) for r in results]
         packages = sorted({r.outputs[0] for r in results if r.step == "pack" and r.outputs})
-        print(json.dumps({"steps": steps, "packages": packages}, indent=2, sort_keys=True))
-        return 0
+        document = {"steps": steps, "packages": packages, "up_to_date": not stale}
+        print(json.dumps({**document, "exit_code": code}, indent=2, sort_keys=True))
+        return code
     for r in results:
         why = f": {'; '.join(r.reasons)}" if r.reasons else ""
         print(f"{Path(r.recipe).name} [{f'{r.step} {r.part}'.strip()}] {r.status}{why}")
-    return 0
+    return code
 
 
 def cmd_dag(args) -> int:
@@ -232,6 +244,11 @@ def cmd_clean(args) -> int:
                 refuse_foreign(task.outputs, f"{plan.recipe}: [{task.step}]", "remove")
             for task in tasks:
                 remove(task.outputs)
+            folders = {p.parent for t in tasks for p in t.outputs if plan.build_dir in p.parents}
+            for folder in sorted(folders - {plan.build_dir}, reverse=True):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # the folders steps wrote into (codegen/), when empty
+            (plan.build_dir / PLAN_FILE).unlink(missing_ok=True)
             (plan.build_dir / DB_NAME).unlink(missing_ok=True)
             sweep([plan.build_dir / DB_NAME])
             sweep([plan.build_dir / PLAN_FILE], older_than=STALE_PLAN_SECONDS)

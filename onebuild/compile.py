@@ -338,6 +338,7 @@ def partition(
         "hardware": placement_options.hw,
         "estimate": placement.latency,
         "explanation": placement.explanation,
+        "hint": placement.hint,
         "fallbacks": placement.fallbacks,
         "macs": mac_share(graph, placement.backend_of),
         "parts": [

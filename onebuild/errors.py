@@ -1,7 +1,8 @@
 """One error hierarchy for onebuild.
 
 User errors (bad input: files, models, options) exit with code 2 and print one line; the CLI
-catches `OneBuildError` and prints `str(error)` without a traceback.
+catches `OneBuildError` and prints `str(error)` without a traceback. A build folder in use by
+another onebuild process exits with 3 (`FolderBusy`), other failures with 1.
 """
 
 # Control characters (which names read from model files may contain) are shown escaped, so
@@ -61,6 +62,13 @@ class InputValueError(UserError):
 
 class FormatError(UserError):
     """A file onebuild reads (IR file, npz, .tvn, nnpackage) is corrupt or not of its format."""
+
+
+class FolderBusy(OneBuildError):
+    """Another onebuild process holds a build folder's lock: exit code 3 (the input is fine:
+    build again once it finished, or with --wait)."""
+
+    exit_code = 3
 
 
 class GateFailed(OneBuildError):

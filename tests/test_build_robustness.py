@@ -68,8 +68,9 @@ def test_concurrent_build_of_the_same_folder_stops_with_a_message(tmp_path, mode
     lock_folder.mkdir(parents=True)
     with open(lock_folder / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        result = subprocess.run(build_cmd(recipe), capture_output=True, text=True)
-    assert result.returncode == 2
+        result = subprocess.run(build_cmd(recipe, extra=["--json"]), capture_output=True, text=True)
+    assert result.returncode == 3  # not bad input (2): the folder is busy, build again later
+    assert json.loads(result.stdout)["exit_code"] == 3
     assert "another onebuild build is using this build folder" in result.stderr
     assert subprocess.run(build_cmd(recipe), capture_output=True).returncode == 0
 

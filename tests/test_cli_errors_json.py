@@ -46,7 +46,7 @@ def test_a_second_build_waits_for_the_first_only_when_asked(tmp_path):
     with open(tmp_path / "build/r/.lock", "w") as lock:  # as a running build holds it
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         busy = onebuild("build", "r.toml", "--json", cwd=tmp_path)
-        assert busy.returncode == 2 and "build --wait" in json.loads(busy.stdout)["error"]
+        assert busy.returncode == 3 and "build --wait" in json.loads(busy.stdout)["error"]
         command = [sys.executable, "-m", "onebuild.cli", "build", "r.toml", "--wait"]
         waiting = subprocess.Popen(
             command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import OneBuildError, UserError
+from ..errors import FolderBusy, OneBuildError, UserError
 from .ownership import claim_build_folder
 
 
@@ -24,13 +24,28 @@ def locked(folder: Path, recipe: Path, wait: Callable[[str], None] | None = None
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if wait is None:
-                raise UserError(
+                raise FolderBusy(
                     f"{folder}: another onebuild build is using this build folder; wait for it "
                     "(build --wait does)"
                 ) from None
             wait(f"{folder}: another onebuild build is using this build folder; waiting for it")
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def busy(folder: Path) -> bool:
+    """Whether a build (or clean) holds the folder's lock now (without taking or making it)."""
+    try:
+        handle = os.open(folder / ".lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)  # releases the shared lock too
+    return False
 
 
 def check_database(db: Path, progress) -> None:

@@ -30,6 +30,7 @@ from ..errors import OneBuildError, UserError
 from ..fileio import atomic_write_bytes
 from ..plan import PLAN_FILE, Plan, real_path
 from ..tasks import STEPS
+from . import step_warnings
 from .build_folder import check_database, locked, os_error_line, raise_doit_error
 from .ownership import (
     STALE_PLAN_SECONDS,
@@ -63,6 +64,7 @@ class StepResult:
     blocked: bool = False  # failed because a step it depends on failed
     user_error: bool = False  # failed on bad input (a file, a model, an option), not a bug
     part: str = ""  # the partition a fan-out task works on
+    warnings: list[str] = field(default_factory=list)  # this run's, or the run that made it
 
 
 class _Runner:
@@ -99,7 +101,9 @@ class _Runner:
                 key = task_key(task, digests)
                 if _done_with(task, key):  # doit's database lacked it (another recipe's folder)
                     result.status = "up-to-date"
-                    self.publish(task, key)
+                    result.warnings = step_warnings.logged(task.outputs)
+                    step_warnings.replay(result.warnings)
+                    self.publish(task, key, result.warnings)
                     return True
                 refuse_foreign(task.outputs, "", "replace")
                 other = made_by(task.outputs)
@@ -115,12 +119,15 @@ class _Runner:
                 claim(task.outputs, task.step)
                 if cache.restore(key, task.outputs):
                     result.status = "restored"
+                    result.warnings = cache.warnings(key)
+                    step_warnings.replay(result.warnings)
                 else:
                     self.progress(f"[{where}] {task.recipe.name}: running")
                     run = partial(self.execute, task.step) if self.execute else step.run
-                    run(task.config, task.inputs, task.outputs)
+                    with step_warnings.recorded() as result.warnings:
+                        run(task.config, task.inputs, task.outputs)
                     claim_in_place(task.outputs)
-                    cache.store(key, task.outputs)
+                    cache.store(key, task.outputs, result.warnings)
                     result.status = "run"
             except OneBuildError as error:
                 result.status, result.error = "failed", str(error)
@@ -140,13 +147,13 @@ class _Runner:
 
         return execute
 
-    def publish(self, task: StepTask, key: str | None) -> None:
+    def publish(self, task: StepTask, key: str | None, warnings: list[str] = ()) -> None:
         """Store an up-to-date step's outputs, made with cache key `key`, in a cache that lacks
         them (a cache set after the step ran, or cleaned since): other clones restore them."""
         if key is None:
             return
         try:
-            open_cache(task.cache, task.remote).ensure(key, task.outputs)
+            open_cache(task.cache, task.remote).ensure(key, task.outputs, warnings)
         except OSError as error:  # the cache only saves time: a read-only or full one warns
             log.warning("step cache %s: [%s] not stored (%s)", task.cache, task.step, error)
 
@@ -165,6 +172,7 @@ class _Runner:
             "fingerprints": {str(p): fingerprint(p) for p in task.outputs},
             "files": {str(p): folder_files(p) for p in task.outputs if p.is_dir()},
             "seconds": round(result.seconds, 4),
+            "warnings": result.warnings,
         }
         text = json.dumps(log, indent=2, sort_keys=True) + "\n"
         atomic_write_bytes(log_path(task.outputs), text.encode())
@@ -263,7 +271,9 @@ def _reporter_class(runner: _Runner):
             if result is not None:
                 result.status = "up-to-date"
                 outputs = runner.tasks[task.name].outputs  # intact: doit's uptodate checked
-                runner.publish(runner.tasks[task.name], logged_key(outputs))
+                result.warnings = step_warnings.logged(outputs)
+                step_warnings.replay(result.warnings)
+                runner.publish(runner.tasks[task.name], logged_key(outputs), result.warnings)
 
         def skip_ignore(self, task):
             pass

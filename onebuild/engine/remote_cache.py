@@ -92,15 +92,18 @@ class RemoteStepCache:
             return self.local.restore(key, outputs)
         return self._pull(key) and self.local.restore(key, outputs)
 
-    def store(self, key: str, outputs: list[Path]) -> None:
-        self.local.store(key, outputs)
+    def warnings(self, key: str) -> list[str]:
+        return self.local.warnings(key)  # a restored entry is local
+
+    def store(self, key: str, outputs: list[Path], warnings: list[str] = ()) -> None:
+        self.local.store(key, outputs, warnings)
         if self.local.entry(key) is not None:
             self._guarded(self.publish, key)
 
-    def ensure(self, key: str, outputs: list[Path]) -> None:
+    def ensure(self, key: str, outputs: list[Path], warnings: list[str] = ()) -> None:
         """Hold an up-to-date step's outputs locally and remotely; the remote is asked once per
         entry (a local mark records what was published there)."""
-        self.local.ensure(key, outputs)
+        self.local.ensure(key, outputs, warnings)
         if self.local.entry(key) is not None and not self._mark(key).exists():
             self._guarded(self._publish_missing, key)
 

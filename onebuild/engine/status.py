@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..plan import Plan
 from ..tasks import STEPS
+from .build_folder import busy
 from .ownership import log_path, outputs_intact, read_log
 from .step_cache import open_cache, tree_digest
 from .tasks_plan import StepTask, plan_tasks, task_key
@@ -37,6 +38,7 @@ class _Forecast:
     def __init__(self) -> None:
         self.replaced: dict[Path, Path | None] = {}
         self.pending: dict[Path, str] = {}  # output -> the step that recomputes it
+        self.running = False  # a build holds the folder's lock now
 
     def where(self, path: Path) -> Path | None:
         for output, copy in self.replaced.items():
@@ -59,6 +61,7 @@ def status(plans: list[Plan]) -> list[StepStatus]:
     results = []
     for plan in plans:
         forecast = _Forecast()
+        forecast.running = busy(plan.build_dir)
         states: dict[str, str] = {}  # task (or fan-out) name -> predicted state
         for item in plan_tasks(plan):
             if isinstance(item, StepTask):
@@ -91,10 +94,13 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     unknown = [p for p, d in zip([*task.inputs, *task.after], [*digests, *waits]) if d == UNKNOWN]
     if unknown:
         step = forecast.producer(unknown[0])
+        own = _reasons(task, digests, forecast.running, skip=set(unknown))  # cannot stay, then
         forecast.replaced.update({p: None for p in task.outputs})
         forecast.pending.update({p: step for p in task.outputs})
+        if own and own != ["never built"]:
+            return "pending", [f"runs or restores once [{step}] has run", *own]
         return "pending", [f"runs, restores or stays as it is once [{step}] has run"]
-    reasons = _reasons(task, digests)
+    reasons = _reasons(task, digests, forecast.running)
     reasons += [f"{p.name} changes" for p, d in zip(task.after, waits) if d != tree_digest(p)]
     if not reasons:
         return "up-to-date", []
@@ -113,8 +119,11 @@ def _predict(task: StepTask, forecast: _Forecast) -> tuple[str, list[str]]:
     return "run", reasons
 
 
-def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
-    """Why the build would not leave the step as it is (empty: it would)."""
+def _reasons(
+    task: StepTask, digests: list[str | None], running: bool, skip: set[Path] = frozenset()
+) -> list[str]:
+    """Why the build would not leave the step as it is (empty: it would); inputs in `skip`
+    (recomputed first) are not compared."""
     path = log_path(task.outputs)
     if not path.exists() and not path.is_symlink():
         return ["never built"]
@@ -122,7 +131,7 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
     if log is None:
         return ["its build log is unreadable"]
     if log.get("status") == "running":
-        return ["its last run failed or did not finish"]
+        return ["a build is running it now" if running else "its last run failed or did not finish"]
     if log.get("recipe") != str(task.recipe):  # its inputs and options are the other one's
         return [f"another recipe's step made its outputs since ({log.get('recipe')})"]
     reasons = []
@@ -135,6 +144,8 @@ def _reasons(task: StepTask, digests: list[str | None]) -> list[str]:
     if changed:
         reasons.append("option(s) changed: " + ", ".join(changed))
     for path, digest in zip(task.inputs, digests):
+        if path in skip:
+            continue
         if digest is None:
             reasons.append(f"input {path.name} is missing")
         elif recorded.get(str(path)) != digest:

@@ -154,13 +154,20 @@ class StepCache:
             os.replace(entry, aside)
         shutil.rmtree(aside, ignore_errors=True)
 
-    def ensure(self, key: str, outputs: list[Path]) -> None:
+    def ensure(self, key: str, outputs: list[Path], warnings: list[str] = ()) -> None:
         """Hold `outputs` (an up-to-date step's, made with `key`) if the cache lacks them: a
         cache set or cleaned after the step ran."""
         if self.entry(key) is None:
-            self.store(key, outputs)
+            self.store(key, outputs, warnings)
 
-    def store(self, key: str, outputs: list[Path]) -> None:
+    def warnings(self, key: str) -> list[str]:
+        """The warnings the step that made the entry gave (entry.json's "warnings")."""
+        try:
+            return list(json.loads((self._entry(key) / "entry.json").read_text())["warnings"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    def store(self, key: str, outputs: list[Path], warnings: list[str] = ()) -> None:
         entry = self._entry(key)
         if (entry / "entry.json").is_file():
             return
@@ -172,7 +179,8 @@ class StepCache:
                 _copy(output, staging / str(index))
             names = [str(p.name) for p in outputs]
             digests = [tree_digest(staging / str(i)) for i in range(len(outputs))]
-            entry_json = json.dumps({"outputs": names, "digests": digests}) + "\n"
+            record = {"outputs": names, "digests": digests, "warnings": list(warnings)}
+            entry_json = json.dumps(record) + "\n"
             (staging / "entry.json").write_text(entry_json)
             staging.chmod(0o777 & ~current_umask())
             os.replace(staging, entry)

@@ -22,6 +22,7 @@ from .host_cpu import HostCpu
 
 CPU = "cpu"
 CONTROL_FLOW = "control flow runs on the CPU"
+HINT_RATIO = 0.9  # the capability strategy names the cost one when it estimates 10 % less
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Placement:
     latency: dict
     fallbacks: list[dict]  # nodes left on the CPU: name, op, reasons
     explanation: list[str]
+    hint: str = ""  # capability: the cost strategy's estimate, when clearly faster
 
 
 def place(
@@ -68,9 +70,15 @@ def place(
     base = split(graph, capability, name)
     latency = _Latency(target, options.hw, cpu)
     chosen, best, explanation = capability, latency(base), []
+    cost = _cost(graph, name, options, cpu, reasons, pinned, (capability, base, best), latency)
+    hint = ""
     if options.strategy == "cost":
-        chosen, best, explanation = _cost(
-            graph, name, options, cpu, reasons, pinned, (capability, base, best), latency
+        chosen, best, explanation = cost
+    elif cost[1]["microseconds"] < HINT_RATIO * best["microseconds"]:
+        hint = (
+            f'partition.strategy = "cost" estimates {cost[1]["microseconds"]:.0f} us in '
+            f"{len(split(graph, cost[0], name).parts)} part(s), against "
+            f"{best['microseconds']:.0f} us for these"
         )
     partitioning = split(graph, chosen, name)
     fallbacks = [
@@ -78,7 +86,7 @@ def place(
         for n in graph.nodes
         if chosen[n.name] != accel
     ]
-    return Placement(chosen, partitioning, best, fallbacks, explanation)
+    return Placement(chosen, partitioning, best, fallbacks, explanation, hint)
 
 
 def _why(name: str, pinned: dict, options: Options) -> str:
@@ -297,4 +305,6 @@ def report_lines(name: str, report: dict) -> list[str]:
         lines.append("  CPU fallback reasons (nodes with each; a node may have several):")
         for why, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
             lines.append(f"  {count:>6}  {why}")
+    if report.get("hint"):
+        lines.append(f"  {report['hint']}")
     return lines

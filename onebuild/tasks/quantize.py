@@ -9,6 +9,7 @@ measures them on samples they did not see.
 
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import fields
 from pathlib import Path
@@ -148,7 +149,7 @@ def _check_sqnr(float_graph, quantized, samples) -> None:
     low = {k: v["sqnr_db"] for k, v in comparison.outputs.items() if v["sqnr_db"] < MIN_SQNR_DB}
     if not low:
         return
-    outputs = ", ".join(f"'{name}' {db:.1f} dB" for name, db in sorted(low.items()))
+    outputs = ", ".join(f"'{name}' {below(db)} dB" for name, db in sorted(low.items()))
     worst = ", ".join(
         f"{layer['node']} ({layer['sqnr_db']:.1f} dB)" for layer in comparison.layers[:WORST_LAYERS]
     )
@@ -161,6 +162,11 @@ def _check_sqnr(float_graph, quantized, samples) -> None:
         worst,
         first_steps(_channel_hint(float_graph, quantized)),
     )
+
+
+def below(db: float) -> str:
+    """A dB figure under a threshold, to one decimal rounded down (19.97 is not "20.0")."""
+    return f"{math.floor(db * 10) / 10:.1f}"
 
 
 def _channel_hint(float_graph, quantized) -> str:

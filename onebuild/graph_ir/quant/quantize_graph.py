@@ -2,7 +2,8 @@
 
 Each node runs in its layer's dtype (the default, or a `layers` override), by the rule its op's
 registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RULES` below):
-- Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (symmetric weights per channel
+- Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (a MatMul [..., K] @ [K, N]
+  on its rows, between Reshapes; symmetric weights per channel
   or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w;
   with the calibration means of the layer's input channels, the bias is corrected by the mean
   output shift the weight rounding causes, (w_q - w) @ mean, as in Nagel et al. 2019);
@@ -238,6 +239,10 @@ class _Quantizer:
     def _output(self, value: Value) -> Value:
         dtype = self.config.output_type if value.dtype.kind == "f" else FLOAT
         result = self.as_float(value) if dtype == FLOAT else self.as_quant(value, dtype)
+        inner = self.float_of.get(id(value))  # a float node's output has the output's name:
+        named = inner is not None and inner.name == value.name and inner not in self.graph.inputs
+        if named and result is not inner:  # it gives the name up to the quantized output
+            self.graph.rename(inner, f"{value.name}_float")
         if result.name != value.name:
             node = self.graph.make_node("Identity", [result], name=value.name)
             node.output.quant = result.quant
@@ -309,8 +314,31 @@ class _Quantizer:
         by_channel = per_channel or x.quant.axis is not None
         b_scales = tuple(float(a * s) for a, s in zip(s_x, scales))[: channels if by_channel else 1]
         b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if by_channel else None)
+        if len(x.shape) > 2 and node.op == "MatMul":  # [..., K] @ [K, N]: a QGemm on the rows
+            self._rows_gemm(node, x, [w_value, b_value], attrs, out_dtype, out_params)
+            return
         op = "QConv" if node.op == "Conv" else "QGemm"
         self._produce(node, op, [x, w_value, b_value], attrs, out_dtype, out_params)
+
+    def _rows_gemm(self, node: Node, x: Value, weights, attrs, dtype: str, params) -> None:
+        """MatMul [..., K] @ [K, N] as Reshape [rows, K] -> QGemm -> Reshape [..., N] (the
+        integer kernels, the NPU and circle's FULLY_CONNECTED take matrices)."""
+        k, shape = x.shape[-1], node.output.shape
+        rows = self.graph.make_node(
+            "Reshape", [x], {"shape": [x.size // k, k]}, f"{node.name}/rows", [f"{x.name}/rows"]
+        ).output
+        rows.quant = x.quant
+        attrs = recording_float_op("QGemm", attrs, node.op)
+        out = f"{node.output.name}/rows_q"
+        gemm = self.graph.make_node("QGemm", [rows, *weights], attrs, node.name, [out]).output
+        gemm.quant = params
+        back = [f"{node.output.name}_q"]
+        new = self.graph.make_node(
+            "Reshape", [gemm], {"shape": list(shape)}, f"{node.name}/back", back
+        )
+        new.output.quant = params
+        self.quant_of[(id(node.output), dtype)] = new.output
+        self.home[id(node.output)] = dtype
 
     def _binary_ok(self, node: Node) -> bool:
         return len(node.inputs) == 2
@@ -495,7 +523,7 @@ def _constant_weights(node: Node) -> bool:
     weight = node.inputs[1]
     if not weight.is_const or node.attrs.get("transA"):
         return False
-    if node.op == "MatMul" and (len(weight.shape) != 2 or len(node.inputs[0].shape) != 2):
+    if node.op == "MatMul" and (len(weight.shape) != 2 or len(node.inputs[0].shape) < 2):
         return False
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     return bias is None or bias.is_const

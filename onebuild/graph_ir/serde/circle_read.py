@@ -219,6 +219,9 @@ class Reader:
                 quant = value.quant  # a second name of a quantized output keeps its parameters
                 value = self.graph.make_node("Identity", [value], {}, f"{name}/identity").output
                 value.quant = quant
+            for other in self.values.get(index, {}).values():  # the tensor in another layout
+                if other is not value and other.name == name and other.producer is not None:
+                    self.graph.rename(other, f"{name}_inner")  # gives the output its name
             self.graph.rename(value, name)
         return value
 

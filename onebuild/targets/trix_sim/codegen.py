@@ -155,9 +155,11 @@ class Emitter:
     def use(self, index: int, nbytes: int) -> None:
         self.sram_peak = max(self.sram_peak, nbytes + self.pool[index])
         if nbytes > self.avail:
+            layer = self.p.layers[index]
             raise UserError(
-                f"codegen: a tile needs {nbytes} bytes of SRAM, {self.hw.name} has "
-                f"{self.avail} free"
+                f"codegen: layer '{layer.name}' ({layer.kind}) needs {nbytes} bytes of SRAM for "
+                f"one tile, {self.hw.name} has {self.avail} free: choose a larger hardware preset "
+                f"or keep the layer on the CPU ([partition] opname map)"
             )
 
     # -- layers ------------------------------------------------------------------------------

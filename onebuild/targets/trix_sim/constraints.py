@@ -11,6 +11,7 @@ from ...graph_ir.ir import Node
 from ...graph_ir.ops.resize import interpolation_matrix
 from ...graph_ir.quant.channel_activations import per_channel_value as per_channel
 from .hardware import Hardware
+from .opcodes import align
 
 Constraint = Callable[[Node, Hardware], bool]
 
@@ -108,8 +109,9 @@ def pool_without_ceil(node: Node, hw: Hardware) -> bool:
 
 
 def dense_layer(node: Node, hw: Hardware) -> bool:
-    """Gemm input must be a [1, K] vector"""
-    return len(node.inputs[0].shape) == 2
+    """Gemm input must be a [1, K] vector (a MatMul over the rows of a sequence, [M, K] with
+    M > 1, runs on the CPU)"""
+    return len(node.inputs[0].shape) == 2 and node.inputs[0].shape[0] == 1
 
 
 def pass_through_dtype(node: Node, hw: Hardware) -> bool:
@@ -196,3 +198,20 @@ GENERIC: tuple[Constraint, ...] = (  # every op
 
 def reason(constraint: Constraint) -> str:
     return " ".join((constraint.__doc__ or constraint.__name__).split())
+
+
+def tile_fits_sram(node: Node, hw: Hardware) -> bool:
+    """the layer's smallest tile must fit the SRAM, double-buffered (a convolution's: one
+    output row, reading every input channel over the kernel's rows; a Gemm's: its whole input
+    and one row of weights)"""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    per_channel = align(w.size // w.shape[0] * w.dtype.itemsize)
+    if node.op == "QGemm":
+        row = align(x.shape[-1] * w.dtype.itemsize) + align(y.dtype.itemsize)
+        return align(x.size * x.dtype.itemsize) + 2 * row <= hw.sram_bytes
+    c, h, width = (*x.shape[1:], 1, 1)[:3]  # (C, H, W) as lowered
+    out_width = (*y.shape[1:], 1, 1)[2]
+    kh = w.shape[2] if len(w.shape) > 2 else 1
+    span = min(h, (kh - 1) * node.attrs["dilations"][0] + 1)
+    rows = align(c * span * width * x.dtype.itemsize)
+    return 2 * (rows + align(out_width * y.dtype.itemsize) + per_channel) <= hw.sram_bytes

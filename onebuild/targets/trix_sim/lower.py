@@ -13,6 +13,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph_ir.ir import Graph, Node, Value
 from ...graph_ir.ops import OPS
+from ...graph_ir.quant.float_reason import float_reason
 from ...graph_ir.tensor import QuantParams
 from .constraints import (
     GENERIC,
@@ -39,6 +40,7 @@ from .constraints import (
     spatial_pad,
     spatial_resize,
     stride_limit,
+    tile_fits_sram,
 )
 from .hardware import Hardware
 
@@ -197,7 +199,7 @@ CHANNEL_ONES = {per_tensor_activations: (channel_activations, channel_region)}
 CHANNEL_GENERIC = tuple(c for g in GENERIC for c in CHANNEL_ONES.get(g, (g,)))
 
 
-@_lowers("QConv", constraints=(kernel_size, stride_limit), generic=CHANNEL_GENERIC)
+@_lowers("QConv", constraints=(kernel_size, stride_limit, tile_fits_sram), generic=CHANNEL_GENERIC)
 def _conv(node: Node, ins: list[str], out: str) -> Layer:
     a, w, b = node.attrs, node.inputs[1].numpy(), node.inputs[2].numpy()
     attrs = {
@@ -214,7 +216,7 @@ def _conv(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("conv", node.name, ins, out, attrs, arrays)
 
 
-@_lowers("QGemm", constraints=(dense_layer,))
+@_lowers("QGemm", constraints=(dense_layer, tile_fits_sram))
 def _gemm(node: Node, ins: list[str], out: str) -> Layer:
     a, w = node.attrs, node.inputs[1].numpy()
     w = w if a.get("transB") else w.T  # [N, K]
@@ -422,7 +424,8 @@ def unsupported(node: Node, hw: Hardware) -> list[str]:
 def _failed(node: Node, hw: Hardware, skip: Constraint | None = None) -> list[str]:
     lowering = LOWERINGS.get(node.op)
     if lowering is None and any(v.dtype.kind == "f" for v in node.outputs):
-        return [f"{node.op} computes in float (not quantized); the NPU runs quantized ops only"]
+        why = float_reason(node)
+        return [f"{node.op} computes in float ({why}); the NPU runs quantized ops only"]
     if lowering is None:
         return [f"{node.op} is not an NPU operation"]
     failed = []

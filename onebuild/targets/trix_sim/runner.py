@@ -88,6 +88,8 @@ def describe(module: Module) -> dict:
 
     ops = Counter({LOAD: "LOAD", STORE: "STORE", EXEC: "EXEC"}[int(op)] for op in module.code[:, 0])
     summary["layers_table"] = summary.pop("layers")
+    for index, layer in enumerate(summary["layers_table"].values()):
+        layer["index"] = index  # execution order (JSON output sorts the table by name)
     summary["layers_without_instructions"] = [  # reshapes, fused Adds and pools: not timed
         layer.name for layer in module.layers if layer.name not in summary["layers_table"]
     ]
