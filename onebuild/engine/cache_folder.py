@@ -48,9 +48,8 @@ def is_entry(entry: Path) -> bool:
         return False
     return (
         isinstance(record, dict)
-        and set(record) == {"outputs", "digests"}
-        and isinstance(record["outputs"], list)
-        and isinstance(record["digests"], list)
+        and isinstance(record.get("outputs"), list)
+        and isinstance(record.get("digests"), list)
         and len(record["outputs"]) == len(record["digests"])
         and all(isinstance(d, str) and _KEY.fullmatch(d) for d in record["digests"])
     )

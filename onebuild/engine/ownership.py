@@ -49,8 +49,8 @@ def read_log(outputs: list[Path]) -> dict | None:
 
 
 def _claimed(outputs: list[Path]) -> set[str]:
-    names = (read_log(outputs) or {}).get("outputs")
-    return {str(name) for name in names} if isinstance(names, list) else set()
+    names = (read_log(outputs) or {}).get("outputs")  # a list while running, then a dict
+    return {str(name) for name in names} if isinstance(names, (list, dict)) else set()
 
 
 def folder_files(path: Path) -> list[str]:
