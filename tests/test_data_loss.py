@@ -267,3 +267,14 @@ def test_an_output_copied_with_its_times_is_hashed_once(tmp_path, monkeypatch):
     hashed.clear()
     assert ownership.outputs_intact(outputs, recipe_copy, refresh=True)
     assert hashed == []
+
+
+def test_a_damaged_log_in_the_build_folder_does_not_stop_the_build(tmp_path):
+    """Intermediates in onebuild's marked build folder stay its own when their log is
+    damaged; a package outside it is still refused (test_bounded_reads)."""
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    (tmp_path / "build/r/optimize.obir.log").write_text('{"status": "ru')
+    result = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out/m.nnpkg/metadata/MANIFEST").is_file()

@@ -71,6 +71,8 @@ def foreign(outputs: list[Path], inside: bool = True) -> list[Path]:
     if not present:
         return []
     claimed = _claimed(outputs)
+    if not claimed and _damaged_log_in_build_folder(outputs):
+        claimed = {str(p) for p in outputs}
     found = [p for p in present if str(p) not in claimed]
     listed = _logged_files(outputs) if inside else {}
     for path in present:
@@ -78,6 +80,14 @@ def foreign(outputs: list[Path], inside: bool = True) -> list[Path]:
             known = set(listed[str(path)])
             found += [path / name for name in folder_files(path) if name not in known]
     return found
+
+
+def _damaged_log_in_build_folder(outputs: list[Path]) -> bool:
+    """A step log that is a file but unreadable (a killed write of an older onebuild, an
+    edit), beside outputs all inside a marked build folder: they are that build's own."""
+    if not log_path(outputs).is_file() or read_log(outputs) is not None:
+        return False
+    return all((p.parent / MARK).is_file() for p in outputs)
 
 
 def made_by(outputs: list[Path]) -> str | None:
