@@ -79,7 +79,9 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as error:  # name the file the caller asked for, not the temporary
-        raise OSError(error.errno, f"cannot write it ({error.strerror})", str(path)) from None
+        blocker = not_a_folder(path.parent)
+        reason = f"{blocker} is not a folder" if blocker else error.strerror
+        raise OSError(error.errno, f"cannot write it ({reason})", str(path)) from None
     os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp creates 0600; artifacts are shared files
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -93,6 +95,15 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
         if isinstance(error, OSError) and error.filename in (None, tmp):  # a full disk, ...
             raise OSError(error.errno, f"cannot write it ({error.strerror})", str(path)) from None
         raise
+
+
+def not_a_folder(folder: Path) -> Path | None:
+    """The first of `folder` and its parents that is there but not a folder (a file, a broken
+    symlink or a symlink loop), which makes creating `folder` fail with "File exists"."""
+    for item in [*reversed(folder.parents), folder]:
+        if (item.exists() or item.is_symlink()) and not item.is_dir():
+            return item
+    return None
 
 
 def current_umask() -> int:

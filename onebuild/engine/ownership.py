@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..fileio import atomic_write_bytes, read_regular
+from ..fileio import atomic_write_bytes, not_a_folder, read_regular
 from ..plan import BUILD_MARK
 from .step_cache import fingerprint, tree_digest
 
@@ -206,8 +206,13 @@ def sweep(paths: list[Path], older_than: float = 0.0) -> None:
 
 def claim_build_folder(folder: Path, where: str) -> None:
     """Create or adopt a build folder; refuse one that holds files onebuild did not make."""
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{where}: build.dir '{folder}' is a file; point build.dir at a folder")
+    blocker = not_a_folder(folder)
+    if blocker is not None:
+        inside = "" if blocker == folder else f" (in build.dir '{folder}')"
+        raise UserError(
+            f"{where}: '{blocker}'{inside} is a file or a broken symlink, not a folder; point "
+            "build.dir at a folder"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / MARK).is_file():
