@@ -18,11 +18,11 @@ from .params import dequantize
 EXACT_ABOVE = 1
 EXACT_SEGMENTS = 16
 BLOCK = 16  # channels built at once (16 x 65536 codes)
-CODES = np.arange(-32768, 32768, dtype=np.int64)
+CODES = np.arange(-32768.0, 32769.0)  # every int16 code, then the last knot's (float64: exact)
 _OFFSETS = np.arange(SEGMENT, dtype=np.int32)
 _T = _OFFSETS.astype(np.float64)
 _BEND = _T * (SEGMENT - _T) / SEGMENT**2  # the bend's weight: t·(128 - t) / 2^14
-_NEARNESS = np.abs(CODES.reshape(-1, SEGMENT).mean(axis=1))  # a segment's distance from 0
+_NEARNESS = np.abs(CODES[:-1].reshape(-1, SEGMENT).mean(axis=1))  # a segment's distance from 0
 
 
 class InterpolatedTable(NamedTuple):
@@ -37,22 +37,23 @@ class InterpolatedTable(NamedTuple):
 
 
 def _errors(knots: np.ndarray, bends: np.ndarray | None, exact: np.ndarray) -> np.ndarray:
-    """Each segment's largest difference [B, 512] between the table (no exact segments) of
-    B channels and their exact codes [B, 65536]."""
-    a, b = (knots[:, i, None].astype(np.int32) for i in (slice(None, -1), slice(1, None)))
-    bend = None if bends is None else bends[:, :, None].astype(np.int32)
+    """Each segment's largest difference [S] between the table (no exact segments) and the
+    exact codes [S, 128] of S segments, given their knots [S, 2] (a, b) and bends [S]."""
+    a, b = (knots[:, i, None].astype(np.int32) for i in (0, 1))
+    bend = None if bends is None else bends[:, None].astype(np.int32)
     got = interpolate(a, b, bend, _OFFSETS)
-    return np.abs(got - exact.reshape(got.shape)).max(axis=2)
+    got -= exact
+    return np.abs(got, out=got).max(axis=1)
 
 
 def _bends(knots: np.ndarray, exact: np.ndarray) -> np.ndarray:
-    """Per segment the bend β fitted by least squares to the exact codes, where the chord is
-    off by r(t): β = round(Σ r·w / Σ w²) with w = t·(128 - t) / 2^14, saturated to int16
-    (Σ r·w = a·Σ w + (b - a)·Σ t·w / 128 - Σ e·w, e the exact codes: every sum exact in
-    float64, w being multiples of 2^-14)."""
-    a = knots[:, :-1].astype(np.float64)
-    b = knots[:, 1:].astype(np.float64)
-    codes = exact.reshape(len(knots), -1, SEGMENT).astype(np.float64)
+    """Per segment the bend β fitted by least squares to the exact codes [S, 128], where the
+    chord between its knots [S, 2] is off by r(t): β = round(Σ r·w / Σ w²) with
+    w = t·(128 - t) / 2^14, saturated to int16 (Σ r·w = a·Σ w + (b - a)·Σ t·w / 128 - Σ e·w,
+    e the exact codes: every sum exact in float64, w being multiples of 2^-14)."""
+    a = knots[:, 0].astype(np.float64)
+    b = knots[:, 1].astype(np.float64)
+    codes = exact.astype(np.float64)
     off = a * _BEND.sum() + (b - a) * (_T * _BEND).sum() / SEGMENT - codes @ _BEND
     fitted = np.rint(off / np.square(_BEND).sum())
     return np.clip(fitted, -32768, 32767).astype(np.int16)
@@ -65,24 +66,35 @@ def _channels(params: QuantParams, start: int, stop: int) -> QuantParams:
     return QuantParams(params.scale[start:stop], params.zero_point[start:stop], 1)
 
 
+def _worst(error: np.ndarray) -> np.ndarray:
+    """A channel's exact segments from its segments' largest differences [512]: those above
+    EXACT_ABOVE, the EXACT_SEGMENTS worst (largest first, then nearest code 0), in order."""
+    over = np.flatnonzero(error > EXACT_ABOVE)
+    if len(over) <= EXACT_SEGMENTS:
+        return over
+    order = np.lexsort((_NEARNESS[over], -error[over]))[:EXACT_SEGMENTS]
+    return np.sort(over[order])
+
+
 def _rows(node: Node, x: QuantParams, y: QuantParams, then: Sequence[Node], count: int):
-    """Knots, bends, exact segments (a list of index arrays) and the exact codes [B, 65536]
-    of `count` channels with parameters `x` and `y`."""
+    """Knots, bends, exact segments (a list of index arrays) and the exact codes [B, 512, 128]
+    of `count` channels with parameters `x` and `y`: the bends fitted on every segment, their
+    differences measured with the chord on every segment, bent only where a bend was fitted
+    and the chord is not exact already."""
     every = np.broadcast_to(CODES, (1, count, CODES.size))
-    exact = function_codes(node, dequantize(every, x), y, "int16", then)[0].astype(np.int64)
-    past = np.full((1, count, 1), 32768)  # the last knot, one past int16's end
-    last = function_codes(node, dequantize(past, x), y, "int16", then)[0]
-    knots = np.concatenate([exact[:, ::SEGMENT], last], axis=1).astype(np.int16)
-    chord = _errors(knots, None, exact)
-    bends = _bends(knots, exact)
-    bent = _errors(knots, bends, exact)
+    codes = function_codes(node, dequantize(every, x), y, "int16", then)[0]
+    knots = np.ascontiguousarray(codes[:, ::SEGMENT])  # the last one past int16's end
+    exact = codes[:, :-1].reshape(-1, SEGMENT)  # [B·512, 128]
+    ends = np.stack([knots[:, :-1].ravel(), knots[:, 1:].ravel()], axis=1)  # a, b per segment
+    chord = _errors(ends, None, exact)
+    bends = _bends(ends, exact)
+    fitted = np.flatnonzero((bends != 0) & (chord > 0))  # (where the chord is exact, it stays)
+    bent = chord.copy()
+    bent[fitted] = _errors(ends[fitted], bends[fitted], exact[fitted])
     bends[bent >= chord] = 0
-    error = np.minimum(bent, chord)
-    worst = []
-    for row in error:
-        order = np.lexsort((_NEARNESS, -row))[:EXACT_SEGMENTS]
-        worst.append(np.sort(order[row[order] > EXACT_ABOVE]))
-    return knots, bends, worst, exact
+    error = np.minimum(bent, chord).reshape(count, -1)
+    worst = [_worst(row) for row in error]
+    return knots, bends.reshape(count, -1), worst, exact.reshape(count, -1, SEGMENT)
 
 
 def interpolated_table(
@@ -109,7 +121,7 @@ def interpolated_table(
         knots.append(k)
         bends.append(b)
         worst += w
-        codes += [e.reshape(-1, SEGMENT)[i] for e, i in zip(exact, w)]
+        codes += [e[i] for e, i in zip(exact, w)]
     count = max(len(w) for w in worst)
     segments = np.full((channels, count), -1, np.int16)
     exact_codes = np.zeros((channels, count, SEGMENT), np.int16)

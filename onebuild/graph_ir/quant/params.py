@@ -125,15 +125,21 @@ def quantize(x: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
     """Round half to even, add the zero point, saturate to the type's range."""
     scale = _broadcast(params.scale, params, x.ndim)
     zero_point = _broadcast(params.zero_point, params, x.ndim)
-    q = np.rint(np.asarray(x, np.float64) / scale) + zero_point
+    q = np.divide(x, scale, dtype=np.float64)
     info = np.iinfo(dtype)
-    return np.clip(q, info.min, info.max).astype(dtype)
+    if np.ndim(q) == 0:  # a numpy scalar (ufuncs have no `out` for it)
+        return np.clip(np.rint(q) + zero_point, info.min, info.max).astype(dtype)
+    q = np.rint(q, out=q)  # in place: the same arithmetic, fewer passes over memory
+    q += zero_point
+    return np.clip(q, info.min, info.max, out=q).astype(dtype)
 
 
 def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
     scale = _broadcast(params.scale, params, q.ndim)
     zero_point = _broadcast(params.zero_point, params, q.ndim)
-    return ((q.astype(np.float64) - zero_point) * scale).astype(np.float32)
+    centered = np.subtract(q, zero_point, dtype=np.float64)
+    in_place = centered if np.ndim(centered) else None  # (numpy scalars have no `out`)
+    return np.multiply(centered, scale, out=in_place).astype(np.float32)
 
 
 class MultiplierRangeError(ValueError):
