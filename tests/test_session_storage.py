@@ -5,6 +5,7 @@ dropped and refilled, and one process at a time holds a workspace."""
 import errno
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -292,6 +293,16 @@ def test_a_folder_in_place_of_the_state_is_one_line_naming_it(tmp_path):
     with pytest.raises(UserError, match="state.json: cannot read the session state"):
         digits_session(workspace)
     assert (workspace / "state.json").is_dir()
+
+
+def test_a_file_in_place_of_the_records_folder_is_named(tmp_path):
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    shutil.rmtree(workspace / "records")
+    (workspace / "records").write_text("mine")
+    with pytest.raises(UserError, match="records: is not a folder, so the session cannot keep"):
+        digits_session(workspace)
+    assert (workspace / "records").read_text() == "mine"
 
 
 @pytest.mark.parametrize("kind", ["folder", "fifo", "loop"])

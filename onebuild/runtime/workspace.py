@@ -74,6 +74,11 @@ class Workspace:
         try:
             _claim(self.folder)
             if not self.records_folder.is_dir():
+                if self.records_folder.exists() or self.records_folder.is_symlink():
+                    raise UserError(
+                        f"{self.records_folder}: is not a folder, so the session cannot keep "
+                        "its records there; move it away, or give the session another workspace"
+                    )
                 self.records_folder.mkdir()
         except OSError as error:
             what = "it is a file" if self.folder.is_file() else error.strerror
