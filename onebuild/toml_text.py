@@ -32,11 +32,9 @@ def value(item) -> str:
     if isinstance(item, int):
         return str(item)
     if isinstance(item, float):
-        return (
-            repr(item)
-            if math.isfinite(item)
-            else {"inf": "inf", "-inf": "-inf"}.get(repr(item), "nan")
-        )
+        if math.isnan(item):
+            return "nan"
+        return repr(item) if math.isfinite(item) else ("inf" if item > 0 else "-inf")
     if isinstance(item, str):
         return quote(item)
     if isinstance(item, (list, tuple)):

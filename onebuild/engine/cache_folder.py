@@ -4,7 +4,7 @@ A cache folder carries a mark file (a standard `CACHEDIR.TAG`, so backup tools s
 onebuild writes when it creates the cache. A folder without one is used only if it is empty or
 holds nothing but onebuild's entries (a cache made before marks: it is adopted and marked), so
 `build.cache = "~"` cannot make onebuild write into, or `cache gc` delete from, a user's folder.
-Leaf module: it imports nothing of onebuild but its errors.
+Imports nothing of onebuild but its errors and fileio.
 """
 
 import json
