@@ -15,13 +15,21 @@ from .plan import PLAN_FILE, load_plan, real_path
 def cmd_convert_cfg(args) -> int:
     """A onecc .cfg as a recipe beside it (or at -o); replaces only a recipe it wrote itself
     and nobody edited since."""
-    from .fileio import atomic_write_bytes
+    from .fileio import atomic_write_bytes, read_regular
     from .onecc_cfg import convert_cfg, unchanged_translation
 
     cfg = Path(args.cfg)
     target = Path(args.output) if args.output else cfg.with_suffix(".toml")
-    if target.exists():
-        text = target.read_bytes()[: 1 << 20].decode("utf-8", "replace")
+    if not target.parent.is_dir():
+        raise UserError(
+            f"{target}: folder {target.parent} does not exist; onebuild creates no folders: "
+            "create it or choose another path"
+        )
+    if target.exists() or target.is_symlink():
+        try:
+            text = read_regular(target, 1 << 20).decode("utf-8", "replace")
+        except (OSError, UserError):  # a FIFO, a device, a large file: not a translation
+            text = ""
         if not unchanged_translation(text):
             raise UserError(
                 f"{target}: exists and is not an unedited convert-cfg translation; choose -o PATH"

@@ -22,7 +22,7 @@ from .compile_options import (
     QuantizeOptions,
     options_from,
 )
-from .option_values import check_quantize_data
+from .option_values import check_quantize_data, check_stem
 
 if TYPE_CHECKING:
     from .graph_ir.ir import Graph, Model
@@ -241,6 +241,9 @@ class Partitioned:
         from .graph_ir.ir import Model
         from .graph_ir.serde import save_ir
 
+        check_stem(self.name, "partition name")
+        for file in self.files:
+            check_stem(file, "partition file name")
         folder = Path(folder)
         with atomic_folder(folder, is_partition_folder, "a partition folder") as staging:
             for file, graph in zip(self.files, self.graphs):
@@ -295,6 +298,7 @@ def partition(
     from .targets import load_target
     from .targets.placement import Options, mac_share, place
 
+    check_stem(name, "partition name")
     maps = maps or {}
     target = load_target(codegen.target)
     settings = {"default": options.default, "comply": options.comply}

@@ -6,7 +6,8 @@ either an array of the input's shape, or (with the attribute `rawData` on `value
 bytes of the input in its own dtype (float32, or an integer input's type: indices stay
 integers). Read with h5py (the `onecc` extra), shapes and sizes checked before data, at most
 CHUNK_SAMPLES samples in memory at a time (the data limit applies to them); nothing is executed
-or unpickled.
+or unpickled. Only data stored in the file itself is read: soft and external links, external
+storage and virtual datasets (which read other files, FIFOs or devices) are refused.
 """
 
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, UserError
+from .fileio import ANY_SIZE, open_regular
 from .npz import byte_limit
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -31,6 +33,17 @@ def _h5py():
             "the samples as .npz)"
         ) from None
     return h5py
+
+
+def _check_link(h5py, path: Path, group, name: str, where: str | None = None) -> None:
+    """Refuse a soft or external link (other files, loops): only the file's own objects."""
+    link = group.get(name, getlink=True)
+    if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
+        kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+        raise FormatError(
+            f"{path}: {where or name} is {kind}; onebuild reads only data stored in the .h5 file "
+            "itself: copy the data into it"
+        )
 
 
 def _sample_names(path: Path, group) -> list[str]:
@@ -71,11 +84,13 @@ def iter_hdf5(
     inputs = [(name, tuple(shape), np.dtype(rest[0] if rest else FLOAT))
               for name, shape, *rest in inputs]  # fmt: skip
     h5py, path = _h5py(), Path(path)
+    open_regular(path, ANY_SIZE).close()  # a FIFO or a device would hang or never end
     try:
         handle = h5py.File(path, "r")
     except OSError as error:
         raise FormatError(f"{path}: not an HDF5 file ({error})") from None
     with handle:
+        _check_link(h5py, path, handle, "value")
         group = handle.get("value")
         if not isinstance(group, h5py.Group):
             raise FormatError(f"{path}: no 'value' group (ONE's input data layout)")
@@ -102,13 +117,23 @@ def iter_hdf5(
 
 def _read_sample(h5py, path: Path, group, sample: str, inputs, raw: bool, batch) -> None:
     """Append each input's array of sample `sample` to `batch`."""
+    _check_link(h5py, path, group, sample, f"value/{sample}")
     datasets = group.get(sample)
+    for name in datasets if isinstance(datasets, h5py.Group) else ():
+        _check_link(h5py, path, datasets, name, f"value/{sample}/{name}")
     if not isinstance(datasets, h5py.Group) or len(datasets) != len(inputs):
         raise FormatError(
             f"{path}: value/{sample} must hold {len(inputs)} dataset(s), one per model input"
         )
     for index, (name, shape, dtype) in enumerate(inputs):
+        where = f"value/{sample}/{index}"
         dataset = datasets.get(str(index))
         if not isinstance(dataset, h5py.Dataset):
             raise FormatError(f"{path}: value/{sample} has no dataset '{index}'")
+        if dataset.external or dataset.is_virtual:
+            kind = "external storage" if dataset.external else "a virtual dataset"
+            raise FormatError(
+                f"{path}: {where} is {kind} (its data is in other files); onebuild reads only "
+                "data stored in the .h5 file: copy the data into it"
+            )
         batch[name].append(_input_array(path, sample, dataset, raw, shape, dtype))

@@ -76,6 +76,8 @@ def read_npz(path: str | os.PathLike, *, batch: bool = True) -> Arrays:
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists() or path.is_symlink():  # a folder, a FIFO, a device, a symlink loop
+            raise FormatError(f"{path}: is not a regular file, so not an npz file; name one")
         raise UserError(f"{path}: no such file")
     with open(path, "rb") as handle:
         head = handle.read(8)

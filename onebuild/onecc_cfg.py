@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import toml
-
+from . import toml_text
 from .errors import UserError
+from .fileio import read_regular
 
 IMPORTS = {"one-import-onnx": "ONNX", "one-import-tflite": "tflite"}
 ELSEWHERE = {  # onecc steps onebuild does not run, and what to do instead
@@ -62,12 +62,14 @@ class Converted:
     notes: list[str] = field(default_factory=list)
 
 
+CFG_LIMIT = 1 << 20  # a onecc configuration is a few hundred bytes
+
+
 def _read(path: Path) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None, strict=True)
     parser.optionxform = str  # keys are case-sensitive in onecc
     try:
-        with open(path, encoding="utf-8") as handle:
-            parser.read_file(handle)
+        parser.read_string(read_regular(path, CFG_LIMIT).decode("utf-8"), str(path))
     except OSError as error:
         raise UserError(f"{path}: cannot read ({error.strerror})") from None
     except (configparser.Error, UnicodeDecodeError) as error:
@@ -349,7 +351,7 @@ class _Converter:
             if name not in self.data:
                 continue
             comments = "".join(f"# {line}\n" for line in self.comments.get(name, []))
-            sections.append(comments + toml.dumps({name: self.data[name]}))
+            sections.append(comments + toml_text.table(name, self.data[name]))
         body = f"# From {self.path.name}; ONE's defaults are spelled out.\n" + "\n".join(sections)
         return Converted(f"{HEADER}, sha256 {_digest(body)}\n{body}", self.notes)
 

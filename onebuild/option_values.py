@@ -6,6 +6,7 @@ imports nothing of onebuild but its errors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -65,16 +66,27 @@ def check_range(
     whole: bool = False,
 ) -> None:
     """A numeric field (`whole`: an integer) within [low, high] (None: no upper bound; `above`:
-    low excluded), not NaN, else a one-line OptionError."""
+    low excluded), finite (not NaN or infinite), else a one-line OptionError."""
     value = getattr(options, name)
     kinds = int if whole else (int, float)
-    numeric = isinstance(value, kinds) and not isinstance(value, bool) and value == value
+    numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
     below = numeric and (value <= low if above else value < low)
     if not numeric or below or (high is not None and value > high):
         bound = f" {'above' if above else 'at least'} {low}" if low > float("-inf") else ""
         bound += f" and at most {high}" if high is not None else ""
-        kind = "an integer" if whole else "a number"
+        kind = "an integer" if whole else "a finite number"
         raise OptionError(f"{type(options).__name__}.{name}: {value!r} must be {kind}{bound}")
+
+
+def check_stem(name: object, what: str) -> None:
+    """A name onebuild makes file names from must be a plain file-name stem (no folder in it,
+    so nothing is written outside the folder it is given), else a one-line OptionError."""
+    plain = isinstance(name, str) and name.isprintable() and name not in ("", ".", "..")
+    if not plain or "/" in name or "\\" in name:
+        raise OptionError(
+            f"{what} {name!r}: must be a plain file name (no folder, '/', '\\', NUL or control "
+            "characters)"
+        )
 
 
 def check_quantize_data(options: QuantizeOptions, stats: Any, samples: Any, fit: Any) -> None:

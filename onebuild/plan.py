@@ -182,7 +182,22 @@ def _absolutize(data: dict, folder: Path) -> None:
             table = table.get(key) if isinstance(table, dict) else None
         value = table.get(keys[-1]) if isinstance(table, dict) else None
         if isinstance(value, str) and not is_url(value):
+            value = _home(value, f"{folder}: {'.'.join(keys)}")
             table[keys[-1]] = str(absolute(folder / value))
+
+
+def _home(value: str, where: str) -> str:
+    """A path with `~` or `~user` expanded (it made a literal `./~` folder); one that cannot
+    be expanded is refused."""
+    if not value.startswith("~"):
+        return value
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):
+        raise UserError(
+            f"{where} = '{value}': '~' cannot be expanded (no such user, or no HOME); write the "
+            "full path"
+        )
+    return expanded
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -215,7 +230,7 @@ def _apply_override(data: dict, override: str) -> None:
         value = text
     _check_depth(value, f"--set '{override[:80]}'", len(keys))
     if tuple(keys) in PATH_KEYS and isinstance(value, str) and not is_url(value):
-        value = str(absolute(value))
+        value = str(absolute(_home(value, f"--set {'.'.join(keys)}")))
     table = data
     for key in keys[:-1]:
         table = table.setdefault(key, {})
@@ -245,8 +260,10 @@ def check_inputs(path: Path, steps: dict[str, dict[str, Any]]) -> None:
 def check_output_paths(plan: Plan) -> None:
     """No output can replace what the user provides: the package may not be, or hold, the
     recipe, an input file or folder, the build folder or the step cache; the cache is a folder."""
-    if plan.cache_dir is not None and plan.cache_dir.exists() and not plan.cache_dir.is_dir():
-        raise UserError(f"{plan.recipe}: build.cache '{plan.cache_dir}' is a file; name a folder")
+    if plan.cache_dir is not None:
+        from .engine import cache_folder
+
+        cache_folder.check(plan.cache_dir, f"{plan.recipe}: build.cache '{plan.cache_dir}'")
     if "pack" not in plan.steps:
         return
     package = real_path(plan.steps["pack"]["output"])

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FiniteFloat,
     ValidationError,
     field_validator,
     model_validator,
@@ -95,14 +96,14 @@ class QuantizeAccuracy(_Section):
 
     data: str = Field(description="evaluation samples: npz, folder of npz/npy files, or .h5")
     labels: str | None = Field(default=None, description="npz with one array of class labels")
-    min_sqnr_db: float | None = None
-    min_top1_match: float | None = Field(default=None, ge=0, le=1)
-    min_top5_match: float | None = Field(default=None, ge=0, le=1)
-    max_mae: float | None = Field(default=None, ge=0)
-    max_mse: float | None = Field(default=None, ge=0)
-    max_mape: float | None = Field(default=None, ge=0, description="percent")
-    max_mpeir: float | None = Field(default=None, ge=0)
-    max_accuracy_drop: float | None = Field(
+    min_sqnr_db: FiniteFloat | None = None
+    min_top1_match: FiniteFloat | None = Field(default=None, ge=0, le=1)
+    min_top5_match: FiniteFloat | None = Field(default=None, ge=0, le=1)
+    max_mae: FiniteFloat | None = Field(default=None, ge=0)
+    max_mse: FiniteFloat | None = Field(default=None, ge=0)
+    max_mape: FiniteFloat | None = Field(default=None, ge=0, description="percent")
+    max_mpeir: FiniteFloat | None = Field(default=None, ge=0)
+    max_accuracy_drop: FiniteFloat | None = Field(
         default=None, ge=0, le=1, description="largest allowed top-1 accuracy loss (needs labels)"
     )
 
@@ -111,9 +112,9 @@ class QuantizeMixedPrecision(_Section):
     """Promote the fewest MACs to a higher-precision type until the outputs reach an SQNR
     (measured on the [quantize.accuracy] data, else on the calibration data)."""
 
-    target_sqnr_db: float = Field(description="every output's SQNR must reach this")
+    target_sqnr_db: FiniteFloat = Field(description="every output's SQNR must reach this")
     dtype: Literal[MIXED_DTYPES] = _M.dtype
-    max_high_precision_mac_fraction: float | None = Field(
+    max_high_precision_mac_fraction: FiniteFloat | None = Field(
         default=_M.max_high_precision_mac_fraction, ge=0, le=1
     )
     samples: int = Field(default=_M.samples, ge=1, le=4096, description="samples measured")
@@ -147,10 +148,10 @@ class QuantizeStep(_Section):
         default=_C.min_samples, ge=1, description="fewer calibration samples fail"
     )
     method: Literal[CALIBRATION_METHODS] = _C.method
-    min_percentile: float = Field(default=_C.min_percentile, ge=0, le=100)
-    max_percentile: float = Field(default=_C.max_percentile, ge=0, le=100)
+    min_percentile: FiniteFloat = Field(default=_C.min_percentile, ge=0, le=100)
+    max_percentile: FiniteFloat = Field(default=_C.max_percentile, ge=0, le=100)
     moving_avg_batch: int = Field(default=_C.moving_avg_batch, ge=1)
-    moving_avg_const: float = Field(default=_C.moving_avg_const, gt=0, le=1)
+    moving_avg_const: FiniteFloat = Field(default=_C.moving_avg_const, gt=0, le=1)
     input_type: Literal[IO_TYPES] = _Q.input_type
     output_type: Literal[IO_TYPES] = _Q.output_type
     bias_correction: bool | Literal[EMPIRICAL] = Field(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from onebuild.engine import cache_folder
 from onebuild.engine.dag import build
 from onebuild.errors import UserError
 from onebuild.recipe import load_recipe
@@ -143,7 +144,7 @@ def test_a_cache_that_cannot_be_written_does_not_fail_a_no_op_build(tmp_path, ca
     (tmp_path / "r.toml").write_text(RECIPE)
     assert set(run(tmp_path).values()) == {"run"}
     blocked = tmp_path / "blocked"
-    blocked.mkdir()
+    cache_folder.claim(blocked, "test")  # a cache of onebuild's (a foreign folder is refused)
     for shard in range(256):
         (blocked / f"{shard:02x}").write_text("")
     assert set(run(tmp_path, f"build.cache={json.dumps(str(blocked))}").values()) == {"up-to-date"}

@@ -267,3 +267,24 @@ def test_an_output_copied_with_its_times_is_hashed_once(tmp_path, monkeypatch):
     hashed.clear()
     assert ownership.outputs_intact(outputs, recipe_copy, refresh=True)
     assert hashed == []
+
+
+def test_a_damaged_log_in_the_build_folder_does_not_stop_the_build(tmp_path):
+    """Intermediates in onebuild's marked build folder stay its own when their log is
+    damaged; a package outside it is still refused (test_bounded_reads)."""
+    recipe = project(tmp_path, "out/m.nnpkg")
+    assert cli("build", str(recipe), cwd=tmp_path).returncode == 0
+    (tmp_path / "build/r/optimize.obir.log").write_text('{"status": "ru')
+    result = cli("build", str(recipe), "--set", "optimize.preset=O0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out/m.nnpkg/metadata/MANIFEST").is_file()
+
+
+def test_a_path_through_a_file_or_a_symlink_loop_is_named_not_file_exists(tmp_path):
+    recipe = project(tmp_path, "r.toml/x")
+    result = cli("build", str(recipe), cwd=tmp_path)
+    assert result.returncode == 2 and "File exists" not in result.stderr, result.stderr
+    assert f"cannot write it ({recipe} is not a folder)" in result.stderr
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    result = cli("build", str(recipe), "--set", "build.dir=loop", cwd=tmp_path)
+    assert_refused(result, "loop' is a file or a broken symlink, not a folder", "build.dir")

@@ -3,6 +3,7 @@ calibration data: a cfg in ONE's template layout builds the same package as the 
 would write, and every key is translated or refused with one line naming it."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -250,3 +251,32 @@ def test_io_types_per_tensor_and_flags_turned_off(project):
     (project / "model.cfg").write_text(cfg.format(quantize_extra="input_type=uint8,float32\n"))
     result = onebuild("convert-cfg", "model.cfg", cwd=project)
     assert result.returncode == 2 and "[one-quantize] input_type" in result.stderr
+
+
+@pytest.mark.parametrize("name", ['we"ird\\x.onnx', "del\x7f.onnx", "back\\slash.onnx"])
+def test_paths_with_backslashes_quotes_or_control_characters_read_back(project, name):
+    """The recipe is written with every string escaped: the `toml` package left `\\x` and DEL
+    unescaped (a recipe `onebuild list` could not parse, or a path that changed)."""
+    import tomllib
+
+    shutil.copy(project / "digits.onnx", project / name)
+    cfg = CFG.format(quantize_extra="").replace("input_path=digits.onnx", f"input_path={name}")
+    (project / "model.cfg").write_text(cfg)
+    assert onebuild("convert-cfg", "model.cfg", cwd=project).returncode == 0
+    recipe = tomllib.loads((project / "model.toml").read_text())
+    assert recipe["import"]["source"] == name
+    listed = onebuild("list", "model.toml", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+
+
+def test_convert_cfg_creates_no_folder_and_replaces_no_fifo(project):
+    (project / "model.cfg").write_text(CFG.format(quantize_extra=""))
+    result = onebuild("convert-cfg", "model.cfg", "-o", "new/r.toml", cwd=project)
+    assert result.returncode == 2 and "folder new does not exist" in result.stderr
+    assert not (project / "new").exists()
+    os.mkfifo(project / "model.toml")
+    result = subprocess.run(
+        [sys.executable, "-m", "onebuild.cli", "convert-cfg", "model.cfg"],
+        capture_output=True, text=True, cwd=project, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and "not an unedited convert-cfg translation" in result.stderr

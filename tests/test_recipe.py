@@ -197,3 +197,20 @@ def test_a_preset_by_name(workspace):
     plan = load_recipe(write(workspace, 'extends = "npu-uint8"\n' + text))
     assert plan.steps["codegen"]["hw"] == "trix-m"
     assert plan.steps["quantize"]["activation_granularity"] == "channel"
+
+
+def test_a_tilde_in_a_path_is_the_home_folder(workspace, monkeypatch):
+    """`~` made a literal `./~` folder beside the recipe."""
+    home = workspace / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    path = write(
+        workspace,
+        '[import]\nsource = "model.onnx"\n[optimize]\n[pack]\noutput = "~/p.nnpkg"\n'
+        '[build]\ndir = "~/b"\n',
+    )
+    plan = load_recipe(path, ["build.cache=~/cache"])
+    assert plan.steps["pack"]["output"] == str(home / "p.nnpkg")
+    assert plan.build_dir == home / "b" and plan.cache_dir == home / "cache"
+    with pytest.raises(UserError, match="'~nosuchuser_x/c': '~' cannot be expanded"):
+        load_recipe(path, ["build.cache=~nosuchuser_x/c"])

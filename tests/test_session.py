@@ -91,6 +91,24 @@ def test_session_files_equal_what_the_build_makes(tmp_path, data, qtype, options
         assert (ws / mine).read_bytes() == (build / theirs).read_bytes(), mine
 
 
+def test_a_pass_on_few_calibration_inputs_says_so(tmp_path, data, caplog):
+    """The gate's inputs are the runs the ranges came from: its report says so, and a pass on
+    one such run is a warning, not a silent COMPILED (it said nothing of the inputs after)."""
+    session = digits_session(tmp_path / "ws", records=1)
+    with caplog.at_level("WARNING", logger="onebuild"):
+        session.run_with_auto_compilation({"input": data[0][0]})
+    assert session.state == "COMPILED", session.reason
+    assert all(report["on_calibration_inputs"] for report in session.gates.values())
+    thin = [r.message for r in caplog.records if "passed the accuracy gate on only 1" in r.message]
+    assert len(thin) == 2 and "the ones its ranges came from" in thin[0]  # quantized, compiled
+    caplog.clear()
+    wide = digits_session(tmp_path / "ws8", records=8)
+    with caplog.at_level("WARNING", logger="onebuild"):
+        for x in data[0][:8]:
+            wide.run_with_auto_compilation({"input": x})
+    assert wide.state == "COMPILED" and not any("only" in r.message for r in caplog.records)
+
+
 def test_a_failed_gate_stays_on_float_and_says_why(tmp_path, data):
     calib = data[0]
     session = digits_session(tmp_path / "ws", records=4)

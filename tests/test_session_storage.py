@@ -5,6 +5,7 @@ dropped and refilled, and one process at a time holds a workspace."""
 import errno
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -223,6 +224,25 @@ def test_a_corrupted_record_is_dropped_and_refilled(tmp_path, data, caplog):
     assert session.state == "COMPILED" and session.minmax_records == RECORDS + 1
 
 
+def test_a_folder_in_place_of_a_record_is_left_and_not_used(tmp_path, data, caplog):
+    """Not a file of onebuild's, so not removed; the session neither fails ("no such file")
+    nor waits for it: the gate does without it."""
+    calib, _ = data
+    ws = tmp_path / "ws"
+    session = digits_session(ws)
+    for x in calib[: RECORDS - 1]:
+        session.run_with_auto_compilation({"input": x})
+    (ws / "records" / "000001.npz").unlink()
+    (ws / "records" / "000001.npz").mkdir()
+    (ws / "records" / "000001.npz" / "mine.txt").write_text("keep")
+    with caplog.at_level(logging.WARNING, "onebuild"):
+        session.run_with_auto_compilation({"input": calib[RECORDS - 1]})
+    assert session.state == "COMPILED", session.reason
+    assert "000001.npz: is not a regular file" in caplog.text and "left in place" in caplog.text
+    assert (ws / "records" / "000001.npz" / "mine.txt").read_text() == "keep"
+    assert session.gates["quantized"]["samples"] == RECORDS - 1
+
+
 HOLDER = """
 import sys
 from onebuild import Session
@@ -273,6 +293,31 @@ def test_a_folder_in_place_of_the_state_is_one_line_naming_it(tmp_path):
     with pytest.raises(UserError, match="state.json: cannot read the session state"):
         digits_session(workspace)
     assert (workspace / "state.json").is_dir()
+
+
+def test_a_file_in_place_of_the_records_folder_is_named(tmp_path):
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    shutil.rmtree(workspace / "records")
+    (workspace / "records").write_text("mine")
+    with pytest.raises(UserError, match="records: is not a folder, so the session cannot keep"):
+        digits_session(workspace)
+    assert (workspace / "records").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "loop"])
+def test_something_else_in_place_of_the_ranges_is_one_line_naming_it(tmp_path, kind):
+    """A session that cannot write minmax.npz would record forever and never compile."""
+    workspace = tmp_path / "ws"
+    digits_session(workspace).close()
+    minmax = workspace / "minmax.npz"
+    minmax.unlink(missing_ok=True)
+    {"folder": minmax.mkdir, "fifo": lambda: os.mkfifo(minmax)}.get(
+        kind, lambda: minmax.symlink_to(minmax)
+    )()
+    with pytest.raises(UserError, match="minmax.npz: is not a file, so the session cannot"):
+        digits_session(workspace)
+    assert minmax.is_symlink() or minmax.exists()
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage, not an IR file"])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..plan import is_url
+from . import cache_folder
 from .remote_cache import SUFFIX, remote_fs
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -58,15 +59,22 @@ class _LocalStore:
     def __init__(self, folder: Path):
         if not folder.is_dir():
             raise UserError(f"{folder}: no step cache folder there")
+        cache_folder.claim(folder, f"{folder}")  # only a folder of onebuild's entries (marked)
         self.folder = folder
 
     def entries(self) -> list[Entry]:
         found = []
-        for marker in self.folder.glob("??/*/entry.json"):
-            entry = marker.parent
-            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-            found.append(Entry(str(entry), size, marker.stat().st_mtime))
+        for shard in cache_folder.shards(self.folder):
+            for entry in shard.iterdir():
+                if cache_folder.is_entry(entry):
+                    found.append(self._entry(entry))
         return found
+
+    @staticmethod
+    def _entry(entry: Path) -> Entry:
+        marker = entry / "entry.json"
+        size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+        return Entry(str(entry), size, marker.stat().st_mtime)
 
     def remove(self, name: str) -> None:
         entry = Path(name)
@@ -76,10 +84,10 @@ class _LocalStore:
         shutil.rmtree(aside, ignore_errors=True)
 
     def sweep(self) -> None:
-        """Staging folders of killed builds."""
+        """Staging folders of killed builds (only the names onebuild gives them)."""
         old = time.time() - STALE_SECONDS
-        for item in self.folder.glob("??/.*"):
-            if item.is_dir() and item.stat().st_mtime < old:
+        for item in (i for shard in cache_folder.shards(self.folder) for i in shard.iterdir()):
+            if cache_folder.is_temporary(item) and item.stat().st_mtime < old:
                 shutil.rmtree(item, ignore_errors=True)
 
 
@@ -95,7 +103,7 @@ class _RemoteStore:
         return [
             Entry(name, int(info.get("size") or 0), _time(info))
             for name, info in self.files.items()
-            if name.endswith(SUFFIX)
+            if _remote_name(name) == "entry"
         ]
 
     def remove(self, name: str) -> None:
@@ -106,9 +114,18 @@ class _RemoteStore:
         """Uploads of killed writers (temporary names never renamed into place)."""
         old = time.time() - STALE_SECONDS
         for name, info in self.files.items():
-            if f"{SUFFIX}.tmp-" in name and _time(info) < old:
+            if _remote_name(name) == "upload" and _time(info) < old:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm(name)
+
+
+_REMOTE = re.compile(rf"([0-9a-f]{{2}})/\1[0-9a-f]{{62}}{re.escape(SUFFIX)}(\.tmp-[0-9a-f]{{32}})?")
+
+
+def _remote_name(name: str) -> str | None:
+    """ "entry", "upload" (a writer's temporary) or None: a file onebuild does not name."""
+    match = _REMOTE.fullmatch("/".join(name.rsplit("/", 2)[-2:]))
+    return None if match is None else "upload" if match[2] else "entry"
 
 
 def _time(info: dict) -> float:

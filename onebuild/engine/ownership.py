@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, not_a_folder, read_regular
 from ..plan import BUILD_MARK
 from .step_cache import fingerprint, tree_digest
 
@@ -31,18 +31,26 @@ _EARLIER_MARKS = ("tasks.sqlite3", ".lock")
 # mkstemp/mkdtemp names of fileio and the step cache: ".NAME." + 8 characters (+ ".tmp").
 STALE_PLAN_SECONDS = 3600.0
 _TEMPORARY = r"\.{name}\.(old\.)?[a-z0-9_]{{8}}(\.tmp)?"
+LOG_LIMIT = 64 << 20  # a step log lists a package's files: far below this
 
 
 def log_path(outputs: list[Path]) -> Path:
     return Path(f"{outputs[0]}.log")
 
 
-def _claimed(outputs: list[Path]) -> set[str]:
+def read_log(outputs: list[Path]) -> dict | None:
+    """The step's log, or None when it is missing, not a regular file (a FIFO, a device), too
+    large, not JSON (or nested too deep for it) or not a JSON object."""
     try:
-        names = json.loads(log_path(outputs).read_bytes())["outputs"]
-        return {str(name) for name in names}
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
+        log = json.loads(read_regular(log_path(outputs), LOG_LIMIT))
+    except (OSError, UserError, ValueError, RecursionError):
+        return None
+    return log if isinstance(log, dict) else None
+
+
+def _claimed(outputs: list[Path]) -> set[str]:
+    names = (read_log(outputs) or {}).get("outputs")  # a list while running, then a dict
+    return {str(name) for name in names} if isinstance(names, (list, dict)) else set()
 
 
 def folder_files(path: Path) -> list[str]:
@@ -52,10 +60,7 @@ def folder_files(path: Path) -> list[str]:
 
 
 def _logged_files(outputs: list[Path]) -> dict:
-    try:
-        files = json.loads(log_path(outputs).read_bytes()).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
+    files = (read_log(outputs) or {}).get("files", {})
     return files if isinstance(files, dict) else {}
 
 
@@ -66,6 +71,8 @@ def foreign(outputs: list[Path], inside: bool = True) -> list[Path]:
     if not present:
         return []
     claimed = _claimed(outputs)
+    if not claimed and _damaged_log_in_build_folder(outputs):
+        claimed = {str(p) for p in outputs}
     found = [p for p in present if str(p) not in claimed]
     listed = _logged_files(outputs) if inside else {}
     for path in present:
@@ -75,22 +82,24 @@ def foreign(outputs: list[Path], inside: bool = True) -> list[Path]:
     return found
 
 
+def _damaged_log_in_build_folder(outputs: list[Path]) -> bool:
+    """A step log that is a file but unreadable (a killed write of an older onebuild, an
+    edit), beside outputs all inside a marked build folder: they are that build's own."""
+    if not log_path(outputs).is_file() or read_log(outputs) is not None:
+        return False
+    return all((p.parent / MARK).is_file() for p in outputs)
+
+
 def made_by(outputs: list[Path]) -> str | None:
     """The recipe whose step last made these outputs, as their log names it."""
-    try:
-        recipe = json.loads(log_path(outputs).read_bytes()).get("recipe")
-    except (OSError, ValueError, AttributeError):
-        return None
+    recipe = (read_log(outputs) or {}).get("recipe")
     return recipe if isinstance(recipe, str) else None
 
 
 def logged_key(outputs: list[Path]) -> str | None:
     """The cache key the step's log says it finished with (None: no finished log)."""
-    try:
-        log = json.loads(log_path(outputs).read_bytes())
-    except (OSError, ValueError):
-        return None
-    finished = isinstance(log, dict) and log.get("status") in ("run", "restored")
+    log = read_log(outputs) or {}
+    finished = log.get("status") in ("run", "restored")
     key = log.get("cache_key") if finished else None
     return key if isinstance(key, str) else None
 
@@ -108,9 +117,9 @@ def outputs_intact(outputs: list[Path], recipe: Path, refresh: bool = False) -> 
     someone else's besides (only its listed files count). `refresh` (a build, holding the
     lock): an output whose content is as logged but whose fingerprint moved (`cp -a`, a CI
     cache restore) gets its new fingerprint logged, so later builds do not hash it again."""
+    log = read_log(outputs)
     try:
-        log = json.loads(log_path(outputs).read_bytes())
-        if log["recipe"] != str(recipe):
+        if log is None or log["recipe"] != str(recipe):
             return False
         digests, prints = log["outputs"], log.get("fingerprints", {})
         listed = log.get("files", {})
@@ -197,8 +206,13 @@ def sweep(paths: list[Path], older_than: float = 0.0) -> None:
 
 def claim_build_folder(folder: Path, where: str) -> None:
     """Create or adopt a build folder; refuse one that holds files onebuild did not make."""
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{where}: build.dir '{folder}' is a file; point build.dir at a folder")
+    blocker = not_a_folder(folder)
+    if blocker is not None:
+        inside = "" if blocker == folder else f" (in build.dir '{folder}')"
+        raise UserError(
+            f"{where}: '{blocker}'{inside} is a file or a broken symlink, not a folder; point "
+            "build.dir at a folder"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / MARK).is_file():

@@ -7,14 +7,13 @@ whose result cannot be known before it runs: the steps that depend on it are `pe
 build will run them, restore them or, when the new output is byte-identical, leave them).
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..plan import Plan
 from ..tasks import STEPS
 from .build_folder import busy
-from .ownership import log_path, outputs_intact
+from .ownership import log_path, outputs_intact, read_log
 from .step_cache import open_cache, tree_digest
 from .tasks_plan import StepTask, plan_tasks, task_key
 
@@ -126,11 +125,10 @@ def _reasons(
     """Why the build would not leave the step as it is (empty: it would); inputs in `skip`
     (recomputed first) are not compared."""
     path = log_path(task.outputs)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return ["never built"]
-    try:
-        log = json.loads(path.read_text())
-    except (OSError, ValueError):
+    log = read_log(task.outputs)
+    if log is None:
         return ["its build log is unreadable"]
     if log.get("status") == "running":
         return ["a build is running it now" if running else "its last run failed or did not finish"]
@@ -139,11 +137,12 @@ def _reasons(
     reasons = []
     if log.get("code") != STEPS[task.step].code(task.config):
         reasons.append("onebuild's code for this step changed")
-    old = log.get("config", {})
+    old, recorded = log.get("config"), log.get("inputs")
+    old = old if isinstance(old, dict) else {}
+    recorded = recorded if isinstance(recorded, dict) else {}
     changed = sorted(k for k in set(old) | set(task.config) if old.get(k) != task.config.get(k))
     if changed:
         reasons.append("option(s) changed: " + ", ".join(changed))
-    recorded = log.get("inputs", {})
     for path, digest in zip(task.inputs, digests):
         if path in skip:
             continue

@@ -20,6 +20,7 @@ from pathlib import Path
 from doit.dependency import FileChangedChecker, get_file_md5
 
 from ..fileio import current_umask
+from . import cache_folder
 
 
 def file_digest(path: Path) -> str:
@@ -170,6 +171,7 @@ class StepCache:
         entry = self._entry(key)
         if (entry / "entry.json").is_file():
             return
+        cache_folder.claim(self.folder, f"step cache {self.folder}")
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}.", dir=entry.parent))
         try:

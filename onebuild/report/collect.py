@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine.dag import StepResult
+from ..engine.ownership import LOG_LIMIT
 from ..engine.tasks_plan import StepTask, known_tasks
 from ..errors import UserError
+from ..fileio import read_regular
 from ..plan import Plan
 from ..targets import binary_target
 from .freshness import Freshness, freshness
@@ -106,9 +108,12 @@ def _log(task: StepTask) -> dict | None:
 
 def _json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        record = json.loads(read_regular(path, LOG_LIMIT))
+    except (OSError, ValueError, RecursionError) as error:
         raise UserError(f"{path}: unreadable build record ({error}); build again") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path}: unreadable build record (not a JSON object); build again")
+    return record
 
 
 def _relative(path: Path, plan: Plan) -> str:

@@ -20,7 +20,7 @@ from ..gates import json_safe
 from ..graph_ir.serde import load_model
 from ..progress import Progress
 from .choice import choose_state
-from .gate import gate_reason, gate_report
+from .gate import gate_reason, gate_report, thin_pass
 from .models import GraphModel, compiled_model
 from .workspace import sha256
 
@@ -89,7 +89,8 @@ class AutoCompilation:
         them first)."""
         count = min(self._recorder.samples, self.settings.gate_samples)
         records = self.workspace.read_records(count)  # drops corrupted ones
-        if len(records) < self._gate_count():
+        blocked = len(self.workspace.blocked_records(count))  # not files: never refilled
+        if len(records) < self._gate_count() - blocked:
             log.warning(
                 "%s: %d of %d recorded inputs are missing; recording refills them first",
                 self.workspace.records_folder,
@@ -144,6 +145,8 @@ class AutoCompilation:
         self.gates[candidate] = gate_report(
             model, self._reference, list(self.outputs), dict(self.settings.gate), candidate
         )
+        if (warning := thin_pass(self.gates, candidate)) is not None:
+            log.warning("%s", warning)
         return self.gates[candidate]["passed"]
 
     def _choose(self, reason: str | None) -> None:

@@ -1,4 +1,9 @@
-"""The session's accuracy gate: a candidate model against the float one on recorded inputs."""
+"""The session's accuracy gate: a candidate model against the float one on recorded inputs.
+
+The recorded inputs are runs whose ranges the quantization used: the gate catches broken
+quantization, not a recording too narrow for the inputs that follow. Every report says so
+(`on_calibration_inputs`), and a pass on fewer than FEW_RECORDS inputs is a warning.
+"""
 
 import numpy as np
 
@@ -8,6 +13,7 @@ from ..progress import Progress
 from ..targets.host_cpu import HostCpu
 
 Reference = list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
+FEW_RECORDS = 8  # a pass on fewer calibration inputs than this says little about other inputs
 
 
 def gate_report(
@@ -32,6 +38,7 @@ def gate_report(
         "outputs": summaries,
         "checks": checks,
         "passed": bool(reference) and all(check["passed"] for check in checks),
+        "on_calibration_inputs": True,  # no held-out inputs: see the module's docstring
     }
     if reference and hasattr(model, "cost"):
         latency, memory = model.cost(HostCpu())
@@ -48,4 +55,16 @@ def gate_reason(gates: dict[str, dict], candidate: str) -> str:
     return (
         f"the {candidate} model failed the accuracy gate on {report['samples']} recorded "
         f"input(s): {failures(report['checks'])}; staying on the {previous} model"
+    )
+
+
+def thin_pass(gates: dict[str, dict], candidate: str) -> str | None:
+    """A warning when `candidate` passed its gate on only a few calibration inputs, else None."""
+    report = gates[candidate]
+    if not report["passed"] or report["samples"] >= FEW_RECORDS:
+        return None
+    return (
+        f"the {candidate} model passed the accuracy gate on only {report['samples']} recorded "
+        "input(s), the ones its ranges came from: it may do worse on other inputs; record at "
+        f"least {FEW_RECORDS} runs (ODC_MINMAX_RECORDS, ODC_GATE_SAMPLES) for a wider check"
     )

@@ -55,6 +55,8 @@ def open_model(path: str | os.PathLike, input_shapes: dict | None) -> Opened:
             None, None, runner, package.inputs, package.outputs, settings, package=package
         )
     if not path.is_file():
+        if path.exists() or path.is_symlink():  # a FIFO, a device, a symlink loop
+            raise UserError(f"{path}: is neither a regular file nor an nnpackage; name a model")
         raise UserError(f"{path}: no such file or nnpackage")
     with open(path, "rb") as handle:
         head = handle.read(8)

@@ -38,7 +38,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import FormatError, UserError
-from ..fileio import atomic_write_bytes
+from ..fileio import ANY_SIZE, atomic_write_bytes, open_regular, read_regular
 from ..graph_ir.quant.calibrate import CalibrationStats
 from ..graph_ir.serde.calibration_file import load_calibration, save_calibration
 from ..npz import read_npz, write_npz
@@ -48,6 +48,7 @@ MARK = ".onebuild-workspace"  # written first: what `_claim` accepts as a worksp
 ENTRIES = ("state.json", "model.obir", "minmax.npz", "records", "quantized.obir",
            "quantized.circle", "model.tvn", "partition", "compiled.nnpkg")  # fmt: skip
 RECORD_TEMPORARY = re.compile(r"\.\d{6}\.npz\.")
+STATE_LIMIT = 16 << 20  # state.json: settings, artifact digests and gate results
 log = logging.getLogger("onebuild")
 
 
@@ -60,9 +61,9 @@ def sha256(path: Path) -> str | None:
             digest.update(bytes.fromhex(sha256(file)))
         return digest.hexdigest()
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, ANY_SIZE) as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
-    except FileNotFoundError:
+    except (OSError, UserError):  # missing, or no file to trust (a FIFO, a symlink loop)
         return None
 
 
@@ -73,6 +74,11 @@ class Workspace:
         try:
             _claim(self.folder)
             if not self.records_folder.is_dir():
+                if self.records_folder.exists() or self.records_folder.is_symlink():
+                    raise UserError(
+                        f"{self.records_folder}: is not a folder, so the session cannot keep "
+                        "its records there; move it away, or give the session another workspace"
+                    )
                 self.records_folder.mkdir()
         except OSError as error:
             what = "it is a file" if self.folder.is_file() else error.strerror
@@ -101,16 +107,17 @@ class Workspace:
     def read_state(self) -> dict | None:
         """The saved state, or None when there is none (or it is not ours)."""
         try:
-            state = json.loads(self.state_file.read_text("utf-8"))
+            state = json.loads(read_regular(self.state_file, STATE_LIMIT).decode("utf-8"))
         except FileNotFoundError:
             return None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             log.warning("%s: unreadable session state; starting over", self.state_file)
             return None
-        except OSError as error:  # a folder in its place, no permission: not to be replaced
+        except (OSError, UserError) as error:  # a folder, a FIFO in its place, no permission
+            reason = error.strerror if isinstance(error, OSError) else str(error).split(": ")[-1]
             raise UserError(
-                f"{self.state_file}: cannot read the session state ({error.strerror}); move "
-                "it away, or give the session another workspace"
+                f"{self.state_file}: cannot read the session state ({reason}); move it away, "
+                "or give the session another workspace"
             ) from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             log.warning(
@@ -133,8 +140,15 @@ class Workspace:
             atomic_write_bytes(self.state_file, text.encode())
 
     def read_minmax(self) -> CalibrationStats | None:
-        if not self.minmax.is_file():
+        """The recorded ranges; None without any. Something else in the file's place (a
+        folder) is refused: it would be never replaced, so the session would never compile."""
+        if not self.minmax.exists() and not self.minmax.is_symlink():
             return None
+        if not self.minmax.is_file():
+            raise UserError(
+                f"{self.minmax}: is not a file, so the session cannot record its ranges there; "
+                "move it away, or give the session another workspace"
+            )
         try:
             return load_calibration(self.minmax)
         except FormatError as error:
@@ -163,10 +177,19 @@ class Workspace:
             try:
                 records.append(read_npz(path))
             except FormatError as error:
+                if not path.is_file():  # not onebuild's to remove: the gate does without it
+                    log.warning("%s; left in place, the gate does without it", error)
+                    continue
                 log.warning("%s; dropped, recording refills it", error)
                 with contextlib.suppress(OSError):
                     path.unlink()
         return records
+
+    def blocked_records(self, count: int) -> list[int]:
+        """The numbers below `count` whose place holds something not a file (a folder): not
+        onebuild's to remove, so never refilled."""
+        paths = [(index, self.record_path(index)) for index in range(count)]
+        return [i for i, p in paths if (p.exists() or p.is_symlink()) and not p.is_file()]
 
     def missing_records(self, count: int) -> list[int]:
         """The numbers below `count` that have no record (dropped, or deleted by hand)."""
@@ -291,8 +314,8 @@ def _unlock(key: Path) -> None:
 def _unmarked_workspace(folder: Path) -> bool:
     """A workspace of a version before marks: a readable session state, and nothing else."""
     try:
-        state = json.loads((folder / "state.json").read_bytes())
-    except (OSError, ValueError):
+        state = json.loads(read_regular(folder / "state.json", STATE_LIMIT))
+    except (OSError, UserError, ValueError, RecursionError):
         return False
     names = [p.name for p in folder.iterdir()]
     known = all(name in ENTRIES or _temporary(name, ENTRIES) for name in names)

@@ -69,6 +69,9 @@ def conv_type(attrs: Attrs, types) -> list[TensorType]:
     )
     if min(spatial, default=1) < 1:
         raise ValueError(f"output spatial size {list(spatial)} is empty")
+    bias = types[2] if len(types) > 2 else None
+    if bias is not None and bias.shape != (w.shape[0],):
+        raise ValueError(f"bias is {list(bias.shape)}, the weight needs [{w.shape[0]}]")
     return [TensorType(x.dtype, (x.shape[0], w.shape[0], *spatial))]
 
 
@@ -279,6 +282,9 @@ def gemm_type(attrs: Attrs, types) -> list[TensorType]:
     kb, n = (b[1], b[0]) if attrs.get("transB") else b
     if ka != kb:
         raise ValueError(f"inner dimensions differ: A is {list(a)}, B is {list(b)}")
+    c = types[2].shape if len(types) > 2 and types[2] is not None else ()
+    if len(c) > 2 or any(d not in (1, full) for d, full in zip(c[::-1], (n, m))):
+        raise ValueError(f"bias C is {list(c)}, which does not broadcast to the output {[m, n]}")
     return [TensorType(types[0].dtype, (m, n))]
 
 

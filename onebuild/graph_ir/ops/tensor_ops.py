@@ -2,6 +2,8 @@
 Identity, Dropout, DepthToSpace, SpaceToDepth. Shape operands are canonical attributes (static
 shapes)."""
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -28,9 +30,19 @@ def _with_batch_shape(attrs: Attrs, n: int) -> Attrs:
 _RESHAPE_BATCH = BatchRule((0,), rewrite=_with_batch_shape)
 
 
+def _reshape_type(attrs: Attrs, types) -> list[TensorType]:
+    shape, source = tuple(attrs["shape"]), types[0].shape
+    if any(d < 0 for d in shape) or math.prod(shape) != math.prod(source):
+        raise ValueError(
+            f"shape {list(shape)} holds {math.prod(shape)} elements, its input {list(source)} "
+            f"holds {math.prod(source)}"
+        )
+    return [TensorType(types[0].dtype, shape)]
+
+
 @register(
     "Reshape",
-    lambda attrs, types: [TensorType(types[0].dtype, tuple(attrs["shape"]))],
+    _reshape_type,
     batch=_RESHAPE_BATCH,
     quant="passthrough",
     view=True,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...errors import UserError
+from ...fileio import not_a_file
 from ..ir import Model
 from .irfile import MAGIC, load_ir, save_ir
 
@@ -83,7 +84,7 @@ def load_model(
     .circle or .tflite suffix always goes to the flatbuffer reader)."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: no such file")
+        raise not_a_file(path)
     with open(path, "rb") as handle:
         head = handle.read(len(MAGIC))
     if head == MAGIC:

@@ -2,6 +2,8 @@
 pooling), with TFLite's SAME/VALID padding or an explicit PAD (resizing and normalizations are
 in `circle_ops_norm`)."""
 
+import math
+
 import numpy as np
 
 from ..ops.conv import pixel_shuffle_block, pixel_shuffle_weights
@@ -258,10 +260,11 @@ def gemm(w, node):
         weight = data * np.float32(alpha)
         wi = w.constant(weight.astype(np.float32), b.name)
         c = node.inputs[2] if len(node.inputs) > 2 else None
-        _require(c is None or c.is_const)
+        _require(c is None or (c.is_const and math.prod(c.shape[:-1]) == 1))  # no per-row bias
         bias = np.zeros(weight.shape[0], np.float32)
-        if c is not None:
-            bias = np.broadcast_to(c.numpy().astype(np.float32) * np.float32(beta), bias.shape)
+        if c is not None:  # a [N], [1, N], [1] or [1, 1] row
+            row = c.numpy().reshape(c.shape[-1:]).astype(np.float32)
+            bias = np.broadcast_to(row * np.float32(beta), bias.shape)
         bi = w.constant(np.ascontiguousarray(bias), f"{node.name}_bias")
     else:
         weight, params = _weights_for(a, b, data, 0)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import FormatError, IRError, UserError
 from ...fields import Fields
-from ...fileio import atomic_writer
+from ...fileio import ANY_SIZE, atomic_writer, open_regular
 from .. import dtypes
 from ..ir import Graph, Model, Value
 from ..ops import OPS
@@ -165,9 +165,9 @@ def _check_output(path: Path) -> None:
         raise UserError(f"{path}: is a folder; name an IR file (.obir) to write")
     if path.exists():
         try:
-            with open(path, "rb") as handle:
+            with open_regular(path, ANY_SIZE) as handle:
                 ours = handle.read(len(MAGIC)) == MAGIC
-        except OSError:
+        except (OSError, UserError):  # a FIFO would block, a device not be ours
             ours = False
         if not ours:
             raise UserError(
@@ -179,9 +179,11 @@ def _check_output(path: Path) -> None:
 def load_ir(path: str | os.PathLike) -> Model:
     """Read an IR file, validating magic, version, sizes and checksum first."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    with open(path, "rb") as handle:
+    try:
+        handle = open_regular(path, ANY_SIZE)  # mapped, not read: any size
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    with handle:
         size = os.fstat(handle.fileno()).st_size
         if size < _FIXED.size + DIGEST:
             raise FormatError(f"{path}: not an onebuild IR file (too short: {size} bytes)")
@@ -380,9 +382,9 @@ def ir_file_digest(path: str | os.PathLike) -> str | None:
     """The SHA-256 an intact IR file at `path` carries in its trailer (what `save_ir` returned
     when it wrote it), or None when the file is missing, not an IR file or corrupt."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, ANY_SIZE) as handle:
             data = handle.read()
-    except OSError:
+    except (OSError, UserError):
         return None
     body, trailer = data[:-DIGEST], data[-DIGEST:]
     if not data.startswith(MAGIC) or hashlib.sha256(body).digest() != trailer:

@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from ...errors import DynamicValueError, ModelError, UnsupportedOpsError, UserError
+from ...fileio import not_a_file
 from .. import dtypes
 from ..ir import Graph, Model, Value
 from ..quant.from_qdq import fold_qdq
@@ -51,7 +52,7 @@ def load_onnx(
     """Read and import an ONNX file. External weights are memory-mapped, not copied."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: no such file")
+        raise not_a_file(path)
     try:
         proto = _read_model(path)
     except (DecodeError, RuntimeWarning, ValueError, OSError) as error:
@@ -310,7 +311,10 @@ class _GraphImporter:
         info = {entry.key: entry.value for entry in proto.external_data}
         location, offset, length = checks.external_data(info, what)
         base = Path(self.base_dir or Path.cwd()).resolve()
-        path = (base / location).resolve()
+        try:
+            path = (base / location).resolve()
+        except (OSError, RuntimeError):  # a symlink loop (Python 3.11 raises RuntimeError)
+            path = base
         if not location or base not in path.parents or not path.is_file():
             raise ValueError(
                 f"{what} refers to external data '{location}' that is missing or outside the "

@@ -237,5 +237,10 @@ def external_data_files(path, existing: bool = True) -> list:
     except (OSError, ValueError, _Malformed):
         return []
     base = Path(path).parent.resolve()
-    files = {(base / location).resolve() for location in walk.found if "\0" not in location}
+    files = set()
+    for location in walk.found:
+        try:
+            files.add((base / location).resolve())
+        except (OSError, RuntimeError, ValueError):  # NUL, a symlink loop (3.11: RuntimeError)
+            continue
     return sorted(f for f in files if base in f.parents and (f.is_file() or not existing))
