@@ -84,7 +84,7 @@ def test_two_real_concurrent_builds_never_corrupt(tmp_path, model_bytes):
         for _ in range(2)
     ]
     codes = sorted(p.wait() for p in processes)
-    assert codes in ([0, 0], [0, 2])
+    assert codes in ([0, 0], [0, 3])  # 3: the folder was busy
     result = subprocess.run(build_cmd(recipe, extra=["--json"]), capture_output=True, text=True)
     statuses = {s["status"] for s in json.loads(result.stdout)["steps"]}
     assert statuses == {"up-to-date"}
