@@ -290,7 +290,7 @@ def test_circle_export_refuses_a_uint8_layer_writing_int16_in_one_line():
     model = Model([quantize_graph(graph, ranges, QuantConfig(layers=(override,)))])
     for fmt in ("circle", "tflite"):
         with pytest.raises(
-            OneBuildError, match=r"1 layer\(s\) compute in 8 bits and write int16.*'conv2'"
+            OneBuildError, match=r"1 node\(s\) compute in 8 bits and write int16.*'conv2'"
         ) as error:
             write_circle(model, fmt)
         assert "\n" not in str(error.value)

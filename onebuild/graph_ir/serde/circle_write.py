@@ -155,23 +155,17 @@ class Writer:
                 )
         for value in self.graph.inputs:
             self.define(value, None)
-        per_channel = [n.name for n in self.graph.nodes if _per_channel_activations(n)]
-        if per_channel:
-            raise ModelError(
-                f"circle/tflite export: {len(per_channel)} node(s) take or give activations "
-                f"quantized per channel, which TFLite kernels cannot (nodes "
-                f"{', '.join(repr(n) for n in per_channel[:5])}{', ...' * (len(per_channel) > 5)}"
-                '); quantize with activation_granularity = "tensor" for circle'
-            )
-        widened = [n.name for n in self.graph.nodes if _writes_wider(n)]
-        if widened:
-            raise ModelError(
-                f"circle/tflite export: {len(widened)} layer(s) compute in 8 bits and write "
-                f"int16, which onert and LiteRT refuse (CONV_2D output type must be the "
-                f"input's; nodes {', '.join(repr(n) for n in widened[:5])}"
-                f"{', ...' * (len(widened) > 5)}); quantize without "
-                "mixed_precision.promote_outputs for circle"
-            )
+        _refuse(
+            [n.name for n in self.graph.nodes if _per_channel_activations(n)],
+            "take or give activations quantized per channel, which TFLite kernels cannot",
+            'quantize with activation_granularity = "tensor" for circle',
+        )
+        _refuse(
+            [n.name for n in self.graph.nodes if _writes_wider(n)],
+            "compute in 8 bits and write int16, which onert and LiteRT refuse (CONV_2D output "
+            "type must be the input's)",
+            "quantize without mixed_precision.promote_outputs for circle",
+        )
         unsupported = []
         for node in self.graph.nodes:
             mapping = WRITERS.get(node.op)
@@ -365,6 +359,15 @@ WRITERS: dict[str, Callable] = {
     "DequantizeLinear": ops.quantize_op,
     "Requantize": ops.quantize_op,
 }
+
+
+def _refuse(nodes: list[str], what: str, fix: str) -> None:
+    """One line for every node the export cannot write, for one reason."""
+    if nodes:
+        listed = ", ".join(repr(n) for n in nodes[:5]) + ", ..." * (len(nodes) > 5)
+        raise ModelError(
+            f"circle/tflite export: {len(nodes)} node(s) {what} (nodes {listed}); {fix}"
+        )
 
 
 def _per_channel_activations(node: Node) -> bool:
