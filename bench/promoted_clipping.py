@@ -11,6 +11,9 @@ that type only (the int16 outputs' uint8 copies and the uint8 inputs' int16 home
 
     OPENBLAS_NUM_THREADS=1 python bench/promoted_clipping.py [--model layout_cdla]
         [--widen 1.25,1.5,2]
+
+Not the OCR detector yet: its set names the layers `quantize` splits out of pixel shuffles
+(`split_pixel_shuffles`), which this rebuild does not do.
 """
 
 import argparse
