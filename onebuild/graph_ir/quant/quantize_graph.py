@@ -2,11 +2,11 @@
 
 Each node runs in its layer's dtype (the default, or a `layers` override), by the rule its op's
 registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RULES` below):
-- Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (a MatMul [..., K] @ [K, N]
-  on its rows, between Reshapes; symmetric weights per channel
-  or per tensor, int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w;
-  with the calibration means of the layer's input channels, the bias is corrected by the mean
-  output shift the weight rounding causes, (w_q - w) @ mean, as in Nagel et al. 2019);
+- Conv, Gemm and MatMul with constant 2-D weights -> QConv / QGemm (`matmul_rule.py`: a MatMul
+  [..., K] @ [K, N] on its rows, between Reshapes; symmetric weights per channel or per tensor,
+  int8 for 8-bit activations and int16 for int16; integer bias with scale s_x*s_w; with the
+  calibration means of the layer's input channels, the bias is corrected by the mean output
+  shift the weight rounding causes, (w_q - w) @ mean, as in Nagel et al. 2019);
 - Add, Sub, Mul, Concat, AveragePool, GlobalAveragePool (and ReduceMean over H, W) -> integer
   kernels;
 - unary elementwise functions (Sigmoid, Tanh, HardSwish, Relu, ...) -> a lookup table over every
@@ -32,13 +32,12 @@ import numpy as np
 
 from ...errors import UserError
 from ..ir import Graph, Node, Value
-from ..ops import OPS, weight_axes
+from ..ops import OPS
 from ..ops.quantized import recording_float_op
 from ..ops.quantized_softmax import exp_table
 from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
-from .bias_correction import corrected_bias
-from .channel_activations import chosen_edges, edge_params, folded_weights, folds_scales
+from .channel_activations import chosen_edges, edge_params
 from .config import FLOAT, QuantConfig, layer_settings
 from .interpolated_table import interpolated_table
 from .kernel_attrs import (
@@ -47,20 +46,17 @@ from .kernel_attrs import (
     concat_attrs,
     constant_operands,
     lookup_table,
-    matmul_attrs,
     requantize_attrs,
     softmax_attrs,
 )
+from .matmul_rule import WeightRounder, matmul_ok, nearest, quantize_matmul
 from .params import (
-    BIAS_ROOM,
     HEADROOM,
     MultiplierRangeError,
     activation_params,
-    bias_fitting,
     channel_of,
     qdq_attrs,
     quantize,
-    weight_params,
 )
 from .recurrent_rule import quantize_recurrent, recurrent_ok
 from .table_ranges import live_range
@@ -268,77 +264,9 @@ class _Quantizer:
         return True
 
     # -- the rules: whether a node qualifies, and its integer form ----------------------------
-    def _matmul_ok(self, node: Node) -> bool:
-        return _constant_weights(node)
-
     def _matmul_like(self, node: Node, dtype: str) -> None:
         _has_integer_form(node, "QConv", "QGemm")
-        x = self.as_quant(node.inputs[0], dtype)
-        out_dtype = self.settings[id(node)].writes  # uint8 sums may be written as int16
-        out_params = self.params(node.output, out_dtype)
-        w = node.inputs[1].numpy().astype(np.float64)
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        b = None if bias is None else bias.numpy().astype(np.float64)
-        if node.op == "Gemm":
-            w = w * node.attrs.get("alpha", 1.0)
-            b = None if b is None else b * node.attrs.get("beta", 1.0)
-        channel_axis = weight_axes(node).out
-        w_dtype = weight_dtype(dtype)
-        per_channel = self.settings[id(node)].granularity == "channel"
-        channels = w.shape[channel_axis]
-        fold = folds_scales(node, x)  # W'[o, c] = W[o, c] s_x[c]; x in units of its steps
-        if fold:
-            w = folded_weights(w, x.quant.scale, node.attrs["group"])
-        s_x = np.ones(channels) if fold else np.asarray(x.quant.scale, np.float64)
-        s_x = np.broadcast_to(s_x, (channels,))
-        b_type = np.int64 if dtype == "int16" else np.int32
-        limit = np.iinfo(b_type)
-        b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
-        w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
-        s_y = np.broadcast_to(np.asarray(out_params.scale, np.float64), (channels,))
-        w_params = bias_fitting(w_params, b_real, s_x, s_y, b_type)
-        scales = np.broadcast_to(np.asarray(w_params.scale), (channels,))
-        rounder = nearest if fold else self.round_weights  # its moments are of x, not of x / s_x
-        wq = rounder(node, w, w_params, w_dtype)
-        mean = self.means.get(node.inputs[0].name)
-        if mean is not None:
-            mean = mean / np.asarray(x.quant.scale) if fold else mean
-            b_real = corrected_bias(node, w, wq, w_params.scale, b_real, mean, channel_axis)
-        top = float(min(limit.max, BIAS_ROOM))  # exact in float64 (2^63 - 1 is not)
-        bq = np.clip(np.rint(b_real / (s_x * scales)), -top, top).astype(b_type)
-        attrs = matmul_attrs(node.op, node.attrs, x.quant, scales, out_params, out_dtype, fold)
-        w_value = self.graph.add_constant(wq, node.inputs[1].name + "_q")
-        w_value.quant = w_params
-        b_name = (bias.name if bias is not None else node.name + "_bias") + "_q"
-        b_value = self.graph.add_constant(bq, b_name)
-        by_channel = per_channel or x.quant.axis is not None
-        b_scales = tuple(float(a * s) for a, s in zip(s_x, scales))[: channels if by_channel else 1]
-        b_value.quant = QuantParams(b_scales, (0,) * len(b_scales), 0 if by_channel else None)
-        if len(x.shape) > 2 and node.op == "MatMul":  # [..., K] @ [K, N]: a QGemm on the rows
-            self._rows_gemm(node, x, [w_value, b_value], attrs, out_dtype, out_params)
-            return
-        op = "QConv" if node.op == "Conv" else "QGemm"
-        self._produce(node, op, [x, w_value, b_value], attrs, out_dtype, out_params)
-
-    def _rows_gemm(self, node: Node, x: Value, weights, attrs, dtype: str, params) -> None:
-        """MatMul [..., K] @ [K, N] as Reshape [rows, K] -> QGemm -> Reshape [..., N] (the
-        integer kernels, the NPU and circle's FULLY_CONNECTED take matrices)."""
-        k, shape = x.shape[-1], node.output.shape
-        rows = self.graph.make_node(
-            "Reshape", [x], {"shape": [x.size // k, k]}, f"{node.name}/rows", [f"{x.name}/rows"]
-        ).output
-        rows.quant = x.quant
-        attrs = recording_float_op("QGemm", attrs, node.op)
-        out = f"{node.output.name}/rows_q"
-        gemm = self.graph.make_node("QGemm", [rows, *weights], attrs, node.name, [out]).output
-        gemm.quant = params
-        back = [f"{node.output.name}_q"]
-        new = self.graph.make_node(
-            "Reshape", [gemm], {"shape": list(shape)}, f"{node.name}/back", back
-        )
-        new.output.quant = params
-        self.quant_of[(id(node.output), dtype)] = new.output
-        self.home[id(node.output)] = dtype
+        quantize_matmul(self, node, dtype, weight_dtype(dtype))
 
     def _binary_ok(self, node: Node) -> bool:
         return len(node.inputs) == 2
@@ -476,7 +404,7 @@ class _Quantizer:
 Applies = Callable[[_Quantizer, Node], bool]
 Emit = Callable[[_Quantizer, Node, str], None]
 RULES: dict[str, tuple[Applies, Emit]] = {
-    "matmul": (_Quantizer._matmul_ok, _Quantizer._matmul_like),
+    "matmul": (matmul_ok, _Quantizer._matmul_like),
     "binary": (_Quantizer._binary_ok, _Quantizer._binary),
     "concat": (lambda quantizer, node: True, _Quantizer._concat),
     "average_pool": (_Quantizer._average_pool_ok, _Quantizer._average_pool),
@@ -517,24 +445,6 @@ def _has_integer_form(node: Node, *integer_ops: str) -> None:
             f"node '{node.name}': quantization rule '{OPS[node.op].quant}' has no integer form "
             f"for {node.op} (it knows {', '.join(ops)})"
         )
-
-
-def _constant_weights(node: Node) -> bool:
-    weight = node.inputs[1]
-    if not weight.is_const or node.attrs.get("transA"):
-        return False
-    if node.op == "MatMul" and (len(weight.shape) != 2 or len(node.inputs[0].shape) < 2):
-        return False
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    return bias is None or bias.is_const
-
-
-def nearest(node: Node, weight: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
-    """Weight codes rounded to nearest (the default `WeightRounder`)."""
-    return quantize(weight, params, dtype)
-
-
-WeightRounder = Callable[[Node, np.ndarray, QuantParams, str], np.ndarray]
 
 
 def quantize_graph(
