@@ -19,9 +19,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
-from quant_layers import _model
-from quantize_vs_ort import _onebuild, _run, _session, _session_run, _sqnr, ort_quantize
+from quant_layers import both_quantized
+from quantize_vs_ort import _run, _session, _session_run, _sqnr
 
 # the normalization's standard deviation per input channel, as `real_models` preprocesses
 STD = {"layout_cdla": [0.229, 0.224, 0.225]}
@@ -44,14 +43,11 @@ def main() -> None:
     parser.add_argument("--level", type=float, default=1.0, help="noise, gray levels of 255")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        work = Path(folder)
-        proto, calib, evaluation = _model(args.model)
-        path = work / f"{args.model}.onnx"
-        onnx.save(proto, path)
-        x = proto.graph.input[0].name
-        ort_quantize(path, work / "qdq.onnx", x, calib)
-        graph, quantized, _ = _onebuild(path, None, calib, work, bias_correction=False)
-        session = _session(str(work / "qdq.onnx"))
+        proto, _, evaluation, qdq, graph, quantized = both_quantized(
+            args.model, Path(folder), bias_correction=False
+        )
+    session = _session(qdq.SerializeToString())
+    x = proto.graph.input[0].name
     names = [v.name for v in graph.outputs]
     sigma = args.level / 255 / np.asarray(STD.get(args.model, DEFAULT_STD))
     for index, image in enumerate(evaluation):

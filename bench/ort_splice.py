@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from quant_layers import DQ_SUFFIX, _expose, _model, _ort_params, _outputs, _session
-from quantize_vs_ort import _onebuild, _sqnr, ort_quantize
+from quant_layers import DQ_SUFFIX, _expose, _ort_params, _outputs, _session, both_quantized
+from quantize_vs_ort import _sqnr
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.params import dequantize, quantize
@@ -118,13 +118,9 @@ def main() -> None:
     parser.add_argument("--local", default="", help="comma-separated k: local mode")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        work = Path(folder)
-        proto, calib, evaluation = _model(args.model)
-        path = work / f"{args.model}.onnx"
-        onnx.save(proto, path)
-        ort_quantize(path, work / "qdq.onnx", proto.graph.input[0].name, calib)
-        qdq = onnx.load(work / "qdq.onnx")
-        graph, quantized, _ = _onebuild(path, None, calib, work, bias_correction=False)
+        proto, _, evaluation, qdq, graph, quantized = both_quantized(
+            args.model, Path(folder), bias_correction=False
+        )
     splicer = Splicer(proto, qdq, graph, quantized, evaluation[args.sample])
     ref, theirs, index = splicer.reference, splicer.ort_outputs, args.output
     print(json.dumps({"onnxruntime": _sqnr([ref], [theirs]), "output": splicer.names[index]}))

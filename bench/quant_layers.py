@@ -104,6 +104,17 @@ def _model(name: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
     return fixed_proto(spec), *samples(spec, 16)
 
 
+def both_quantized(name: str, work: Path, **options) -> tuple:
+    """Model `name` quantized by both tools in `work`: (float proto, calibration, evaluation
+    samples, onnxruntime's QDQ proto, onebuild's float graph, onebuild's quantized graph)."""
+    proto, calib, evaluation = _model(name)
+    path = work / f"{name}.onnx"
+    onnx.save(proto, path)
+    ort_quantize(path, work / "qdq.onnx", proto.graph.input[0].name, calib)
+    graph, quantized, _ = _onebuild(path, None, calib, work, **options)
+    return proto, calib, evaluation, onnx.load(work / "qdq.onnx"), graph, quantized
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=[m.name for m in MODELS] + ["digits"])
@@ -114,18 +125,14 @@ def main() -> None:
     parser.add_argument("--per-sample", action="store_true", help="each sample's SQNR too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        work = Path(folder)
-        proto, calib, evaluation = _model(args.model)
-        evaluation = evaluation[: args.samples]
-        if args.sample is not None:
-            evaluation = evaluation[args.sample : args.sample + 1]
-        path = work / f"{args.model}.onnx"
-        onnx.save(proto, path)
-        x = proto.graph.input[0].name
-        qdq = work / "qdq.onnx"
-        ort_quantize(path, qdq, x, calib)
-        qdq_proto = onnx.load(qdq)
-        graph, quantized, _ = _onebuild(path, None, calib, work, **json.loads(args.options))
+        options = json.loads(args.options)
+        proto, _, evaluation, qdq_proto, graph, quantized = both_quantized(
+            args.model, Path(folder), **options
+        )
+    evaluation = evaluation[: args.samples]
+    if args.sample is not None:
+        evaluation = evaluation[args.sample : args.sample + 1]
+    x = proto.graph.input[0].name
     ort_params = _ort_params(qdq_proto)
     float_names = [o for n in proto.graph.node for o in n.output]
     ours = {v.name[:-2]: v for n in quantized.nodes for v in n.outputs if v.name.endswith("_q")}
