@@ -216,3 +216,23 @@ def test_a_partition_folder_with_its_parts_compiled_in_place_is_replaced(built, 
     with pytest.raises(UserError) as error:
         parts.save(own)
     one_line(error, str(own), "partition folder")
+
+
+@pytest.mark.parametrize("name", ["{part}.txt", "{part}.json", "mine.obir"])
+def test_a_file_sharing_a_parts_stem_is_not_the_partitions(built, tmp_path, name):
+    """Only `<part>.<binary suffix>` beside a part is onebuild's: a note named after a part
+    (`digits.00001_trix.txt`), or an IR file the connection does not list, keep the folder the
+    user's (they were swept away with it)."""
+    parts = built[2]
+    own = tmp_path / "parts"
+    parts.save(own)
+    note = own / name.format(part=Path(parts.files[0]).stem)
+    if note.suffix == ".obir":
+        save_ir(load_ir(own / parts.files[0]), note)
+    else:
+        note.write_text("my notes")
+    kept = note.read_bytes()
+    with pytest.raises(UserError) as error:
+        parts.save(own)
+    one_line(error, str(own), "partition folder")
+    assert note.read_bytes() == kept
