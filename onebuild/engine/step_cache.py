@@ -147,12 +147,8 @@ class StepCache:
         return False
 
     def drop(self, key: str) -> None:
-        """Remove an entry (renamed aside first, so no reader sees it half removed)."""
-        entry = self._entry(key)
-        aside = entry.with_name(f".drop.{key[:8]}.{os.getpid()}")
-        with contextlib.suppress(OSError):
-            os.replace(entry, aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        """Remove an entry (`cache_folder.drop`)."""
+        cache_folder.drop(self._entry(key))
 
     def ensure(self, key: str, outputs: list[Path], warnings: list[str] = ()) -> None:
         """Hold `outputs` (an up-to-date step's, made with `key`) if the cache lacks them: a
