@@ -373,13 +373,25 @@ def compile_file(
     source: str | Path, output: str | Path, options: CodegenOptions = CodegenOptions()
 ) -> None:
     """An IR (or circle) file compiled to a binary file (written atomically) whose metadata
-    names the digest of the file it came from; the codegen step and the Session both write these."""
+    names the digest of the file it came from (refused if the file changed while it was
+    loaded and digested); the codegen step and the Session both write these."""
     import hashlib
+    import os
 
-    from .fileio import atomic_write_bytes
+    from .errors import UserError
+    from .fileio import ANY_SIZE, atomic_write_bytes, not_a_file, open_regular, stamp
     from .graph_ir.serde import load_model
 
     source, output = Path(source), Path(output)
-    model = load_model(source)  # a one-line error for a missing or foreign file
-    meta = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    try:
+        file = open_regular(source, ANY_SIZE)
+    except FileNotFoundError:
+        raise not_a_file(source) from None
+    with file:  # digested through the handle held across the load: one file, unchanged
+        before = stamp(os.fstat(file.fileno()))
+        model = load_model(source)  # a one-line error for a foreign file
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+        if not before == stamp(os.fstat(file.fileno())) == stamp(os.stat(source)):
+            raise UserError(f"{source}: changed while it was compiled; compile it again")
+    meta = {"source_sha256": digest}
     atomic_write_bytes(output, compile_graph(model.main, options, meta))
