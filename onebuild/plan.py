@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import __version__
 from .errors import UserError
 from .fileio import atomic_write_bytes
 from .targets import GROUP
+from .version import __version__
 
 PLAN_FILE = "plan.json"
 BUILD_MARK = ".onebuild"  # in build folders, from their first build on (engine/ownership.py)
