@@ -1,6 +1,7 @@
 """A Gemm's bias C of [1, N] (valid ONNX, written by exporters) quantizes like a [N] bias, by
-onebuild and on import of onnxruntime's QDQ output; a C of [M, N] (M > 1) keeps its Gemm float
-with a reason. The model: scikit-learn's trained digits MLP (tests/data/qdq/mlp.onnx) as Gemms."""
+onebuild and on import of onnxruntime's QDQ output; a C that varies along the rows ([M, N] or
+[M, 1], M > 1; [10, 1] has as many values as channels) keeps its Gemm float with a reason. The
+model: scikit-learn's trained digits MLP (tests/data/qdq/mlp.onnx) as Gemms, on digits images."""
 
 from pathlib import Path
 
