@@ -51,6 +51,7 @@ def gemm_mlp(c2: np.ndarray, path: Path) -> Path:
     ]
     graph = helper.make_graph(nodes, "mlp", io[:1], io[1:], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # readable by every onnxruntime the tests may meet
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, path)
     return path
