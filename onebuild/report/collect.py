@@ -13,6 +13,7 @@ from ..engine.ownership import LOG_LIMIT
 from ..engine.tasks_plan import StepTask, known_tasks
 from ..errors import UserError
 from ..fileio import read_regular
+from ..gates import apply_gate, json_safe
 from ..plan import Plan
 from ..targets import binary_target
 from .freshness import Freshness, freshness
@@ -49,7 +50,8 @@ class BuildData:
     steps: list[StepRecord]
     graphs: list[tuple[str, str, Path]] = field(default_factory=list)  # (label, backend, IR)
     partition: dict | None = None
-    accuracy: dict | None = None
+    accuracy: dict | None = None  # quantize.accuracy.json, or the gate applied to measure's
+    gate_derived: bool = False  # accuracy is measure's JSON under the recipe's thresholds
     calibration: Path | None = None  # statistics file
     float_model: Path | None = None  # the graph calibration observed
     quantized: Path | None = None  # the quantized model
@@ -76,8 +78,10 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
     fresh = freshness(plan, tasks, results)
     records = [_record(plan, t, fresh[t.name]) for t in tasks]
     data = BuildData(plan, records, by_build=results is not None)
+    gate = next((t.config for t in tasks if t.step == "evaluate"), {})
     tasks = [t for t in tasks if fresh[t.name].current]  # other builds' outputs are left out
     by_step = {t.step: t for t in tasks if not t.label}
+    measured = None
     for task in tasks:
         if task.step == "calibrate" and task.outputs[0].is_file():
             data.calibration, data.float_model = task.outputs[0], task.inputs[0]
@@ -85,6 +89,8 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
             data.quantized = task.outputs[0]
         elif task.step == "evaluate" and task.outputs[0].is_file():
             data.accuracy = _json(task.outputs[0])
+        elif task.step == "measure" and task.outputs[0].is_file():
+            measured = _json(task.outputs[0])
         elif task.step == "partition":
             _partition(data, task.outputs[0], plan.steps["partition"]["name"])
         elif task.step == "codegen" and task.outputs[0].is_file():
@@ -93,6 +99,8 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
             data.package_path = task.outputs[0]
             data.package = _files(task.outputs[0], task.outputs[0])
             data.not_circle = _not_circle(task.outputs[0])
+    if data.accuracy is None and measured is not None:  # the gate failed, or is not run yet
+        data.accuracy, data.gate_derived = json_safe(apply_gate(gate, measured)), True
     model = next((s for s in ("quantize", "optimize", "import") if s in plan.steps), None)
     if "partition" not in plan.steps and model in by_step:
         backend = "npu" if "codegen" in plan.steps else "cpu"
