@@ -22,8 +22,12 @@ def sqnr_chart(layers: list[dict], dtypes: dict[str, str] | None = None) -> str:
     shown = layers[:MAX_BARS]
     values = [layer["sqnr_db"] for layer in shown]
     kinds = [dtypes.get(layer["node"], "?") for layer in shown]
-    labels = [f"{layer['node']} ({layer['op']}, {kind})" for layer, kind in zip(shown, kinds)]
-    with figure("sqnr", 7.5, 0.9 + 0.24 * len(shown)) as fig:
+    labels = [
+        f"{clip(layer['node'], 30)} ({layer['op']}, {kind})" for layer, kind in zip(shown, kinds)
+    ]
+    # the axes keep at least half the width beside long labels (9 pt: about 0.075 in a character)
+    width = min(12.0, max(7.5, 2.6 + 2 * 0.075 * max(map(len, labels), default=0)))
+    with figure("sqnr", width, 0.9 + 0.24 * len(shown)) as fig:
         ax = fig.add_subplot()
         positions = np.arange(len(shown))[::-1]
         bars = [v if v is not None and np.isfinite(v) else 0.0 for v in values]

@@ -36,12 +36,14 @@ class StepRecord:
 @dataclass
 class Binary:
     """A compiled binary: its file, the target's description of one inference, the peak
-    MACs per cycle and DRAM bytes per cycle of its hardware (None when the target says not)."""
+    MACs per cycle and DRAM bytes per cycle of its hardware (None when the target says not),
+    and the simulated time of one inference in microseconds."""
 
     name: str
     info: dict
     peak_macs: float | None
     bytes_per_cycle: float | None
+    microseconds: float | None = None
 
 
 @dataclass
@@ -169,7 +171,9 @@ def _binary(path: Path, build_dir: Path) -> Binary:
     hardware = target.describe().get("presets", {}).get(info.get("hardware"), {})
     peak = hardware.get("mac_rows", 0) * hardware.get("mac_cols", 0) or None
     name = str(path.relative_to(build_dir)) if path.is_relative_to(build_dir) else path.name
-    return Binary(name, info, peak, hardware.get("dram_bytes_per_cycle"))
+    clock = hardware.get("clock_mhz")
+    us = info["cycles"] / clock if clock and "cycles" in info else None
+    return Binary(name, info, peak, hardware.get("dram_bytes_per_cycle"), us)
 
 
 def _not_circle(package: Path) -> dict[str, str]:

@@ -18,6 +18,7 @@ from .collect import BuildData, collect
 from .figure import pyplot
 from .freshness import Freshness
 from .graph_svg import graph_svg, part_colours
+from .latency import latency_section
 
 REPORT_FILE = "report.html"
 
@@ -343,7 +344,7 @@ def _npu(data: BuildData) -> str:
         for b in binaries
     ]  # fmt: skip
     header = ["binary", "layers", "cycles", "ms", "MACs", "MAC use", "DRAM bytes", "weights"]
-    text += _table(header, rows, set(range(1, 8)))
+    text += _table(header, rows, set(range(1, 8))) + latency_section(data, _table)
     for index, binary in enumerate(binaries):
         caption = "layer spans follow each other; compute and DMA busy times overlap"
         text += _figure(f"timeline{index}", timeline_chart(binary, index), caption)
