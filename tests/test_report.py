@@ -295,6 +295,20 @@ def test_roofline_points_stay_under_the_roofs(built, tmp_path):
         overlapped += sum(layer["cycles"] < layer["compute_cycles"] for layer in layers)
     assert overlapped  # the case that went above the peak is there
     assert max(y for _, y in roofline_points(binaries[-1])) >= 0.5 * binaries[-1].peak_macs
+    # as chromium draws SqueezeNet's roofline: no text covers another, most points are named
+    with Chromium() as browser:
+        page = tmp_path / "build/sq/report.html"
+        browser.open(page, SCREENSHOTS / "squeezenet.png", "figure > svg")
+        figures = {f[0]: f for f in json.loads(browser.evaluate(FIGURE_BOXES))}
+    texts = figures["roofline"][4]
+    for i, (x, y, w, h) in enumerate(texts):
+        for a, b, c, d in texts[i + 1 :]:
+            apart = x + w <= a + 1 or a + c <= x + 1 or y + h <= b + 1 or b + d <= y + 1
+            assert apart, ((x, y, w, h), (a, b, c, d))
+    roofline = (tmp_path / "build/sq/report.html").read_text().split('<figure id="roofline">')[1]
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", roofline.split("</figure>")[0])
+    points = len(roofline_points(binaries[-1]))
+    assert sum(label in binaries[-1].info["layers_table"] for label in labels) >= points // 2
 
 
 def test_package_models_left_in_ir_say_why(tmp_path):
