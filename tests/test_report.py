@@ -18,6 +18,7 @@ import pytest
 from browser import Chromium, chromium_path
 
 from onebuild.datasets import iter_batches
+from onebuild.graph_ir.macs import graph_macs
 from onebuild.graph_ir.quant.histograms import value_histograms
 from onebuild.graph_ir.serde import load_ir
 from onebuild.report.graph_svg import _layers, _Node
@@ -305,7 +306,11 @@ def test_roofline_points_stay_under_the_roofs(built, tmp_path):
         for a, b, c, d in texts[i + 1 :]:
             apart = x + w <= a + 1 or a + c <= x + 1 or y + h <= b + 1 or b + d <= y + 1
             assert apart, ((x, y, w, h), (a, b, c, d))
-    roofline = (tmp_path / "build/sq/report.html").read_text().split('<figure id="roofline">')[1]
+    page = (tmp_path / "build/sq/report.html").read_text()
+    # the histograms run the float model on as many samples as 1e9 MACs allow (here 2 of 4)
+    macs = graph_macs(load_ir(tmp_path / "build/sq/optimize.obir").main)
+    assert 1e9 // macs == 2 and "counts on 2 calibration samples" in page
+    roofline = page.split('<figure id="roofline">')[1]
     labels = re.findall(r"<text[^>]*>([^<]*)</text>", roofline.split("</figure>")[0])
     points = len(roofline_points(binaries[-1]))
     assert sum(label in binaries[-1].info["layers_table"] for label in labels) >= points // 2

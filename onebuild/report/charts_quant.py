@@ -65,6 +65,8 @@ def _exact_note(dtype: str | None) -> str:
 def histogram_chart(items: list[tuple[str, np.ndarray, np.ndarray, tuple[float, float]]]) -> str:
     """Small multiples: each value's activation histogram (log counts) with the range it was
     quantized with as two red lines; (name, bin edges, counts, (lo, hi)) per value."""
+    from matplotlib.ticker import NullLocator
+
     columns = min(3, len(items))
     rows = -(-len(items) // columns)
     with figure("histograms", 3.0 * columns, 2.2 * rows) as fig:
@@ -72,6 +74,7 @@ def histogram_chart(items: list[tuple[str, np.ndarray, np.ndarray, tuple[float, 
         for ax, (name, edges, counts, (lo, hi)) in zip(axes, items):
             ax.stairs(counts, edges, fill=True, color="#4e79a7")
             ax.set_yscale("log")
+            ax.yaxis.set_minor_locator(NullLocator())  # a third of the chart's drawing time
             for x in (lo, hi):
                 ax.axvline(x, color="#e15759", linewidth=1.2)
             ax.set_title(clip(name, 34), fontsize=8)

@@ -5,6 +5,7 @@ artifact (a step not enabled or not built yet) leaves its part out, and so does 
 not made with the report's settings (`freshness`)."""
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,9 +69,11 @@ class BuildData:
         return [s for s in self.steps if s.step in steps and not s.fresh.current]
 
 
-def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
+def collect(
+    plan: Plan, results: list[StepResult] | None = None, tick: Callable[[], None] = lambda: None
+) -> BuildData:
     """The build of `plan` as it is on disk; `results` are the statuses of the build that
-    just ran (if any)."""
+    just ran (if any); `tick` is called after each compiled binary is read (simulated once)."""
     tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
     if not any(_log(t) for t in tasks):
         raise UserError(
@@ -97,6 +100,7 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
             _partition(data, task.outputs[0], plan.steps["partition"]["name"])
         elif task.step == "codegen" and task.outputs[0].is_file():
             data.binaries.append(_binary(task.outputs[0], plan.build_dir))
+            tick()
         elif task.step == "pack" and task.outputs[0].is_dir():
             data.package_path = task.outputs[0]
             data.package = _files(task.outputs[0], task.outputs[0])

@@ -11,6 +11,7 @@ from ..fileio import atomic_write_bytes
 from ..gates import search_limit
 from ..graph_ir.serde import load_ir
 from ..plan import Plan
+from ..progress import Progress
 from .calibration import calibration_histograms
 from .charts_npu import roofline_chart, timeline_chart
 from .charts_quant import histogram_chart, sqnr_chart
@@ -42,8 +43,17 @@ def write_report(
     """Write the report of `plan`'s build (with the statuses of the build that just ran, if
     given; else for the settings `plan` was loaded with, its `overrides`) and return its path."""
     pyplot()  # a missing matplotlib is one line, before any work
-    data = collect(plan, results)
-    sections = [_pipeline(data), _graph(data), _quantization(data), _npu(data), _package(data)]
+    progress = Progress(f"report {plan.recipe.name}", unit="parts read or drawn")
+
+    def tick() -> None:
+        progress(progress.done + 1)
+
+    data = collect(plan, results, tick)
+    sections = []
+    for section in (_pipeline, _graph, _quantization, _npu, _package):
+        sections.append(section(data))
+        tick()
+    progress.finish()
     title = f"onebuild report: {plan.recipe.name}"
     page = (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -227,8 +237,8 @@ def _quantization(data: BuildData) -> str:
         )
     if data.calibration and data.float_model:
         method, samples, items = calibration_histograms(
-            data.float_model, data.calibration, quantize.get("calibration"), quantize["dtype"],
-            {"layers": layers} if layers else None,
+            load_ir(data.float_model).main, data.calibration, quantize.get("calibration"),
+            quantize["dtype"], {"layers": layers} if layers else None,
         )  # fmt: skip
         if items:
             which = "the worst layers' outputs" if layers else "the widest ranges"
