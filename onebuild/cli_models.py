@@ -137,7 +137,7 @@ def _run_model(graph, feeds: dict, args) -> dict:
 def cmd_verify(args) -> int:
     """Package vs float reference on the same inputs: per-output metrics and performance."""
     from .graph_ir.interpreter import Interpreter
-    from .graph_ir.metrics import OutputMetrics
+    from .graph_ir.metrics import KINDS, OutputMetrics, output_kind
     from .graph_ir.serde import load_model
     from .npz import read_npz
     from .runtime.package import load_package, run_package
@@ -152,14 +152,15 @@ def cmd_verify(args) -> int:
         )
     except KeyError as error:
         raise UserError(f"{args.inputs}: no array for reference input {error}") from None
-    report = {}
+    report, kinds = {}, {}
     for name, array in outputs.items():
         if name not in expected:
             raise UserError(f"{args.reference}: has no output '{name}' to compare with")
         metrics = OutputMetrics()
         for want, got in zip(expected[name], array):
             metrics.update(want, got)
-        report[name] = metrics.summary()
+        kinds[name] = output_kind(array.shape[1:])
+        report[name] = {"kind": kinds[name], **metrics.chosen(kinds[name])}
     if args.json:
         print(
             json.dumps(
@@ -170,8 +171,11 @@ def cmd_verify(args) -> int:
         )
         return 0
     for name, summary in report.items():
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if v is not None)
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if k != "kind")
         print(f"{name}: {shown}")
+    for kind in dict.fromkeys(kinds.values()):
+        which = ", ".join(f"'{n}'" for n, k in kinds.items() if k == kind)
+        print(f"  ({which}: {KINDS[kind][1]})")
     print("\n".join(_package_summary(package, reports)))
     return 0
 
