@@ -53,6 +53,7 @@ def _is_package(path: str) -> bool:
 
 def _package_summary(package, reports) -> list[str]:
     """One line per model: backend and the simulator's cycles, or the CPU estimate."""
+    from .runtime.models import package_latency
     from .targets.host_cpu import HostCpu
 
     lines, cpu = [], HostCpu()
@@ -69,6 +70,14 @@ def _package_summary(package, reports) -> list[str]:
             lines.append(
                 f"  {model.path} [{model.backend}]: ~{us / 1000:.3f} ms estimated ({cpu.name})"
             )
+    if any(report is not None for report in reports):
+        total = package_latency(package, reports, cpu)
+        lines.append(
+            f"  end to end: ~{total['microseconds'] / 1000:.3f} ms (NPU parts simulated, "
+            f"{total['npu_parts']} invocation(s) of {total['invoke_us']:g} us, CPU parts "
+            f"estimated, {total['handoffs']} CPU<->NPU handoff(s): "
+            f"{total['handoff_us']:.0f} us)"
+        )
     return lines
 
 
@@ -140,7 +149,9 @@ def cmd_verify(args) -> int:
     from .graph_ir.metrics import KINDS, OutputMetrics, output_kind
     from .graph_ir.serde import load_model
     from .npz import read_npz
+    from .runtime.models import package_latency
     from .runtime.package import load_package, run_package
+    from .targets.host_cpu import HostCpu
 
     package = load_package(args.package)
     reference = load_model(args.reference, dict(args.input_shape or []) or None).main
@@ -164,7 +175,11 @@ def cmd_verify(args) -> int:
     if args.json:
         print(
             json.dumps(
-                {"outputs": report, "models": _model_reports(package, reports)},
+                {
+                    "outputs": report,
+                    "models": _model_reports(package, reports),
+                    "end_to_end": package_latency(package, reports, HostCpu()),
+                },
                 indent=2,
                 sort_keys=True,
             )

@@ -330,6 +330,17 @@ def test_zip_packages_run_and_verify(package, tmp_path, capsys):
     assert report["outputs"]["y"]["cosine"] == pytest.approx(cosine, rel=1e-6)
     assert [m["backend"] for m in report["models"]] == ["trix", "cpu", "trix"]
     assert report["models"][0]["cycles"] > 0
+    # end to end, counted as the partition's estimate is: the same handoffs, the NPU simulated
+    estimate = json.loads(
+        (package[0].parent.parent / "build/r/partition/m.partition.json").read_text()
+    )
+    total = report["end_to_end"]
+    assert total["handoffs"] == 4 and total["npu_parts"] == 2  # x, c2, s, y: NPU <-> CPU
+    assert total["handoff_us"] == pytest.approx(estimate["estimate"]["handoffs"], abs=1e-3)
+    models = report["models"]
+    npu = sum(m["milliseconds"] * 1e3 + 50.0 for m in models if m["backend"] == "trix")
+    cpu = [p["microseconds"] for p in estimate["estimate"]["parts"] if p["backend"] == "cpu"]
+    assert total["microseconds"] == pytest.approx(npu + sum(cpu) + total["handoff_us"], abs=1e-3)
 
 
 def test_float_cpu_parts_trade_exactness_for_accuracy(tmp_path, rng):
