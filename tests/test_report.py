@@ -345,7 +345,8 @@ def test_report_for_settings_not_built_leaves_other_builds_out(built):
     assert "<p>full int16, channel granularity" in text
     command = f"onebuild build {built / 'examples/digits_npu.toml'} --set quantize.dtype=int16"
     assert (
-        "Not built with these settings: [quantize], [evaluate], [codegen], [pack]. What another "
+        "Not built with these settings: [quantize], [measure], [evaluate], [codegen], [pack]. "
+        "What another "
         f"build left in their place is not shown; run <code>{command}</code> first." in text
     )
     assert "<th>with these settings</th>" in text  # the column says what it means, filled
@@ -358,7 +359,7 @@ def test_report_for_settings_not_built_leaves_other_builds_out(built):
     assert onebuild("build", *int16, cwd=built).returncode == 0
     assert onebuild("report", *int16, cwd=built).returncode == 0
     text = page.read_text()
-    assert "Not built with these settings" not in text and text.count(UP_TO_DATE) == 7
+    assert "Not built with these settings" not in text and text.count(UP_TO_DATE) == 8
     int16_worst = json.loads(accuracy.read_text())["layers"][0]["sqnr_db"]
     assert int16_worst > uint8_worst + 20 and f">{int16_worst:.1f}<" in text  # int16's figures
     for figure in ("sqnr", "timeline0", "roofline"):
