@@ -147,24 +147,33 @@ def roofline_chart(binaries: list[Binary]) -> str:
 
 
 OFFSETS = ((4, 2, "left"), (4, -8, "left"), (-4, 2, "right"), (-4, -8, "right"))
+MAX_NAMED = 40  # points offered a name, the most MACs first
 
 
 def _label_points(ax, named: list[tuple[int, str, tuple[float, float]]], fixed: list) -> int:
     """Name points in this order, each at the first of OFFSETS where its text overlaps no
     name placed before nor the `fixed` texts and stays inside the axes; a name that fits
-    nowhere is left out. Returns how many were named."""
+    nowhere is left out. Each name is measured once (the other offsets shift its box).
+    Returns how many were named."""
     inside = ax.get_window_extent()
     taken = [text.get_window_extent() for text in fixed]
+    scale = ax.figure.dpi / 72  # points to pixels
     placed = 0
-    for _, name, point in named:
+    for _, name, point in named[:MAX_NAMED]:
+        dx, dy, align = OFFSETS[0]
+        label = ax.annotate(clip(name, 16), point, xytext=(dx, dy), ha=align, fontsize=6,
+                            textcoords="offset points", color="#444")  # fmt: skip
+        first = label.get_window_extent()
         for dx, dy, align in OFFSETS:
-            label = ax.annotate(clip(name, 16), point, xytext=(dx, dy), ha=align, fontsize=6,
-                                textcoords="offset points", color="#444")  # fmt: skip
-            box = label.get_window_extent()
+            shift_x = (dx - OFFSETS[0][0]) * scale - (first.width if align == "right" else 0)
+            box = first.translated(shift_x, (dy - OFFSETS[0][1]) * scale)
             within = box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0
             if within and box.y1 <= inside.y1 and not any(box.overlaps(t) for t in taken):
+                label.set_position((dx, dy))
+                label.set_horizontalalignment(align)
                 taken.append(box)
                 placed += 1
                 break
+        else:
             label.remove()
     return placed
