@@ -4,12 +4,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import helper
+from onnx_builders import make_model
 
 from onebuild.compile import QuantizeOptions, calibrate, optimize, quantize
 from onebuild.datasets import first_samples, iter_batches
+from onebuild.graph_ir.quant.config import QuantConfig
 from onebuild.graph_ir.quant.evaluate import compare_graphs
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.quant.sensitivity import _leave_one_out, isolated_output_noise
 from onebuild.graph_ir.serde import load_onnx
+from onebuild.graph_ir.serde.onnx_import import import_onnx
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 LAYERS = ["conv1", "conv2", "fc"]
@@ -75,3 +80,32 @@ def test_a_graph_that_runs_one_sample_at_a_time_is_bounded_per_sample():
     signal, _ = isolated_output_noise(graph, quantized, {"x": x[:1]}, [])
     assert 0 < one["matmul"]["y"] < 1e-3 * signal["y"]  # quantization noise, nothing clipped
     assert three["matmul"]["y"] == pytest.approx(3 * one["matmul"]["y"], rel=1e-9)
+
+
+def _rows_projection(shape):
+    """x [*shape] @ W: W the first 4 principal axes of the digits' pixel rows (a sequence
+    linear layer trained on the calibration images), as a MatMul or a Gemm."""
+    rows = np.load(DIGITS / "data/calib.npz")["input"].reshape(-1, 8).astype(np.float64)
+    _, _, axes = np.linalg.svd(rows - rows.mean(0), full_matrices=False)
+    w = axes[:4].T.astype(np.float32)
+    op = "MatMul" if len(shape) == 3 else "Gemm"
+    nodes = [helper.make_node(op, ["x", "w"], ["y"], name="linear")]
+    return import_onnx(make_model(nodes, [("x", shape)], ["y"], [("w", w)])).main
+
+
+def test_a_sequence_matmul_quantized_on_its_rows_is_measured():
+    """A MatMul [1, 8, 8] @ [8, 4] is quantized as a QGemm on its [8, 8] rows (between two
+    Reshapes): its twin has the output's values in another shape, and its noise alone is that
+    of the same layer written as a Gemm on [8, 8] (before, it counted as no noise at all)."""
+    images = np.load(DIGITS / "data/test.npz")["input"][:16, 0, 0]  # 16 digits, [8, 8] each
+    noises = []
+    for shape in ([1, 8, 8], [8, 8]):
+        graph = _rows_projection(shape)
+        batch = {"x": images.reshape(-1, *shape)}
+        ranges = calibrate(graph, [("test", batch)]).ranges_for("uint8")
+        quantized = quantize_graph(graph, ranges, QuantConfig(dtype="uint8"))
+        signal, noise = isolated_output_noise(graph, quantized, batch, ["linear"])
+        noises.append(noise["linear"]["y"] / signal["y"])
+    sequence, rows = noises
+    assert 1e-6 < rows < 1e-2  # 8-bit rounding: 20-60 dB
+    assert sequence == pytest.approx(rows, rel=1e-4)  # float references summed in another order

@@ -32,8 +32,21 @@ CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one samp
 THREADS = min(2, os.cpu_count() or 1)  # layer runs at once (each holds its own live arrays)
 
 
+def _same_sizes(float_node: Node, twin: Node) -> bool:
+    """Whether `twin` computes `float_node`'s outputs, maybe in another shape of the same
+    values (a MatMul [1, T, K] @ [K, N] quantized as a QGemm on its [T, K] rows)."""
+    return [v.size for v in twin.outputs] == [v.size for v in float_node.outputs]
+
+
+def _as(array: np.ndarray, value) -> np.ndarray:
+    """`array` in `value`'s shape, its first axis taking the samples of a batched run."""
+    shape = tuple(value.shape)
+    return array if array.shape == shape else array.reshape(-1, *shape[1:])
+
+
 def _twin_kernel(float_node: Node, twin: Node):
-    """A kernel for `float_node` that runs `twin` (its quantized form) on quantized inputs."""
+    """A kernel for `float_node` that runs `twin` (its quantized form) on quantized inputs,
+    reshaped to the twin's shapes and its results back to the float node's."""
     kernel = OPS[twin.op].kernel
 
     def run(attrs, *args):
@@ -47,13 +60,13 @@ def _twin_kernel(float_node: Node, twin: Node):
             elif value.is_const:
                 inputs.append(value.numpy())
             else:
-                array = next(feeds)
+                array = _as(next(feeds), value)
                 quantized = is_quantized(value)
                 inputs.append(quantize(array, value.quant, value.dtype) if quantized else array)
         twin_attrs = {**twin.attrs, **{k: v for k, v in changed.items() if k in twin.attrs}}
         results = kernel(twin_attrs, *inputs)
         return tuple(
-            (dequantize(r, v.quant) if is_quantized(v) else r).astype(f.dtype, copy=False)
+            _as(dequantize(r, v.quant) if is_quantized(v) else r, f).astype(f.dtype, copy=False)
             for r, v, f in zip(results, twin.outputs, float_node.outputs)
         )
 
@@ -114,7 +127,7 @@ def isolated_output_noise(
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(signal power per output, {node name: noise power per output}) on the samples of
     `batch`, each named node of `float_graph` quantized alone as it is in `quantized` (a node
-    without a quantized twin of the same name and output shapes adds no noise). The node's
+    without a quantized twin of the same name and output sizes adds no noise). The node's
     outputs are also clipped, on each sample, to the range the other samples reach: what
     calibration that had not seen the sample would have allowed, so a layer whose range
     unseen data overshoots (the logits, a squeeze-excitation gate) shows what that costs.
@@ -125,9 +138,7 @@ def isolated_output_noise(
     measured = {
         index: _twin_kernel(node, twins[node.name])
         for index, node in enumerate(float_graph.nodes)
-        if node.name in noise
-        and node.name in twins
-        and [v.shape for v in twins[node.name].outputs] == [v.shape for v in node.outputs]
+        if node.name in noise and node.name in twins and _same_sizes(node, twins[node.name])
     }
     # running.at, per thread: the node running its twin; -1: a reference pass that fills the
     # cache. The nodes the twin's outputs do not reach return their cached reference results.
