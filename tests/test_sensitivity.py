@@ -9,7 +9,7 @@ from onnx_builders import make_model
 
 from onebuild.compile import QuantizeOptions, calibrate, optimize, quantize
 from onebuild.datasets import first_samples, iter_batches
-from onebuild.graph_ir.quant.config import QuantConfig
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.evaluate import compare_graphs
 from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.quant.sensitivity import _leave_one_out, isolated_output_noise
@@ -109,3 +109,23 @@ def test_a_sequence_matmul_quantized_on_its_rows_is_measured():
     sequence, rows = noises
     assert 1e-6 < rows < 1e-2  # 8-bit rounding: 20-60 dB
     assert sequence == pytest.approx(rows, rel=1e-4)  # float references summed in another order
+
+
+def test_an_int16_output_is_bounded_with_its_headroom():
+    """A layer computing in uint8 and writing int16 (activation-only promotion) gets its int16
+    range widened by `params.HEADROOM` (2), so a sample 1.5x beyond the others is not clipped
+    there: its noise alone is the rounding of its inputs, weights and output, what the
+    quantized graph itself adds (clipped to the others' bare range: 20.8 instead of 49.1 dB)."""
+    graph = _rows_projection([1, 8, 8])
+    images = np.load(DIGITS / "data/test.npz")["input"][:4, 0].astype(np.float32)
+    images[0] *= 1.5  # one digit with more ink than the others reach
+    batch = {"x": images}
+    ranges = calibrate(graph, [("test", batch)]).ranges_for("uint8")
+    config = QuantConfig(dtype="uint8", layers=(LayerOverride(("linear",), output_dtype="int16"),))
+    quantized = quantize_graph(graph, ranges, config)
+    gemm = next(node for node in quantized.nodes if node.name == "linear")
+    assert gemm.op == "QGemm" and gemm.output.dtype == np.dtype("int16")
+    signal, noise = isolated_output_noise(graph, quantized, batch, ["linear"])
+    whole = compare_graphs(graph, quantized, [("test", batch)]).outputs["y"]["sqnr_db"]
+    alone = 10 * np.log10(signal["y"] / noise["linear"]["y"])
+    assert 30 < whole < 60 and alone == pytest.approx(whole, abs=0.01)

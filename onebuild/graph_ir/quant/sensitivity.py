@@ -25,7 +25,7 @@ from ..ir import Graph, Node
 from ..ops import OPS
 from .evaluate import Batch
 from .model_io import is_quantized
-from .params import dequantize, quantize
+from .params import HEADROOM, dequantize, quantize
 
 CHUNK = 8
 CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one sample at least)
@@ -97,11 +97,12 @@ class _Bounds:
             self.lo.setdefault(value.name, []).append(flat.min(axis=1))
             self.hi.setdefault(value.name, []).append(flat.max(axis=1))
 
-    def clip(self, name: str, array: np.ndarray, samples: slice) -> np.ndarray:
+    def clip(self, name: str, array: np.ndarray, samples: slice, room: float) -> np.ndarray:
+        """`array` within the other samples' range times `room` (the type's headroom)."""
         if name not in self.hi:
             return array
-        lo = _leave_one_out(np.concatenate(self.lo[name]), largest=False)[samples]
-        hi = _leave_one_out(np.concatenate(self.hi[name]), largest=True)[samples]
+        lo = room * _leave_one_out(np.concatenate(self.lo[name]), largest=False)[samples]
+        hi = room * _leave_one_out(np.concatenate(self.hi[name]), largest=True)[samples]
         shape = (len(lo),) + (1,) * (array.ndim - 1)
         lo, hi = np.minimum(lo, 0).reshape(shape), np.maximum(hi, 0).reshape(shape)
         return np.clip(array, lo, hi).astype(array.dtype, copy=False)
@@ -128,9 +129,10 @@ def isolated_output_noise(
     """(signal power per output, {node name: noise power per output}) on the samples of
     `batch`, each named node of `float_graph` quantized alone as it is in `quantized` (a node
     without a quantized twin of the same name and output sizes adds no noise). The node's
-    outputs are also clipped, on each sample, to the range the other samples reach: what
-    calibration that had not seen the sample would have allowed, so a layer whose range
-    unseen data overshoots (the logits, a squeeze-excitation gate) shows what that costs.
+    outputs are also clipped, on each sample, to the range the other samples reach (times
+    the headroom of the twin's output type): what calibration that had not seen the sample
+    would have allowed, so a layer whose range unseen data overshoots (the logits, a
+    squeeze-excitation gate) shows what that costs.
     `quantized` may be the twins by name instead (taken from several quantizations)."""
     twins = quantized if isinstance(quantized, Mapping) else {n.name: n for n in quantized.nodes}
     signal = {v.name: 0.0 for v in float_graph.outputs}
@@ -139,6 +141,11 @@ def isolated_output_noise(
         index: _twin_kernel(node, twins[node.name])
         for index, node in enumerate(float_graph.nodes)
         if node.name in noise and node.name in twins and _same_sizes(node, twins[node.name])
+    }
+    room = {  # calibration widens a twin's int16 outputs by a headroom (`params.HEADROOM`)
+        index: [HEADROOM.get(np.dtype(v.dtype).name, 1.0) for v in twins[node.name].outputs]
+        for index, node in enumerate(float_graph.nodes)
+        if index in measured
     }
     # running.at, per thread: the node running its twin; -1: a reference pass that fills the
     # cache. The nodes the twin's outputs do not reach return their cached reference results.
@@ -158,9 +165,10 @@ def isolated_output_noise(
                 return cache[index]
             if index != at:
                 return exact(attrs, *args) if index in reached[at] else cache[index]
+            rooms = room[index]
             return tuple(
-                bounds.clip(v.name, r, state["samples"])
-                for r, v in zip(noisy(attrs, *args), node.outputs)
+                bounds.clip(v.name, r, state["samples"], h)
+                for r, v, h in zip(noisy(attrs, *args), node.outputs, rooms)
             )
 
         return run
