@@ -1,5 +1,6 @@
 """Each layer quantized alone (quant/sensitivity.py) on the trained digits CNN and real digits."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from onnx import helper
 from onnx_builders import make_model
 
-from onebuild.compile import QuantizeOptions, calibrate, optimize, quantize
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
 from onebuild.datasets import first_samples, iter_batches
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
@@ -152,3 +153,36 @@ def test_a_layers_inputs_are_bounded_by_what_the_other_samples_reach():
     assert clipping > 10 * plain["linear"]["y"]  # the overshoot dominates the rounding
     want = plain["linear"]["y"] + clipping
     assert clipped["linear"]["y"] == pytest.approx(want, rel=0.05)
+
+
+def _pca_rows_network():
+    """x [1, 8, 8] -> MatMul -> Relu -> MatMul: two sequence linear layers, each the principal
+    axes of its inputs' rows on the digits' calibration images (8 -> 8 -> 4)."""
+    rows = np.load(DIGITS / "data/calib.npz")["input"].reshape(-1, 8).astype(np.float64)
+    _, _, axes = np.linalg.svd(rows - rows.mean(0), full_matrices=False)
+    first = axes.T.astype(np.float32)
+    features = np.maximum(rows @ first, 0)
+    _, _, axes = np.linalg.svd(features - features.mean(0), full_matrices=False)
+    second = axes[:4].T.astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="second"),
+    ]
+    weights = [("w1", first), ("w2", second)]
+    return import_onnx(make_model(nodes, [("x", [1, 8, 8])], ["y"], weights))
+
+
+def test_the_search_measures_sequence_matmuls():
+    """Mixed precision on two sequence MatMuls (QGemms on rows): the search's sensitivity
+    record has each one's noise alone (before, none: both were kept low as if free)."""
+    model = _pca_rows_network()
+    batch = {"x": np.load(DIGITS / "data/test.npz")["input"][:32, 0]}
+    stats = calibrate(model.main, [("test", batch)])
+    options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=45))
+    record = json.loads(quantize(model, options, stats, [batch]).metadata["mixed_precision"])
+    uint8 = record["steps"][0]
+    assert record["target_met"] and uint8.get("sqnr_db", uint8.get("sqnr_db_at_most")) < 45
+    alone = {entry["node"]: entry["sqnr_db_alone"] for entry in record["sensitivity"]}
+    assert set(alone) == {"first", "second"}
+    assert all(db is not None and 15 < db < 60 for db in alone.values()), alone
