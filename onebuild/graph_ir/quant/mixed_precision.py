@@ -295,10 +295,8 @@ def search(
             edges = set(plan.edges.values())
             producers = build(configured(promoted(set(measured) - edges)))
             twins.update({n.name: n for n in producers.nodes if n.name in plan.edges})
-    # promote_outputs: each kept layer reads its inputs requantized to the base type, a
-    # clipping of their own (unseen data overshoots them: the layout detector's held-out pages)
     signal, layer_noise = isolated_output_noise(
-        float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers, plan is not None
+        float_graph, twins, _first(batches, SENSITIVITY_SAMPLES), alone_layers
     )
     noise = {  # a merged edge's layers: their noises added
         layer: {o: sum(layer_noise[m][o] for m in members[layer]) for o in signal}

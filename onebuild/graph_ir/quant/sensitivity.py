@@ -44,24 +44,15 @@ def _as(array: np.ndarray, value) -> np.ndarray:
     return array if array.shape == shape else array.reshape(-1, *shape[1:])
 
 
-def _room(value) -> float:
-    """The headroom calibration gives `value`'s type (`params.HEADROOM`)."""
-    return HEADROOM.get(np.dtype(value.dtype).name, 1.0)
-
-
-def _twin_kernel(float_node: Node, twin: Node, bound=None):
+def _twin_kernel(float_node: Node, twin: Node):
     """A kernel for `float_node` that runs `twin` (its quantized form) on quantized inputs,
-    reshaped to the twin's shapes and its results back to the float node's. `bound(name,
-    array, room)`: each quantized input first clipped as calibration without its sample would
-    have allowed."""
+    reshaped to the twin's shapes and its results back to the float node's."""
     kernel = OPS[twin.op].kernel
-    sources = [v for v in float_node.inputs if v is not None and not v.is_const]
 
     def run(attrs, *args):
         # the batch plan rewrites shape-like attributes for batched runs: carry those over
         changed = {k: v for k, v in attrs.items() if float_node.attrs.get(k) is not v}
         feeds = iter(a for a, v in zip(args, float_node.inputs) if v is not None and not v.is_const)
-        names = iter(v.name for v in sources)
         inputs = []
         for value in twin.inputs:
             if value is None:
@@ -69,13 +60,9 @@ def _twin_kernel(float_node: Node, twin: Node, bound=None):
             elif value.is_const:
                 inputs.append(value.numpy())
             else:
-                array, name = next(feeds), next(names)
-                if not is_quantized(value):
-                    inputs.append(_as(array, value))
-                    continue
-                if bound is not None:
-                    array = bound(name, array, _room(value))
-                inputs.append(quantize(_as(array, value), value.quant, value.dtype))
+                array = _as(next(feeds), value)
+                quantized = is_quantized(value)
+                inputs.append(quantize(array, value.quant, value.dtype) if quantized else array)
         twin_attrs = {**twin.attrs, **{k: v for k, v in changed.items() if k in twin.attrs}}
         results = kernel(twin_attrs, *inputs)
         return tuple(
@@ -137,11 +124,7 @@ def downstream(graph: Graph, *indices: int) -> set[int]:
 
 
 def isolated_output_noise(
-    float_graph: Graph,
-    quantized: Graph | Mapping[str, Node],
-    batch: Batch,
-    names: Sequence[str],
-    clip_inputs: bool = False,
+    float_graph: Graph, quantized: Graph | Mapping[str, Node], batch: Batch, names: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(signal power per output, {node name: noise power per output}) on the samples of
     `batch`, each named node of `float_graph` quantized alone as it is in `quantized` (a node
@@ -149,32 +132,27 @@ def isolated_output_noise(
     outputs are also clipped, on each sample, to the range the other samples reach (times
     the headroom of the twin's output type): what calibration that had not seen the sample
     would have allowed, so a layer whose range unseen data overshoots (the logits, a
-    squeeze-excitation gate) shows what that costs. `clip_inputs`: its quantized inputs
-    too (where it reads a value requantized to its own type, a clipping of their own).
+    squeeze-excitation gate) shows what that costs.
     `quantized` may be the twins by name instead (taken from several quantizations)."""
     twins = quantized if isinstance(quantized, Mapping) else {n.name: n for n in quantized.nodes}
     signal = {v.name: 0.0 for v in float_graph.outputs}
     noise = {name: dict.fromkeys(signal, 0.0) for name in names}
-    state: dict = {"samples": slice(None), "observe": False}
-    bounds = _Bounds()
-
-    def bound(name: str, array: np.ndarray, room: float) -> np.ndarray:
-        return bounds.clip(name, array, state["samples"], room)
-
     measured = {
-        index: _twin_kernel(node, twins[node.name], bound if clip_inputs else None)
+        index: _twin_kernel(node, twins[node.name])
         for index, node in enumerate(float_graph.nodes)
         if node.name in noise and node.name in twins and _same_sizes(node, twins[node.name])
     }
-    room = {  # calibration widens a twin's int16 outputs by a headroom
-        index: [_room(v) for v in twins[node.name].outputs]
+    room = {  # calibration widens a twin's int16 outputs by a headroom (`params.HEADROOM`)
+        index: [HEADROOM.get(np.dtype(v.dtype).name, 1.0) for v in twins[node.name].outputs]
         for index, node in enumerate(float_graph.nodes)
         if index in measured
     }
     # running.at, per thread: the node running its twin; -1: a reference pass that fills the
     # cache. The nodes the twin's outputs do not reach return their cached reference results.
+    state: dict = {"samples": slice(None), "observe": False}
     running = threading.local()
     cache: dict[int, tuple] = {}
+    bounds = _Bounds()
     reached = {index: downstream(float_graph, index) for index in measured}
 
     def wrap(index: int, node: Node):
@@ -196,8 +174,6 @@ def isolated_output_noise(
         return run
 
     outputs = {v.name for i in measured for v in float_graph.nodes[i].outputs}
-    if clip_inputs:
-        outputs |= {v.name for i in measured for v in float_graph.nodes[i].inputs if v is not None}
 
     def record(value, array) -> None:
         if state["observe"] and value.name in outputs:  # one sample per call when unbatched
