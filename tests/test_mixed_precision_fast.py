@@ -218,6 +218,32 @@ def test_demotion_keeps_each_largest_unit_that_still_meets_the_target():
     assert "b/pool" not in chosen and "a/pool" in chosen and "i" in chosen  # units go whole
 
 
+@pytest.mark.parametrize("start", [0.5, 1.5])
+def test_close_to_the_target_demotion_ends_at_the_first_failure(start):
+    """By default (a `margin`) a demotion that fails while the set holds by less than
+    DEMOTE_MARGIN_DB ends the pass; with more margin the next units are still tried. Close
+    to the target the largest unit may still go back (the PP-OCR recognizer's case)."""
+    units = {name: [name] for name in "abcd"}
+    noisy = dict(zip("abcd", [0.04, 1.2, 0.01, 0.01]))  # a fits even close to the target
+
+    def tried(chosen):
+        probed.append(list(chosen))
+        return None, list(chosen), start + sum(noisy[n] for n in units if n not in chosen)
+
+    def margin(noise):  # dB above the target of a noise power against the allowed 1.6
+        return 10 * np.log10(1.6 / noise)
+
+    met = lambda noise: noise <= 1.6  # noqa: E731
+    probed = []
+    best = (None, list(units), start)
+    _, chosen, _ = mixed_precision._demote(best, list(units), units, tried, met, 4, margin)
+    kept = [n for n in units if n not in chosen]
+    if start == 1.5:  # 0.16 dB to spare: a goes back, b fails, c and d are not tried
+        assert kept == ["a"] and len(probed) == 2
+    else:  # 4.7 dB: b fails, c and d still go back (as without a margin)
+        assert kept == ["a", "c", "d"] and len(probed) == 4
+
+
 def test_a_probe_gives_up_only_when_the_target_is_out_of_reach(tmp_path):
     path = outlier_digits(tmp_path / "m.onnx")
     float_graph = optimize(load_onnx(path, SHAPES)).main
@@ -239,11 +265,12 @@ def test_a_probe_gives_up_only_when_the_target_is_out_of_reach(tmp_path):
 @pytest.mark.parametrize("trim_probes", [None, 0, 3])
 def test_trim_probes_sets_how_many_units_are_tried_back(trim_probes, tmp_path, monkeypatch):
     """`trim_probes` (recipe `[quantize.mixed_precision]`) reaches the search: that many
-    units tried back whatever the margin; by default REFINE_PROBES, only with a 1 dB margin."""
+    units tried back whatever the margin; by default REFINE_PROBES, until one fails with
+    less than a 1 dB margin."""
     path = outlier_digits(tmp_path / "m.onnx")
     calls = []
     demote = mixed_precision._demote
-    monkeypatch.setattr(mixed_precision, "_demote", lambda *a: calls.append(a[-1]) or demote(*a))
+    monkeypatch.setattr(mixed_precision, "_demote", lambda *a: calls.append(a[5:]) or demote(*a))
     model = optimize(load_onnx(path, SHAPES))
     specs = [(v.name, v.shape) for v in model.main.inputs]
     stats = calibrate(model.main, iter_batches(DIGITS / "data/calib.npz", specs))
@@ -255,10 +282,19 @@ def test_trim_probes_sets_how_many_units_are_tried_back(trim_probes, tmp_path, m
         ]
     )
     assert record["target_met"]
-    if trim_probes is None:  # the outlier model's set holds by 6 dB: the default trim runs
-        assert calls == [mixed_precision.REFINE_PROBES]
-    else:
-        assert calls == ([trim_probes] if trim_probes else [])
+    if trim_probes is None:  # the default trim, which a failure close to the target ends
+        ((count, margin),) = calls
+        assert count == mixed_precision.REFINE_PROBES
+        assert margin(_Worst(30.25)) == pytest.approx(0.25)
+    else:  # that many, whatever the margin
+        assert calls == ([(trim_probes, None)] if trim_probes else [])
+
+
+class _Worst:
+    """A comparison whose one output reaches `db`."""
+
+    def __init__(self, db: float):
+        self.outputs = {"y": {"sqnr_db": db}}
 
 
 def test_trim_probes_is_a_recipe_key():

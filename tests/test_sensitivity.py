@@ -1,15 +1,21 @@
 """Each layer quantized alone (quant/sensitivity.py) on the trained digits CNN and real digits."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import helper
+from onnx_builders import make_model
 
-from onebuild.compile import QuantizeOptions, calibrate, optimize, quantize
+from onebuild.compile import MixedPrecisionOptions, QuantizeOptions, calibrate, optimize, quantize
 from onebuild.datasets import first_samples, iter_batches
+from onebuild.graph_ir.quant.config import LayerOverride, QuantConfig
 from onebuild.graph_ir.quant.evaluate import compare_graphs
+from onebuild.graph_ir.quant.quantize_graph import quantize_graph
 from onebuild.graph_ir.quant.sensitivity import _leave_one_out, isolated_output_noise
 from onebuild.graph_ir.serde import load_onnx
+from onebuild.graph_ir.serde.onnx_import import import_onnx
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 LAYERS = ["conv1", "conv2", "fc"]
@@ -75,3 +81,85 @@ def test_a_graph_that_runs_one_sample_at_a_time_is_bounded_per_sample():
     signal, _ = isolated_output_noise(graph, quantized, {"x": x[:1]}, [])
     assert 0 < one["matmul"]["y"] < 1e-3 * signal["y"]  # quantization noise, nothing clipped
     assert three["matmul"]["y"] == pytest.approx(3 * one["matmul"]["y"], rel=1e-9)
+
+
+def _rows_projection(shape):
+    """x [*shape] @ W: W the first 4 principal axes of the digits' pixel rows (a sequence
+    linear layer trained on the calibration images), as a MatMul or a Gemm."""
+    rows = np.load(DIGITS / "data/calib.npz")["input"].reshape(-1, 8).astype(np.float64)
+    _, _, axes = np.linalg.svd(rows - rows.mean(0), full_matrices=False)
+    w = axes[:4].T.astype(np.float32)
+    op = "MatMul" if len(shape) == 3 else "Gemm"
+    nodes = [helper.make_node(op, ["x", "w"], ["y"], name="linear")]
+    return import_onnx(make_model(nodes, [("x", shape)], ["y"], [("w", w)])).main
+
+
+def test_a_sequence_matmul_quantized_on_its_rows_is_measured():
+    """A MatMul [1, 8, 8] @ [8, 4] is quantized as a QGemm on its [8, 8] rows (between two
+    Reshapes): its twin has the output's values in another shape, and its noise alone is that
+    of the same layer written as a Gemm on [8, 8] (before, it counted as no noise at all)."""
+    images = np.load(DIGITS / "data/test.npz")["input"][:16, 0, 0]  # 16 digits, [8, 8] each
+    noises = []
+    for shape in ([1, 8, 8], [8, 8]):
+        graph = _rows_projection(shape)
+        batch = {"x": images.reshape(-1, *shape)}
+        ranges = calibrate(graph, [("test", batch)]).ranges_for("uint8")
+        quantized = quantize_graph(graph, ranges, QuantConfig(dtype="uint8"))
+        signal, noise = isolated_output_noise(graph, quantized, batch, ["linear"])
+        noises.append(noise["linear"]["y"] / signal["y"])
+    sequence, rows = noises
+    assert 1e-6 < rows < 1e-2  # 8-bit rounding: 20-60 dB
+    assert sequence == pytest.approx(rows, rel=1e-4)  # float references summed in another order
+
+
+def test_an_int16_output_is_bounded_with_its_headroom():
+    """A layer computing in uint8 and writing int16 (activation-only promotion) gets its int16
+    range widened by `params.HEADROOM` (2), so a sample 1.5x beyond the others is not clipped
+    there: its noise alone is the rounding of its inputs, weights and output, what the
+    quantized graph itself adds (clipped to the others' bare range: 20.8 instead of 49.1 dB)."""
+    graph = _rows_projection([1, 8, 8])
+    images = np.load(DIGITS / "data/test.npz")["input"][:4, 0].astype(np.float32)
+    images[0] *= 1.5  # one digit with more ink than the others reach
+    batch = {"x": images}
+    ranges = calibrate(graph, [("test", batch)]).ranges_for("uint8")
+    config = QuantConfig(dtype="uint8", layers=(LayerOverride(("linear",), output_dtype="int16"),))
+    quantized = quantize_graph(graph, ranges, config)
+    gemm = next(node for node in quantized.nodes if node.name == "linear")
+    assert gemm.op == "QGemm" and gemm.output.dtype == np.dtype("int16")
+    signal, noise = isolated_output_noise(graph, quantized, batch, ["linear"])
+    whole = compare_graphs(graph, quantized, [("test", batch)]).outputs["y"]["sqnr_db"]
+    alone = 10 * np.log10(signal["y"] / noise["linear"]["y"])
+    assert 30 < whole < 60 and alone == pytest.approx(whole, abs=0.01)
+
+
+def _pca_rows_network():
+    """x [1, 8, 8] -> MatMul -> Relu -> MatMul: two sequence linear layers, each the principal
+    axes of its inputs' rows on the digits' calibration images (8 -> 8 -> 4)."""
+    rows = np.load(DIGITS / "data/calib.npz")["input"].reshape(-1, 8).astype(np.float64)
+    _, _, axes = np.linalg.svd(rows - rows.mean(0), full_matrices=False)
+    first = axes.T.astype(np.float32)
+    features = np.maximum(rows @ first, 0)
+    _, _, axes = np.linalg.svd(features - features.mean(0), full_matrices=False)
+    second = axes[:4].T.astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="second"),
+    ]
+    weights = [("w1", first), ("w2", second)]
+    return import_onnx(make_model(nodes, [("x", [1, 8, 8])], ["y"], weights))
+
+
+def test_the_search_measures_sequence_matmuls():
+    """Mixed precision on two sequence MatMuls (QGemms on rows): the search's sensitivity
+    record has each one's noise alone (before, none: both were kept low as if free)."""
+    model = _pca_rows_network()
+    batch = {"x": np.load(DIGITS / "data/test.npz")["input"][:32, 0]}
+    stats = calibrate(model.main, [("test", batch)])
+    options = QuantizeOptions(mixed_precision=MixedPrecisionOptions(target_sqnr_db=45))
+    record = json.loads(quantize(model, options, stats, [batch]).metadata["mixed_precision"])
+    uint8 = record["steps"][0]
+    assert record["target_met"] and uint8.get("sqnr_db", uint8.get("sqnr_db_at_most")) < 45
+    alone = {entry["node"]: entry["sqnr_db_alone"] for entry in record["sensitivity"]}
+    assert set(alone) == {"first", "second"}
+    assert all(db is not None and 15 < db < 60 for db in alone.values()), alone

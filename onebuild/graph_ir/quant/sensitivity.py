@@ -25,15 +25,28 @@ from ..ir import Graph, Node
 from ..ops import OPS
 from .evaluate import Batch
 from .model_io import is_quantized
-from .params import dequantize, quantize
+from .params import HEADROOM, dequantize, quantize
 
 CHUNK = 8
 CACHE_BYTES = 256 << 20  # reference results kept per chunk of samples (one sample at least)
 THREADS = min(2, os.cpu_count() or 1)  # layer runs at once (each holds its own live arrays)
 
 
+def _same_sizes(float_node: Node, twin: Node) -> bool:
+    """Whether `twin` computes `float_node`'s outputs, maybe in another shape of the same
+    values (a MatMul [1, T, K] @ [K, N] quantized as a QGemm on its [T, K] rows)."""
+    return [v.size for v in twin.outputs] == [v.size for v in float_node.outputs]
+
+
+def _as(array: np.ndarray, value) -> np.ndarray:
+    """`array` in `value`'s shape, its first axis taking the samples of a batched run."""
+    shape = tuple(value.shape)
+    return array if array.shape == shape else array.reshape(-1, *shape[1:])
+
+
 def _twin_kernel(float_node: Node, twin: Node):
-    """A kernel for `float_node` that runs `twin` (its quantized form) on quantized inputs."""
+    """A kernel for `float_node` that runs `twin` (its quantized form) on quantized inputs,
+    reshaped to the twin's shapes and its results back to the float node's."""
     kernel = OPS[twin.op].kernel
 
     def run(attrs, *args):
@@ -47,13 +60,13 @@ def _twin_kernel(float_node: Node, twin: Node):
             elif value.is_const:
                 inputs.append(value.numpy())
             else:
-                array = next(feeds)
+                array = _as(next(feeds), value)
                 quantized = is_quantized(value)
                 inputs.append(quantize(array, value.quant, value.dtype) if quantized else array)
         twin_attrs = {**twin.attrs, **{k: v for k, v in changed.items() if k in twin.attrs}}
         results = kernel(twin_attrs, *inputs)
         return tuple(
-            (dequantize(r, v.quant) if is_quantized(v) else r).astype(f.dtype, copy=False)
+            _as(dequantize(r, v.quant) if is_quantized(v) else r, f).astype(f.dtype, copy=False)
             for r, v, f in zip(results, twin.outputs, float_node.outputs)
         )
 
@@ -84,11 +97,12 @@ class _Bounds:
             self.lo.setdefault(value.name, []).append(flat.min(axis=1))
             self.hi.setdefault(value.name, []).append(flat.max(axis=1))
 
-    def clip(self, name: str, array: np.ndarray, samples: slice) -> np.ndarray:
+    def clip(self, name: str, array: np.ndarray, samples: slice, room: float) -> np.ndarray:
+        """`array` within the other samples' range times `room` (the type's headroom)."""
         if name not in self.hi:
             return array
-        lo = _leave_one_out(np.concatenate(self.lo[name]), largest=False)[samples]
-        hi = _leave_one_out(np.concatenate(self.hi[name]), largest=True)[samples]
+        lo = room * _leave_one_out(np.concatenate(self.lo[name]), largest=False)[samples]
+        hi = room * _leave_one_out(np.concatenate(self.hi[name]), largest=True)[samples]
         shape = (len(lo),) + (1,) * (array.ndim - 1)
         lo, hi = np.minimum(lo, 0).reshape(shape), np.maximum(hi, 0).reshape(shape)
         return np.clip(array, lo, hi).astype(array.dtype, copy=False)
@@ -114,10 +128,11 @@ def isolated_output_noise(
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(signal power per output, {node name: noise power per output}) on the samples of
     `batch`, each named node of `float_graph` quantized alone as it is in `quantized` (a node
-    without a quantized twin of the same name and output shapes adds no noise). The node's
-    outputs are also clipped, on each sample, to the range the other samples reach: what
-    calibration that had not seen the sample would have allowed, so a layer whose range
-    unseen data overshoots (the logits, a squeeze-excitation gate) shows what that costs.
+    without a quantized twin of the same name and output sizes adds no noise). The node's
+    outputs are also clipped, on each sample, to the range the other samples reach (times
+    the headroom of the twin's output type): what calibration that had not seen the sample
+    would have allowed, so a layer whose range unseen data overshoots (the logits, a
+    squeeze-excitation gate) shows what that costs.
     `quantized` may be the twins by name instead (taken from several quantizations)."""
     twins = quantized if isinstance(quantized, Mapping) else {n.name: n for n in quantized.nodes}
     signal = {v.name: 0.0 for v in float_graph.outputs}
@@ -125,9 +140,12 @@ def isolated_output_noise(
     measured = {
         index: _twin_kernel(node, twins[node.name])
         for index, node in enumerate(float_graph.nodes)
-        if node.name in noise
-        and node.name in twins
-        and [v.shape for v in twins[node.name].outputs] == [v.shape for v in node.outputs]
+        if node.name in noise and node.name in twins and _same_sizes(node, twins[node.name])
+    }
+    room = {  # calibration widens a twin's int16 outputs by a headroom (`params.HEADROOM`)
+        index: [HEADROOM.get(np.dtype(v.dtype).name, 1.0) for v in twins[node.name].outputs]
+        for index, node in enumerate(float_graph.nodes)
+        if index in measured
     }
     # running.at, per thread: the node running its twin; -1: a reference pass that fills the
     # cache. The nodes the twin's outputs do not reach return their cached reference results.
@@ -147,9 +165,10 @@ def isolated_output_noise(
                 return cache[index]
             if index != at:
                 return exact(attrs, *args) if index in reached[at] else cache[index]
+            rooms = room[index]
             return tuple(
-                bounds.clip(v.name, r, state["samples"])
-                for r, v in zip(noisy(attrs, *args), node.outputs)
+                bounds.clip(v.name, r, state["samples"], h)
+                for r, v, h in zip(noisy(attrs, *args), node.outputs, rooms)
             )
 
         return run
