@@ -1,0 +1,66 @@
+"""The integer kernels of a circle as onert computes them: what a circle's 8-bit CONV_2D,
+DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB and MUL ask of it (`docs/circle-tflite.md`).
+
+onert differs from onebuild's own requantization (round half to even of acc * m / 2^r, exactly,
+m from the float64 scales) in two ways, each worth at most 1 step on rare elements:
+- two roundings (gemmlowp, `ops/tflite_arith.py`): acc * m / 2^31 rounded half away from zero,
+  then the rest of the shift rounded half away from zero again;
+- multipliers from the file's float32 scales, by onert's formulas (a per-tensor convolution
+  and a Mul multiply their scales in float32).
+Chained through a deep network they add up (PP-OCR's classifier: up to 17 steps at uint8), so
+the reader gives the kernels onert's arithmetic, and a package's circle is checked against it.
+"""
+
+import numpy as np
+
+from ..ops.tflite_arith import ROUNDING, TFLITE
+from ..quant.params import quantize_multiplier
+
+KERNELS = ("QConv", "QGemm", "QMul", "QAdd")  # what onert requantizes with gemmlowp
+_EIGHT_BITS = ("uint8", "int8")
+
+
+def _f32(scales) -> list[float]:
+    return [float(s) for s in np.asarray(scales, np.float32).ravel()]
+
+
+def tflite_attrs(node) -> dict | None:
+    """`node`'s attributes as onert computes it from a circle of its values' parameters
+    (multipliers from the float32 scales, two roundings); None for nodes onert does not
+    requantize that way (other ops, 16-bit outputs, missing parameters)."""
+    if node.op not in KERNELS or node.attrs.get("dtype") not in _EIGHT_BITS:
+        return None
+    params = [v.quant if v is not None else None for v in (*node.inputs[:2], node.output)]
+    if any(p is None for p in params):
+        return None
+    (s_x, s_w, s_y) = (_f32(p.scale) for p in params)
+    if len(s_x) != 1 or len(s_y) != 1:  # per-channel activations: not circle's
+        return None
+    attrs = {**node.attrs, ROUNDING: TFLITE}
+    if node.op == "QAdd":  # 2 max(s_a, s_b) and the divisions in float64, as onebuild does
+        largest = 2 * max(s_x[0], s_w[0])
+        attrs["a_rescale"] = list(quantize_multiplier(s_x[0] / largest))
+        attrs["b_rescale"] = list(quantize_multiplier(s_w[0] / largest))
+        attrs["multiplier"], attrs["shift"] = quantize_multiplier(largest / (2**20 * s_y[0]))
+        return attrs
+    if node.op == "QMul":  # lhs * rhs / output in float32
+        real = float(np.float32(np.float32(s_x[0]) * np.float32(s_w[0])) / np.float32(s_y[0]))
+        attrs["multiplier"], attrs["shift"] = quantize_multiplier(real)
+        return attrs
+    channels = len(np.atleast_1d(node.attrs["multiplier"]))
+    if len(s_w) == 1 and node.attrs["dtype"] == "uint8":  # the scales' product in float32
+        reals = [float(np.float32(np.float32(s_x[0]) * np.float32(s_w[0]))) / s_y[0]] * channels
+    else:  # per channel (and int8): s_x * s_w[c] / s_y in float64
+        reals = [s_x[0] * s / s_y[0] for s in np.broadcast_to(s_w, (channels,))]
+    multipliers = [quantize_multiplier(real) for real in reals]
+    attrs["multiplier"] = [m for m, _ in multipliers]
+    attrs["shift"] = [r for _, r in multipliers]
+    return attrs
+
+
+def use_tflite_arithmetic(nodes) -> None:
+    """Give each node of `nodes` that onert requantizes with gemmlowp its `tflite_attrs`."""
+    for node in nodes:
+        attrs = tflite_attrs(node)
+        if attrs is not None:
+            node.attrs = attrs
