@@ -17,6 +17,7 @@ from ..quant.params import (
     requantize,
 )
 from .conv import conv, conv_type, conv_weights, gemm, gemm_type, gemm_weights
+from .gemmlowp import requantizer
 from .pool import _pool_type, window_sums
 from .registry import (
     BROADCASTING,
@@ -28,7 +29,6 @@ from .registry import (
     register,
 )
 from .tensor_ops import CONCAT_BATCH, _concat_type
-from .tflite_arith import requantizer
 
 FLOAT_OP = "float_op"  # the float op a kernel standing for several replaced (partition keys)
 
@@ -327,7 +327,7 @@ def _rescaled(q: np.ndarray, zero_point, rescale, rescaling=requantize) -> np.nd
 @register("QAdd", _typed(broadcast), batch=BROADCASTING, quantizes=("Add", "Sub"))
 def q_add(attrs, a, b):
     """a ± b: each input rescaled to half the larger input scale at 2^20 resolution, summed,
-    then requantized to the output (TFLite's scheme; `rounding` as `tflite_arith` says)."""
+    then requantized to the output (TFLite's scheme; `rounding` as in `gemmlowp`)."""
     rescaling = requantizer(attrs)
     a_scaled = _rescaled(a, attrs["a_zero_point"], attrs["a_rescale"], rescaling)
     b_scaled = _rescaled(b, attrs["b_zero_point"], attrs["b_rescale"], rescaling)

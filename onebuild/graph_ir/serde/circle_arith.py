@@ -3,17 +3,23 @@ DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB and MUL ask of it (`docs/circle-tfl
 
 onert differs from onebuild's own requantization (round half to even of acc * m / 2^r, exactly,
 m from the float64 scales) in two ways, each worth at most 1 step on rare elements:
-- two roundings (gemmlowp, `ops/tflite_arith.py`): acc * m / 2^31 rounded half away from zero,
+- two roundings (gemmlowp, `ops/gemmlowp.py`): acc * m / 2^31 rounded half away from zero,
   then the rest of the shift rounded half away from zero again;
 - multipliers from the file's float32 scales, by onert's formulas (a per-tensor convolution
   and a Mul multiply their scales in float32).
 Chained through a deep network they add up (PP-OCR's classifier: up to 17 steps at uint8), so
-the reader gives the kernels onert's arithmetic, and a package's circle is checked against it.
+the reader gives a circle's kernels onert's arithmetic, and a package's circle is checked
+against it. A tflite file keeps onebuild's own: LiteRT (its default XNNPACK kernels round once)
+gives exactly onebuild's codes on every tensor of the int8 classifier.
 """
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
-from ..ops.tflite_arith import ROUNDING, TFLITE
+from ..ir import Graph
+from ..ops.gemmlowp import GEMMLOWP, ROUNDING
 from ..quant.params import quantize_multiplier
 
 KERNELS = ("QConv", "QGemm", "QMul", "QAdd")  # what onert requantizes with gemmlowp
@@ -24,7 +30,7 @@ def _f32(scales) -> list[float]:
     return [float(s) for s in np.asarray(scales, np.float32).ravel()]
 
 
-def tflite_attrs(node) -> dict | None:
+def onert_attrs(node) -> dict | None:
     """`node`'s attributes as onert computes it from a circle of its values' parameters
     (multipliers from the float32 scales, two roundings); None for nodes onert does not
     requantize that way (other ops, 16-bit outputs, missing parameters)."""
@@ -36,7 +42,7 @@ def tflite_attrs(node) -> dict | None:
     (s_x, s_w, s_y) = (_f32(p.scale) for p in params)
     if len(s_x) != 1 or len(s_y) != 1:  # per-channel activations: not circle's
         return None
-    attrs = {**node.attrs, ROUNDING: TFLITE}
+    attrs = {**node.attrs, ROUNDING: GEMMLOWP}
     if node.op == "QAdd":  # 2 max(s_a, s_b) and the divisions in float64, as onebuild does
         largest = 2 * max(s_x[0], s_w[0])
         attrs["a_rescale"] = list(quantize_multiplier(s_x[0] / largest))
@@ -58,9 +64,22 @@ def tflite_attrs(node) -> dict | None:
     return attrs
 
 
-def use_tflite_arithmetic(nodes) -> None:
-    """Give each node of `nodes` that onert requantizes with gemmlowp its `tflite_attrs`."""
+def use_onert_arithmetic(nodes) -> None:
+    """Give each node of `nodes` that onert requantizes with gemmlowp its `onert_attrs`."""
     for node in nodes:
-        attrs = tflite_attrs(node)
+        attrs = onert_attrs(node)
         if attrs is not None:
+            node.attrs = attrs
+
+
+@contextmanager
+def onert_arithmetic(graph: Graph) -> Iterator[Graph]:
+    """`graph` with its kernels as onert computes them from its circle, for the `with` block
+    (then its own attributes again): what the circle reads back as."""
+    kept = {node: node.attrs for node in graph.nodes}
+    try:
+        use_onert_arithmetic(graph.nodes)
+        yield graph
+    finally:
+        for node, attrs in kept.items():
             node.attrs = attrs

@@ -14,8 +14,8 @@ import numpy as np
 
 from ...errors import FormatError, ModelError
 from ..interpreter import Interpreter
-from ..ir import Graph, Model, Value
-from .circle_arith import use_tflite_arithmetic
+from ..ir import Model, Value
+from .circle_arith import onert_arithmetic
 
 PROBE_SAMPLES = 4
 
@@ -46,7 +46,8 @@ def _checked(model: Model) -> tuple[bytes | None, str | None]:
             )
     rng = np.random.default_rng(0)
     feeds = {v.name: _probe(v, rng) for v in graph.inputs}
-    want = _as_onert_computes(graph, feeds)
+    with onert_arithmetic(graph):  # what the circle asks of onert (`circle_arith`)
+        want = Interpreter(graph).run_batch(feeds)
     got = Interpreter(back).run_batch(feeds)
     for value in graph.outputs:
         a, b = want[value.name], got[value.name]
@@ -57,19 +58,6 @@ def _checked(model: Model) -> tuple[bytes | None, str | None]:
                 "probe batch's elements)"
             )
     return data, None
-
-
-def _as_onert_computes(graph: Graph, feeds: dict) -> dict:
-    """The graph's outputs with its 8-bit requantizing kernels as onert computes them from a
-    circle (`tflite_arith`: within 1 step of the graph's own per kernel): what the circle reads
-    back as, and what the package then runs."""
-    kept = {node: node.attrs for node in graph.nodes}
-    try:
-        use_tflite_arithmetic(graph.nodes)
-        return Interpreter(graph).run_batch(feeds)
-    finally:
-        for node, attrs in kept.items():
-            node.attrs = attrs
 
 
 def _spec(value: Value) -> tuple:

@@ -1,6 +1,6 @@
-"""TFLite's requantization (gemmlowp's two roundings), which onert's 8-bit CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB and MUL compute: the kernels QConv, QGemm, QAdd
-and QMul use it when their attribute `rounding` is "tflite" (models read from circle/tflite:
+"""gemmlowp's requantization (two roundings), which TFLite's builtin 8-bit kernels and onert's
+CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB and MUL compute. The kernels QConv, QGemm,
+QAdd and QMul use it when their attribute `rounding` is "gemmlowp" (read from a circle:
 `serde/circle_arith.py`), else onebuild's own `requantize` (one rounding, half to even)."""
 
 import numpy as np
@@ -8,10 +8,10 @@ import numpy as np
 from ..quant.params import requantize
 
 ROUNDING = "rounding"
-TFLITE = "tflite"
+GEMMLOWP = "gemmlowp"
 
 
-def requantize_tflite(acc: np.ndarray, m, r) -> np.ndarray:
+def requantize_gemmlowp(acc: np.ndarray, m, r) -> np.ndarray:
     """RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(acc << left, m), right) with
     TFLite's shift 31 - r split into left (>= 0) and right (>= 0); acc within int32."""
     acc = np.asarray(acc, np.int64)
@@ -28,5 +28,5 @@ def requantize_tflite(acc: np.ndarray, m, r) -> np.ndarray:
 
 
 def requantizer(attrs):
-    """The requantization a kernel's attributes ask for: TFLite's, or onebuild's own."""
-    return requantize_tflite if attrs.get(ROUNDING) == TFLITE else requantize
+    """The requantization a kernel's attributes ask for: gemmlowp's, or onebuild's own."""
+    return requantize_gemmlowp if attrs.get(ROUNDING) == GEMMLOWP else requantize
