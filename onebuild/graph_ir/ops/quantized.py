@@ -17,7 +17,6 @@ from ..quant.params import (
     requantize,
 )
 from .conv import conv, conv_type, conv_weights, gemm, gemm_type, gemm_weights
-from .gemmlowp import requantizer
 from .pool import _pool_type, window_sums
 from .registry import (
     BROADCASTING,
@@ -29,6 +28,13 @@ from .registry import (
     register,
 )
 from .tensor_ops import CONCAT_BATCH, _concat_type
+from .tflite_rounding import (
+    FLOAT32,
+    ROUNDING,
+    dequantize_float32,
+    quantize_float32,
+    requantizer,
+)
 
 FLOAT_OP = "float_op"  # the float op a kernel standing for several replaced (partition keys)
 
@@ -108,6 +114,8 @@ def _per_code(q: np.ndarray, function, *parameters) -> np.ndarray | None:
 
 @register("QuantizeLinear", _typed(_same_shape), batch=PER_SAMPLE)
 def quantize_linear(attrs, x):
+    if attrs.get(ROUNDING) == FLOAT32:  # per tensor (`tflite_rounding`)
+        return quantize_float32(x, attrs["scale"][0], attrs["zero_point"][0], attrs["dtype"])
     return quantize(x, qdq_params(attrs), attrs["dtype"])
 
 
@@ -117,6 +125,8 @@ def quantize_linear(attrs, x):
     batch=PER_SAMPLE,
 )
 def dequantize_linear(attrs, q):
+    if attrs.get(ROUNDING) == FLOAT32:  # per tensor (`tflite_rounding`)
+        return dequantize_float32(q, attrs["scale"][0], attrs["zero_point"][0])
     return dequantize(q, qdq_params(attrs))
 
 
@@ -327,7 +337,7 @@ def _rescaled(q: np.ndarray, zero_point, rescale, rescaling=requantize) -> np.nd
 @register("QAdd", _typed(broadcast), batch=BROADCASTING, quantizes=("Add", "Sub"))
 def q_add(attrs, a, b):
     """a ± b: each input rescaled to half the larger input scale at 2^20 resolution, summed,
-    then requantized to the output (TFLite's scheme; `rounding` as in `gemmlowp`)."""
+    then requantized to the output (TFLite's scheme; `rounding` as in `tflite_rounding`)."""
     rescaling = requantizer(attrs)
     a_scaled = _rescaled(a, attrs["a_zero_point"], attrs["a_rescale"], rescaling)
     b_scaled = _rescaled(b, attrs["b_zero_point"], attrs["b_rescale"], rescaling)

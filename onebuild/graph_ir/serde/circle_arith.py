@@ -1,12 +1,14 @@
-"""The integer kernels of a circle as onert computes them: what a circle's 8-bit CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB and MUL ask of it (`docs/circle-tflite.md`).
+"""The kernels of a circle as onert computes them: what a circle's 8-bit CONV_2D,
+DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, and its QUANTIZE and DEQUANTIZE, ask of it
+(`docs/circle-tflite.md`).
 
-onert differs from onebuild's own requantization (round half to even of acc * m / 2^r, exactly,
-m from the float64 scales) in two ways, each worth at most 1 step on rare elements:
-- two roundings (gemmlowp, `ops/gemmlowp.py`): acc * m / 2^31 rounded half away from zero,
-  then the rest of the shift rounded half away from zero again;
-- multipliers from the file's float32 scales, by onert's formulas (a per-tensor convolution
-  and a Mul multiply their scales in float32).
+onert differs from onebuild's own arithmetic in three ways, each worth at most 1 step on rare
+elements (`ops/tflite_rounding.py`):
+- requantization rounds twice (gemmlowp), half away from zero, where onebuild rounds
+  acc * m / 2^r once, exactly, half to even;
+- multipliers come from the file's float32 scales, by onert's formulas (a per-tensor
+  convolution and a Mul multiply their scales in float32), not from the float64 ones;
+- QUANTIZE and DEQUANTIZE compute in float32 and round half away from zero.
 Chained through a deep network they add up (PP-OCR's classifier: up to 17 steps at uint8), so
 the reader gives a circle's kernels onert's arithmetic, and a package's circle is checked
 against it. A tflite file keeps onebuild's own: LiteRT (its default XNNPACK kernels round once)
@@ -19,7 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..ir import Graph
-from ..ops.gemmlowp import GEMMLOWP, ROUNDING
+from ..ops.tflite_rounding import FLOAT32, GEMMLOWP, ROUNDING
 from ..quant.params import quantize_multiplier
 
 KERNELS = ("QConv", "QGemm", "QMul", "QAdd")  # what onert requantizes with gemmlowp
@@ -34,6 +36,9 @@ def onert_attrs(node) -> dict | None:
     """`node`'s attributes as onert computes it from a circle of its values' parameters
     (multipliers from the float32 scales, two roundings); None for nodes onert does not
     requantize that way (other ops, 16-bit outputs, missing parameters)."""
+    if node.op in ("QuantizeLinear", "DequantizeLinear"):  # QUANTIZE, DEQUANTIZE in float32
+        per_tensor = node.attrs.get("axis") is None and len(node.attrs["scale"]) == 1
+        return {**node.attrs, ROUNDING: FLOAT32} if per_tensor else None
     if node.op not in KERNELS or node.attrs.get("dtype") not in _EIGHT_BITS:
         return None
     params = [v.quant if v is not None else None for v in (*node.inputs[:2], node.output)]
