@@ -4,7 +4,10 @@
   MUL): two roundings, half away from zero, where `requantize` rounds once, half to even;
 - "float32" (QuantizeLinear, DequantizeLinear: QUANTIZE, DEQUANTIZE): x / scale and
   (q - zero point) * scale in float32, quantized codes rounded half away from zero, where
-  onebuild computes in float64 and rounds half to even."""
+  onebuild computes in float64 and rounds half to even;
+- "float32_truncate" (Resize, linear, of uint8 codes: RESIZE_BILINEAR): weights and sum in
+  float32, truncated toward zero, where onebuild rounds the exact sum half to even. The
+  truncation is onert's own (TFLite rounds): it lowers codes by half a step on average."""
 
 import numpy as np
 
@@ -13,6 +16,7 @@ from ..quant.params import requantize
 ROUNDING = "rounding"
 GEMMLOWP = "gemmlowp"
 FLOAT32 = "float32"
+FLOAT32_TRUNCATE = "float32_truncate"
 
 
 def requantize_gemmlowp(acc: np.ndarray, m, r) -> np.ndarray:
@@ -48,3 +52,36 @@ def quantize_float32(x: np.ndarray, scale: float, zero_point: int, dtype: str) -
 def dequantize_float32(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
     """(q - zero_point) * scale in float32."""
     return (np.asarray(q, np.int64) - zero_point).astype(np.float32) * np.float32(scale)
+
+
+def _bilinear_taps(in_len: int, out_len: int, mode: str):
+    """onert's source rows (low, high) and fraction for each output index, in float32."""
+    f32 = np.float32
+    if mode == "align_corners" and out_len > 1:
+        scale = f32(in_len - 1) / f32(out_len - 1)
+    else:
+        scale = f32(in_len) / f32(out_len)
+    index = np.arange(out_len, dtype=f32)
+    position = (index + f32(0.5)) * scale - f32(0.5) if mode == "half_pixel" else index * scale
+    low = np.maximum(np.floor(position).astype(np.int64), 0)
+    high = np.minimum(np.ceil(position).astype(np.int64), in_len - 1)
+    return low, high, position - low.astype(f32)
+
+
+def resize_bilinear_float32(x: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
+    """onert's uint8 RESIZE_BILINEAR of NCHW codes to [height, width] (`mode`: half_pixel,
+    align_corners or asymmetric): the four taps' weights and their weighted sum in float32, in
+    onert's order, then truncated (cast to the integer type), where onebuild rounds the exact
+    sum half to even."""
+    f32, one = np.float32, np.float32(1)
+    y0, y1, fy = _bilinear_taps(x.shape[-2], height, mode)
+    x0, x1, fx = _bilinear_taps(x.shape[-1], width, mode)
+    rows = [(y0, one - fy), (y1, fy)]
+    columns = [(x0, one - fx), (x1, fx)]
+    total = None
+    for row, row_weight in rows:
+        for column, column_weight in columns:
+            weight = row_weight[:, None] * column_weight[None, :]
+            term = x[..., row[:, None], column[None, :]].astype(f32) * weight
+            total = term if total is None else total + term
+    return np.trunc(total).astype(x.dtype)

@@ -1,14 +1,15 @@
 """The kernels of a circle as onert computes them: what a circle's 8-bit CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, and its QUANTIZE and DEQUANTIZE, ask of it
+DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, RESIZE_BILINEAR, QUANTIZE and DEQUANTIZE ask
 (`docs/circle-tflite.md`).
 
-onert differs from onebuild's own arithmetic in three ways, each worth at most 1 step on rare
+onert differs from onebuild's own arithmetic in four ways, each worth at most 1 step on rare
 elements (`ops/tflite_rounding.py`):
 - requantization rounds twice (gemmlowp), half away from zero, where onebuild rounds
   acc * m / 2^r once, exactly, half to even;
 - multipliers come from the file's float32 scales, by onert's formulas (a per-tensor
   convolution and a Mul multiply their scales in float32), not from the float64 ones;
-- QUANTIZE and DEQUANTIZE compute in float32 and round half away from zero.
+- QUANTIZE and DEQUANTIZE compute in float32 and round half away from zero;
+- a uint8 RESIZE_BILINEAR computes in float32 and truncates.
 Chained through a deep network they add up (PP-OCR's classifier: up to 17 steps at uint8), so
 the reader gives a circle's kernels onert's arithmetic, and a package's circle is checked
 against it. A tflite file keeps onebuild's own: LiteRT (its default XNNPACK kernels round once)
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..ir import Graph
-from ..ops.tflite_rounding import FLOAT32, GEMMLOWP, ROUNDING
+from ..ops.tflite_rounding import FLOAT32, FLOAT32_TRUNCATE, GEMMLOWP, ROUNDING
 from ..quant.params import quantize_multiplier
 
 KERNELS = ("QConv", "QGemm", "QMul", "QAdd")  # what onert requantizes with gemmlowp
@@ -39,6 +40,9 @@ def onert_attrs(node) -> dict | None:
     if node.op in ("QuantizeLinear", "DequantizeLinear"):  # QUANTIZE, DEQUANTIZE in float32
         per_tensor = node.attrs.get("axis") is None and len(node.attrs["scale"]) == 1
         return {**node.attrs, ROUNDING: FLOAT32} if per_tensor else None
+    if node.op == "Resize" and node.attrs.get("mode") == "linear":  # RESIZE_BILINEAR
+        uint8 = node.inputs[0].dtype == np.uint8
+        return {**node.attrs, ROUNDING: FLOAT32_TRUNCATE} if uint8 else None
     if node.op not in KERNELS or node.attrs.get("dtype") not in _EIGHT_BITS:
         return None
     params = [v.quant if v is not None else None for v in (*node.inputs[:2], node.output)]

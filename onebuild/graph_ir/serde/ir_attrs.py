@@ -20,7 +20,7 @@ import numpy as np
 from ...fields import MAX_DIM, Fields
 from .. import dtypes
 from ..ops import OPS
-from ..ops.tflite_rounding import FLOAT32, GEMMLOWP
+from ..ops.tflite_rounding import FLOAT32, FLOAT32_TRUNCATE, GEMMLOWP
 
 Rule = Callable[[Fields, Any, str], None]
 I64 = (-(1 << 63), (1 << 63) - 1)
@@ -92,7 +92,7 @@ def _axis(f: Fields, v, path: str) -> None:
 
 
 def _rounding(f: Fields, v, path: str) -> None:
-    f.choice(f.text(v, path), path, [FLOAT32, GEMMLOWP])
+    f.choice(f.text(v, path), path, [FLOAT32, FLOAT32_TRUNCATE, GEMMLOWP])
 
 
 FLAG = _int(0, 1)
