@@ -6,8 +6,8 @@
   (q - zero point) * scale in float32, quantized codes rounded half away from zero, where
   onebuild computes in float64 and rounds half to even;
 - "float32_truncate" (Resize, linear, of uint8 codes: RESIZE_BILINEAR): weights and sum in
-  float32, truncated toward zero, where onebuild rounds the exact sum half to even. The
-  truncation is onert's own (TFLite rounds): it lowers codes by half a step on average."""
+  float32, truncated toward zero, where onebuild (as onnxruntime) rounds the exact sum half to
+  even: never higher, up to 1 step lower."""
 
 import numpy as np
 

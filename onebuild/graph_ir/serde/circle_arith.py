@@ -34,9 +34,9 @@ def _f32(scales) -> list[float]:
 
 
 def onert_attrs(node) -> dict | None:
-    """`node`'s attributes as onert computes it from a circle of its values' parameters
-    (multipliers from the float32 scales, two roundings); None for nodes onert does not
-    requantize that way (other ops, 16-bit outputs, missing parameters)."""
+    """`node`'s attributes as onert computes it from a circle of its values' parameters (the
+    four ways above); None where onert computes as onebuild does (other ops, 16-bit kernels,
+    per-channel activations, which circle does not hold)."""
     if node.op in ("QuantizeLinear", "DequantizeLinear"):  # QUANTIZE, DEQUANTIZE in float32
         per_tensor = node.attrs.get("axis") is None and len(node.attrs["scale"]) == 1
         return {**node.attrs, ROUNDING: FLOAT32} if per_tensor else None
@@ -49,7 +49,7 @@ def onert_attrs(node) -> dict | None:
     if any(p is None for p in params):
         return None
     (s_x, s_w, s_y) = (_f32(p.scale) for p in params)
-    if len(s_x) != 1 or len(s_y) != 1:  # per-channel activations: not circle's
+    if len(s_x) != 1 or len(s_y) != 1:
         return None
     attrs = {**node.attrs, ROUNDING: GEMMLOWP}
     if node.op == "QAdd":  # 2 max(s_a, s_b) and the divisions in float64, as onebuild does
@@ -74,7 +74,7 @@ def onert_attrs(node) -> dict | None:
 
 
 def use_onert_arithmetic(nodes) -> None:
-    """Give each node of `nodes` that onert requantizes with gemmlowp its `onert_attrs`."""
+    """Give each node of `nodes` that onert computes otherwise its `onert_attrs`."""
     for node in nodes:
         attrs = onert_attrs(node)
         if attrs is not None:
