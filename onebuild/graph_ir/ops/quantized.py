@@ -30,9 +30,11 @@ from .registry import (
 from .tensor_ops import CONCAT_BATCH, _concat_type
 from .tflite_rounding import (
     FLOAT32,
+    GEMMLOWP,
     ROUNDING,
     dequantize_float32,
     quantize_float32,
+    requantize_gemmlowp,
     requantizer,
 )
 
@@ -380,8 +382,14 @@ def q_concat(attrs, *inputs):
 def q_average_pool(attrs, x):
     """Window sums of (x - zp_x), each rescaled by s_x / (s_y * count) for its window's count.
 
-    The multiplier of each count is `quantize_multiplier(scale_ratio / count)`.
+    The multiplier of each count is `quantize_multiplier(scale_ratio / count)`; with `rounding`
+    "gemmlowp" (read from a circle) every window counts its whole kernel and `multiplier`,
+    `shift` are onert's (`tflite_rounding`).
     """
     total, counts = window_sums(attrs, _centered(x, attrs["x_zero_point"]).astype(np.float64))
+    if attrs.get(ROUNDING) == GEMMLOWP:  # a circle's DEPTHWISE_CONV_2D of ones: whole windows
+        return _output(
+            attrs, requantize_gemmlowp(_exact_int(total), attrs["multiplier"], attrs["shift"])
+        )
     m, r = count_multipliers(attrs["scale_ratio"], counts)
     return _output(attrs, requantize(_exact_int(total), m, r))

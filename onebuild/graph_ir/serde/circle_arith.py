@@ -1,6 +1,6 @@
 """The kernels of a circle as onert computes them: what a circle's 8-bit CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, RESIZE_BILINEAR, QUANTIZE and DEQUANTIZE ask
-(`docs/circle-tflite.md`).
+DEPTHWISE_CONV_2D (a rescaling average pool's too), FULLY_CONNECTED, ADD, SUB, MUL,
+RESIZE_BILINEAR, QUANTIZE and DEQUANTIZE ask of it (`docs/circle-tflite.md`).
 
 onert differs from onebuild's own arithmetic in four ways, each worth at most 1 step on rare
 elements (`ops/tflite_rounding.py`):
@@ -24,6 +24,7 @@ import numpy as np
 from ..ir import Graph
 from ..ops.tflite_rounding import FLOAT32, FLOAT32_TRUNCATE, GEMMLOWP, ROUNDING
 from ..quant.params import quantize_multiplier
+from .circle_names import rescaling_mean
 
 KERNELS = ("QConv", "QGemm", "QMul", "QAdd")  # what onert requantizes with gemmlowp
 _EIGHT_BITS = ("uint8", "int8")
@@ -43,6 +44,8 @@ def onert_attrs(node) -> dict | None:
     if node.op == "Resize" and node.attrs.get("mode") == "linear":  # RESIZE_BILINEAR
         uint8 = node.inputs[0].dtype == np.uint8
         return {**node.attrs, ROUNDING: FLOAT32_TRUNCATE} if uint8 else None
+    if node.op == "QAveragePool":
+        return _window_sums_attrs(node)
     if node.op not in KERNELS or node.attrs.get("dtype") not in _EIGHT_BITS:
         return None
     params = [v.quant if v is not None else None for v in (*node.inputs[:2], node.output)]
@@ -71,6 +74,22 @@ def onert_attrs(node) -> dict | None:
     attrs["multiplier"] = [m for m, _ in multipliers]
     attrs["shift"] = [r for _, r in multipliers]
     return attrs
+
+
+def _window_sums_attrs(node) -> dict | None:
+    """A rescaling 8-bit QAveragePool but a global one (MEAN, which onert rounds as onebuild
+    does): the writer's DEPTHWISE_CONV_2D of ones of scale 1 / area, requantized per tensor."""
+    x, y = node.inputs[0].quant, node.output.quant
+    if node.attrs.get("dtype") not in _EIGHT_BITS or x == y or rescaling_mean(node):
+        return None
+    s_x, s_y = _f32(x.scale)[0], _f32(y.scale)[0]
+    s_w = np.float32(1 / int(np.prod(node.attrs["kernel_shape"])))
+    if node.attrs["dtype"] == "uint8":  # the scales' product in float32
+        real = float(np.float32(np.float32(s_x) * s_w)) / s_y
+    else:
+        real = s_x * float(s_w) / s_y
+    multiplier, shift = quantize_multiplier(real)
+    return {**node.attrs, ROUNDING: GEMMLOWP, "multiplier": multiplier, "shift": shift}
 
 
 def use_onert_arithmetic(nodes) -> None:
