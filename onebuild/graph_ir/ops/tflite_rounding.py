@@ -1,7 +1,8 @@
 """TFLite's roundings, as onert's kernels compute them, for the kernels of a circle
 (`serde/circle_arith.py` sets their attribute `rounding`; without it, onebuild's own):
-- "gemmlowp" (QConv, QGemm, QAdd, QMul: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB,
-  MUL): two roundings, half away from zero, where `requantize` rounds once, half to even;
+- "gemmlowp" (QConv, QGemm, QAdd, QMul, a rescaling QAveragePool: CONV_2D, DEPTHWISE_CONV_2D,
+  FULLY_CONNECTED, ADD, SUB, MUL): two roundings, half away from zero, where `requantize`
+  rounds once, half to even;
 - "float32" (QuantizeLinear, DequantizeLinear: QUANTIZE, DEQUANTIZE): x / scale and
   (q - zero point) * scale in float32, quantized codes rounded half away from zero, where
   onebuild computes in float64 and rounds half to even;
