@@ -16,11 +16,12 @@ from test_circle import (
 from test_package_circle import ROOT, mobilenet_images
 
 from onebuild import compile as C
+from onebuild.errors import FormatError
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.quant.kernel_attrs import binary_attrs
 from onebuild.graph_ir.quant.model_io import quantize_inputs
-from onebuild.graph_ir.serde import load_onnx, read_circle, write_circle
+from onebuild.graph_ir.serde import load_ir, load_onnx, read_circle, save_ir, write_circle
 from onebuild.graph_ir.tensor import QuantParams
 from onebuild.npz import read_npz
 
@@ -180,3 +181,31 @@ def test_litert_gives_the_irs_own_arithmetic_for_tflite():
     want = Interpreter(quantized.main).run_batch({"input": feeds})
     worst = differences(quantized.main, results, want)
     assert len(worst) >= 5 and max(worst.values()) == 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"rounding": "bogus"}, "attrs.rounding: 'bogus' is not one of float32"),
+        ({"rounding": "gemmlowp"}, "attrs.multiplier: must be one integer with rounding"),
+    ],
+)
+def test_an_ir_file_with_a_bad_rounding_is_one_line(tmp_path, change, message):
+    """An IR file's `rounding` is one of the three names, and an average pool that rounds as
+    gemmlowp carries its multiplier and shift: else loading fails naming the attribute."""
+    graph = Graph("pool")
+    x = graph.add_input("x", np.dtype(np.uint8), (1, 1, 4, 4))
+    x.quant = QuantParams((0.1,), (0,))
+    attrs = {
+        "kernel_shape": [2, 2], "strides": [2, 2], "dilations": [1, 1], "pads": [0] * 4,
+        "ceil_mode": 0, "count_include_pad": 0, "x_zero_point": 0, "y_zero_point": 0,
+        "qmin": 0, "qmax": 255, "dtype": "uint8", "scale_ratio": 0.5, **change,
+    }  # fmt: skip
+    node = graph.make_node("QAveragePool", [x], attrs, "pool")
+    node.output.quant = QuantParams((0.2,), (0,))
+    graph.outputs.append(node.output)
+    path = tmp_path / "m.obir"
+    save_ir(Model([graph], {}), path)
+    with pytest.raises(FormatError, match=message) as error:
+        load_ir(path)
+    assert len(str(error.value).splitlines()) == 1

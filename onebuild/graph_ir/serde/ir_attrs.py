@@ -303,6 +303,11 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
     if op == "Requantize" and first is not None:
         for key in ("multiplier", "shift"):
             f.require(not isinstance(attrs[key], list), f"{path}.{key}", "must be one integer")
+    if op == "QAveragePool" and attrs.get("rounding") == GEMMLOWP:  # a circle's window sums
+        for key in ("multiplier", "shift"):
+            value = attrs.get(key)
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            f.require(ok, f"{path}.{key}", "must be one integer with rounding 'gemmlowp'")
 
 
 def _ordered(qmin, qmax) -> bool:
