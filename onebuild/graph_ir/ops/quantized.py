@@ -388,8 +388,7 @@ def q_average_pool(attrs, x):
     """
     total, counts = window_sums(attrs, _centered(x, attrs["x_zero_point"]).astype(np.float64))
     if attrs.get(ROUNDING) == GEMMLOWP:  # a circle's DEPTHWISE_CONV_2D of ones: whole windows
-        return _output(
-            attrs, requantize_gemmlowp(_exact_int(total), attrs["multiplier"], attrs["shift"])
-        )
+        m, r = attrs.get("multiplier"), attrs.get("shift")  # required then (`ir_attrs`)
+        return _output(attrs, requantize_gemmlowp(_exact_int(total), m, r))
     m, r = count_multipliers(attrs["scale_ratio"], counts)
     return _output(attrs, requantize(_exact_int(total), m, r))
