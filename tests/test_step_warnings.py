@@ -28,8 +28,8 @@ def _checkout(folder, cache):
     return folder / "r.toml"
 
 
-def _build(recipe):
-    cli = [sys.executable, "-m", "onebuild.cli", "build", str(recipe), "--json"]
+def _build(recipe, *options):
+    cli = [sys.executable, "-m", "onebuild.cli", "build", str(recipe), "--json", *options]
     done = subprocess.run(cli, capture_output=True, text=True, check=True)
     steps = {s["step"]: s for s in json.loads(done.stdout)["steps"]}
     return steps, done.stderr
@@ -49,3 +49,13 @@ def test_warnings_are_said_again_when_up_to_date_or_restored(tmp_path):
         assert again["calibrate"]["warnings"] == steps["calibrate"]["warnings"]
         assert stderr.count(EARLIER) == 1, stderr
     assert again["calibrate"]["status"] == "restored"
+
+
+def test_warnings_of_a_step_run_on_a_dask_worker_reach_the_client(tmp_path):
+    recipe = _checkout(tmp_path / "p", tmp_path / "cache")
+    steps, stderr = _build(recipe, "--executor", "dask", "-j", "1")
+    assert steps["calibrate"]["status"] == "run"
+    assert [WARNING in w for w in steps["calibrate"]["warnings"]] == [True]
+    assert stderr.count(WARNING) == 1 and EARLIER not in stderr, stderr
+    log = json.loads((tmp_path / "p/build/r/calibrate.npz.log").read_text())
+    assert log["warnings"] == steps["calibrate"]["warnings"]

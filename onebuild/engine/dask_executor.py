@@ -6,9 +6,9 @@ worker runs the step in a private temporary folder that mirrors their absolute p
 step's config, which names the same paths, and files that refer to each other stay valid) and
 sends back its outputs, which the client puts in place atomically. Progress lines of a step on
 a worker are drawn on the client's terminal (live updates as Dask events, the summary lines with
-the result). A worker killed mid-step
-leaves nothing behind: the scheduler runs the task again on another worker. Cache restores
-stay on the client (the step cache, local or remote, is consulted before a step is submitted).
+the result), and its warnings are logged there with the result. A worker killed mid-step leaves
+nothing behind: the scheduler runs the task again on another worker. Cache restores stay on the
+client (the step cache, local or remote, is consulted before a step is submitted).
 """
 
 import contextlib
@@ -30,8 +30,10 @@ from ..errors import OneBuildError, UserError
 from ..progress import Progress, forward_to, summary
 from ..tasks import STEPS
 from .step_cache import put_in_place
+from .step_warnings import recorded
 
 INSTALL = "pip install 'onebuild[dask]'"
+log = logging.getLogger("onebuild")
 TOPIC = "onebuild-progress"  # the Dask event topic of steps' live progress
 
 
@@ -101,10 +103,11 @@ class DaskExecutor:
         )
         summaries = []
         try:
-            blobs, error, summaries = future.result()
+            blobs, error, summaries, warnings = future.result()
         finally:
             future.release()
             self.progress.finished(key, summaries)  # a failed task's live line closes too
+        _say(warnings)
         for output, blob in zip(outputs, blobs):
             if blob is not None:
                 put_in_place(output, lambda target, blob=blob: unpack_tree(blob, target))
@@ -126,12 +129,14 @@ class DaskExecutor:
             parts = client.gather(futures)
         finally:
             client.cancel(futures)
-            for future, part in zip(futures, parts or [(None, None, [])] * count):
+            for future, part in zip(futures, parts or [(None, None, [], [])] * count):
                 self.progress.finished(future.key, part[2])
-        failures = [error for _, error, _ in parts if error is not None]
+        for part in parts:
+            _say(part[3])
+        failures = [part[1] for part in parts if part[1] is not None]
         if failures:
             raise _rebuilt(failures[0])
-        module.merge(config, [part for part, _, _ in parts], outputs)
+        module.merge(config, [part[0] for part in parts], outputs)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a cluster that lost workers
@@ -216,11 +221,11 @@ def _on_worker(prefix: str, inputs: dict[str, bytes]):
 
 def run_step(
     step: str, config: dict, inputs: dict[str, bytes], outputs: list[str]
-) -> tuple[list[bytes | None], tuple[str, str] | None, list[dict]]:
+) -> tuple[list[bytes | None], tuple[str, str] | None, list[dict], list[str]]:
     """On a worker: the step in a private root that mirrors the client's paths; returns the
-    outputs it wrote, its error message (naming the client's paths) if it failed, and its
-    progress summaries."""
-    with _on_worker("onebuild-step-", inputs) as (root, summaries):
+    outputs it wrote, its error message (naming the client's paths) if it failed, its progress
+    summaries and the warnings it logged."""
+    with _on_worker("onebuild-step-", inputs) as (root, summaries), recorded() as warnings:
         local = [_inside(root, p) for p in outputs]
         for path in local:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,21 +234,35 @@ def run_step(
             STEPS[step].run(_relocated(config, root), [_inside(root, p) for p in inputs], local)
         except OneBuildError as failure:
             error = _shipped(failure, root)
-        return [pack_tree(p) if p.exists() else None for p in local], error, summaries
+        blobs = [pack_tree(p) if p.exists() else None for p in local]
+        return blobs, error, summaries, _unrooted(warnings, root)
 
 
 def run_shard(
     step: str, config: dict, inputs: dict[str, bytes], index: int, count: int
-) -> tuple[Any, tuple[str, str] | None, list[dict]]:
+) -> tuple[Any, tuple[str, str] | None, list[dict], list[str]]:
     """On a worker: part `index` of `count` of a step that splits; (part, error message,
-    progress summaries)."""
+    progress summaries, warnings)."""
     module = import_module(STEPS[step].module)
-    with _on_worker("onebuild-shard-", inputs) as (root, summaries):
+    with _on_worker("onebuild-shard-", inputs) as (root, summaries), recorded() as warnings:
         local = [_inside(root, p) for p in inputs]
+        part, error = None, None
         try:
-            return module.run_shard(_relocated(config, root), local, index, count), None, summaries
+            part = module.run_shard(_relocated(config, root), local, index, count)
         except OneBuildError as failure:
-            return None, _shipped(failure, root), summaries
+            error = _shipped(failure, root)
+        return part, error, summaries, _unrooted(warnings, root)
+
+
+def _unrooted(warnings: list[str], root: Path) -> list[str]:
+    """A worker's warnings naming the client's paths."""
+    return [message.replace(str(root), "") for message in warnings]
+
+
+def _say(warnings: list[str]) -> None:
+    """Log a worker's warnings on the client, where the step's recorder hears them."""
+    for message in warnings:
+        log.warning("%s", message)
 
 
 def _shipped(failure: OneBuildError, root: Path) -> tuple[str, str]:
