@@ -1,11 +1,14 @@
 """Real models at plain uint8, built as a user builds them (`onebuild build` on a recipe:
 import, O1, MinMax calibration, uint8, pack), then the package's circle run by onert 0.1.0.
 Prints JSON per model: the package's model types (all `circle` is the point: onert cannot load
-`.obir`), the largest difference between onert's outputs and onebuild's in steps of each
-output's scale (LSB) and the share of elements that differ, the SQNR (dB) of both against the
-float model in onnxruntime, for class scores how often the top-1 classes agree, and per
-operator type the difference when onert runs each node alone on onebuild's input codes
-(`each_operator`); on evaluation images the calibration did not see (`real_models.py`:
+`.obir`); the largest difference (in steps of each output's scale, LSB) between onert's outputs
+and the package's as onebuild runs it (the circle read with onert's arithmetic,
+`serde/circle_arith.py`), and between onert's and the quantized model's (`quantize.obir`,
+onebuild's own rounding) with the share of elements that differ; the SQNR (dB) of the
+quantized model and of onert against the float model in onnxruntime; for class scores how often
+the top-1 classes agree; and per operator type the difference when onert runs each node alone
+on onebuild's input codes, against the node read back from its circle and against the node
+itself (`each_operator`); on evaluation images the calibration did not see (`real_models.py`:
 PP-OCR's direction classifier on text lines, its detector on page tiles).
 
     python bench/circle_onert.py [--models ocr_cls,ocr_det] [--samples 8] [--keep DIR]
@@ -25,7 +28,7 @@ from real_models import MODELS, fixed_export, samples
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.metrics import sqnr_db
-from onebuild.graph_ir.serde import load_ir, write_circle
+from onebuild.graph_ir.serde import load_ir, read_circle, write_circle
 from onebuild.npz import write_npz
 from onebuild.runtime.package import load_package, run_package
 
@@ -94,7 +97,9 @@ def run_onert(path: Path, images, many: bool = False) -> list[list[np.ndarray]]:
 def measure(model, folder: Path, count: int) -> dict:
     package, name, images = build(model, folder, count)
     manifest = json.loads((package / "metadata" / "MANIFEST").read_text())
-    ours, _ = run_package(load_package(package), {name: images})
+    packaged, _ = run_package(load_package(package), {name: images})
+    graph = load_ir(folder / "build" / "quantize.obir").main
+    ours = Interpreter(graph).run_batch({name: images})  # onebuild's own rounding
     (circle,) = manifest["models"]
     theirs = run_onert(package / circle, images)
     reference = ort.InferenceSession(
@@ -107,10 +112,12 @@ def measure(model, folder: Path, count: int) -> dict:
         got = np.stack([r[i] for r in theirs]).reshape(mine.shape)
         want = np.stack([f[i] for f in floats]).reshape(mine.shape).astype(np.float64)
         lsb = np.rint(np.abs(got.astype(np.float64) - mine) / scales[key])
+        package_lsb = np.rint(np.abs(got.astype(np.float64) - packaged[key]) / scales[key])
         result[key] = {
-            "onert_vs_onebuild_max_lsb": int(lsb.max()),
+            "onert_vs_package_max_lsb": int(package_lsb.max()),
+            "onert_vs_quantized_model_max_lsb": int(lsb.max()),
             "share_differing": float(np.mean(lsb > 0)),
-            "sqnr_db_onebuild": sqnr_db(np.sum(want**2), np.sum((want - mine) ** 2)),
+            "sqnr_db_quantized_model": sqnr_db(np.sum(want**2), np.sum((want - mine) ** 2)),
             "sqnr_db_onert": sqnr_db(np.sum(want**2), np.sum((want - got) ** 2)),
         }
         if mine[0].size <= CLASSES:  # class scores: how often the decisions agree
@@ -141,9 +148,10 @@ def alone(node) -> Model:
 
 
 def each_operator(folder: Path, image: np.ndarray, name: str) -> dict:
-    """Per operator type, the largest difference (LSB) and the share of differing codes when
-    onert runs each quantized node alone (written as circle) on onebuild's own input codes of
-    one image: what onert's kernels add, apart from differences carried in."""
+    """Per operator type, when onert runs each quantized node alone (written as circle) on
+    onebuild's input codes of one image: the largest difference (LSB) from the node read back
+    from that circle (`max_lsb_vs_circle`: onert's arithmetic, 0 when onebuild models it), and
+    from the node itself (`max_lsb`, `share`: onebuild's own rounding)."""
     graph = load_ir(folder / "build" / "quantize.obir").main
     values = [n.output for n in graph.nodes]
     graph.outputs.extend(v for v in values if v not in graph.outputs)
@@ -159,12 +167,19 @@ def each_operator(folder: Path, image: np.ndarray, name: str) -> dict:
         path.write_bytes(write_circle(alone(node)))
         (got,) = run_onert(path, [feeds], many=True)[0]
         diff = np.abs(got.astype(np.int64) - ours[out.name][0].astype(np.int64))
+        back = read_circle(path).main
+        read = Interpreter(back).run({v.name: f for v, f in zip(back.inputs, feeds)})
+        exact = np.abs(got.astype(np.int64) - read[back.outputs[0].name].astype(np.int64))
         key = node.op + (f" {node.attrs['function']}" if node.op == "QLookup" else "")
-        entry = worst.setdefault(key, [0, 0, 0])
+        entry = worst.setdefault(key, [0, 0, 0, 0])
         entry[0] = max(entry[0], int(diff.max()))
         entry[1] += int(np.count_nonzero(diff))
         entry[2] += diff.size
-    return {k: {"max_lsb": m, "share": c / n, "codes": n} for k, (m, c, n) in sorted(worst.items())}
+        entry[3] = max(entry[3], int(exact.max()))
+    return {
+        k: {"max_lsb_vs_circle": e, "max_lsb": m, "share": c / n, "codes": n}
+        for k, (m, c, n, e) in sorted(worst.items())
+    }
 
 
 def main() -> None:

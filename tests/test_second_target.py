@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from package_reference import as_packaged
 
+from onebuild.graph_ir.interpreter import Interpreter
+from onebuild.graph_ir.serde import load_ir
 from onebuild.npz import read_npz
 
 ROOT = Path(__file__).parent.parent
@@ -62,16 +65,28 @@ def test_a_target_known_only_by_its_entry_point_builds_and_runs(tmp_path):
     config = (tmp_path / "out/m.nnpkg/metadata" / f"{Path(tiny[0]).stem}.cfg").read_text()
     assert "BACKENDS=tiny" in config
 
-    # the package (tiny parts through their target) equals the quantized model, bit for bit
+    # the package (tiny parts through their target) equals the quantized model (its circle
+    # parts as onert computes them: package_reference), bit for bit
     cli("run", "out/m.nnpkg", "-i", "calib.npz", "-o", "package.npz", cwd=tmp_path)
-    cli("run", "build/r/quantize.obir", "-i", "calib.npz", "-o", "model.npz", cwd=tmp_path)
-    package, model = read_npz(tmp_path / "package.npz"), read_npz(tmp_path / "model.npz")
+    package = read_npz(tmp_path / "package.npz")
+    model = packaged_outputs(
+        tmp_path / "build/r/quantize.obir",
+        tmp_path / "out/m.nnpkg",
+        tmp_path / "build/r/partition",
+        tmp_path / "calib.npz",
+    )
     assert package.keys() == model.keys()
     for name in model:
         np.testing.assert_array_equal(package[name], model[name])
 
     binary = tmp_path / "out/m.nnpkg" / tiny[0]
     assert cli("inspect", str(binary), cwd=tmp_path).stdout.startswith("tiny binary:")
+
+
+def packaged_outputs(quantized: Path, package: Path, parts: Path, inputs: Path) -> dict:
+    """The quantized model's outputs as the package computes them (`package_reference`)."""
+    graph = as_packaged(load_ir(quantized).main, package, parts)
+    return Interpreter(graph).run_batch(read_npz(inputs))
 
 
 def test_on_device_partitioned_codegen_runs_on_the_targets_backend(tmp_path):
@@ -87,9 +102,11 @@ def test_on_device_partitioned_codegen_runs_on_the_targets_backend(tmp_path):
     configs = [p.read_text() for p in (package / "metadata").glob("model.part.*.cfg")]
     assert configs and all("BACKENDS=tiny" in c or "BACKENDS=cpu" in c for c in configs)
     assert any("BACKENDS=tiny" in c for c in configs)
-    quantized = str(tmp_path / "m.onnx.odc" / "quantized.obir")
-    cli("run", quantized, "-i", "calib.npz", "-o", "q.npz", cwd=tmp_path)
-    device_out, model = read_npz(tmp_path / "y.npz"), read_npz(tmp_path / "q.npz")
+    workspace = tmp_path / "m.onnx.odc"
+    device_out = read_npz(tmp_path / "y.npz")
+    model = packaged_outputs(
+        workspace / "quantized.obir", package, workspace / "partition", tmp_path / "calib.npz"
+    )
     assert device_out.keys() == model.keys()
     for name in model:
         np.testing.assert_array_equal(device_out[name], model[name])

@@ -28,6 +28,15 @@ from .registry import (
     register,
 )
 from .tensor_ops import CONCAT_BATCH, _concat_type
+from .tflite_rounding import (
+    FLOAT32,
+    GEMMLOWP,
+    ROUNDING,
+    dequantize_float32,
+    quantize_float32,
+    requantize_gemmlowp,
+    requantizer,
+)
 
 FLOAT_OP = "float_op"  # the float op a kernel standing for several replaced (partition keys)
 
@@ -107,6 +116,8 @@ def _per_code(q: np.ndarray, function, *parameters) -> np.ndarray | None:
 
 @register("QuantizeLinear", _typed(_same_shape), batch=PER_SAMPLE)
 def quantize_linear(attrs, x):
+    if attrs.get(ROUNDING) == FLOAT32:  # per tensor (`tflite_rounding`)
+        return quantize_float32(x, attrs["scale"][0], attrs["zero_point"][0], attrs["dtype"])
     return quantize(x, qdq_params(attrs), attrs["dtype"])
 
 
@@ -116,6 +127,8 @@ def quantize_linear(attrs, x):
     batch=PER_SAMPLE,
 )
 def dequantize_linear(attrs, q):
+    if attrs.get(ROUNDING) == FLOAT32:  # per tensor (`tflite_rounding`)
+        return dequantize_float32(q, attrs["scale"][0], attrs["zero_point"][0])
     return dequantize(q, qdq_params(attrs))
 
 
@@ -257,7 +270,7 @@ def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray
     shape[channel_axis] = -1
     m = np.asarray(attrs["multiplier"], np.int64).reshape(shape)
     r = np.asarray(attrs["shift"], np.int64).reshape(shape)
-    return _output(attrs, requantize(acc, m, r))
+    return _output(attrs, requantizer(attrs)(acc, m, r))
 
 
 def _exact_int(array: np.ndarray) -> np.ndarray:
@@ -313,11 +326,11 @@ def q_gemm(attrs, a, w, b):
     return _per_channel(attrs, _exact_int(acc) + b.astype(np.int64), 1)
 
 
-def _rescaled(q: np.ndarray, zero_point, rescale) -> np.ndarray:
-    """An addend at the sum's resolution: requantize((q - zp) << ADD_SHIFT, m, r)."""
+def _rescaled(q: np.ndarray, zero_point, rescale, rescaling=requantize) -> np.ndarray:
+    """An addend at the sum's resolution: rescaling((q - zp) << ADD_SHIFT, m, r)."""
 
     def scale(codes):
-        return requantize(_centered(codes, zero_point) << ADD_SHIFT, *rescale)
+        return rescaling(_centered(codes, zero_point) << ADD_SHIFT, *rescale)
 
     table = _per_code(q, scale, zero_point, *rescale)
     return scale(q) if table is None else table
@@ -326,17 +339,18 @@ def _rescaled(q: np.ndarray, zero_point, rescale) -> np.ndarray:
 @register("QAdd", _typed(broadcast), batch=BROADCASTING, quantizes=("Add", "Sub"))
 def q_add(attrs, a, b):
     """a ± b: each input rescaled to half the larger input scale at 2^20 resolution, summed,
-    then requantized to the output (TFLite's scheme)."""
-    a_scaled = _rescaled(a, attrs["a_zero_point"], attrs["a_rescale"])
-    b_scaled = _rescaled(b, attrs["b_zero_point"], attrs["b_rescale"])
+    then requantized to the output (TFLite's scheme; `rounding` as in `tflite_rounding`)."""
+    rescaling = requantizer(attrs)
+    a_scaled = _rescaled(a, attrs["a_zero_point"], attrs["a_rescale"], rescaling)
+    b_scaled = _rescaled(b, attrs["b_zero_point"], attrs["b_rescale"], rescaling)
     total = a_scaled - b_scaled if attrs.get("subtract") else a_scaled + b_scaled
-    return _output(attrs, requantize(total, attrs["multiplier"], attrs["shift"]))
+    return _output(attrs, rescaling(total, attrs["multiplier"], attrs["shift"]))
 
 
 @register("QMul", _typed(broadcast), batch=BROADCASTING, quantizes=("Mul",))
 def q_mul(attrs, a, b):
     product = _centered(a, attrs["a_zero_point"]) * _centered(b, attrs["b_zero_point"])
-    return _output(attrs, requantize(product, attrs["multiplier"], attrs["shift"]))
+    return _output(attrs, requantizer(attrs)(product, attrs["multiplier"], attrs["shift"]))
 
 
 @register("QConcat", _typed(_concat_type), batch=CONCAT_BATCH, quantizes=("Concat",))
@@ -368,8 +382,13 @@ def q_concat(attrs, *inputs):
 def q_average_pool(attrs, x):
     """Window sums of (x - zp_x), each rescaled by s_x / (s_y * count) for its window's count.
 
-    The multiplier of each count is `quantize_multiplier(scale_ratio / count)`.
+    The multiplier of each count is `quantize_multiplier(scale_ratio / count)`; with `rounding`
+    "gemmlowp" (read from a circle) every window counts its whole kernel and `multiplier`,
+    `shift` are onert's (`tflite_rounding`).
     """
     total, counts = window_sums(attrs, _centered(x, attrs["x_zero_point"]).astype(np.float64))
+    if attrs.get(ROUNDING) == GEMMLOWP:  # a circle's DEPTHWISE_CONV_2D of ones: whole windows
+        m, r = attrs.get("multiplier"), attrs.get("shift")  # required then (`ir_attrs`)
+        return _output(attrs, requantize_gemmlowp(_exact_int(total), m, r))
     m, r = count_multipliers(attrs["scale_ratio"], counts)
     return _output(attrs, requantize(_exact_int(total), m, r))

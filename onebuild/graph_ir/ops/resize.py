@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from .registry import Attrs, BatchRule, TensorType, register
+from .tflite_rounding import FLOAT32_TRUNCATE, ROUNDING, resize_bilinear_float32
 
 
 def source_coordinates(
@@ -129,6 +130,9 @@ _RESIZE_BATCH = BatchRule(
 
 @register("Resize", _resize_type, batch=_RESIZE_BATCH, quant="resize")
 def resize(attrs, x):
+    if attrs.get(ROUNDING) == FLOAT32_TRUNCATE:  # onert's uint8 bilinear (`tflite_rounding`)
+        mode = attrs.get("coordinate_transformation_mode", "half_pixel")
+        return resize_bilinear_float32(x, *attrs["sizes"][-2:], mode)
     y = x.astype(np.float64)
     outside = np.zeros(attrs["sizes"], dtype=bool)
     for axis, in_len in enumerate(x.shape):

@@ -24,6 +24,7 @@ from ..tensor import QuantParams
 from . import circle_read_nn as nn
 from . import circle_read_ops as ops
 from . import circle_table as lut
+from .circle_arith import use_onert_arithmetic
 from .flatbuf import Buffer, Table
 from .tflite_schema import (
     BUILTIN_NAMES,
@@ -413,6 +414,8 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
     eliminate_dead_code(reader.graph)  # pads folded into convolutions and pools
     for node in reader.graph.nodes:  # the canonical attributes IR files spell out
         node.attrs = {**DEFAULTS.get(node.op, {}), **node.attrs}
+    if bytes(buf.data[4:8]) == IDENTIFIER["circle"]:  # what the file asks of onert's kernels
+        use_onert_arithmetic(reader.graph.nodes)  # (LiteRT's for tflite: onebuild's own)
     return Model([reader.graph], {"source_format": fmt or "circle/tflite"})
 
 

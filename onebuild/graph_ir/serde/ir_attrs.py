@@ -20,6 +20,7 @@ import numpy as np
 from ...fields import MAX_DIM, Fields
 from .. import dtypes
 from ..ops import OPS
+from ..ops.tflite_rounding import FLOAT32, FLOAT32_TRUNCATE, GEMMLOWP
 
 Rule = Callable[[Fields, Any, str], None]
 I64 = (-(1 << 63), (1 << 63) - 1)
@@ -90,6 +91,10 @@ def _axis(f: Fields, v, path: str) -> None:
         f.integer(v, path, -MAX_RANK, MAX_RANK)
 
 
+def _rounding(f: Fields, v, path: str) -> None:
+    f.choice(f.text(v, path), path, [FLOAT32, FLOAT32_TRUNCATE, GEMMLOWP])
+
+
 FLAG = _int(0, 1)
 RULES: dict[str, Rule] = {
     **dict.fromkeys(["strides", "dilations", "kernel_shape"], _ints(1, MAX_DIM)),
@@ -109,6 +114,7 @@ RULES: dict[str, Rule] = {
     "scale_ratio": _number(positive=True),
     **dict.fromkeys(["approximate", "mode", "round_mode", "coordinate_transformation_mode",
                      "nearest_mode", "float_op"], _text),
+    "rounding": _rounding,
     **dict.fromkeys(["to", "dtype"], _dtype),
     "shape": _ints(-1, MAX_DIM),
     "sizes": _ints(0, MAX_DIM),
@@ -297,6 +303,11 @@ def _relations(f: Fields, op: str, attrs: dict, inputs: Sequence, path: str) -> 
     if op == "Requantize" and first is not None:
         for key in ("multiplier", "shift"):
             f.require(not isinstance(attrs[key], list), f"{path}.{key}", "must be one integer")
+    if op == "QAveragePool" and attrs.get("rounding") == GEMMLOWP:  # a circle's window sums
+        for key in ("multiplier", "shift"):
+            value = attrs.get(key)
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            f.require(ok, f"{path}.{key}", "must be one integer with rounding 'gemmlowp'")
 
 
 def _ordered(qmin, qmax) -> bool:
