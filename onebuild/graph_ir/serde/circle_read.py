@@ -23,6 +23,7 @@ from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from . import circle_read_nn as nn
 from . import circle_read_ops as ops
+from . import circle_read_shape as shape
 from . import circle_table as lut
 from .circle_arith import use_onert_arithmetic
 from .flatbuf import Buffer, Table
@@ -73,7 +74,7 @@ class Reader:
         self.producers: dict[int, tuple] = {}  # tensor index -> (operator name, input indices)
         self.tables: dict[int, tuple] = {}  # tensor index -> (its QLookup read from GATHER, perm)
         # tensor index -> the IR column of each stored column (a flatten of channels-last data
-        # whose IR value is the IR's flatten; see circle_read_ops.reshape)
+        # whose IR value is the IR's flatten; see circle_read_shape.reshape)
         self.column_order: dict[int, np.ndarray] = {}
         self.graph.reserve(t.name for t in self.tensors)
 
@@ -256,16 +257,16 @@ READERS: dict[str, Callable] = {
     "RELU_N1_TO_1": _with(ops.clamp, code="RELU_N1_TO_1"),
     "SOFTMAX": ops.softmax,
     "PRELU": ops.prelu,
-    "DEPTH_TO_SPACE": ops.depth_to_space,
-    "CONCATENATION": ops.concatenation,
-    "RESHAPE": ops.reshape,
-    "SPLIT": _with(ops.split, code="SPLIT"),
-    "SPLIT_V": _with(ops.split, code="SPLIT_V"),
-    "TRANSPOSE": ops.transpose,
+    "DEPTH_TO_SPACE": shape.depth_to_space,
+    "CONCATENATION": shape.concatenation,
+    "RESHAPE": shape.reshape,
+    "SPLIT": _with(shape.split, code="SPLIT"),
+    "SPLIT_V": _with(shape.split, code="SPLIT_V"),
+    "TRANSPOSE": shape.transpose,
     "MEAN": _with(ops.reduce, code="MEAN"),
     "REDUCE_MAX": _with(ops.reduce, code="REDUCE_MAX"),
-    **{c: _with(ops.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
-    "SLICE": ops.slice_op,
+    **{c: _with(shape.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
+    "SLICE": shape.slice_op,
     "RESIZE_BILINEAR": _with(nn.resize, code="RESIZE_BILINEAR"),
     "RESIZE_NEAREST_NEIGHBOR": _with(nn.resize, code="RESIZE_NEAREST_NEIGHBOR"),
     "LOCAL_RESPONSE_NORMALIZATION": nn.lrn,
