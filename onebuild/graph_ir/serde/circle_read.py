@@ -267,6 +267,7 @@ READERS: dict[str, Callable] = {
     "REDUCE_MAX": _with(ops.reduce, code="REDUCE_MAX"),
     **{c: _with(shape.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
     "SLICE": shape.slice_op,
+    "STRIDED_SLICE": shape.strided_slice,
     "RESIZE_BILINEAR": _with(nn.resize, code="RESIZE_BILINEAR"),
     "RESIZE_NEAREST_NEIGHBOR": _with(nn.resize, code="RESIZE_NEAREST_NEIGHBOR"),
     "LOCAL_RESPONSE_NORMALIZATION": nn.lrn,

@@ -12,6 +12,7 @@ import numpy as np
 from ..dtypes import name_of
 from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
+from ..ops.tflite_rounding import requantize_gemmlowp
 from ..quant.kernel_attrs import average_pool_attrs, binary_attrs, output_attrs, softmax_attrs
 from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
@@ -110,12 +111,49 @@ def binary(r, inputs, outputs, options, code):
 
 
 def prelu(r, inputs, outputs, options):
-    """Float PRELU: x where x >= 0, else alpha * x (alpha broadcast as a binary operand)."""
-    _float_only(r, inputs[0], "PRELU")
+    """PRELU: x where x >= 0, else alpha * x (alpha broadcast as a binary operand); a quantized
+    one in float between DequantizeLinear and QuantizeLinear (`_in_float`: the IR has no
+    integer PRelu yet), its constant alpha dequantized."""
     rank = len(r.info(outputs[0]).shape)
     perm = _layout(r, inputs, rank)
-    x, slope = (_operand(r, i, perm, rank) for i in inputs[:2])
-    _emit(r, "PRelu", [x, slope], {}, outputs[0], perm)
+    t = r.info(inputs[0])
+    if t.quant is None or t.dtype == np.float32:
+        x, slope = (_operand(r, i, perm, rank) for i in inputs[:2])
+        _emit(r, "PRelu", [x, slope], {}, outputs[0], perm)
+        return
+    alpha = r.info(inputs[1])
+    if alpha.data is None:
+        raise Malformed("a quantized PRELU needs a constant alpha")
+    real = alpha.data if alpha.quant is None else dequantize(alpha.data, alpha.quant)
+    if perm is not None and real.ndim < rank:
+        real = real.reshape((1,) * (rank - real.ndim) + real.shape)
+    if perm is not None:
+        real = real.transpose(np.argsort(perm))
+    slope = r.graph.add_constant(np.ascontiguousarray(real, np.float32), alpha.name)
+    _in_float(r, "PRelu", {}, [r.value(inputs[0], perm), slope], outputs[0], perm)
+
+
+def _in_float(r, op: str, attrs: dict, inputs: list, target: int, perm) -> None:
+    """Float `op` of quantized input 0 between DequantizeLinear and QuantizeLinear to tensor
+    `target`'s parameters: how the IR holds an operator it has no integer kernel for."""
+    x, out = inputs[0], r.info(target)
+    if x.quant is None or out.quant is None or out.dtype == np.float32:
+        raise Malformed("a quantized input needs a quantized output")
+    if out.quant.axis is not None:
+        raise Malformed("the output must be quantized per tensor")
+    q = x.quant
+    attrs_in = {"scale": list(q.scale), "zero_point": list(q.zero_point), "axis": q.axis}
+    name = out.name + "/op"
+    real = r.graph.make_node("DequantizeLinear", [x], attrs_in, f"{name}_dequantize").output
+    y = r.graph.make_node(op, [real, *inputs[1:]], attrs, name).output
+    attrs_out = {
+        "scale": list(out.quant.scale),
+        "zero_point": list(out.quant.zero_point),
+        "axis": None,
+        "dtype": name_of(out.dtype),
+    }
+    value = r.graph.make_node("QuantizeLinear", [y], attrs_out, f"{name}_quantize").output
+    r.define(target, value, perm)
 
 
 UNARY = {
@@ -136,6 +174,9 @@ def unary(r, inputs, outputs, options, code):
     t, out = r.info(inputs[0]), r.info(outputs[0])
     if t.quant is None or t.dtype == np.float32:
         _emit(r, UNARY[code], [x], attrs, outputs[0], perm)
+        return
+    if code == "RELU":
+        clamp(r, inputs, outputs, options, code)
         return
     if out.quant is None or out.dtype != t.dtype:
         raise Malformed("a quantized input needs a quantized output of its type")
@@ -158,15 +199,39 @@ def _lookup(r, x, function, params, dtype):
     return value
 
 
+CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+
+
 def clamp(r, inputs, outputs, options, code):
-    _float_only(r, inputs[0], code)
-    lo, hi = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}[code]
+    """RELU6, RELU_N1_TO_1 (and a quantized RELU): a Clip; quantized, TFLite's ReluX as a
+    QLookup: each input code requantized to the output's parameters (gemmlowp's roundings)
+    and clamped to the bounds' codes (float32 division, C's round)."""
+    lo, hi = CLAMPS[code]
     perm = r.perm_of(inputs[0])
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.quant is not None and t.dtype != np.float32:
+        if out.quant is None or out.dtype != t.dtype or len(t.quant.scale) != 1:
+            raise Malformed("a quantized input needs a quantized output of its type")
+        info = np.iinfo(t.dtype)
+        codes = np.arange(info.min, info.max + 1, dtype=np.int64) - t.quant.zero_point[0]
+        scale, zp = out.quant.scale[0], out.quant.zero_point[0]
+        y = zp + requantize_gemmlowp(codes, *quantize_multiplier(t.quant.scale[0] / scale))
+        qmin, qmax = (zp + _c_round(np.float32(b) / np.float32(scale)) for b in (lo, hi))
+        table = np.clip(y, max(qmin, info.min), min(qmax, info.max)).astype(t.dtype)
+        constant = r.graph.add_constant(table, f"{code.lower()}_table")
+        x = r.value(inputs[0], perm)
+        _emit(r, "QLookup", [x, constant], {}, outputs[0], perm)
+        return
     bounds = [
         r.graph.add_constant(np.float32(b), f"{code.lower()}_{k}")
         for b, k in ((lo, "min"), (hi, "max"))
     ]
     _emit(r, "Clip", [r.value(inputs[0], perm), *bounds], {}, outputs[0], perm)
+
+
+def _c_round(x: np.float32) -> float:
+    """C's round: half away from zero (inf stays inf)."""
+    return float(np.copysign(np.floor(np.abs(x) + 0.5), x))
 
 
 def gelu(r, inputs, outputs, options):
@@ -190,13 +255,25 @@ def _float_only(r, index, code):
 
 
 def softmax(r, inputs, outputs, options):
-    _float_only(r, inputs[0], "SOFTMAX")
-    if _options("SOFTMAX", options)["beta"] != 1.0:
-        raise Malformed("beta other than 1 is not supported")
+    """SOFTMAX over the last axis; quantized (the converter's int8 one: output scale 1/256,
+    zero point -128), the IR's QSoftmax with its exponential table at beta times the input
+    scale."""
+    beta = _options("SOFTMAX", options)["beta"]
     perm = r.perm_of(inputs[0])
-    rank = len(r.info(inputs[0]).shape)
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    rank = len(t.shape)
     axis = rank - 1 if perm is None else perm[rank - 1]
-    _emit(r, "Softmax", [r.value(inputs[0], perm)], {"axis": axis}, outputs[0], perm)
+    x = r.value(inputs[0], perm)
+    if t.quant is None or t.dtype == np.float32:
+        if beta != 1.0:
+            raise Malformed("beta other than 1 is not supported")
+        _emit(r, "Softmax", [x], {"axis": axis}, outputs[0], perm)
+        return
+    if out.quant is None or out.dtype != t.dtype or len(t.quant.scale) != 1 or beta <= 0:
+        raise Malformed("a quantized SOFTMAX gives codes of its input's type (beta > 0)")
+    table = r.graph.add_constant(exp_table(beta * t.quant.scale[0]), f"{out.name}_exp")
+    attrs = softmax_attrs(axis, out.quant, name_of(out.dtype))
+    _emit(r, "QSoftmax", [x, table], attrs, outputs[0], perm)
 
 
 def reduce(r, inputs, outputs, options, code):
@@ -209,12 +286,16 @@ def reduce(r, inputs, outputs, options, code):
     perm = r.perm_of(inputs[0]) if keep else None
     axes = sorted({int(a) % rank for a in np.ravel(axes)})
     spatial = keep and rank == 4 and perm == NHWC and axes == [1, 2]
-    if spatial and code == "MEAN" and t.quant is not None and t.dtype != np.float32:
+    quantized = t.quant is not None and t.dtype != np.float32
+    if spatial and code == "MEAN" and quantized:
         _quantized_mean(r, inputs[0], outputs[0])
         return
-    _float_only(r, inputs[0], code)
     ir_axes = sorted(axes if perm is None else [perm[a] for a in axes])
     op = "ReduceMean" if code == "MEAN" else "ReduceMax"
+    if quantized:  # the max is exact so; the mean within a step of TFLite's integer one
+        attrs = {"axes": ir_axes, "keepdims": int(keep)}
+        _in_float(r, op, attrs, [r.value(inputs[0], perm)], outputs[0], perm)
+        return
     if spatial:
         # the spatial mean of an NHWC tensor: the IR's global pool (float64 sums, as the
         # writer's source op)

@@ -166,6 +166,52 @@ def slice_op(r, inputs, outputs, options):
     _emit(r, "Slice", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
 
 
+def strided_slice(r, inputs, outputs, options):
+    """STRIDED_SLICE by constant begins, ends and strides (begin/end masks, `offset`, axes
+    shrunk away by a Reshape after it) as a Slice; ellipsis and new axes are not read."""
+    o = _options("STRIDED_SLICE", options)
+    if o["ellipsis_mask"] or o["new_axis_mask"]:
+        raise Malformed("ellipsis_mask and new_axis_mask are not supported")
+    begin, end, strides = (r.const(i) for i in inputs[1:4])
+    if begin is None or end is None or strides is None:
+        raise Malformed("the begins, ends and strides must be constant")
+    shape = r.info(inputs[0]).shape
+    begin, end, strides = (np.ravel(a).astype(np.int64) for a in (begin, end, strides))
+    if not len(begin) == len(end) == len(strides) == len(shape) or not strides.all():
+        raise Malformed("one nonzero stride, begin and end for each axis")
+    starts, ends, steps = [], [], []
+    for axis, size in enumerate(shape):
+        bit = 1 << axis
+        step = int(strides[axis])
+        first = None if o["begin_mask"] & bit else int(begin[axis])
+        last = None if o["end_mask"] & bit else int(end[axis])
+        if o["offset"] and first is not None and last is not None:
+            last += first
+        if o["shrink_axis_mask"] & bit:
+            first = first or 0
+            first, last, step = first + size * (first < 0), first + size * (first < 0) + 1, 1
+        start, stop, step = slice(first, last, step).indices(size)
+        starts.append(start)
+        ends.append(None if stop < 0 else stop)  # a negative stride down to the first element
+        steps.append(step)
+    perm = None if o["shrink_axis_mask"] else r.perm_of(inputs[0])
+    order = range(len(shape)) if perm is None else np.argsort(perm)
+    attrs = {
+        "starts": [starts[i] for i in order],
+        "ends": [ends[i] for i in order],
+        "steps": [steps[i] for i in order],
+    }
+    x = r.value(inputs[0], perm)
+    if not o["shrink_axis_mask"]:
+        _emit(r, "Slice", [x], attrs, outputs[0], perm)
+        return
+    name = r.info(outputs[0]).name
+    sliced = r.graph.make_node("Slice", [x], attrs, f"{name}/slice").output
+    sliced.quant = x.quant
+    shape = list(r.info(outputs[0]).shape)
+    _emit(r, "Reshape", [sliced], {"shape": shape}, outputs[0])
+
+
 def depth_to_space(r, inputs, outputs, options):
     """DepthToSpace (DCR, TFLite's order), or the ConvTranspose circle spells with it."""
     block = _options("DEPTH_TO_SPACE", options)["block_size"]
