@@ -92,9 +92,12 @@ class Reader:
             raise ModelError(f"{self.buf.source}: {what} has a dynamic shape {list(shape)}")
         if len(shape) > MAX_RANK or math.prod(shape) * dtype.itemsize > MAX_TENSOR_BYTES:
             raise ModelError(f"{self.buf.source}: {what} shape {list(shape)} is too large")
-        if t.table(6, f"{what} sparsity") is not None:
-            raise ModelError(f"{self.buf.source}: {what} is sparse (not supported)")
         name = t.string(3, f"{what} name") or f"tensor_{index}"
+        if t.table(6, f"{what} sparsity") is not None:
+            raise ModelError(
+                f"{self.buf.source}: {what} '{name}' is sparse (TFLite sparsity, which DENSIFY "
+                "expands at run time): not supported; convert the model with dense weights"
+            )
         buffer = t.scalar(2, "I")
         data = None
         if buffer:
@@ -108,7 +111,8 @@ class Reader:
                         f"{what} '{name}' has {len(raw)} bytes for {count} elements of {dtype}"
                     )
                 data = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
-        return TensorInfo(index, name, dtype, shape, data, self._quant(t, what, shape, dtype))
+        quant = self._quant(t, f"{what} '{name}'", shape, dtype)
+        return TensorInfo(index, name, dtype, shape, data, quant)
 
     def _quant(self, t: Table, what: str, shape, dtype: np.dtype) -> QuantParams | None:
         q = t.table(4, f"{what} quantization")
@@ -128,7 +132,11 @@ class Reader:
         if len(scale) == 1:
             return QuantParams((float(scale[0]),), (int(zero[0]),), None)
         if not 0 <= axis < len(shape) or shape[axis] != len(scale):
-            raise ModelError(f"{self.buf.source}: {what} has {len(scale)} scales for axis {axis}")
+            raise ModelError(
+                f"{self.buf.source}: {what} of shape {list(shape)} has {len(scale)} scales for "
+                f"axis {axis}, which is not an axis of that length (LiteRT refuses this file "
+                "too; TFLite Micro reads it): quantize the float model with onebuild instead"
+            )
         return QuantParams(tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis)
 
     def _exact_scales(self, model: Table, buffers: list[Table]) -> None:
@@ -338,6 +346,31 @@ def _states_quantization(root: Table) -> bool:
     return False
 
 
+HINTS = {  # what to do about an operator onebuild does not read
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": "TFLite's LSTM is not read yet: import the model's ONNX "
+    "export (its LSTM operator is supported, float and quantized)",
+    "SVDF": "SVDF is not read yet: import the model's ONNX export",
+    "DENSIFY": "sparse weights are not supported: convert the model with dense weights",
+}
+
+
+def _check_supported(buf: Buffer, codes: list, operators: list[Table], source: str) -> None:
+    """Every operator must have a reader: else one error listing them all, with what to do
+    about the ones `HINTS` knows."""
+    unsupported = []
+    for i, op in enumerate(operators):
+        opcode = op.scalar(0, "I")
+        if opcode >= len(codes):
+            raise buf.fail(f"operator {i} names operator code {opcode} of {len(codes)}")
+        code = codes[opcode]
+        name = OPERATOR_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
+        if name not in READERS:
+            unsupported.append((name, f"operator {i}"))
+    if unsupported:
+        hints = [HINTS[n] for n in sorted({n for n, _ in unsupported}) if n in HINTS]
+        raise UnsupportedOpsError(source, unsupported, "; ".join(hints))
+
+
 def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> Model:
     """A circle or tflite model (bytes or a path) as IR; `fmt` checks the file identifier."""
     source = "<bytes>"
@@ -358,6 +391,8 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
     if not subgraphs:
         raise ModelError(f"{source}: the model has no subgraph")
     sub = subgraphs[0]
+    operators = sub.tables(3, "operators")
+    _check_supported(buf, codes, operators, source)
     reader = Reader(buf, root, sub)
     for index in sub.array(1, "int32", "subgraph inputs"):
         t = reader.info(int(index))
@@ -365,7 +400,6 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
         reader.graph.rename(value, t.name)
         value.quant = t.quant
         reader.values[int(index)] = {None: value}
-    operators = sub.tables(3, "operators")
     for op in operators:  # who reads each tensor (a flatten before dense layers looks ahead)
         name = (
             BUILTIN_NAMES.get(codes[op.scalar(0, "I")]) if op.scalar(0, "I") < len(codes) else None
@@ -377,17 +411,6 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
             reader.producers[int(x)] = (name, operands)
     for index in sub.array(2, "int32", "subgraph outputs"):
         reader.readers.setdefault(int(index), set()).add(("output", 0))
-    unsupported = []
-    for i, op in enumerate(operators):
-        opcode = op.scalar(0, "I")
-        if opcode >= len(codes):
-            raise buf.fail(f"operator {i} names operator code {opcode} of {len(codes)}")
-        code = codes[opcode]
-        name = OPERATOR_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
-        if name not in READERS:
-            unsupported.append((name, f"operator {i}"))
-    if unsupported:
-        raise UnsupportedOpsError(source, unsupported)
     for i, op in enumerate(operators):
         name = BUILTIN_NAMES[codes[op.scalar(0, "I")]]
         inputs = [int(x) for x in op.array(1, "int32", f"operator {i} inputs")]
