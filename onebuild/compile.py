@@ -143,6 +143,27 @@ def merge_calibration(recorders: Sequence, options: CalibrationOptions):
     return merge_recorders(list(recorders), options.min_samples)
 
 
+def _warn_kept_dtypes(model: Model, options: QuantizeOptions) -> None:
+    """One line when a pre-quantized model's activations are not in the dtype asked for: they
+    stay as the file has them, which a target may not run."""
+    graph = model.main
+    values = [*graph.inputs, *(v for n in graph.nodes for v in n.outputs)]
+    kept = sorted({v.dtype.name for v in values if v.quant is not None and v.dtype.kind in "iu"})
+    if options.mode != "full" or not kept or kept == [options.dtype]:
+        return
+    log.warning(
+        "quantize: '%s' came quantized with %s activations and keeps them (a pre-quantized "
+        'model is not requantized), so quantize.dtype = "%s" does not apply: a target that '
+        "runs no %s layers (see the partition table) leaves them on the CPU; quantize the "
+        'float model for "%s"',
+        graph.name,
+        " and ".join(kept),
+        options.dtype,
+        " or ".join(d for d in kept if d != options.dtype),
+        options.dtype,
+    )
+
+
 def quantize(
     model: Model,
     options: QuantizeOptions = QuantizeOptions(),
@@ -163,6 +184,7 @@ def quantize(
 
     if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
         log.info("quantize: '%s' is already quantized; its parameters are kept", model.main.name)
+        _warn_kept_dtypes(model, options)
         return model
     settings = options.quant_config()
     if options.mode == "weight_only":

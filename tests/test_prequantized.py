@@ -166,3 +166,29 @@ def test_an_accuracy_gate_on_a_prequantized_model_says_it_cannot(tmp_path, qdq, 
     assert "the imported model came quantized, so there is no float model to gate" in err
     assert "gate passed" not in err and "= inf" not in err
     assert not (tmp_path / "q.nnpkg").exists()
+
+
+def test_a_prequantized_int8_model_says_it_keeps_int8_under_a_uint8_recipe(caplog):
+    """The digits CNN quantized to int8 and read back from tflite: asked for uint8, the quantize
+    step keeps the file's int8 (it does not requantize) and says so in one warning; asked for
+    int8, it says nothing."""
+    from onebuild import compile as C
+    from onebuild.graph_ir.serde import read_circle
+
+    model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    C.optimize(model)
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"][:64]
+    stats = C.calibrate(model.main, [("b", {"input": calib})])
+    int8 = C.quantize(model, C.QuantizeOptions(dtype="int8"), stats)
+    said = {}
+    for dtype in ("uint8", "int8"):
+        caplog.clear()
+        read = read_circle(write_circle(int8, "tflite"))
+        assert C.quantize(read, C.QuantizeOptions(dtype=dtype)) is read
+        codes = {v.dtype.name for n in read.main.nodes for v in n.outputs if v.quant}
+        assert codes == {"int8"}  # kept as the file has them
+        said[dtype] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said["int8"] == []
+    (message,) = said["uint8"]
+    assert "came quantized with int8 activations and keeps them" in message
+    assert 'quantize.dtype = "uint8" does not apply' in message
