@@ -1,7 +1,6 @@
 """What the TFLite reader still refuses says why in one line and what to do: TFLite's LSTM and
-SVDF (import the ONNX export), DENSIFY's sparse weights, a per-channel bias quantized along an
-axis it does not have (the converter wrote one in tflite-micro's person_detect.tflite; LiteRT
-refuses the file too)."""
+SVDF (import the ONNX export), a per-channel bias quantized along an axis it does not have (the
+converter wrote one in tflite-micro's person_detect.tflite; LiteRT refuses the file too)."""
 
 import re
 
@@ -23,7 +22,6 @@ from onebuild.graph_ir.serde.tflite_schema import BUILTIN
             "TFLite's LSTM is not read yet: import the model's ONNX",
         ),
         ("SVDF", 27, "SVDF is not read yet: import the model's ONNX export"),
-        ("DENSIFY", 124, "sparse weights are not supported: convert the model with dense"),
     ],
 )
 def test_unread_operators_say_what_to_do(monkeypatch, code, number, hint):

@@ -37,6 +37,7 @@ from .tflite_schema import (
     OPERATOR_NAMES,
     TENSOR_TYPES,
 )
+from .tflite_sparse import densify
 
 MAX_RANK = 64  # as IR files
 MAX_TENSOR_BYTES = 1 << 34  # no tensor of a loadable model is this large (as IR files)
@@ -93,24 +94,27 @@ class Reader:
         if len(shape) > MAX_RANK or math.prod(shape) * dtype.itemsize > MAX_TENSOR_BYTES:
             raise ModelError(f"{self.buf.source}: {what} shape {list(shape)} is too large")
         name = t.string(3, f"{what} name") or f"tensor_{index}"
-        if t.table(6, f"{what} sparsity") is not None:
-            raise ModelError(
-                f"{self.buf.source}: {what} '{name}' is sparse (TFLite sparsity, which DENSIFY "
-                "expands at run time): not supported; convert the model with dense weights"
-            )
+        sparsity = t.table(6, f"{what} sparsity")
         buffer = t.scalar(2, "I")
         data = None
         if buffer:
             if buffer >= len(buffers):
                 raise self.fail(f"{what} names buffer {buffer} of {len(buffers)}")
             raw = buffers[buffer].bytes(0, f"buffer {buffer}")
-            if len(raw):
+            if sparsity is not None:  # the nonzero values only (DENSIFY reads it)
+                if len(raw) % dtype.itemsize:
+                    raise self.fail(f"{what} '{name}' has {len(raw)} bytes of {dtype}")
+                values = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype)
+                data = densify(sparsity, values, shape, f"{self.buf.source}: {what} '{name}'")
+            elif len(raw):
                 count = int(np.prod(shape, dtype=np.int64))
                 if len(raw) != count * dtype.itemsize:
                     raise self.fail(
                         f"{what} '{name}' has {len(raw)} bytes for {count} elements of {dtype}"
                     )
                 data = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+        if sparsity is not None and data is None:
+            raise ModelError(f"{self.buf.source}: {what} '{name}' is sparse but not constant")
         quant = self._quant(t, f"{what} '{name}'", shape, dtype)
         return TensorInfo(index, name, dtype, shape, data, quant)
 
@@ -283,6 +287,7 @@ READERS: dict[str, Callable] = {
     "GATHER": lut.read_gather,
     "QUANTIZE": lut.read_quantize,
     "DEQUANTIZE": _with(ops.quantize_op, code="DEQUANTIZE"),
+    "DENSIFY": ops.densify,
 }
 
 
@@ -350,7 +355,6 @@ HINTS = {  # what to do about an operator onebuild does not read
     "UNIDIRECTIONAL_SEQUENCE_LSTM": "TFLite's LSTM is not read yet: import the model's ONNX "
     "export (its LSTM operator is supported, float and quantized)",
     "SVDF": "SVDF is not read yet: import the model's ONNX export",
-    "DENSIFY": "sparse weights are not supported: convert the model with dense weights",
 }
 
 

@@ -370,6 +370,14 @@ def quantize_op(r, inputs, outputs, options, code):
         _emit(r, "Requantize", [x], attrs, outputs[0], perm)
 
 
+def densify(r, inputs, outputs, options):
+    """DENSIFY of a sparse constant (read dense, `tflite_sparse`): the same data."""
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.data is None or out.shape != t.shape or out.dtype != t.dtype:
+        raise Malformed("only a constant densifies, to its own shape and type")
+    out.data = t.data
+
+
 def _island(r, x, out):
     """QUANTIZE(f(DEQUANTIZE(q))) for a function f with a lookup rule (`OPS[f].quant`), or
     Softmax, as the integer op the quantizer makes for it with these parameters: a QLookup

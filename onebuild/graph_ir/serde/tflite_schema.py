@@ -102,6 +102,7 @@ BUILTIN = {
     "CAST": 53,
     "SLICE": 65,
     "STRIDED_SLICE": 45,
+    "DENSIFY": 124,
 }
 BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
 
