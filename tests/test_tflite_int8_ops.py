@@ -2,7 +2,8 @@
 a classifier, standalone RELU6 / RELU_N1_TO_1 / RELU, quantized PRELU, MEAN and REDUCE_MAX over
 non-spatial axes, STRIDED_SLICE float and int8), each in a one-operator file
 (`tflite_builder`), read by onebuild and run against LiteRT on its default kernels and on its
-builtin ones. All of them were refused before ("quantized SOFTMAX is not supported", ...)."""
+builtin ones, and against onert where it runs them. All of them were refused before
+("quantized SOFTMAX is not supported", ...)."""
 
 import numpy as np
 import pytest
@@ -152,3 +153,31 @@ def test_strided_slice_is_litert_bit_for_bit(dtype, begin, end, strides, masks, 
     operands = [_vector("begin", begin), _vector("end", end), _vector("strides", strides)]
     data = one_op("STRIDED_SLICE", x, Tensor("y", dtype, shape, quant), operands, **masks)
     assert steps_off(data, [feed])[1] == [(0, 0.0), (0, 0.0)]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_quantized_softmax_and_strided_slice_are_onert_bit_for_bit(tmp_path, dtype):
+    """onert reads the same files: its 8-bit SOFTMAX gives the QSoftmax's codes, its float
+    STRIDED_SLICE the Slice's values (its int8 RELU6, PRELU, MEAN, REDUCE_MAX and
+    STRIDED_SLICE refuse int8: "unsupported data type")."""
+    from test_circle import run_onert
+
+    logits = classifier_logits()
+    scale, low = float(np.abs(logits).max() / 120), np.iinfo(dtype).min
+    codes = np.clip(np.rint(logits / scale), -128, 127).astype(np.int64) + 128 + low
+    softmax = one_op(
+        "SOFTMAX",
+        Tensor("x", dtype, (1, 10), (scale, 128 + low)),
+        Tensor("y", dtype, (1, 10), (1 / 256, low)),
+        beta=1.0,
+    )
+    operands = [_vector("begin", [0, 2, -1, 1]), _vector("end", [1, 30, 0, 3]),
+                _vector("strides", [1, 3, -2, 1])]  # fmt: skip
+    sliced = one_op("STRIDED_SLICE", Tensor("x", "float32", (1, 32, 32, 3)),
+                    Tensor("y", "float32", (1, 10, 16, 2)), operands, end_mask=4)  # fmt: skip
+    image = photo_codes(3 / 127).astype(np.float32) * np.float32(3 / 127)
+    for data, feeds in ((softmax, [c[None].astype(dtype) for c in codes]), (sliced, [image])):
+        graph = read_tflite(data).main
+        got = Interpreter(graph).run_batch({"x": np.stack(feeds)})["y"]
+        ran = run_onert(data, tmp_path, [[x] for x in feeds], "model.tflite")
+        np.testing.assert_array_equal(np.stack([r[0] for r in ran]).reshape(got.shape), got)
