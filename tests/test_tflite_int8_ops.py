@@ -87,9 +87,10 @@ def test_int8_softmax_of_every_code_pair_is_litert_bit_for_bit(scale, beta):
      ("RELU", (0.03, -128))],
 )  # fmt: skip
 def test_quantized_relus_of_every_code_are_litert_bit_for_bit(code, output):
-    """TFLite's ReluX: each code requantized (two roundings) and clamped to the bounds' codes
-    (a table of the float function, as a quantized RELU was read, is 1 step off LiteRT on
-    code 90 for RELU6 here; RELU6 and RELU_N1_TO_1 were refused)."""
+    """RELU6 and RELU_N1_TO_1 (refused before) as TFLite's ReluX: each code requantized (two
+    roundings) and clamped to the bounds' codes (a table of the float function is 1 step off
+    LiteRT on code 90 for RELU6 here). A quantized RELU keeps the function's table (onebuild's
+    writer spells a Relu QLookup so), which LiteRT matches on every code here."""
     data = one_op(
         code, Tensor("x", "int8", (1, 256), (0.04, 5)), Tensor("y", "int8", (1, 256), output)
     )

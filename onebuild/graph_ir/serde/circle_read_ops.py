@@ -175,9 +175,6 @@ def unary(r, inputs, outputs, options, code):
     if t.quant is None or t.dtype == np.float32:
         _emit(r, UNARY[code], [x], attrs, outputs[0], perm)
         return
-    if code == "RELU":
-        clamp(r, inputs, outputs, options, code)
-        return
     if out.quant is None or out.dtype != t.dtype:
         raise Malformed("a quantized input needs a quantized output of its type")
     value = _lookup(r, x, (UNARY[code], attrs), out.quant, out.dtype)
@@ -199,13 +196,14 @@ def _lookup(r, x, function, params, dtype):
     return value
 
 
-CLAMPS = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+CLAMPS = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
 
 
 def clamp(r, inputs, outputs, options, code):
-    """RELU6, RELU_N1_TO_1 (and a quantized RELU): a Clip; quantized, TFLite's ReluX as a
-    QLookup: each input code requantized to the output's parameters (gemmlowp's roundings)
-    and clamped to the bounds' codes (float32 division, C's round)."""
+    """RELU6, RELU_N1_TO_1: a Clip; quantized, TFLite's ReluX as a QLookup: each input code
+    requantized to the output's parameters (gemmlowp's roundings) and clamped to the bounds'
+    codes (float32 division, C's round). (A quantized RELU keeps the function's table, which
+    onebuild's writer spells so.)"""
     lo, hi = CLAMPS[code]
     perm = r.perm_of(inputs[0])
     t, out = r.info(inputs[0]), r.info(outputs[0])
