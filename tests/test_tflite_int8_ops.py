@@ -182,3 +182,35 @@ def test_quantized_softmax_and_strided_slice_are_onert_bit_for_bit(tmp_path, dty
         got = Interpreter(graph).run_batch({"x": np.stack(feeds)})["y"]
         ran = run_onert(data, tmp_path, [[x] for x in feeds], "model.tflite")
         np.testing.assert_array_equal(np.stack([r[0] for r in ran]).reshape(got.shape), got)
+
+
+@pytest.mark.parametrize(
+    "starts,ends,steps",
+    [([0, 0, 2, 1], [1, 3, 30, 32], [1, 1, 1, 1]),
+     ([0, 2, 31, 0], [1, None, 3, 32], [1, -1, -2, 3]),
+     ([0, 0, -1, 0], [1, 3, None, 32], [1, 1, -1, 1])],
+)  # fmt: skip
+def test_a_slice_is_written_as_litert_and_onert_run_it(tmp_path, starts, ends, steps):
+    """The IR's Slice (now also what STRIDED_SLICE reads as) writes as SLICE (steps 1) or
+    STRIDED_SLICE and reads back as the same Slice: LiteRT (tflite) and onert (circle) give
+    its values bit for bit on a photo."""
+    from test_circle import run_onert
+
+    from onebuild.graph_ir.ir import Graph, Model
+    from onebuild.graph_ir.serde import write_circle
+
+    graph = Graph("main")
+    x = graph.add_input("x", np.float32, (1, 3, 32, 32))
+    attrs = {"starts": starts, "ends": ends, "steps": steps}
+    graph.outputs.append(graph.make_node("Slice", [x], attrs, "y", output_names=["y"]).output)
+    image = photo_codes(3 / 127).astype(np.float32).transpose(0, 3, 1, 2) * np.float32(3 / 127)
+    want = Interpreter(graph).run({"x": image})["y"]
+    for fmt in ("tflite", "circle"):
+        data = write_circle(Model([graph]), fmt)
+        back = read_tflite(data).main if fmt == "tflite" else None
+        if back is not None:
+            assert [(n.op, n.attrs["steps"]) for n in back.nodes] == [("Slice", steps)]
+            got = run_litert(data, [image])[0]
+        else:
+            got = run_onert(data, tmp_path, [[image]])[0][0]
+        np.testing.assert_array_equal(got, want)
