@@ -143,6 +143,42 @@ def merge_calibration(recorders: Sequence, options: CalibrationOptions):
     return merge_recorders(list(recorders), options.min_samples)
 
 
+def _kept_dtypes(model: Model, options: QuantizeOptions) -> None:
+    """A pre-quantized model keeps its parameters: asked for uint8, its int8 activations move
+    to uint8 exactly (`int8_to_uint8`) where every node allows; otherwise one warning when its
+    activations are not in the dtype asked for (a target may not run them)."""
+    from .graph_ir.quant.int8_to_uint8 import convertible, int8_to_uint8
+
+    graph = model.main
+    values = [*graph.inputs, *(v for n in graph.nodes for v in n.outputs)]
+    kept = sorted({v.dtype.name for v in values if v.quant is not None and v.dtype.kind in "iu"})
+    if options.mode != "full" or not kept or kept == [options.dtype]:
+        return
+    stops = convertible(graph) if kept == ["int8"] and options.dtype == "uint8" else "-"
+    if stops is None:
+        count = int8_to_uint8(graph)
+        verify(graph)
+        log.info(
+            "quantize: '%s' came quantized with int8 activations: %d of them moved to uint8 "
+            "(zero point + 128, the same scale: exact), its int8 inputs and outputs kept",
+            graph.name,
+            count,
+        )
+        return
+    log.warning(
+        "quantize: '%s' came quantized with %s activations and keeps them (a pre-quantized "
+        'model is not requantized%s), so quantize.dtype = "%s" does not apply: a target that '
+        "runs no %s layers (see the partition table) leaves them on the CPU; quantize the "
+        'float model for "%s"',
+        graph.name,
+        " and ".join(kept),
+        "" if stops == "-" else f"; its {stops} cannot move to uint8",
+        options.dtype,
+        " or ".join(d for d in kept if d != options.dtype),
+        options.dtype,
+    )
+
+
 def quantize(
     model: Model,
     options: QuantizeOptions = QuantizeOptions(),
@@ -163,6 +199,7 @@ def quantize(
 
     if graph_is_quantized(model.main):  # a pre-quantized import keeps its own parameters
         log.info("quantize: '%s' is already quantized; its parameters are kept", model.main.name)
+        _kept_dtypes(model, options)
         return model
     settings = options.quant_config()
     if options.mode == "weight_only":

@@ -32,9 +32,9 @@ class ModelError(UserError):
 class UnsupportedOpsError(ModelError):
     """The model uses operators onebuild does not implement (all of them are listed)."""
 
-    def __init__(self, source: str, unsupported: list[tuple[str, ...]]):
+    def __init__(self, source: str, unsupported: list[tuple[str, ...]], hint: str = ""):
         """`unsupported`: (op, node name) or (op, node name, where) with `where` the path of
-        the subgraph holding the node (e.g. "If 'cond'.then_branch")."""
+        the subgraph holding the node (e.g. "If 'cond'.then_branch"); `hint`: what to do."""
         self.unsupported = unsupported
         listing = ", ".join(
             f"{op} (node '{name}'{f' in {where[0]}' if where and where[0] else ''})"
@@ -43,7 +43,7 @@ class UnsupportedOpsError(ModelError):
         kinds = sorted({op for op, *_ in unsupported})
         super().__init__(
             f"{source}: {len(unsupported)} node(s) use unsupported operators "
-            f"{', '.join(kinds)}: {listing}"
+            f"{', '.join(kinds)}: {listing}" + (f"; {hint}" if hint else "")
         )
 
 

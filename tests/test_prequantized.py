@@ -166,3 +166,106 @@ def test_an_accuracy_gate_on_a_prequantized_model_says_it_cannot(tmp_path, qdq, 
     assert "the imported model came quantized, so there is no float model to gate" in err
     assert "gate passed" not in err and "= inf" not in err
     assert not (tmp_path / "q.nnpkg").exists()
+
+
+def _onebuild_int8_tflite(io: str = "float32"):
+    """The digits CNN quantized to int8 by onebuild (inputs and outputs of type `io`), written
+    as tflite and read back."""
+    from onebuild import compile as C
+    from onebuild.graph_ir.serde import read_circle
+
+    model = load_model(DIGITS / "digits.onnx", {"input": [1, 1, 8, 8]})
+    C.optimize(model)
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"][:64]
+    stats = C.calibrate(model.main, [("b", {"input": calib})])
+    options = C.QuantizeOptions(dtype="int8", input_type=io, output_type=io)
+    data = write_circle(C.quantize(model, options, stats), "tflite")
+    return read_circle(data)
+
+
+def test_a_prequantized_int8_model_keeps_int8_and_says_so_when_it_cannot_move(caplog):
+    """Asked for int16, the quantize step keeps the file's int8 (a pre-quantized model is not
+    requantized) and says so in one warning; asked for int8, it says nothing."""
+    from onebuild import compile as C
+
+    said = {}
+    for dtype in ("int16", "int8"):
+        caplog.clear()
+        read = _onebuild_int8_tflite()
+        assert C.quantize(read, C.QuantizeOptions(dtype=dtype)) is read
+        codes = {v.dtype.name for n in read.main.nodes for v in n.outputs if v.quant}
+        assert codes == {"int8"}  # kept as the file has them
+        said[dtype] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said["int8"] == []
+    (message,) = said["int16"]
+    assert "came quantized with int8 activations and keeps them" in message
+    assert 'quantize.dtype = "int16" does not apply' in message
+
+
+@pytest.mark.parametrize("io", ["float32", "int8"])
+def test_a_prequantized_int8_model_asked_for_uint8_moves_to_uint8_bit_for_bit(images, io):
+    """Asked for uint8, its int8 activations move to uint8 (zero point + 128): the model
+    computes the int8 model's codes exactly; int8 inputs and outputs stay int8 (a Requantize
+    by 1 at each)."""
+    from onebuild import compile as C
+    from onebuild.graph_ir.interpreter import Interpreter
+    from onebuild.graph_ir.quant.model_io import quantize_inputs
+
+    reference, moved = _onebuild_int8_tflite(io), _onebuild_int8_tflite(io)
+    C.quantize(moved, C.QuantizeOptions(dtype="uint8"))
+    graph = moved.main
+    inner = [n for n in graph.nodes if n.op != "Requantize"]
+    assert {v.dtype.name for n in inner for v in n.outputs if v.quant} == {"uint8"}
+    assert [n.op for n in graph.nodes].count("Requantize") == (2 if io == "int8" else 0)
+    assert [v.dtype.name for v in (*graph.inputs, *graph.outputs)] == [io, io]
+    feeds = {"input": images.reshape(len(images), 1, 1, 8, 8)}
+    feeds = quantize_inputs(reference.main, feeds) if io == "int8" else feeds
+    want = Interpreter(reference.main).run_batch(feeds)["logits"]
+    np.testing.assert_array_equal(Interpreter(graph).run_batch(feeds)["logits"], want)
+
+
+def test_an_int8_qdq_model_builds_for_the_npu_as_uint8_bit_for_bit(tmp_path, images, capsys):
+    """onnxruntime's int8 QDQ of the digits CNN (asymmetric int8 activations) under npu-uint8:
+    it went to the CPU whole (the NPU runs uint8 and int16); moved to uint8 it runs on the
+    NPU, and the package gives the int8 model's outputs bit for bit."""
+    from onebuild.graph_ir.interpreter import Interpreter
+
+    model = onnx.load(DIGITS / "digits.onnx")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    onnx.save(model, tmp_path / "digits.onnx")
+    calib = read_npz(DIGITS / "data" / "calib.npz")["input"][:64]
+    quantize_static(
+        tmp_path / "digits.onnx", tmp_path / "int8.onnx", Samples(calib),
+        quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8, per_channel=True,
+    )  # fmt: skip
+    recipe = tmp_path / "q.toml"
+    recipe.write_text(
+        'extends = "npu-uint8"\n[import]\nsource = "int8.onnx"\n'
+        '[pack]\noutput = "q.nnpkg"\n[build]\ndir = "build"\n'
+    )
+    assert main(["build", str(recipe)]) == 0
+    err = capsys.readouterr().err
+    assert "trix         1" in err and "came quantized with int8" not in err
+    write_npz(tmp_path / "in.npz", {"input": images})
+    run = ["run", str(tmp_path / "q.nnpkg"), "-i", str(tmp_path / "in.npz")]
+    assert main([*run, "-o", str(tmp_path / "o.npz")]) == 0
+    int8 = load_model(tmp_path / "int8.onnx")
+    want = Interpreter(int8.main).run_batch({"input": images})["logits"]
+    np.testing.assert_array_equal(read_npz(tmp_path / "o.npz")["logits"], want)
+
+
+def test_the_session_compiles_an_int8_flatbuffer_for_the_npu_bit_for_bit(tmp_path, images):
+    """The session (U8_ASYM) on the int8 tflite: codegen moves its activations to uint8, as
+    the build does (it refused: "inputs and output must be quantized tensors of a supported
+    dtype"), and the compiled model gives the int8 model's outputs bit for bit."""
+    path = tmp_path / "digits_int8.tflite"
+    path.write_bytes(write_circle(_onebuild_int8_tflite(), "tflite"))
+    session = Session(path, workspace=tmp_path / "ws")
+    assert session.state == "QUANTIZED"
+    feeds = images.reshape(len(images), 1, 1, 8, 8)[:8]
+    want = [session.run({"input": x})["logits"] for x in feeds]
+    session.codegen("trix_sim")
+    assert session.state == "COMPILED"
+    for x, expected in zip(feeds, want):
+        np.testing.assert_array_equal(session.run({"input": x})["logits"], expected)

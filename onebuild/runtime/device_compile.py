@@ -92,6 +92,10 @@ def codegen_model(
     options = CodegenOptions(settings.target, settings.hw, settings.pref)
     opened, folder = paths
     output = cpath or opened.with_suffix(f".{binary_suffix(options.target)}")
+    kept = [v.dtype for n in model.main.nodes for v in n.outputs]
+    quantize(model, QuantizeOptions(**QUANT_TYPES[settings.quant_type]))  # keeps parameters:
+    if kept != [v.dtype for n in model.main.nodes for v in n.outputs]:  # int8 moved to uint8
+        source = None  # (exactly) for U8_ASYM; the file is no longer what is compiled
     with tempfile.TemporaryDirectory() as scratch:  # compile_file reads what it compiles
         if source is None:
             source = Path(scratch) / "model.obir"

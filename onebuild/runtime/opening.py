@@ -15,11 +15,9 @@ from ..odc import OdcSettings, settings_from_config
 from ..targets import binary_target, check_target
 from .models import BinaryModel, PackageModel, load_binary
 from .package import IR_TYPES, Package, load_cpu_model, load_package
-from .package_files import is_package
+from .package_files import FLATBUFFER_IDS, is_package
 
 ODC_KEYS = ("ODC_TARGET", "ODC_HW")
-
-FLATBUFFER_IDS = (b"CIR0", b"TFL3")  # circle, tflite file identifiers
 
 
 @dataclass

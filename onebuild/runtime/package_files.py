@@ -23,6 +23,7 @@ MAX_RATIO = 100
 RATIO_FLOOR = 16 << 20
 MAX_MEMBERS = 4096
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header, an empty archive's end record
+FLATBUFFER_IDS = (b"CIR0", b"TFL3")  # circle, tflite file identifiers (bytes 4..8)
 COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 _CHUNK = 1 << 20
 
@@ -36,15 +37,21 @@ def max_package_bytes() -> int:
 
 
 def looks_like_zip(path: Path) -> bool:
-    """A zip archive by its first bytes (a truncated one too), or by its end record."""
+    """A zip archive by its first bytes (a truncated one too), or by its end record when it
+    holds a metadata/MANIFEST. A circle/tflite flatbuffer is never one, even with a zip of
+    associated files appended (TFLite-Support metadata: MediaPipe, Model Maker, TF Hub)."""
     try:
         if not path.is_file():
             return False
         with open(path, "rb") as handle:
-            if handle.read(4) in ZIP_MAGICS:
-                return True
-        return zipfile.is_zipfile(path)
-    except OSError:
+            head = handle.read(8)
+        if head[:4] in ZIP_MAGICS:
+            return True
+        if head[4:8] in FLATBUFFER_IDS or not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("metadata/MANIFEST") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
         return False
 
 

@@ -23,6 +23,7 @@ from ..passes.cleanup import eliminate_dead_code
 from ..tensor import QuantParams
 from . import circle_read_nn as nn
 from . import circle_read_ops as ops
+from . import circle_read_shape as shape
 from . import circle_table as lut
 from .circle_arith import use_onert_arithmetic
 from .flatbuf import Buffer, Table
@@ -36,6 +37,7 @@ from .tflite_schema import (
     OPERATOR_NAMES,
     TENSOR_TYPES,
 )
+from .tflite_sparse import densify
 
 MAX_RANK = 64  # as IR files
 MAX_TENSOR_BYTES = 1 << 34  # no tensor of a loadable model is this large (as IR files)
@@ -73,7 +75,7 @@ class Reader:
         self.producers: dict[int, tuple] = {}  # tensor index -> (operator name, input indices)
         self.tables: dict[int, tuple] = {}  # tensor index -> (its QLookup read from GATHER, perm)
         # tensor index -> the IR column of each stored column (a flatten of channels-last data
-        # whose IR value is the IR's flatten; see circle_read_ops.reshape)
+        # whose IR value is the IR's flatten; see circle_read_shape.reshape)
         self.column_order: dict[int, np.ndarray] = {}
         self.graph.reserve(t.name for t in self.tensors)
 
@@ -91,23 +93,30 @@ class Reader:
             raise ModelError(f"{self.buf.source}: {what} has a dynamic shape {list(shape)}")
         if len(shape) > MAX_RANK or math.prod(shape) * dtype.itemsize > MAX_TENSOR_BYTES:
             raise ModelError(f"{self.buf.source}: {what} shape {list(shape)} is too large")
-        if t.table(6, f"{what} sparsity") is not None:
-            raise ModelError(f"{self.buf.source}: {what} is sparse (not supported)")
         name = t.string(3, f"{what} name") or f"tensor_{index}"
+        sparsity = t.table(6, f"{what} sparsity")
         buffer = t.scalar(2, "I")
         data = None
         if buffer:
             if buffer >= len(buffers):
                 raise self.fail(f"{what} names buffer {buffer} of {len(buffers)}")
             raw = buffers[buffer].bytes(0, f"buffer {buffer}")
-            if len(raw):
+            if sparsity is not None:  # the nonzero values only (DENSIFY reads it)
+                if len(raw) % dtype.itemsize:
+                    raise self.fail(f"{what} '{name}' has {len(raw)} bytes of {dtype}")
+                values = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype)
+                data = densify(sparsity, values, shape, f"{self.buf.source}: {what} '{name}'")
+            elif len(raw):
                 count = int(np.prod(shape, dtype=np.int64))
                 if len(raw) != count * dtype.itemsize:
                     raise self.fail(
                         f"{what} '{name}' has {len(raw)} bytes for {count} elements of {dtype}"
                     )
                 data = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
-        return TensorInfo(index, name, dtype, shape, data, self._quant(t, what, shape, dtype))
+        if sparsity is not None and data is None:
+            raise ModelError(f"{self.buf.source}: {what} '{name}' is sparse but not constant")
+        quant = self._quant(t, f"{what} '{name}'", shape, dtype)
+        return TensorInfo(index, name, dtype, shape, data, quant)
 
     def _quant(self, t: Table, what: str, shape, dtype: np.dtype) -> QuantParams | None:
         q = t.table(4, f"{what} quantization")
@@ -127,7 +136,11 @@ class Reader:
         if len(scale) == 1:
             return QuantParams((float(scale[0]),), (int(zero[0]),), None)
         if not 0 <= axis < len(shape) or shape[axis] != len(scale):
-            raise ModelError(f"{self.buf.source}: {what} has {len(scale)} scales for axis {axis}")
+            raise ModelError(
+                f"{self.buf.source}: {what} of shape {list(shape)} has {len(scale)} scales for "
+                f"axis {axis}, which is not an axis of that length (LiteRT refuses this file "
+                "too; TFLite Micro reads it): quantize the float model with onebuild instead"
+            )
         return QuantParams(tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis)
 
     def _exact_scales(self, model: Table, buffers: list[Table]) -> None:
@@ -256,16 +269,17 @@ READERS: dict[str, Callable] = {
     "RELU_N1_TO_1": _with(ops.clamp, code="RELU_N1_TO_1"),
     "SOFTMAX": ops.softmax,
     "PRELU": ops.prelu,
-    "DEPTH_TO_SPACE": ops.depth_to_space,
-    "CONCATENATION": ops.concatenation,
-    "RESHAPE": ops.reshape,
-    "SPLIT": _with(ops.split, code="SPLIT"),
-    "SPLIT_V": _with(ops.split, code="SPLIT_V"),
-    "TRANSPOSE": ops.transpose,
+    "DEPTH_TO_SPACE": shape.depth_to_space,
+    "CONCATENATION": shape.concatenation,
+    "RESHAPE": shape.reshape,
+    "SPLIT": _with(shape.split, code="SPLIT"),
+    "SPLIT_V": _with(shape.split, code="SPLIT_V"),
+    "TRANSPOSE": shape.transpose,
     "MEAN": _with(ops.reduce, code="MEAN"),
     "REDUCE_MAX": _with(ops.reduce, code="REDUCE_MAX"),
-    **{c: _with(ops.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
-    "SLICE": ops.slice_op,
+    **{c: _with(shape.pad, code=c) for c in ("PAD", "PADV2", "MIRROR_PAD")},
+    "SLICE": shape.slice_op,
+    "STRIDED_SLICE": shape.strided_slice,
     "RESIZE_BILINEAR": _with(nn.resize, code="RESIZE_BILINEAR"),
     "RESIZE_NEAREST_NEIGHBOR": _with(nn.resize, code="RESIZE_NEAREST_NEIGHBOR"),
     "LOCAL_RESPONSE_NORMALIZATION": nn.lrn,
@@ -273,6 +287,7 @@ READERS: dict[str, Callable] = {
     "GATHER": lut.read_gather,
     "QUANTIZE": lut.read_quantize,
     "DEQUANTIZE": _with(ops.quantize_op, code="DEQUANTIZE"),
+    "DENSIFY": ops.densify,
 }
 
 
@@ -336,6 +351,30 @@ def _states_quantization(root: Table) -> bool:
     return False
 
 
+HINTS = {  # what to do about an operator onebuild does not read
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": "TFLite's LSTM is not read yet: import the model's ONNX "
+    "export (its LSTM operator is supported, float and quantized)",
+    "SVDF": "SVDF is not read yet: import the model's ONNX export",
+}
+
+
+def _check_supported(buf: Buffer, codes: list, operators: list[Table], source: str) -> None:
+    """Every operator must have a reader: else one error listing them all, with what to do
+    about the ones `HINTS` knows."""
+    unsupported = []
+    for i, op in enumerate(operators):
+        opcode = op.scalar(0, "I")
+        if opcode >= len(codes):
+            raise buf.fail(f"operator {i} names operator code {opcode} of {len(codes)}")
+        code = codes[opcode]
+        name = OPERATOR_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
+        if name not in READERS:
+            unsupported.append((name, f"operator {i}"))
+    if unsupported:
+        hints = [HINTS[n] for n in sorted({n for n, _ in unsupported}) if n in HINTS]
+        raise UnsupportedOpsError(source, unsupported, "; ".join(hints))
+
+
 def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> Model:
     """A circle or tflite model (bytes or a path) as IR; `fmt` checks the file identifier."""
     source = "<bytes>"
@@ -356,6 +395,8 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
     if not subgraphs:
         raise ModelError(f"{source}: the model has no subgraph")
     sub = subgraphs[0]
+    operators = sub.tables(3, "operators")
+    _check_supported(buf, codes, operators, source)
     reader = Reader(buf, root, sub)
     for index in sub.array(1, "int32", "subgraph inputs"):
         t = reader.info(int(index))
@@ -363,7 +404,6 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
         reader.graph.rename(value, t.name)
         value.quant = t.quant
         reader.values[int(index)] = {None: value}
-    operators = sub.tables(3, "operators")
     for op in operators:  # who reads each tensor (a flatten before dense layers looks ahead)
         name = (
             BUILTIN_NAMES.get(codes[op.scalar(0, "I")]) if op.scalar(0, "I") < len(codes) else None
@@ -375,17 +415,6 @@ def read_flatbuffer(data: bytes | str | os.PathLike, fmt: str | None = None) -> 
             reader.producers[int(x)] = (name, operands)
     for index in sub.array(2, "int32", "subgraph outputs"):
         reader.readers.setdefault(int(index), set()).add(("output", 0))
-    unsupported = []
-    for i, op in enumerate(operators):
-        opcode = op.scalar(0, "I")
-        if opcode >= len(codes):
-            raise buf.fail(f"operator {i} names operator code {opcode} of {len(codes)}")
-        code = codes[opcode]
-        name = OPERATOR_NAMES.get(code, f"builtin {code}") if isinstance(code, int) else code
-        if name not in READERS:
-            unsupported.append((name, f"operator {i}"))
-    if unsupported:
-        raise UnsupportedOpsError(source, unsupported)
     for i, op in enumerate(operators):
         name = BUILTIN_NAMES[codes[op.scalar(0, "I")]]
         inputs = [int(x) for x in op.array(1, "int32", f"operator {i} inputs")]

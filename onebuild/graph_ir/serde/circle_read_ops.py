@@ -1,6 +1,6 @@
-"""TFLite -> IR mappings of the elementwise, data-movement and (de)quantize operators, for
+"""TFLite -> IR mappings of the elementwise, reduction and (de)quantize operators, for
 `circle_read.Reader` (one function per builtin; convolutions, pools and the other spatial and
-matrix operators are in `circle_read_nn`).
+matrix operators are in `circle_read_nn`, data movement in `circle_read_shape`).
 
 Each takes the reader, the operator's input and output tensor indices (-1: omitted) and its
 options table. Quantized operators become the IR's integer ops with the file's parameters (the
@@ -12,10 +12,11 @@ import numpy as np
 from ..dtypes import name_of
 from ..ops import OPS
 from ..ops.quantized_softmax import exp_table
+from ..ops.tflite_rounding import requantize_gemmlowp
 from ..quant.kernel_attrs import average_pool_attrs, binary_attrs, output_attrs, softmax_attrs
 from ..quant.params import dequantize, quantize, quantize_multiplier
 from . import circle_read_fuse as fuse
-from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS, channels_last_columns
+from .tflite_schema import ACTIVATION_BOUNDS, OPTIONS
 
 NHWC = (0, 2, 3, 1)
 
@@ -110,12 +111,49 @@ def binary(r, inputs, outputs, options, code):
 
 
 def prelu(r, inputs, outputs, options):
-    """Float PRELU: x where x >= 0, else alpha * x (alpha broadcast as a binary operand)."""
-    _float_only(r, inputs[0], "PRELU")
+    """PRELU: x where x >= 0, else alpha * x (alpha broadcast as a binary operand); a quantized
+    one in float between DequantizeLinear and QuantizeLinear (`_in_float`: the IR has no
+    integer PRelu yet), its constant alpha dequantized."""
     rank = len(r.info(outputs[0]).shape)
     perm = _layout(r, inputs, rank)
-    x, slope = (_operand(r, i, perm, rank) for i in inputs[:2])
-    _emit(r, "PRelu", [x, slope], {}, outputs[0], perm)
+    t = r.info(inputs[0])
+    if t.quant is None or t.dtype == np.float32:
+        x, slope = (_operand(r, i, perm, rank) for i in inputs[:2])
+        _emit(r, "PRelu", [x, slope], {}, outputs[0], perm)
+        return
+    alpha = r.info(inputs[1])
+    if alpha.data is None:
+        raise Malformed("a quantized PRELU needs a constant alpha")
+    real = alpha.data if alpha.quant is None else dequantize(alpha.data, alpha.quant)
+    if perm is not None and real.ndim < rank:
+        real = real.reshape((1,) * (rank - real.ndim) + real.shape)
+    if perm is not None:
+        real = real.transpose(np.argsort(perm))
+    slope = r.graph.add_constant(np.ascontiguousarray(real, np.float32), alpha.name)
+    _in_float(r, "PRelu", {}, [r.value(inputs[0], perm), slope], outputs[0], perm)
+
+
+def _in_float(r, op: str, attrs: dict, inputs: list, target: int, perm) -> None:
+    """Float `op` of quantized input 0 between DequantizeLinear and QuantizeLinear to tensor
+    `target`'s parameters: how the IR holds an operator it has no integer kernel for."""
+    x, out = inputs[0], r.info(target)
+    if x.quant is None or out.quant is None or out.dtype == np.float32:
+        raise Malformed("a quantized input needs a quantized output")
+    if out.quant.axis is not None:
+        raise Malformed("the output must be quantized per tensor")
+    q = x.quant
+    attrs_in = {"scale": list(q.scale), "zero_point": list(q.zero_point), "axis": q.axis}
+    name = out.name + "/op"
+    real = r.graph.make_node("DequantizeLinear", [x], attrs_in, f"{name}_dequantize").output
+    y = r.graph.make_node(op, [real, *inputs[1:]], attrs, name).output
+    attrs_out = {
+        "scale": list(out.quant.scale),
+        "zero_point": list(out.quant.zero_point),
+        "axis": None,
+        "dtype": name_of(out.dtype),
+    }
+    value = r.graph.make_node("QuantizeLinear", [y], attrs_out, f"{name}_quantize").output
+    r.define(target, value, perm)
 
 
 UNARY = {
@@ -158,15 +196,40 @@ def _lookup(r, x, function, params, dtype):
     return value
 
 
+CLAMPS = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+
+
 def clamp(r, inputs, outputs, options, code):
-    _float_only(r, inputs[0], code)
-    lo, hi = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}[code]
+    """RELU6, RELU_N1_TO_1: a Clip; quantized, TFLite's ReluX as a QLookup: each input code
+    requantized to the output's parameters (gemmlowp's roundings) and clamped to the bounds'
+    codes (float32 division, C's round). (A quantized RELU keeps the function's table, which
+    onebuild's writer spells so.)"""
+    lo, hi = CLAMPS[code]
     perm = r.perm_of(inputs[0])
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.quant is not None and t.dtype != np.float32:
+        if out.quant is None or out.dtype != t.dtype or len(t.quant.scale) != 1:
+            raise Malformed("a quantized input needs a quantized output of its type")
+        info = np.iinfo(t.dtype)
+        codes = np.arange(info.min, info.max + 1, dtype=np.int64) - t.quant.zero_point[0]
+        scale, zp = out.quant.scale[0], out.quant.zero_point[0]
+        y = zp + requantize_gemmlowp(codes, *quantize_multiplier(t.quant.scale[0] / scale))
+        qmin, qmax = (zp + _c_round(np.float32(b) / np.float32(scale)) for b in (lo, hi))
+        table = np.clip(y, max(qmin, info.min), min(qmax, info.max)).astype(t.dtype)
+        constant = r.graph.add_constant(table, f"{code.lower()}_table")
+        x = r.value(inputs[0], perm)
+        _emit(r, "QLookup", [x, constant], {}, outputs[0], perm)
+        return
     bounds = [
         r.graph.add_constant(np.float32(b), f"{code.lower()}_{k}")
         for b, k in ((lo, "min"), (hi, "max"))
     ]
     _emit(r, "Clip", [r.value(inputs[0], perm), *bounds], {}, outputs[0], perm)
+
+
+def _c_round(x: np.float32) -> float:
+    """C's round: half away from zero (inf stays inf)."""
+    return float(np.copysign(np.floor(np.abs(x) + 0.5), x))
 
 
 def gelu(r, inputs, outputs, options):
@@ -190,127 +253,25 @@ def _float_only(r, index, code):
 
 
 def softmax(r, inputs, outputs, options):
-    _float_only(r, inputs[0], "SOFTMAX")
-    if _options("SOFTMAX", options)["beta"] != 1.0:
-        raise Malformed("beta other than 1 is not supported")
+    """SOFTMAX over the last axis; quantized (the converter's int8 one: output scale 1/256,
+    zero point -128), the IR's QSoftmax with its exponential table at beta times the input
+    scale."""
+    beta = _options("SOFTMAX", options)["beta"]
     perm = r.perm_of(inputs[0])
-    rank = len(r.info(inputs[0]).shape)
-    axis = rank - 1 if perm is None else perm[rank - 1]
-    _emit(r, "Softmax", [r.value(inputs[0], perm)], {"axis": axis}, outputs[0], perm)
-
-
-def concatenation(r, inputs, outputs, options):
-    o = _options("CONCATENATION", options)
-    out = r.info(outputs[0])
-    rank = len(out.shape)
-    perm = _layout(r, inputs, rank)
-    axis = o["axis"] % rank
-    ir_axis = axis if perm is None else perm[axis]
-    values = [_operand(r, i, perm, rank) for i in inputs]
-    fused = None if o["activation"] else fuse.grouped_conv(r.graph, values, ir_axis)
-    if fused is not None:
-        r.define(outputs[0], fused, perm)
-        return
-    if out.quant is None or out.dtype == np.float32:
-        attrs = {"axis": ir_axis, **_activation_attrs(r, outputs[0], o["activation"])}
-        _emit(r, "Concat", values, attrs, outputs[0], perm)
-        return
-    params = [r.info(i).quant for i in inputs]
-    multipliers = [quantize_multiplier(p.scale[0] / out.quant.scale[0]) for p in params]
-    attrs = {
-        "axis": ir_axis,
-        "x_zero_points": [p.zero_point[0] for p in params],
-        **_activation_attrs(r, outputs[0], o["activation"]),
-        "multiplier": [m for m, _ in multipliers],
-        "shift": [s for _, s in multipliers],
-    }
-    _emit(r, "QConcat", values, attrs, outputs[0], perm)
-
-
-def split(r, inputs, outputs, options, code):
-    if code == "SPLIT":
-        axis_index, x_index = inputs[:2]
-    else:
-        x_index, sizes_index, axis_index = inputs[:3]
-    axis = r.const(axis_index)
-    shape = r.info(x_index).shape
-    if axis is None or axis.size != 1:
-        raise Malformed("the axis must be a constant scalar")
-    axis = int(np.ravel(axis)[0]) % len(shape)
-    if code == "SPLIT":
-        sizes = [shape[axis] // len(outputs)] * len(outputs)
-    else:
-        given = r.const(sizes_index)
-        if given is None:
-            raise Malformed("the sizes must be constant")
-        sizes = [int(s) for s in np.ravel(given)]
-        if sizes.count(-1) == 1:
-            sizes[sizes.index(-1)] = shape[axis] - (sum(sizes) + 1)
-    perm = r.perm_of(x_index)
-    attrs = {"axis": axis if perm is None else perm[axis], "split": sizes}
-    node = r.graph.make_node("Split", [r.value(x_index, perm)], attrs, r.info(outputs[0]).name)
-    if len(node.outputs) != len(outputs):
-        raise Malformed(f"{len(outputs)} outputs for {len(sizes)} parts")
-    for index, value in zip(outputs, node.outputs):
-        r.define(index, value, perm)
-
-
-def reshape(r, inputs, outputs, options):
-    shape = list(r.info(outputs[0]).shape)
-    # a graph output the writer copied for onert (`Writer._copied_outputs`): no node
-    copy = ("output", 0) in r.readers.get(outputs[0], ())
-    if copy and shape == list(r.info(inputs[0]).shape):
-        known = r.perm_of(inputs[0])
-        r.alias(outputs[0], r.value(inputs[0], known), known)
-        return
-    order = _flatten_order(r, inputs[0], outputs[0])
-    if order is None:
-        x = r.value(inputs[0])
-        name = r.info(outputs[0]).name + "/op"
-        # the writer's MatMul of an input of rank > 2, reduction without kept dims, and (in
-        # NHWC) nearest upsampling by whole factors
-        folded = fuse.matmul_rows(r.graph, x, shape, name)
-        folded = folded or fuse.dropped_axes(r.graph, x, shape, name)
-        if folded is not None:
-            r.define(outputs[0], folded)
-            return
-        resized = fuse.repeated_pixels(r.graph, x, shape, name)
-        if resized is not None:
-            r.define(outputs[0], resized, NHWC)
-            return
-        _emit(r, "Reshape", [x], {"shape": shape}, outputs[0])
-        return
-    # the IR's own flatten; the FULLY_CONNECTED readers permute their weights by `order`
-    _emit(r, "Reshape", [r.value(inputs[0], NHWC)], {"shape": shape}, outputs[0])
-    r.column_order[outputs[0]] = order
-
-
-def _flatten_order(r, source: int, target: int) -> np.ndarray | None:
-    """For a flatten of a channels-last tensor read only as FULLY_CONNECTED inputs (how the
-    writer spells an IR flatten before dense layers): the IR column of each stored column."""
-    t, out = r.info(source), r.info(target)
-    if r.perm_of(source) != NHWC or r.readers.get(target) != {("FULLY_CONNECTED", 0)}:
-        return None
-    n, h, w, c = t.shape
-    if tuple(out.shape) != (n, h * w * c):
-        return None
-    return channels_last_columns(c, h, w)
-
-
-def transpose(r, inputs, outputs, options):
-    """No IR node: the output is the input's value seen through one more permutation (a
-    reader needing another layout transposes once; an inverse pair cancels)."""
-    order = r.const(inputs[1])
-    t = r.info(inputs[0])
+    t, out = r.info(inputs[0]), r.info(outputs[0])
     rank = len(t.shape)
-    if order is None or sorted(int(p) for p in np.ravel(order)) != list(range(rank)):
-        raise Malformed("the permutation must be a constant permutation of the axes")
-    known = r.perm_of(inputs[0])
-    value = r.value(inputs[0], known)
-    have = tuple(range(rank)) if known is None else known
-    composed = tuple(have[int(p)] for p in np.ravel(order))
-    perm = None if composed == tuple(range(rank)) else composed
-    r.alias(outputs[0], value, perm)
+    axis = rank - 1 if perm is None else perm[rank - 1]
+    x = r.value(inputs[0], perm)
+    if t.quant is None or t.dtype == np.float32:
+        if beta != 1.0:
+            raise Malformed("beta other than 1 is not supported")
+        _emit(r, "Softmax", [x], {"axis": axis}, outputs[0], perm)
+        return
+    if out.quant is None or out.dtype != t.dtype or len(t.quant.scale) != 1 or beta <= 0:
+        raise Malformed("a quantized SOFTMAX gives codes of its input's type (beta > 0)")
+    table = r.graph.add_constant(exp_table(beta * t.quant.scale[0]), f"{out.name}_exp")
+    attrs = softmax_attrs(axis, out.quant, name_of(out.dtype))
+    _emit(r, "QSoftmax", [x, table], attrs, outputs[0], perm)
 
 
 def reduce(r, inputs, outputs, options, code):
@@ -323,12 +284,16 @@ def reduce(r, inputs, outputs, options, code):
     perm = r.perm_of(inputs[0]) if keep else None
     axes = sorted({int(a) % rank for a in np.ravel(axes)})
     spatial = keep and rank == 4 and perm == NHWC and axes == [1, 2]
-    if spatial and code == "MEAN" and t.quant is not None and t.dtype != np.float32:
+    quantized = t.quant is not None and t.dtype != np.float32
+    if spatial and code == "MEAN" and quantized:
         _quantized_mean(r, inputs[0], outputs[0])
         return
-    _float_only(r, inputs[0], code)
     ir_axes = sorted(axes if perm is None else [perm[a] for a in axes])
     op = "ReduceMean" if code == "MEAN" else "ReduceMax"
+    if quantized:  # the max is exact so; the mean within a step of TFLite's integer one
+        attrs = {"axes": ir_axes, "keepdims": int(keep)}
+        _in_float(r, op, attrs, [r.value(inputs[0], perm)], outputs[0], perm)
+        return
     if spatial:
         # the spatial mean of an NHWC tensor: the IR's global pool (float64 sums, as the
         # writer's source op)
@@ -356,47 +321,6 @@ def _quantized_mean(r, source: int, target: int) -> None:
         "GlobalAveragePool", {}, t.shape[1:3], t.quant, out.quant, name_of(t.dtype)
     )
     _emit(r, "QAveragePool", [r.value(source, NHWC)], attrs, target, NHWC)
-
-
-def pad(r, inputs, outputs, options, code):
-    paddings = r.const(inputs[1])
-    if paddings is None:
-        raise Malformed("the paddings must be constant")
-    t = r.info(inputs[0])
-    rank = len(t.shape)
-    perm = r.perm_of(inputs[0])
-    order = range(rank) if perm is None else np.argsort(perm)
-    pairs = [paddings[int(i)] for i in order]
-    attrs = {"pads": [int(p[0]) for p in pairs] + [int(p[1]) for p in pairs], "mode": "constant"}
-    if code == "MIRROR_PAD":
-        if _options(code, options)["mode"] != 0:
-            raise Malformed("SYMMETRIC mirror padding is not supported")
-        attrs["mode"] = "reflect"
-    elif code == "PADV2" and len(inputs) > 2:
-        attrs["value"] = float(np.ravel(r.const(inputs[2]))[0])
-    elif t.quant is not None and t.dtype != np.float32:
-        attrs["value"] = t.quant.zero_point[0]
-    _emit(r, "Pad", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
-
-
-def slice_op(r, inputs, outputs, options):
-    """SLICE by constant begins and sizes (-1: to the end) as a Slice of steps 1."""
-    begin, size = (r.const(i) for i in inputs[1:3])
-    if begin is None or size is None:
-        raise Malformed("the begins and sizes must be constant")
-    shape = r.info(inputs[0]).shape
-    begin, size = (np.ravel(a).astype(np.int64) for a in (begin, size))
-    size = np.where(size == -1, np.subtract(shape, begin), size)
-    if len(begin) != len(shape) or min(*begin, *size) < 0 or (begin + size > shape).any():
-        raise Malformed("the begins and sizes must be in the input")
-    perm = r.perm_of(inputs[0])
-    order = range(len(shape)) if perm is None else np.argsort(perm)
-    attrs = {
-        "starts": [int(begin[i]) for i in order],
-        "ends": [int(begin[i] + size[i]) for i in order],
-        "steps": [1] * len(shape),
-    }
-    _emit(r, "Slice", [r.value(inputs[0], perm)], attrs, outputs[0], perm)
 
 
 def quantize_op(r, inputs, outputs, options, code):
@@ -442,6 +366,14 @@ def quantize_op(r, inputs, outputs, options, code):
             "dtype": name_of(out.dtype),
         }
         _emit(r, "Requantize", [x], attrs, outputs[0], perm)
+
+
+def densify(r, inputs, outputs, options):
+    """DENSIFY of a sparse constant (read dense, `tflite_sparse`): the same data."""
+    t, out = r.info(inputs[0]), r.info(outputs[0])
+    if t.data is None or out.shape != t.shape or out.dtype != t.dtype:
+        raise Malformed("only a constant densifies, to its own shape and type")
+    out.data = t.data
 
 
 def _island(r, x, out):
@@ -491,17 +423,3 @@ def _requantized_pool(r, x, out):
     value = r.graph.make_node("QAveragePool", [source], attrs, pool.name).output
     value.quant = out.quant
     return value
-
-
-def depth_to_space(r, inputs, outputs, options):
-    """DepthToSpace (DCR, TFLite's order), or the ConvTranspose circle spells with it."""
-    block = _options("DEPTH_TO_SPACE", options)["block_size"]
-    t, out = r.info(inputs[0]), r.info(outputs[0])
-    if len(t.shape) != 4 or block < 1 or t.quant != out.quant:
-        raise Malformed("a 4-D input, a positive block size and the input's parameters")
-    x = r.value(inputs[0], NHWC)
-    fused = fuse.pixel_shuffle(r.graph, x, block)
-    if fused is not None:
-        r.define(outputs[0], fused, NHWC)
-        return
-    _emit(r, "DepthToSpace", [x], {"blocksize": block, "mode": "DCR"}, outputs[0], NHWC)

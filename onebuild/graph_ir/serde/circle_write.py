@@ -21,6 +21,7 @@ from ..tensor import QuantParams
 from . import circle_ops as ops
 from . import circle_ops_nn as nn
 from . import circle_ops_norm as norm
+from . import circle_ops_shape as shape
 from . import circle_table as lut
 from .flatbuf import numbers, offsets, raw_bytes, table
 from .naming import fresh_name
@@ -349,6 +350,7 @@ WRITERS: dict[str, Callable] = {
     "Split": ops.split,
     "Transpose": ops.transpose,
     "Pad": ops.pad,
+    "Slice": shape.slice_,
     "Resize": norm.resize,
     "BatchNormalization": norm.batch_norm,
     "LRN": norm.lrn,

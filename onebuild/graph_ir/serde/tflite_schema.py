@@ -101,6 +101,8 @@ BUILTIN = {
     "GATHER": 36,
     "CAST": 53,
     "SLICE": 65,
+    "STRIDED_SLICE": 45,
+    "DENSIFY": 124,
 }
 BUILTIN_NAMES = {code: name for name, code in BUILTIN.items()}
 
@@ -234,6 +236,17 @@ OPTIONS: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {
     "DEPTH_TO_SPACE": (94, (("block_size", "int"),)),
     "GATHER": (23, (("axis", "int"), ("batch_dims", "int"))),
     "CAST": (37, (("in_data_type", "byte"), ("out_data_type", "byte"))),
+    "STRIDED_SLICE": (
+        32,
+        (
+            ("begin_mask", "int"),
+            ("end_mask", "int"),
+            ("ellipsis_mask", "int"),
+            ("new_axis_mask", "int"),
+            ("shrink_axis_mask", "int"),
+            ("offset", "bool"),
+        ),
+    ),
 }
 OPTIONS["MAX_POOL_2D"] = OPTIONS["AVERAGE_POOL_2D"]
 OPTIONS["REDUCE_MAX"] = OPTIONS["MEAN"]
