@@ -108,10 +108,19 @@ def pool_without_ceil(node: Node, hw: Hardware) -> bool:
     return not node.attrs.get("ceil_mode", 0)
 
 
-def dense_layer(node: Node, hw: Hardware) -> bool:
-    """Gemm input must be a [1, K] vector (a MatMul over the rows of a sequence, [M, K] with
-    M > 1, runs on the CPU)"""
-    return len(node.inputs[0].shape) == 2 and node.inputs[0].shape[0] == 1
+def gemm_rows_layout(node: Node, hw: Hardware) -> bool:
+    """Gemm input must be rows [M, K] (a vector, or a MatMul over the rows of a sequence), not
+    transposed (transA = 0)"""
+    return len(node.inputs[0].shape) == 2 and not node.attrs.get("transA")
+
+
+def rows_view(node: Node, hw: Hardware) -> bool:
+    """the batch dimension must be 1 and the rank at most 4 (a view may also give a Gemm
+    the rows of a sequence, [1, T, K] -> [T, K], or take them back)"""
+    values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
+    return all(
+        len(v.shape) <= hw.max_rank and (v.shape[0] == 1 or len(v.shape) == 2) for v in values
+    )
 
 
 def pass_through_dtype(node: Node, hw: Hardware) -> bool:
@@ -202,13 +211,13 @@ def reason(constraint: Constraint) -> str:
 
 def tile_fits_sram(node: Node, hw: Hardware) -> bool:
     """the layer's smallest tile must fit the SRAM, double-buffered (a convolution's: one
-    output row, reading every input channel over the kernel's rows; a Gemm's: its whole input
+    output row, reading every input channel over the kernel's rows; a Gemm's: one input row
     and one row of weights)"""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     per_channel = align(w.size // w.shape[0] * w.dtype.itemsize)
     if node.op == "QGemm":
         row = align(x.shape[-1] * w.dtype.itemsize) + align(y.dtype.itemsize)
-        return align(x.size * x.dtype.itemsize) + 2 * row <= hw.sram_bytes
+        return align(x.shape[-1] * x.dtype.itemsize) + 2 * row <= hw.sram_bytes
     c, h, width = (*x.shape[1:], 1, 1)[:3]  # (C, H, W) as lowered
     out_width = (*y.shape[1:], 1, 1)[2]
     kh = w.shape[2] if len(w.shape) > 2 else 1

@@ -5,6 +5,7 @@ A `Program` holds tensor descriptions (shape as (C, H, W), dtype, scale, zero po
 per-channel multipliers and shifts, lookup tables). Nothing here knows instructions or cycles.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,10 +24,11 @@ from .constraints import (
     broadcast_operands,
     channel_activations,
     channel_concat,
+    channel_limit,
     channel_softmax,
     column_transpose,
-    dense_layer,
     forward_slice,
+    gemm_rows_layout,
     kernel_size,
     move_fits_sram,
     pass_through_dtype,
@@ -37,6 +39,7 @@ from .constraints import (
     reason,
     resize_on_grid,
     resize_taps,
+    rows_view,
     spatial_pad,
     spatial_resize,
     stride_limit,
@@ -78,8 +81,8 @@ class Layer:
         if self.kind == "conv":
             w = self.arrays["weights"].shape
             return int(np.prod(out)) * int(np.prod(w[1:]))
-        if self.kind == "gemm":
-            return int(self.arrays["weights"].size)
+        if self.kind == "gemm":  # over the rows of its output [M, N]
+            return int(self.arrays["weights"].size) * math.prod(tensors[self.output].dims[:-1])
         return 0
 
 
@@ -120,7 +123,10 @@ def tile_input_rows(layer: Layer, r0: int, r1: int, height: int, out_height: int
 
 
 def chw(dims: tuple[int, ...]) -> tuple[int, int, int]:
-    """(C, H, W) of a batch-1 tensor of rank 1 to 4 (missing trailing dims are 1)."""
+    """(C, H, W) of a batch-1 tensor of rank 1 to 4 (missing trailing dims are 1); a Gemm's
+    rows [M, K] (M > 1, no batch axis) are one channel of M rows of K."""
+    if len(dims) == 2 and dims[0] != 1:
+        return 1, int(dims[0]), int(dims[1])
     rest = list(dims[1:]) if len(dims) > 1 else list(dims)
     rest += [1] * (3 - len(rest))
     return int(rest[0]), int(rest[1]), int(rest[2])
@@ -216,8 +222,15 @@ def _conv(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("conv", node.name, ins, out, attrs, arrays)
 
 
-@_lowers("QGemm", constraints=(dense_layer, tile_fits_sram))
+# a Gemm's input [M, K] and output [M, N] hold M rows (of a sequence), not a batch axis; one
+# wider than max_channels runs as several layers (`_channel_parts`)
+ROWS_GENERIC = tuple(c for c in GENERIC if c not in (batch_one, channel_limit))
+
+
+@_lowers("QGemm", constraints=(gemm_rows_layout, tile_fits_sram), generic=ROWS_GENERIC)
 def _gemm(node: Node, ins: list[str], out: str) -> Layer:
+    """A vector [1, K] or the rows [M, K] of a sequence times [K, N] (the layer's output
+    tiles are rows x output channels)."""
     a, w = node.attrs, node.inputs[1].numpy()
     w = w if a.get("transB") else w.T  # [N, K]
     arrays = {
@@ -346,6 +359,7 @@ def _concat(node: Node, ins: list[str], out: str) -> Layer:
 _MOVE = (pass_through_dtype, move_fits_sram)
 # no per-channel parameters: any number of channels
 MOVING = (quantized_io, per_tensor_activations, batch_one)
+VIEWING = (quantized_io, per_tensor_activations, rows_view)  # a view may hold a Gemm's rows
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 
@@ -411,7 +425,7 @@ def _resize(node: Node, ins: list[str], out: str) -> Layer:
 VIEWS = tuple(name for name, op in OPS.items() if op.view)  # the registry's: Reshape, ...
 
 
-@_lowers(*VIEWS, constraints=(pass_through_dtype,), generic=MOVING)
+@_lowers(*VIEWS, constraints=(pass_through_dtype,), generic=VIEWING)
 def _view(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
 
@@ -441,10 +455,33 @@ def _failed(node: Node, hw: Hardware, skip: Constraint | None = None) -> list[st
     return failed
 
 
-def _layers(node: Node) -> list[Layer]:
+def _layers(node: Node, hw: Hardware) -> list[Layer]:
     ins = [v.name for v in node.inputs if v is not None and not v.is_const]
     built = LOWERINGS[node.op].build(node, ins, node.outputs[0].name)
-    return built if isinstance(built, list) else [built]
+    layers = built if isinstance(built, list) else [built]
+    return [part for layer in layers for part in _channel_parts(layer, hw)]
+
+
+def _channel_parts(layer: Layer, hw: Hardware) -> list[Layer]:
+    """A gemm with more output channels than `max_channels` (a CTC head's classes) as gemm
+    layers of at most that many, named `node:index`, each writing its columns of the output
+    from `ch_offset` on."""
+    n = layer.arrays["weights"].shape[0] if layer.kind == "gemm" else 0
+    if n <= hw.max_channels:
+        return [layer]
+    parts = []
+    for index, c0 in enumerate(range(0, n, hw.max_channels)):
+        rows = slice(c0, c0 + hw.max_channels)
+        arrays = {k: np.ascontiguousarray(a[rows]) for k, a in layer.arrays.items()}
+        attrs = {**layer.attrs, "ch_offset": c0}
+        name = f"{layer.name}:{index}"
+        parts.append(Layer("gemm", name, layer.inputs, layer.output, attrs, arrays))
+    return parts
+
+
+def layer_node(layer: Layer) -> str:
+    """The IR node a layer comes from: its name, less the `:index` of a gemm's channel part."""
+    return layer.name.rpartition(":")[0] if "ch_offset" in layer.attrs else layer.name
 
 
 def _pads_2d(pads: list[int]) -> list[int]:
@@ -479,5 +516,5 @@ def lower(graph: Graph, hw: Hardware) -> Program:
     layers = []
     for node in graph.nodes:
         tensors.update({v.name: _tensor(v) for v in node.outputs})
-        layers += _layers(node)
+        layers += _layers(node, hw)
     return Program(tensors, layers, [v.name for v in graph.inputs], [v.name for v in graph.outputs])

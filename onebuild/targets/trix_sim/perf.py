@@ -14,8 +14,9 @@ bandwidth.
 import math
 
 from .fusion import epilogue_operand, fuse_epilogues, fused_parts, silent
+from .gemm_tiles import gemm_tiles
 from .hardware import Hardware
-from .lower import Layer, Program
+from .lower import Layer, Program, layer_node
 
 
 def dma_cycles(hw: Hardware, nbytes: int) -> int:
@@ -31,9 +32,9 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
         if "epilogue" in layer.attrs:  # the output stage's add or requantize, overlapped
             cycles = max(cycles, math.ceil(chs * pixels / hw.vector_lanes))
         return cycles
-    if layer.kind == "gemm":
+    if layer.kind == "gemm":  # one input row per cycle through the array, as a pixel
         k = layer.arrays["weights"].shape[1]
-        return math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
+        return rows * math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
     if layer.kind == "maxpool":
         return max(1, math.ceil(chs * pool_ops(layer, rows, ow, in_shape[1]) / hw.vector_lanes))
     window = 1
@@ -105,7 +106,8 @@ def estimate(program: Program, hw: Hardware) -> dict:
     the MAC array or vector unit) and DMA (weights once, inputs and output once). Adds and
     Concat parts fused into their convolution (fusion.py) cost what the code generator makes
     of them: the convolution's output stage and the Add's other operand, no layer of their
-    own, and a fused intermediate never moves."""
+    own, and a fused intermediate never moves. Layers are reported by the IR node they come
+    from (`lower.layer_node`)."""
     program = fuse_epilogues(program)
     quiet, parts = silent(program), fused_parts(program)
     total, layers = 0, {}
@@ -114,16 +116,25 @@ def estimate(program: Program, hw: Hardware) -> dict:
             continue
         out = program.tensors[layer.output]
         x = program.tensors[layer.inputs[0]]
-        compute = exec_cycles(hw, layer, out.shape[1], out.shape[0], out.shape, x.shape)
+        rows, chs = out.shape[1], out.shape[0]
+        passes = 1  # how often the weights stream in
+        if layer.kind == "gemm":  # rows tiled (gemm_tiles.py), its columns of the output
+            plan = gemm_tiles(hw, layer, program.tensors, hw.sram_bytes, 2)
+            rows, chs, passes = plan.m, plan.n, plan.row_tiles
+        compute = exec_cycles(hw, layer, rows, chs, out.shape, x.shape)
         if layer.kind == "concat":  # the parts not fused: read, then written into place
             moved = 2 * sum(program.tensors[n].nbytes for n in layer.inputs if n not in parts)
+        elif layer.kind == "gemm":
+            moved = x.nbytes + out.nbytes * plan.n // out.dims[-1]
         else:
             moved = out.nbytes + sum(program.tensors[n].nbytes for n in layer.inputs)
             operand = epilogue_operand(program, layer)
             moved += program.tensors[operand].nbytes if operand else 0
-        moved += streamed_bytes(layer)
+        moved += passes * streamed_bytes(layer)
         cycles = max(compute, dma_cycles(hw, moved))
-        layers[layer.name] = {"kind": layer.kind, "cycles": cycles, "dram_bytes": moved}
+        entry = layers.setdefault(layer_node(layer), {"kind": layer.kind, "cycles": 0})
+        entry["cycles"] += cycles  # a gemm's channel parts add up under its node's name
+        entry["dram_bytes"] = entry.get("dram_bytes", 0) + moved
         total += cycles
     bound = roofline(program, hw)
     return {

@@ -76,21 +76,23 @@ class TileKinds:
         return y, macs, taken
 
     def _gemm_tile(self, t: Tile):
+        """Rows [r0, r0 + rows) of the input ([rows, K] at in_at) times the chunk's weights:
+        the output tile [rows, chs]."""
         layer, chs = t.layer, t.chs
         tensors = self.module.tensors
         weights = layer.arrays["weights"]
         k = weights.shape[1]
-        xq = self._sram_view(t.in_at, tensors[layer.inputs[0]].dtype, (k,))
+        xq = self._sram_view(t.in_at, tensors[layer.inputs[0]].dtype, (t.rows, k))
         xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
         wq = self._sram_view(t.w_at, weights.dtype, (chs, k))
         t.reads[:] = [(t.in_at, t.in_at + xq.nbytes), (t.w_at, t.w_at + wq.nbytes)]
         bound = product_bound(xq.dtype, wq.dtype)
-        acc = exact_dot(wq, xv[:, None], bound)[:, 0]
+        acc = exact_dot(wq, xv.T, bound)  # [chs, rows]
         out_dtype = tensors[layer.output].dtype
         y = requant_channels(
-            layer, acc[:, None, None], t.ch0, chs, k * bound, out_dtype, self._scalings
+            layer, acc[:, :, None], t.ch0, chs, k * bound, out_dtype, self._scalings
         )
-        return y, chs * k, None
+        return np.ascontiguousarray(y[:, :, 0].T), chs * k * t.rows, None
 
     def _pair_tile(self, t: Tile):
         """Add or Mul: with a constant per-channel operand, else of two tensors (the second

@@ -98,6 +98,13 @@ def per_channel_codes(layer: Layer) -> bool:
 PER_CHANNEL_ATTRS = ("x_zero_point", "y_zero_point", "qmin", "qmax")
 
 
+def gemm_over_rows(layer: Layer, tensors) -> bool:
+    """Whether a layer is a Gemm over the M > 1 rows of a sequence or over some of its
+    output's channels (.tvn version 6)."""
+    rows = int(np.prod(tensors[layer.output].dims[:-1]))
+    return layer.kind == "gemm" and (rows > 1 or "ch_offset" in layer.attrs)
+
+
 def _small_ints(value) -> bool:
     """An attribute: an int or a (nested) list of ints, all of sane magnitude."""
     if isinstance(value, list):
@@ -150,9 +157,13 @@ def check_layer(r: Reader, layer: Layer, tensors) -> None:
         for key in ("bias", "multiplier", "shift"):
             ok = ok and layer.arrays[key].shape == (out[0],)
         check(r, ok, f"layer '{layer.name}' weights do not match its output")
-    if layer.kind == "gemm":
-        w = layer.arrays["weights"]
-        check(r, w.ndim == 2 and w.shape[0] == out[0], f"layer '{layer.name}' weights")
+    if layer.kind == "gemm":  # [M, K] @ [K, N]: a vector (M = 1) or rows (version 6)
+        w, x, y = layer.arrays["weights"], tensors[layer.inputs[0]], tensors[layer.output]
+        rows, offset = int(np.prod(y.dims[:-1])), layer.attrs.get("ch_offset", 0)
+        ok = w.ndim == 2 and w.shape[1] == x.dims[-1] and offset >= 0
+        ok = ok and offset + w.shape[0] <= y.dims[-1]  # its output columns (version 6)
+        ok = ok and rows == int(np.prod(x.dims[:-1])) and (rows == 1 or len(y.dims) == 2)
+        check(r, ok, f"layer '{layer.name}' weights")
     if layer.kind == "lookup":  # one table, or one per channel
         x = tensors[layer.inputs[0]]
         size = 1 << (8 * np.dtype(x.dtype).itemsize)
