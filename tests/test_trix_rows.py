@@ -41,21 +41,27 @@ def _digit_rows() -> tuple[np.ndarray, np.ndarray]:
     return calib.transpose(0, 2, 1, 3), test.transpose(0, 2, 1, 3)
 
 
-def _float_projection(relu: bool = False):
-    """The LSTM's trained input weights as a sequence Linear [1, 8, 8] @ [8, 192]."""
+def _float_projection(relu: bool = False, bias: bool = False):
+    """The LSTM's trained input weights as a sequence Linear [1, 8, 8] @ [8, 192] (+ its
+    trained input bias, an Add over the last axis)."""
     lstm = onnx.load(RECURRENT / "lstm_bidirectional.onnx")
-    w = {i.name: numpy_helper.to_array(i) for i in lstm.graph.initializer}["W"]
+    trained = {i.name: numpy_helper.to_array(i) for i in lstm.graph.initializer}
+    w, b = trained["W"], trained["B"]  # [2, 4H, K], [2, 8H] (input, recurrent biases)
     weights = w.reshape(-1, w.shape[-1]).T.copy()  # [K, 2 x 4H]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["t" if relu else "y"])]
+    constants = [("w", weights), ("b", b[:, : w.shape[1]].reshape(-1).copy())]
+    names = ["x", *(["t"] if bias else []), *(["r"] if relu else []), "y"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], [names[1]])]
+    if bias:
+        nodes.append(helper.make_node("Add", [names[1], "b"], [names[2]]))
     if relu:
-        nodes.append(helper.make_node("Relu", ["t"], ["y"]))
-    return import_onnx(make_model(nodes, [("x", [1, 8, 8])], ["y"], [("w", weights)])).main
+        nodes.append(helper.make_node("Relu", [names[-2]], ["y"]))
+    return import_onnx(make_model(nodes, [("x", [1, 8, 8])], ["y"], constants)).main
 
 
-def _projection(relu: bool = False, dtype: str = "uint8"):
+def _projection(relu: bool = False, dtype: str = "uint8", bias: bool = False):
     """`_float_projection` quantized with quantized I/O, and held-out sequences."""
     calib, test = _digit_rows()
-    graph = integer_graph(_float_projection(relu), {"x": calib}, dtype)
+    graph = integer_graph(_float_projection(relu, bias), {"x": calib}, dtype)
     ops = [n.op for n in graph.nodes]
     assert ops[:3] == ["Reshape", "QGemm", "Reshape"], ops
     return graph, test
@@ -86,6 +92,7 @@ def _bit_exact(graph, hw, feeds: list[dict], pref: str = "performance"):
 def test_sequence_rows_are_bit_exact_on_both_presets(hw_name, dtype):
     graph, test = _projection(relu=dtype == "uint8", dtype=dtype)
     hw = load_hardware(hw_name)
+    assert api.partition(graph, "m", codegen=api.CodegenOptions(hw=hw_name)).backends == ["trix"]
     module, report = _bit_exact(graph, hw, _codes(graph, test, 6))
     gemm = next(layer for layer in module.layers if layer.kind == "gemm")
     assert report.layers[gemm.name]["macs"] == 8 * 8 * 192  # every row, every channel
@@ -164,7 +171,7 @@ def test_tvn_version_6_holds_gemms_over_rows_and_older_headers_are_refused():
     got, _ = simulator.run(sample)
     want = Interpreter(graph).run(sample)
     np.testing.assert_array_equal(got[graph.outputs[0].name], want[graph.outputs[0].name])
-    with pytest.raises(FormatError, match="Gemm over rows before version 6"):
+    with pytest.raises(FormatError, match="sequence parameters before version 6"):
         decode(_with_version(data, 5))
 
 
@@ -183,3 +190,16 @@ def test_a_gemm_wider_than_max_channels_runs_as_channel_parts():
     estimated = estimate(lower(graph, hw), hw)["layers"]
     assert gemm.name in estimated and not any(":" in name for name in estimated)
     decode(encode(module))  # offsets and widths pass the reader's checks
+
+
+@pytest.mark.parametrize("hw_name", ["trix-s", "trix-m"])
+def test_a_sequence_linear_with_its_bias_is_one_npu_part_and_bit_exact(hw_name):
+    """The bias Add over the last axis of [1, T, N] (a QAdd after the rows QGemm) runs on the
+    NPU with one code per row of its (T, N, 1) layout: the Linear is one NPU part."""
+    graph, test = _projection(relu=True, bias=True)
+    assert "QAdd" in [n.op for n in graph.nodes]
+    assert api.partition(graph, "m", codegen=api.CodegenOptions(hw=hw_name)).backends == ["trix"]
+    module, _ = _bit_exact(graph, load_hardware(hw_name), _codes(graph, test, 4))
+    add = next(layer for layer in module.layers if layer.kind == "add")
+    assert add.attrs["const_axis"] == 1 and add.arrays["operand"].shape == (192,)
+    decode(encode(module))  # the reader checks one code per row

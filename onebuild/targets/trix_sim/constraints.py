@@ -77,17 +77,26 @@ def per_channel_shape(value, other) -> bool:
     return value.size == 1 or tuple(value.shape) in (per_channel, per_channel[1:])
 
 
+def row_constant(value, other) -> bool:
+    """Whether `value` is a constant over the last axis of a sequence `other` [1, T, N] (a
+    Linear's bias; one code per row of the NPU's (T, N, 1) layout)."""
+    n = other.shape[-1]
+    shapes = ((n,), (1, n), (1, 1, n))
+    return value.is_const and len(other.shape) == 3 and tuple(value.shape) in shapes
+
+
 def broadcast_operands(node: Node, hw: Hardware) -> bool:
     """elementwise operands must have the same shape, or one must be a per-channel [N, C, 1, 1]
-    or scalar tensor (constant or computed)"""
+    or scalar tensor (constant or computed), or a constant over the last axis of a [1, T, N]
+    sequence"""
     a, b = node.inputs
     if a.is_const and b.is_const:
         return False
     if a.shape == b.shape and not a.is_const and not b.is_const:
         return True
     out = node.outputs[0]
-    return (a.shape == out.shape and per_channel_shape(b, out)) or (
-        b.shape == out.shape and per_channel_shape(a, out)
+    return (a.shape == out.shape and (per_channel_shape(b, out) or row_constant(b, out))) or (
+        b.shape == out.shape and (per_channel_shape(a, out) or row_constant(a, out))
     )
 
 

@@ -1,6 +1,7 @@
-"""How a Gemm over M rows ([M, K] @ [K, N]) tiles in SRAM: rows per tile and output channels
-per weight chunk. The code generator emits these tiles and the performance model counts their
-weight passes, so both read the one plan here.
+"""How a Gemm over M rows ([M, K] @ [K, N]) runs: as channel parts where it is wider than the
+preset's `max_channels`, each tiled in SRAM (rows per tile, output channels per weight chunk).
+The code generator emits these tiles and the performance model counts their weight passes, so
+both read the one plan here.
 
 A row tile's input rows are loaded once (a vector used in place where it is resident); the
 weights then stream through in chunks of output channels, so they are read from DRAM once per
@@ -8,14 +9,19 @@ row tile: all M rows in one tile where that leaves room for a chunk as wide as t
 (or every channel), else fewer rows (halving) until it does.
 """
 
+from __future__ import annotations
+
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .hardware import Hardware
-from .lower import Layer, TensorDesc
 from .opcodes import ALIGN, MAX_DMA_COUNT, align
+
+if TYPE_CHECKING:  # lower.py builds its layers with `channel_parts`
+    from .lower import Layer, TensorDesc
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,27 @@ class GemmTiles:
 
     def need(self, buffers: int) -> int:
         return self.in_bytes + buffers * self.slot
+
+
+def channel_parts(layer: Layer, max_channels: int) -> list[Layer]:
+    """A gemm with more output channels than `max_channels` (a CTC head's classes) as gemm
+    layers of at most that many, named `node:index`, each writing its columns of the output
+    from `ch_offset` on; any other layer as it is."""
+    n = layer.arrays["weights"].shape[0] if layer.kind == "gemm" else 0
+    if n <= max_channels:
+        return [layer]
+    parts = []
+    for index, c0 in enumerate(range(0, n, max_channels)):
+        rows = slice(c0, c0 + max_channels)
+        arrays = {k: np.ascontiguousarray(a[rows]) for k, a in layer.arrays.items()}
+        attrs = {**layer.attrs, "ch_offset": c0}
+        parts.append(replace(layer, name=f"{layer.name}:{index}", attrs=attrs, arrays=arrays))
+    return parts
+
+
+def layer_node(layer: Layer) -> str:
+    """The IR node a layer comes from: its name, less the `:index` of a gemm's channel part."""
+    return layer.name.rpartition(":")[0] if "ch_offset" in layer.attrs else layer.name
 
 
 def gemm_rows(layer: Layer, tensors: dict[str, TensorDesc]) -> int:

@@ -45,6 +45,7 @@ from .constraints import (
     stride_limit,
     tile_fits_sram,
 )
+from .gemm_tiles import channel_parts
 from .hardware import Hardware
 
 
@@ -253,12 +254,16 @@ def _elementwise(node: Node, ins: list[str], out: str) -> Layer:
         **_output_attrs(node),
     }
     arrays = {}
-    channels = chw(node.outputs[0].shape)[0]
     const = [i for i, v in enumerate(node.inputs) if v.is_const]
-    if const:  # a per-channel (or scalar) constant operand, kept as one code per channel
-        codes = node.inputs[const[0]].numpy().astype(np.int64).reshape(-1)
-        arrays["operand"] = np.ascontiguousarray(np.broadcast_to(codes, (channels,)))
+    if const:  # a constant operand: one code per channel (or a scalar), or per row
+        value, out_shape = node.inputs[const[0]], node.outputs[0].shape
+        codes = np.broadcast_to(value.numpy().astype(np.int64), out_shape).reshape(chw(out_shape))
+        per_channel = (codes == codes[:, :1, :1]).all()
         attrs["const_index"] = const[0]
+        if not per_channel:  # over the last axis of a sequence [1, T, N]: (T, N, 1)'s rows
+            attrs["const_axis"] = 1
+        operand = codes[:, 0, 0] if per_channel else codes[0, :, 0]
+        arrays["operand"] = np.ascontiguousarray(operand)
     elif node.inputs[0].shape != node.inputs[1].shape:
         # a computed per-channel vector (squeeze-excitation): the full tensor goes first
         vector = 0 if node.inputs[0].shape != node.outputs[0].shape else 1
@@ -459,29 +464,7 @@ def _layers(node: Node, hw: Hardware) -> list[Layer]:
     ins = [v.name for v in node.inputs if v is not None and not v.is_const]
     built = LOWERINGS[node.op].build(node, ins, node.outputs[0].name)
     layers = built if isinstance(built, list) else [built]
-    return [part for layer in layers for part in _channel_parts(layer, hw)]
-
-
-def _channel_parts(layer: Layer, hw: Hardware) -> list[Layer]:
-    """A gemm with more output channels than `max_channels` (a CTC head's classes) as gemm
-    layers of at most that many, named `node:index`, each writing its columns of the output
-    from `ch_offset` on."""
-    n = layer.arrays["weights"].shape[0] if layer.kind == "gemm" else 0
-    if n <= hw.max_channels:
-        return [layer]
-    parts = []
-    for index, c0 in enumerate(range(0, n, hw.max_channels)):
-        rows = slice(c0, c0 + hw.max_channels)
-        arrays = {k: np.ascontiguousarray(a[rows]) for k, a in layer.arrays.items()}
-        attrs = {**layer.attrs, "ch_offset": c0}
-        name = f"{layer.name}:{index}"
-        parts.append(Layer("gemm", name, layer.inputs, layer.output, attrs, arrays))
-    return parts
-
-
-def layer_node(layer: Layer) -> str:
-    """The IR node a layer comes from: its name, less the `:index` of a gemm's channel part."""
-    return layer.name.rpartition(":")[0] if "ch_offset" in layer.attrs else layer.name
+    return [part for layer in layers for part in channel_parts(layer, hw.max_channels)]
 
 
 def _pads_2d(pads: list[int]) -> list[int]:

@@ -14,9 +14,9 @@ bandwidth.
 import math
 
 from .fusion import epilogue_operand, fuse_epilogues, fused_parts, silent
-from .gemm_tiles import gemm_tiles
+from .gemm_tiles import gemm_tiles, layer_node
 from .hardware import Hardware
-from .lower import Layer, Program, layer_node
+from .lower import Layer, Program
 
 
 def dma_cycles(hw: Hardware, nbytes: int) -> int:
@@ -107,7 +107,7 @@ def estimate(program: Program, hw: Hardware) -> dict:
     Concat parts fused into their convolution (fusion.py) cost what the code generator makes
     of them: the convolution's output stage and the Add's other operand, no layer of their
     own, and a fused intermediate never moves. Layers are reported by the IR node they come
-    from (`lower.layer_node`)."""
+    from (`gemm_tiles.layer_node`)."""
     program = fuse_epilogues(program)
     quiet, parts = silent(program), fused_parts(program)
     total, layers = 0, {}

@@ -98,8 +98,10 @@ class TileKinds:
         """Add or Mul: with a constant per-channel operand, else of two tensors (the second
         one a per-channel vector where `vector_index` says so)."""
         layer, x, ch0, chs = t.layer, t.x, t.ch0, t.chs
-        if "operand" in layer.arrays:
+        if "operand" in layer.arrays:  # one code per channel, or per row (`const_axis`)
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
+            if layer.attrs.get("const_axis"):
+                const = layer.arrays["operand"][None, t.r0 : t.r0 + t.rows, None]
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
             return self._codes.pairwise(layer, *pair), 0, None
         b_t, vector = self.module.tensors[layer.inputs[1]], layer.attrs.get("vector_index")

@@ -29,8 +29,8 @@ from .tvn_layers import (
     check_epilogue,
     check_layer,
     code_range,
-    gemm_over_rows,
     per_channel_codes,
+    sequence_layer,
 )
 
 # 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues;
@@ -242,8 +242,8 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     for layer in layers:
         per_channel = version < 5 and per_channel_codes(layer)
         check(r, not per_channel, f"layer '{layer.name}' has per-channel codes before version 5")
-        rows = version < 6 and gemm_over_rows(layer, tensors)
-        check(r, not rows, f"layer '{layer.name}' is a Gemm over rows before version 6")
+        sequence = version < 6 and sequence_layer(layer, tensors)
+        check(r, not sequence, f"layer '{layer.name}' has sequence parameters before version 6")
     for index, layer in enumerate(layers):
         if "epilogue" in layer.attrs:
             check_epilogue(r, f, index, layers, tensors)
