@@ -16,7 +16,6 @@ Usage: python bench/rows_batching.py FOLDER [--samples 32] [--repeat 3]
 """
 
 import argparse
-import copy
 import json
 import time
 from contextlib import contextmanager
@@ -56,11 +55,13 @@ def rows_rule(on: bool):
         interpreter.batch_plan = batch_plan
 
 
-def quantize_step(float_model, stats, samples: dict) -> float:
-    """Seconds to quantize (default options, uint8) and compare on the checked samples."""
+def quantize_step(path: Path, stats, samples: dict) -> float:
+    """Seconds to quantize the float model in `path` (default options, uint8) and compare it
+    with the float model on the checked samples."""
+    model, float_graph = load_ir(path), load_ir(path).main
     start = time.perf_counter()
-    model = api.quantize(copy.deepcopy(float_model), api.QuantizeOptions(dtype="uint8"), stats)
-    compare_graphs(float_model.main, model.main, [("samples", samples)])
+    model = api.quantize(model, api.QuantizeOptions(dtype="uint8"), stats)
+    compare_graphs(float_graph, model.main, [("samples", samples)])
     return time.perf_counter() - start
 
 
@@ -95,7 +96,7 @@ def main() -> None:
                 start = time.perf_counter()
                 compare_graphs(float_model.main, quantized, [("samples", feeds)])
                 times[key].append(time.perf_counter() - start)
-                steps[key].append(quantize_step(float_model, stats, checked))
+                steps[key].append(quantize_step(build / "optimize.obir", stats, checked))
     rows = sum(n.op == "QGemm" and n.inputs[0].shape[0] > 1 for n in quantized.nodes)
     print(
         json.dumps(

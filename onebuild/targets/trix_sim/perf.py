@@ -90,6 +90,21 @@ def streamed_bytes(layer: Layer) -> int:
     return sum(a.nbytes for k, a in layer.arrays.items() if k in ("weights", "table"))
 
 
+def gemm_estimate(hw: Hardware, layer: Layer, tensors) -> tuple[int, int]:
+    """Cycles and DRAM bytes of a gemm as `gemm_tiles` plans it: its input once, its output
+    columns once, its weights once per row tile. Over rows in one tile (nothing to overlap)
+    the loads, the compute and the store follow each other; else the larger of compute and
+    DMA."""
+    plan = gemm_tiles(hw, layer, tensors, hw.sram_bytes, 2)
+    x, out = tensors[layer.inputs[0]], tensors[layer.output]
+    compute = exec_cycles(hw, layer, plan.m, plan.n, out.shape, x.shape)
+    loaded = x.nbytes + plan.row_tiles * streamed_bytes(layer)
+    stored = out.nbytes * plan.n // out.dims[-1]
+    if plan.m > 1 and plan.row_tiles * math.ceil(plan.n / plan.chunk) == 1:
+        return dma_cycles(hw, loaded) + compute + dma_cycles(hw, stored), loaded + stored
+    return max(compute, dma_cycles(hw, loaded + stored)), loaded + stored
+
+
 def roofline(program: Program, hw: Hardware) -> dict[str, float]:
     """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth): every streamed
     constant and the model's inputs and outputs moved once."""
@@ -116,22 +131,17 @@ def estimate(program: Program, hw: Hardware) -> dict:
             continue
         out = program.tensors[layer.output]
         x = program.tensors[layer.inputs[0]]
-        rows, chs = out.shape[1], out.shape[0]
-        passes = 1  # how often the weights stream in
-        if layer.kind == "gemm":  # rows tiled (gemm_tiles.py), its columns of the output
-            plan = gemm_tiles(hw, layer, program.tensors, hw.sram_bytes, 2)
-            rows, chs, passes = plan.m, plan.n, plan.row_tiles
-        compute = exec_cycles(hw, layer, rows, chs, out.shape, x.shape)
+        compute = exec_cycles(hw, layer, out.shape[1], out.shape[0], out.shape, x.shape)
         if layer.kind == "concat":  # the parts not fused: read, then written into place
             moved = 2 * sum(program.tensors[n].nbytes for n in layer.inputs if n not in parts)
-        elif layer.kind == "gemm":
-            moved = x.nbytes + out.nbytes * plan.n // out.dims[-1]
         else:
             moved = out.nbytes + sum(program.tensors[n].nbytes for n in layer.inputs)
             operand = epilogue_operand(program, layer)
             moved += program.tensors[operand].nbytes if operand else 0
-        moved += passes * streamed_bytes(layer)
+        moved += streamed_bytes(layer)
         cycles = max(compute, dma_cycles(hw, moved))
+        if layer.kind == "gemm":
+            cycles, moved = gemm_estimate(hw, layer, program.tensors)
         entry = layers.setdefault(layer_node(layer), {"kind": layer.kind, "cycles": 0})
         entry["cycles"] += cycles  # a gemm's channel parts add up under its node's name
         entry["dram_bytes"] = entry.get("dram_bytes", 0) + moved
