@@ -224,7 +224,7 @@ def _conv(node: Node, ins: list[str], out: str) -> Layer:
 
 
 # a Gemm's input [M, K] and output [M, N] hold M rows (of a sequence), not a batch axis; one
-# wider than max_channels runs as several layers (`_channel_parts`)
+# wider than max_channels runs as several layers (`gemm_tiles.channel_parts`)
 ROWS_GENERIC = tuple(c for c in GENERIC if c not in (batch_one, channel_limit))
 
 

@@ -95,8 +95,8 @@ class TileKinds:
         return np.ascontiguousarray(y[:, :, 0].T), chs * k * t.rows, None
 
     def _pair_tile(self, t: Tile):
-        """Add or Mul: with a constant per-channel operand, else of two tensors (the second
-        one a per-channel vector where `vector_index` says so)."""
+        """Add or Mul: with a constant operand per channel (or per row), else of two tensors
+        (the second one a per-channel vector where `vector_index` says so)."""
         layer, x, ch0, chs = t.layer, t.x, t.ch0, t.chs
         if "operand" in layer.arrays:  # one code per channel, or per row (`const_axis`)
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
