@@ -4,8 +4,9 @@ quantized as Reshape -> QGemm -> Reshape on the rows) on its real text-line samp
 Reads a build folder of `bench/partition_real.py --model ocr_rec --keep FOLDER` (the optimized
 float model, its calibration statistics and samples), then reports as JSON:
 
-- whether the quantized model runs samples in batches, and whether its batched outputs equal
-  one-sample runs bit for bit (every output, `--samples` samples);
+- whether the quantized model runs samples in batches (else the nodes that keep it from it),
+  and whether its batched outputs equal one-sample runs bit for bit (every output, `--samples`
+  samples);
 - the quantize step's work (quantize the float model, then compare it with the float model on
   the 8 calibration samples the step checks) and an evaluation of `--samples` samples, timed
   batched and one sample at a time: the same code with the rows rule of `batching.batch_plan`
@@ -25,7 +26,7 @@ import numpy as np
 
 from onebuild import compile as api
 from onebuild.graph_ir import interpreter
-from onebuild.graph_ir.batching import batch_plan
+from onebuild.graph_ir.batching import batch_plan, keeps_rows, separable
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.quant.evaluate import compare_graphs
 from onebuild.graph_ir.serde import load_ir
@@ -98,12 +99,16 @@ def main() -> None:
                 times[key].append(time.perf_counter() - start)
                 steps[key].append(quantize_step(build / "optimize.obir", stats, checked))
     rows = sum(n.op == "QGemm" and n.inputs[0].shape[0] > 1 for n in quantized.nodes)
+    blocking = [
+        f"{n.name} ({n.op})" for n in quantized.nodes if not (separable(n) and keeps_rows(n))
+    ]
     print(
         json.dumps(
             {
                 "model": "ocr_rec",
                 "rows_qgemms": rows,
                 "batchable": integer.batchable,
+                "kept_from_batching_by": blocking,
                 "batched_equals_single_runs": equal,
                 "samples": args.samples,
                 "evaluation_seconds": {k: round(min(v), 2) for k, v in times.items()},

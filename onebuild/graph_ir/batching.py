@@ -61,7 +61,7 @@ def _attrs_for(node: Node) -> AttrsFor:
     return None if rewrite is None else partial(rewrite, node.attrs)
 
 
-def _keeps_rows(node: Node) -> bool:
+def keeps_rows(node: Node) -> bool:
     """Whether `node` reads and writes only values with a leading dim of 1, or keeps the rows
     of values whose leading dim is not (a sequence's [M, K] rows, stacked for N samples as
     [N M, K]) apart (`BatchRule.rows`)."""
@@ -78,6 +78,6 @@ def batch_plan(graph: Graph) -> list[AttrsFor] | None:
         return None
     if any(v.is_const for v in graph.outputs):
         return None
-    if not all(separable(node) and _keeps_rows(node) for node in graph.nodes):
+    if not all(separable(node) and keeps_rows(node) for node in graph.nodes):
         return None
     return [_attrs_for(node) for node in graph.nodes]
