@@ -49,6 +49,7 @@ def slice_before_transpose(graph: Graph) -> bool:
             moved_node = graph.make_node(
                 "Transpose", [part.output], {"perm": kept}, f"{node.name}/then", before=node
             )
+            part.output.quant, moved_node.output.quant = x.quant, node.output.quant  # imported
             replace_node(graph, node, [moved_node.output])
         graph.remove(transpose)
         modified = True
