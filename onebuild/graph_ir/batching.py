@@ -2,7 +2,10 @@
 
 A graph is batch-separable when every activation (every non-constant value) has a leading dim
 of 1 and every node keeps samples apart along that axis: the same kernels then run on [N, ...]
-arrays and give each sample exactly its single-run result. Each op states how it does in its
+arrays and give each sample exactly its single-run result. Inside the graph a value may instead
+hold rows [M, ...] (a quantized sequence MatMul: Reshape [1, T, K] -> [T, K] -> QGemm ->
+Reshape back) where every node that reads or writes it keeps rows apart: N samples' rows then
+run stacked, [N M, ...]. Each op states how it does in its
 registry entry (`OPS[op].batch`, a `BatchRule` next to the op's kernel in `ops/`):
 
 - which inputs may carry the batch (the others must be constants: a Conv weight computed from
@@ -58,14 +61,23 @@ def _attrs_for(node: Node) -> AttrsFor:
     return None if rewrite is None else partial(rewrite, node.attrs)
 
 
+def keeps_rows(node: Node) -> bool:
+    """Whether `node` reads and writes only values with a leading dim of 1, or keeps the rows
+    of values whose leading dim is not (a sequence's [M, K] rows, stacked for N samples as
+    [N M, K]) apart (`BatchRule.rows`)."""
+    values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
+    if all(v.shape and v.shape[0] == 1 for v in values):
+        return True
+    return all(v.shape for v in values) and _rule(node).rows
+
+
 def batch_plan(graph: Graph) -> list[AttrsFor] | None:
     """Per node, how to get its attributes for a batch (None: unchanged); None if the graph is
     not batch-separable."""
-    values = [*graph.inputs, *(v for n in graph.nodes for v in n.outputs)]
-    if not all(v.shape and v.shape[0] == 1 for v in values):
+    if not all(v.shape and v.shape[0] == 1 for v in [*graph.inputs, *graph.outputs]):
         return None
     if any(v.is_const for v in graph.outputs):
         return None
-    if not all(separable(node) for node in graph.nodes):
+    if not all(separable(node) and keeps_rows(node) for node in graph.nodes):
         return None
     return [_attrs_for(node) for node in graph.nodes]

@@ -155,7 +155,7 @@ class Interpreter:
             )
         for value, array in zip(node.outputs, results):
             array = np.asarray(array)
-            shape = value.shape if batch is None else (batch, *value.shape[1:])
+            shape = value.shape if batch is None else (batch * value.shape[0], *value.shape[1:])
             if array.shape != shape or array.dtype != value.dtype:
                 raise ExecutionError(
                     f"while executing node '{node.name}' ({node.op}): output '{value.name}' is "

@@ -6,6 +6,8 @@ clamped to [qmin, qmax]. Sums of products run through float64 BLAS, which is exa
 partial sum is an integer far below 2^53; the result is then converted to int64.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..quant.params import (
@@ -310,7 +312,7 @@ def q_conv(attrs, x, w, b):
     return _per_channel(attrs, _exact_int(acc), 1)
 
 
-_QGEMM_BATCH = PER_SAMPLE.where(lambda node: not node.attrs.get("transA"))
+_QGEMM_BATCH = replace(PER_SAMPLE, rows=True).where(lambda node: not node.attrs.get("transA"))
 
 
 @register(

@@ -59,7 +59,10 @@ class BatchRule:
       output's rank (a lower-rank input would line its axis 0 up with a later output axis);
     - condition: a further check on the node (attributes that look across axis 0, ...);
     - rewrite: (attributes, N) -> the attributes for N samples, for ops whose attributes spell
-      out axis 0 (a static output shape, say).
+      out axis 0 (a static output shape, say);
+    - rows: the op also keeps the rows of a value whose leading dim M is not 1 apart (a
+      quantized sequence MatMul's [M, K] rows): N samples' rows stacked on axis 0, [N M, ...],
+      give each sample's rows their single-run result.
 
     A node none of whose inputs carries the batch is never separable (its output would not grow
     with N); `batching.separable` applies the rule.
@@ -69,6 +72,7 @@ class BatchRule:
     broadcasting: bool = False
     condition: "Callable[[Node], bool] | None" = None
     rewrite: Callable[[Attrs, int], Attrs] | None = None
+    rows: bool = False
 
     def where(self, condition: "Callable[[Node], bool]") -> "BatchRule":
         """This rule with `condition` added (both must hold)."""

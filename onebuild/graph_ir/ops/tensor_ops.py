@@ -23,11 +23,12 @@ from .registry import (
 
 
 def _with_batch_shape(attrs: Attrs, n: int) -> Attrs:
-    return {**attrs, "shape": [n, *attrs["shape"][1:]]}
+    return {**attrs, "shape": [n * attrs["shape"][0], *attrs["shape"][1:]]}
 
 
-# Output shape [1, ...] from an input [1, ...]: each sample's block stays contiguous.
-_RESHAPE_BATCH = BatchRule((0,), rewrite=_with_batch_shape)
+# Output shape [1, ...] or rows [M, ...] from an input [1, ...] or rows: each sample's block
+# stays contiguous (N samples: [N, ...] or [N M, ...]).
+_RESHAPE_BATCH = BatchRule((0,), rewrite=_with_batch_shape, rows=True)
 
 
 def _reshape_type(attrs: Attrs, types) -> list[TensorType]:

@@ -13,6 +13,7 @@ from .fold import fold_constants
 from .fold_affine import fold_affine
 from .fuse import batchnorm_to_conv, fold_batchnorm, fuse_activations
 from .patterns import fuse_patterns
+from .split_heads import slice_before_transpose
 
 Pass = Callable[[Graph], bool]
 """A pass rewrites a graph in place and returns whether it changed anything."""
@@ -34,6 +35,7 @@ PASSES: dict[str, Pass] = {
     "fold_batchnorm": fold_batchnorm,
     "batchnorm_to_conv": batchnorm_to_conv,
     "fuse_activations": fuse_activations,
+    "slice_before_transpose": slice_before_transpose,
     "eliminate_dead_code": eliminate_dead_code,
 }
 
@@ -47,6 +49,7 @@ PRESETS: dict[str, list[str]] = {
         "fold_batchnorm",
         "batchnorm_to_conv",
         "fuse_activations",
+        "slice_before_transpose",
         "eliminate_dead_code",
     ],
 }

@@ -33,6 +33,7 @@ from .fusion import (
     silent,
     touched,
 )
+from .gemm_tiles import gemm_rows, gemm_tiles
 from .hardware import Hardware
 from .lower import Layer, Program, TensorDesc, tile_input_rows, window_span
 from .memory import plan_arena, plan_residency
@@ -220,7 +221,9 @@ class Emitter:
         if layer.kind in MOVES:  # moves read and write DRAM: their tensors stay there
             return self.hw.sram_bytes + 1
         out_channel = align(self.channel_bytes(layer.output))
-        if layer.kind == "gemm":
+        if layer.kind == "gemm":  # rows of a sequence stay in DRAM: their tiles are 2-D
+            if gemm_rows(layer, self.p.tensors) > 1:
+                return self.hw.sram_bytes + 1
             x = self.p.tensors[layer.inputs[0]]
             row = layer.arrays["weights"].shape[1] * layer.arrays["weights"].itemsize
             return align(x.nbytes) + self.buffers * (align(row) + ALIGN)
@@ -404,31 +407,43 @@ class Emitter:
                 tile += 1
 
     def gemm(self, index: int, layer: Layer) -> None:
-        """Output-channel chunks; the input vector is loaded once (or used in place)."""
+        """Row tiles of the input [M, K] (`gemm_tiles`: every row where they fit), each loaded
+        once (a resident vector used in place) and run through the weights in output-channel
+        chunks, which stream once per row tile; a tile's output [rows, chs] goes to DRAM by one
+        2-D DMA (or in place into a resident vector)."""
         x, x_at = self.tensor(layer.inputs[0])
-        out = self.p.tensors[layer.output]
-        n, k = layer.arrays["weights"].shape
+        out, out_dram = self.tensor(layer.output)
+        in_place = layer.inputs[0] in self.resident
+        out_item = np.dtype(out.dtype).itemsize
+        staged = 0 if layer.output in self.resident else out_item
+        tensors, buffers = self.p.tensors, self.buffers
+        plan = gemm_tiles(self.hw, layer, tensors, self.avail, buffers, in_place, staged)
+        m, k, n, rows, chunk = plan.m, plan.k, plan.n, plan.rows, plan.chunk
+        offset, width = layer.attrs.get("ch_offset", 0), out.dims[-1]  # its columns of [M, N]
         per_row = k * layer.arrays["weights"].itemsize
-        in_at = self.resident.get(layer.inputs[0], 0)
-        in_bytes = 0 if layer.inputs[0] in self.resident else align(x.nbytes)
-        out_item = 0 if layer.output in self.resident else np.dtype(out.dtype).itemsize
-        budget = self.avail - in_bytes
-        chunk = max(1, min(n, budget // (self.buffers * (per_row + out_item + ALIGN))))
-        slot = align(chunk * per_row) + align(chunk * out_item)
-        self.use(index, in_bytes + self.buffers * slot)
-        for tile, ch0 in enumerate(range(0, n, chunk)):
-            chs = min(chunk, n - ch0)
-            self.tile()
-            if tile == 0 and in_bytes:
-                self.emit(LOAD, index, x_at, 0, x.nbytes, 1, 0, 0)
-            w_sram = in_bytes + (tile % self.buffers) * slot
-            out_at = w_sram + align(chunk * per_row)
-            if not out_item:
-                out_at = self.resident[layer.output] + ch0 * np.dtype(out.dtype).itemsize
-            self.load_weights(index, ch0, chs, per_row, w_sram)
-            self.emit(EXEC, index, 0, 1, ch0, chs, in_at, 0, w_sram, out_at)
-            if out_item:
-                self.store_rows(index, layer.output, 0, 1, ch0, chs, out_at)
+        x_row = k * np.dtype(x.dtype).itemsize
+        self.use(index, plan.need(self.buffers))
+        tile = 0
+        for r0 in range(0, m, rows):
+            count = min(rows, m - r0)
+            for ch0 in range(0, n, chunk):
+                chs = min(chunk, n - ch0)
+                # a later row tile's input overwrites the rows the previous tile still reads
+                self.tile(barrier=r0 > 0 and ch0 == 0)
+                if ch0 == 0 and not in_place:
+                    self.emit(LOAD, index, x_at + r0 * x_row, 0, count * x_row, 1, 0, 0)
+                in_at = self.resident[layer.inputs[0]] if in_place else 0
+                w_sram = plan.in_bytes + (tile % self.buffers) * plan.slot
+                out_at = w_sram + align(chunk * per_row)
+                if not staged:
+                    out_at = self.resident[layer.output] + (offset + ch0) * out_item
+                self.load_weights(index, ch0, chs, per_row, w_sram)
+                self.emit(EXEC, index, r0, count, ch0, chs, in_at, 0, w_sram, out_at)
+                if staged:
+                    dram = out_dram + (r0 * width + offset + ch0) * out_item
+                    block = chs * out_item
+                    self.emit(STORE, index, out_at, dram, block, count, block, width * out_item)
+                tile += 1
 
 
 def generate(program: Program, hw: Hardware, pref: str = "performance", meta=None) -> Module:

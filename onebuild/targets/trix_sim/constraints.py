@@ -77,17 +77,26 @@ def per_channel_shape(value, other) -> bool:
     return value.size == 1 or tuple(value.shape) in (per_channel, per_channel[1:])
 
 
+def row_constant(value, other) -> bool:
+    """Whether `value` is a constant over the last axis of a sequence `other` [1, T, N] (a
+    Linear's bias; one code per row of the NPU's (T, N, 1) layout)."""
+    n = other.shape[-1]
+    shapes = ((n,), (1, n), (1, 1, n))
+    return value.is_const and len(other.shape) == 3 and tuple(value.shape) in shapes
+
+
 def broadcast_operands(node: Node, hw: Hardware) -> bool:
     """elementwise operands must have the same shape, or one must be a per-channel [N, C, 1, 1]
-    or scalar tensor (constant or computed)"""
+    or scalar tensor (constant or computed), or a constant over the last axis of a [1, T, N]
+    sequence"""
     a, b = node.inputs
     if a.is_const and b.is_const:
         return False
     if a.shape == b.shape and not a.is_const and not b.is_const:
         return True
     out = node.outputs[0]
-    return (a.shape == out.shape and per_channel_shape(b, out)) or (
-        b.shape == out.shape and per_channel_shape(a, out)
+    return (a.shape == out.shape and (per_channel_shape(b, out) or row_constant(b, out))) or (
+        b.shape == out.shape and (per_channel_shape(a, out) or row_constant(a, out))
     )
 
 
@@ -108,10 +117,19 @@ def pool_without_ceil(node: Node, hw: Hardware) -> bool:
     return not node.attrs.get("ceil_mode", 0)
 
 
-def dense_layer(node: Node, hw: Hardware) -> bool:
-    """Gemm input must be a [1, K] vector (a MatMul over the rows of a sequence, [M, K] with
-    M > 1, runs on the CPU)"""
-    return len(node.inputs[0].shape) == 2 and node.inputs[0].shape[0] == 1
+def gemm_rows_layout(node: Node, hw: Hardware) -> bool:
+    """Gemm input must be rows [M, K] (a vector, or a MatMul over the rows of a sequence), not
+    transposed (transA = 0)"""
+    return len(node.inputs[0].shape) == 2 and not node.attrs.get("transA")
+
+
+def rows_view(node: Node, hw: Hardware) -> bool:
+    """the batch dimension must be 1 and the rank at most 4 (a view may also give a Gemm
+    the rows of a sequence, [1, T, K] -> [T, K], or take them back)"""
+    values = [v for v in node.inputs if v is not None and not v.is_const] + node.outputs[:1]
+    return all(
+        len(v.shape) <= hw.max_rank and (v.shape[0] == 1 or len(v.shape) == 2) for v in values
+    )
 
 
 def pass_through_dtype(node: Node, hw: Hardware) -> bool:
@@ -202,13 +220,13 @@ def reason(constraint: Constraint) -> str:
 
 def tile_fits_sram(node: Node, hw: Hardware) -> bool:
     """the layer's smallest tile must fit the SRAM, double-buffered (a convolution's: one
-    output row, reading every input channel over the kernel's rows; a Gemm's: its whole input
+    output row, reading every input channel over the kernel's rows; a Gemm's: one input row
     and one row of weights)"""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     per_channel = align(w.size // w.shape[0] * w.dtype.itemsize)
     if node.op == "QGemm":
         row = align(x.shape[-1] * w.dtype.itemsize) + align(y.dtype.itemsize)
-        return align(x.size * x.dtype.itemsize) + 2 * row <= hw.sram_bytes
+        return align(x.shape[-1] * x.dtype.itemsize) + 2 * row <= hw.sram_bytes
     c, h, width = (*x.shape[1:], 1, 1)[:3]  # (C, H, W) as lowered
     out_width = (*y.shape[1:], 1, 1)[2]
     kh = w.shape[2] if len(w.shape) > 2 else 1

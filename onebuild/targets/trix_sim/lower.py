@@ -5,6 +5,7 @@ A `Program` holds tensor descriptions (shape as (C, H, W), dtype, scale, zero po
 per-channel multipliers and shifts, lookup tables). Nothing here knows instructions or cycles.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,10 +24,11 @@ from .constraints import (
     broadcast_operands,
     channel_activations,
     channel_concat,
+    channel_limit,
     channel_softmax,
     column_transpose,
-    dense_layer,
     forward_slice,
+    gemm_rows_layout,
     kernel_size,
     move_fits_sram,
     pass_through_dtype,
@@ -37,11 +39,13 @@ from .constraints import (
     reason,
     resize_on_grid,
     resize_taps,
+    rows_view,
     spatial_pad,
     spatial_resize,
     stride_limit,
     tile_fits_sram,
 )
+from .gemm_tiles import channel_parts
 from .hardware import Hardware
 
 
@@ -78,8 +82,8 @@ class Layer:
         if self.kind == "conv":
             w = self.arrays["weights"].shape
             return int(np.prod(out)) * int(np.prod(w[1:]))
-        if self.kind == "gemm":
-            return int(self.arrays["weights"].size)
+        if self.kind == "gemm":  # over the rows of its output [M, N]
+            return int(self.arrays["weights"].size) * math.prod(tensors[self.output].dims[:-1])
         return 0
 
 
@@ -120,7 +124,10 @@ def tile_input_rows(layer: Layer, r0: int, r1: int, height: int, out_height: int
 
 
 def chw(dims: tuple[int, ...]) -> tuple[int, int, int]:
-    """(C, H, W) of a batch-1 tensor of rank 1 to 4 (missing trailing dims are 1)."""
+    """(C, H, W) of a batch-1 tensor of rank 1 to 4 (missing trailing dims are 1); a Gemm's
+    rows [M, K] (M > 1, no batch axis) are one channel of M rows of K."""
+    if len(dims) == 2 and dims[0] != 1:
+        return 1, int(dims[0]), int(dims[1])
     rest = list(dims[1:]) if len(dims) > 1 else list(dims)
     rest += [1] * (3 - len(rest))
     return int(rest[0]), int(rest[1]), int(rest[2])
@@ -216,8 +223,15 @@ def _conv(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("conv", node.name, ins, out, attrs, arrays)
 
 
-@_lowers("QGemm", constraints=(dense_layer, tile_fits_sram))
+# a Gemm's input [M, K] and output [M, N] hold M rows (of a sequence), not a batch axis; one
+# wider than max_channels runs as several layers (`gemm_tiles.channel_parts`)
+ROWS_GENERIC = tuple(c for c in GENERIC if c not in (batch_one, channel_limit))
+
+
+@_lowers("QGemm", constraints=(gemm_rows_layout, tile_fits_sram), generic=ROWS_GENERIC)
 def _gemm(node: Node, ins: list[str], out: str) -> Layer:
+    """A vector [1, K] or the rows [M, K] of a sequence times [K, N] (the layer's output
+    tiles are rows x output channels)."""
     a, w = node.attrs, node.inputs[1].numpy()
     w = w if a.get("transB") else w.T  # [N, K]
     arrays = {
@@ -240,12 +254,16 @@ def _elementwise(node: Node, ins: list[str], out: str) -> Layer:
         **_output_attrs(node),
     }
     arrays = {}
-    channels = chw(node.outputs[0].shape)[0]
     const = [i for i, v in enumerate(node.inputs) if v.is_const]
-    if const:  # a per-channel (or scalar) constant operand, kept as one code per channel
-        codes = node.inputs[const[0]].numpy().astype(np.int64).reshape(-1)
-        arrays["operand"] = np.ascontiguousarray(np.broadcast_to(codes, (channels,)))
+    if const:  # a constant operand: one code per channel (or a scalar), or per row
+        value, out_shape = node.inputs[const[0]], node.outputs[0].shape
+        codes = np.broadcast_to(value.numpy().astype(np.int64), out_shape).reshape(chw(out_shape))
+        per_channel = (codes == codes[:, :1, :1]).all()
         attrs["const_index"] = const[0]
+        if not per_channel:  # over the last axis of a sequence [1, T, N]: (T, N, 1)'s rows
+            attrs["const_axis"] = 1
+        operand = codes[:, 0, 0] if per_channel else codes[0, :, 0]
+        arrays["operand"] = np.ascontiguousarray(operand)
     elif node.inputs[0].shape != node.inputs[1].shape:
         # a computed per-channel vector (squeeze-excitation): the full tensor goes first
         vector = 0 if node.inputs[0].shape != node.outputs[0].shape else 1
@@ -346,6 +364,7 @@ def _concat(node: Node, ins: list[str], out: str) -> Layer:
 _MOVE = (pass_through_dtype, move_fits_sram)
 # no per-channel parameters: any number of channels
 MOVING = (quantized_io, per_tensor_activations, batch_one)
+VIEWING = (quantized_io, per_tensor_activations, rows_view)  # a view may hold a Gemm's rows
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 
@@ -411,7 +430,7 @@ def _resize(node: Node, ins: list[str], out: str) -> Layer:
 VIEWS = tuple(name for name, op in OPS.items() if op.view)  # the registry's: Reshape, ...
 
 
-@_lowers(*VIEWS, constraints=(pass_through_dtype,), generic=MOVING)
+@_lowers(*VIEWS, constraints=(pass_through_dtype,), generic=VIEWING)
 def _view(node: Node, ins: list[str], out: str) -> Layer:
     return Layer("reshape", node.name, ins, out)  # the same bytes, another shape
 
@@ -441,10 +460,11 @@ def _failed(node: Node, hw: Hardware, skip: Constraint | None = None) -> list[st
     return failed
 
 
-def _layers(node: Node) -> list[Layer]:
+def _layers(node: Node, hw: Hardware) -> list[Layer]:
     ins = [v.name for v in node.inputs if v is not None and not v.is_const]
     built = LOWERINGS[node.op].build(node, ins, node.outputs[0].name)
-    return built if isinstance(built, list) else [built]
+    layers = built if isinstance(built, list) else [built]
+    return [part for layer in layers for part in channel_parts(layer, hw.max_channels)]
 
 
 def _pads_2d(pads: list[int]) -> list[int]:
@@ -479,5 +499,5 @@ def lower(graph: Graph, hw: Hardware) -> Program:
     layers = []
     for node in graph.nodes:
         tensors.update({v.name: _tensor(v) for v in node.outputs})
-        layers += _layers(node)
+        layers += _layers(node, hw)
     return Program(tensors, layers, [v.name for v in graph.inputs], [v.name for v in graph.outputs])

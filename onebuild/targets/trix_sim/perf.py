@@ -14,6 +14,7 @@ bandwidth.
 import math
 
 from .fusion import epilogue_operand, fuse_epilogues, fused_parts, silent
+from .gemm_tiles import gemm_tiles, layer_node
 from .hardware import Hardware
 from .lower import Layer, Program
 
@@ -31,9 +32,9 @@ def exec_cycles(hw: Hardware, layer: Layer, rows: int, chs: int, out_shape, in_s
         if "epilogue" in layer.attrs:  # the output stage's add or requantize, overlapped
             cycles = max(cycles, math.ceil(chs * pixels / hw.vector_lanes))
         return cycles
-    if layer.kind == "gemm":
+    if layer.kind == "gemm":  # one input row per cycle through the array, as a pixel
         k = layer.arrays["weights"].shape[1]
-        return math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
+        return rows * math.ceil(k / hw.mac_rows) * math.ceil(chs / hw.mac_cols)
     if layer.kind == "maxpool":
         return max(1, math.ceil(chs * pool_ops(layer, rows, ow, in_shape[1]) / hw.vector_lanes))
     window = 1
@@ -89,6 +90,21 @@ def streamed_bytes(layer: Layer) -> int:
     return sum(a.nbytes for k, a in layer.arrays.items() if k in ("weights", "table"))
 
 
+def gemm_estimate(hw: Hardware, layer: Layer, tensors) -> tuple[int, int]:
+    """Cycles and DRAM bytes of a gemm as `gemm_tiles` plans it: its input once, its output
+    columns once, its weights once per row tile. Over rows in one tile (nothing to overlap)
+    the loads, the compute and the store follow each other; else the larger of compute and
+    DMA."""
+    plan = gemm_tiles(hw, layer, tensors, hw.sram_bytes, 2)
+    x, out = tensors[layer.inputs[0]], tensors[layer.output]
+    compute = exec_cycles(hw, layer, plan.m, plan.n, out.shape, x.shape)
+    loaded = x.nbytes + plan.row_tiles * streamed_bytes(layer)
+    stored = out.nbytes * plan.n // out.dims[-1]
+    if plan.m > 1 and plan.row_tiles * math.ceil(plan.n / plan.chunk) == 1:
+        return dma_cycles(hw, loaded) + compute + dma_cycles(hw, stored), loaded + stored
+    return max(compute, dma_cycles(hw, loaded + stored)), loaded + stored
+
+
 def roofline(program: Program, hw: Hardware) -> dict[str, float]:
     """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth): every streamed
     constant and the model's inputs and outputs moved once."""
@@ -105,7 +121,8 @@ def estimate(program: Program, hw: Hardware) -> dict:
     the MAC array or vector unit) and DMA (weights once, inputs and output once). Adds and
     Concat parts fused into their convolution (fusion.py) cost what the code generator makes
     of them: the convolution's output stage and the Add's other operand, no layer of their
-    own, and a fused intermediate never moves."""
+    own, and a fused intermediate never moves. Layers are reported by the IR node they come
+    from (`gemm_tiles.layer_node`)."""
     program = fuse_epilogues(program)
     quiet, parts = silent(program), fused_parts(program)
     total, layers = 0, {}
@@ -123,7 +140,11 @@ def estimate(program: Program, hw: Hardware) -> dict:
             moved += program.tensors[operand].nbytes if operand else 0
         moved += streamed_bytes(layer)
         cycles = max(compute, dma_cycles(hw, moved))
-        layers[layer.name] = {"kind": layer.kind, "cycles": cycles, "dram_bytes": moved}
+        if layer.kind == "gemm":
+            cycles, moved = gemm_estimate(hw, layer, program.tensors)
+        entry = layers.setdefault(layer_node(layer), {"kind": layer.kind, "cycles": 0})
+        entry["cycles"] += cycles  # a gemm's channel parts add up under its node's name
+        entry["dram_bytes"] = entry.get("dram_bytes", 0) + moved
         total += cycles
     bound = roofline(program, hw)
     return {

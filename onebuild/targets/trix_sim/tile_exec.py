@@ -76,28 +76,32 @@ class TileKinds:
         return y, macs, taken
 
     def _gemm_tile(self, t: Tile):
+        """Rows [r0, r0 + rows) of the input ([rows, K] at in_at) times the chunk's weights:
+        the output tile [rows, chs]."""
         layer, chs = t.layer, t.chs
         tensors = self.module.tensors
         weights = layer.arrays["weights"]
         k = weights.shape[1]
-        xq = self._sram_view(t.in_at, tensors[layer.inputs[0]].dtype, (k,))
+        xq = self._sram_view(t.in_at, tensors[layer.inputs[0]].dtype, (t.rows, k))
         xv = xq.astype(np.int64) - layer.attrs["x_zero_point"]
         wq = self._sram_view(t.w_at, weights.dtype, (chs, k))
         t.reads[:] = [(t.in_at, t.in_at + xq.nbytes), (t.w_at, t.w_at + wq.nbytes)]
         bound = product_bound(xq.dtype, wq.dtype)
-        acc = exact_dot(wq, xv[:, None], bound)[:, 0]
+        acc = exact_dot(wq, xv.T, bound)  # [chs, rows]
         out_dtype = tensors[layer.output].dtype
         y = requant_channels(
-            layer, acc[:, None, None], t.ch0, chs, k * bound, out_dtype, self._scalings
+            layer, acc[:, :, None], t.ch0, chs, k * bound, out_dtype, self._scalings
         )
-        return y, chs * k, None
+        return np.ascontiguousarray(y[:, :, 0].T), chs * k * t.rows, None
 
     def _pair_tile(self, t: Tile):
-        """Add or Mul: with a constant per-channel operand, else of two tensors (the second
-        one a per-channel vector where `vector_index` says so)."""
+        """Add or Mul: with a constant operand per channel (or per row), else of two tensors
+        (the second one a per-channel vector where `vector_index` says so)."""
         layer, x, ch0, chs = t.layer, t.x, t.ch0, t.chs
-        if "operand" in layer.arrays:
+        if "operand" in layer.arrays:  # one code per channel, or per row (`const_axis`)
             const = layer.arrays["operand"][ch0 : ch0 + chs, None, None]
+            if layer.attrs.get("const_axis"):
+                const = layer.arrays["operand"][None, t.r0 : t.r0 + t.rows, None]
             pair = (const, x) if layer.attrs["const_index"] == 0 else (x, const)
             return self._codes.pairwise(layer, *pair), 0, None
         b_t, vector = self.module.tensors[layer.inputs[1]], layer.attrs.get("vector_index")

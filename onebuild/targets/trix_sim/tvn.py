@@ -30,13 +30,15 @@ from .tvn_layers import (
     check_layer,
     code_range,
     per_channel_codes,
+    sequence_layer,
 )
 
 # 2: data-movement kinds, computed per-channel elementwise operands; 3: convolution epilogues;
 # 4: max pool epilogues (EXEC tiles of the pool's output); 5: values quantized per channel
-# (convolution zero points and clamps per channel, lookup tables per channel)
-VERSION = 5
-READABLE = (1, 2, 3, 4, 5)  # an older file is a newer one without what came later
+# (convolution zero points and clamps per channel, lookup tables per channel); 6: Gemm over
+# the rows of a sequence ([M, K] @ [K, N], tiles of rows x output channels)
+VERSION = 6
+READABLE = (1, 2, 3, 4, 5, 6)  # an older file is a newer one without what came later
 HEADER = struct.Struct("<4sHHII")  # magic, version, flags, section count, reserved
 SECTION = struct.Struct("<IIQQ")  # kind, reserved, offset, size
 IO_ENTRY = struct.Struct(
@@ -240,6 +242,8 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     for layer in layers:
         per_channel = version < 5 and per_channel_codes(layer)
         check(r, not per_channel, f"layer '{layer.name}' has per-channel codes before version 5")
+        sequence = version < 6 and sequence_layer(layer, tensors)
+        check(r, not sequence, f"layer '{layer.name}' has sequence parameters before version 6")
     for index, layer in enumerate(layers):
         if "epilogue" in layer.attrs:
             check_epilogue(r, f, index, layers, tensors)
@@ -250,8 +254,8 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
         check(r, name in produced or name in inputs, f"no layer produces output '{name}'")
     _check_io_table(r, _io(r, sections[IO]), [*inputs, *outputs], len(inputs), tensors, dram)
     sram_peak = f.integer(body["sram_peak"], "sram_peak", 0, MAX_ARENA)
-    tiled = [_tiled_output(layers, layer) for layer in layers]  # what each layer's EXECs write
-    outs = np.array([tensors[name].shape for name in tiled], np.int64).reshape(-1, 3)
+    outs = np.array([_tile_space(layers, layer, tensors) for layer in layers], np.int64)
+    outs = outs.reshape(-1, 3)
     _validate_code(r, code, outs, dram_size)
     module = Module(
         meta, tensors, dram, layers, arrays, blob, code, inputs, outputs, arena, sram_peak
@@ -260,11 +264,17 @@ def decode(data: bytes, where: str = "<bytes>") -> Module:
     return module
 
 
-def _tiled_output(layers: list[Layer], layer: Layer) -> str:
-    """The tensor whose rows and channels a layer's EXEC tiles name: a convolution with a max
-    pool epilogue computes the pool's tiles."""
+def _tile_space(layers: list[Layer], layer: Layer, tensors) -> tuple[int, int, int]:
+    """(channels, rows, width) that a layer's EXEC tiles name: its output's; a convolution
+    with a max pool epilogue computes the pool's tiles; a gemm's are the output channels of
+    its weights and its rows (of [M, N]: N, M, 1)."""
     after = layers[layer.attrs["epilogue"]] if "epilogue" in layer.attrs else None
-    return after.output if after is not None and after.kind == "maxpool" else layer.output
+    if after is not None and after.kind == "maxpool":
+        return tensors[after.output].shape
+    dims = tensors[layer.output].dims
+    if layer.kind == "gemm":  # its channels (of its weights), rows
+        return layer.arrays["weights"].shape[0], int(np.prod(dims[:-1])), 1
+    return tensors[layer.output].shape
 
 
 def _names(f: Fields, value, path: str, tensors: dict, minimum: int) -> list[str]:

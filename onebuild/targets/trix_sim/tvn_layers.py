@@ -32,7 +32,8 @@ def code_range(dtype: str) -> tuple[int, int]:
 
 
 _WINDOW = {"kernel": (1, 2), "strides": (1, 2), "dilations": (1, 2), "pads": (0, 4)}
-_FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index", "vector_index"}
+_FLAGS = {"ceil_mode", "count_include_pad", "subtract", "const_index", "const_axis",
+          "vector_index"}  # fmt: skip
 _MULTIPLIER, _SHIFT = (0, (1 << 31) - 1), (1, 62)
 
 
@@ -98,6 +99,14 @@ def per_channel_codes(layer: Layer) -> bool:
 PER_CHANNEL_ATTRS = ("x_zero_point", "y_zero_point", "qmin", "qmax")
 
 
+def sequence_layer(layer: Layer, tensors) -> bool:
+    """Whether a layer needs .tvn version 6: a gemm over the M > 1 rows of a sequence or over
+    some of its output's channels, or a constant operand per row."""
+    rows = int(np.prod(tensors[layer.output].dims[:-1]))
+    gemm = layer.kind == "gemm" and (rows > 1 or "ch_offset" in layer.attrs)
+    return gemm or "const_axis" in layer.attrs
+
+
 def _small_ints(value) -> bool:
     """An attribute: an int or a (nested) list of ints, all of sane magnitude."""
     if isinstance(value, list):
@@ -150,9 +159,13 @@ def check_layer(r: Reader, layer: Layer, tensors) -> None:
         for key in ("bias", "multiplier", "shift"):
             ok = ok and layer.arrays[key].shape == (out[0],)
         check(r, ok, f"layer '{layer.name}' weights do not match its output")
-    if layer.kind == "gemm":
-        w = layer.arrays["weights"]
-        check(r, w.ndim == 2 and w.shape[0] == out[0], f"layer '{layer.name}' weights")
+    if layer.kind == "gemm":  # [M, K] @ [K, N]: a vector (M = 1) or rows (version 6)
+        w, x, y = layer.arrays["weights"], tensors[layer.inputs[0]], tensors[layer.output]
+        rows, offset = int(np.prod(y.dims[:-1])), layer.attrs.get("ch_offset", 0)
+        ok = w.ndim == 2 and w.shape[1] == x.dims[-1] and offset >= 0
+        ok = ok and offset + w.shape[0] <= y.dims[-1]  # its output columns (version 6)
+        ok = ok and rows == int(np.prod(x.dims[:-1])) and (rows == 1 or len(y.dims) == 2)
+        check(r, ok, f"layer '{layer.name}' weights")
     if layer.kind == "lookup":  # one table, or one per channel
         x = tensors[layer.inputs[0]]
         size = 1 << (8 * np.dtype(x.dtype).itemsize)
@@ -162,9 +175,10 @@ def check_layer(r: Reader, layer: Layer, tensors) -> None:
         table = layer.arrays["table"]
         ok = table.shape == (512,) and table.dtype == np.int32
         check(r, ok, f"layer '{layer.name}' exponential table")
-    if "operand" in layer.arrays:
+    if "operand" in layer.arrays:  # one code per channel, or per row (`const_axis`)
         ok = layer.attrs.get("const_index") in (0, 1) and len(layer.inputs) == 1
-        check(r, ok and layer.arrays["operand"].shape == (out[0],), f"layer '{layer.name}'")
+        codes = out[1] if layer.attrs.get("const_axis") else out[0]
+        check(r, ok and layer.arrays["operand"].shape == (codes,), f"layer '{layer.name}'")
     elif layer.kind in ("add", "mul"):
         check(r, len(layer.inputs) == 2, f"layer '{layer.name}' needs two inputs")
         if "vector_index" in layer.attrs:  # a per-channel (or scalar) vector second
