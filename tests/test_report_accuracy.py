@@ -49,7 +49,8 @@ def test_an_ungated_build_shows_the_layers_its_quantize_check_measured(tmp_path)
     assert done.returncode == 0
     assert re.search(r"report r.toml: 5 parts read or drawn in [\d.]+s", done.stderr)  # progress
     text = (folder / "build/r/report.html").read_text()
-    check = json.loads(load_ir(folder / "build/r/quantize.obir").metadata["sqnr_check"])
+    check = json.loads((folder / "build/r/quantize.check.json").read_text())
+    assert "sqnr_check" not in load_ir(folder / "build/r/quantize.obir").metadata
     assert check["samples"] == 8 and check["data"] == "calibration"
     assert f"{check['samples']} calibration samples, measured by the quantize step" in text
     labels = bars(text)

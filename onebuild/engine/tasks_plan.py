@@ -201,7 +201,8 @@ def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Pa
         add("calibrate", calibrate_step.step_config(config), [model, *data], [stats])
         inputs.append(stats)
     step = quantize_step.step_config(config)
-    quantized = add("quantize", step, inputs + quantize_step.measured_data(step))
+    outputs = [build_dir / "quantize.obir", build_dir / quantize_step.CHECK_FILE]
+    quantized = add("quantize", step, inputs + quantize_step.measured_data(step), outputs)
     accuracy = config.get("accuracy")
     if not accuracy:
         return quantized, []

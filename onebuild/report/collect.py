@@ -58,6 +58,7 @@ class BuildData:
     calibration: Path | None = None  # statistics file
     float_model: Path | None = None  # the graph calibration observed
     quantized: Path | None = None  # the quantized model
+    sqnr_check: dict | None = None  # the quantize step's check without a gate (if it ran)
     binaries: list[Binary] = field(default_factory=list)
     package: list[tuple[str, int]] = field(default_factory=list)
     package_path: Path | None = None
@@ -92,6 +93,8 @@ def collect(
             data.calibration, data.float_model = task.outputs[0], task.inputs[0]
         elif task.step == "quantize" and task.outputs[0].is_file():
             data.quantized = task.outputs[0]
+            if task.outputs[1].is_file():
+                data.sqnr_check = _json(task.outputs[1]) or None
         elif task.step == "evaluate" and task.outputs[0].is_file():
             data.accuracy = _json(task.outputs[0])
         elif task.step == "measure" and task.outputs[0].is_file():

@@ -220,8 +220,8 @@ def _quantization(data: BuildData) -> str:
             "output type; the gate's limits apply to the model's outputs (table above), not to "
             "layers"
         )
-    elif model is not None and "sqnr_check" in model.metadata:
-        check = json.loads(model.metadata["sqnr_check"])
+    elif data.sqnr_check:
+        check = data.sqnr_check
         layers = check["layers"]
         caption = (
             f"{check['samples']} calibration samples, measured by the quantize step's check "

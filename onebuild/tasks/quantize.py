@@ -22,6 +22,7 @@ CHECK_SAMPLES = 8
 ROUNDING_SAMPLES = 32  # learned weight rounding
 MIN_SQNR_DB = 20.0  # below this, an ungated build warns
 WORST_LAYERS = 3
+CHECK_FILE = "quantize.check.json"  # the check's measurement, beside the model, for the report
 
 
 def step_config(quantize: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +79,7 @@ def _warn_tensor_edges(config: dict[str, Any]) -> None:
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
     from ..compile import options_from, quantize
     from ..datasets import first_samples
+    from ..fileio import atomic_write_bytes
     from ..graph_ir.serde import load_ir, save_ir
     from ..graph_ir.serde.calibration_file import load_calibration
 
@@ -113,10 +115,11 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         )
         model.metadata["mixed_precision"] = json.dumps(record, sort_keys=True)
         _report_mixed_precision(record)
-    elif config["check_sqnr"] and samples:
-        record = _check_sqnr(float_graph, model.main, samples)
-        model.metadata["sqnr_check"] = json.dumps(record, sort_keys=True)
+    check = {}
+    if "mixed_precision" not in model.metadata and config["check_sqnr"] and samples:
+        check = _check_sqnr(float_graph, model.main, samples)
     save_ir(model, outputs[0])
+    atomic_write_bytes(outputs[1], json.dumps(check, indent=1, sort_keys=True).encode())
 
 
 def _report_mixed_precision(record: dict) -> None:
@@ -143,8 +146,9 @@ def _report_mixed_precision(record: dict) -> None:
 
 def _check_sqnr(float_graph, quantized, samples) -> dict:
     """Warn when an output of the quantized model is below MIN_SQNR_DB on a few samples; the
-    measurement (samples, each output's and each layer's SQNR, worst first) for the model's
-    metadata "sqnr_check", which the report draws."""
+    measurement (samples, each output's and each layer's SQNR, worst first), which the step
+    writes beside the model (`quantize.check.json`) for the report; the model's bytes stay
+    those the compile API and the Session make."""
     from ..gates import first_steps, json_safe
     from ..graph_ir.quant.evaluate import compare_graphs
 
