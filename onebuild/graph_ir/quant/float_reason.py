@@ -1,8 +1,12 @@
 """Why a node of a quantized graph computes in float, for the places that refuse float nodes
 (the NPU's CPU fallback reasons in the partition table)."""
 
-from ..ir import Node
+from collections import Counter
+
+from ..ir import Graph, Node
 from ..ops import OPS
+
+SETTINGS = "a float32 layer, or a requantization out of range"
 
 
 def float_reason(node: Node) -> str:
@@ -15,4 +19,19 @@ def float_reason(node: Node) -> str:
         return f"onebuild has no integer kernel for {node.op}"
     if rule == "matmul" and not node.inputs[1].is_const:
         return "its weights are computed: a product of two activations"
-    return "a float32 layer, or a requantization out of range"
+    if rule == "prelu" and not node.inputs[1].is_const:
+        return "its slope is computed"
+    return SETTINGS
+
+
+def unquantized(graph: Graph) -> Counter:
+    """(op, reason) -> count of the nodes of a quantized graph that compute in float for lack
+    of an integer form (not those the settings kept float)."""
+    found: Counter = Counter()
+    for node in graph.nodes:
+        if node.op == "DequantizeLinear" or not any(v.dtype.kind == "f" for v in node.outputs):
+            continue
+        why = float_reason(node)
+        if why != SETTINGS:
+            found[(node.op, why)] += 1
+    return found
