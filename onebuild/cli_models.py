@@ -117,7 +117,10 @@ def _run_model(graph, feeds: dict, args) -> dict:
     from .graph_ir.interpreter import Interpreter
     from .graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
     from .npz import refuse_codes
+    from .runtime.session_io import INTEGER_FOR_FLOAT, app_types, integer_for_float
 
+    for name in integer_for_float(app_types(graph.inputs), feeds):
+        log.warning(f"{args.inputs}: {INTEGER_FOR_FLOAT}", name, feeds[name].dtype)
     if not args.raw:
         for value in filter(is_quantized, graph.inputs):
             if value.name in feeds:
