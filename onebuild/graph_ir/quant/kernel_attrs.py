@@ -175,9 +175,9 @@ def function_codes(
     for step in then:
         operands = [v.numpy() if v.is_const else out for v in step.inputs]
         (out,) = OPS[step.op].kernel(step.attrs, *operands)
-    out = np.asarray(out)
+    out = np.asarray(out, np.float64)  # a table's exact codes: divided in float64
     if not np.isfinite(out).all():  # (checked first: nan_to_num takes five passes)
-        out = np.nan_to_num(np.asarray(out, np.float64), posinf=np.finfo(np.float32).max)
+        out = np.nan_to_num(out, posinf=np.finfo(np.float32).max)
     return quantize(out, y, dtype)
 
 

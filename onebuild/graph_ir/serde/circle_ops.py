@@ -259,7 +259,7 @@ def named_function(node) -> tuple[str, dict] | None:
     real = dequantize(np.arange(info.min, info.max + 1).astype(x.dtype), x.quant)
     for op, attrs in LOOKUP_FUNCTIONS:
         (y,) = OPS[op].kernel(attrs, real)
-        if np.array_equal(quantize(np.asarray(y), out.quant, out.dtype), table.numpy()):
+        if np.array_equal(quantize(np.asarray(y, np.float64), out.quant, out.dtype), table.numpy()):
             return op, attrs
     return None
 
