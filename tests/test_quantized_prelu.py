@@ -195,3 +195,19 @@ def test_quantize_warns_naming_the_nodes_that_stay_float(tmp_path, caplog):
     assert "2 node(s) stay float" in line
     assert "MatMul x1 (its weights are computed" in line and "PRelu x1 (its slope" in line
     assert 'dtype = "float32"' in line
+
+
+def test_qdq_export_imports_back_as_the_same_integer_prelu(tmp_path):
+    """DequantizeLinear -> PRelu -> QuantizeLinear, as onebuild writes it (and onnxruntime's
+    quantizer would), imports as QPRelu with the same parameters: bit for bit."""
+    model = quantized_stem("uint8", output_type="uint8")
+    path = tmp_path / "stem_qdq.onnx"
+    path.write_bytes(export_onnx(model).SerializeToString())
+    back = load_onnx(path)
+    assert [n.op for n in back.main.nodes].count("QPRelu") == 3
+    name = model.main.outputs[0].name
+    for sample in photos(1):
+        np.testing.assert_array_equal(
+            Interpreter(back.main).run({"input_1": sample})[name],
+            Interpreter(model.main).run({"input_1": sample})[name],
+        )
