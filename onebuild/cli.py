@@ -24,8 +24,8 @@ from .cli_recipes import (
     cmd_status,
 )
 from .errors import OneBuildError, UserError
+from .odc import PREFS
 from .plan import MAX_DIM
-from .runtime.odc import PREFS
 
 log = logging.getLogger("onebuild")
 

@@ -91,7 +91,7 @@ def run_on_device(args) -> int:
 def _check_package_hw(model, codegen: str) -> None:
     """A package's ODC_HW, kept without --hw, must be a preset of the --codegen target (it
     belongs to another target: refused before the session records or writes anything)."""
-    from .runtime.odc import settings_from_config
+    from .odc import settings_from_config
     from .runtime.package import load_package
     from .runtime.package_files import is_package
     from .targets import check_target

@@ -53,6 +53,7 @@ def _is_package(path: str) -> bool:
 
 def _package_summary(package, reports) -> list[str]:
     """One line per model: backend and the simulator's cycles, or the CPU estimate."""
+    from .runtime.models import package_latency
     from .targets.host_cpu import HostCpu
 
     lines, cpu = [], HostCpu()
@@ -69,6 +70,14 @@ def _package_summary(package, reports) -> list[str]:
             lines.append(
                 f"  {model.path} [{model.backend}]: ~{us / 1000:.3f} ms estimated ({cpu.name})"
             )
+    if any(report is not None for report in reports):
+        total = package_latency(package, reports, cpu)
+        lines.append(
+            f"  end to end: ~{total['microseconds'] / 1000:.3f} ms (NPU parts simulated, "
+            f"{total['npu_parts']} invocation(s) of {total['invoke_us']:g} us, CPU parts "
+            f"estimated, {total['handoffs']} CPU<->NPU handoff(s): "
+            f"{total['handoff_us']:.0f} us)"
+        )
     return lines
 
 
@@ -140,10 +149,12 @@ def _run_model(graph, feeds: dict, args) -> dict:
 def cmd_verify(args) -> int:
     """Package vs float reference on the same inputs: per-output metrics and performance."""
     from .graph_ir.interpreter import Interpreter
-    from .graph_ir.metrics import OutputMetrics
+    from .graph_ir.metrics import KINDS, OutputMetrics, output_kind
     from .graph_ir.serde import load_model
     from .npz import read_npz
+    from .runtime.models import package_latency
     from .runtime.package import load_package, run_package
+    from .targets.host_cpu import HostCpu
 
     package = load_package(args.package)
     reference = load_model(args.reference, dict(args.input_shape or []) or None).main
@@ -155,26 +166,34 @@ def cmd_verify(args) -> int:
         )
     except KeyError as error:
         raise UserError(f"{args.inputs}: no array for reference input {error}") from None
-    report = {}
+    report, kinds = {}, {}
     for name, array in outputs.items():
         if name not in expected:
             raise UserError(f"{args.reference}: has no output '{name}' to compare with")
         metrics = OutputMetrics()
         for want, got in zip(expected[name], array):
             metrics.update(want, got)
-        report[name] = metrics.summary()
+        kinds[name] = output_kind(array.shape[1:])
+        report[name] = {"kind": kinds[name], **metrics.chosen(kinds[name])}
     if args.json:
         print(
             json.dumps(
-                {"outputs": report, "models": _model_reports(package, reports)},
+                {
+                    "outputs": report,
+                    "models": _model_reports(package, reports),
+                    "end_to_end": package_latency(package, reports, HostCpu()),
+                },
                 indent=2,
                 sort_keys=True,
             )
         )
         return 0
     for name, summary in report.items():
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if v is not None)
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if k != "kind")
         print(f"{name}: {shown}")
+    for kind in dict.fromkeys(kinds.values()):
+        which = ", ".join(f"'{n}'" for n, k in kinds.items() if k == kind)
+        print(f"  ({which}: {KINDS[kind][1]})")
     print("\n".join(_package_summary(package, reports)))
     return 0
 

@@ -278,30 +278,35 @@ class Partitioned:
 
 
 def is_partition_folder(folder: Path) -> bool:
-    """Whether `folder` holds what `Partitioned.save` writes: one `<name>.conn.json`, its
-    `<name>.partition.json`, IR files of its parts, and beside a part the binary compiled from
-    it (`<part>.tvn`: the Session and scripts compile parts in place)."""
+    """Whether `folder` holds only what `Partitioned.save` writes: one `<name>.conn.json`, its
+    `<name>.partition.json`, the IR files of the parts the connection lists, and beside a part
+    the binary an installed target compiles from it (`<part>.<binary suffix>`, e.g. `.tvn`:
+    the Session and scripts compile parts in place)."""
     from .graph_ir.serde import MAGIC
+    from .targets import available, binary_suffix
 
     try:
-        files = [p for p in folder.iterdir()]
-        connections = [p.name[: -len(".conn.json")] for p in files if p.name.endswith(".conn.json")]
-        if len(connections) != 1 or any(p.is_dir() for p in files):
+        names = {p.name for p in folder.iterdir() if not p.is_dir()}
+        if any(p.is_dir() for p in folder.iterdir()):
             return False
-        own = {f"{connections[0]}.conn.json", f"{connections[0]}.partition.json"}
-        parts, others = set(), []
-        for path in files:
-            if path.name not in own:
-                with open(path, "rb") as handle:
-                    if handle.read(len(MAGIC)) == MAGIC:
-                        parts.add(path.stem)
-                    else:
-                        others.append(path)
-        if any(path.stem not in parts for path in others):
+        connections = [n[: -len(".conn.json")] for n in names if n.endswith(".conn.json")]
+        if len(connections) != 1:
             return False
-    except OSError:
+        name = connections[0]
+        listed = json.loads((folder / f"{name}.conn.json").read_bytes())["parts"]
+        parts = {part["file"] for part in listed}
+        for part in parts & names:
+            with open(folder / part, "rb") as handle:
+                if handle.read(len(MAGIC)) != MAGIC:
+                    return False
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    return own <= {p.name for p in files}
+    if not all(isinstance(part, str) and Path(part).name == part for part in parts):
+        return False
+    own = {f"{name}.conn.json", f"{name}.partition.json"}
+    suffixes = {binary_suffix(target) for target in available()}
+    binaries = {f"{Path(part).stem}.{suffix}" for part in parts for suffix in suffixes}
+    return own <= names and names <= own | parts | binaries
 
 
 def partition(
@@ -391,13 +396,25 @@ def compile_file(
     source: str | Path, output: str | Path, options: CodegenOptions = CodegenOptions()
 ) -> None:
     """An IR (or circle) file compiled to a binary file (written atomically) whose metadata
-    names the digest of the file it came from; the codegen step and the Session both write these."""
+    names the digest of the file it came from (refused if the file changed while it was
+    loaded and digested); the codegen step and the Session both write these."""
     import hashlib
+    import os
 
-    from .fileio import atomic_write_bytes
+    from .errors import UserError
+    from .fileio import ANY_SIZE, atomic_write_bytes, not_a_file, open_regular, stamp
     from .graph_ir.serde import load_model
 
     source, output = Path(source), Path(output)
-    model = load_model(source)  # a one-line error for a missing or foreign file
-    meta = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    try:
+        file = open_regular(source, ANY_SIZE)
+    except FileNotFoundError:
+        raise not_a_file(source) from None
+    with file:  # digested through the handle held across the load: one file, unchanged
+        before = stamp(os.fstat(file.fileno()))
+        model = load_model(source)  # a one-line error for a foreign file
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+        if not before == stamp(os.fstat(file.fileno())) == stamp(os.stat(source)):
+            raise UserError(f"{source}: changed while it was compiled; compile it again")
+    meta = {"source_sha256": digest}
     atomic_write_bytes(output, compile_graph(model.main, options, meta))

@@ -8,6 +8,7 @@ final name. A folder is replaced only if the caller recognizes it as one onebuil
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -49,6 +50,19 @@ def open_regular(path: str | os.PathLike, limit: int) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 (hex) of a regular file, read in pieces (`open_regular`)."""
+    with open_regular(path, ANY_SIZE) as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def stamp(info: os.stat_result) -> list[int]:
+    """What changes whenever a file's content may have: size, modification and status-change
+    times, inode. The modification time alone does not (`cp -p`, `rsync -a`, wheels' fixed
+    zip times and `touch -d` set it to anything); the status-change time cannot be set."""
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
 
 
 def not_a_file(path: str | os.PathLike) -> UserError:

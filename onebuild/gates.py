@@ -42,6 +42,19 @@ def gate_checks(
     return checks
 
 
+def apply_gate(config: dict[str, Any], measured: dict) -> dict:
+    """The accuracy report: a measurement (the `measure` step's JSON, an SQNR of null meaning
+    no noise at all) with the gate's checks under these thresholds (`gate`; a check of no
+    noise has the value infinity: `json_safe` before writing)."""
+    outputs = {
+        name: {**m, "sqnr_db": math.inf if m.get("sqnr_db", 0) is None else m["sqnr_db"]}
+        for name, m in measured["outputs"].items()
+    }
+    checks = gate_checks(config, outputs, measured.get("accuracy"))
+    gate = {"passed": all(c["passed"] for c in checks), "checks": checks}
+    return {**measured, "gate": gate}
+
+
 def failures(checks: list[dict[str, Any]]) -> str:
     """The failed checks in one line, e.g. "sqnr_db of 'y' = 12.3 (needs >= 20)"."""
     return described([c for c in checks if not c["passed"]])

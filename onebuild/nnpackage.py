@@ -75,8 +75,34 @@ def manifest_json(manifest: Manifest) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
+def config_value(value: str | int | float | bool) -> str:
+    """A config.cfg value as written: booleans as 1 / 0, other values as their text."""
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
 def config_text(values: dict[str, str]) -> bytes:
+    """`KEY=VALUE` lines that `parse_config` reads back as `values`; a key or value that would
+    read back as something else is refused in one line naming it."""
+    for key, value in values.items():
+        _check_config_entry(key, value)
     return "".join(f"{k}={v}\n" for k, v in sorted(values.items())).encode()
+
+
+def _check_config_entry(key: str, value: str) -> None:
+    """Refuse what config.cfg cannot hold: a line break anywhere (it starts another key), `#`
+    (a comment to the line's end), `=` in a key, spaces at either end (dropped on read)."""
+    breaks = ("\n", "\r", "#")
+    if not key or key != key.strip() or any(c in key for c in (*breaks, "=")):
+        raise FormatError(
+            f"config key {key!r}: a config.cfg key has no line break, '#', '=' or spaces at "
+            "its ends: rename it (e.g. ODC_HW)"
+        )
+    if value != value.strip() or any(c in value for c in breaks):
+        raise FormatError(
+            f"config key {key}: value {value!r} would not read back from config.cfg (a line "
+            "break starts another key, '#' a comment, spaces at its ends are dropped): give "
+            "the value alone on one line"
+        )
 
 
 def parse_config(text: str, where: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from .nnpackage import (
     Manifest,
     Ref,
     config_text,
+    config_value,
     manifest_json,
     parse_config,
     parse_manifest,
@@ -159,7 +160,7 @@ def write_package(
     else:
         meta, files, configs = _single(members[0], package.stem)
     if config:
-        extra = {key: _config_value(value) for key, value in config.items()}
+        extra = {key: config_value(value) for key, value in config.items()}
         current = parse_config(configs["config.cfg"].decode(), "config.cfg")
         configs["config.cfg"] = config_text({**current, **extra})
     with atomic_folder(package, is_package_folder, "an nnpackage") as staging:
@@ -207,10 +208,6 @@ def check_archive_output(archive: Path, root: str) -> None:
             f"{archive}: exists and is not a zip of package '{root}' onebuild wrote, so it is "
             "not replaced: move it away or choose another path"
         )
-
-
-def _config_value(value) -> str:
-    return str(int(value)) if isinstance(value, bool) else str(value)
 
 
 def archive_path(package: Path) -> Path:

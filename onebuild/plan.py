@@ -5,8 +5,9 @@ the standard library; validating it (`onebuild.recipe`) needs pydantic, whose im
 construction are most of a no-op build's time. So `load_plan` keeps the validated plan in the
 build folder (once a build has claimed it), keyed by the merged recipe data, the import source
 (the plan lists the files an ONNX model keeps its weights in) and the code that validates it
-(onebuild's and pydantic's files by size and modification time, as Python keys its bytecode
-cache): an unchanged recipe skips validation. Input files are checked for existence
+or answers for it (onebuild's, pydantic's and the installed target plugins' files by size and
+modification time, as Python keys its bytecode cache, and the plugins' names and releases): an
+unchanged recipe skips validation. Input files are checked for existence
 and output paths against inputs either way.
 """
 
@@ -17,14 +18,16 @@ import os
 import sys
 import tomllib
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import __version__
 from .errors import UserError
 from .fileio import atomic_write_bytes
+from .targets import GROUP
+from .version import __version__
 
 PLAN_FILE = "plan.json"
 BUILD_MARK = ".onebuild"  # in build folders, from their first build on (engine/ownership.py)
@@ -334,6 +337,12 @@ def _key(data: dict) -> str | None:
     model = data.get("import", {}).get("source") if isinstance(data.get("import"), dict) else None
     if isinstance(model, str):  # the plan lists the files its weights are in
         sources.append(Path(model))
+    for entry in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
+        # the plan holds target plugins' answers (codegen.hw, channel dtypes, backends)
+        dist = getattr(entry, "dist", None)
+        release = f"{dist.name} {dist.version}" if dist is not None else ""
+        digest.update(f"target {entry.name}={entry.value} {release}\n".encode())
+        sources.extend(_package_files(entry.value.split(":")[0].split(".")[0]))
     try:
         for source in sources:
             stat = source.stat()
@@ -342,6 +351,17 @@ def _key(data: dict) -> str | None:
     except OSError:  # an installation changing under us: validate every time
         return None
     return digest.hexdigest()
+
+
+def _package_files(top: str) -> list[Path]:
+    """The source files of top-level package `top` (onebuild's are in the key already)."""
+    spec = find_spec(top) if top != __package__ else None
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        folders = [Path(f) for f in spec.submodule_search_locations]
+        return sorted(p for f in folders for p in f.rglob("*") if p.suffix in (".py", ".toml"))
+    return [Path(spec.origin)] if spec.origin else []
 
 
 def _stored_plan(stored: Path, key: str, path: Path) -> Plan | None:

@@ -256,10 +256,10 @@ class PackStep(_Section):
     @field_validator("config")
     @classmethod
     def _known_keys(cls, config: dict):
-        from .runtime.odc import settings_from_config
+        from .odc import check_config
 
         try:
-            settings_from_config({k: str(v) for k, v in config.items()}, "config")
+            check_config(config)
         except UserError as error:
             raise ValueError(str(error).removeprefix("config: ")) from None
         return config

@@ -4,6 +4,7 @@ the path, and leave it untouched. On the trained digits example."""
 
 import copy
 import errno
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from onebuild import compile as api
 from onebuild.cli import main
 from onebuild.errors import UserError
+from onebuild.graph_ir import serde
 from onebuild.graph_ir.serde import load_ir, load_model, save_ir
 from onebuild.npz import read_npz
 from onebuild.packing import write_package
@@ -142,6 +144,39 @@ def test_compile_file_takes_string_paths(built, tmp_path):
     assert binary_target(output) is not None
 
 
+@pytest.mark.parametrize("change", ["replaced", "rewritten"])
+def test_compile_file_refuses_a_source_changed_while_it_was_compiled(
+    built, tmp_path, monkeypatch, change
+):
+    """The binary names the digest of the file it was compiled from: a file replaced (saved
+    by rename) or rewritten in place between the load and the digest is refused in one line,
+    not compiled from one content and named by another's digest; unchanged, the digest is the
+    file's SHA-256."""
+    source, output = tmp_path / "m.obir", tmp_path / "m.tvn"
+    shutil.copy(built[0] / "digits.q.obir", source)
+    api.compile_file(source, output)
+    meta = binary_target(output).load(output).describe()["meta"]
+    assert meta["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    load = serde.load_model
+
+    def load_then_change(path, *args):
+        model = load(path, *args)
+        if change == "replaced":
+            save_ir(built[1], tmp_path / "new.obir")
+            os.replace(tmp_path / "new.obir", path)
+        else:
+            with open(path, "r+b") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.write(b"\0")
+        return model
+
+    monkeypatch.setattr(serde, "load_model", load_then_change)
+    with pytest.raises(UserError) as error:
+        api.compile_file(source, tmp_path / "changed.tvn")
+    one_line(error, str(source), "changed while it was compiled")
+    assert not (tmp_path / "changed.tvn").exists()
+
+
 SHAPE = ["--input-shape", "input=1,1,8,8"]
 
 
@@ -216,3 +251,23 @@ def test_a_partition_folder_with_its_parts_compiled_in_place_is_replaced(built, 
     with pytest.raises(UserError) as error:
         parts.save(own)
     one_line(error, str(own), "partition folder")
+
+
+@pytest.mark.parametrize("name", ["{part}.txt", "{part}.json", "mine.obir"])
+def test_a_file_sharing_a_parts_stem_is_not_the_partitions(built, tmp_path, name):
+    """Only `<part>.<binary suffix>` beside a part is onebuild's: a note named after a part
+    (`digits.00001_trix.txt`), or an IR file the connection does not list, keep the folder the
+    user's (they were swept away with it)."""
+    parts = built[2]
+    own = tmp_path / "parts"
+    parts.save(own)
+    note = own / name.format(part=Path(parts.files[0]).stem)
+    if note.suffix == ".obir":
+        save_ir(load_ir(own / parts.files[0]), note)
+    else:
+        note.write_text("my notes")
+    kept = note.read_bytes()
+    with pytest.raises(UserError) as error:
+        parts.save(own)
+    one_line(error, str(own), "partition folder")
+    assert note.read_bytes() == kept

@@ -8,6 +8,7 @@ from pathlib import Path
 from test_data_loss import assert_refused, cli, project
 
 from onebuild.engine import cache_folder
+from onebuild.engine.cache_gc import collect
 from onebuild.engine.step_cache import StepCache
 
 KEYS = ["ab" + "1" * 62, "ab" + "2" * 62, "cd" + "3" * 62]
@@ -88,3 +89,24 @@ def test_build_refuses_a_user_folder_as_its_cache_and_marks_a_new_one(tmp_path):
     result = cli("build", str(recipe), "--set", f"build.cache={fresh}", cwd=recipe.parent)
     assert result.returncode == 0, result.stderr
     assert cache_folder.is_marked(fresh) and list(fresh.glob("??/*/entry.json"))
+
+
+def test_gc_removes_an_entry_beside_what_a_killed_gc_left(tmp_path):
+    """A gc killed between renaming an entry aside and deleting it leaves `.drop.<key8>`; the
+    next gc still removes that entry (the old gc renamed onto the leftover, failed silently and
+    deleted the leftover instead); a build dropping a damaged entry shares the code."""
+    folder = tmp_path / "cache"
+    cache = _cache(folder, tmp_path)
+    for key in KEYS[:2]:
+        leftover = folder / key[:2] / f".drop.{key[:8]}"
+        leftover.mkdir()
+        (leftover / "0").write_bytes(b"what the killed gc was removing")
+    cache.drop(KEYS[1])
+    assert not (folder / KEYS[1][:2] / KEYS[1]).exists()
+    result = collect(str(folder), 0)
+    assert (result.removed, result.kept) == (2, 0)
+    assert not any((folder / key[:2] / key).exists() for key in KEYS)
+    assert sorted(p.name for p in (folder / "ab").iterdir()) == [
+        f".drop.{KEYS[0][:8]}",
+        f".drop.{KEYS[1][:8]}",
+    ]  # the leftovers: swept when stale (an hour), never in place of an entry

@@ -142,7 +142,7 @@ def packages(folder: Path) -> dict[str, tuple[str, str, str]]:
 def serial(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serial") / "p"
     statuses = build(project(folder))
-    assert set(statuses.values()) == {"run"} and len(statuses) == 24
+    assert set(statuses.values()) == {"run"} and len(statuses) == 28
     return packages(folder)
 
 
@@ -155,7 +155,7 @@ def test_dask_build_matches_serial_and_second_build_runs_nothing(cluster, serial
     ran = client.run_on_scheduler(steps_run, start)
     # Every step ran on a worker; calibration split in two (one part per worker) and merged
     # into the serial build's bytes.
-    assert len(ran) == 28 and sum(k.startswith("onebuild-calibrate-") for k in ran) == 8
+    assert len(ran) == 32 and sum(k.startswith("onebuild-calibrate-") for k in ran) == 8
     start = time.time()
     assert set(build(recipes, "--executor", f"dask={address}").values()) == {"up-to-date"}
     assert client.run_on_scheduler(steps_run, start) == []
@@ -217,7 +217,7 @@ def test_worker_killed_mid_step_still_builds_identical_packages(cluster, serial,
     assert killed is not None, "no step was seen running on a worker"
     assert process.returncode == 0, output.get("err")
     steps = json.loads(output["out"])["steps"]
-    assert {s["status"] for s in steps} == {"run"} and len(steps) == 24
+    assert {s["status"] for s in steps} == {"run"} and len(steps) == 28
     assert packages(tmp_path / "p") == serial
     assert len(client.scheduler_info()["workers"]) == 1  # the killed worker stayed dead
 

@@ -15,8 +15,8 @@ from onebuild.cli import main
 from onebuild.compile import CodegenOptions, compile_file, optimize
 from onebuild.graph_ir.serde import load_model, save_ir
 from onebuild.npz import read_npz, write_npz
+from onebuild.odc import OdcSettings
 from onebuild.packing import write_package
-from onebuild.runtime.odc import OdcSettings
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 SETTINGS = {"ODC_CODEGEN_PREF": "memory", "ODC_HW": "trix-s", "ODC_MINMAX_RECORDS": "2"}

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper
 from onnx_builders import make_model
+from sklearn.metrics.pairwise import cosine_similarity
 
 from onebuild.engine.dag import build
 from onebuild.graph_ir.interpreter import Interpreter
@@ -307,7 +309,8 @@ def test_zip_packages_run_and_verify(package, tmp_path, capsys):
     archive.write_bytes(zip_bytes(package[0], "m.nnpkg"))
     out = tmp_path / "o.npz"
     assert main(["run", str(archive), "-i", str(package[1]), "-o", str(out)]) == 0
-    direct, _ = run_package(load_package(package[0]), dict(np.load(package[1])))
+    feeds = dict(np.load(package[1]))
+    direct, _ = run_package(load_package(package[0]), feeds)
     np.testing.assert_array_equal(np.load(out)["y"], direct["y"])
     capsys.readouterr()
     reference = package[0].parent.parent / "m.onnx"
@@ -315,8 +318,29 @@ def test_zip_packages_run_and_verify(package, tmp_path, capsys):
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["outputs"]["y"]["sqnr_db"] > 15
+    # y is a map [C, H, W] per sample: SQNR, the largest error and cosine, no top-k nor MAPE
+    assert set(report["outputs"]["y"]) == {"kind", "sqnr_db", "max_abs_error", "cosine"}
+    assert report["outputs"]["y"]["kind"] == "dense"
+    session = ort.InferenceSession(str(reference))
+    want = np.stack([session.run(["y"], {"x": sample})[0] for sample in feeds["x"]])
+    got = direct["y"].reshape(len(want), -1).astype(np.float64)
+    want = want.reshape(len(want), -1).astype(np.float64)
+    assert report["outputs"]["y"]["max_abs_error"] == pytest.approx(np.abs(got - want).max())
+    cosine = np.diag(cosine_similarity(want, got)).mean()  # scikit-learn's, per sample
+    assert report["outputs"]["y"]["cosine"] == pytest.approx(cosine, rel=1e-6)
     assert [m["backend"] for m in report["models"]] == ["trix", "cpu", "trix"]
     assert report["models"][0]["cycles"] > 0
+    # end to end, counted as the partition's estimate is: the same handoffs, the NPU simulated
+    estimate = json.loads(
+        (package[0].parent.parent / "build/r/partition/m.partition.json").read_text()
+    )
+    total = report["end_to_end"]
+    assert total["handoffs"] == 4 and total["npu_parts"] == 2  # x, c2, s, y: NPU <-> CPU
+    assert total["handoff_us"] == pytest.approx(estimate["estimate"]["handoffs"], abs=1e-3)
+    models = report["models"]
+    npu = sum(m["milliseconds"] * 1e3 + 50.0 for m in models if m["backend"] == "trix")
+    cpu = [p["microseconds"] for p in estimate["estimate"]["parts"] if p["backend"] == "cpu"]
+    assert total["microseconds"] == pytest.approx(npu + sum(cpu) + total["handoff_us"], abs=1e-3)
 
 
 def test_float_cpu_parts_trade_exactness_for_accuracy(tmp_path, rng):

@@ -11,10 +11,12 @@ from onnx_builders import make_model
 from onebuild import compile as c
 from onebuild.cli import main
 from onebuild.errors import FormatError, UserError
+from onebuild.graph_ir.ir import Graph, Model
 from onebuild.graph_ir.ops import OPS
 from onebuild.graph_ir.partition.op_keys import float_ops, matches
 from onebuild.graph_ir.partition.part_file import read_part_file
 from onebuild.graph_ir.serde import load_ir, load_model, read_circle, save_ir, write_circle
+from onebuild.graph_ir.serde.circle_names import circle_code
 from onebuild.graph_ir.serde.flatbuf import Buffer
 from onebuild.graph_ir.serde.tflite_schema import BUILTIN_NAMES
 from onebuild.npz import read_npz
@@ -194,3 +196,44 @@ def test_circle_names_pin_what_the_writer_writes(tmp_path, dtype, granularity):
     back = read_circle(write_circle(quantized)).main  # no float_op: from attributes
     for key, outputs in (("Add", {"a_q"}), ("Sub", {"s_q"}), ("AveragePool", {"p_q"})):
         assert {n.output.name for n in back.nodes if matches(key, n, float_ops(n))} == outputs
+
+
+def _choices_graph() -> Graph:
+    """Clips, Pads and Splits that the writer writes as different operators."""
+    graph = Graph()
+    x = graph.add_input("x", np.dtype("float32"), (1, 4, 6, 6))
+    bound = lambda v, name: graph.add_constant(np.asarray(v, np.float32), name)  # noqa: E731
+    for lo, hi, name in [(-1, 1, "clip_n1_1"), (0, 3, "clip_0_3"), (0, 6, "clip_0_6")]:
+        graph.make_node("Clip", [x, bound(lo, f"{name}_lo"), bound(hi, f"{name}_hi")], {}, name)
+    graph.make_node("Clip", [x, bound(0, "relu_lo")], {}, "clip_0_inf")
+    pads = {"pad_zero": ([0, 0, 1, 1, 0, 0, 1, 1], "constant", 0.0)}
+    pads["pad_one"] = ([0, 0, 1, 1, 0, 0, 1, 1], "constant", 1.0)
+    pads["pad_reflect"] = ([0, 0, 1, 2, 0, 0, 2, 1], "reflect", 0.0)
+    pads["pad_crop"] = ([0, 0, -1, 0, 0, 0, 0, -1], "constant", 0.0)
+    for name, (amounts, mode, value) in pads.items():
+        graph.make_node("Pad", [x], {"pads": amounts, "mode": mode, "value": value}, name)
+    graph.make_node("Split", [x], {"axis": 1, "split": [2, 2]}, "split_equal", ["e0", "e1"])
+    graph.make_node("Split", [x], {"axis": 1, "split": [1, 3]}, "split_sizes", ["s0", "s1"])
+    graph.outputs = [v for node in graph.nodes for v in node.outputs]
+    return graph
+
+
+def test_circle_names_pick_the_operator_the_writer_chose():
+    """RELU6 names Clip(0, 6) alone, MIRROR_PAD a reflecting Pad, SPLIT_V an unequal Split, ...:
+    each key names exactly the nodes written with that operator (Clip(0, 3) is a MAXIMUM and a
+    MINIMUM; a crop is a SLICE)."""
+    graph = _choices_graph()
+    written = _written_codes(graph, write_circle(Model([graph])))
+    assert written["clip_0_3"] == {"MAXIMUM", "MINIMUM"} and written["pad_crop"] == {"SLICE"}
+    codes = ["RELU", "RELU6", "RELU_N1_TO_1", "PAD", "PADV2", "MIRROR_PAD", "SPLIT", "SPLIT_V"]
+    for code in codes:
+        named = {n.name for n in graph.nodes if matches(code, n, float_ops(n))}
+        assert named == {name for name, ops in written.items() if code in ops}, code
+    for node in graph.nodes:  # the operator a key names is one the writer wrote
+        assert circle_code(node) in written[node.name], node.name
+    assert {n.name for n in graph.nodes if matches("Clip", n, float_ops(n))} == {
+        "clip_n1_1",
+        "clip_0_3",
+        "clip_0_6",
+        "clip_0_inf",
+    }

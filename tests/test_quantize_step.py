@@ -71,6 +71,7 @@ def test_dtype_change_reuses_calibration_method_change_does_not(project):
         "optimize": "up-to-date",
         "calibrate": "up-to-date",
         "quantize": "run",
+        "measure": "run",
         "evaluate": "run",
         "pack": "run",
     }
@@ -117,6 +118,26 @@ def test_accuracy_gate_fails_the_build_and_names_the_worst_layers(project):
     assert results["pack"].blocked and not (project / "out/digits.nnpkg").exists()
     gate = report(project)["gate"]
     assert gate["passed"] is False and gate["checks"][0]["min"] == 80.0
+
+
+def test_a_changed_threshold_applies_to_the_stored_measurement(project):
+    """Only the gate reruns when a threshold changes: the comparison (measure) is kept, and the
+    gate's report holds the same measurement under the new threshold."""
+    run(project, "quantize.accuracy.min_sqnr_db=20.0")
+    before = report(project)
+    measured = (project / "build/r/quantize.measured.json").read_bytes()
+    statuses = run(project, "quantize.accuracy.min_sqnr_db=25.0")
+    assert statuses["measure"] == "up-to-date" and statuses["evaluate"] == "run", statuses
+    assert statuses["quantize"] == statuses["pack"] == "up-to-date"
+    after = report(project)
+    assert (project / "build/r/quantize.measured.json").read_bytes() == measured
+    assert after["gate"]["checks"][0]["min"] == 25.0 and after["gate"]["passed"]
+    assert {k: v for k, v in after.items() if k != "gate"} == {
+        k: v for k, v in before.items() if k != "gate"
+    }
+    failed = run(project, "quantize.accuracy.min_sqnr_db=90.0")  # the same measurement, failed
+    assert failed["measure"] == "up-to-date" and failed["evaluate"] == "failed"
+    assert report(project)["gate"]["passed"] is False
 
 
 def test_report_has_every_metric_and_a_layer_table(project):

@@ -1,6 +1,7 @@
 """Recipe validation: presets, overrides, and one-line errors with location."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -214,3 +215,39 @@ def test_a_tilde_in_a_path_is_the_home_folder(workspace, monkeypatch):
     assert plan.build_dir == home / "b" and plan.cache_dir == home / "cache"
     with pytest.raises(UserError, match="'~nosuchuser_x/c': '~' cannot be expanded"):
         load_recipe(path, ["build.cache=~nosuchuser_x/c"])
+
+
+def test_a_stored_plan_is_validated_again_when_target_plugins_change(workspace):
+    """plan.json holds what target plugins answered (the codegen preset, channel dtypes, the
+    backends): a plugin upgraded, edited or removed makes the recipe be validated again."""
+    from onebuild.engine.ownership import claim_build_folder
+    from onebuild.plan import PLAN_FILE
+
+    plugin = workspace / "plugin"
+    shutil.copytree(Path(__file__).parent / "data" / "tiny_target", plugin)
+    path = write(workspace, '[import]\nsource = "model.onnx"\n[codegen]\ntarget = "tiny"\n')
+    build = workspace / "build" / "r"
+    build.mkdir(parents=True)
+    claim_build_folder(build, str(path))
+    script = (
+        f"from onebuild.plan import load_plan; print(load_plan({str(path)!r}).steps['codegen'])"
+    )
+
+    def plan_with(pythonpath: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": pythonpath}
+        return subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True
+        )
+
+    assert "'hw': 'tiny-1'" in plan_with(str(plugin)).stdout
+    key = json.loads((build / PLAN_FILE).read_text())["key"]
+    assert "'hw': 'tiny-1'" in plan_with(str(plugin)).stdout
+    assert json.loads((build / PLAN_FILE).read_text())["key"] == key  # unchanged: reused
+    source = plugin / "tiny_target" / "__init__.py"
+    source.write_text(source.read_text() + "\n# edited\n")
+    assert "'hw': 'tiny-1'" in plan_with(str(plugin)).stdout
+    assert json.loads((build / PLAN_FILE).read_text())["key"] != key
+    removed = plan_with("")
+    assert removed.returncode == 1 and "codegen.target 'tiny' is not an installed target" in (
+        removed.stderr
+    )

@@ -18,6 +18,7 @@ import pytest
 from browser import Chromium, chromium_path
 
 from onebuild.datasets import iter_batches
+from onebuild.graph_ir.macs import graph_macs
 from onebuild.graph_ir.quant.histograms import value_histograms
 from onebuild.graph_ir.serde import load_ir
 from onebuild.report.graph_svg import _layers, _Node
@@ -56,7 +57,7 @@ def test_reports_render_in_headless_chromium(built):
     assert chromium_path(), "chromium is not installed: apt-get install -y chromium (.ci/run does)"
     expected = {
         "digits_npu": {"graph", "sqnr", "histograms", "timeline0", "roofline"},
-        "tiny_mobilenet_npu": {"graph", "histograms", "roofline"}
+        "tiny_mobilenet_npu": {"graph", "sqnr", "histograms", "roofline"}
         | {f"timeline{i}" for i in range(_npu_parts(built))},  # one per NPU binary
     }
     with Chromium() as browser:
@@ -158,7 +159,7 @@ def test_report_is_deterministic_and_written_by_command_and_build(built):
     assert onebuild("clean", "examples/digits_npu.toml", cwd=built).returncode == 0
     done = onebuild("build", "examples/digits_npu.toml", "--set", "build.report=true", cwd=built)
     text = (built / "build/digits_npu/report.html").read_text()
-    assert "7 tasks; 7 last restored from the step cache" in text, done.stderr  # cache hits
+    assert "8 tasks; 8 last restored from the step cache" in text, done.stderr  # cache hits
 
 
 def test_histograms_agree_with_onnxruntime(built):
@@ -295,6 +296,24 @@ def test_roofline_points_stay_under_the_roofs(built, tmp_path):
         overlapped += sum(layer["cycles"] < layer["compute_cycles"] for layer in layers)
     assert overlapped  # the case that went above the peak is there
     assert max(y for _, y in roofline_points(binaries[-1])) >= 0.5 * binaries[-1].peak_macs
+    # as chromium draws SqueezeNet's roofline: no text covers another, most points are named
+    with Chromium() as browser:
+        page = tmp_path / "build/sq/report.html"
+        browser.open(page, SCREENSHOTS / "squeezenet.png", "figure > svg")
+        figures = {f[0]: f for f in json.loads(browser.evaluate(FIGURE_BOXES))}
+    texts = figures["roofline"][4]
+    for i, (x, y, w, h) in enumerate(texts):
+        for a, b, c, d in texts[i + 1 :]:
+            apart = x + w <= a + 1 or a + c <= x + 1 or y + h <= b + 1 or b + d <= y + 1
+            assert apart, ((x, y, w, h), (a, b, c, d))
+    page = (tmp_path / "build/sq/report.html").read_text()
+    # the histograms run the float model on as many samples as 1e9 MACs allow (here 2 of 4)
+    macs = graph_macs(load_ir(tmp_path / "build/sq/optimize.obir").main)
+    assert 1e9 // macs == 2 and "counts on 2 calibration samples" in page
+    roofline = page.split('<figure id="roofline">')[1]
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", roofline.split("</figure>")[0])
+    points = len(roofline_points(binaries[-1]))
+    assert sum(label in binaries[-1].info["layers_table"] for label in labels) >= points // 2
 
 
 def test_package_models_left_in_ir_say_why(tmp_path):
@@ -326,7 +345,8 @@ def test_report_for_settings_not_built_leaves_other_builds_out(built):
     assert "<p>full int16, channel granularity" in text
     command = f"onebuild build {built / 'examples/digits_npu.toml'} --set quantize.dtype=int16"
     assert (
-        "Not built with these settings: [quantize], [evaluate], [codegen], [pack]. What another "
+        "Not built with these settings: [quantize], [measure], [evaluate], [codegen], [pack]. "
+        "What another "
         f"build left in their place is not shown; run <code>{command}</code> first." in text
     )
     assert "<th>with these settings</th>" in text  # the column says what it means, filled
@@ -339,7 +359,7 @@ def test_report_for_settings_not_built_leaves_other_builds_out(built):
     assert onebuild("build", *int16, cwd=built).returncode == 0
     assert onebuild("report", *int16, cwd=built).returncode == 0
     text = page.read_text()
-    assert "Not built with these settings" not in text and text.count(UP_TO_DATE) == 7
+    assert "Not built with these settings" not in text and text.count(UP_TO_DATE) == 8
     int16_worst = json.loads(accuracy.read_text())["layers"][0]["sqnr_db"]
     assert int16_worst > uint8_worst + 20 and f">{int16_worst:.1f}<" in text  # int16's figures
     for figure in ("sqnr", "timeline0", "roofline"):
@@ -357,3 +377,59 @@ def test_report_for_settings_not_built_leaves_other_builds_out(built):
     assert "[pack]: not built with these settings" in text
     restore = onebuild("build", "examples/digits_npu.toml", "--set", "build.report=true", cwd=built)
     assert restore.returncode == 0  # the fixture's build and report, as they were
+
+
+def _cells(text: str, heading: str) -> list[list[str]]:
+    """The rows of the table after `heading`, as cell texts."""
+    table = text.split(heading)[1].split("<table>")[1].split("</table>")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
+    return [
+        [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)] for r in rows
+    ]
+
+
+def test_end_to_end_latency_per_part_adds_up(built):
+    """The latency table: per part the partition's estimate (compute, invocation, the handoffs
+    charged to it: each NPU part's inputs and outputs, all from or to the CPU here) and the
+    simulator's time of its binary (`onebuild inspect --json`); totals that add up."""
+    from onebuild.targets.host_cpu import HostCpu
+
+    folder = built / "build/tiny_mobilenet_npu/partition"
+    estimate = json.loads((folder / "tiny_mobilenet.partition.json").read_text())["estimate"]
+    text = (built / "build/tiny_mobilenet_npu/report.html").read_text()
+    rows = _cells(text, "<h3>End-to-end latency</h3>")
+    assert len(rows) == len(estimate["parts"]) + 1
+    cpu, simulated = HostCpu(), 0.0
+    for row, part in zip(rows, estimate["parts"]):
+        stem = row[0]
+        graph = load_ir(folder / f"{stem}.obir").main
+        if part["backend"] == "cpu":
+            assert float(row[4]) == 0.0
+            simulated += part["microseconds"]
+            continue
+        handoffs = sum(cpu.handoff(v) for v in [*graph.inputs, *graph.outputs])
+        assert float(row[4]) == pytest.approx(handoffs, abs=0.05)
+        assert float(row[3]) == cpu.npu_invoke_us
+        tvn = built / f"build/tiny_mobilenet_npu/codegen/{stem}.tvn"
+        info = json.loads(onebuild("inspect", str(tvn), "--json", cwd=built).stdout)
+        us = info["cycles"] / 1000  # trix-m: 1000 MHz
+        assert float(row[6]) == pytest.approx(us, abs=0.05)
+        assert float(row[7]) == pytest.approx(us + cpu.npu_invoke_us + handoffs, abs=0.1)
+        simulated += us + cpu.npu_invoke_us + handoffs
+    total = rows[-1]
+    assert float(total[4]) == pytest.approx(estimate["handoffs"], abs=0.05)
+    assert float(total[5]) == pytest.approx(estimate["microseconds"], abs=0.05)
+    assert float(total[7]) == pytest.approx(simulated, abs=0.2)
+    # one binary of the whole model: simulated, one invocation, its inputs and outputs handed over
+    digits = (built / "build/digits_npu/report.html").read_text()
+    info = json.loads(
+        onebuild("inspect", "build/digits_npu/codegen.tvn", "--json", cwd=built).stdout
+    )
+    tensors = [*info["inputs"], *info["outputs"]]  # as the NPU takes and gives them
+    handoffs = sum(
+        cpu.handoff_bytes(np.prod(t["dims"]) * np.dtype(t["dtype"]).itemsize) for t in tensors
+    )
+    whole = info["cycles"] / 1000 + cpu.npu_invoke_us + handoffs
+    assert (
+        f"<p>{whole:.1f} us for one inference: {info['cycles'] / 1000:.1f} us simulated" in digits
+    )

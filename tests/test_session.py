@@ -16,7 +16,7 @@ from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.serde import load_ir, load_onnx
 from onebuild.npz import read_npz, write_npz
-from onebuild.runtime.odc import settings_from_config
+from onebuild.odc import settings_from_config
 
 
 @pytest.fixture(scope="module")

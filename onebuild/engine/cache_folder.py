@@ -8,7 +8,9 @@ Imports nothing of onebuild but its errors and fileio.
 """
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 from ..errors import UserError
@@ -62,6 +64,18 @@ def is_temporary(item: Path) -> bool:
         and not item.is_symlink()
         and item.is_dir()
     )
+
+
+def drop(entry: Path) -> None:
+    """Remove cache entry `entry` (a local path): renamed aside first to `.drop.<key8>.<pid>`
+    (no reader sees it half removed; a killed process's leftover is a temporary to sweep),
+    then deleted. Only what this call renamed is deleted."""
+    aside = entry.with_name(f".drop.{entry.name[:8]}.{os.getpid()}")
+    try:
+        os.replace(entry, aside)
+    except OSError:  # gone already, or not ours to move
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def shards(folder: Path) -> list[Path]:

@@ -77,11 +77,7 @@ class _LocalStore:
         return Entry(str(entry), size, marker.stat().st_mtime)
 
     def remove(self, name: str) -> None:
-        entry = Path(name)
-        aside = entry.with_name(f".drop.{entry.name[:8]}")
-        with contextlib.suppress(OSError):
-            entry.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        cache_folder.drop(Path(name))
 
     def sweep(self) -> None:
         """Staging folders of killed builds (only the names onebuild gives them)."""

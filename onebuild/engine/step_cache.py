@@ -19,16 +19,8 @@ from pathlib import Path
 
 from doit.dependency import FileChangedChecker, get_file_md5
 
-from ..fileio import current_umask
+from ..fileio import current_umask, file_digest, stamp
 from . import cache_folder
-
-
-def file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def tree_digest(path: Path, names: list[str] | None = None) -> str:
@@ -42,13 +34,6 @@ def tree_digest(path: Path, names: list[str] | None = None) -> str:
     for name in sorted(names):
         sha.update(f"{name}\0{file_digest(path / name)}\n".encode())
     return sha.hexdigest()
-
-
-def stamp(stat: os.stat_result) -> list[int]:
-    """What changes whenever a file's content may have: size, modification and status-change
-    times, inode. The modification time alone does not (`cp -p`, `tar x`, `rsync -a`, wheels'
-    fixed zip times and `touch -d` set it to anything); the status-change time cannot be set."""
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
 def fingerprint(path: Path) -> str:
@@ -147,12 +132,8 @@ class StepCache:
         return False
 
     def drop(self, key: str) -> None:
-        """Remove an entry (renamed aside first, so no reader sees it half removed)."""
-        entry = self._entry(key)
-        aside = entry.with_name(f".drop.{key[:8]}.{os.getpid()}")
-        with contextlib.suppress(OSError):
-            os.replace(entry, aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        """Remove an entry (`cache_folder.drop`)."""
+        cache_folder.drop(self._entry(key))
 
     def ensure(self, key: str, outputs: list[Path], warnings: list[str] = ()) -> None:
         """Hold `outputs` (an up-to-date step's, made with `key`) if the cache lacks them: a

@@ -1,9 +1,9 @@
 """A recipe's plan as step tasks: the files each step reads and writes, and its cache key.
 
-Each enabled step becomes one task ([quantize] up to three: calibrate, quantize and the accuracy
-gate). After a partition, one codegen task per NPU part and the pack exist only once the
-partition has run: a `FanOut` creates them from the partition's connection file. The build
-(`dag`), its forecast (`status`) and the `dag` command read the same tasks.
+Each enabled step becomes one task ([quantize] up to four: calibrate, quantize, the accuracy
+measurement and its gate). After a partition, one codegen task per NPU part and the pack exist
+only once the partition has run: a `FanOut` creates them from the partition's connection file.
+The build (`dag`), its forecast (`status`) and the `dag` command read the same tasks.
 """
 
 import json
@@ -16,6 +16,8 @@ from ..plan import Plan
 from ..targets import binary_suffix
 from ..tasks import STEPS
 from ..tasks import calibrate as calibrate_step
+from ..tasks import evaluate as evaluate_step
+from ..tasks import measure as measure_step
 from ..tasks import quantize as quantize_step
 from .step_cache import step_key
 
@@ -188,8 +190,10 @@ def _pack_outputs(config: dict) -> tuple[list[Path], list[Path]]:
 
 
 def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Path, list[Path]]:
-    """[quantize] becomes up to three tasks: calibrate (statistics, reused when only the dtype
-    changes), quantize, and evaluate (the accuracy gate, which later steps wait for)."""
+    """[quantize] becomes up to four tasks: calibrate (statistics, reused when only the dtype
+    changes), quantize, measure (the quantized model against the float one on the accuracy
+    data) and evaluate (the gate's thresholds on that measurement, which later steps wait for:
+    a changed threshold reruns only this)."""
     inputs = [model]
     if config["mode"] == "full":
         data = [Path(config["calibration"])] if config["calibration"] else []
@@ -202,8 +206,14 @@ def _quantize_tasks(add, config: dict, model: Path, build_dir: Path) -> tuple[Pa
     if not accuracy:
         return quantized, []
     data = [Path(accuracy["data"])] + ([Path(accuracy["labels"])] if accuracy["labels"] else [])
-    report = build_dir / "quantize.accuracy.json"
+    measured, report = build_dir / "quantize.measured.json", build_dir / "quantize.accuracy.json"
     # the float reference is equalized as the quantized model was, so layers compare like for like
-    gate = {**accuracy, "equalization": config["mode"] == "full" and config["equalization"]}
-    add("evaluate", gate, [model, quantized, *data], [report])
+    equalized = config["mode"] == "full" and config["equalization"]
+    add(
+        "measure",
+        measure_step.step_config(accuracy, equalized),
+        [model, quantized, *data],
+        [measured],
+    )
+    add("evaluate", evaluate_step.step_config(accuracy), [measured], [report])
     return quantized, [report]

@@ -8,6 +8,11 @@ Accumulated sample by sample, in constant memory:
 - SQNR: 10 log10(sum ref^2 / sum (ref - test)^2) in dB (inf when identical).
 - top-1 match: fraction of samples whose arg max agrees; top-5 match: mean overlap of the two
   top-5 sets divided by 5 (for outputs with at least 5 classes).
+- max abs error: the largest |ref - test| of any element; cosine: per sample, ref . test over
+  the product of their norms, averaged over samples.
+
+`OutputMetrics.summary` gives every metric (the accuracy gate's); `OutputMetrics.chosen` gives
+those that mean something for the kind of output (`output_kind`), as `verify` prints them.
 """
 
 import math
@@ -15,6 +20,25 @@ import math
 import numpy as np
 
 MAPE_FLOOR = 1e-6
+KINDS = {  # kind of output -> (the metrics that mean something for it, why)
+    "scores": (
+        ("top1_match", "top5_match", "sqnr_db", "max_abs_error"),
+        "one vector of scores per sample (classification-like): whether the top classes agree, "
+        "SQNR and the largest error",
+    ),
+    "dense": (
+        ("sqnr_db", "max_abs_error", "cosine"),
+        "a map, sequence or set of values per sample: SQNR, the largest error and cosine "
+        "similarity; no top-k (its positions are not classes) nor MAPE (values near 0 blow "
+        "it up)",
+    ),
+}
+
+
+def output_kind(shape: tuple[int, ...]) -> str:
+    """ "scores" when one axis of a sample holds more than one value (a vector of class scores),
+    else "dense" (maps, sequences, boxes, single values)."""
+    return "scores" if sum(d > 1 for d in shape) == 1 else "dense"
 
 
 def sqnr_db(signal: float, noise: float) -> float:
@@ -33,6 +57,7 @@ class OutputMetrics:
         self.abs_sum = self.sq_sum = self.signal = self.ape_sum = self.peir_sum = 0.0
         self.top1 = self.top5 = 0.0
         self.classes = None
+        self.max_error = self.cosine_sum = 0.0
 
     def update(self, reference: np.ndarray, test: np.ndarray) -> None:
         """One sample of each (any shape, same size)."""
@@ -48,6 +73,12 @@ class OutputMetrics:
         interval = float(ref.max() - ref.min()) if ref.size else 0.0
         self.peir_sum += float(error.max(initial=0.0)) / interval if interval > 0 else 0.0
         self.classes = ref.size
+        self.max_error = max(self.max_error, float(error.max(initial=0.0)))
+        norms = float(np.linalg.norm(ref)) * float(np.linalg.norm(out))
+        if norms > 0:
+            self.cosine_sum += float(ref @ out) / norms
+        elif not (ref.any() or out.any()):  # both all zero: the same
+            self.cosine_sum += 1.0
         if ref.size:
             self.top1 += float(ref.argmax() == out.argmax())
         if ref.size >= 5:
@@ -66,6 +97,15 @@ class OutputMetrics:
             "top1_match": self.top1 / n,
             "top5_match": self.top5 / n if (self.classes or 0) >= 5 else None,
         }
+
+    def chosen(self, kind: str) -> dict[str, float | None]:
+        """The metrics that mean something for outputs of this kind (`KINDS`)."""
+        every = {
+            **self.summary(),
+            "max_abs_error": self.max_error,
+            "cosine": self.cosine_sum / max(self.samples, 1),
+        }
+        return {name: every[name] for name in KINDS[kind][0] if every[name] is not None}
 
 
 class SignalNoise:

@@ -6,25 +6,26 @@ from pathlib import Path
 import numpy as np
 
 from ..datasets import iter_batches
+from ..graph_ir.ir import Graph
+from ..graph_ir.macs import graph_macs
 from ..graph_ir.quant.histograms import value_histograms
 from ..graph_ir.quant.params import activation_params
-from ..graph_ir.serde import load_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 
 BINS = 64
 MAX_VALUES = 6
 MAX_SAMPLES = 256  # counted for the histograms
+MAC_BUDGET = 1e9  # of the float model's runs: a detector counts 2 samples, the digits CNN 256
 
 Histogram = tuple[str, np.ndarray, np.ndarray, tuple[float, float]]
 
 
 def worst_values(
-    model: Path, ranges: dict[str, tuple[float, float]], accuracy: dict | None, dtype: str
+    graph: Graph, ranges: dict[str, tuple[float, float]], accuracy: dict | None, dtype: str
 ) -> list[tuple[str, str]]:
     """Up to MAX_VALUES (label, value name): the outputs of the worst-SQNR layers when the
     build evaluated accuracy, else the values with the widest ranges (the coarsest steps in
     `dtype`)."""
-    graph = load_ir(model).main
     output_of = {n.name: n.outputs[0].name for n in graph.nodes if n.outputs}
     chosen: list[tuple[str, str]] = []
     if accuracy:
@@ -42,14 +43,15 @@ def worst_values(
 
 
 def calibration_histograms(
-    model: Path, stats_file: Path, data: str | None, dtype: str, accuracy: dict | None
+    graph: Graph, stats_file: Path, data: str | None, dtype: str, accuracy: dict | None
 ) -> tuple[str, int, list[Histogram]]:
-    """(method, samples counted, histograms) of the chosen values, counted again on the
-    calibration data (its first MAX_SAMPLES samples) in bins around the range each was
-    quantized with."""
+    """(method, samples counted, histograms) of the chosen values of the float `graph`,
+    counted again on the calibration data in bins around the range each was quantized with:
+    its first samples, MAX_SAMPLES or as many as MAC_BUDGET multiply-accumulates run (at
+    least one)."""
     stats = load_calibration(stats_file)
     ranges = stats.ranges_for(dtype)
-    chosen = worst_values(model, ranges, accuracy, dtype)
+    chosen = worst_values(graph, ranges, accuracy, dtype)
     if not chosen or data is None:
         return stats.method, 0, []
     edges = {}
@@ -57,7 +59,7 @@ def calibration_histograms(
         lo, hi = ranges[value]
         pad = max(hi - lo, 1e-6) * 0.1
         edges[value] = np.linspace(lo - pad, hi + pad, BINS + 1)
-    graph = load_ir(model).main
+    limit = int(max(1, min(MAX_SAMPLES, MAC_BUDGET // max(graph_macs(graph), 1))))
     read = [0]
 
     def batches():
@@ -65,6 +67,6 @@ def calibration_histograms(
             read[0] += len(next(iter(batch.values()), ()))
             yield where, batch
 
-    counts = value_histograms(graph, batches(), edges, MAX_SAMPLES)
+    counts = value_histograms(graph, batches(), edges, limit)
     items = [(label, edges[v], counts[v], ranges[v]) for label, v in chosen]
-    return stats.method, min(read[0], MAX_SAMPLES), items
+    return stats.method, min(read[0], limit), items

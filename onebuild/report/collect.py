@@ -5,6 +5,7 @@ artifact (a step not enabled or not built yet) leaves its part out, and so does 
 not made with the report's settings (`freshness`)."""
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ..engine.ownership import LOG_LIMIT
 from ..engine.tasks_plan import StepTask, known_tasks
 from ..errors import UserError
 from ..fileio import read_regular
+from ..gates import apply_gate, json_safe
 from ..plan import Plan
 from ..targets import binary_target
 from .freshness import Freshness, freshness
@@ -35,12 +37,14 @@ class StepRecord:
 @dataclass
 class Binary:
     """A compiled binary: its file, the target's description of one inference, the peak
-    MACs per cycle and DRAM bytes per cycle of its hardware (None when the target says not)."""
+    MACs per cycle and DRAM bytes per cycle of its hardware (None when the target says not),
+    and the simulated time of one inference in microseconds."""
 
     name: str
     info: dict
     peak_macs: float | None
     bytes_per_cycle: float | None
+    microseconds: float | None = None
 
 
 @dataclass
@@ -49,7 +53,8 @@ class BuildData:
     steps: list[StepRecord]
     graphs: list[tuple[str, str, Path]] = field(default_factory=list)  # (label, backend, IR)
     partition: dict | None = None
-    accuracy: dict | None = None
+    accuracy: dict | None = None  # quantize.accuracy.json, or the gate applied to measure's
+    gate_derived: bool = False  # accuracy is measure's JSON under the recipe's thresholds
     calibration: Path | None = None  # statistics file
     float_model: Path | None = None  # the graph calibration observed
     quantized: Path | None = None  # the quantized model
@@ -64,9 +69,11 @@ class BuildData:
         return [s for s in self.steps if s.step in steps and not s.fresh.current]
 
 
-def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
+def collect(
+    plan: Plan, results: list[StepResult] | None = None, tick: Callable[[], None] = lambda: None
+) -> BuildData:
     """The build of `plan` as it is on disk; `results` are the statuses of the build that
-    just ran (if any)."""
+    just ran (if any); `tick` is called after each compiled binary is read (simulated once)."""
     tasks = [t for t in known_tasks(plan) if isinstance(t, StepTask)]
     if not any(_log(t) for t in tasks):
         raise UserError(
@@ -76,8 +83,10 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
     fresh = freshness(plan, tasks, results)
     records = [_record(plan, t, fresh[t.name]) for t in tasks]
     data = BuildData(plan, records, by_build=results is not None)
+    gate = next((t.config for t in tasks if t.step == "evaluate"), {})
     tasks = [t for t in tasks if fresh[t.name].current]  # other builds' outputs are left out
     by_step = {t.step: t for t in tasks if not t.label}
+    measured = None
     for task in tasks:
         if task.step == "calibrate" and task.outputs[0].is_file():
             data.calibration, data.float_model = task.outputs[0], task.inputs[0]
@@ -85,14 +94,19 @@ def collect(plan: Plan, results: list[StepResult] | None = None) -> BuildData:
             data.quantized = task.outputs[0]
         elif task.step == "evaluate" and task.outputs[0].is_file():
             data.accuracy = _json(task.outputs[0])
+        elif task.step == "measure" and task.outputs[0].is_file():
+            measured = _json(task.outputs[0])
         elif task.step == "partition":
             _partition(data, task.outputs[0], plan.steps["partition"]["name"])
         elif task.step == "codegen" and task.outputs[0].is_file():
             data.binaries.append(_binary(task.outputs[0], plan.build_dir))
+            tick()
         elif task.step == "pack" and task.outputs[0].is_dir():
             data.package_path = task.outputs[0]
             data.package = _files(task.outputs[0], task.outputs[0])
             data.not_circle = _not_circle(task.outputs[0])
+    if data.accuracy is None and measured is not None:  # the gate failed, or is not run yet
+        data.accuracy, data.gate_derived = json_safe(apply_gate(gate, measured)), True
     model = next((s for s in ("quantize", "optimize", "import") if s in plan.steps), None)
     if "partition" not in plan.steps and model in by_step:
         backend = "npu" if "codegen" in plan.steps else "cpu"
@@ -161,7 +175,9 @@ def _binary(path: Path, build_dir: Path) -> Binary:
     hardware = target.describe().get("presets", {}).get(info.get("hardware"), {})
     peak = hardware.get("mac_rows", 0) * hardware.get("mac_cols", 0) or None
     name = str(path.relative_to(build_dir)) if path.is_relative_to(build_dir) else path.name
-    return Binary(name, info, peak, hardware.get("dram_bytes_per_cycle"))
+    clock = hardware.get("clock_mhz")
+    us = info["cycles"] / clock if clock and "cycles" in info else None
+    return Binary(name, info, peak, hardware.get("dram_bytes_per_cycle"), us)
 
 
 def _not_circle(package: Path) -> dict[str, str]:

@@ -11,6 +11,7 @@ from ..fileio import atomic_write_bytes
 from ..gates import search_limit
 from ..graph_ir.serde import load_ir
 from ..plan import Plan
+from ..progress import Progress
 from .calibration import calibration_histograms
 from .charts_npu import roofline_chart, timeline_chart
 from .charts_quant import histogram_chart, sqnr_chart
@@ -18,6 +19,7 @@ from .collect import BuildData, collect
 from .figure import pyplot
 from .freshness import Freshness
 from .graph_svg import graph_svg, part_colours
+from .latency import latency_section
 
 REPORT_FILE = "report.html"
 
@@ -41,8 +43,17 @@ def write_report(
     """Write the report of `plan`'s build (with the statuses of the build that just ran, if
     given; else for the settings `plan` was loaded with, its `overrides`) and return its path."""
     pyplot()  # a missing matplotlib is one line, before any work
-    data = collect(plan, results)
-    sections = [_pipeline(data), _graph(data), _quantization(data), _npu(data), _package(data)]
+    progress = Progress(f"report {plan.recipe.name}", unit="parts read or drawn")
+
+    def tick() -> None:
+        progress(progress.done + 1)
+
+    data = collect(plan, results, tick)
+    sections = []
+    for section in (_pipeline, _graph, _quantization, _npu, _package):
+        sections.append(section(data))
+        tick()
+    progress.finish()
     title = f"onebuild report: {plan.recipe.name}"
     page = (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -191,44 +202,79 @@ def _quantization(data: BuildData) -> str:
         f"<h2>Quantization</h2><p>{escape(quantize['mode'])} {escape(quantize['dtype'])}, "
         f"{escape(quantize['granularity'])} granularity, calibration method "
         f"<code>{escape(quantize['method'])}</code>.</p>"
-    ) + _left_out(data, "calibrate", "quantize", "evaluate")
+    ) + _left_out(
+        data, "calibrate", "quantize", "measure", *([] if data.gate_derived else ["evaluate"])
+    )
     model = None if data.quantized is None else load_ir(data.quantized)
     dtypes = {} if model is None else _output_types(model)
     if quantize.get("layers"):
         text += "<h3>Mixed precision</h3>" + _mixed_precision(quantize, dtypes)
     if model is not None:
         text += _automatic_precision(model.metadata, dtypes, data.accuracy)
+    layers, caption = [], ""
     if data.accuracy:
-        gate = data.accuracy.get("gate", {})
-        checks = [
-            [escape(c["check"]), _value(c["value"]), escape(str(c.get("min", c.get("max")))),
-             "passed" if c["passed"] else '<span class="failed">failed</span>']
-            for c in gate.get("checks", [])
-        ]  # fmt: skip
-        if checks:
-            text += "<h3>Accuracy gate</h3>" + _table(["check", "value", "limit", ""], checks)
-        svg = sqnr_chart(data.accuracy["layers"], dtypes)
+        text += _gate(data)
+        layers = data.accuracy["layers"]
         caption = (
             f"{data.accuracy.get('samples')} evaluation samples; bars coloured by the layer's "
             "output type; the gate's limits apply to the model's outputs (table above), not to "
             "layers"
         )
-        text += _figure("sqnr", svg, caption)
-    elif not quantize.get("accuracy"):
+    elif model is not None and "sqnr_check" in model.metadata:
+        check = json.loads(model.metadata["sqnr_check"])
+        layers = check["layers"]
+        caption = (
+            f"{check['samples']} calibration samples, measured by the quantize step's check "
+            "(no [quantize.accuracy] gate); bars coloured by the layer's output type"
+        )
+    if layers:
+        text += _figure("sqnr", sqnr_chart(layers, dtypes), caption)
+    elif model is not None and not quantize.get("accuracy"):
         text += (
-            '<p class="note">No per-layer SQNR: this recipe has no [quantize.accuracy] table '
-            "(add one with evaluation data to see which layers lose the most).</p>"
+            '<p class="note">No per-layer SQNR: the build compared no samples (add a '
+            "[quantize.accuracy] table with evaluation data, or calibration data, to see which "
+            "layers lose the most).</p>"
         )
     if data.calibration and data.float_model:
         method, samples, items = calibration_histograms(
-            data.float_model, data.calibration, quantize.get("calibration"), quantize["dtype"],
-            data.accuracy,
+            load_ir(data.float_model).main, data.calibration, quantize.get("calibration"),
+            quantize["dtype"], {"layers": layers} if layers else None,
         )  # fmt: skip
         if items:
-            which = "the worst layers' outputs" if data.accuracy else "the widest ranges"
+            which = "the worst layers' outputs" if layers else "the widest ranges"
             caption = f"{which}; {method} calibration; counts on {samples} calibration samples"
             text += _figure("histograms", histogram_chart(items), caption)
     return text
+
+
+def _gate(data: BuildData) -> str:
+    """The accuracy gate's checks, marked failed when one is; when [evaluate] is not built with
+    these settings, its thresholds applied to the measurement [measure] made with them."""
+    gate = data.accuracy.get("gate", {})
+    checks = [
+        [escape(c["check"]), _value(c["value"]), escape(str(c.get("min", c.get("max")))),
+         "passed" if c["passed"] else '<span class="failed">failed</span>']
+        for c in gate.get("checks", [])
+    ]  # fmt: skip
+    if not checks:
+        return ""
+    failed = not gate.get("passed", True)
+    title = "Accuracy gate" + (': <span class="failed">failed</span>' if failed else "")
+    note = ""
+    if data.gate_derived and failed:
+        note = (
+            '<p class="stale">The build stopped at [evaluate]: these checks fail on the '
+            "measurement below (made by [measure] with these settings); later steps did not "
+            "run.</p>"
+        )
+    elif data.gate_derived:
+        note = (
+            '<p class="stale">[evaluate] is not built with these settings: its thresholds are '
+            "applied here to the measurement made by [measure].</p>"
+        )
+    elif failed:
+        note = '<p class="stale">The build stopped at [evaluate]; later steps did not run.</p>'
+    return f"<h3>{title}</h3>{note}" + _table(["check", "value", "limit", ""], checks)
 
 
 def _output_types(model) -> dict[str, str]:
@@ -308,7 +354,7 @@ def _npu(data: BuildData) -> str:
         for b in binaries
     ]  # fmt: skip
     header = ["binary", "layers", "cycles", "ms", "MACs", "MAC use", "DRAM bytes", "weights"]
-    text += _table(header, rows, set(range(1, 8)))
+    text += _table(header, rows, set(range(1, 8))) + latency_section(data, _table)
     for index, binary in enumerate(binaries):
         caption = "layer spans follow each other; compute and DMA busy times overlap"
         text += _figure(f"timeline{index}", timeline_chart(binary, index), caption)

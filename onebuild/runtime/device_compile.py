@@ -20,10 +20,10 @@ from ..graph_ir.ir import Model
 from ..graph_ir.serde import load_ir, load_model, save_ir
 from ..graph_ir.serde.calibration_file import load_calibration
 from ..graph_ir.serde.circle_exact import exact_circle
+from ..odc import QUANT_TYPES, OdcSettings
 from ..packing import write_package
 from ..progress import Progress
 from ..targets import binary_suffix, channel_dtypes
-from .odc import QUANT_TYPES, OdcSettings
 from .outputs import writable
 from .workspace import Workspace, naming
 

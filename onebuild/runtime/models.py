@@ -86,3 +86,34 @@ def load_binary(path: Path) -> Binary:
     if target is None:
         raise FormatError(f"{path}: not a compiled binary of any installed target")
     return target.load(path)
+
+
+def package_latency(package, reports: list[dict | None], cpu: HostCpu) -> dict:
+    """One inference of a package run by `run_package` (its `reports`), counted as the
+    partitioner's estimate counts it: NPU parts simulated plus an invocation each, CPU parts
+    estimated, and a handoff for each tensor passed between the CPU and an NPU part (one per
+    connection that crosses, and each package input or output of an NPU part)."""
+    on_npu = [report is not None for report in reports]
+    handed = [
+        package.models[source.model].outputs[source.io]
+        for source, targets in package.manifest.connect
+        if any(on_npu[t.model] != on_npu[source.model] for t in targets)
+    ]
+    for refs, side in (
+        (package.manifest.pkg_inputs, "inputs"),
+        (package.manifest.pkg_outputs, "outputs"),
+    ):
+        handed += [getattr(package.models[r.model], side)[r.io] for r in refs if on_npu[r.model]]
+    handoffs = sum(
+        cpu.handoff_bytes(int(np.prod(spec.dims)) * np.dtype(spec.dtype).itemsize)
+        for spec in handed
+    )
+    npu = sum(r["milliseconds"] * 1e3 + cpu.npu_invoke_us for r in reports if r is not None)
+    host = sum(cpu.graph_us(m.program) for m, r in zip(package.models, reports) if r is None)
+    return {
+        "microseconds": npu + host + handoffs,
+        "npu_parts": sum(on_npu),
+        "invoke_us": cpu.npu_invoke_us,
+        "handoffs": len(handed),
+        "handoff_us": handoffs,
+    }

@@ -11,9 +11,9 @@ from ..graph_ir.ir import Model
 from ..graph_ir.quant.from_qdq import graph_is_quantized
 from ..graph_ir.serde import load_ir, load_onnx, read_circle
 from ..graph_ir.serde.irfile import MAGIC as IR_MAGIC
+from ..odc import OdcSettings, settings_from_config
 from ..targets import binary_target, check_target
 from .models import BinaryModel, PackageModel, load_binary
-from .odc import OdcSettings, settings_from_config
 from .package import IR_TYPES, Package, load_cpu_model, load_package
 from .package_files import is_package
 

@@ -31,12 +31,12 @@ from ..graph_ir.quant.model_io import is_quantized
 from ..graph_ir.serde import save_ir
 from ..graph_ir.serde.irfile import ir_digest, ir_file_digest
 from ..npz import check_finite
+from ..odc import QUANT_TYPES, OdcSettings
 from ..progress import Progress
 from ..targets import check_preset, check_target
 from .auto_compile import AutoCompilation
 from .device_compile import codegen_file, codegen_model, quantize_file
 from .models import GraphModel
-from .odc import QUANT_TYPES, OdcSettings
 from .opening import open_model
 from .outputs import quantized_kind, writable
 from .session_io import (

@@ -38,7 +38,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import FormatError, UserError
-from ..fileio import ANY_SIZE, atomic_write_bytes, open_regular, read_regular
+from ..fileio import atomic_write_bytes, file_digest, read_regular
 from ..graph_ir.quant.calibrate import CalibrationStats
 from ..graph_ir.serde.calibration_file import load_calibration, save_calibration
 from ..npz import read_npz, write_npz
@@ -61,8 +61,7 @@ def sha256(path: Path) -> str | None:
             digest.update(bytes.fromhex(sha256(file)))
         return digest.hexdigest()
     try:
-        with open_regular(path, ANY_SIZE) as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+        return file_digest(path)
     except (OSError, UserError):  # missing, or no file to trust (a FIFO, a symlink loop)
         return None
 

@@ -63,7 +63,11 @@ class HostCpu:
 
     def handoff(self, value: Value) -> float:
         """Handing one tensor between the CPU and the NPU (shared DRAM: sync plus one copy)."""
-        return self.handoff_us + _nbytes(value) / self.dram_bytes_per_cycle / self.clock_mhz
+        return self.handoff_bytes(_nbytes(value))
+
+    def handoff_bytes(self, nbytes: int) -> float:
+        """Handing a tensor of `nbytes` bytes between the CPU and the NPU."""
+        return self.handoff_us + nbytes / self.dram_bytes_per_cycle / self.clock_mhz
 
 
 def _nbytes(value: Value) -> int:

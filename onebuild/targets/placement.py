@@ -250,24 +250,37 @@ class _Latency:
         return self.estimates[key]
 
     def __call__(self, partitioning: Partitioning) -> dict:
-        cpu, parts, handoffs = self.cpu, [], 0.0
+        """Total, handoffs and per part: its time (an NPU part's with its invocation,
+        `invoke_us`) and the handoffs charged to it (`handoff_us`: an edge between backends
+        to its NPU side, a model input or output to the NPU part that takes or gives it)."""
+        cpu, parts = self.cpu, []
         backends = [p.backend for p in partitioning.parts]
         for index, part in enumerate(partitioning.parts):
+            entry = {"model": index, "backend": part.backend, "handoff_us": 0.0}
             if part.backend == CPU:
-                us = cpu.graph_us(part.graph)
+                entry["microseconds"] = cpu.graph_us(part.graph)
             else:
-                us = self.npu_estimate(part.graph)["microseconds"] + cpu.npu_invoke_us
-            parts.append({"model": index, "backend": part.backend, "microseconds": round(us, 3)})
+                npu = self.npu_estimate(part.graph)["microseconds"]
+                entry["microseconds"] = npu + cpu.npu_invoke_us
+                entry["invoke_us"] = cpu.npu_invoke_us
+            parts.append(entry)
         for edge in partitioning.edges:
             source = backends[edge.source[0]]
-            if any(backends[m] != source for m, _ in edge.targets):
+            across = [m for m, _ in edge.targets if backends[m] != source]
+            if across:
                 graph = partitioning.parts[edge.source[0]].graph
-                handoffs += cpu.handoff(graph.outputs[edge.source[1]])
+                side = edge.source[0] if source != CPU else across[0]
+                parts[side]["handoff_us"] += cpu.handoff(graph.outputs[edge.source[1]])
         for refs, side in ((partitioning.inputs, "inputs"), (partitioning.outputs, "outputs")):
             for m, i in refs:
                 if backends[m] != CPU:
-                    handoffs += cpu.handoff(getattr(partitioning.parts[m].graph, side)[i])
+                    value = getattr(partitioning.parts[m].graph, side)[i]
+                    parts[m]["handoff_us"] += cpu.handoff(value)
+        handoffs = sum(p["handoff_us"] for p in parts)
         total = sum(p["microseconds"] for p in parts) + handoffs
+        for entry in parts:
+            entry["microseconds"] = round(entry["microseconds"], 3)
+            entry["handoff_us"] = round(entry["handoff_us"], 3)
         return {"microseconds": round(total, 3), "handoffs": round(handoffs, 3), "parts": parts}
 
 

@@ -38,6 +38,7 @@ STEPS: dict[str, Step] = {
         ("optimize", "optimize"),
         ("calibrate", "calibrate"),
         ("quantize", "quantize"),
+        ("measure", "measure"),
         ("evaluate", "evaluate"),
         ("partition", "partition"),
         ("codegen", "codegen"),

@@ -1,4 +1,5 @@
-"""The accuracy gate of [quantize.accuracy]: float IR + quantized IR + data -> JSON report.
+"""The accuracy gate of [quantize.accuracy]: the `measure` step's JSON + thresholds -> the JSON
+report (`quantize.accuracy.json`: the measurement and the gate's checks).
 
 The report is written in every case; below a threshold the step then fails, naming the checks
 that failed and the layers that lose the most.
@@ -6,7 +7,6 @@ that failed and the layers that lose the most.
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,118 +14,33 @@ WORST_LAYERS = 5
 log = logging.getLogger("onebuild.progress")  # quiet with --json, like progress lines
 
 
+def step_config(accuracy: dict[str, Any]) -> dict[str, Any]:
+    """The thresholds: every option of [quantize.accuracy] but what `measure` measures with."""
+    return {k: v for k, v in accuracy.items() if k not in ("data", "labels")}
+
+
 def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None:
-    from ..datasets import iter_batches
-    from ..errors import GateFailed, UserError
-    from ..fileio import atomic_write_bytes
-    from ..gates import described, failures, gate_checks, gate_next_step, json_safe, unseen_hint
-    from ..graph_ir.quant.evaluate import compare_graphs
-    from ..graph_ir.quant.from_qdq import graph_is_quantized
-    from ..graph_ir.serde import load_ir
-    from ..npz import read_npz
-    from ..progress import Progress
+    from ..errors import GateFailed
+    from ..fileio import atomic_write_bytes, read_regular
+    from ..gates import apply_gate, described, failures, gate_next_step, json_safe
+    from .measure import db
 
-    reference = load_ir(inputs[0]).main
-    if graph_is_quantized(reference):  # the gate would compare the model with itself
-        raise UserError(
-            "quantize.accuracy: the imported model came quantized, so there is no float model "
-            "to gate it against; remove [quantize.accuracy] and compare the package with the "
-            "float model: onebuild verify PKG --reference FLOAT.onnx -i DATA.npz"
-        )
-    if config.get("equalization"):
-        from ..compile import QuantizeOptions, equalize
-
-        equalize(reference, QuantizeOptions(equalization=True))
-    quantized = load_ir(inputs[1])
-    candidate = quantized.main
-    labels = None
-    if config.get("labels"):
-        arrays = read_npz(config["labels"])
-        if len(arrays) != 1:
-            raise UserError(
-                f"{config['labels']}: expected one array of labels, found {len(arrays)}"
-            )
-        labels = next(iter(arrays.values())).reshape(-1)
-    specs = [(v.name, v.shape, v.dtype) for v in reference.inputs]
-    batches = list(iter_batches(config["data"], specs))
-    samples = sum(len(next(iter(b.values()))) for _, b in batches)
-    if labels is not None and len(labels) != samples:
-        raise UserError(
-            f"{config['labels']}: {len(labels)} labels for {samples} evaluation samples"
-        )
-    record = None
-    if "mixed_precision" in quantized.metadata:
-        record = json.loads(quantized.metadata["mixed_precision"])
-    seen = _seen_samples(record)
-    progress = Progress("evaluate", samples)
-    comparison = compare_graphs(reference, candidate, batches, labels, progress, seen)
-    progress.finish()
-    checks = gate_checks(config, comparison.outputs, comparison.accuracy)
-    report = {
-        "samples": comparison.samples,
-        "outputs": comparison.outputs,
-        "accuracy": comparison.accuracy,
-        "layers": comparison.layers,
-        "gate": {"passed": all(c["passed"] for c in checks), "checks": checks},
-    }
-    if record is not None:
-        report["mixed_precision"] = record
-        if comparison.unseen:
-            record["unseen"] = _unseen(comparison, seen)
-            _warn_overfit(record, unseen_hint(record))
+    report = apply_gate(config, json.loads(read_regular(inputs[0], 1 << 30)))
+    checks = report["gate"]["checks"]
     text = json.dumps(json_safe(report), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(outputs[0], text.encode())
     failed = [c for c in checks if not c["passed"]]
     if failed:
-        promoted = set(record["promoted"]) if record else set()
-        dtypes = {n.name: str(n.outputs[0].dtype) for n in candidate.nodes if n.outputs}
-        worst = ", ".join(
-            _worst(layer, dtypes.get(layer["node"], "?"), layer["node"] in promoted)
-            for layer in comparison.layers[:WORST_LAYERS]
-        )
+        worst = ", ".join(_worst(layer, db) for layer in report["layers"][:WORST_LAYERS])
         raise GateFailed(
             f"accuracy gate failed: {failures(checks)}; worst layers: {worst}; "
-            f"{gate_next_step(json_safe(record))}; see {outputs[0]}"
+            f"{gate_next_step(report.get('mixed_precision'))}; see {outputs[0]}"
         )
     if checks:
         log.info("evaluate: accuracy gate passed: %s", described(checks))
 
 
-def _seen_samples(record: dict | None) -> int | None:
-    """How many of the accuracy data's first samples mixed precision measured on (None: it
-    measured on other data, or did not run)."""
-    seen = (record or {}).get("measured_on") or {}
-    return seen["samples"] if seen.get("data") == "accuracy" else None
-
-
-def _unseen(comparison, seen: int) -> dict:
-    """The outputs' SQNR on the samples mixed precision did not measure on, and the worst."""
-    outputs = {name: m["sqnr_db"] for name, m in comparison.unseen.items()}
-    worst = min(outputs.values(), default=math.inf)
-    return {"samples": comparison.samples - seen, "outputs": outputs, "sqnr_db": worst}
-
-
-def _db(value: float | None) -> str:
-    return "no noise" if value is None or math.isinf(value) else f"{value:.1f} dB"
-
-
-def _worst(layer: dict, dtype: str, promoted: bool) -> str:
+def _worst(layer: dict, db) -> str:
     """A worst layer in the gate's message: its SQNR, its type, whether it was promoted."""
-    how = f"{dtype}, promoted by mixed precision" if promoted else dtype
-    return f"{layer['node']} ({_db(layer['sqnr_db'])}, {how})"
-
-
-def _warn_overfit(record: dict, hint: str) -> None:
-    """Say how mixed precision does on the samples it did not measure on."""
-    unseen, seen = record["unseen"], record["measured_on"]["samples"]
-    tuned, held = _db(record["sqnr_db"]), _db(unseen["sqnr_db"])
-    line = (
-        f"evaluate: mixed precision reached {tuned} on the first {seen} samples (it tuned on "
-        f"them), {held} on the {unseen['samples']} it did not see"
-    )
-    if record["target_met"] and unseen["sqnr_db"] < record["target_sqnr_db"]:
-        logging.getLogger("onebuild").warning(
-            "%s, below its %g dB target: %s", line, record["target_sqnr_db"], hint
-        )
-    else:
-        log.info(line)
+    how = f"{layer['dtype']}, promoted by mixed precision" if layer["promoted"] else layer["dtype"]
+    return f"{layer['node']} ({db(layer['sqnr_db'])}, {how})"

@@ -114,7 +114,8 @@ def run(config: dict[str, Any], inputs: list[Path], outputs: list[Path]) -> None
         model.metadata["mixed_precision"] = json.dumps(record, sort_keys=True)
         _report_mixed_precision(record)
     elif config["check_sqnr"] and samples:
-        _check_sqnr(float_graph, model.main, samples)
+        record = _check_sqnr(float_graph, model.main, samples)
+        model.metadata["sqnr_check"] = json.dumps(record, sort_keys=True)
     save_ir(model, outputs[0])
 
 
@@ -140,15 +141,28 @@ def _report_mixed_precision(record: dict) -> None:
         )
 
 
-def _check_sqnr(float_graph, quantized, samples) -> None:
-    """Warn when an output of the quantized model is below MIN_SQNR_DB on a few samples."""
-    from ..gates import first_steps
+def _check_sqnr(float_graph, quantized, samples) -> dict:
+    """Warn when an output of the quantized model is below MIN_SQNR_DB on a few samples; the
+    measurement (samples, each output's and each layer's SQNR, worst first) for the model's
+    metadata "sqnr_check", which the report draws."""
+    from ..gates import first_steps, json_safe
     from ..graph_ir.quant.evaluate import compare_graphs
 
     comparison = compare_graphs(float_graph, quantized, [("samples", b) for b in samples])
+    dtypes = {n.name: str(n.outputs[0].dtype) for n in quantized.nodes if n.outputs}
+    record = {
+        "data": "calibration",
+        "samples": comparison.samples,
+        "outputs": {k: v["sqnr_db"] for k, v in comparison.outputs.items()},
+        "layers": [
+            {"node": layer["node"], "op": layer["op"], "sqnr_db": layer["sqnr_db"],
+             "dtype": dtypes.get(layer["node"], "?")}
+            for layer in comparison.layers
+        ],
+    }  # fmt: skip
     low = {k: v["sqnr_db"] for k, v in comparison.outputs.items() if v["sqnr_db"] < MIN_SQNR_DB}
     if not low:
-        return
+        return json_safe(record)
     outputs = ", ".join(f"'{name}' {below(db)} dB" for name, db in sorted(low.items()))
     worst = ", ".join(
         f"{layer['node']} ({layer['sqnr_db']:.1f} dB)" for layer in comparison.layers[:WORST_LAYERS]
@@ -162,6 +176,7 @@ def _check_sqnr(float_graph, quantized, samples) -> None:
         worst,
         first_steps(_channel_hint(float_graph, quantized)),
     )
+    return json_safe(record)
 
 
 def below(db: float) -> str:

@@ -1,7 +1,9 @@
 """The keys of a partition `opcode` map: IR op names (any case; a quantized op answers to the
 float op it replaced, a lookup table to the function it holds) and circle operator names
-as ONE's `.part` files write them (`CONV_2D`, `DEPTHWISE_CONV_2D`, `FULLY_CONNECTED`, ...).
-An unknown key is an error that lists the close names.
+as ONE's `.part` files write them (`CONV_2D`, `DEPTHWISE_CONV_2D`, `FULLY_CONNECTED`, ...),
+which name the nodes the circle writer writes as that operator. A name both spell (PAD and
+Pad, SPLIT and Split) is a circle operator in upper case, else the IR op. An unknown key is an
+error that lists the close names.
 """
 
 import difflib
@@ -10,7 +12,7 @@ from ...errors import UserError
 from ..ir import Node
 from ..ops import OPS
 from ..ops.quantized import stands_for
-from ..serde.circle_names import CIRCLE_OPS, NARROW, names_circle_op
+from ..serde.circle_names import CIRCLE_NAMES, NARROW, names_circle_op
 
 LOOKUPS = ("QLookup", "QLookupInterp")
 WILDCARD = "_"  # every node no entry names
@@ -30,23 +32,32 @@ def float_ops(node: Node) -> set[str]:
     return names
 
 
+def _circle_key(key: str) -> bool:
+    """A circle operator name: spelled as ONE's tools spell it, or in another case that no
+    IR op name has."""
+    return key in CIRCLE_NAMES or (key.upper() in CIRCLE_NAMES and key.lower() not in IR_NAMES)
+
+
+IR_NAMES = {op.lower() for op in OPS}
+
+
 def matches(key: str, node: Node, ops: set[str]) -> bool:
     """Whether opcode key `key` names `node` (`ops`: its `float_ops`)."""
-    if key.upper() in CIRCLE_OPS and names_circle_op(key.upper(), node, ops):
-        return True
+    if _circle_key(key):
+        return names_circle_op(key.upper(), node, ops)
     return key.lower() in {op.lower() for op in ops}
 
 
 def specificity(key: str) -> int:
     """1 for a circle operator that names part of its IR ops' nodes (DEPTHWISE_CONV_2D,
-    FULLY_CONNECTED, SUB, MEAN, ...; `circle_names.NARROW`), 0 for other keys (IR op names)."""
-    return int(key.upper() in NARROW)
+    FULLY_CONNECTED, SUB, MEAN, PAD, ...; `circle_names.NARROW`), 0 for other keys."""
+    return int(_circle_key(key) and key.upper() in NARROW)
 
 
 def check_keys(keys, where: str) -> None:
     """Refuse keys that name neither an IR op nor a circle operator, naming `where` they are
     (`partition.opcode`, a .part file's [OPCODE]) and the close names."""
-    known = {name.lower(): name for name in [*CIRCLE_OPS, *OPS]}  # IR spelling first
+    known = {name.lower(): name for name in [*sorted(CIRCLE_NAMES), *OPS]}  # IR spelling first
     for key in keys:
         if key == WILDCARD or key.lower() in known:
             continue

@@ -164,7 +164,7 @@ def split(graph: Graph, backend_of: dict[str, str], name: str) -> Partitioning:
             and readers[id(v)][0] == k < readers[id(v)][-1]
         ]
         number = f"{k + first:05d}_{backend_of[region[0].name]}"
-        part = _extract(graph, region, ins, outs, relay, f"{name}.{number}")
+        part = _extract(region, ins, outs, relay, f"{name}.{number}")
         parts.append(Part(backend_of[region[0].name], part))
         part_inputs.append(ins)
         part_outputs.append(outs + relay)
@@ -207,9 +207,7 @@ def _region_inputs(region: list[Node], owner: dict[int, int], k: int) -> list[Va
     return list(found.values())
 
 
-def _extract(
-    graph: Graph, region: list[Node], ins: list[Value], outs: list[Value], relay, name: str
-) -> Graph:
+def _extract(region: list[Node], ins: list[Value], outs: list[Value], relay, name: str) -> Graph:
     """A standalone copy of `region`: same value and node names, types and quantization."""
     part = Graph(name)
     copies: dict[int, Value] = {}

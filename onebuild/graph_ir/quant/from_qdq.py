@@ -35,6 +35,7 @@ from ..tensor import QuantParams
 from .kernel_attrs import (
     average_pool_attrs,
     binary_attrs,
+    channel_bias,
     concat_attrs,
     constant_operands,
     lookup_table,
@@ -262,7 +263,8 @@ class _Folder:
 
     def _bias(self, source: Value | None, scales: np.ndarray, dtype: str) -> Value | None:
         """The integer bias at `scales` (s_x * s_w per channel): the model's own codes when
-        they have that scale, else its real values rounded to it."""
+        they have that scale, else its real values rounded to it; None when it is computed or
+        not one value per channel (`channel_bias`)."""
         b_type = np.int64 if dtype in ("int16", "uint16") else np.int32
         name = "bias" if source is None else source.name
         if source is None:
@@ -277,13 +279,16 @@ class _Folder:
                 and np.allclose(np.broadcast_to(q.quant.scale, scales.shape), scales, rtol=1e-6)
             )
             if own:
-                codes = q.numpy().astype(np.int64)
+                values = q.numpy().astype(np.int64)
                 name = q.name
             else:
-                real = dequantize(q.numpy(), q.quant) if q is not None else source.numpy()
-                codes = np.rint(np.asarray(real, np.float64) / scales)
+                values = dequantize(q.numpy(), q.quant) if q is not None else source.numpy()
+            values = channel_bias(np.asarray(values), len(scales))
+            if values is None:  # a Gemm's C of [M, N]: the group stays float
+                return None
+            codes = values if own else np.rint(values.astype(np.float64) / scales)
         limit = np.iinfo(b_type)
-        codes = np.clip(np.broadcast_to(codes, scales.shape), limit.min, limit.max)
+        codes = np.clip(codes, limit.min, limit.max)
         return self.graph.add_constant(codes.astype(b_type), f"{name}_{np.dtype(b_type)}")
 
     def _binary(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:

@@ -44,6 +44,16 @@ def requantize_attrs(x: QuantParams, y: QuantParams, dtype: str) -> dict:
     return {"x_zero_point": x.zero_point[0], **output_attrs(dtype, y), "multiplier": m, "shift": r}
 
 
+def channel_bias(bias: np.ndarray, channels: int) -> np.ndarray | None:
+    """A Conv/Gemm bias as one value per output channel ([channels], float64 or the codes'
+    type): a scalar, [1], [channels], or a Gemm's C of [1, channels] or [1, 1]; None for a C
+    that varies along the rows ([M, N] or [M, 1] with M > 1), which QConv/QGemm cannot hold."""
+    shape = bias.shape
+    if any(d != 1 for d in shape[:-1]) or (shape and shape[-1] not in (1, channels)):
+        return None
+    return np.broadcast_to(bias.reshape(-1), (channels,)).copy()
+
+
 def matmul_attrs(
     op: str,
     attrs: Mapping[str, Any],

@@ -17,7 +17,7 @@ from ..ops.quantized import recording_float_op
 from ..tensor import QuantParams
 from .bias_correction import corrected_bias
 from .channel_activations import folded_weights, folds_scales
-from .kernel_attrs import matmul_attrs
+from .kernel_attrs import channel_bias, matmul_attrs
 from .params import BIAS_ROOM, bias_fitting, quantize, weight_params
 
 if TYPE_CHECKING:
@@ -25,14 +25,18 @@ if TYPE_CHECKING:
 
 
 def matmul_ok(quantizer: "_Quantizer", node: Node) -> bool:
-    """Conv, Gemm and MatMul qualify with constant weights (MatMul: [..., K] @ [K, N]) and bias."""
+    """Conv, Gemm and MatMul qualify with constant weights (MatMul: [..., K] @ [K, N]) and a
+    constant bias of one value per output channel (`channel_bias`)."""
     weight = node.inputs[1]
     if not weight.is_const or node.attrs.get("transA"):
         return False
     if node.op == "MatMul" and (len(weight.shape) != 2 or len(node.inputs[0].shape) < 2):
         return False
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    return bias is None or bias.is_const
+    if bias is None:
+        return True
+    channels = weight.shape[weight_axes(node).out]
+    return bias.is_const and channel_bias(bias.numpy(), channels) is not None
 
 
 def nearest(node: Node, weight: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
@@ -64,7 +68,7 @@ def quantize_matmul(quantizer: "_Quantizer", node: Node, dtype: str, w_dtype: st
     s_x = np.broadcast_to(s_x, (channels,))
     b_type = np.int64 if dtype == "int16" else np.int32
     limit = np.iinfo(b_type)
-    b_real = np.zeros(channels) if b is None else np.broadcast_to(b, (channels,))
+    b_real = np.zeros(channels) if b is None else channel_bias(b, channels)
     w_params = weight_params(w, w_dtype, channel_axis if per_channel else None)
     s_y = np.broadcast_to(np.asarray(out_params.scale, np.float64), (channels,))
     w_params = bias_fitting(w_params, b_real, s_x, s_y, b_type)

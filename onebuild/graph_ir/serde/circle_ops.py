@@ -12,7 +12,7 @@ from ..ops.quantized_softmax import exp_table
 from ..quant.kernel_attrs import softmax_attrs
 from ..quant.params import dequantize, qdq_params, quantize
 from ..tensor import QuantParams
-from .circle_names import written_as
+from .circle_names import circle_code, written_as
 from .tflite_schema import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, channels_last_columns
 
 NHWC = (0, 2, 3, 1)
@@ -220,20 +220,20 @@ def unary(w, node):
 
 
 def clip(w, node):
+    """The operator `circle_code` chooses: RELU, RELU6, RELU_N1_TO_1, or a clamp by MAXIMUM /
+    MINIMUM with the constant bounds."""
+    code = circle_code(node)
+    _require(code is not None)  # computed bounds, or none
     x = node.inputs[0]
-    bounds = [
-        v.numpy().item() if v is not None else inf
-        for v, inf in zip((*node.inputs[1:], None, None)[:2], (-np.inf, np.inf))
-    ]
-    _require(all(v is None or v.is_const for v in node.inputs[1:]))
     perm = w.home_of(x)
-    act = {ACT_RELU: "RELU", ACT_RELU6: "RELU6", ACT_RELU_N1_TO_1: "RELU_N1_TO_1"}.get(
-        FLOAT_ACTIVATIONS.get(tuple(float(b) for b in bounds))
-    )
-    if act:
-        w.op(act, [w.get(x, perm)], [w.define(node.output, perm)])
-    else:
+    if code in ("MAXIMUM", "MINIMUM"):
+        bounds = [
+            v.numpy().item() if v is not None else inf
+            for v, inf in zip((*node.inputs[1:], None, None)[:2], (-np.inf, np.inf))
+        ]
         _clamp(w, w.get(x, perm), node.output, perm, *bounds)
+    else:
+        w.op(code, [w.get(x, perm)], [w.define(node.output, perm)])
 
 
 LOOKUP_FUNCTIONS = (  # (IR op, attributes) a quantized lookup table may stand for
@@ -392,7 +392,7 @@ def split(w, node):
     sizes = node.attrs["split"]
     source = w.get(x, perm)
     outputs = [w.define(v, perm) for v in node.outputs]
-    if len(set(sizes)) == 1:
+    if circle_code(node) == "SPLIT":
         operands = [w.constant(stored, f"{node.name}_axis"), source]
         w.op("SPLIT", operands, outputs, num_splits=len(sizes))
         return
@@ -462,22 +462,20 @@ def pad(w, node):
     if x.quant is not None and mode == "constant":
         _require(value == x.quant.zero_point[0])  # TFLite pads quantized tensors with it
     source = w.get(x, perm)
-    grows = max(pads) > 0
+    code = circle_code(node)
     if min(pads) < 0:  # the IR reflects before it crops: the same unless one axis does both
         _require(mode == "constant" or not any(min(p) < 0 < max(p) for p in pairs))
-        source = _crop(w, node, source, [pairs[p] for p in order], last=not grows)
+        source = _crop(w, node, source, [pairs[p] for p in order], last=code == "SLICE")
         pairs = [[max(a, 0), max(b, 0)] for a, b in pairs]
-        if not grows:
+        if code == "SLICE":
             return
     paddings = w.constant(np.asarray([pairs[p] for p in order], np.int32), f"{node.name}_pads")
     operands = [source, paddings]
-    if mode == "reflect":
-        w.op("MIRROR_PAD", operands, [w.define(node.output, perm)], mode=0)
+    if code == "MIRROR_PAD":
+        w.op(code, operands, [w.define(node.output, perm)], mode=0)
         return
-    code = "PAD"
-    if x.quant is None and value != 0.0:
+    if code == "PADV2":
         operands.append(w.constant(np.asarray([value], x.dtype), f"{node.name}_value"))
-        code = "PADV2"
     w.op(code, operands, [w.define(node.output, perm)])
 
 

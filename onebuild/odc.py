@@ -15,18 +15,21 @@ A package enables auto-compilation from its config, so the app is just load + ru
     ODC_BACKEND=npu             npu | auto (pick float CPU, quantized CPU or NPU)
     ODC_REQUIREMENT=performance what `auto` optimizes: performance | memory
 
-Leaf module (no numpy): the recipe validates `[pack] config` keys with it.
+Leaf module (no numpy) beside the compile API: the recipe validates `[pack] config` with it
+(`check_config`), the runtime reads packages' settings.
 """
 
 import contextlib
 import difflib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-from ..compile import CodegenOptions
-from ..errors import FormatError, OneBuildError
-from ..gates import THRESHOLDS
-from ..targets import default_hw
+from .compile import CodegenOptions
+from .errors import FormatError, OneBuildError
+from .gates import THRESHOLDS
+from .nnpackage import config_text, config_value, parse_config
+from .targets import check_target, default_hw
 
 # ODC quantization type -> the [quantize] options it means (the rest are the recipe defaults)
 QUANT_TYPES = {
@@ -150,3 +153,14 @@ def _parse(text: str, kind: str):
             raise ValueError(text)
         return text.lower() in ("1", "true")
     return int(text) if kind == "int" else text
+
+
+def check_config(config: Mapping[str, str | int | float | bool]) -> OdcSettings:
+    """The ODC settings of extra config.cfg keys (`[pack] config`) as `write_package` will
+    write them: the bytes written, read back; ODC_TARGET and ODC_HW checked against the
+    installed targets and their presets."""
+    text = config_text({key: config_value(value) for key, value in config.items()})
+    settings = settings_from_config(parse_config(text.decode(), "config"), "config")
+    if "ODC_TARGET" in config or "ODC_HW" in config:
+        check_target(settings.target, settings.hw, "config: ", ("ODC_TARGET", "ODC_HW"))
+    return settings
