@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     pool,
     quantized,
     quantized_dynamic,
+    quantized_prelu,
     quantized_recurrent,
     quantized_softmax,
     recurrent,

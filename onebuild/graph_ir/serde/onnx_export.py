@@ -49,6 +49,7 @@ FLOAT_ATTRS = {  # attributes the float form keeps
     "Sub": (),
     "Concat": ("axis",),
     "Softmax": ("axis",),
+    "PRelu": (),
     "AveragePool": (
         "kernel_shape",
         "strides",
