@@ -106,6 +106,20 @@ def test_without_numba_the_numpy_path_runs(monkeypatch, rng):
     assert y.shape == (1, 2, 5, 5) and compiled.compiled(1 << 30) is None
 
 
+def test_many_small_calls_load_the_kernels(monkeypatch):
+    """No call reaches LOAD_ELEMENTS (a search's probes on small layers): the kernels load
+    once the calls add up to LOAD_TOTAL outputs, not before."""
+    monkeypatch.setattr(compiled, "use", True)
+    monkeypatch.setattr(compiled, "_loaded", [])
+    monkeypatch.setattr(compiled, "_seen", [0])
+    small = compiled.LOAD_ELEMENTS // 4
+    calls = 1
+    while compiled.compiled(small) is None:
+        calls += 1
+        assert calls * small <= compiled.LOAD_TOTAL
+    assert calls * small == compiled.LOAD_TOTAL
+
+
 MOBILENET = Path(__file__).parent.parent / "examples" / "models"
 
 

@@ -5,9 +5,12 @@ numpy code it replaces (no fast-math, so no fused multiply-adds nor reordering; 
 arithmetic is exact), so results are bit-identical; tests compare both paths.
 `ONEBUILD_NUMBA=0` keeps the numpy path.
 
-Loaded on the first call large enough to pay for it (`LOAD_ELEMENTS`): numba's import and the
-machine code it caches on disk (`cache=True`) cost about half a second, the first compile on a
-machine a few seconds more. The kernels release the GIL, so threads run them side by side.
+Loaded on the first call large enough to pay for it (`LOAD_ELEMENTS`), or once the calls so far
+add up to `LOAD_TOTAL` outputs (many small calls: the OCR recognizer's mixed-precision search
+never made one call that large, and ran its depthwise layers and requantizations on numpy,
+about a quarter of its CPU time): numba's import and the machine code it caches on disk
+(`cache=True`) cost about half a second, the first compile on a machine a few seconds more.
+The kernels release the GIL, so threads run them side by side.
 """
 
 import os
@@ -18,17 +21,21 @@ import numpy as np
 
 use = os.environ.get("ONEBUILD_NUMBA", "1") != "0"  # tests switch it to force either path
 LOAD_ELEMENTS = 1 << 20  # outputs of one call from which loading numba pays
+LOAD_TOTAL = 1 << 24  # or of all the calls so far
+_seen = [0]  # outputs of the calls so far, until loaded (a lost update only loads later)
 BLOCK = 4096  # depthwise outputs summed tap by tap at a time (16 KB of float32)
 _loaded: list = []  # [the kernels, or None where numba is missing], once loaded
 _lock = threading.Lock()
 
 
 def compiled(elements: int) -> SimpleNamespace | None:
-    """The kernels, loaded by the first call with `elements` outputs or more; None where numba
-    is missing, `use` is off, or before a call that large."""
+    """The kernels, loaded by the first call with LOAD_ELEMENTS outputs or more, or once the
+    calls add up to LOAD_TOTAL; None where numba is missing, `use` is off, or before then."""
     if not use:
         return None
-    if not _loaded and elements >= LOAD_ELEMENTS:
+    if not _loaded:
+        _seen[0] += elements
+    if not _loaded and (elements >= LOAD_ELEMENTS or _seen[0] >= LOAD_TOTAL):
         with _lock:
             if not _loaded:
                 _loaded.append(_load())
