@@ -148,6 +148,31 @@ def im2col(
     return cols.reshape(n, c * int(np.prod(kernel)), -1), out
 
 
+def conv_by_taps(x: np.ndarray, w: np.ndarray, pads: list[int], dilations) -> np.ndarray:
+    """A stride-1 2-D convolution of one group as one GEMM per kernel tap, summed: the tap's
+    [O, C] weights times the zero-padded input flattened and shifted by the tap (rows as wide
+    as the padded input; the columns past the output's are dropped at the end). No window
+    matrix: im2col writes C·K values per output position, this reads the input K times, the
+    faster where O <= C. Its sums run in another order than `conv`'s, so it is exact only
+    where every partial sum is: integer operands within the float type's integers (q_conv)."""
+    n, c = x.shape[:2]
+    padded = pad_spatial(x, pads)
+    height, width = padded.shape[2:]
+    (kh, kw), (dh, dw) = w.shape[2:], dilations
+    out_h, out_w = height - dh * (kh - 1), width - dw * (kw - 1)
+    flat = padded.reshape(n, c, height * width)
+    span = (out_h - 1) * width + out_w  # the output positions as flat input positions
+    taps = np.ascontiguousarray(w.transpose(2, 3, 0, 1))  # [kh, kw, O, C]
+    y = np.zeros((n, w.shape[0], out_h * width), x.dtype)
+    product = np.empty((n, w.shape[0], span), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            start = i * dh * width + j * dw
+            np.matmul(taps[i, j], flat[:, :, start : start + span], out=product)
+            y[:, :, :span] += product
+    return y.reshape(n, w.shape[0], out_h, width)[..., :out_w]
+
+
 DEPTHWISE_BLOCK_BYTES = 1 << 19  # a block of output channels stays in cache across the taps
 
 

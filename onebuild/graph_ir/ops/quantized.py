@@ -16,7 +16,15 @@ from ..quant.params import (
     quantize,
     requantize,
 )
-from .conv import conv, conv_type, conv_weights, gemm, gemm_type, gemm_weights
+from .conv import (
+    conv,
+    conv_by_taps,
+    conv_type,
+    conv_weights,
+    gemm,
+    gemm_type,
+    gemm_weights,
+)
 from .pool import _pool_type, window_sums
 from .registry import (
     BROADCASTING,
@@ -286,15 +294,28 @@ def _float32_exact(centered: np.ndarray, w: np.ndarray) -> bool:
 )
 def q_conv(attrs, x, w, b):
     """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized
-    (on float32 BLAS when that is exact: 8-bit layers, mostly; float64 otherwise)."""
+    (on float32 BLAS when that is exact: 8-bit layers, mostly; float64 otherwise; a stride-1
+    2-D kernel with no more outputs than inputs by taps, `conv_by_taps`: the same integers)."""
     centered = _centered(x, attrs["x_zero_point"])
-    if _float32_exact(centered, w):
-        acc = conv(attrs, centered.astype(np.float32), w.astype(np.float32))
-        bias = b.astype(np.int64).reshape((1, -1) + (1,) * (x.ndim - 2))
-        return _per_channel(attrs, _exact_int(acc) + bias, 1)
-    centered = centered.astype(np.float64)
-    acc = conv(attrs, centered, w.astype(np.float64), b.astype(np.float64))
-    return _per_channel(attrs, _exact_int(acc), 1)
+    dtype = np.float32 if _float32_exact(centered, w) else np.float64
+    centered, weights = centered.astype(dtype), w.astype(dtype)
+    if _by_taps(attrs, x, w):
+        acc = conv_by_taps(centered, weights, attrs["pads"], attrs["dilations"])
+    else:
+        acc = conv(attrs, centered, weights)
+    bias = b.astype(np.int64).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return _per_channel(attrs, _exact_int(acc) + bias, 1)
+
+
+def _by_taps(attrs: Attrs, x: np.ndarray, w: np.ndarray) -> bool:
+    """Whether `conv_by_taps` computes this QConv (faster than im2col and a GEMM)."""
+    return (
+        x.ndim == 4
+        and attrs["group"] == 1
+        and w.shape[2:] != (1, 1)
+        and all(s == 1 for s in attrs["strides"])
+        and w.shape[0] <= w.shape[1]
+    )
 
 
 _QGEMM_BATCH = PER_SAMPLE.where(lambda node: not node.attrs.get("transA"))
