@@ -49,7 +49,10 @@ def _load() -> SimpleNamespace | None:
         return None
     jit = numba.njit(cache=True, nogil=True)
     return SimpleNamespace(
-        depthwise2d=jit(_depthwise2d), hard_swish=jit(_hard_swish), requantize=jit(_requantize)
+        depthwise2d=jit(_depthwise2d),
+        hard_swish=jit(_hard_swish),
+        requantize=jit(_requantize),
+        lookup_interp=jit(_lookup_interp),
     )
 
 
@@ -172,3 +175,28 @@ def _requantize(acc, m, r, split, out):
                     if low & low_mask == 0 and high & high_mask == high_tie:
                         q -= 1
                 out[o, c, i] = q
+
+
+def _lookup_interp(q, knots, bends, slots, exact, out):
+    """QLookupInterp of int16 codes q [outer, C, inner] into out (int16, same shape), one pass:
+    per element, u = q + 32768, k = u >> 7, t = u & 127, the row r (its channel, or 0 for one
+    row), a, b = knots[r, k], knots[r, k + 1], β = bends[r, k] (0 without bends: bends has no
+    rows), a + (128·(b - a)·t - β·t·(128 - t) + 2^13) >> 14 saturated to int16, or
+    exact[r, slots[r, k], t] where that slot is >= 0 (no rows: no exact segments). The integers
+    of `quantized.q_lookup_interp`'s int32 passes (no term reaches 2^31; here in int64)."""
+    rows = knots.shape[0]
+    for o in range(q.shape[0]):
+        for c in range(q.shape[1]):
+            r = c if rows > 1 else 0
+            for i in range(q.shape[2]):
+                u = np.int64(q[o, c, i]) + 32768
+                k, t = u >> 7, u & 127
+                if slots.shape[0] and slots[r, k] >= 0:
+                    out[o, c, i] = exact[r, slots[r, k], t]
+                    continue
+                a = np.int64(knots[r, k])
+                value = (np.int64(knots[r, k + 1]) - a) * (t << 7)
+                if bends.shape[0]:
+                    value -= np.int64(bends[r, k]) * (t * (128 - t))
+                value = ((value + 8192) >> 14) + a
+                out[o, c, i] = min(max(value, -32768), 32767)

@@ -8,6 +8,7 @@ partial sum is an integer far below 2^53; the result is then converted to int64.
 
 import numpy as np
 
+from ..compiled import compiled
 from ..quant.params import (
     ADD_SHIFT,
     count_multipliers,
@@ -242,6 +243,9 @@ def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
     a + ((b - a)·t + 64) >> 7: the chord, rounded half up). With exact segments (`segments`
     [C, E]: segment indices or -1; `exact` [C, E, 128]): where segments[c, e] = k,
     y = exact[c, e, t] instead. Attribute `function` as QLookup's."""
+    fast = _lookup_interp_compiled(q, table, bends, segments, exact)
+    if fast is not None:
+        return fast
     u = q.astype(np.int32) - np.iinfo(np.int16).min
     rows, width = table.shape
     row = np.arange(rows, dtype=np.int32).reshape((1, -1) + (1,) * (q.ndim - 2))
@@ -258,6 +262,28 @@ def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
         index = ((row * count + np.maximum(slot, 0)) << SEGMENT_BITS) + t
         base = np.where(slot >= 0, exact.astype(np.int32).ravel().take(index), base)
     return base.astype(table.dtype)
+
+
+def _lookup_interp_compiled(q, table, bends, segments, exact) -> np.ndarray | None:
+    """`q_lookup_interp` in one compiled pass (`compiled._lookup_interp`: the same integers),
+    or None where numba is missing or off, q is not int16 of rank 2 or more, or the call is too
+    small to load numba for."""
+    kernels = compiled(q.size)
+    if kernels is None or q.dtype != np.int16 or q.ndim < 2 or table.dtype != np.int16:
+        return None
+    none = np.zeros((0, 0), np.int32)
+    slots = none if segments is None or not segments.size else segment_slots(segments)
+    source = np.ascontiguousarray(q).reshape(q.shape[0], q.shape[1], -1)
+    out = np.empty(source.shape, np.int16)
+    kernels.lookup_interp(
+        source,
+        np.ascontiguousarray(table),
+        none if bends is None else np.ascontiguousarray(bends),
+        slots,
+        np.zeros((0, 0, 0), np.int16) if exact is None or not slots.size else exact,
+        out,
+    )
+    return out.reshape(q.shape)
 
 
 def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
