@@ -103,3 +103,33 @@ def test_depthwise_blocks_sum_taps_in_kernel_order(
     full[np.arange(7), np.arange(7)] = w[:, 0]
     direct = reference_conv(x, full, strides, dilations, pads)
     np.testing.assert_allclose(y, direct, rtol=1e-5, atol=1e-5)
+
+
+def test_window_matrices_in_a_kept_buffer_give_what_new_arrays_give(rng, monkeypatch):
+    """Conv's window matrix lives in its thread's kept buffer: convolutions of different
+    shapes one after another, and on two threads at once, give the bits of new arrays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onebuild.graph_ir.ops import conv
+
+    attrs = {"group": 1, "strides": [1, 2], "dilations": [1, 1], "pads": [1, 1, 0, 2]}
+    cases = [
+        (rng.standard_normal((2, 4, 9, 7)), rng.standard_normal((3, 4, 3, 3))),
+        (rng.standard_normal((1, 6, 5, 5)), rng.standard_normal((2, 6, 3, 2))),
+        (rng.standard_normal((3, 5, 12, 11)), rng.standard_normal((4, 5, 2, 3))),
+    ]
+    cases = [(x.astype(np.float32), w.astype(np.float32)) for x, w in cases] + cases
+    monkeypatch.setattr(conv, "SCRATCH_BYTES", 0)  # every window matrix a new array
+    fresh = [OPS["Conv"].kernel(attrs, x, w)[0] for x, w in cases]
+    monkeypatch.setattr(conv, "SCRATCH_BYTES", 1 << 28)
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(3):
+            kept = list(pool.map(lambda case: OPS["Conv"].kernel(attrs, *case)[0], cases))
+            for want, got in zip(fresh, kept):
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    for (x, w), want in zip(cases, fresh):  # and on this thread
+        np.testing.assert_array_equal(
+            OPS["Conv"].kernel(attrs, x, w)[0].view(np.uint8), want.view(np.uint8)
+        )
+    assert conv._scratch.buffer.nbytes > 0  # the main thread's matrices were kept too

@@ -106,6 +106,20 @@ def test_without_numba_the_numpy_path_runs(monkeypatch, rng):
     assert y.shape == (1, 2, 5, 5) and compiled.compiled(1 << 30) is None
 
 
+def test_many_small_calls_load_the_kernels(monkeypatch):
+    """No call reaches LOAD_ELEMENTS (a search's probes on small layers): the kernels load
+    once the calls add up to LOAD_TOTAL outputs, not before."""
+    monkeypatch.setattr(compiled, "use", True)
+    monkeypatch.setattr(compiled, "_loaded", [])
+    monkeypatch.setattr(compiled, "_seen", [0])
+    small = compiled.LOAD_ELEMENTS // 4
+    calls = 1
+    while compiled.compiled(small) is None:
+        calls += 1
+        assert calls * small <= compiled.LOAD_TOTAL
+    assert calls * small == compiled.LOAD_TOTAL
+
+
 MOBILENET = Path(__file__).parent.parent / "examples" / "models"
 
 
@@ -183,3 +197,27 @@ def test_requantize_gives_the_same_integers(fast, monkeypatch, rng):
     slow, quick = _requantize_both(monkeypatch, broadcast, multipliers, np.int64(31))
     np.testing.assert_array_equal(slow, quick)
     assert _requantize_compiled(broadcast, multipliers, np.asarray(np.int64(31))) is None
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("parts", ["knots", "bends", "exact"])
+def test_interpolated_table_gives_the_same_codes(fast, monkeypatch, rng, rows, parts):
+    """QLookupInterp's compiled pass against its numpy passes on every int16 code of every
+    channel: knots alone, with bends, with exact segments (some rows without), one row or one
+    per channel; full-range knots and bends, so bends reach the saturation."""
+    channels = 3
+    codes = np.arange(-32768, 32768, dtype=np.int16)
+    q = np.stack([np.roll(codes, 977 * c) for c in range(channels)])  # every code, per channel
+    q = q.reshape(channels, 2, 2, -1).transpose(1, 0, 2, 3)  # [2 samples, C, 2, 8192]
+    knots = rng.integers(-32768, 32768, (rows, 513)).astype(np.int16)
+    constants = [knots]
+    if parts != "knots":
+        constants.append(rng.integers(-32768, 32768, (rows, 512)).astype(np.int16))
+    if parts == "exact":
+        segments = np.full((rows, 4), -1, np.int16)
+        segments[0, :3] = [0, 511, 200]  # the corners and one inside; other rows: none
+        constants += [segments, rng.integers(-32768, 32768, (rows, 4, 128)).astype(np.int16)]
+    numpy_y, fast_y = fast("QLookupInterp", {}, q, *constants)
+    assert fast_y.dtype == np.int16 and fast_y.shape == q.shape
+    np.testing.assert_array_equal(numpy_y, fast_y)
+    assert parts == "knots" or ((fast_y == 32767) | (fast_y == -32768)).any()

@@ -101,6 +101,35 @@ def test_a_probe_reruns_only_what_changed_and_measures_as_compare_graphs(tmp_pat
     assert shared.reused >= 2 * 6
 
 
+def test_a_store_smaller_than_a_candidate_keeps_the_earliest_results(tmp_path):
+    """Past its size, the store drops the results of the latest nodes in the graph first: a
+    second candidate that changes only fc still reuses the convolutions and pools, where a
+    least-recently-used store of that size would have dropped the first pieces' before it
+    asked for them. Every SQNR is still compare_graphs'."""
+    path = outlier_digits(tmp_path / "m.onnx")
+    float_graph = optimize(load_onnx(path, SHAPES)).main
+    specs = [(v.name, v.shape) for v in float_graph.inputs]
+    stats = calibrate(float_graph, iter_batches(DIGITS / "data/calib.npz", specs))
+    ranges, means = stats.ranges_for("uint8"), stats.channel_means()
+    test = first_samples(DIGITS / "data/test.npz", specs, 40)
+    base = quantize_graph(float_graph, ranges, QuantConfig(), means)
+    late = QuantConfig(layers=(LayerOverride(("fc",), "int16"),))
+    promoted_fc = quantize_graph(float_graph, ranges, late, means)
+    whole = probes.Probes(float_graph, test)
+    whole.compare(base)
+    small = probes.Probes(float_graph, test, cache_bytes=whole.bytes * 3 // 4)
+    small.compare(base)
+    assert 0 < small.bytes <= whole.bytes * 3 // 4 and len(small.stored) < len(whole.stored)
+    pieces = {key[:3] for key in whole.stored}  # (part, step, first sample)
+    for candidate in (promoted_fc, base):
+        reused = small.reused
+        got = small.compare(candidate)
+        want = compare_graphs(float_graph, candidate, [(str(i), b) for i, b in enumerate(test)])
+        assert got.outputs == want.outputs
+        # the input conversion, conv1 and pool1 of every piece at least (LRU: none)
+        assert small.reused - reused >= 3 * len(pieces)
+
+
 def _branching_digits(path: Path) -> Path:
     """The digits CNN with a side branch off pool1 (a copy of conv2, averaged) as a second
     output: conv2 and the side convolution do not reach each other."""

@@ -7,6 +7,8 @@ import pytest
 
 from onebuild.graph_ir.interpreter import Interpreter
 from onebuild.graph_ir.ops import OPS
+from onebuild.graph_ir.ops.conv import conv, conv_by_taps
+from onebuild.graph_ir.ops.quantized import _by_taps, _float32_exact
 from onebuild.graph_ir.passes import run_preset
 from onebuild.graph_ir.quant.calibrate import calibrate
 from onebuild.graph_ir.quant.config import QuantConfig
@@ -202,3 +204,54 @@ def test_a_dead_channel_keeps_its_bias(dtype):
         step = next(n for n in quantized.nodes if n.op == "QConv").output.quant.scale[0]
         np.testing.assert_allclose(got[:, :, 2], 0.7, atol=step, err_msg=f"seed {seed}")
         assert sqnr_db(Interpreter(graph).run_batch(samples)["y"], got) > 30, seed
+
+
+@pytest.mark.parametrize(
+    "dtype, shape, outputs, weight_bound, dilation, pads",
+    [
+        ("int16", (2, 96, 40, 40), 24, 32767, 1, [1, 1, 1, 1]),  # the OCR detector's int16 head
+        ("uint8", (2, 96, 20, 20), 96, 20, 1, [1, 1, 1, 1]),  # float32-exact 8-bit
+        ("int16", (1, 8, 11, 9), 8, 32767, 2, [2, 0, 1, 3]),
+    ],
+)
+def test_conv_by_taps_sums_the_integers_im2col_sums(
+    rng, dtype, shape, outputs, weight_bound, dilation, pads
+):
+    """QConv's stride-1 path (one GEMM per tap) against the window matrix and one GEMM that
+    `conv` computes, on full-range codes, in the float type q_conv picks: equal integers."""
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+    w = rng.integers(-weight_bound, weight_bound + 1, (outputs, shape[1], 3, 3))
+    w = w.astype(np.int16 if weight_bound > 127 else np.int8)
+    attrs = {"strides": [1, 1], "dilations": [dilation] * 2, "pads": pads, "group": 1}
+    assert _by_taps(attrs, x, w)
+    centered = x.astype(np.int64) - (128 if dtype == "uint8" else 0)
+    float_type = np.float32 if _float32_exact(centered, w) else np.float64
+    assert (float_type == np.float32) == (dtype == "uint8")
+    operands = centered.astype(float_type), w.astype(float_type)
+    by_taps = conv_by_taps(*operands, pads, attrs["dilations"])
+    np.testing.assert_array_equal(by_taps, conv(attrs, *operands))
+
+
+def test_qconv_by_taps_is_the_integer_definition(rng):
+    """An int16 QConv on the per-tap path, bit for bit against the Python-integer rules."""
+    x = rng.integers(-32768, 32768, (2, 6, 9, 7)).astype(np.int16)
+    w = rng.integers(-32767, 32768, (5, 6, 3, 3)).astype(np.int16)
+    b = rng.integers(-(1 << 30), 1 << 30, 5).astype(np.int64)
+    pairs = [quantize_multiplier(float(v)) for v in rng.uniform(1e-9, 1e-7, 5)]
+    attrs = {
+        "strides": [1, 1],
+        "dilations": [1, 1],
+        "pads": [1, 0, 1, 2],
+        "group": 1,
+        "dtype": "int16",
+        "x_zero_point": 0,
+        "y_zero_point": 0,
+        "qmin": -32768,
+        "qmax": 32767,
+        "multiplier": [m for m, _ in pairs],
+        "shift": [r for _, r in pairs],
+    }
+    assert _by_taps(attrs, x, w)
+    (got,) = OPS["QConv"].kernel(attrs, x, w, b)
+    np.testing.assert_array_equal(got, _exact_conv_reference(attrs, x, w, b))

@@ -5,9 +5,12 @@ numpy code it replaces (no fast-math, so no fused multiply-adds nor reordering; 
 arithmetic is exact), so results are bit-identical; tests compare both paths.
 `ONEBUILD_NUMBA=0` keeps the numpy path.
 
-Loaded on the first call large enough to pay for it (`LOAD_ELEMENTS`): numba's import and the
-machine code it caches on disk (`cache=True`) cost about half a second, the first compile on a
-machine a few seconds more. The kernels release the GIL, so threads run them side by side.
+Loaded on the first call large enough to pay for it (`LOAD_ELEMENTS`), or once the calls so far
+add up to `LOAD_TOTAL` outputs (many small calls: the OCR recognizer's mixed-precision search
+never made one call that large, and ran its depthwise layers and requantizations on numpy,
+about a quarter of its CPU time): numba's import and the machine code it caches on disk
+(`cache=True`) cost about half a second, the first compile on a machine a few seconds more.
+The kernels release the GIL, so threads run them side by side.
 """
 
 import os
@@ -18,17 +21,21 @@ import numpy as np
 
 use = os.environ.get("ONEBUILD_NUMBA", "1") != "0"  # tests switch it to force either path
 LOAD_ELEMENTS = 1 << 20  # outputs of one call from which loading numba pays
+LOAD_TOTAL = 1 << 24  # or of all the calls so far
+_seen = [0]  # outputs of the calls so far, until loaded (a lost update only loads later)
 BLOCK = 4096  # depthwise outputs summed tap by tap at a time (16 KB of float32)
 _loaded: list = []  # [the kernels, or None where numba is missing], once loaded
 _lock = threading.Lock()
 
 
 def compiled(elements: int) -> SimpleNamespace | None:
-    """The kernels, loaded by the first call with `elements` outputs or more; None where numba
-    is missing, `use` is off, or before a call that large."""
+    """The kernels, loaded by the first call with LOAD_ELEMENTS outputs or more, or once the
+    calls add up to LOAD_TOTAL; None where numba is missing, `use` is off, or before then."""
     if not use:
         return None
-    if not _loaded and elements >= LOAD_ELEMENTS:
+    if not _loaded:
+        _seen[0] += elements
+    if not _loaded and (elements >= LOAD_ELEMENTS or _seen[0] >= LOAD_TOTAL):
         with _lock:
             if not _loaded:
                 _loaded.append(_load())
@@ -42,7 +49,10 @@ def _load() -> SimpleNamespace | None:
         return None
     jit = numba.njit(cache=True, nogil=True)
     return SimpleNamespace(
-        depthwise2d=jit(_depthwise2d), hard_swish=jit(_hard_swish), requantize=jit(_requantize)
+        depthwise2d=jit(_depthwise2d),
+        hard_swish=jit(_hard_swish),
+        requantize=jit(_requantize),
+        lookup_interp=jit(_lookup_interp),
     )
 
 
@@ -165,3 +175,28 @@ def _requantize(acc, m, r, split, out):
                     if low & low_mask == 0 and high & high_mask == high_tie:
                         q -= 1
                 out[o, c, i] = q
+
+
+def _lookup_interp(q, knots, bends, slots, exact, out):
+    """QLookupInterp of int16 codes q [outer, C, inner] into out (int16, same shape), one pass:
+    per element, u = q + 32768, k = u >> 7, t = u & 127, the row r (its channel, or 0 for one
+    row), a, b = knots[r, k], knots[r, k + 1], β = bends[r, k] (0 without bends: bends has no
+    rows), a + (128·(b - a)·t - β·t·(128 - t) + 2^13) >> 14 saturated to int16, or
+    exact[r, slots[r, k], t] where that slot is >= 0 (no rows: no exact segments). The integers
+    of `quantized.q_lookup_interp`'s int32 passes (no term reaches 2^31; here in int64)."""
+    rows = knots.shape[0]
+    for o in range(q.shape[0]):
+        for c in range(q.shape[1]):
+            r = c if rows > 1 else 0
+            for i in range(q.shape[2]):
+                u = np.int64(q[o, c, i]) + 32768
+                k, t = u >> 7, u & 127
+                if slots.shape[0] and slots[r, k] >= 0:
+                    out[o, c, i] = exact[r, slots[r, k], t]
+                    continue
+                a = np.int64(knots[r, k])
+                value = (np.int64(knots[r, k + 1]) - a) * (t << 7)
+                if bends.shape[0]:
+                    value -= np.int64(bends[r, k]) * (t * (128 - t))
+                value = ((value + 8192) >> 14) + a
+                out[o, c, i] = min(max(value, -32768), 32767)

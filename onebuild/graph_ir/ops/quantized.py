@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..compiled import compiled
 from ..quant.params import (
     ADD_SHIFT,
     count_multipliers,
@@ -18,7 +19,15 @@ from ..quant.params import (
     quantize,
     requantize,
 )
-from .conv import conv, conv_type, conv_weights, gemm, gemm_type, gemm_weights
+from .conv import (
+    conv,
+    conv_by_taps,
+    conv_type,
+    conv_weights,
+    gemm,
+    gemm_type,
+    gemm_weights,
+)
 from .pool import _pool_type, window_sums
 from .registry import (
     BROADCASTING,
@@ -249,6 +258,9 @@ def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
     a + ((b - a)·t + 64) >> 7: the chord, rounded half up). With exact segments (`segments`
     [C, E]: segment indices or -1; `exact` [C, E, 128]): where segments[c, e] = k,
     y = exact[c, e, t] instead. Attribute `function` as QLookup's."""
+    fast = _lookup_interp_compiled(q, table, bends, segments, exact)
+    if fast is not None:
+        return fast
     u = q.astype(np.int32) - np.iinfo(np.int16).min
     rows, width = table.shape
     row = np.arange(rows, dtype=np.int32).reshape((1, -1) + (1,) * (q.ndim - 2))
@@ -265,6 +277,28 @@ def q_lookup_interp(attrs, q, table, bends=None, segments=None, exact=None):
         index = ((row * count + np.maximum(slot, 0)) << SEGMENT_BITS) + t
         base = np.where(slot >= 0, exact.astype(np.int32).ravel().take(index), base)
     return base.astype(table.dtype)
+
+
+def _lookup_interp_compiled(q, table, bends, segments, exact) -> np.ndarray | None:
+    """`q_lookup_interp` in one compiled pass (`compiled._lookup_interp`: the same integers),
+    or None where numba is missing or off, q is not int16 of rank 2 or more, or the call is too
+    small to load numba for."""
+    kernels = compiled(q.size)
+    if kernels is None or q.dtype != np.int16 or q.ndim < 2 or table.dtype != np.int16:
+        return None
+    none = np.zeros((0, 0), np.int32)
+    slots = none if segments is None or not segments.size else segment_slots(segments)
+    source = np.ascontiguousarray(q).reshape(q.shape[0], q.shape[1], -1)
+    out = np.empty(source.shape, np.int16)
+    kernels.lookup_interp(
+        source,
+        np.ascontiguousarray(table),
+        none if bends is None else np.ascontiguousarray(bends),
+        slots,
+        np.zeros((0, 0, 0), np.int16) if exact is None or not slots.size else exact,
+        out,
+    )
+    return out.reshape(q.shape)
 
 
 def _per_channel(attrs: Attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
@@ -301,15 +335,28 @@ def _float32_exact(centered: np.ndarray, w: np.ndarray) -> bool:
 )
 def q_conv(attrs, x, w, b):
     """Integer conv of (x - x_zero_point) and symmetric weights, integer bias, requantized
-    (on float32 BLAS when that is exact: 8-bit layers, mostly; float64 otherwise)."""
+    (on float32 BLAS when that is exact: 8-bit layers, mostly; float64 otherwise; a stride-1
+    2-D kernel with no more outputs than inputs by taps, `conv_by_taps`: the same integers)."""
     centered = _centered(x, attrs["x_zero_point"])
-    if _float32_exact(centered, w):
-        acc = conv(attrs, centered.astype(np.float32), w.astype(np.float32))
-        bias = b.astype(np.int64).reshape((1, -1) + (1,) * (x.ndim - 2))
-        return _per_channel(attrs, _exact_int(acc) + bias, 1)
-    centered = centered.astype(np.float64)
-    acc = conv(attrs, centered, w.astype(np.float64), b.astype(np.float64))
-    return _per_channel(attrs, _exact_int(acc), 1)
+    dtype = np.float32 if _float32_exact(centered, w) else np.float64
+    centered, weights = centered.astype(dtype), w.astype(dtype)
+    if _by_taps(attrs, x, w):
+        acc = conv_by_taps(centered, weights, attrs["pads"], attrs["dilations"])
+    else:
+        acc = conv(attrs, centered, weights)
+    bias = b.astype(np.int64).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return _per_channel(attrs, _exact_int(acc) + bias, 1)
+
+
+def _by_taps(attrs: Attrs, x: np.ndarray, w: np.ndarray) -> bool:
+    """Whether `conv_by_taps` computes this QConv (faster than im2col and a GEMM)."""
+    return (
+        x.ndim == 4
+        and attrs["group"] == 1
+        and w.shape[2:] != (1, 1)
+        and all(s == 1 for s in attrs["strides"])
+        and w.shape[0] <= w.shape[1]
+    )
 
 
 _QGEMM_BATCH = replace(PER_SAMPLE, rows=True).where(lambda node: not node.attrs.get("transA"))
