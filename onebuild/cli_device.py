@@ -67,12 +67,11 @@ def run_on_device(args) -> int:
             if session.state != before:
                 print(f"run {len(results)}: switched {before} -> {session.state}")
     else:
-        if args.quantize and session.state == "INITIAL":  # (a resumed one keeps its records)
+        if args.quantize:
             session.set_execute_config("DUMP_MINMAX")
             for index in range(session.settings.minmax_records):
                 run(session.run, samples[index % count])
             session.reset_execute_config()
-        if args.quantize:
             print(f"quantized ({session.settings.quant_type}): {session.quantize()}")
         if args.codegen:
             output = session.codegen(args.codegen, args.pref)

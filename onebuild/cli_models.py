@@ -126,10 +126,7 @@ def _run_model(graph, feeds: dict, args) -> dict:
     from .graph_ir.interpreter import Interpreter
     from .graph_ir.quant.model_io import dequantize_outputs, is_quantized, quantize_inputs
     from .npz import refuse_codes
-    from .runtime.session_io import INTEGER_FOR_FLOAT, app_types, integer_for_float
 
-    for name in integer_for_float(app_types(graph.inputs), feeds):
-        log.warning(f"{args.inputs}: {INTEGER_FOR_FLOAT}", name, feeds[name].dtype)
     if not args.raw:
         for value in filter(is_quantized, graph.inputs):
             if value.name in feeds:
@@ -216,16 +213,11 @@ def cmd_export(args) -> int:
     if suffix in (".circle", ".tflite"):
         from .fileio import atomic_write_bytes
         from .graph_ir.serde import write_circle
-        from .graph_ir.serde.onert_gaps import onert_gaps
 
-        data = write_circle(model, suffix[1:])
-        atomic_write_bytes(args.output, data)
+        atomic_write_bytes(args.output, write_circle(model, suffix[1:]))
         print(f"wrote {args.output} ({suffix[1:]})")
-        gap = onert_gaps(data)
-        if gap:
-            log.warning("%s: %s", args.output, gap)
         if suffix == ".tflite":
-            _warn_tflite_uint8_channels(model, args.output, gap is None)
+            _warn_tflite_uint8_channels(model, args.output)
         return 0
     from .graph_ir.serde.onnx_export import save_onnx
 
@@ -234,11 +226,10 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _warn_tflite_uint8_channels(model, output: str, onert_runs: bool) -> None:
+def _warn_tflite_uint8_channels(model, output: str) -> None:
     """TFLite (LiteRT) convolutions take per-channel weights only with int8 or int16 data: a
     uint8 model with per-channel weights (onebuild's default) is written, onert and circle
-    take it (unless `onert_gaps` found something else), LiteRT refuses it when it allocates
-    its tensors."""
+    take it, LiteRT refuses it when it allocates its tensors."""
     convs = [
         n.name
         for g in _graphs(model.main)
@@ -252,11 +243,10 @@ def _warn_tflite_uint8_channels(model, output: str, onert_runs: bool) -> None:
         log.warning(
             "%s: %d uint8 layer(s) with per-channel weights ('%s', ...): LiteRT refuses them "
             "(its uint8 kernels take per-tensor weights); for LiteRT quantize with dtype = "
-            '"int8", or granularity = "layer"%s',
+            '"int8", or granularity = "layer"; onert runs this file',
             output,
             len(convs),
             convs[0],
-            "; onert runs this file" if onert_runs else "",
         )
 
 

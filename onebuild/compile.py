@@ -254,30 +254,7 @@ def quantize(
         model.graphs[0] = result.graph
         model.metadata["mixed_precision"] = json.dumps(json_safe(result.record), sort_keys=True)
     verify(model.main)
-    _warn_unquantized(model.main)
     return model
-
-
-SHOWN = 5  # op kinds a warning names
-
-
-def _warn_unquantized(graph: Graph) -> None:
-    """One warning naming the op kinds (and counts) a full quantization left in float."""
-    from .graph_ir.quant.float_reason import unquantized
-
-    found = unquantized(graph)
-    if not found:
-        return
-    ranked = sorted(found.items(), key=lambda item: (-item[1], item[0]))
-    kinds = "; ".join(f"{op} x{count} ({why})" for (op, why), count in ranked[:SHOWN])
-    kinds += f"; and {len(ranked) - SHOWN} more kinds" if len(ranked) > SHOWN else ""
-    log.warning(
-        "quantize: %d node(s) stay float, between DequantizeLinear and QuantizeLinear: %s. "
-        "They run on the CPU in float (never on an NPU); to keep them float on purpose, name "
-        'them in [[quantize.layers]] with dtype = "float32"',
-        sum(found.values()),
-        kinds,
-    )
 
 
 @dataclass

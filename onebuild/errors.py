@@ -36,29 +36,15 @@ class UnsupportedOpsError(ModelError):
         """`unsupported`: (op, node name) or (op, node name, where) with `where` the path of
         the subgraph holding the node (e.g. "If 'cond'.then_branch"); `hint`: what to do."""
         self.unsupported = unsupported
+        listing = ", ".join(
+            f"{op} (node '{name}'{f' in {where[0]}' if where and where[0] else ''})"
+            for op, name, *where in unsupported
+        )
         kinds = sorted({op for op, *_ in unsupported})
-        listing = ", ".join(_nodes_of(op, unsupported) for op in kinds)
         super().__init__(
             f"{source}: {len(unsupported)} node(s) use unsupported operators "
             f"{', '.join(kinds)}: {listing}" + (f"; {hint}" if hint else "")
         )
-
-
-NODES_SHOWN = 3  # per operator, in one-line errors (a T5 encoder has 189 such nodes)
-
-
-def _nodes_of(op: str, unsupported: list[tuple[str, ...]]) -> str:
-    """`op` and its first nodes: "Einsum (node 'a')", "LSTM x5 (nodes 'a', 'b', 'c' and 2
-    more)"; a node inside a subgraph with its path."""
-    names = [
-        f"'{name}'{f' in {where[0]}' if where and where[0] else ''}"
-        for kind, name, *where in unsupported
-        if kind == op
-    ]
-    if len(names) == 1:
-        return f"{op} (node {names[0]})"
-    more = f" and {len(names) - NODES_SHOWN} more" if len(names) > NODES_SHOWN else ""
-    return f"{op} x{len(names)} (nodes {', '.join(names[:NODES_SHOWN])}{more})"
 
 
 class DynamicValueError(ModelError):

@@ -68,11 +68,6 @@ def _member(source: Path, notes: list[str]) -> _Member:
     if data is None:
         notes.append(f"{source.name} stays an IR file (.obir), not circle: {reason}")
         return _Member(source, "obir", "cpu", *names)
-    from .graph_ir.serde.onert_gaps import onert_gaps
-
-    gap = onert_gaps(data)
-    if gap:
-        notes.append(f"{source.name} packs as circle, but {gap}")
     return _Member(source, "circle", "cpu", *names, data)
 
 

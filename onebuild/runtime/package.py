@@ -326,8 +326,7 @@ def run_package(
                 refuse_codes(spec.name, array, source_of(feeds))
                 raise UserError(f"input '{spec.name}' is {array.dtype}; expected float data")
             check_finite({spec.name: array}, source_of(feeds))
-            # float32 data, quantized as the graph's QuantizeLinear does (x / scale in float32)
-            array = quantize(array.astype(np.float32), spec.quant, spec.dtype)
+            array = quantize(array.astype(np.float64), spec.quant, spec.dtype)
         elif np.dtype(spec.dtype).kind in "iu":  # indices: as the Session takes them
             array = integer_input(spec.name, array, spec.dtype)
         elif array.dtype != np.dtype(spec.dtype):

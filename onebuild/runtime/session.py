@@ -39,23 +39,11 @@ from .device_compile import codegen_file, codegen_model, quantize_file
 from .models import GraphModel
 from .opening import open_model
 from .outputs import quantized_kind, writable
-from .session_io import (
-    INTEGER_FOR_FLOAT,
-    QUANTIZED,
-    app_types,
-    checked_feeds,
-    delivered,
-    integer_for_float,
-    tensor_name,
-)
+from .session_io import app_types, checked_feeds, delivered, tensor_name
 from .workspace import Workspace, creatable
 
 log = logging.getLogger("onebuild")
 EXECUTE_CONFIGS = ("DUMP_MINMAX",)
-
-
-def _app_dtype(app_type: str) -> str:
-    return "float32" if app_type == QUANTIZED else app_type
 
 
 def default_workspace(path: str | os.PathLike) -> Path:
@@ -84,7 +72,6 @@ class Session(AutoCompilation):
         self._execute: set[str] = set()
         self._given_inputs: dict[str, np.ndarray] = {}
         self._given_outputs: dict[str, np.ndarray] = {}
-        self._warned_integer: set[str] = set()  # float inputs given integer data, said once
         self._qpath: Path | None = None
         self._cpath: Path | None = None
         self._float: Model | None = None  # the float model, when it can be compiled on the device
@@ -142,17 +129,6 @@ class Session(AutoCompilation):
         self.inputs = {t.name: dims(t) for t in inputs}
         self.outputs = {t.name: dims(t) for t in outputs}
         self._types = app_types([*inputs, *outputs])
-
-    @property
-    def input_types(self) -> dict[str, str]:
-        """The dtype the app feeds each input (`inputs` gives the shapes): float32 for float
-        and quantized inputs, an integer input's own type (int64 token ids, say)."""
-        return {name: _app_dtype(self._types[name]) for name in self.inputs}
-
-    @property
-    def output_types(self) -> dict[str, str]:
-        """The dtype of each output as `run` returns it (`outputs` gives the shapes)."""
-        return {name: _app_dtype(self._types[name]) for name in self.outputs}
 
     def _open_workspace(self) -> None:
         """Resume what the workspace holds for this model, or start it afresh. Nothing is
@@ -286,14 +262,6 @@ class Session(AutoCompilation):
         self._need_workspace(f"{key} (recording float runs)")
         if value not in ("0", "false", ""):
             self._execute.add(key)
-            if self._state != "INITIAL":
-                log.warning(
-                    "%s: the session runs its %s model, so runs record nothing (%d float runs "
-                    "recorded stay, and quantize() uses them); record with a new workspace",
-                    key,
-                    self._state.lower(),
-                    self.minmax_records,
-                )
         else:
             self._execute.discard(key)
 
@@ -369,12 +337,7 @@ class Session(AutoCompilation):
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         given = self._given_inputs if inputs is None else inputs
         float_graph = self._float.main if self._float else None
-        feeds = checked_feeds(self.inputs, self._types, given, float_graph)
-        for name in integer_for_float(self._types, given):
-            if name not in self._warned_integer:  # once per input
-                self._warned_integer.add(name)
-                log.warning(INTEGER_FOR_FLOAT, name, np.asarray(given[name]).dtype)
-        return feeds
+        return checked_feeds(self.inputs, self._types, given, float_graph)
 
     def _deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return delivered(self.outputs, self._types, outputs, self._given_outputs)
@@ -459,9 +422,9 @@ class Session(AutoCompilation):
             self.reason = f"codegen failed, staying on the {self._state.lower()} model: {error}"
             if self._cpath is not None:
                 raise ModelError(
-                    f"compile without set_codegen_model_path to partition the model (NPU parts "
-                    f"as binaries, the rest on the CPU): {self._cpath} can hold only a "
-                    f"whole-model binary, and {error}"
+                    f"{error}; {self._cpath} can hold only a whole-model binary: without a "
+                    "codegen model path the session partitions the model (NPU parts as "
+                    "binaries, the rest on the CPU)"
                 ) from None
             raise
         self.reason = None

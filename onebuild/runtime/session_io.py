@@ -39,22 +39,6 @@ def app_types(tensors: Iterable) -> dict[str, str]:
     return types
 
 
-def integer_for_float(types: dict[str, str], feeds) -> list[str]:
-    """The float inputs (`app_types` "float32") given integer data, as onnxruntime refuses
-    them: uint8 pixels fed to a model that expects [0, 1] or [-1, 1] run as 0..255."""
-    return [
-        name
-        for name, want in types.items()
-        if want == "float32" and name in feeds and np.asarray(feeds[name]).dtype.kind in "iu"
-    ]
-
-
-INTEGER_FOR_FLOAT = (
-    "input '%s' is float32 but was given %s data: its values are used as they are (0..255 "
-    "stays 0..255, not scaled); convert it as the model expects (x / 255, say)"
-)
-
-
 def checked_feeds(
     inputs: Shapes, types: dict[str, str], given, float_graph: Graph | None
 ) -> dict[str, np.ndarray]:

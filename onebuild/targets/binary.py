@@ -54,7 +54,7 @@ def run_binary(binary: Binary, feeds: dict[str, np.ndarray], raw: bool):
         sample = {}
         for t in binary.inputs:
             x = np.asarray(feeds[t.name][index])
-            sample[t.name] = x if raw else quantize(x.astype(np.float32), t.quant, t.dtype)
+            sample[t.name] = x if raw else quantize(x.astype(np.float64), t.quant, t.dtype)
         outputs, summary = binary.run(sample)
         results.append(outputs)
         if progress:

@@ -9,7 +9,6 @@ from . import (  # noqa: F401
     pool,
     quantized,
     quantized_dynamic,
-    quantized_prelu,
     quantized_recurrent,
     quantized_softmax,
     recurrent,

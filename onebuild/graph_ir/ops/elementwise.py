@@ -77,7 +77,7 @@ def minimum(attrs, *xs):
     return _same_dtype(np.minimum.reduce(np.broadcast_arrays(*xs)), xs[0])
 
 
-@register("PRelu", broadcast, batch=BROADCASTING, quant="prelu", onnx={})
+@register("PRelu", broadcast, batch=BROADCASTING, onnx={})
 def prelu(attrs, x, slope):
     return _same_dtype(np.where(x < 0, x * slope, x), x)
 

@@ -109,11 +109,10 @@ NOT_OVER_AXIS_0 = PER_SAMPLE.where(lambda node: 0 not in node.attrs["axes"])
 # add/sub/mul, concat and average pooling; a lookup table over every input code for unary
 # functions; data movement on the quantized codes with the input's parameters; passthrough of a
 # constant-mode pad whose fill becomes the zero point; nearest or linear resizing on the codes;
-# softmax by its integer algorithm (ops/quantized_softmax.py); integer LSTM/GRU/RNN layers;
-# PRelu with a constant slope by two multipliers chosen by sign (ops/quantized_prelu.py).
+# softmax by its integer algorithm (ops/quantized_softmax.py); integer LSTM/GRU/RNN layers.
 QUANT_RULES = (
     "matmul", "binary", "concat", "average_pool", "lookup", "passthrough", "pad", "resize",
-    "softmax", "recurrent", "prelu",
+    "softmax", "recurrent",
 )  # fmt: skip
 KEEPS_PARAMETERS = ("passthrough", "pad", "resize")  # rules whose output has the input's params
 

@@ -19,8 +19,7 @@ def fold_constants(graph: Graph) -> bool:
         if sum(v.size for v in node.outputs) > MAX_FOLDED_ELEMENTS:
             continue
         arrays = [None if v is None else v.numpy() for v in node.inputs]
-        with np.errstate(all="ignore"):  # inf and nan are the values ONNX computes (log(0))
-            results = OPS[node.op].kernel(node.attrs, *arrays)
+        results = OPS[node.op].kernel(node.attrs, *arrays)
         constants = [
             graph.add_constant(np.asarray(r).astype(v.dtype, copy=False), v.name)
             for r, v in zip(results, node.outputs)

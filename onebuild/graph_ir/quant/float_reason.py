@@ -1,19 +1,14 @@
 """Why a node of a quantized graph computes in float, for the places that refuse float nodes
-(the NPU's CPU fallback reasons in the partition table) and the quantize step's warning."""
+(the NPU's CPU fallback reasons in the partition table)."""
 
-from collections import Counter
-
-from ..ir import Graph, Node
+from ..ir import Node
 from ..ops import OPS, weight_axes
 from .kernel_attrs import channel_bias
 
-SETTINGS = "a float32 layer, or a requantization out of range"
-
 
 def float_reason(node: Node) -> str:
-    """One phrase: the op has no integer kernel, its weights (or slope) are computed, its bias
-    varies along the rows, or the settings (or a requantization out of range) kept it in
-    float."""
+    """One phrase: the op has no integer kernel, its weights are computed, its bias varies
+    along the rows, or the settings (or a requantization out of range) kept it in float."""
     if node.op == "DequantizeLinear":
         return "it hands codes to float readers or outputs"
     rule = OPS[node.op].quant if node.op in OPS else None
@@ -23,9 +18,7 @@ def float_reason(node: Node) -> str:
         return "its weights are computed: a product of two activations"
     if rule == "matmul" and _row_bias(node):
         return f"its bias is {list(node.inputs[2].shape)}, not one value per output channel"
-    if rule == "prelu" and not node.inputs[1].is_const:
-        return "its slope is computed"
-    return SETTINGS
+    return "a float32 layer, or a requantization out of range"
 
 
 def _row_bias(node: Node) -> bool:
@@ -34,16 +27,3 @@ def _row_bias(node: Node) -> bool:
         return False
     channels = node.inputs[1].shape[weight_axes(node).out]
     return channel_bias(bias.numpy(), channels) is None
-
-
-def unquantized(graph: Graph) -> Counter:
-    """(op, reason) -> count of the nodes of a quantized graph that compute in float for lack
-    of an integer form (not those the settings kept float)."""
-    found: Counter = Counter()
-    for node in graph.nodes:
-        if node.op == "DequantizeLinear" or not any(v.dtype.kind == "f" for v in node.outputs):
-            continue
-        why = float_reason(node)
-        if why != SETTINGS:
-            found[(node.op, why)] += 1
-    return found

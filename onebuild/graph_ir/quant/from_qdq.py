@@ -40,7 +40,6 @@ from .kernel_attrs import (
     constant_operands,
     lookup_table,
     matmul_attrs,
-    prelu_attrs,
     requantize_attrs,
     softmax_attrs,
 )
@@ -350,13 +349,6 @@ class _Folder:
         attrs = softmax_attrs(node.attrs.get("axis", -1), y, dtype)
         return self._node("QSoftmax", [x, table], attrs, node, q_node)
 
-    def _prelu(self, node: Node, y: QuantParams, dtype: str, q_node: Node) -> Value | None:
-        x, slope = self.activation(node.inputs[0]), self.operand(node.inputs[1], dtype)
-        if x is None or slope is None or not slope.is_const or node.output.shape != x.shape:
-            return None
-        attrs = prelu_attrs(x.quant, slope.quant, y, dtype)
-        return self._node("QPRelu", [x, slope], attrs, node, q_node)
-
 
 EMIT = {
     "matmul": _Folder._matmul,
@@ -368,5 +360,4 @@ EMIT = {
     "pad": _Folder._move,
     "resize": _Folder._resize,
     "softmax": _Folder._softmax,
-    "prelu": _Folder._prelu,
 }

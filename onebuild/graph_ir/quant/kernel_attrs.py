@@ -111,21 +111,6 @@ def binary_attrs(
     return kernel, attrs
 
 
-def prelu_attrs(x: QuantParams, slope: QuantParams, y: QuantParams, dtype: str) -> dict:
-    """QPRelu: s_x / s_y for inputs at or above their zero point, s_x s_slope / s_y below."""
-    m, r = quantize_multiplier(x.scale[0] / y.scale[0])
-    m_slope, r_slope = quantize_multiplier(x.scale[0] * slope.scale[0] / y.scale[0])
-    return {
-        "x_zero_point": x.zero_point[0],
-        "slope_zero_point": slope.zero_point[0],
-        **output_attrs(dtype, y),
-        "multiplier": m,
-        "shift": r,
-        "slope_multiplier": m_slope,
-        "slope_shift": r_slope,
-    }
-
-
 def concat_attrs(axis: int, inputs: Sequence[QuantParams], y: QuantParams, dtype: str) -> dict:
     multipliers = [quantize_multiplier(x.scale[0] / y.scale[0]) for x in inputs]
     return {
@@ -185,9 +170,9 @@ def function_codes(
     for step in then:
         operands = [v.numpy() if v.is_const else out for v in step.inputs]
         (out,) = OPS[step.op].kernel(step.attrs, *operands)
-    out = np.asarray(out, np.float64)  # a table's exact codes: divided in float64
+    out = np.asarray(out)
     if not np.isfinite(out).all():  # (checked first: nan_to_num takes five passes)
-        out = np.nan_to_num(out, posinf=np.finfo(np.float32).max)
+        out = np.nan_to_num(np.asarray(out, np.float64), posinf=np.finfo(np.float32).max)
     return quantize(out, y, dtype)
 
 

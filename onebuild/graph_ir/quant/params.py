@@ -3,8 +3,7 @@
 - Activations: uint8 asymmetric (the range is widened to contain 0, zero point in [0, 255]);
   int8 / int16 symmetric (zero point 0, q in [-qmax, qmax]).
 - Weights: symmetric, per channel (an axis) or per tensor.
-- Quantize: q = clamp(round_half_even(x / scale) + zero_point), as ONNX QuantizeLinear (x / scale
-  in float32 for float32 data).
+- Quantize: q = clamp(round_half_even(x / scale) + zero_point), as ONNX QuantizeLinear.
 - Requantize an integer accumulator by a real multiplier M > 0: M = m * 2^-r with a 31-bit
   integer m in [2^30, 2^31) and r >= 1, then out = round_half_even(acc * m / 2^r) computed
   exactly (the product may need up to 80 bits): one rounding, ties to even as in quantize.
@@ -123,19 +122,10 @@ def _broadcast(values: tuple, params: QuantParams, ndim: int) -> np.ndarray:
 
 
 def quantize(x: np.ndarray, params: QuantParams, dtype: str) -> np.ndarray:
-    """x / scale rounded half to even, plus the zero point, saturated to the type's range.
-
-    As ONNX QuantizeLinear defines it (onnxruntime and onnx.reference agree): a float32 (or
-    narrower) `x` is divided by the float32 scale in float32, so ties fall where theirs do
-    (float64 moved 40 of the 256 codes of k/127.5 - 1 by one step); float64 data (weights the
-    quantizer rounds) is divided in float64."""
+    """Round half to even, add the zero point, saturate to the type's range."""
     scale = _broadcast(params.scale, params, x.ndim)
     zero_point = _broadcast(params.zero_point, params, x.ndim)
-    x = np.asarray(x)
-    if x.dtype.kind == "f" and x.dtype.itemsize <= 4:
-        q = np.divide(x, scale.astype(np.float32), dtype=np.float32)
-    else:
-        q = np.divide(x, scale, dtype=np.float64)
+    q = np.divide(x, scale, dtype=np.float64)
     info = np.iinfo(dtype)
     if np.ndim(q) == 0:  # a numpy scalar (ufuncs have no `out` for it)
         return np.clip(np.rint(q) + zero_point, info.min, info.max).astype(dtype)

@@ -14,7 +14,6 @@ registry entry names (`OPS[op].quant`, stated next to the kernel in `ops/`; `RUL
 - data movement (MaxPool, Reshape, Transpose, Slice, Split, Pad, nearest or linear Resize, ...)
   runs on the quantized codes with the input's parameters;
 - LSTM, GRU, RNN -> QLSTM / QGRU / QRNN (`recurrent_rule.py`: int16 gates and cell state);
-- PRelu with a constant slope -> QPRelu (`prelu_rule.py`: two multipliers chosen by sign);
 - a value read only by lookup tables is quantized over the inputs where a table's output code
   still changes (`table_ranges.py`), the rest from its calibrated range;
 - with `activation_granularity = "channel"`, the values on Conv -> [table] -> depthwise Conv
@@ -59,7 +58,6 @@ from .params import (
     qdq_attrs,
     quantize,
 )
-from .prelu_rule import prelu_ok, quantize_prelu
 from .recurrent_rule import quantize_recurrent, recurrent_ok
 from .table_ranges import live_range
 
@@ -416,7 +414,6 @@ RULES: dict[str, tuple[Applies, Emit]] = {
     "resize": (_Quantizer._resize_ok, _Quantizer._passthrough),
     "softmax": (lambda quantizer, node: True, _Quantizer._softmax),
     "recurrent": (recurrent_ok, _Quantizer._recurrent),
-    "prelu": (prelu_ok, quantize_prelu),
 }
 # The ops quantized as lookup tables (a snapshot of the registry when this module loads).
 LOOKUP = frozenset(name for name, op in OPS.items() if op.quant == "lookup")

@@ -132,17 +132,9 @@ def binary(w, node):
 def prelu(w, node):
     """Float PRelu as PRELU, the slope broadcast like a binary operand; in circle as
     relu(x) + slope * (x - relu(x)) (the same bits: one term is 0; onert 0.1.0 has no PReLU
-    kernel), which the reader folds back. A QPRelu (no clamp narrower than its type) is a
-    quantized PRELU in tflite, its slope codes in the input's type; in circle, DEQUANTIZE of
-    the input and of the slope codes, that float spelling, QUANTIZE (what onert can run)."""
+    kernel), which the reader folds back."""
     x, out = node.inputs[0], node.output
-    quantized = node.op == "QPRelu"
-    if quantized:
-        info = np.iinfo(out.dtype)
-        _require((node.attrs["qmin"], node.attrs["qmax"]) == (info.min, info.max))
-        _require(node.inputs[1].dtype == x.dtype == out.dtype and x.quant.axis is None)
-    else:
-        _require(x.dtype == np.float32)
+    _require(x.dtype == np.float32)
     perm = _common_layout(w, node, node.inputs)
     rank = len(out.shape)
     xi, slope = (_operand(w, v, perm, rank) for v in node.inputs)
@@ -150,25 +142,14 @@ def prelu(w, node):
         w.op("PRELU", [xi, slope], [w.define(out, perm)])
         return
     shape = _stored(x.shape, perm)
-    target = w.define(out, perm)
-    result = w.new_tensor(f"{out.name}_real", np.float32, shape) if quantized else target
-    if quantized:
-        real = w.new_tensor(f"{out.name}_x_real", np.float32, shape)
-        w.op("DEQUANTIZE", [xi], [real])
-        xi = real
-        slope_real = w.new_tensor(f"{out.name}_slope_real", np.float32, w.tensors[slope].shape)
-        w.op("DEQUANTIZE", [slope], [slope_real])
-        slope = slope_real
     relu, negative, scaled = (
-        w.new_tensor(f"{out.name}_{part}", np.float32, shape)
+        w.new_tensor(f"{out.name}_{part}", out.dtype, shape)
         for part in ("relu", "negative", "scaled")
     )
     w.op("RELU", [xi], [relu])
     w.op("SUB", [xi, relu], [negative], activation=ACT_NONE)
     w.op("MUL", [negative, slope], [scaled], activation=ACT_NONE)
-    w.op("ADD", [relu, scaled], [result], activation=ACT_NONE)
-    if quantized:
-        w.op("QUANTIZE", [result], [target])
+    w.op("ADD", [relu, scaled], [w.define(out, perm)], activation=ACT_NONE)
 
 
 UNARY = {

@@ -332,7 +332,6 @@ WRITERS: dict[str, Callable] = {
     **{op: ops.unary for op in ops.UNARY},
     "Clip": ops.clip,
     "PRelu": ops.prelu,
-    "QPRelu": ops.prelu,
     "Gelu": ops.unary,
     "ConvTranspose": nn.conv_transpose,
     "DepthToSpace": nn.depth_to_space,

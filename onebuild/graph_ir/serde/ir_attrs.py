@@ -189,8 +189,6 @@ REQUIRED: dict[str, list[str]] = {
               "x_zero_point"],
     "QGemm": [*_OUT, "multiplier", "shift", "x_zero_point"],
     "QMul": [*_OUT, "a_zero_point", "b_zero_point", "multiplier", "shift"],
-    "QPRelu": [*_OUT, "multiplier", "shift", "slope_multiplier", "slope_shift",
-               "slope_zero_point", "x_zero_point"],
     "QSoftmax": [*_OUT, "axis", "multiplier", "shift"],
     "QLSTM": [*_RECURRENT, "cell_shift", "input_forget"],
     "QGRU": [*_RECURRENT, "linear_before_reset"],

@@ -104,8 +104,7 @@ class NodeContext:
         present = [v for v in inputs if v is not None]
         if fold and present and all(v.is_const for v in present):
             arrays = [None if v is None else v.numpy() for v in inputs]
-            with np.errstate(all="ignore"):  # inf and nan are what ONNX computes (log(0))
-                results = OPS[op].kernel(attrs, *arrays)
+            results = OPS[op].kernel(attrs, *arrays)
             return [self.constant(np.asarray(r)) for r in results]
         try:
             node = self.graph.make_node(op, inputs, attrs, name=self.name)

@@ -49,7 +49,6 @@ FLOAT_ATTRS = {  # attributes the float form keeps
     "Sub": (),
     "Concat": ("axis",),
     "Softmax": ("axis",),
-    "PRelu": (),
     "AveragePool": (
         "kernel_shape",
         "strides",

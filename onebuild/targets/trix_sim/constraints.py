@@ -233,14 +233,3 @@ def tile_fits_sram(node: Node, hw: Hardware) -> bool:
     span = min(h, (kh - 1) * node.attrs["dilations"][0] + 1)
     rows = align(c * span * width * x.dtype.itemsize)
     return 2 * (rows + align(out_width * y.dtype.itemsize) + per_channel) <= hw.sram_bytes
-
-
-def prelu_slope(node: Node, hw: Hardware) -> bool:
-    """a PRelu runs as a lookup table: its slope must be one number, or one per channel
-    (axis 1) with 8-bit activations (a table per channel)"""
-    x, slope = node.inputs
-    if slope.size == 1:
-        return True
-    channels = x.shape[1] if len(x.shape) > 1 else 0
-    along_channels = per_channel_shape(slope, x) and slope.size == channels
-    return along_channels and x.dtype.itemsize == 1

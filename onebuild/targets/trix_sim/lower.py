@@ -35,7 +35,6 @@ from .constraints import (
     per_channel,
     per_tensor_activations,
     pool_without_ceil,
-    prelu_slope,
     quantized_io,
     reason,
     resize_on_grid,
@@ -329,20 +328,6 @@ def _lookup(node: Node, ins: list[str], out: str) -> Layer:
     """A table of every input code, or one per channel ([C, codes]) where the input or
     output is quantized per channel."""
     return Layer("lookup", node.name, ins, out, {}, {"table": node.inputs[1].numpy()})
-
-
-@_lowers("QPRelu", constraints=(prelu_slope,))
-def _prelu(node: Node, ins: list[str], out: str) -> Layer:
-    """A lookup table of the integer PRelu over every input code: one, or one per channel
-    ([C, codes]) for a slope per channel (the kernel's own integers: bit-exact)."""
-    x, slope = node.inputs
-    info = np.iinfo(x.dtype)
-    codes = np.arange(info.min, info.max + 1, dtype=np.int64).astype(x.dtype)
-    rows = slope.numpy().reshape(-1, 1)  # one slope code per table row
-    table = OPS["QPRelu"].kernel(node.attrs, codes.reshape(1, -1), rows)[0]
-    return Layer(
-        "lookup", node.name, ins, out, {}, {"table": table[0] if len(rows) == 1 else table}
-    )
 
 
 @_lowers("QSoftmax", constraints=(channel_softmax,))
